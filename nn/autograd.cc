@@ -1,0 +1,213 @@
+#include "nn/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "nn/ops/internal/fill_kernels.h"
+
+namespace tandem::nn::autograd {
+namespace {
+
+std::atomic<uint64_t> g_sequence_nr{0};
+
+// Accumulates into a leaf's grad(), then fires its grad-ready hooks. Holds the
+// leaf weakly: the leaf owns this node (through grad_accumulator's users), not
+// the other way round.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> Apply(const Tensor& grad) override {
+    std::shared_ptr<TensorImpl> impl = leaf_.lock();
+    if (!impl) return {};
+    Tensor leaf(impl);
+    TANDEM_CHECK(grad.shape() == leaf.shape(), "backward: gradient ", grad.ToString(),
+                 " does not match parameter '", leaf.name(), "' ", leaf.ToString());
+    if (!impl->grad.defined()) {
+      Tensor g = empty(leaf.shape(), {.dtype = leaf.dtype(), .device = leaf.device()});
+      g.copy_(grad);
+      impl->grad = g;
+    } else {
+      // In place, so a gradient that is a view into a communication bucket stays there.
+      impl->grad.add_(grad);
+    }
+    for (auto& [handle, hook] : impl->grad_ready_hooks) hook(leaf);
+    return {};
+  }
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// A node whose backward is a function.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  std::string name() const override { return name_; }
+  std::vector<Tensor> Apply(const Tensor& grad) override { return fn_(grad); }
+
+ private:
+  const char* name_;
+  BackwardFn fn_;
+};
+
+std::shared_ptr<Node> GradAccumulator(const Tensor& leaf) {
+  TensorImpl* impl = leaf.impl();
+  if (auto node = impl->grad_accumulator.lock()) return node;
+  auto node = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+  impl->grad_accumulator = node;
+  return node;
+}
+
+// Where the gradient of `t` goes: its producer, its accumulator, or nowhere.
+std::shared_ptr<Node> EdgeOf(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  return GradAccumulator(t);
+}
+
+struct BackwardState {
+  std::vector<std::function<void()>> callbacks;
+};
+thread_local BackwardState* t_backward = nullptr;
+
+}  // namespace
+
+Node::Node() : sequence_nr_(g_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+bool NeedsGrad(std::initializer_list<Tensor> inputs) {
+  if (!grad_mode_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+Tensor Record(const char* name, std::initializer_list<Tensor> inputs, Tensor output,
+              BackwardFn backward) {
+  if (!NeedsGrad(inputs)) return output;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  std::vector<std::shared_ptr<Node>> next;
+  next.reserve(inputs.size());
+  for (const Tensor& t : inputs) next.push_back(EdgeOf(t));
+  node->set_next_edges(std::move(next));
+  // The output is a fresh handle, so it never aliases an input's autograd state.
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = output.storage();
+  impl->offset = output.storage_offset();
+  impl->shape = output.shape();
+  impl->dtype = output.dtype();
+  impl->requires_grad = true;
+  impl->grad_fn = std::move(node);
+  return Tensor(impl);
+}
+
+void QueueCallback(std::function<void()> callback) {
+  TANDEM_CHECK(t_backward != nullptr, "QueueCallback called outside a backward pass");
+  t_backward->callbacks.push_back(std::move(callback));
+}
+
+bool InBackward() { return t_backward != nullptr; }
+
+void Backward(const Tensor& root, const Tensor& grad_root) {
+  TANDEM_CHECK(root.defined(), "backward(): undefined tensor");
+  TANDEM_CHECK(root.requires_grad(), "backward(): ", root.ToString(),
+               " does not require grad (no parameter or input with requires_grad reached it)");
+  TANDEM_CHECK(grad_root.defined() && grad_root.shape() == root.shape(),
+               "backward(): gradient ", grad_root.ToString(), " does not match ", root.ToString());
+  TANDEM_CHECK(t_backward == nullptr, "backward(): nested backward passes are not supported");
+
+  std::shared_ptr<Node> start = EdgeOf(root);
+  // Count, for every reachable node, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  {
+    std::vector<Node*> stack{start.get()};
+    std::unordered_set<Node*> seen{start.get()};
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const auto& next : node->next_edges()) {
+        if (!next) continue;
+        dependencies[next.get()]++;
+        if (seen.insert(next.get()).second) stack.push_back(next.get());
+      }
+    }
+  }
+
+  NoGradGuard no_grad;
+  BackwardState state;
+  t_backward = &state;
+  struct Clear {
+    ~Clear() { t_backward = nullptr; }
+  } clear;
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr() < b->sequence_nr();
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      decltype(later_first)>
+      ready(later_first);
+  std::unordered_map<Node*, Tensor> pending;  // summed incoming gradient per node
+  pending[start.get()] = grad_root;
+  ready.push(start);
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    Tensor grad = std::move(pending[node.get()]);
+    pending.erase(node.get());
+    std::vector<Tensor> input_grads = node->Apply(grad);
+    const auto& next = node->next_edges();
+    TANDEM_CHECK(input_grads.size() == next.size() || next.empty(), "backward of ",
+                 node->name(), " returned ", input_grads.size(), " gradients for ", next.size(),
+                 " inputs");
+    for (size_t i = 0; i < next.size(); ++i) {
+      Node* target = next[i].get();
+      if (target == nullptr) continue;
+      const Tensor& g = input_grads[i];
+      if (g.defined()) {
+        Tensor& slot = pending[target];
+        if (!slot.defined()) {
+          slot = g;
+        } else {
+          TANDEM_CHECK(slot.shape() == g.shape(), "backward of ", node->name(), ": gradient ",
+                       g.ToString(), " does not match ", slot.ToString());
+          // Sum into a fresh tensor: `slot` may alias a tensor an op saved.
+          Tensor sum = slot.clone();
+          sum.add_(g);
+          slot = sum;
+        }
+      }
+      if (--dependencies[target] == 0) {
+        if (pending.count(target) && pending[target].defined()) {
+          ready.push(next[i]);
+        } else {
+          pending.erase(target);  // no gradient reached it: nothing to run below it
+          // Its own inputs still wait on it; release them so they can run if others feed them.
+          std::vector<Node*> skip{target};
+          while (!skip.empty()) {
+            Node* s = skip.back();
+            skip.pop_back();
+            for (const auto& n : s->next_edges()) {
+              if (!n) continue;
+              if (--dependencies[n.get()] == 0) {
+                if (pending.count(n.get()) && pending[n.get()].defined()) {
+                  ready.push(n);
+                } else {
+                  pending.erase(n.get());
+                  skip.push_back(n.get());
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Index loop: a callback may queue another.
+  for (size_t i = 0; i < state.callbacks.size(); ++i) state.callbacks[i]();
+}
+
+}  // namespace tandem::nn::autograd

@@ -1,0 +1,56 @@
+// Where a tensor lives: the CPU or CUDA device N. Each thread has a current
+// device (CPU unless set); factories and module constructors put new tensors
+// there. spawn sets it for each rank's thread with DeviceGuard.
+#ifndef TANDEM_NN_DEVICE_H_
+#define TANDEM_NN_DEVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::nn {
+
+struct Device {
+  enum class Type : uint8_t { kCPU, kCUDA };
+  Type type = Type::kCPU;
+  int index = 0;  // CUDA ordinal; 0 for the CPU
+
+  static constexpr Device CPU() { return {Type::kCPU, 0}; }
+  static constexpr Device CUDA(int index) { return {Type::kCUDA, index}; }
+  bool is_cpu() const { return type == Type::kCPU; }
+  bool is_cuda() const { return type == Type::kCUDA; }
+  std::string ToString() const;  // "cpu" or "cuda:N"
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+// Parses "cpu", "cuda" (= cuda:0) or "cuda:N".
+absl::StatusOr<Device> ParseDevice(absl::string_view text);
+
+// The calling thread's current device (CPU by default).
+Device current_device();
+
+// Sets the calling thread's current device for its lifetime (and, for CUDA,
+// cudaSetDevice); restores the previous one on destruction.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
+
+// True when this binary was built with the CUDA backend.
+bool cuda_built();
+
+// Number of CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies).
+// 0 when the binary was built without CUDA, when there is no driver, or no device:
+// none of these is an error.
+int cuda_device_count();
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_DEVICE_H_

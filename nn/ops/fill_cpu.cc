@@ -1,0 +1,73 @@
+// CPU kernels of the core's in-place methods and random factories, and the
+// device dispatch for them.
+#include "nn/ops/internal/fill_kernels.h"
+#include "nn/random.h"
+
+namespace tandem::nn::ops::internal {
+
+void Fill(const Tensor& t, double value) {
+  if (t.is_cuda()) {
+#if TANDEM_WITH_CUDA
+    return FillCuda(t, value);
+#endif
+  }
+  const int64_t n = t.numel();
+  TANDEM_DISPATCH_ALL(t.dtype(), [&]<typename T>() {
+    T* p = t.data<T>();
+    T v;
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      v = BFloat16(static_cast<float>(value));
+    } else {
+      v = static_cast<T>(value);
+    }
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  });
+}
+
+void Axpy(const Tensor& y, const Tensor& x, double alpha) {
+  if (y.is_cuda()) {
+#if TANDEM_WITH_CUDA
+    return AxpyCuda(y, x, alpha);
+#endif
+  }
+  const int64_t n = y.numel();
+  TANDEM_DISPATCH_FLOAT(y.dtype(), "add_", [&]<typename T>() {
+    T* py = y.data<T>();
+    const T* px = x.data<T>();
+    const T a = static_cast<T>(alpha);
+    for (int64_t i = 0; i < n; ++i) py[i] += a * px[i];
+  });
+}
+
+void Scale(const Tensor& t, double value) {
+  if (t.is_cuda()) {
+#if TANDEM_WITH_CUDA
+    return ScaleCuda(t, value);
+#endif
+  }
+  const int64_t n = t.numel();
+  TANDEM_DISPATCH_FLOAT(t.dtype(), "mul_", [&]<typename T>() {
+    T* p = t.data<T>();
+    const T v = static_cast<T>(value);
+    for (int64_t i = 0; i < n; ++i) p[i] *= v;
+  });
+}
+
+void FillRandom(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, bool normal) {
+  if (t.is_cuda()) {
+#if TANDEM_WITH_CUDA
+    return FillRandomCuda(t, seed, stream, offset, normal);
+#endif
+  }
+  const int64_t n = t.numel();
+  TANDEM_DISPATCH_FLOAT(t.dtype(), normal ? "randn" : "rand", [&]<typename T>() {
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      const Philox4x32 r = PhiloxAt(seed, stream, offset, static_cast<uint64_t>(i));
+      p[i] = normal ? static_cast<T>(NormalFromBits(r.out[0], r.out[1]))
+                    : static_cast<T>(UniformFromBits(r.out[0]));
+    }
+  });
+}
+
+}  // namespace tandem::nn::ops::internal

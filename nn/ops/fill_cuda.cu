@@ -1,0 +1,115 @@
+// CUDA kernels of the core's in-place methods, random factories and dtype
+// conversion. One thread per element, int64 indices, on the thread's stream.
+#include <cuda_bf16.h>
+
+#include "nn/cuda/context.h"
+#include "nn/ops/internal/fill_kernels.h"
+#include "nn/random.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+constexpr int kThreads = 256;
+int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+template <typename T> __device__ T FromDouble(double v) { return static_cast<T>(v); }
+template <> __device__ BFloat16 FromDouble<BFloat16>(double v) {
+  BFloat16 b;
+  b.bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(v)));
+  return b;
+}
+template <typename T> __device__ double ToDouble(T v) { return static_cast<double>(v); }
+template <> __device__ double ToDouble<BFloat16>(BFloat16 v) {
+  return static_cast<double>(__bfloat162float(__ushort_as_bfloat16(v.bits)));
+}
+
+template <typename T> __global__ void FillKernel(T* p, int64_t n, T v) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] = v;
+}
+template <typename T> __global__ void AxpyKernel(T* y, const T* x, int64_t n, T a) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] += a * x[i];
+}
+template <typename T> __global__ void ScaleKernel(T* p, int64_t n, T v) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] *= v;
+}
+template <typename T>
+__global__ void RandomKernel(T* p, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset,
+                             bool normal) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const Philox4x32 r = PhiloxAt(seed, stream, offset, static_cast<uint64_t>(i));
+  p[i] = normal ? static_cast<T>(NormalFromBits(r.out[0], r.out[1]))
+                : static_cast<T>(UniformFromBits(r.out[0]));
+}
+template <typename S, typename D> __global__ void ConvertKernel(const S* s, D* d, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = FromDouble<D>(ToDouble<S>(s[i]));
+}
+
+}  // namespace
+
+void FillCuda(const Tensor& t, double value) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  cudaStream_t stream = nn::internal::ThreadStream(t.device());
+  TANDEM_DISPATCH_ALL(t.dtype(), [&]<typename T>() {
+    T v;
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      v = BFloat16(static_cast<float>(value));
+    } else {
+      v = static_cast<T>(value);
+    }
+    FillKernel<T><<<Blocks(n), kThreads, 0, stream>>>(t.data<T>(), n, v);
+  });
+  TANDEM_CHECK_LAUNCH("FillKernel", t.device());
+}
+
+void AxpyCuda(const Tensor& y, const Tensor& x, double alpha) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  cudaStream_t stream = nn::internal::ThreadStream(y.device());
+  TANDEM_DISPATCH_FLOAT(y.dtype(), "add_", [&]<typename T>() {
+    AxpyKernel<T><<<Blocks(n), kThreads, 0, stream>>>(y.data<T>(), x.data<T>(), n,
+                                                      static_cast<T>(alpha));
+  });
+  TANDEM_CHECK_LAUNCH("AxpyKernel", y.device());
+}
+
+void ScaleCuda(const Tensor& t, double value) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  cudaStream_t stream = nn::internal::ThreadStream(t.device());
+  TANDEM_DISPATCH_FLOAT(t.dtype(), "mul_", [&]<typename T>() {
+    ScaleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(t.data<T>(), n, static_cast<T>(value));
+  });
+  TANDEM_CHECK_LAUNCH("ScaleKernel", t.device());
+}
+
+void FillRandomCuda(const Tensor& t, uint64_t seed, uint64_t stream_id, uint64_t offset,
+                    bool normal) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  cudaStream_t stream = nn::internal::ThreadStream(t.device());
+  TANDEM_DISPATCH_FLOAT(t.dtype(), "randn", [&]<typename T>() {
+    RandomKernel<T><<<Blocks(n), kThreads, 0, stream>>>(t.data<T>(), n, seed, stream_id, offset,
+                                                        normal);
+  });
+  TANDEM_CHECK_LAUNCH("RandomKernel", t.device());
+}
+
+void ConvertCuda(const Tensor& src, const Tensor& dst) {
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  cudaStream_t stream = nn::internal::ThreadStream(src.device());
+  TANDEM_DISPATCH_ALL(src.dtype(), [&]<typename S>() {
+    TANDEM_DISPATCH_ALL(dst.dtype(), [&]<typename D>() {
+      ConvertKernel<S, D><<<Blocks(n), kThreads, 0, stream>>>(src.data<S>(), dst.data<D>(), n);
+    });
+  });
+  TANDEM_CHECK_LAUNCH("ConvertKernel", src.device());
+}
+
+}  // namespace tandem::nn::ops::internal

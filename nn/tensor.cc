@@ -1,0 +1,478 @@
+#include "nn/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nn/autograd.h"
+#include "nn/internal/cuda_runtime.h"
+#include "nn/ops/internal/fill_kernels.h"
+#include "nn/random.h"
+
+namespace tandem::nn {
+
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    TANDEM_CHECK(d >= 0, "shape ", ShapeToString(shape), " has a negative dimension");
+    TANDEM_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, "shape ",
+                 ShapeToString(shape), " has more elements than int64 can count");
+    n *= d;
+  }
+  return n;
+}
+
+// --- Storage ---------------------------------------------------------------------
+Storage::Storage(int64_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;
+  if (device.is_cpu()) {
+    const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    TANDEM_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
+  } else {
+#if TANDEM_WITH_CUDA
+    data_ = internal::CudaAllocate(bytes, device);
+#else
+    Fail("cannot allocate on ", device.ToString(), ": tandem was built without CUDA");
+#endif
+  }
+}
+
+Storage::~Storage() {
+  if (data_ == nullptr) return;
+  if (device_.is_cpu()) {
+    std::free(data_);
+  } else {
+#if TANDEM_WITH_CUDA
+    internal::CudaFree(data_, device_);
+#endif
+  }
+}
+
+// --- Tensor accessors ------------------------------------------------------------------
+namespace {
+const TensorImpl& Impl(const std::shared_ptr<TensorImpl>& impl, const char* what) {
+  TANDEM_CHECK(impl != nullptr, what, ": undefined tensor");
+  return *impl;
+}
+std::shared_ptr<TensorImpl> NewImpl(const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->storage = std::make_shared<Storage>(NumElements(shape) * ElementSize(dtype), device);
+  return impl;
+}
+// A view of `t`'s storage with another shape and offset, no autograd state.
+Tensor View(const Tensor& t, const Shape& shape, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->offset = offset;
+  impl->shape = shape;
+  impl->dtype = t.dtype();
+  return Tensor(impl);
+}
+}  // namespace
+
+const Shape& Tensor::shape() const { return Impl(impl_, "shape()").shape; }
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  const int64_t k = d < 0 ? d + n : d;
+  TANDEM_CHECK(k >= 0 && k < n, "size(", d, "): tensor of shape ", ShapeToString(shape()),
+               " has ", n, " dims");
+  return shape()[k];
+}
+int64_t Tensor::numel() const { return NumElements(shape()); }
+DType Tensor::dtype() const { return Impl(impl_, "dtype()").dtype; }
+Device Tensor::device() const { return Impl(impl_, "device()").storage->device(); }
+std::string Tensor::ToString() const {
+  if (!defined()) return "undefined";
+  return absl::StrCat(DTypeName(dtype()), ShapeToString(shape()), " on ", device().ToString());
+}
+void* Tensor::data_ptr() const {
+  const TensorImpl& impl = Impl(impl_, "data_ptr()");
+  return static_cast<char*>(impl.storage->data()) + impl.offset * ElementSize(impl.dtype);
+}
+const std::shared_ptr<Storage>& Tensor::storage() const { return Impl(impl_, "storage()").storage; }
+int64_t Tensor::storage_offset() const { return Impl(impl_, "storage_offset()").offset; }
+
+// --- Autograd state ------------------------------------------------------------------
+bool Tensor::requires_grad() const { return Impl(impl_, "requires_grad()").requires_grad; }
+Tensor& Tensor::set_requires_grad(bool requires_grad) {
+  TANDEM_CHECK(is_leaf(), "set_requires_grad on a non-leaf tensor (output of ",
+               "an op); use detach() first");
+  TANDEM_CHECK(!requires_grad || IsFloating(dtype()), "set_requires_grad: a ",
+               DTypeName(dtype()), " tensor cannot require a gradient");
+  impl_->requires_grad = requires_grad;
+  return *this;
+}
+bool Tensor::is_leaf() const { return Impl(impl_, "is_leaf()").grad_fn == nullptr; }
+Tensor Tensor::grad() const { return Impl(impl_, "grad()").grad; }
+void Tensor::set_grad(const Tensor& grad) const {
+  Impl(impl_, "set_grad()");
+  if (grad.defined()) {
+    TANDEM_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
+                 "set_grad: gradient ", grad.ToString(), " does not match tensor ", ToString());
+  }
+  impl_->grad = grad;
+}
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return Impl(impl_, "grad_fn()").grad_fn; }
+void Tensor::backward() const {
+  TANDEM_CHECK(numel() == 1, "backward(): the loss must have one element, but has shape ",
+               ShapeToString(shape()), "; pass a gradient of that shape");
+  autograd::Backward(*this, ones(shape(), {.dtype = dtype(), .device = device()}));
+}
+void Tensor::backward(const Tensor& grad) const { autograd::Backward(*this, grad); }
+Tensor Tensor::detach() const { return View(*this, shape(), storage_offset()); }
+int Tensor::register_grad_ready_hook(GradReadyHook hook) const {
+  Impl(impl_, "register_grad_ready_hook()");
+  TANDEM_CHECK(is_leaf(), "register_grad_ready_hook: only leaves (parameters) have hooks");
+  const int handle = impl_->next_hook_handle++;
+  impl_->grad_ready_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+void Tensor::remove_grad_ready_hook(int handle) const {
+  auto& hooks = impl_->grad_ready_hooks;
+  std::erase_if(hooks, [handle](const auto& h) { return h.first == handle; });
+}
+const std::string& Tensor::name() const { return Impl(impl_, "name()").name; }
+void Tensor::set_name(std::string name) const { impl_->name = std::move(name); }
+
+// --- Copies and conversions ---------------------------------------------------------------
+namespace {
+
+// dst[i] = src[i] converted, on the host.
+void ConvertHost(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, static_cast<size_t>(n * ElementSize(src_dtype)));
+    return;
+  }
+  TANDEM_DISPATCH_ALL(src_dtype, [&]<typename S>() {
+    TANDEM_DISPATCH_ALL(dst_dtype, [&]<typename D>() {
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<D, BFloat16>) {
+          d[i] = BFloat16(static_cast<float>(s[i]));
+        } else if constexpr (std::is_same_v<S, BFloat16>) {
+          d[i] = static_cast<D>(static_cast<float>(s[i]));
+        } else {
+          d[i] = static_cast<D>(s[i]);
+        }
+      }
+    });
+  });
+}
+
+// Copies src's elements into dst (same numel), converting dtype and crossing devices.
+void CopyInto(const Tensor& dst, const Tensor& src) {
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  const bool same_dtype = dst.dtype() == src.dtype();
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    ConvertHost(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(), n);
+    return;
+  }
+#if TANDEM_WITH_CUDA
+  if (same_dtype) {
+    internal::CudaCopy(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+    return;
+  }
+  if (dst.device() == src.device()) {
+    ops::internal::ConvertCuda(src, dst);
+    return;
+  }
+  // Different device and dtype: convert where the data is, then move it.
+  Tensor converted = empty(src.shape(), {.dtype = dst.dtype(), .device = src.device()});
+  CopyInto(converted, src);
+  CopyInto(dst, converted);
+#else
+  (void)same_dtype;
+  Fail("copy between ", src.device().ToString(), " and ", dst.device().ToString(),
+       ": tandem was built without CUDA");
+#endif
+}
+
+void CheckMutable(const Tensor& t, const char* op) {
+  TANDEM_CHECK(t.defined(), op, ": undefined tensor");
+  TANDEM_CHECK(!(grad_mode_enabled() && t.requires_grad()), op, " on ", t.ToString(),
+               " that requires grad while grad mode is on; wrap it in NoGradGuard");
+}
+
+}  // namespace
+
+Tensor Tensor::to(Device device) const {
+  if (this->device() == device) return *this;
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = device});
+  CopyInto(out, *this);
+  const Device from = this->device();
+  return autograd::Record("to(device)", {*this}, out, [from](const Tensor& g) {
+    return std::vector<Tensor>{g.to(from)};
+  });
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (this->dtype() == dtype) return *this;
+  Tensor out = empty(shape(), {.dtype = dtype, .device = device()});
+  CopyInto(out, *this);
+  if (!IsFloating(dtype)) return out;
+  const DType from = this->dtype();
+  return autograd::Record("to(dtype)", {*this}, out, [from](const Tensor& g) {
+    return std::vector<Tensor>{g.to(from)};
+  });
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = device()});
+  CopyInto(out, *this);
+  return autograd::Record("clone", {*this}, out,
+                          [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+double Tensor::item() const {
+  TANDEM_CHECK(numel() == 1, "item(): tensor of shape ", ShapeToString(shape()),
+               " has ", numel(), " elements, not 1");
+  double value = 0;
+  Tensor host = empty({}, {.dtype = kFloat64, .device = Device::CPU()});
+  CopyInto(host, *this);
+  value = *host.data<double>();
+  return value;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  std::vector<T> out(static_cast<size_t>(numel()));
+  Tensor host = empty(shape(), {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+  CopyInto(host, *this);
+  if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+// --- Views -----------------------------------------------------------------------------------
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  Shape shape_out = new_shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape_out.size(); ++i) {
+    if (shape_out[i] == -1) {
+      TANDEM_CHECK(infer < 0, "reshape ", ShapeToString(shape()), " to ",
+                   ShapeToString(new_shape), ": more than one -1");
+      infer = static_cast<int64_t>(i);
+    } else {
+      TANDEM_CHECK(shape_out[i] >= 0, "reshape to ", ShapeToString(new_shape), ": negative size");
+      known *= shape_out[i];
+    }
+  }
+  if (infer >= 0) {
+    TANDEM_CHECK(known != 0 && numel() % known == 0, "reshape ", ShapeToString(shape()),
+                 " to ", ShapeToString(new_shape), ": ", numel(), " elements do not divide");
+    shape_out[infer] = numel() / known;
+  }
+  TANDEM_CHECK(NumElements(shape_out) == numel(), "reshape ", ShapeToString(shape()), " to ",
+               ShapeToString(new_shape), ": element counts differ (", numel(), " vs ",
+               NumElements(shape_out), ")");
+  Tensor out = View(*this, shape_out, storage_offset());
+  const Shape in_shape = shape();
+  return autograd::Record("reshape", {*this}, out, [in_shape](const Tensor& g) {
+    return std::vector<Tensor>{g.reshape(in_shape)};
+  });
+}
+
+Tensor Tensor::flatten(int64_t start_dim) const {
+  const int64_t n = dim();
+  const int64_t s = start_dim < 0 ? start_dim + n : start_dim;
+  TANDEM_CHECK(s >= 0 && (s < n || (n == 0 && s == 0)), "flatten(", start_dim,
+               "): tensor of shape ", ShapeToString(shape()));
+  Shape out(shape().begin(), shape().begin() + s);
+  int64_t rest = 1;
+  for (int64_t i = s; i < n; ++i) rest *= shape()[i];
+  out.push_back(rest);
+  return reshape(out);
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  TANDEM_CHECK(dim() >= 1, "slice on a 0-dim tensor");
+  const int64_t rows = shape()[0];
+  TANDEM_CHECK(0 <= begin && begin <= end && end <= rows, "slice [", begin, ", ", end,
+               ") out of range for dim 0 of size ", rows);
+  Shape out_shape = shape();
+  out_shape[0] = end - begin;
+  const int64_t row = rows == 0 ? 0 : numel() / rows;
+  Tensor out = View(*this, out_shape, storage_offset() + begin * row);
+  const Shape in_shape = shape();
+  return autograd::Record("slice", {*this}, out, [in_shape, begin, end](const Tensor& g) {
+    Tensor full = zeros(in_shape, {.dtype = g.dtype(), .device = g.device()});
+    full.slice(begin, end).copy_(g);
+    return std::vector<Tensor>{full};
+  });
+}
+
+Tensor Tensor::operator[](int64_t i) const {
+  TANDEM_CHECK(dim() >= 1, "operator[] on a 0-dim tensor");
+  TANDEM_CHECK(i >= 0 && i < shape()[0], "index ", i, " out of range for dim 0 of size ", shape()[0]);
+  Shape rest(shape().begin() + 1, shape().end());
+  return slice(i, i + 1).reshape(rest);
+}
+
+// --- In-place ----------------------------------------------------------------------------------
+Tensor& Tensor::zero_() {
+  CheckMutable(*this, "zero_");
+  if (device().is_cpu()) {
+    std::memset(data_ptr(), 0, static_cast<size_t>(nbytes()));
+  } else {
+#if TANDEM_WITH_CUDA
+    internal::CudaMemsetZero(data_ptr(), device(), nbytes());
+#endif
+  }
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  CheckMutable(*this, "fill_");
+  ops::internal::Fill(*this, value);
+  return *this;
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  CheckMutable(*this, "copy_");
+  TANDEM_CHECK(src.defined() && src.numel() == numel(), "copy_: source ", src.ToString(),
+               " does not match destination ", ToString());
+  CopyInto(*this, src);
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  CheckMutable(*this, "add_");
+  TANDEM_CHECK(other.defined() && other.shape() == shape() && other.dtype() == dtype() &&
+                   other.device() == device(),
+               "add_: ", other.ToString(), " does not match ", ToString());
+  ops::internal::Axpy(*this, other, alpha);
+  return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+  CheckMutable(*this, "mul_");
+  ops::internal::Scale(*this, value);
+  return *this;
+}
+
+// --- Factories --------------------------------------------------------------------------------
+Tensor empty(const Shape& shape, TensorOptions options) {
+  Tensor t(NewImpl(shape, options.dtype_or_default(), options.device_or_default()));
+  if (options.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options) {
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = empty(shape, options);
+  t.zero_();
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = empty(shape, options);
+  t.fill_(value);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+
+Tensor arange(int64_t end, TensorOptions options) {
+  if (!options.dtype) options.dtype = kInt64;
+  return arange(0.0, static_cast<double>(end), 1.0, options);
+}
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  TANDEM_CHECK(step != 0 && (end - start) / step >= 0, "arange(", start, ", ", end, ", ", step,
+               "): empty or infinite range");
+  const int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[i] = start + static_cast<double>(i) * step;
+  if (!options.dtype) options.dtype = kFloat32;
+  return from_vector(values, {n}, options);
+}
+
+namespace {
+Tensor Random(const Shape& shape, TensorOptions options, bool normal) {
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor t = empty(shape, options);
+  CheckFloating(t, normal ? "randn" : "rand");
+  Generator& gen = thread_generator();
+  const uint64_t offset = gen.Advance(static_cast<uint64_t>(t.numel()));
+  ops::internal::FillRandom(t, gen.seed, gen.stream, offset, normal);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+}  // namespace
+
+Tensor randn(const Shape& shape, TensorOptions options) { return Random(shape, options, true); }
+Tensor rand(const Shape& shape, TensorOptions options) { return Random(shape, options, false); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
+  TANDEM_CHECK(static_cast<int64_t>(values.size()) == NumElements(shape), "from_vector: ",
+               values.size(), " values for shape ", ShapeToString(shape));
+  if (!options.dtype) options.dtype = DTypeOf<T>::value;
+  const bool rg = options.requires_grad;
+  options.requires_grad = false;
+  Tensor host = empty(shape, {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
+  Tensor out = empty(shape, options);
+  CopyInto(out, host);
+  if (rg) out.set_requires_grad(true);
+  return out;
+}
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+
+// --- Grad mode -------------------------------------------------------------------------------
+namespace {
+thread_local bool t_grad_mode = true;
+}
+bool grad_mode_enabled() { return t_grad_mode; }
+NoGradGuard::NoGradGuard() : previous_(t_grad_mode) { t_grad_mode = false; }
+NoGradGuard::~NoGradGuard() { t_grad_mode = previous_; }
+
+// --- Checks ------------------------------------------------------------------------------------
+void CheckDefined(const Tensor& t, const char* op, const char* what) {
+  TANDEM_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+}
+void CheckSameDevice(const Tensor& a, const Tensor& b, const char* op) {
+  TANDEM_CHECK(a.device() == b.device(), op, ": tensors on different devices: ", a.ToString(),
+               " and ", b.ToString());
+}
+void CheckSameDType(const Tensor& a, const Tensor& b, const char* op) {
+  TANDEM_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ: ", a.ToString(), " and ", b.ToString());
+}
+void CheckFloating(const Tensor& t, const char* op) {
+  TANDEM_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64, op, ": expected a float32 or float64 tensor, got ",
+               t.ToString());
+}
+void CheckDim(const Tensor& t, int64_t dim, const char* op, const char* what) {
+  TANDEM_CHECK(t.dim() == dim, op, ": ", what, " must have ", dim, " dims, got shape ",
+               ShapeToString(t.shape()));
+}
+
+}  // namespace tandem::nn

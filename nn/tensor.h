@@ -1,0 +1,217 @@
+// Tensor: a shared handle over a contiguous block of typed memory on one device,
+// with the autograd state of a define-by-run tape.
+//
+// Copies of a Tensor share the same data and autograd state (like torch.Tensor).
+// All tensors are contiguous (row-major); views (reshape, flatten, slice along
+// dim 0) share storage with an element offset.
+//
+// Thread-safety: a Tensor may be read from several threads; mutating one (its
+// data, grad or requires_grad) from two threads at once is a data race. Ops run
+// on the calling thread (CPU) or enqueue on the thread's stream (CUDA).
+#ifndef TANDEM_NN_TENSOR_H_
+#define TANDEM_NN_TENSOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/device.h"
+#include "nn/dtype.h"
+#include "nn/error.h"
+
+namespace tandem::nn {
+
+using Shape = std::vector<int64_t>;
+std::string ShapeToString(const Shape& shape);  // "(2, 3)"
+int64_t NumElements(const Shape& shape);        // throws on negative dims or overflow
+
+namespace autograd {
+class Node;
+}
+
+// Raw memory of one device, freed by the allocator that made it.
+class Storage {
+ public:
+  // Allocates `bytes` on `device` (CPU: 64-byte aligned; CUDA: stream-ordered pool).
+  Storage(int64_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+  Device device_;
+};
+
+class Tensor;
+using GradReadyHook = std::function<void(Tensor& param)>;
+
+struct TensorImpl;
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  bool is_cuda() const { return device().is_cuda(); }
+  std::string ToString() const;  // "float32(2, 3) on cpu"
+
+  // Typed pointer to the first element; throws if T does not match dtype().
+  template <typename T> T* data() const;
+  void* data_ptr() const;
+  int64_t nbytes() const { return numel() * ElementSize(dtype()); }
+  const std::shared_ptr<Storage>& storage() const;
+  int64_t storage_offset() const;  // in elements
+
+  // --- Autograd ------------------------------------------------------------
+  bool requires_grad() const;
+  // Marks a leaf as needing a gradient. Throws on a non-leaf.
+  Tensor& set_requires_grad(bool requires_grad);
+  bool is_leaf() const;
+  // Accumulated gradient (undefined until a backward pass reaches this leaf).
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // Runs the backward pass from this scalar tensor (gradient 1).
+  void backward() const;
+  // Runs the backward pass with `grad` (same shape) as the output gradient.
+  void backward(const Tensor& grad) const;
+  // The same data without autograd history.
+  Tensor detach() const;
+  // Hooks fired, in registration order, on the backward thread once this leaf's
+  // gradient is final for the current backward pass (after accumulation into
+  // grad()). Returns a handle for remove_grad_ready_hook.
+  int register_grad_ready_hook(GradReadyHook hook) const;
+  void remove_grad_ready_hook(int handle) const;
+  // Optional debugging name (Module sets parameter names).
+  const std::string& name() const;
+  void set_name(std::string name) const;
+
+  // --- Conversions and copies ----------------------------------------------
+  Tensor to(Device device) const;  // same tensor if already there; differentiable
+  Tensor to(DType dtype) const;    // same tensor if already that dtype; differentiable between floats
+  Tensor clone() const;            // new storage, differentiable
+  double item() const;             // one element, as double (synchronises with the device)
+  template <typename T> T item() const { return static_cast<T>(item()); }
+  // All elements copied to the host, converted to T.
+  template <typename T> std::vector<T> to_vector() const;
+
+  // --- Views (share storage; differentiable) ---------------------------------
+  Tensor reshape(const Shape& shape) const;  // one dim may be -1
+  Tensor flatten(int64_t start_dim = 0) const;  // dims start_dim.. collapsed into one
+  Tensor slice(int64_t begin, int64_t end) const;  // rows [begin, end) of dim 0
+  Tensor operator[](int64_t i) const;  // row i of dim 0, one dim fewer
+
+  // --- In-place (data only, not recorded by autograd) --------------------------
+  // Throw when applied to a tensor that requires grad while grad mode is on.
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);  // same numel; converts dtype and device
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape
+  Tensor& mul_(double value);
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  // True when both handles share one TensorImpl.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // elements
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  // Autograd.
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<autograd::Node> grad_fn;          // set on outputs of recorded ops
+  std::weak_ptr<autograd::Node> grad_accumulator;   // leaves: the node that accumulates grad
+  std::vector<std::pair<int, GradReadyHook>> grad_ready_hooks;
+  int next_hook_handle = 0;
+  std::string name;
+};
+
+// --- Factories --------------------------------------------------------------
+// Unset fields default to float32 and the calling thread's current device.
+struct TensorOptions {
+  std::optional<DType> dtype;
+  std::optional<Device> device;
+  bool requires_grad = false;
+
+  DType dtype_or_default() const { return dtype.value_or(DType::kFloat32); }
+  Device device_or_default() const { return device.value_or(current_device()); }
+};
+
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+Tensor arange(int64_t end, TensorOptions options = {});  // 0, 1, ..., end-1
+Tensor arange(double start, double end, double step, TensorOptions options = {});
+// Standard normal / uniform [0, 1) from the calling thread's generator (see random.h):
+// the same seed gives the same numbers on the CPU and on a GPU.
+Tensor randn(const Shape& shape, TensorOptions options = {});
+Tensor rand(const Shape& shape, TensorOptions options = {});
+Tensor zeros_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);
+// Copies `values` into a new tensor of that shape (numel must match).
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions options = {});
+// A scalar (0-dim) tensor.
+Tensor scalar_tensor(double value, TensorOptions options = {});
+
+// --- Grad mode --------------------------------------------------------------
+// Thread-local switch: while a NoGradGuard lives on a thread, ops on that thread
+// record nothing.
+bool grad_mode_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// --- Checks used by ops -----------------------------------------------------------
+// Throws "<op>: <what> must be ... but is ..." naming the op and the values.
+void CheckDefined(const Tensor& t, const char* op, const char* what);
+void CheckSameDevice(const Tensor& a, const Tensor& b, const char* op);
+void CheckSameDType(const Tensor& a, const Tensor& b, const char* op);
+void CheckFloating(const Tensor& t, const char* op);
+void CheckDim(const Tensor& t, int64_t dim, const char* op, const char* what);
+
+// --- Template definitions ----------------------------------------------------------
+template <typename T>
+T* Tensor::data() const {
+  TANDEM_CHECK(defined(), "data(): undefined tensor");
+  TANDEM_CHECK(DTypeOf<std::remove_const_t<T>>::value == dtype(), "data<",
+               DTypeName(DTypeOf<std::remove_const_t<T>>::value), ">() on a ", DTypeName(dtype()),
+               " tensor");
+  return static_cast<T*>(data_ptr());
+}
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_TENSOR_H_

@@ -1,0 +1,115 @@
+#include "nn/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "nn/random.h"
+
+namespace tandem::nn {
+namespace {
+
+TEST(TensorTest, FactoriesShapeAndValues) {
+  Tensor z = zeros({2, 3});
+  EXPECT_EQ(z.shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.dtype(), kFloat32);
+  EXPECT_EQ(z.device(), Device::CPU());
+  EXPECT_EQ(z.to_vector<float>(), std::vector<float>(6, 0.f));
+  EXPECT_EQ(full({2}, 2.5, {.dtype = kFloat64}).to_vector<double>(), (std::vector<double>{2.5, 2.5}));
+  EXPECT_EQ(arange(4).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(arange(4).dtype(), kInt64);
+  EXPECT_DOUBLE_EQ(scalar_tensor(3.0).item(), 3.0);
+}
+
+TEST(TensorTest, FromVectorRejectsWrongCount) {
+  EXPECT_THROW(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error);
+}
+
+TEST(TensorTest, ReshapeAndSliceShareStorage) {
+  Tensor t = from_vector(std::vector<float>{0, 1, 2, 3, 4, 5}, {3, 2});
+  Tensor r = t.reshape({2, -1});
+  EXPECT_EQ(r.shape(), (Shape{2, 3}));
+  Tensor s = t.slice(1, 3);
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
+  s.fill_(7);
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 1, 7, 7, 7, 7}));
+  EXPECT_EQ(t[0].to_vector<float>(), (std::vector<float>{0, 1}));
+  EXPECT_EQ(t.flatten().shape(), (Shape{6}));
+  EXPECT_THROW(t.reshape({4, 2}), Error);
+  EXPECT_THROW(t.slice(2, 4), Error);
+}
+
+TEST(TensorTest, DTypeConversionRoundTrips) {
+  Tensor f = from_vector(std::vector<float>{1.5f, -2.25f, 3.0f, 1.0f / 3.0f}, {4});
+  EXPECT_EQ(f.to(kFloat64).to_vector<double>()[1], -2.25);
+  EXPECT_EQ(f.to(kInt64).to_vector<int64_t>(), (std::vector<int64_t>{1, -2, 3, 0}));
+  Tensor b = f.to(kBFloat16);
+  EXPECT_EQ(b.dtype(), kBFloat16);
+  std::vector<float> back = b.to(kFloat32).to_vector<float>();
+  EXPECT_EQ(back[0], 1.5f);   // exactly representable
+  EXPECT_EQ(back[1], -2.25f);
+  EXPECT_NEAR(back[3], 1.0f / 3.0f, 1.0f / 256);  // 8 bits of mantissa
+  EXPECT_EQ(from_vector(std::vector<uint8_t>{0, 255}, {2}).to(kFloat32).to_vector<float>(),
+            (std::vector<float>{0.f, 255.f}));
+}
+
+TEST(TensorTest, BFloat16RoundsToNearestEven) {
+  EXPECT_EQ(BFloat16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even -> 1.
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+}
+
+TEST(TensorTest, RandomIsSeededAndCounterBased) {
+  manual_seed(42);
+  Tensor a = randn({1000});
+  manual_seed(42);
+  Tensor b = randn({600});
+  Tensor c = randn({400});
+  std::vector<float> va = a.to_vector<float>(), vb = b.to_vector<float>(), vc = c.to_vector<float>();
+  vb.insert(vb.end(), vc.begin(), vc.end());
+  EXPECT_EQ(va, vb);  // one draw of 1000 == two draws of 600 + 400
+  double mean = 0, var = 0;
+  for (float v : va) mean += v;
+  mean /= va.size();
+  for (float v : va) var += (v - mean) * (v - mean);
+  var /= va.size();
+  EXPECT_NEAR(mean, 0.0, 0.1);
+  EXPECT_NEAR(var, 1.0, 0.1);
+  manual_seed(42, /*stream=*/1);
+  EXPECT_NE(randn({1000}).to_vector<float>(), va);  // another rank's stream differs
+  for (float u : rand({1000}).to_vector<float>()) {
+    EXPECT_GE(u, 0.f);
+    EXPECT_LT(u, 1.f);
+  }
+}
+
+TEST(TensorTest, InPlaceOpsRefuseTensorsThatRequireGrad) {
+  Tensor w = ones({2}, {.requires_grad = true});
+  EXPECT_THROW(w.fill_(1), Error);
+  NoGradGuard no_grad;
+  w.mul_(3);
+  w.add_(ones({2}), 2.0);
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{5, 5}));
+}
+
+TEST(TensorTest, ErrorsNameTheValues) {
+  try {
+    zeros({2, 3}).reshape({4, 2});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(2, 3)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(zeros({2}).item(), Error);
+  EXPECT_THROW(zeros({-1}), Error);
+}
+
+TEST(DeviceTest, ParseAndCount) {
+  EXPECT_EQ(*ParseDevice("cpu"), Device::CPU());
+  EXPECT_EQ(*ParseDevice("cuda:3"), Device::CUDA(3));
+  EXPECT_FALSE(ParseDevice("gpu").ok());
+  EXPECT_FALSE(ParseDevice("cuda:-1").ok());
+  EXPECT_GE(cuda_device_count(), 0);  // no driver means 0, not a failure
+  EXPECT_EQ(current_device(), Device::CPU());
+}
+
+}  // namespace
+}  // namespace tandem::nn
