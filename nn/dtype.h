@@ -80,8 +80,9 @@ template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUIn
 // TANDEM_DISPATCH_FLOAT(dtype, opname, [&]<typename scalar_t>() { ... }):
 // calls the lambda with scalar_t = float or double; other dtypes throw an error
 // naming the op. Math ops support float32 and float64.
-#define TANDEM_DISPATCH_FLOAT(dtype, opname, fn)                                  \
+#define TANDEM_DISPATCH_FLOAT(dtype, opname, ...)                                 \
   [&]() {                                                                         \
+    auto&& fn = __VA_ARGS__;                                                      \
     switch (dtype) {                                                              \
       case ::tandem::nn::DType::kFloat32: return fn.template operator()<float>(); \
       case ::tandem::nn::DType::kFloat64: return fn.template operator()<double>();\
@@ -93,8 +94,9 @@ template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUIn
   }()
 
 // TANDEM_DISPATCH_ALL(dtype, [&]<typename scalar_t>() { ... }): every dtype.
-#define TANDEM_DISPATCH_ALL(dtype, fn)                                                   \
+#define TANDEM_DISPATCH_ALL(dtype, ...)                                                  \
   [&]() {                                                                                \
+    auto&& fn = __VA_ARGS__;                                                             \
     switch (dtype) {                                                                     \
       case ::tandem::nn::DType::kFloat32: return fn.template operator()<float>();        \
       case ::tandem::nn::DType::kFloat64: return fn.template operator()<double>();       \

@@ -60,7 +60,7 @@ TANDEM_HOST_DEVICE float UniformFromBits(uint32_t bits) {
 TANDEM_HOST_DEVICE double NormalFromBits(uint32_t a, uint32_t b) {
   const double u1 = (static_cast<double>(a >> 8) + 1.0) * (1.0 / 16777217.0);  // (0, 1]
   const double u2 = static_cast<double>(b >> 8) * (1.0 / 16777216.0);
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+  return ::sqrt(-2.0 * ::log(u1)) * ::cos(6.283185307179586 * u2);
 }
 
 // A thread's random stream: (seed, stream) fixed, offset advanced by each draw.

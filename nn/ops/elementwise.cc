@@ -1,0 +1,155 @@
+// Elementwise ops: shape checks, device dispatch and autograd wiring.
+#include "nn/ops/elementwise.h"
+
+#include "nn/autograd.h"
+#include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/elementwise_kernels.h"
+
+namespace tandem::nn {
+namespace {
+
+using ops::internal::BinaryOp;
+using ops::internal::UnaryOp;
+
+Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  CheckDefined(a, name, "a");
+  CheckDefined(b, name, "b");
+  CheckSameDevice(a, b, name);
+  CheckSameDType(a, b, name);
+  CheckFloating(a, name);
+  const auto plan = ops::internal::PlanBroadcast(a.shape(), b.shape(), name);
+  Tensor out = empty(plan.out_shape, {.dtype = a.dtype(), .device = a.device()});
+  TANDEM_ON_DEVICE(a, ops::internal::Binary, op, a, b, out, plan);
+  return out;
+}
+
+Tensor Unary(UnaryOp op, const Tensor& x, const char* name, double s0 = 0, double s1 = 0) {
+  CheckDefined(x, name, "x");
+  CheckFloating(x, name);
+  Tensor out = empty_like(x);
+  TANDEM_ON_DEVICE(x, ops::internal::Unary, op, x, out, s0, s1);
+  return out;
+}
+
+}  // namespace
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  ops::internal::PlanBroadcast(shape, x.shape(), "sum_to");  // checks compatibility
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
+  TANDEM_ON_DEVICE(x, ops::internal::SumTo, x, out);
+  TANDEM_CHECK(NumElements(shape) <= x.numel(), "sum_to: ", ShapeToString(shape),
+               " is larger than ", ShapeToString(x.shape()));
+  const Shape in_shape = x.shape();
+  return autograd::Record("sum_to", {x}, out, [in_shape](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kAdd, zeros(in_shape, {.dtype = g.dtype(), .device = g.device()}), g, "sum_to_backward")};
+  });
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = Binary(BinaryOp::kAdd, a, b, "add");
+  return autograd::Record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = Binary(BinaryOp::kSub, a, b, "sub");
+  return autograd::Record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+    return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = Binary(BinaryOp::kMul, a, b, "mul");
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return autograd::Record("mul", {a, b}, out,
+                          [a = a.detach(), b = b.detach(), ga, gb](const Tensor& g) {
+    return std::vector<Tensor>{ga ? sum_to(mul(g, b), a.shape()) : Tensor(),
+                               gb ? sum_to(mul(g, a), b.shape()) : Tensor()};
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = Binary(BinaryOp::kDiv, a, b, "div");
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return autograd::Record("div", {a, b}, out,
+                          [a = a.detach(), b = b.detach(), ga, gb](const Tensor& g) {
+    // d(a/b)/da = 1/b; d(a/b)/db = -a/b^2.
+    Tensor ga_t = ga ? sum_to(div(g, b), a.shape()) : Tensor();
+    Tensor gb_t = gb ? sum_to(neg(div(mul(g, a), mul(b, b))), b.shape()) : Tensor();
+    return std::vector<Tensor>{ga_t, gb_t};
+  });
+}
+
+Tensor neg(const Tensor& x) { return mul_scalar(x, -1.0); }
+
+Tensor add_scalar(const Tensor& x, double s) {
+  Tensor out = Unary(UnaryOp::kAffine, x, "add_scalar", 1.0, s);
+  return autograd::Record("add_scalar", {x}, out, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor mul_scalar(const Tensor& x, double s) {
+  Tensor out = Unary(UnaryOp::kAffine, x, "mul_scalar", s, 0.0);
+  return autograd::Record("mul_scalar", {x}, out,
+                          [s](const Tensor& g) { return std::vector<Tensor>{mul_scalar(g, s)}; });
+}
+
+Tensor rsub_scalar(const Tensor& x, double s) {
+  Tensor out = Unary(UnaryOp::kAffine, x, "rsub_scalar", -1.0, s);
+  return autograd::Record("rsub_scalar", {x}, out,
+                          [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
+}
+
+Tensor rdiv_scalar(const Tensor& x, double s) {
+  Tensor out = Unary(UnaryOp::kRDiv, x, "rdiv_scalar", s);
+  return autograd::Record("rdiv_scalar", {x}, out, [x = x.detach(), s](const Tensor& g) {
+    // d(s/x)/dx = -s / x^2
+    return std::vector<Tensor>{mul(g, rdiv_scalar(mul(x, x), -s))};
+  });
+}
+
+Tensor pow_scalar(const Tensor& x, double p) {
+  Tensor out = Unary(UnaryOp::kPow, x, "pow_scalar", p);
+  return autograd::Record("pow_scalar", {x}, out, [x = x.detach(), p](const Tensor& g) {
+    return std::vector<Tensor>{mul(g, mul_scalar(pow_scalar(x, p - 1), p))};
+  });
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kExp, x, "exp");
+  return autograd::Record("exp", {x}, out, [y = out.detach()](const Tensor& g) {
+    return std::vector<Tensor>{mul(g, y)};
+  });
+}
+
+Tensor log(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kLog, x, "log");
+  return autograd::Record("log", {x}, out, [x = x.detach()](const Tensor& g) {
+    return std::vector<Tensor>{div(g, x)};
+  });
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kRelu, x, "relu");
+  return autograd::Record("relu", {x}, out, [y = out.detach()](const Tensor& g) {
+    // At x == 0 the subgradient 0 is used (as PyTorch does).
+    return std::vector<Tensor>{Binary(BinaryOp::kReluBackward, g, y, "relu_backward")};
+  });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kSigmoid, x, "sigmoid");
+  return autograd::Record("sigmoid", {x}, out, [y = out.detach()](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kSigmoidBackward, g, y, "sigmoid_backward")};
+  });
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kTanh, x, "tanh");
+  return autograd::Record("tanh", {x}, out, [y = out.detach()](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kTanhBackward, g, y, "tanh_backward")};
+  });
+}
+
+}  // namespace tandem::nn

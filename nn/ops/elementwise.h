@@ -1,0 +1,49 @@
+// Elementwise ops: binary arithmetic with NumPy broadcasting, ops with a scalar,
+// and activations. All differentiable; float32 and float64.
+// CPU kernels: elementwise_cpu.cc; CUDA kernels: elementwise_cuda.cu.
+#ifndef TANDEM_NN_OPS_ELEMENTWISE_H_
+#define TANDEM_NN_OPS_ELEMENTWISE_H_
+
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+
+// a, b: broadcastable shapes (trailing dims equal or 1). Output: the broadcast shape.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+
+Tensor neg(const Tensor& x);
+Tensor add_scalar(const Tensor& x, double s);  // x + s
+Tensor mul_scalar(const Tensor& x, double s);  // x * s
+Tensor rsub_scalar(const Tensor& x, double s); // s - x
+Tensor rdiv_scalar(const Tensor& x, double s); // s / x
+Tensor pow_scalar(const Tensor& x, double p);  // x^p (x > 0 unless p is a whole number)
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+
+Tensor relu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+
+// Sums `x` down to `shape` (the reverse of broadcasting `shape` up to x's shape).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor operator+(const Tensor& x, double s) { return add_scalar(x, s); }
+inline Tensor operator+(double s, const Tensor& x) { return add_scalar(x, s); }
+inline Tensor operator-(const Tensor& x, double s) { return add_scalar(x, -s); }
+inline Tensor operator-(double s, const Tensor& x) { return rsub_scalar(x, s); }
+inline Tensor operator*(const Tensor& x, double s) { return mul_scalar(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return mul_scalar(x, s); }
+inline Tensor operator/(const Tensor& x, double s) { return mul_scalar(x, 1.0 / s); }
+inline Tensor operator/(double s, const Tensor& x) { return rdiv_scalar(x, s); }
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_OPS_ELEMENTWISE_H_

@@ -1,0 +1,99 @@
+// CPU kernels of the elementwise family.
+#include "absl/strings/str_cat.h"
+#include "nn/ops/internal/elementwise_kernels.h"
+
+namespace tandem::nn::ops::internal {
+
+BroadcastPlan PlanBroadcast(const Shape& a, const Shape& b, const char* op) {
+  BroadcastPlan plan;
+  const int ndim = static_cast<int>(std::max(a.size(), b.size()));
+  TANDEM_CHECK(ndim <= kMaxDims, op, ": at most ", kMaxDims, " dims, got ", ShapeToString(a),
+               " and ", ShapeToString(b));
+  plan.ndim = ndim;
+  plan.out_shape.resize(ndim);
+  int64_t a_stride = 1, b_stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    const int ia = i - (ndim - static_cast<int>(a.size()));
+    const int ib = i - (ndim - static_cast<int>(b.size()));
+    const int64_t da = ia >= 0 ? a[ia] : 1;
+    const int64_t db = ib >= 0 ? b[ib] : 1;
+    TANDEM_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", ShapeToString(a), " and ",
+                 ShapeToString(b), " do not broadcast (dim ", i, ": ", da, " vs ", db, ")");
+    const int64_t d = da == 1 ? db : da;
+    plan.out_shape[i] = d;
+    plan.out_sizes[i] = d;
+    plan.a_strides[i] = da == 1 ? 0 : a_stride;
+    plan.b_strides[i] = db == 1 ? 0 : b_stride;
+    a_stride *= da;
+    b_stride *= db;
+  }
+  plan.same_shape = a == b;
+  return plan;
+}
+
+void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
+               const BroadcastPlan& plan) {
+  const int64_t n = out.numel();
+  TANDEM_DISPATCH_FLOAT(a.dtype(), "binary op", [&]<typename T>() {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+    if (plan.same_shape) {
+      for (int64_t i = 0; i < n; ++i) po[i] = ApplyBinary(op, pa[i], pb[i]);
+      return;
+    }
+    if (b.numel() == 1) {
+      const T vb = pb[0];
+      for (int64_t i = 0; i < n; ++i) po[i] = ApplyBinary(op, pa[i], vb);
+      return;
+    }
+    // General case: walk the output with a multi-index, advancing both operands.
+    int64_t index[kMaxDims] = {};
+    int64_t ia = 0, ib = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      po[i] = ApplyBinary(op, pa[ia], pb[ib]);
+      for (int d = plan.ndim - 1; d >= 0; --d) {
+        ia += plan.a_strides[d];
+        ib += plan.b_strides[d];
+        if (++index[d] < plan.out_sizes[d]) break;
+        ia -= plan.a_strides[d] * plan.out_sizes[d];
+        ib -= plan.b_strides[d] * plan.out_sizes[d];
+        index[d] = 0;
+      }
+    }
+  });
+}
+
+void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double s1) {
+  const int64_t n = x.numel();
+  TANDEM_DISPATCH_FLOAT(x.dtype(), "unary op", [&]<typename T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    const T a = static_cast<T>(s0), b = static_cast<T>(s1);
+    for (int64_t i = 0; i < n; ++i) po[i] = ApplyUnary(op, px[i], a, b);
+  });
+}
+
+void SumToCpu(const Tensor& x, const Tensor& out) {
+  // out's shape broadcasts to x's: accumulate each x element into its out slot.
+  const BroadcastPlan plan = PlanBroadcast(out.shape(), x.shape(), "sum_to");
+  const int64_t n = x.numel();
+  TANDEM_DISPATCH_FLOAT(x.dtype(), "sum_to", [&]<typename T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) po[i] = T(0);
+    int64_t index[kMaxDims] = {};
+    int64_t io = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      po[io] += px[i];
+      for (int d = plan.ndim - 1; d >= 0; --d) {
+        io += plan.a_strides[d];
+        if (++index[d] < plan.out_sizes[d]) break;
+        io -= plan.a_strides[d] * plan.out_sizes[d];
+        index[d] = 0;
+      }
+    }
+  });
+}
+
+}  // namespace tandem::nn::ops::internal
