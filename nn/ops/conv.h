@@ -1,0 +1,25 @@
+// 2-D convolution. CPU: im2col + OpenBLAS gemm (conv_cpu.cc); CUDA: cuDNN with the
+// algorithm chosen once per shape and cached (conv_cuda.cc).
+#ifndef TANDEM_NN_OPS_CONV_H_
+#define TANDEM_NN_OPS_CONV_H_
+
+#include <array>
+
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+
+struct Conv2dParams {
+  std::array<int64_t, 2> stride{1, 1};    // (h, w)
+  std::array<int64_t, 2> padding{0, 0};   // zeros on each side, (h, w)
+  std::array<int64_t, 2> dilation{1, 1};  // (h, w)
+};
+
+// x: (N, C, H, W), weight: (O, C, KH, KW), bias: (O) or undefined
+// -> (N, O, OH, OW) with OH = (H + 2 ph - dh (KH - 1) - 1) / sh + 1 (likewise OW).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              const Conv2dParams& params = {});
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_OPS_CONV_H_

@@ -1,0 +1,17 @@
+// Dropout. The mask comes from the calling thread's Philox generator (element i
+// keeps iff uniform(counter offset + i) >= p), so CPU and GPU masks match.
+// CPU: dropout_cpu.cc; CUDA: dropout_cuda.cu.
+#ifndef TANDEM_NN_OPS_DROPOUT_H_
+#define TANDEM_NN_OPS_DROPOUT_H_
+
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+
+// training: zero each element with probability p, scale kept ones by 1/(1-p).
+// Not training (or p == 0): x unchanged. p in [0, 1).
+Tensor dropout(const Tensor& x, double p, bool training);
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_OPS_DROPOUT_H_

@@ -1,0 +1,24 @@
+// 2-D pooling. CPU: pool_cpu.cc; CUDA: cuDNN (pool_cuda.cc).
+#ifndef TANDEM_NN_OPS_POOL_H_
+#define TANDEM_NN_OPS_POOL_H_
+
+#include <array>
+
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+
+struct Pool2dParams {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{0, 0};   // 0 means equal to kernel
+  std::array<int64_t, 2> padding{0, 0};  // max: -inf padding; avg: zeros, counted in the divisor
+};
+
+// x: (N, C, H, W) -> (N, C, OH, OW), OH = (H + 2 ph - KH) / sh + 1.
+// Gradient of a tie goes to the first maximum in row-major window order.
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params = {});
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params = {});
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_OPS_POOL_H_
