@@ -16,6 +16,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // relu(linear(x, weight, bias)) in one op (one cuBLASLt call with a fused epilogue on CUDA).
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// Errors: each op throws tandem::Error naming the op and the shapes when the
+// operands are not 2-D, their inner sizes differ, or dtypes/devices differ.
+// Supported dtypes: float32, float64.
+
+// Lets float32 matmuls and convolutions on CUDA use TF32 tensor cores (about 10
+// mantissa bits per product). Off by default: float32 results then match the
+// CPU to float32 rounding. Process-wide; calls already enqueued keep their mode.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_OPS_MATMUL_H_

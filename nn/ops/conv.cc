@@ -1,0 +1,99 @@
+// Conv family: shape checks, device dispatch and autograd wiring.
+#include "nn/ops/conv.h"
+
+#include "nn/autograd.h"
+#include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/dispatch.h"
+
+namespace tandem::nn {
+namespace {
+
+using ops::internal::Conv2dGeometry;
+
+std::string PairToString(const std::array<int64_t, 2>& v) {
+  return absl::StrCat("(", v[0], ", ", v[1], ")");
+}
+
+Conv2dGeometry CheckConv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           const Conv2dParams& params) {
+  constexpr const char* kOp = "conv2d";
+  CheckDefined(x, kOp, "x");
+  CheckDefined(weight, kOp, "weight");
+  CheckSameDevice(x, weight, kOp);
+  CheckSameDType(x, weight, kOp);
+  CheckFloating(x, kOp);
+  CheckDim(x, 4, kOp, "x (N, C, H, W)");
+  CheckDim(weight, 4, kOp, "weight (O, C, KH, KW)");
+  Conv2dGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
+  g.params = params;
+  TANDEM_CHECK(g.c == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ", g.c,
+               " channels but weight ", ShapeToString(weight.shape()), " expects ",
+               weight.size(1));
+  TANDEM_CHECK(g.c > 0 && g.o > 0 && g.kh > 0 && g.kw > 0, kOp, ": empty channels or kernel: x ",
+               ShapeToString(x.shape()), ", weight ", ShapeToString(weight.shape()));
+  for (int d = 0; d < 2; ++d) {
+    TANDEM_CHECK(params.stride[d] >= 1 && params.dilation[d] >= 1 && params.padding[d] >= 0, kOp,
+                 ": stride ", PairToString(params.stride), " and dilation ",
+                 PairToString(params.dilation), " must be >= 1, padding ",
+                 PairToString(params.padding), " >= 0");
+  }
+  const int64_t span_h = params.dilation[0] * (g.kh - 1) + 1;
+  const int64_t span_w = params.dilation[1] * (g.kw - 1) + 1;
+  const int64_t padded_h = g.h + 2 * params.padding[0], padded_w = g.w + 2 * params.padding[1];
+  TANDEM_CHECK(padded_h >= span_h && padded_w >= span_w, kOp, ": kernel ",
+               ShapeToString(weight.shape()), " with dilation ", PairToString(params.dilation),
+               " is larger than the padded input ", ShapeToString(x.shape()), " + padding ",
+               PairToString(params.padding));
+  g.oh = (padded_h - span_h) / params.stride[0] + 1;
+  g.ow = (padded_w - span_w) / params.stride[1] + 1;
+  if (bias.defined()) {
+    CheckSameDevice(x, bias, kOp);
+    CheckSameDType(x, bias, kOp);
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == g.o, kOp, ": bias must be (", g.o,
+                 ") for weight ", ShapeToString(weight.shape()), " but is ",
+                 ShapeToString(bias.shape()));
+  }
+  return g;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dParams& params) {
+  const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
+  const TensorOptions like_x{.dtype = x.dtype(), .device = x.device()};
+  Tensor y = empty({g.n, g.o, g.oh, g.ow}, like_x);
+  if (g.n > 0) TANDEM_ON_DEVICE(x, ops::internal::Conv2dForward, x, weight, bias, g, y);
+  const bool gx = x.requires_grad(), gw = weight.requires_grad();
+  const bool gb = bias.defined() && bias.requires_grad();
+  return autograd::Record(
+      "conv2d", {x, weight, bias}, y,
+      [x = x.detach(), w = weight.detach(), g, gx, gw, gb, like_x](const Tensor& dy) {
+        Tensor dx, dw, db;
+        if (gx) {
+          dx = empty(x.shape(), like_x);
+          if (g.n > 0) TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardData, dy, w, g, dx);
+        }
+        if (gw) {
+          dw = empty(w.shape(), like_x);
+          if (g.n > 0) {
+            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardFilter, dy, x, g, dw);
+          } else {
+            dw.fill_(0.0);
+          }
+        }
+        if (gb) {
+          db = empty({g.o}, like_x);
+          if (g.n > 0) {
+            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardBias, dy, db);
+          } else {
+            db.fill_(0.0);
+          }
+        }
+        return std::vector<Tensor>{dx, dw, db};
+      });
+}
+
+}  // namespace tandem::nn

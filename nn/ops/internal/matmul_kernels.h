@@ -1,0 +1,43 @@
+// Kernel interface of the matmul family (matmul, linear, linear_relu), shared by
+// the CPU file (OpenBLAS) and the CUDA file (cuBLASLt). The conv family's CPU
+// kernels reuse GemmRaw. Internal to nn.
+#ifndef TANDEM_NN_OPS_INTERNAL_MATMUL_KERNELS_H_
+#define TANDEM_NN_OPS_INTERNAL_MATMUL_KERNELS_H_
+
+#include <cstdint>
+
+#include "nn/tensor.h"
+
+namespace tandem::nn::ops::internal {
+
+// Whether float32 matmuls and convolutions on CUDA may use TF32 tensor cores
+// (set_allow_tf32 in matmul.h). Process-wide, read at each call.
+bool AllowTf32();
+
+// Row-major C (m, n) = alpha * op(A) op(B) + beta * C on the host, where op(A) is
+// (m, k) (A is (k, m) when trans_a) and lda/ldb/ldc are row strides in elements.
+// T is float (sgemm) or double (dgemm). Safe to call from several threads at once.
+template <typename T>
+void GemmRaw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+             int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+// out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype and device.
+// Shapes are checked by the caller.
+void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out);
+// out (N, out) = x (N, in) W^T (W: (out, in)) + bias (out, or undefined), then
+// relu when `relu`.
+void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
+               const Tensor& out);
+// db (out) = sum over rows of dy (N, out).
+void BiasGradCpu(const Tensor& dy, const Tensor& db);
+
+#if TANDEM_WITH_CUDA
+void GemmCuda(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out);
+void LinearCuda(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
+                const Tensor& out);
+void BiasGradCuda(const Tensor& dy, const Tensor& db);
+#endif
+
+}  // namespace tandem::nn::ops::internal
+
+#endif  // TANDEM_NN_OPS_INTERNAL_MATMUL_KERNELS_H_

@@ -1,0 +1,42 @@
+// Kernel interface of the pool family, shared by the CPU file and the CUDA file
+// (cuDNN). Internal to nn.
+#ifndef TANDEM_NN_OPS_INTERNAL_POOL_KERNELS_H_
+#define TANDEM_NN_OPS_INTERNAL_POOL_KERNELS_H_
+
+#include <cstdint>
+
+#include "nn/tensor.h"
+
+namespace tandem::nn::ops::internal {
+
+// Sizes of one pooling call with the stride resolved (never 0), checked by pool.cc.
+struct Pool2dGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // x: (n, c, h, w)
+  int64_t kh = 0, kw = 0, sh = 0, sw = 0, ph = 0, pw = 0;
+  int64_t oh = 0, ow = 0;              // y: (n, c, oh, ow)
+};
+
+// y = window maxima; indices (int64, y's shape) = the position iy * w + ix of each
+// maximum in its (h, w) plane, the first one in row-major window order on ties.
+// The CUDA version takes an undefined `indices` (cuDNN recomputes from x and y).
+void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
+                         const Tensor& indices);
+// dx (overwritten) = dy routed to each window's maximum.
+void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indices,
+                          const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+// y = window sums / (kh * kw): padding counts as zeros in the divisor.
+void AvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
+void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+
+#if TANDEM_WITH_CUDA
+void MaxPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
+                          const Tensor& indices);
+void MaxPool2dBackwardCuda(const Tensor& x, const Tensor& y, const Tensor& indices,
+                           const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+void AvgPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
+void AvgPool2dBackwardCuda(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+#endif
+
+}  // namespace tandem::nn::ops::internal
+
+#endif  // TANDEM_NN_OPS_INTERNAL_POOL_KERNELS_H_

@@ -1,0 +1,81 @@
+// CPU kernels of the matmul family: OpenBLAS cblas_sgemm / cblas_dgemm.
+#include <cblas.h>
+
+#include <limits>
+
+#include "nn/ops/internal/matmul_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+blasint ToBlasInt(int64_t v, const char* what) {
+  TANDEM_CHECK(v >= 0 && v <= std::numeric_limits<blasint>::max(), "gemm: ", what, " = ", v,
+               " does not fit the BLAS integer type");
+  return static_cast<blasint>(v);
+}
+
+}  // namespace
+
+template <>
+void GemmRaw<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, ToBlasInt(m, "m"), ToBlasInt(n, "n"),
+              ToBlasInt(k, "k"), alpha, a, ToBlasInt(lda, "lda"), b, ToBlasInt(ldb, "ldb"), beta,
+              c, ToBlasInt(ldc, "ldc"));
+}
+
+template <>
+void GemmRaw<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                     const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                     double* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, ToBlasInt(m, "m"), ToBlasInt(n, "n"),
+              ToBlasInt(k, "k"), alpha, a, ToBlasInt(lda, "lda"), b, ToBlasInt(ldb, "ldb"), beta,
+              c, ToBlasInt(ldc, "ldc"));
+}
+
+void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t m = out.size(0), n = out.size(1);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  TANDEM_DISPATCH_FLOAT(a.dtype(), "matmul", [&]<typename T>() {
+    GemmRaw<T>(trans_a, trans_b, m, n, k, T(1), a.data<T>(), a.size(1), b.data<T>(), b.size(1),
+               T(0), out.data<T>(), n);
+  });
+}
+
+void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
+               const Tensor& out) {
+  const int64_t rows = x.size(0), in = x.size(1), outs = weight.size(0);
+  TANDEM_DISPATCH_FLOAT(x.dtype(), "linear", [&]<typename T>() {
+    T* y = out.data<T>();
+    GemmRaw<T>(false, true, rows, outs, in, T(1), x.data<T>(), in, weight.data<T>(), in, T(0), y,
+               outs);
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    if (b == nullptr && !relu) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = y + r * outs;
+      for (int64_t j = 0; j < outs; ++j) {
+        T v = b != nullptr ? row[j] + b[j] : row[j];
+        row[j] = relu && !(v > T(0)) ? T(0) : v;
+      }
+    }
+  });
+}
+
+void BiasGradCpu(const Tensor& dy, const Tensor& db) {
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  TANDEM_DISPATCH_FLOAT(dy.dtype(), "linear_backward", [&]<typename T>() {
+    const T* g = dy.data<T>();
+    T* out = db.data<T>();
+    for (int64_t j = 0; j < cols; ++j) out[j] = T(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) out[j] += g[r * cols + j];
+    }
+  });
+}
+
+}  // namespace tandem::nn::ops::internal

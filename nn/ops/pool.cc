@@ -1,0 +1,79 @@
+// Pool family: shape checks, device dispatch and autograd wiring.
+#include "nn/ops/pool.h"
+
+#include "nn/autograd.h"
+#include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/pool_kernels.h"
+
+namespace tandem::nn {
+namespace {
+
+using ops::internal::Pool2dGeometry;
+
+std::string PairToString(const std::array<int64_t, 2>& v) {
+  return absl::StrCat("(", v[0], ", ", v[1], ")");
+}
+
+Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const char* op) {
+  CheckDefined(x, op, "x");
+  CheckFloating(x, op);
+  CheckDim(x, 4, op, "x (N, C, H, W)");
+  Pool2dGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.kh = params.kernel[0], g.kw = params.kernel[1];
+  g.sh = params.stride[0] == 0 ? g.kh : params.stride[0];
+  g.sw = params.stride[1] == 0 ? g.kw : params.stride[1];
+  g.ph = params.padding[0], g.pw = params.padding[1];
+  TANDEM_CHECK(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1, op, ": kernel ",
+               PairToString(params.kernel), " must be >= 1 and stride ",
+               PairToString(params.stride), " >= 0 (0: the kernel)");
+  // At most half the kernel, so every window holds at least one real element.
+  TANDEM_CHECK(g.ph >= 0 && g.pw >= 0 && 2 * g.ph <= g.kh && 2 * g.pw <= g.kw, op, ": padding ",
+               PairToString(params.padding), " must be in [0, kernel / 2] for kernel ",
+               PairToString(params.kernel));
+  TANDEM_CHECK(g.h + 2 * g.ph >= g.kh && g.w + 2 * g.pw >= g.kw, op, ": kernel ",
+               PairToString(params.kernel), " is larger than the padded input ",
+               ShapeToString(x.shape()), " + padding ", PairToString(params.padding));
+  g.oh = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const Pool2dGeometry g = CheckPool2d(x, params, "max_pool2d");
+  Tensor y = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  // The CPU keeps argmax positions for backward; cuDNN recomputes them from x and y.
+  Tensor indices;
+  if (!x.is_cuda()) indices = empty(y.shape(), {.dtype = kInt64, .device = x.device()});
+  if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::MaxPool2dForward, x, g, y, indices);
+  const bool on_cuda = x.is_cuda();
+  return autograd::Record(
+      "max_pool2d", {x}, y,
+      [x = on_cuda ? x.detach() : Tensor(), y = on_cuda ? y.detach() : Tensor(), indices, g,
+       shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
+          const Tensor& dy) {
+        Tensor dx = empty(shape, options);
+        if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
+        TANDEM_ON_DEVICE(dy, ops::internal::MaxPool2dBackward, x, y, indices, dy, g, dx);
+        return std::vector<Tensor>{dx};
+      });
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
+  const Pool2dGeometry g = CheckPool2d(x, params, "avg_pool2d");
+  Tensor y = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
+  if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::AvgPool2dForward, x, g, y);
+  return autograd::Record(
+      "avg_pool2d", {x}, y,
+      [g, shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
+          const Tensor& dy) {
+        Tensor dx = empty(shape, options);
+        if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
+        TANDEM_ON_DEVICE(dy, ops::internal::AvgPool2dBackward, dy, g, dx);
+        return std::vector<Tensor>{dx};
+      });
+}
+
+}  // namespace tandem::nn

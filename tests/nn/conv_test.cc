@@ -1,0 +1,146 @@
+#include "nn/ops/conv.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "nn/random.h"
+#include "tests/nn/gradcheck.h"
+
+namespace tandem::nn {
+namespace {
+
+using testing::GradCheck;
+using testing::RandomInput;
+
+// Direct 7-deep loop, the definition of conv2d.
+std::vector<double> NaiveConv2d(const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Conv2dParams& p) {
+  const auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  const std::vector<double> bv = b.defined() ? b.to_vector<double>() : std::vector<double>();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  const int64_t o = w.size(0), kh = w.size(2), kw = w.size(3);
+  const int64_t oh = (h + 2 * p.padding[0] - p.dilation[0] * (kh - 1) - 1) / p.stride[0] + 1;
+  const int64_t ow = (wd + 2 * p.padding[1] - p.dilation[1] * (kw - 1) - 1) / p.stride[1] + 1;
+  std::vector<double> y;
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t oc = 0; oc < o; ++oc) {
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          double sum = bv.empty() ? 0.0 : bv[oc];
+          for (int64_t ci = 0; ci < c; ++ci) {
+            for (int64_t i = 0; i < kh; ++i) {
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t iy = oy * p.stride[0] - p.padding[0] + i * p.dilation[0];
+                const int64_t ix = ox * p.stride[1] - p.padding[1] + j * p.dilation[1];
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                sum += xv[((s * c + ci) * h + iy) * wd + ix] * wv[((oc * c + ci) * kh + i) * kw + j];
+              }
+            }
+          }
+          y.push_back(sum);
+        }
+      }
+    }
+  }
+  return y;
+}
+
+std::vector<Conv2dParams> Variants() {
+  return {
+      {},                                                   // plain
+      {.stride = {2, 2}},                                   // stride
+      {.padding = {1, 2}},                                  // asymmetric padding
+      {.dilation = {2, 1}},                                 // dilation
+      {.stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}},  // all at once
+  };
+}
+
+TEST(ConvTest, MatchesNaiveLoopAcrossStridePaddingDilation) {
+  manual_seed(11);
+  for (const Conv2dParams& p : Variants()) {
+    Tensor x = randn({2, 3, 7, 6}, {.dtype = kFloat64});
+    Tensor w = randn({4, 3, 3, 2}, {.dtype = kFloat64});
+    Tensor b = randn({4}, {.dtype = kFloat64});
+    for (bool with_bias : {true, false}) {
+      Tensor y = conv2d(x, w, with_bias ? b : Tensor(), p);
+      const auto want = NaiveConv2d(x, w, with_bias ? b : Tensor(), p);
+      const auto got = y.to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << ShapeToString(y.shape());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << i;
+    }
+  }
+}
+
+TEST(ConvTest, Float32MatchesFloat64) {
+  manual_seed(12);
+  Tensor x = randn({2, 2, 5, 5}, {.dtype = kFloat64});
+  Tensor w = randn({3, 2, 3, 3}, {.dtype = kFloat64});
+  const Conv2dParams p{.padding = {1, 1}};
+  const auto want = conv2d(x, w, Tensor(), p).to_vector<double>();
+  const auto got = conv2d(x.to(kFloat32), w.to(kFloat32), Tensor(), p).to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+TEST(ConvTest, OutputShapeFollowsTheFormula) {
+  Tensor y = conv2d(zeros({1, 1, 28, 28}), zeros({20, 1, 5, 5}), zeros({20}),
+                    {.padding = {2, 2}});
+  EXPECT_EQ(y.shape(), (Shape{1, 20, 28, 28}));
+  y = conv2d(zeros({3, 2, 10, 9}), zeros({4, 2, 3, 3}), Tensor(),
+             {.stride = {3, 2}, .padding = {0, 1}, .dilation = {2, 2}});
+  // OH = (10 - 2*2 - 1) / 3 + 1 = 2; OW = (9 + 2 - 4 - 1) / 2 + 1 = 4.
+  EXPECT_EQ(y.shape(), (Shape{3, 4, 2, 4}));
+}
+
+TEST(ConvTest, ShapeErrorsNameOpAndShapes) {
+  try {
+    conv2d(zeros({2, 3, 8, 8}), zeros({4, 2, 3, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("conv2d"), std::string::npos) << m;
+    EXPECT_NE(m.find("(2, 3, 8, 8)"), std::string::npos) << m;
+    EXPECT_NE(m.find("(4, 2, 3, 3)"), std::string::npos) << m;
+  }
+  try {
+    conv2d(zeros({1, 1, 2, 2}), zeros({1, 1, 3, 3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("conv2d"), std::string::npos) << m;
+    EXPECT_NE(m.find("(1, 1, 2, 2)"), std::string::npos) << m;
+  }
+  try {
+    conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3, 3}), zeros({3}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bias"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(conv2d(zeros({1, 4, 4}), zeros({2, 1, 3, 3})), Error);
+  EXPECT_THROW(conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3, 3}), Tensor(), {.stride = {0, 1}}),
+               Error);
+  EXPECT_THROW(conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3, 3}, {.dtype = kFloat64})), Error);
+}
+
+TEST(ConvGradTest, EveryInputAcrossVariants) {
+  manual_seed(13);
+  for (const Conv2dParams& p : Variants()) {
+    EXPECT_TRUE(GradCheck([&](const auto& in) { return conv2d(in[0], in[1], in[2], p); },
+                          {RandomInput({2, 2, 6, 5}), RandomInput({3, 2, 3, 2}), RandomInput({3})}))
+        << "stride " << p.stride[0] << "," << p.stride[1] << " padding " << p.padding[0] << ","
+        << p.padding[1] << " dilation " << p.dilation[0] << "," << p.dilation[1];
+  }
+}
+
+TEST(ConvGradTest, WithoutBiasAndOneByOneKernel) {
+  manual_seed(14);
+  EXPECT_TRUE(GradCheck([](const auto& in) { return conv2d(in[0], in[1]); },
+                        {RandomInput({2, 3, 4, 4}), RandomInput({2, 3, 1, 1})}));
+  // Only the weight requires grad (x is data).
+  EXPECT_TRUE(GradCheck([](const auto& in) { return conv2d(in[0], in[1], in[2], {.padding = {1, 1}}); },
+                        {RandomInput({1, 2, 5, 5}, 1.0, false), RandomInput({2, 2, 3, 3}),
+                         RandomInput({2})}));
+}
+
+}  // namespace
+}  // namespace tandem::nn
