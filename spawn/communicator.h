@@ -1,0 +1,133 @@
+// Collective communication between the ranks of one spawn run.
+//
+// Every rank of a run holds one Communicator; a collective must be called by
+// every rank, in the same order, with the same op and sizes (the in-process
+// implementation checks and throws on a difference; NCCL would hang, which the
+// watchdog then reports). Reductions combine ranks in a fixed order (rank 0, 1,
+// ...), so one run gives the same bits every time.
+//
+// Streams (CUDA tensors): a collective is ordered after the work already queued on
+// the calling thread's compute stream (nn::internal::ThreadStream) and later work
+// on that stream is ordered after it; the host does not wait for the GPU.
+//
+// Errors: graph-style. A collective throws tandem::Error on a programming error
+// (sizes differ across ranks, unsupported dtype) and dist::CancelledError when the
+// run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
+// reports the first failure and logs this one as a consequence.
+//
+// Thread-safety: a Communicator belongs to its rank's thread.
+#ifndef TANDEM_SPAWN_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMMUNICATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "nn/error.h"
+#include "nn/tensor.h"
+
+namespace tandem::dist {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* ReduceOpName(ReduceOp op);  // "sum", "avg", "max"
+
+// Thrown from a collective or a wait when the run is being stopped.
+class CancelledError : public Error {
+ public:
+  explicit CancelledError(const std::string& what) : Error(what) {}
+};
+
+// The handle of an asynchronous collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // CPU tensors: returns when the result is in place. CUDA tensors: makes the
+  // calling thread's compute stream wait for the collective (no host wait).
+  // Throws like the collective itself.
+  virtual void wait() = 0;
+};
+
+namespace internal {
+
+// What a rank's collectives are doing, read by spawn's watchdog from its own
+// thread (hence atomics). Collectives complete in the order they were entered.
+struct CollectiveTrace {
+  std::atomic<uint64_t> entered{0};     // sequence number of the last collective entered
+  std::atomic<uint64_t> completed{0};   // sequence number of the last one completed
+  std::atomic<const char*> op{"none"};  // name of the last one entered (static string)
+  std::atomic<int64_t> entered_ns{0};   // steady-clock time it was entered
+};
+
+// Nanoseconds on the steady clock.
+int64_t SteadyNowNs();
+
+}  // namespace internal
+
+class Communicator {
+ public:
+  Communicator(int rank, int world_size, nn::Device device);
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  nn::Device device() const { return device_; }
+  // "in-process" or "nccl".
+  virtual std::string kind() const = 0;
+
+  // x: any shape, the same on every rank, on this rank's device. In place: every
+  // rank ends with the reduction of all ranks' x (kAvg: the sum divided by
+  // world_size).
+  void all_reduce(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
+  // The same, started now; the result is in x after wait().
+  std::shared_ptr<Work> all_reduce_async(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
+  // x: the same shape on every rank. Every rank ends with root's x.
+  void broadcast(nn::Tensor& x, int root = 0);
+  // input: the same shape S on every rank. Returns (world_size, *S), row r = rank r's input.
+  nn::Tensor all_gather(const nn::Tensor& input);
+  // input: (world_size * k, ...) on every rank. Returns (k, ...): rank r gets the
+  // reduction of every rank's rows [r*k, (r+1)*k).
+  nn::Tensor reduce_scatter(const nn::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // Returns when every rank has called barrier.
+  void barrier();
+
+  // spawn attaches the run's stop token and this rank's trace before fn starts.
+  void Attach(std::stop_token stop, internal::CollectiveTrace* trace);
+  bool stop_requested() const { return stop_.stop_requested(); }
+
+ protected:
+  virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;
+  // Default: runs AllReduceImpl now and returns a finished Work.
+  virtual std::shared_ptr<Work> AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op);
+  virtual void BroadcastImpl(nn::Tensor& x, int root) = 0;
+  // output: (world_size, *input.shape), allocated by the caller.
+  virtual void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) = 0;
+  // output: (input.size(0) / world_size, ...), allocated by the caller.
+  virtual void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) = 0;
+  virtual void BarrierImpl() = 0;
+
+  // The sequence number of the collective running now (1 for the first).
+  uint64_t sequence() const { return sequence_; }
+  // Marks the collective `sequence` complete (for asynchronous ones, from wait()).
+  void MarkCompleted(uint64_t sequence);
+
+ private:
+  class Scope;
+  // Throws CancelledError when the run is stopping; records the entry.
+  uint64_t Enter(const char* op);
+
+  int rank_;
+  int world_size_;
+  nn::Device device_;
+  std::stop_token stop_;
+  internal::CollectiveTrace own_trace_;
+  internal::CollectiveTrace* trace_ = &own_trace_;
+  uint64_t sequence_ = 0;
+};
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_COMMUNICATOR_H_

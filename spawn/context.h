@@ -1,0 +1,76 @@
+// dist::Context: what a rank's function knows about its place in the run.
+//
+//   void train(dist::Context& ctx, int epochs) {
+//     ctx.log().Info("rank {} of {} on {}", ctx.rank(), ctx.world_size(), ctx.device());
+//     ...
+//     ctx.check_stop();   // at a step boundary: throws when the run is stopping
+//   }
+//
+// spawn makes one Context per rank thread, sets that thread's nn device
+// (nn::DeviceGuard) and generator (nn::manual_seed(seed, rank)) before calling fn,
+// and makes the Context reachable from the thread through dist::current().
+//
+// Thread-safety: a Context belongs to its rank's thread; stop_requested() may be
+// read from any thread.
+#ifndef TANDEM_SPAWN_CONTEXT_H_
+#define TANDEM_SPAWN_CONTEXT_H_
+
+#include <stop_token>
+
+#include "nn/device.h"
+#include "spawn/communicator.h"
+#include "spawn/logger.h"
+
+namespace tandem::dist {
+
+class Context {
+ public:
+  Context(int rank, int world_size, nn::Device device, Communicator* communicator,
+          RankLogger logger, std::stop_token stop);
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  nn::Device device() const { return device_; }
+  Communicator& communicator() const { return *communicator_; }
+  const RankLogger& log() const { return logger_; }
+  std::stop_token stop_token() const { return stop_; }
+  // True once another rank failed, the watchdog fired or Ctrl-C was pressed.
+  bool stop_requested() const { return stop_.stop_requested(); }
+  // Throws CancelledError when stop_requested(): call at step boundaries so a
+  // rank that does no collective still stops promptly.
+  void check_stop() const;
+
+ private:
+  int rank_;
+  int world_size_;
+  nn::Device device_;
+  Communicator* communicator_;
+  RankLogger logger_;
+  std::stop_token stop_;
+};
+
+// The Context of the calling rank thread. Throws tandem::Error when called from a
+// thread that spawn did not start.
+Context& current();
+// The same, or nullptr outside a rank thread.
+Context* current_or_null();
+
+namespace internal {
+// Makes `ctx` the calling thread's current Context for the guard's lifetime.
+class CurrentContextGuard {
+ public:
+  explicit CurrentContextGuard(Context* ctx);
+  ~CurrentContextGuard();
+  CurrentContextGuard(const CurrentContextGuard&) = delete;
+  CurrentContextGuard& operator=(const CurrentContextGuard&) = delete;
+
+ private:
+  Context* previous_;
+};
+}  // namespace internal
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_CONTEXT_H_

@@ -1,0 +1,126 @@
+#include "spawn/devices.h"
+
+#include <climits>
+#include <cstdlib>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace tandem::dist {
+namespace {
+
+absl::Status BadGpus(absl::string_view gpus, absl::string_view token, absl::string_view why,
+                     int visible_gpus) {
+  return absl::InvalidArgumentError(absl::StrCat("gpus \"", gpus, "\": token \"", token, "\" ",
+                                                 why, "; ", DescribeVisibleGpus(visible_gpus)));
+}
+
+// Parses one ordinal of a gpus list (already stripped of surrounding spaces).
+absl::StatusOr<int> ParseOrdinal(absl::string_view gpus, absl::string_view token,
+                                 int visible_gpus) {
+  if (token.empty()) {
+    return BadGpus(gpus, token, "is empty (write ordinals separated by single commas)",
+                   visible_gpus);
+  }
+  if (token[0] == '-') {
+    return BadGpus(gpus, token, "is negative (ordinals are 0 or more)", visible_gpus);
+  }
+  int64_t value = 0;
+  for (char c : token) {
+    if (c < '0' || c > '9') {
+      return BadGpus(gpus, token, "is not a whole number (ordinals are 0, 1, 2, ...)",
+                     visible_gpus);
+    }
+    value = value * 10 + (c - '0');
+    if (value > INT_MAX) {
+      return BadGpus(gpus, token, absl::StrCat("overflows (the largest ordinal is ", INT_MAX, ")"),
+                     visible_gpus);
+    }
+  }
+  if (value >= visible_gpus) {
+    return BadGpus(gpus, token, "is not a visible GPU", visible_gpus);
+  }
+  return static_cast<int>(value);
+}
+
+absl::StatusOr<int> RankCount(int nprocs, int listed, absl::string_view what) {
+  if (nprocs == 0 || nprocs < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nprocs ", nprocs, " is invalid: use -1 (one rank per device) or 1 or more"));
+  }
+  if (nprocs == -1) return listed;
+  if (listed >= 0 && nprocs > listed) {
+    return absl::InvalidArgumentError(absl::StrCat("nprocs ", nprocs, " is more than the ", listed,
+                                                   " devices of ", what));
+  }
+  return nprocs;
+}
+
+}  // namespace
+
+std::string DescribeVisibleGpus(int visible_gpus) {
+  std::string text = visible_gpus == 0 ? std::string("no GPU is visible")
+                     : visible_gpus == 1
+                         ? std::string("1 GPU is visible (ordinal 0)")
+                         : absl::StrCat(visible_gpus, " GPUs are visible (ordinals 0..",
+                                        visible_gpus - 1, ")");
+  if (const char* env = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    absl::StrAppend(&text, " with CUDA_VISIBLE_DEVICES=\"", env, "\"");
+  }
+  return text;
+}
+
+absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,
+                                                      int visible_gpus, bool share_devices) {
+  const absl::string_view spec = absl::StripAsciiWhitespace(gpus);
+  const bool cpu = absl::EqualsIgnoreCase(spec, "cpu") || (spec.empty() && visible_gpus == 0);
+  if (cpu) {
+    absl::StatusOr<int> count = RankCount(nprocs, -1, "gpus \"cpu\"");
+    if (!count.ok()) return count.status();
+    const int ranks = *count == -1 ? 1 : *count;
+    return std::vector<nn::Device>(ranks, nn::Device::CPU());
+  }
+  std::vector<int> ordinals;
+  if (spec.empty()) {
+    for (int i = 0; i < visible_gpus; ++i) ordinals.push_back(i);
+  } else {
+    std::set<int> seen;
+    for (absl::string_view raw : absl::StrSplit(gpus, ',')) {
+      const absl::string_view token = absl::StripAsciiWhitespace(raw);
+      absl::StatusOr<int> ordinal = ParseOrdinal(gpus, token, visible_gpus);
+      if (!ordinal.ok()) return ordinal.status();
+      if (!seen.insert(*ordinal).second && !share_devices) {
+        return BadGpus(gpus, token,
+                       "is listed twice (NCCL refuses two ranks on one GPU; set "
+                       "SpawnOptions::share_devices to let those ranks share it in-process)",
+                       visible_gpus);
+      }
+      ordinals.push_back(*ordinal);
+    }
+  }
+  absl::StatusOr<int> count =
+      RankCount(nprocs, static_cast<int>(ordinals.size()), absl::StrCat("gpus \"", gpus, "\""));
+  if (!count.ok()) return count.status();
+  std::vector<nn::Device> devices;
+  for (int i = 0; i < *count; ++i) devices.push_back(nn::Device::CUDA(ordinals[i]));
+  return devices;
+}
+
+absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,
+                                                      bool share_devices) {
+  return SelectDevices(gpus, nprocs, nn::cuda_device_count(), share_devices);
+}
+
+bool HasSharedGpu(const std::vector<nn::Device>& devices) {
+  std::set<int> seen;
+  for (const nn::Device& d : devices) {
+    if (d.is_cuda() && !seen.insert(d.index).second) return true;
+  }
+  return false;
+}
+
+}  // namespace tandem::dist

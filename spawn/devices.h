@@ -1,0 +1,46 @@
+// Choosing the devices of a run from spawn's `gpus` string and `nprocs`.
+//
+// gpus:
+//   ""        all visible GPUs (CUDA_VISIBLE_DEVICES applies); CPU ranks when none
+//             is visible.
+//   "cpu"     CPU ranks (case-insensitive).
+//   "0,1,3"   those CUDA ordinals in that order: rank i runs on the i-th listed one.
+// nprocs:
+//   -1        one rank per listed device (1 for CPU ranks).
+//   1..N      the first nprocs listed devices (nprocs CPU ranks for "cpu").
+//   more than listed, 0 or below -1: an error.
+// Tokens are checked before any CUDA or NCCL call: empty tokens, signs, non-numbers,
+// overflow, ordinals that are not visible and duplicates are errors that name the
+// bad token and what is visible. Duplicates ("0,0") are allowed only with
+// share_devices: those ranks then share the GPU through the in-process communicator.
+#ifndef TANDEM_SPAWN_DEVICES_H_
+#define TANDEM_SPAWN_DEVICES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nn/device.h"
+
+namespace tandem::dist {
+
+// visible_gpus: how many CUDA devices this process sees (nn::cuda_device_count()).
+// Returns one device per rank, rank order. Thread-safe (pure function).
+absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,
+                                                      int visible_gpus, bool share_devices);
+
+// The same with the GPUs this process sees.
+absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,
+                                                      bool share_devices);
+
+// "no GPU is visible" or "2 GPUs are visible (ordinals 0..1)", plus the
+// CUDA_VISIBLE_DEVICES setting when one is set.
+std::string DescribeVisibleGpus(int visible_gpus);
+
+// True when two ranks of `devices` use the same GPU.
+bool HasSharedGpu(const std::vector<nn::Device>& devices);
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_DEVICES_H_

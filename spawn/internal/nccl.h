@@ -1,0 +1,35 @@
+// NCCL communicators for ranks on distinct GPUs (spawn/nccl_communicator.cc,
+// compiled only with TANDEM_WITH_CUDA). Keeps nccl.h out of every other file.
+// Internal to spawn.
+#ifndef TANDEM_SPAWN_INTERNAL_NCCL_H_
+#define TANDEM_SPAWN_INTERNAL_NCCL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nn/device.h"
+#include "spawn/communicator.h"
+
+namespace tandem::dist::internal {
+
+// One communicator per device (rank i on devices[i]) from one ncclCommInitAll,
+// called from spawn's thread before the rank threads start, with
+// NCCL_RUNTIME_CONNECT=0 so every connection is made now (a later collective
+// never waits on a peer's connection set-up) and non-blocking communicators
+// (host threads never block inside NCCL). Errors name the devices and NCCL's text.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
+    const std::vector<nn::Device>& devices);
+
+// Aborts every communicator made by CreateNcclCommunicators. Call only after
+// every rank thread has been joined: see the safety argument in
+// nccl_communicator.cc.
+void AbortNcclCommunicators(const std::vector<std::unique_ptr<Communicator>>& comms);
+
+// "NCCL 2.28.3, CUDA runtime 13.0, driver 13.0".
+std::string CudaNcclVersions();
+
+}  // namespace tandem::dist::internal
+
+#endif  // TANDEM_SPAWN_INTERNAL_NCCL_H_

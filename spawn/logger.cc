@@ -1,0 +1,108 @@
+#include "spawn/logger.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+
+namespace tandem::dist {
+namespace internal {
+
+std::string FormatPieces(absl::string_view format, const std::vector<std::string>& args) {
+  std::string out;
+  size_t next = 0;
+  size_t pos = 0;
+  while (pos < format.size()) {
+    const size_t hole = format.find("{}", pos);
+    if (hole == absl::string_view::npos || next == args.size()) {
+      absl::StrAppend(&out, format.substr(pos));
+      break;
+    }
+    absl::StrAppend(&out, format.substr(pos, hole - pos), args[next++]);
+    pos = hole + 2;
+  }
+  for (; next < args.size(); ++next) absl::StrAppend(&out, " ", args[next]);
+  return out;
+}
+
+}  // namespace internal
+
+namespace {
+
+std::string Timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const int millis = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
+      1000);
+  std::tm tm{};
+  localtime_r(&seconds, &tm);
+  return absl::StrFormat("%04d-%02d-%02d %02d:%02d:%02d.%03d", tm.tm_year + 1900, tm.tm_mon + 1,
+                         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
+}
+
+const char* LevelTag(LogLevel level) {
+  switch (level) {
+    case LogLevel::kInfo: return "";
+    case LogLevel::kWarning: return "WARNING: ";
+    case LogLevel::kError: return "ERROR: ";
+  }
+  return "";
+}
+
+}  // namespace
+
+Logger::Logger(int world_size, LoggerOptions options)
+    : world_size_(world_size), options_(std::move(options)) {}
+
+Logger::~Logger() = default;
+
+absl::StatusOr<std::unique_ptr<Logger>> Logger::Create(int world_size, LoggerOptions options) {
+  std::unique_ptr<Logger> logger(new Logger(world_size, std::move(options)));
+  const std::string& dir = logger->options_.log_dir;
+  if (!dir.empty()) {
+    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("log_dir \"", dir, "\" cannot be created: ", std::strerror(errno)));
+    }
+    for (int r = 0; r < world_size; ++r) {
+      const std::string path = absl::StrCat(dir, "/workerlog.", r);
+      auto file = std::make_unique<std::ofstream>(path, std::ios::out | std::ios::trunc);
+      if (!*file) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("log_dir \"", dir, "\": cannot open \"", path, "\" for writing"));
+      }
+      logger->files_.push_back(std::move(file));
+    }
+  }
+  return logger;
+}
+
+void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
+  const std::string who =
+      rank < 0 ? std::string("spawn") : absl::StrCat("rank ", rank, " ", device.ToString());
+  const std::string line = absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text,
+                                        "\n");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank <= 0 || options_.all_ranks_to_console) {
+    std::ostream& console = options_.console != nullptr ? *options_.console : std::cerr;
+    console << line;
+    console.flush();
+  }
+  if (rank >= 0 && rank < static_cast<int>(files_.size())) {
+    *files_[rank] << line;
+    files_[rank]->flush();
+  } else if (rank < 0) {
+    for (auto& file : files_) {
+      *file << line;
+      file->flush();
+    }
+  }
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,146 @@
+// dist::spawn: runs fn(ctx, args...) on one thread per selected device.
+//
+//   absl::Status s = dist::spawn(train);                                  // all visible GPUs
+//   absl::Status s = dist::spawn(train, std::make_tuple(true), 2, "0,1"); // args, nprocs, gpus
+//   absl::Status s = dist::spawn(train, /*nprocs=*/1, "0,1");             // fewer than listed
+//   auto losses = dist::spawn(eval, 4, "cpu");  // fn returns double: StatusOr<vector<double>>
+//
+// fn(dist::Context&, Args...) may return void, absl::Status, a value R or
+// absl::StatusOr<R>; spawn returns absl::Status for the first two and
+// absl::StatusOr<std::vector<R>> (one value per rank) for the others. Each rank
+// gets its own copy of `args`.
+//
+// Devices come from `gpus` and `nprocs` (spawn/devices.h); a bad string is an
+// error before any CUDA or NCCL call. Distinct GPUs talk through NCCL (one
+// ncclCommInitAll before the rank threads start); CPU ranks and ranks sharing a
+// GPU (share_devices) through the in-process communicator.
+//
+// Failure: the first failure on any rank (an exception, a non-OK status) wins.
+// spawn sets the stop flag, wakes every in-process wait, joins every thread,
+// aborts the NCCL communicators, and returns a Status naming the rank, its device
+// and the original message; the other ranks' errors are logged as consequences.
+// A watchdog ends a run whose collective has not completed within timeout_s with
+// DeadlineExceeded, listing each rank's last collective (sequence number, op).
+// Ctrl-C (SIGINT, handled while spawn runs) stops every rank at its next
+// collective or check_stop() and spawn returns Cancelled. A rank that never
+// reaches either cannot be stopped (threads are not killed).
+//
+// Thread-safety: spawn may be called from any thread; runs may not nest inside a
+// rank thread.
+#ifndef TANDEM_SPAWN_SPAWN_H_
+#define TANDEM_SPAWN_SPAWN_H_
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "spawn/communicator.h"
+#include "spawn/context.h"
+#include "spawn/devices.h"
+#include "spawn/logger.h"
+
+namespace tandem::dist {
+
+struct SpawnOptions {
+  // Let several ranks share one GPU ("0,0"), through the in-process communicator.
+  bool share_devices = false;
+  // When set, rank r also logs to log_dir/workerlog.r.
+  std::string log_dir;
+  // Every rank's lines to the console, not only rank 0's.
+  bool log_all_ranks = false;
+  // A collective not completed within this many seconds ends the run.
+  double timeout_s = 300;
+  // Rank r's generator is seeded with (seed, stream r).
+  uint64_t seed = 0;
+  // Console stream for the log (std::cerr when null); not owned.
+  std::ostream* console = nullptr;
+  // Install a SIGINT handler while the run lasts (the previous one is restored).
+  bool handle_sigint = true;
+};
+
+namespace internal {
+
+// Runs body on every rank. on_world_size is called once, before the rank threads
+// start, with the number of ranks.
+absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                      const std::function<void(int world_size)>& on_world_size,
+                      const std::function<absl::Status(Context&)>& body);
+
+template <typename T>
+struct IsStatusOr : std::false_type {};
+template <typename T>
+struct IsStatusOr<absl::StatusOr<T>> : std::true_type {
+  using value_type = T;
+};
+
+template <typename R>
+struct SpawnValue {
+  using type = R;
+};
+template <typename T>
+struct SpawnValue<absl::StatusOr<T>> {
+  using type = T;
+};
+
+}  // namespace internal
+
+template <typename Fn, typename... Args>
+auto spawn(Fn&& fn, std::tuple<Args...> args, int nprocs = -1, absl::string_view gpus = "",
+           const SpawnOptions& options = {}) {
+  using R = std::invoke_result_t<Fn&, Context&, Args&...>;
+  auto call = [&](Context& ctx) -> R {
+    std::tuple<Args...> own = args;  // each rank gets its own copy
+    return std::apply([&](Args&... xs) -> R { return fn(ctx, xs...); }, own);
+  };
+  if constexpr (std::is_void_v<R>) {
+    return internal::RunSpawn(gpus, nprocs, options, [](int) {}, [&](Context& ctx) {
+      call(ctx);
+      return absl::OkStatus();
+    });
+  } else if constexpr (std::is_same_v<R, absl::Status>) {
+    return internal::RunSpawn(gpus, nprocs, options, [](int) {}, call);
+  } else {
+    using V = typename internal::SpawnValue<R>::type;
+    std::vector<std::optional<V>> values;
+    absl::Status status = internal::RunSpawn(
+        gpus, nprocs, options, [&](int world) { values.resize(world); },
+        [&](Context& ctx) -> absl::Status {
+          if constexpr (internal::IsStatusOr<R>::value) {
+            R result = call(ctx);
+            if (!result.ok()) return result.status();
+            values[ctx.rank()].emplace(std::move(result).value());
+          } else {
+            values[ctx.rank()].emplace(call(ctx));
+          }
+          return absl::OkStatus();
+        });
+    absl::StatusOr<std::vector<V>> out;
+    if (!status.ok()) {
+      out = status;
+    } else {
+      std::vector<V> plain;
+      plain.reserve(values.size());
+      for (auto& v : values) plain.push_back(std::move(*v));
+      out = std::move(plain);
+    }
+    return out;
+  }
+}
+
+template <typename Fn>
+auto spawn(Fn&& fn, int nprocs = -1, absl::string_view gpus = "",
+           const SpawnOptions& options = {}) {
+  return spawn(std::forward<Fn>(fn), std::tuple<>(), nprocs, gpus, options);
+}
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_SPAWN_H_
