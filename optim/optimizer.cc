@@ -1,0 +1,253 @@
+// Optimizer base: parameter groups, state, state_dict and the step driver.
+#include "optim/optimizer.h"
+
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "optim/internal/fused_kernels.h"
+
+namespace tandem::optim {
+
+Optimizer::Optimizer(const char* name, std::vector<std::string> state_names)
+    : name_(name), state_names_(std::move(state_names)) {}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::AddGroup(std::vector<nn::Tensor> params, std::map<std::string, double> hyper) {
+  const int64_t g = num_groups();
+  TANDEM_CHECK(!params.empty(), name_, ": parameter group ", g, " is empty");
+  for (size_t i = 0; i < params.size(); ++i) {
+    TANDEM_CHECK(params[i].defined(), name_, ": parameter ", i, " of group ", g, " is undefined");
+    TANDEM_CHECK(params[i].dtype() == nn::kFloat32 || params[i].dtype() == nn::kFloat64, name_,
+                 ": parameter ", i, " of group ", g, " is ", params[i].ToString(),
+                 " (float32 and float64 only)");
+  }
+  TANDEM_CHECK(hyper.at("lr") >= 0, name_, ": lr of group ", g, " must be >= 0 but is ",
+               hyper.at("lr"));
+  Group group;
+  group.state.resize(params.size());
+  group.params = std::move(params);
+  group.hyper = std::move(hyper);
+  groups_.push_back(std::move(group));
+}
+
+double Optimizer::InitialBufferValue(const Group&, int) const { return 0.0; }
+
+void Optimizer::zero_grad() {
+  nn::NoGradGuard no_grad;
+  for (Group& group : groups_) {
+    for (nn::Tensor& p : group.params) {
+      nn::Tensor g = p.grad();
+      if (g.defined()) g.zero_();
+    }
+  }
+}
+
+const std::vector<nn::Tensor>& Optimizer::params(int64_t group) const {
+  TANDEM_CHECK(group >= 0 && group < num_groups(), name_, ": group ", group, " out of range [0, ",
+               num_groups(), ")");
+  return groups_[group].params;
+}
+
+void Optimizer::set_lr(double lr) {
+  for (int64_t g = 0; g < num_groups(); ++g) set_lr(g, lr);
+}
+
+double Optimizer::hyper(int64_t group, const std::string& key) const {
+  params(group);  // checks the index
+  auto it = groups_[group].hyper.find(key);
+  TANDEM_CHECK(it != groups_[group].hyper.end(), name_, " has no hyper-parameter '", key, "'");
+  return it->second;
+}
+
+void Optimizer::set_hyper(int64_t group, const std::string& key, double value) {
+  hyper(group, key);  // checks group and key
+  groups_[group].hyper[key] = value;
+}
+
+int64_t Optimizer::step_count(int64_t group, int64_t index) const {
+  const auto& ps = params(group);
+  TANDEM_CHECK(index >= 0 && index < static_cast<int64_t>(ps.size()), name_, ": parameter ", index,
+               " out of range for group ", group, " of ", ps.size());
+  return groups_[group].state[index].step;
+}
+
+void Optimizer::UpdateGroup(
+    Group& group, internal::Algorithm algo,
+    const std::function<internal::UpdateScalars(int64_t step)>& scalars_for_step) {
+  nn::NoGradGuard no_grad;
+  // Launch sets: parameters sharing a step count, device and dtype (one set
+  // unless some parameter missed a step or the group mixes devices).
+  using Key = std::tuple<int64_t, int, int, int>;
+  std::map<Key, std::vector<internal::UpdateTensors>> launches;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const nn::Tensor& p = group.params[i];
+    const nn::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    TANDEM_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(),
+                 name_, ": gradient ", g.ToString(), " does not match parameter ", p.ToString());
+    ParamState& st = group.state[i];
+    st.buffers.resize(state_names_.size());
+    internal::UpdateTensors t{.param = p, .grad = g};
+    for (size_t b = 0; b < state_names_.size(); ++b) {
+      if (!UsesBuffer(group, static_cast<int>(b))) continue;
+      if (!st.buffers[b].defined()) {
+        st.buffers[b] = nn::zeros_like(p);
+        const double init = InitialBufferValue(group, static_cast<int>(b));
+        if (init != 0) st.buffers[b].fill_(init);
+      }
+      t.state[b] = st.buffers[b];
+    }
+    ++st.step;
+    const Key key{st.step, static_cast<int>(p.device().type), p.device().index,
+                  static_cast<int>(p.dtype())};
+    launches[key].push_back(std::move(t));
+  }
+  for (const auto& [key, tensors] : launches) {
+    const internal::UpdateScalars scalars = scalars_for_step(std::get<0>(key));
+#if TANDEM_WITH_CUDA
+    if (tensors.front().param.is_cuda()) {
+      if (!group.device_tables) group.device_tables = internal::MakeDeviceTables();
+      internal::FusedUpdateCuda(algo, tensors, scalars, *group.device_tables);
+      continue;
+    }
+#endif
+    internal::FusedUpdateCpu(algo, tensors, scalars);
+  }
+}
+
+namespace {
+
+std::string GroupKey(int64_t g, const std::string& name) { return absl::StrCat("group.", g, ".", name); }
+std::string StateKey(int64_t g, size_t i, const std::string& name) {
+  return absl::StrCat("state.", g, ".", i, ".", name);
+}
+
+}  // namespace
+
+StateDict Optimizer::state_dict() const {
+  nn::NoGradGuard no_grad;
+  StateDict dict;
+  dict.scalars["num_groups"] = static_cast<double>(num_groups());
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    const Group& group = groups_[g];
+    dict.scalars[GroupKey(g, "num_params")] = static_cast<double>(group.params.size());
+    for (const auto& [key, value] : group.hyper) dict.scalars[GroupKey(g, key)] = value;
+    for (size_t i = 0; i < group.state.size(); ++i) {
+      const ParamState& st = group.state[i];
+      if (st.step == 0) continue;
+      dict.scalars[StateKey(g, i, "step")] = static_cast<double>(st.step);
+      for (size_t b = 0; b < st.buffers.size(); ++b) {
+        if (st.buffers[b].defined()) {
+          dict.tensors.emplace_back(StateKey(g, i, state_names_[b]), st.buffers[b].clone());
+        }
+      }
+    }
+  }
+  return dict;
+}
+
+absl::Status Optimizer::load_state_dict(const StateDict& dict) {
+  auto scalar = [&](const std::string& key) -> const double* {
+    auto it = dict.scalars.find(key);
+    return it == dict.scalars.end() ? nullptr : &it->second;
+  };
+  const double* n = scalar("num_groups");
+  if (n == nullptr || *n != static_cast<double>(num_groups())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, " load_state_dict: 'num_groups' is ", n ? absl::StrCat(*n) : "missing",
+        " but the optimizer has ", num_groups(), " groups"));
+  }
+  std::map<std::string, const nn::Tensor*> tensors;
+  for (const auto& [key, t] : dict.tensors) tensors[key] = &t;
+  std::set<std::string> used_scalars = {"num_groups"};
+  size_t used_tensors = 0;
+  std::vector<Group> loaded(groups_.size());
+  for (int64_t g = 0; g < num_groups(); ++g) {
+    const Group& group = groups_[g];
+    Group& out = loaded[g];
+    const std::string np_key = GroupKey(g, "num_params");
+    const double* np = scalar(np_key);
+    if (np == nullptr || *np != static_cast<double>(group.params.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, " load_state_dict: '", np_key, "' is ", np ? absl::StrCat(*np) : "missing",
+          " but group ", g, " has ", group.params.size(), " parameters"));
+    }
+    used_scalars.insert(np_key);
+    for (const auto& [name, value] : group.hyper) {
+      const std::string key = GroupKey(g, name);
+      const double* v = scalar(key);
+      if (v == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name_, " load_state_dict: missing hyper-parameter '", key, "'"));
+      }
+      out.hyper[name] = *v;
+      used_scalars.insert(key);
+    }
+    out.params = group.params;
+    out.device_tables = group.device_tables;
+    out.state.resize(group.params.size());
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const nn::Tensor& p = group.params[i];
+      const std::string step_key = StateKey(g, i, "step");
+      const double* step = scalar(step_key);
+      ParamState& st = out.state[i];
+      st.buffers.resize(state_names_.size());
+      if (step != nullptr) {
+        if (*step < 1 || *step != static_cast<double>(static_cast<int64_t>(*step))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name_, " load_state_dict: '", step_key, "' must be a whole number >= 1 but is ", *step));
+        }
+        st.step = static_cast<int64_t>(*step);
+        used_scalars.insert(step_key);
+      }
+      for (size_t b = 0; b < state_names_.size(); ++b) {
+        const std::string key = StateKey(g, i, state_names_[b]);
+        auto it = tensors.find(key);
+        if (it == tensors.end()) continue;
+        const nn::Tensor& src = *it->second;
+        if (step == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name_, " load_state_dict: '", key, "' is given but '", step_key, "' is not"));
+        }
+        if (!src.defined() || src.shape() != p.shape()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name_, " load_state_dict: '", key, "' has shape ",
+              src.defined() ? nn::ShapeToString(src.shape()) : "undefined",
+              " but the parameter has shape ", nn::ShapeToString(p.shape())));
+        }
+        ++used_tensors;
+        nn::NoGradGuard no_grad;
+        st.buffers[b] = nn::empty_like(p);
+        st.buffers[b].copy_(src);
+      }
+    }
+  }
+  for (const auto& [key, value] : dict.scalars) {
+    if (!used_scalars.count(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, " load_state_dict: unexpected scalar '", key, "'"));
+    }
+  }
+  if (used_tensors != dict.tensors.size()) {
+    for (const auto& [key, t] : dict.tensors) {
+      bool known = false;
+      for (int64_t g = 0; g < num_groups() && !known; ++g) {
+        for (size_t i = 0; i < groups_[g].params.size() && !known; ++i) {
+          for (const std::string& name : state_names_) known |= key == StateKey(g, i, name);
+        }
+      }
+      if (!known) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name_, " load_state_dict: unexpected tensor '", key, "'"));
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, " load_state_dict: a state tensor name appears twice"));
+  }
+  groups_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::optim

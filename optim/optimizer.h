@@ -1,0 +1,123 @@
+// Optimizer: the base of tandem's optimizers (SGD, Adagrad, Adam, AdamW).
+//
+// An optimizer updates parameter groups; every group has its own lr,
+// weight_decay and other hyper-parameters (held as named doubles, so that a
+// schedule or a checkpoint can read and write them without knowing the type).
+// State (momentum buffers, moment estimates, step counts) is kept per parameter
+// and created at the parameter's first step, on its device and in its dtype.
+//
+// step() enqueues the updates on the calling thread's stream (CUDA: one fused
+// kernel launch per group, no host synchronisation). A parameter whose grad()
+// is undefined is skipped, as in PyTorch.
+//
+// Thread-safety: an optimizer is used by one thread (its rank's); parameters
+// must not be modified by another thread during step().
+#ifndef TANDEM_OPTIM_OPTIMIZER_H_
+#define TANDEM_OPTIM_OPTIMIZER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "nn/tensor.h"
+
+namespace tandem::optim {
+
+namespace internal {
+class DeviceTables;
+enum class Algorithm;
+struct UpdateScalars;
+}  // namespace internal
+
+// Parameters with the options of one group: {params, {.lr = 1e-2}}.
+template <typename Options>
+struct ParamGroup {
+  std::vector<nn::Tensor> params;
+  Options options;
+};
+
+// What an optimizer saves: a representation a checkpoint writer serialises.
+//   tensors: ("state.<group>.<index>.<buffer>", tensor), e.g. "state.0.3.exp_avg";
+//            copies of the state, on the parameters' devices.
+//   scalars: "num_groups", "group.<g>.num_params", "group.<g>.<hyper>" (lr, ...),
+//            "state.<g>.<i>.step" for every parameter that has state.
+struct StateDict {
+  std::vector<std::pair<std::string, nn::Tensor>> tensors;
+  std::map<std::string, double> scalars;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient.
+  virtual void step() = 0;
+
+  // Zeroes every defined gradient IN PLACE: the gradient tensors are kept, since
+  // DataParallel's gradients are views into its communication buckets.
+  void zero_grad();
+  // Paddle's name for zero_grad().
+  void clear_grad() { zero_grad(); }
+
+  int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
+  const std::vector<nn::Tensor>& params(int64_t group) const;
+  // Learning rate of a group; set_lr(lr) sets every group's.
+  double lr(int64_t group = 0) const { return hyper(group, "lr"); }
+  void set_lr(double lr);
+  void set_lr(int64_t group, double lr) { set_hyper(group, "lr", lr); }
+  // Any hyper-parameter of a group by name ("lr", "weight_decay", "momentum",
+  // "beta1", ...). Throws tandem::Error naming the key when it does not exist.
+  double hyper(int64_t group, const std::string& key) const;
+  void set_hyper(int64_t group, const std::string& key, double value);
+  // Step count of parameter `index` of `group` (0 before its first update).
+  int64_t step_count(int64_t group, int64_t index) const;
+
+  // Copies of the state and the hyper-parameters (see StateDict).
+  StateDict state_dict() const;
+  // Replaces state and hyper-parameters with `dict`'s. The groups must have the
+  // same number of parameters and the tensors the parameters' shapes; tensors
+  // are copied to the parameters' device and dtype. On error (naming the key and
+  // the shapes) the optimizer is unchanged.
+  absl::Status load_state_dict(const StateDict& dict);
+
+ protected:
+  struct ParamState {
+    int64_t step = 0;
+    std::vector<nn::Tensor> buffers;  // by StateNames(); undefined until created
+  };
+  struct Group {
+    std::vector<nn::Tensor> params;
+    std::map<std::string, double> hyper;
+    std::vector<ParamState> state;  // one per parameter
+    std::shared_ptr<internal::DeviceTables> device_tables;  // CUDA pointer tables
+  };
+
+  // `state_names`: the names of the per-parameter buffers, in the order the
+  // update kernel takes them (see internal/fused_kernels.h).
+  Optimizer(const char* name, std::vector<std::string> state_names);
+  void AddGroup(std::vector<nn::Tensor> params, std::map<std::string, double> hyper);
+  // Names of the buffers a group uses (e.g. no momentum buffer when momentum is 0).
+  virtual bool UsesBuffer(const Group& group, int buffer) const = 0;
+  // Initial value of a new buffer (Adagrad: initial_accumulator_value).
+  virtual double InitialBufferValue(const Group& group, int buffer) const;
+
+  // Runs `algo` over the group's parameters that have gradients: creates missing
+  // state, increments step counts and calls `scalars_for_step(step)` once per
+  // distinct step count among them (once in the usual case) for one launch each.
+  void UpdateGroup(Group& group, internal::Algorithm algo,
+                   const std::function<internal::UpdateScalars(int64_t step)>& scalars_for_step);
+
+  const char* name_;
+  std::vector<std::string> state_names_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace tandem::optim
+
+#endif  // TANDEM_OPTIM_OPTIMIZER_H_
