@@ -1,0 +1,33 @@
+// Dropout: argument checks, the generator draw, device dispatch and autograd.
+#include "nn/ops/dropout.h"
+
+#include "nn/autograd.h"
+#include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/dropout_kernels.h"
+#include "nn/random.h"
+
+namespace tandem::nn {
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  CheckDefined(x, "dropout", "x");
+  TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p, " for ",
+               x.ToString());
+  if (!training || p == 0.0) return x;
+  CheckFloating(x, "dropout");
+  Generator& gen = thread_generator();
+  const uint64_t offset = gen.Advance(static_cast<uint64_t>(x.numel()));
+  const double scale = 1.0 / (1.0 - p);
+  Tensor y = empty_like(x);
+  Tensor mask = empty(x.shape(), {.dtype = kUInt8, .device = x.device()});
+  if (x.numel() > 0) {
+    TANDEM_ON_DEVICE(x, ops::internal::DropoutForward, x, y, mask, static_cast<float>(p), scale,
+                     gen.seed, gen.stream, offset);
+  }
+  return autograd::Record("dropout", {x}, y, [mask, scale](const Tensor& gy) {
+    Tensor gx = empty_like(gy);
+    if (gy.numel() > 0) TANDEM_ON_DEVICE(gy, ops::internal::DropoutBackward, gy, mask, gx, scale);
+    return std::vector<Tensor>{gx};
+  });
+}
+
+}  // namespace tandem::nn

@@ -1,0 +1,73 @@
+// CPU kernels of the loss family. Row sums in double.
+#include <algorithm>
+#include <cmath>
+
+#include "nn/ops/internal/loss_kernels.h"
+
+namespace tandem::nn::ops::internal {
+
+void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                            const Tensor& loss) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  const int64_t* pl = labels.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TANDEM_CHECK(pl[i] >= 0 && pl[i] < c, "cross_entropy: label ", pl[i], " at row ", i,
+                 " is out of range for ", c, " classes (logits of shape ",
+                 ShapeToString(logits.shape()), ")");
+  }
+  TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    const T* px = logits.data<T>();
+    T* plse = lse.data<T>();
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = px + i * c;
+      T max_value = row[0];
+      for (int64_t j = 1; j < c; ++j) max_value = std::max(max_value, row[j]);
+      double sum_exp = 0;
+      for (int64_t j = 0; j < c; ++j) sum_exp += std::exp(static_cast<double>(row[j] - max_value));
+      const double row_lse = static_cast<double>(max_value) + std::log(sum_exp);
+      plse[i] = static_cast<T>(row_lse);
+      total += row_lse - static_cast<double>(row[pl[i]]);
+    }
+    *loss.data<T>() = static_cast<T>(total / static_cast<double>(n));
+  });
+}
+
+void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                             const Tensor& g, const Tensor& dlogits) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  const int64_t* pl = labels.data<int64_t>();
+  TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    const T* px = logits.data<T>();
+    const T* plse = lse.data<T>();
+    T* pd = dlogits.data<T>();
+    const T scale = *g.data<T>() / static_cast<T>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < c; ++j) {
+        const T p = static_cast<T>(std::exp(static_cast<double>(px[i * c + j] - plse[i])));
+        pd[i * c + j] = scale * (j == pl[i] ? p - T(1) : p);
+      }
+    }
+  });
+}
+
+void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  const int64_t* pl = labels.data<int64_t>();
+  TANDEM_DISPATCH_FLOAT(logits.dtype(), "accuracy", [&]<typename T>() {
+    const T* px = logits.data<T>();
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = px + i * c;
+      int64_t best = 0;
+      for (int64_t j = 1; j < c; ++j) {
+        if (row[j] > row[best]) best = j;
+      }
+      hits += best == pl[i] ? 1 : 0;
+    }
+    // No rows: 0/0 = NaN, as a mean over nothing.
+    *out.data<float>() = static_cast<float>(static_cast<double>(hits) / static_cast<double>(n));
+  });
+}
+
+}  // namespace tandem::nn::ops::internal
