@@ -1,0 +1,307 @@
+#include "nn/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::nn {
+namespace {
+
+constexpr size_t kMagicBytes = 8;
+constexpr size_t kHeaderBytes = kMagicBytes + 4 + 8 + 4;
+
+// --- Little-endian encoding ------------------------------------------------------------
+void PutU8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutString(std::string& out, const std::string& s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out.append(s);
+}
+
+// Reads from a byte range; every read checks the remaining length first.
+class Reader {
+ public:
+  Reader(const char* data, size_t size) : data_(data), size_(size) {}
+  size_t remaining() const { return size_ - pos_; }
+  bool U8(uint8_t& v) {
+    if (remaining() < 1) return false;
+    v = static_cast<uint8_t>(data_[pos_++]);
+    return true;
+  }
+  bool U32(uint32_t& v) {
+    if (remaining() < 4) return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
+    pos_ += 4;
+    return true;
+  }
+  bool U64(uint64_t& v) {
+    if (remaining() < 8) return false;
+    v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return true;
+  }
+  bool Bytes(size_t n, const char*& out) {
+    if (remaining() < n) return false;
+    out = data_ + pos_;
+    pos_ += n;
+    return true;
+  }
+  bool String(std::string& s) {
+    uint32_t n;
+    const char* p;
+    if (!U32(n) || !Bytes(n, p)) return false;
+    s.assign(p, n);
+    return true;
+  }
+
+ private:
+  const char* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+uint32_t Crc32(const char* data, size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib's length argument is a uInt: feed large payloads in pieces.
+  while (size > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    size -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+absl::Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("checkpoint ", path, ": write failed: ", ErrnoText()));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string SerializeCheckpoint(const Checkpoint& checkpoint) {
+  std::string payload;
+  PutU32(payload, static_cast<uint32_t>(checkpoint.tensors.size()));
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    TANDEM_CHECK(tensor.defined(), "SerializeCheckpoint: tensor '", name, "' is undefined");
+    const Tensor host = tensor.detach().to(Device::CPU());
+    PutString(payload, name);
+    PutU8(payload, static_cast<uint8_t>(host.dtype()));
+    PutU32(payload, static_cast<uint32_t>(host.dim()));
+    for (int64_t d : host.shape()) PutU64(payload, static_cast<uint64_t>(d));
+    PutU64(payload, static_cast<uint64_t>(host.nbytes()));
+    payload.append(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(host.nbytes()));
+  }
+  PutU32(payload, static_cast<uint32_t>(checkpoint.metadata.size()));
+  for (const auto& [key, value] : checkpoint.metadata) {
+    PutString(payload, key);
+    PutU8(payload, static_cast<uint8_t>(value.index()));
+    if (const auto* s = std::get_if<std::string>(&value)) {
+      PutString(payload, *s);
+    } else if (const auto* i = std::get_if<int64_t>(&value)) {
+      PutU64(payload, static_cast<uint64_t>(*i));
+    } else {
+      uint64_t bits;
+      const double d = std::get<double>(value);
+      std::memcpy(&bits, &d, sizeof bits);
+      PutU64(payload, bits);
+    }
+  }
+  std::string out(kCheckpointMagic, kMagicBytes);
+  PutU32(out, kCheckpointVersion);
+  PutU64(out, payload.size());
+  PutU32(out, Crc32(payload.data(), payload.size()));
+  out.append(payload);
+  return out;
+}
+
+absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::string& name) {
+  auto error = [&](const auto&... pieces) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", name, ": ", pieces...));
+  };
+  if (bytes.empty()) return error("file is empty");
+  if (bytes.size() < kMagicBytes || bytes.compare(0, kMagicBytes, kCheckpointMagic) != 0) {
+    return error("wrong magic (not a tandem checkpoint)");
+  }
+  Reader header(bytes.data() + kMagicBytes, bytes.size() - kMagicBytes);
+  uint32_t version, crc;
+  uint64_t payload_bytes;
+  if (!header.U32(version) || !header.U64(payload_bytes) || !header.U32(crc)) {
+    return error("truncated header (", bytes.size(), " bytes)");
+  }
+  if (version != kCheckpointVersion) {
+    return error("unsupported version ", version, " (this build reads version ", kCheckpointVersion, ")");
+  }
+  const uint64_t available = bytes.size() - kHeaderBytes;
+  if (payload_bytes > available) {
+    return error("truncated: header promises ", payload_bytes, " payload bytes but the file holds ", available);
+  }
+  if (payload_bytes < available) {
+    return error(available - payload_bytes, " trailing bytes after the payload");
+  }
+  const char* payload = bytes.data() + kHeaderBytes;
+  const uint32_t actual_crc = Crc32(payload, payload_bytes);
+  if (actual_crc != crc) {
+    return error("checksum mismatch (stored crc32 ", crc, ", computed ", actual_crc, ")");
+  }
+  // The checksum matched, so what follows is what a writer produced; the checks
+  // below still guard against a file crafted with a valid checksum.
+  Reader r(payload, payload_bytes);
+  Checkpoint checkpoint;
+  uint32_t tensor_count;
+  if (!r.U32(tensor_count)) return error("truncated tensor count");
+  for (uint32_t t = 0; t < tensor_count; ++t) {
+    std::string tensor_name;
+    uint8_t dtype_code;
+    uint32_t ndim;
+    if (!r.String(tensor_name) || !r.U8(dtype_code) || !r.U32(ndim)) {
+      return error("truncated record of tensor #", t);
+    }
+    if (dtype_code > static_cast<uint8_t>(DType::kUInt8)) {
+      return error("tensor '", tensor_name, "' has unknown dtype code ", dtype_code);
+    }
+    if (ndim > 16 || r.remaining() < ndim * 8ull) {
+      return error("tensor '", tensor_name, "' has a bad dimension count ", ndim);
+    }
+    Shape shape(ndim);
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < ndim; ++d) {
+      uint64_t dim;
+      r.U64(dim);
+      if (dim > (1ull << 40) || (dim != 0 && elements > (1ull << 40) / dim)) {
+        return error("tensor '", tensor_name, "' has an implausible dimension ", dim);
+      }
+      elements *= dim;
+      shape[d] = static_cast<int64_t>(dim);
+    }
+    const DType dtype = static_cast<DType>(dtype_code);
+    uint64_t nbytes;
+    const char* data;
+    if (!r.U64(nbytes)) return error("truncated byte count of tensor '", tensor_name, "'");
+    if (nbytes != elements * static_cast<uint64_t>(ElementSize(dtype))) {
+      return error("tensor '", tensor_name, "' of shape ", ShapeToString(shape), " and dtype ",
+                   DTypeName(dtype), " stores ", nbytes, " bytes");
+    }
+    if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", tensor_name, "'");
+    Tensor tensor = empty(shape, {.dtype = dtype, .device = Device::CPU()});
+    if (nbytes > 0) std::memcpy(tensor.data_ptr(), data, nbytes);
+    if (!checkpoint.tensors.emplace(tensor_name, tensor).second) {
+      return error("duplicate tensor name '", tensor_name, "'");
+    }
+  }
+  uint32_t meta_count;
+  if (!r.U32(meta_count)) return error("truncated metadata count");
+  for (uint32_t m = 0; m < meta_count; ++m) {
+    std::string key;
+    uint8_t kind;
+    if (!r.String(key) || !r.U8(kind)) return error("truncated metadata entry #", m);
+    CheckpointValue value;
+    if (kind == 0) {
+      std::string s;
+      if (!r.String(s)) return error("truncated metadata '", key, "'");
+      value = std::move(s);
+    } else if (kind == 1 || kind == 2) {
+      uint64_t bits;
+      if (!r.U64(bits)) return error("truncated metadata '", key, "'");
+      if (kind == 1) {
+        value = static_cast<int64_t>(bits);
+      } else {
+        double d;
+        std::memcpy(&d, &bits, sizeof d);
+        value = d;
+      }
+    } else {
+      return error("metadata '", key, "' has unknown kind ", kind);
+    }
+    if (!checkpoint.metadata.emplace(key, std::move(value)).second) {
+      return error("duplicate metadata key '", key, "'");
+    }
+  }
+  if (r.remaining() != 0) return error(r.remaining(), " unparsed bytes at the end of the payload");
+  return checkpoint;
+}
+
+absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+  std::string bytes;
+  try {
+    bytes = SerializeCheckpoint(checkpoint);
+  } catch (const Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
+  static std::atomic<uint64_t> counter{0};
+  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": cannot create ", temp, ": ", ErrnoText()));
+  }
+  absl::Status status = WriteAll(fd, bytes, temp);
+  if (status.ok() && ::fsync(fd) != 0) {
+    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": fsync of ", temp, " failed: ", ErrnoText()));
+  }
+  if (::close(fd) != 0 && status.ok()) {
+    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": close of ", temp, " failed: ", ErrnoText()));
+  }
+  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": rename from ", temp, " failed: ", ErrnoText()));
+  }
+  if (!status.ok()) {
+    ::unlink(temp.c_str());
+    return status;
+  }
+  const std::string dir = DirectoryOf(path);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": cannot open directory ", dir, ": ", ErrnoText()));
+  }
+  const int rc = ::fsync(dir_fd);
+  const std::string fsync_error = rc != 0 ? ErrnoText() : "";
+  ::close(dir_fd);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": fsync of directory ", dir, " failed: ", fsync_error));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot open: ", ErrnoText()));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("checkpoint ", path, ": read failed"));
+  return ParseCheckpoint(buffer.str(), path);
+}
+
+}  // namespace tandem::nn
