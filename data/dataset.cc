@@ -1,0 +1,37 @@
+#include "data/dataset.h"
+
+#include "nn/error.h"
+
+namespace tandem::data {
+
+TensorDataset::TensorDataset(nn::Tensor data, nn::Tensor targets)
+    : data_(std::move(data)), targets_(std::move(targets)) {
+  TANDEM_CHECK(data_.defined() && targets_.defined() && data_.dim() >= 1 && targets_.dim() >= 1,
+               "TensorDataset: data and targets must be tensors with a first dimension");
+  TANDEM_CHECK(data_.size(0) == targets_.size(0), "TensorDataset: ", data_.size(0), " inputs ",
+               data_.ToString(), " but ", targets_.size(0), " targets ", targets_.ToString());
+  TANDEM_CHECK(data_.device().is_cpu() && targets_.device().is_cpu(),
+               "TensorDataset: tensors must be on the CPU (use DeviceDataset for device data)");
+}
+
+Example TensorDataset::get(int64_t index) const {
+  TANDEM_CHECK(index >= 0 && index < size(), "TensorDataset: index ", index,
+               " out of range for a dataset of size ", size());
+  return {data_[index], targets_[index]};
+}
+
+TransformDataset::TransformDataset(std::shared_ptr<const Dataset> base,
+                                   std::shared_ptr<const Transform> transform, uint64_t seed)
+    : base_(std::move(base)), transform_(std::move(transform)), seed_(seed) {
+  TANDEM_CHECK(base_ != nullptr && transform_ != nullptr, "TransformDataset: null dataset or transform");
+}
+
+Example TransformDataset::get(int64_t index) const {
+  Example example = base_->get(index);
+  nn::Generator generator{.seed = seed_, .stream = static_cast<uint64_t>(index),
+                          .offset = static_cast<uint64_t>(epoch_) << 32};
+  example.data = (*transform_)(example.data, generator);
+  return example;
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,69 @@
+// Datasets: random access to examples (one input tensor and one target each).
+//
+// Thread-safety: get() is const and must be safe to call from several threads at
+// once (the DataLoader's workers do); every dataset here is.
+#ifndef TANDEM_DATA_DATASET_H_
+#define TANDEM_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "data/transforms.h"
+#include "nn/tensor.h"
+
+namespace tandem::data {
+
+// One sample: `data` (e.g. an image (C, H, W)) and `target` (e.g. a 0-dim int64 label).
+struct Example {
+  nn::Tensor data;
+  nn::Tensor target;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // Example `index` in [0, size()); throws tandem::Error naming the index otherwise.
+  virtual Example get(int64_t index) const = 0;
+};
+
+// Rows of two host tensors: example i is (data[i], target[i]).
+// data: (N, ...), targets: (N, ...) with the same N.
+class TensorDataset : public Dataset {
+ public:
+  // Throws tandem::Error when the first dimensions differ or a tensor is not on the CPU.
+  TensorDataset(nn::Tensor data, nn::Tensor targets);
+  int64_t size() const override { return data_.size(0); }
+  Example get(int64_t index) const override;  // views, no copy
+  const nn::Tensor& data() const { return data_; }
+  const nn::Tensor& targets() const { return targets_; }
+
+ private:
+  nn::Tensor data_;
+  nn::Tensor targets_;
+};
+
+// Applies `transform` to each example's data. The random generator for example
+// i in epoch e is Philox (seed, stream = i, offset = e << 32), so the same seed
+// and epoch reproduce every crop and flip whatever the number of workers.
+class TransformDataset : public Dataset {
+ public:
+  TransformDataset(std::shared_ptr<const Dataset> base, std::shared_ptr<const Transform> transform,
+                   uint64_t seed);
+  int64_t size() const override { return base_->size(); }
+  Example get(int64_t index) const override;
+  // Selects the random draws of epoch `epoch`. Not thread-safe against get():
+  // call between epochs, when no loader is running over this dataset.
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::shared_ptr<const Transform> transform_;
+  uint64_t seed_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace tandem::data
+
+#endif  // TANDEM_DATA_DATASET_H_

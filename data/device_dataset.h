@@ -1,0 +1,46 @@
+// DeviceDataset: a whole (small) dataset copied once to a device, batches
+// gathered there, so a step moves no data from the host (MNIST and CIFAR-10 fit
+// in GPU memory many times over).
+//
+// Thread-safety: immutable after construction; gather() may be called from
+// several threads (each enqueues on its own stream).
+#ifndef TANDEM_DATA_DEVICE_DATASET_H_
+#define TANDEM_DATA_DEVICE_DATASET_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "nn/device.h"
+#include "nn/tensor.h"
+
+namespace tandem::data {
+
+class DeviceDataset {
+ public:
+  // Copies dataset.data() (N, ...) and dataset.targets() (N, ...) to `device`
+  // (on the calling thread's stream).
+  DeviceDataset(const TensorDataset& dataset, nn::Device device);
+  int64_t size() const { return data_.size(0); }
+  nn::Device device() const { return data_.device(); }
+  const nn::Tensor& data() const { return data_; }
+  const nn::Tensor& targets() const { return targets_; }
+
+  // Rows `indices` of data and targets, on the device: batch.data (B, ...),
+  // batch.target (B, ...). Runs of consecutive indices are copied as one block
+  // (device-to-device copies on the calling thread's stream; no host sync).
+  // Throws tandem::Error naming an index out of range.
+  Batch gather(const std::vector<int64_t>& indices) const;
+
+ private:
+  nn::Tensor data_;
+  nn::Tensor targets_;
+};
+
+// Rows `indices` of `source` (N, ...) stacked into (B, ...) on source's device.
+nn::Tensor IndexSelectRows(const nn::Tensor& source, const std::vector<int64_t>& indices);
+
+}  // namespace tandem::data
+
+#endif  // TANDEM_DATA_DEVICE_DATASET_H_

@@ -1,0 +1,138 @@
+#include "data/sampler.h"
+
+#include <numeric>
+
+#include "nn/error.h"
+#include "nn/random.h"
+
+namespace tandem::data {
+
+SequentialSampler::SequentialSampler(int64_t size) : size_(size) {
+  TANDEM_CHECK(size >= 0, "SequentialSampler: negative size ", size);
+}
+
+std::vector<int64_t> SequentialSampler::Order(int64_t) const {
+  std::vector<int64_t> order(size_);
+  std::iota(order.begin(), order.end(), 0);
+  return order;
+}
+
+std::vector<int64_t> RandomPermutation(int64_t size, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(size);
+  std::iota(order.begin(), order.end(), 0);
+  // Fisher-Yates; draw i uses Philox counter i on stream `epoch`. A 64-bit draw
+  // modulo (i + 1) has a bias below 2^-30 for any realistic dataset size.
+  for (int64_t i = size - 1; i > 0; --i) {
+    const nn::Philox4x32 bits = nn::PhiloxAt(seed, static_cast<uint64_t>(epoch), 0, static_cast<uint64_t>(i));
+    const uint64_t draw = (static_cast<uint64_t>(bits.out[0]) << 32) | bits.out[1];
+    std::swap(order[i], order[draw % static_cast<uint64_t>(i + 1)]);
+  }
+  return order;
+}
+
+RandomSampler::RandomSampler(int64_t size, uint64_t seed) : size_(size), seed_(seed) {
+  TANDEM_CHECK(size >= 0, "RandomSampler: negative size ", size);
+}
+
+std::vector<int64_t> RandomSampler::Order(int64_t epoch) const {
+  return RandomPermutation(size_, seed_, epoch);
+}
+
+// --- EpochBatchSampler -----------------------------------------------------------------------
+void EpochBatchSampler::Begin() {
+  if (!pending_) {
+    ++epoch_;
+    position_ = 0;
+  }
+  pending_ = false;
+  started_ = true;
+  BeginEpoch(epoch_);
+}
+
+void EpochBatchSampler::reset() { Begin(); }
+
+std::optional<std::vector<int64_t>> EpochBatchSampler::next() {
+  if (!started_) Begin();
+  if (position_ >= num_batches()) return std::nullopt;
+  return Batch(position_++);
+}
+
+void EpochBatchSampler::set_epoch(int64_t epoch) {
+  TANDEM_CHECK(epoch >= 0, "set_epoch: negative epoch ", epoch);
+  set_state({epoch, 0});
+}
+
+void EpochBatchSampler::set_state(const SamplerState& state) {
+  TANDEM_CHECK(state.epoch >= 0 && state.position >= 0 && state.position <= num_batches(),
+               "set_state: epoch ", state.epoch, " position ", state.position, " outside 0..",
+               num_batches());
+  epoch_ = state.epoch;
+  position_ = state.position;
+  pending_ = true;
+  started_ = false;
+}
+
+// --- SimpleBatchSampler ------------------------------------------------------------------------
+SimpleBatchSampler::SimpleBatchSampler(std::shared_ptr<const Sampler> sampler, int64_t batch_size,
+                                       bool drop_last)
+    : sampler_(std::move(sampler)), batch_size_(batch_size), drop_last_(drop_last) {
+  TANDEM_CHECK(sampler_ != nullptr, "BatchSampler: null sampler");
+  TANDEM_CHECK(batch_size > 0, "BatchSampler: batch size ", batch_size, " must be positive");
+}
+
+int64_t SimpleBatchSampler::num_batches() const {
+  const int64_t n = sampler_->size();
+  return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+}
+
+void SimpleBatchSampler::BeginEpoch(int64_t epoch) { order_ = sampler_->Order(epoch); }
+
+std::vector<int64_t> SimpleBatchSampler::Batch(int64_t k) const {
+  const int64_t begin = k * batch_size_;
+  const int64_t end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(order_.size()));
+  return std::vector<int64_t>(order_.begin() + begin, order_.begin() + end);
+}
+
+// --- DistributedBatchSampler ---------------------------------------------------------------------
+DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& options)
+    : options_(options) {
+  TANDEM_CHECK(options.dataset_size >= 0, "DistributedBatchSampler: negative dataset size ",
+               options.dataset_size);
+  TANDEM_CHECK(options.batch_size > 0, "DistributedBatchSampler: batch size ", options.batch_size,
+               " must be positive");
+  TANDEM_CHECK(options.num_replicas > 0 && options.rank >= 0 && options.rank < options.num_replicas,
+               "DistributedBatchSampler: rank ", options.rank, " outside 0..",
+               options.num_replicas - 1);
+}
+
+DistributedBatchSampler::DistributedBatchSampler(int64_t dataset_size, int64_t batch_size,
+                                                 int num_replicas, int rank, bool shuffle,
+                                                 bool drop_last, uint64_t seed)
+    : DistributedBatchSampler(DistributedOptions{dataset_size, batch_size, num_replicas, rank,
+                                                 shuffle, drop_last, seed}) {}
+
+int64_t DistributedBatchSampler::num_batches() const {
+  const int64_t global = options_.batch_size * options_.num_replicas;
+  const int64_t n = options_.dataset_size;
+  return options_.drop_last ? n / global : (n + global - 1) / global;
+}
+
+void DistributedBatchSampler::BeginEpoch(int64_t epoch) {
+  if (options_.shuffle) {
+    order_ = RandomPermutation(options_.dataset_size, options_.seed, epoch);
+  } else {
+    order_.resize(options_.dataset_size);
+    std::iota(order_.begin(), order_.end(), 0);
+  }
+}
+
+std::vector<int64_t> DistributedBatchSampler::Batch(int64_t k) const {
+  const int64_t b = options_.batch_size;
+  const int64_t first = k * b * options_.num_replicas + options_.rank * b;
+  const int64_t n = static_cast<int64_t>(order_.size());
+  std::vector<int64_t> batch(b);
+  for (int64_t j = 0; j < b; ++j) batch[j] = order_[(first + j) % n];  // wraps in the last batch
+  return batch;
+}
+
+}  // namespace tandem::data

@@ -1,0 +1,156 @@
+// Samplers: the order in which a DataLoader visits a dataset, batch by batch.
+//
+// A BatchSampler yields the index lists of one pass ("epoch"). reset() starts a
+// pass: the next epoch, unless set_epoch()/set_state() chose one since the last
+// pass. get_state()/set_state() save and restore (epoch, position) for
+// checkpoints: position counts the batches already yielded in that epoch.
+//
+// Thread-safety: none; one thread (the DataLoader's caller) drives a sampler.
+#ifndef TANDEM_DATA_SAMPLER_H_
+#define TANDEM_DATA_SAMPLER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace tandem::data {
+
+// Sample order of one epoch.
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  virtual int64_t size() const = 0;
+  // A permutation of [0, size()) for `epoch` (the same epoch gives the same order).
+  virtual std::vector<int64_t> Order(int64_t epoch) const = 0;
+};
+
+// 0, 1, ..., size-1 every epoch.
+class SequentialSampler : public Sampler {
+ public:
+  explicit SequentialSampler(int64_t size);
+  int64_t size() const override { return size_; }
+  std::vector<int64_t> Order(int64_t epoch) const override;
+
+ private:
+  int64_t size_;
+};
+
+// A uniformly random permutation drawn from (seed, epoch) with Philox: the same
+// seed and epoch give the same permutation in every process and on every rank.
+class RandomSampler : public Sampler {
+ public:
+  RandomSampler(int64_t size, uint64_t seed);
+  int64_t size() const override { return size_; }
+  std::vector<int64_t> Order(int64_t epoch) const override;
+
+ private:
+  int64_t size_;
+  uint64_t seed_;
+};
+
+// The permutation RandomSampler(size, seed) gives for `epoch` (Fisher-Yates).
+std::vector<int64_t> RandomPermutation(int64_t size, uint64_t seed, int64_t epoch);
+
+struct SamplerState {
+  int64_t epoch = 0;
+  int64_t position = 0;  // batches already yielded in `epoch`
+};
+
+class BatchSampler {
+ public:
+  virtual ~BatchSampler() = default;
+  // Starts a pass (see the file comment).
+  virtual void reset() = 0;
+  // The next batch of the current pass, or nullopt at its end. Starts the first
+  // pass if reset() was never called.
+  virtual std::optional<std::vector<int64_t>> next() = 0;
+  // Batches in one pass.
+  virtual int64_t num_batches() const = 0;
+  virtual void set_epoch(int64_t epoch) = 0;
+  virtual SamplerState get_state() const = 0;
+  // Resumes: the next reset() continues `state.epoch` at `state.position`.
+  virtual void set_state(const SamplerState& state) = 0;
+};
+
+// Common epoch bookkeeping: subclasses provide Batch(epoch, k) and num_batches().
+class EpochBatchSampler : public BatchSampler {
+ public:
+  void reset() override;
+  std::optional<std::vector<int64_t>> next() override;
+  void set_epoch(int64_t epoch) override;
+  SamplerState get_state() const override { return {epoch_, position_}; }
+  void set_state(const SamplerState& state) override;
+
+ protected:
+  // Called when a pass starts (e.g. to draw the epoch's permutation).
+  virtual void BeginEpoch(int64_t epoch) = 0;
+  // Batch k of the current epoch, k in [0, num_batches()).
+  virtual std::vector<int64_t> Batch(int64_t k) const = 0;
+
+ private:
+  void Begin();
+  int64_t epoch_ = 0;
+  int64_t position_ = 0;
+  bool pending_ = true;  // the next reset() keeps epoch_ and position_
+  bool started_ = false;
+};
+
+// Groups a Sampler's order into batches of `batch_size`; the last one is smaller
+// unless drop_last drops it.
+class SimpleBatchSampler : public EpochBatchSampler {
+ public:
+  SimpleBatchSampler(std::shared_ptr<const Sampler> sampler, int64_t batch_size, bool drop_last);
+  int64_t num_batches() const override;
+
+ protected:
+  void BeginEpoch(int64_t epoch) override;
+  std::vector<int64_t> Batch(int64_t k) const override;
+
+ private:
+  std::shared_ptr<const Sampler> sampler_;
+  int64_t batch_size_;
+  bool drop_last_;
+  std::vector<int64_t> order_;
+};
+
+struct DistributedOptions {
+  int64_t dataset_size = 0;
+  int64_t batch_size = 1;  // per rank
+  int num_replicas = 1;
+  int rank = 0;
+  bool shuffle = true;
+  bool drop_last = false;
+  uint64_t seed = 0;
+};
+
+// This rank's batches of a data-parallel epoch.
+//
+// Contract: every rank draws the same (seed, epoch) permutation (identity
+// without shuffle). Global batch g holds permutation positions
+// [g*B*N, (g+1)*B*N) for per-rank batch B and N replicas; rank r takes the
+// contiguous slice [g*B*N + r*B, g*B*N + (r+1)*B). So N ranks with batch B see
+// exactly the samples one rank with batch N*B sees, in the same order. The last
+// partial global batch is padded by wrapping around the permutation (so every
+// rank gets B samples), or dropped with drop_last. A dataset smaller than N*B,
+// or than N, still yields one full (wrapped) global batch unless drop_last.
+class DistributedBatchSampler : public EpochBatchSampler {
+ public:
+  // Throws tandem::Error on a bad rank, size or batch size.
+  explicit DistributedBatchSampler(const DistributedOptions& options);
+  DistributedBatchSampler(int64_t dataset_size, int64_t batch_size, int num_replicas, int rank,
+                          bool shuffle = true, bool drop_last = false, uint64_t seed = 0);
+  int64_t num_batches() const override;
+
+ protected:
+  void BeginEpoch(int64_t epoch) override;
+  std::vector<int64_t> Batch(int64_t k) const override;
+
+ private:
+  DistributedOptions options_;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace tandem::data
+
+#endif  // TANDEM_DATA_SAMPLER_H_

@@ -1,0 +1,224 @@
+#include "data/dataloader.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "data/device_dataset.h"
+#include "data/transforms.h"
+#include "nn/error.h"
+
+namespace tandem::data {
+namespace {
+
+// Example i: data (2) = {i, -i} float, target = i (0-dim int64). Optionally slow
+// or failing at one index; counts calls to get().
+class CountingDataset : public Dataset {
+ public:
+  explicit CountingDataset(int64_t n, int64_t fail_at = -1, int delay_us = 0)
+      : n_(n), fail_at_(fail_at), delay_us_(delay_us) {}
+  int64_t size() const override { return n_; }
+  Example get(int64_t i) const override {
+    calls_.fetch_add(1);
+    if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    TANDEM_CHECK(i != fail_at_, "broken record");
+    return {nn::from_vector(std::vector<float>{static_cast<float>(i), static_cast<float>(-i)}, {2}),
+            nn::full({}, static_cast<double>(i), {.dtype = nn::kInt64, .device = nn::Device::CPU()})};
+  }
+  int64_t calls() const { return calls_.load(); }
+
+ private:
+  int64_t n_, fail_at_;
+  int delay_us_;
+  mutable std::atomic<int64_t> calls_{0};
+};
+
+std::vector<int64_t> Targets(DataLoader& loader, std::vector<nn::Shape>* shapes = nullptr) {
+  std::vector<int64_t> out;
+  for (const Batch& batch : loader) {
+    if (shapes != nullptr) shapes->push_back(batch.data.shape());
+    for (int64_t t : batch.target.to_vector<int64_t>()) out.push_back(t);
+    EXPECT_EQ(batch.data.to_vector<float>()[0], static_cast<float>(batch.indices[0]));
+  }
+  return out;
+}
+
+TEST(DataLoaderTest, OrderIsTheSamplersForAnyWorkerCount) {
+  auto dataset = std::make_shared<CountingDataset>(103, -1, 50);
+  std::vector<int64_t> expected;
+  {
+    auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<RandomSampler>(103, 1), 8, false);
+    sampler->set_epoch(0);
+    sampler->reset();
+    while (auto b = sampler->next()) expected.insert(expected.end(), b->begin(), b->end());
+  }
+  for (int workers : {0, 1, 3, 8}) {
+    for (int prefetch : {1, 2, 5}) {
+      auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<RandomSampler>(103, 1), 8, false);
+      DataLoader loader(dataset, sampler, {.num_workers = workers, .prefetch = prefetch});
+      std::vector<nn::Shape> shapes;
+      EXPECT_EQ(Targets(loader, &shapes), expected) << workers << " workers, prefetch " << prefetch;
+      ASSERT_EQ(shapes.size(), 13u);
+      EXPECT_EQ(shapes[0], (nn::Shape{8, 2}));
+      EXPECT_EQ(shapes[12], (nn::Shape{7, 2}));
+      // The second pass is the next epoch.
+      EXPECT_NE(Targets(loader), expected);
+      EXPECT_EQ(loader.get_state().epoch, 2);
+    }
+  }
+}
+
+TEST(DataLoaderTest, PrefetchIsBounded) {
+  auto dataset = std::make_shared<CountingDataset>(1000);
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(1000), 10, false);
+  DataLoader loader(dataset, sampler, {.num_workers = 2, .prefetch = 3});
+  ASSERT_TRUE(loader.next().has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // One batch taken plus at most 3 in flight: at most 40 samples loaded.
+  EXPECT_LE(dataset->calls(), 40);
+  EXPECT_GE(dataset->calls(), 10);
+}
+
+TEST(DataLoaderTest, WorkerErrorNamesSampleAndMessage) {
+  for (int workers : {0, 2}) {
+    auto dataset = std::make_shared<CountingDataset>(50, /*fail_at=*/23);
+    auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(50), 4, false);
+    DataLoader loader(dataset, sampler, {.num_workers = workers});
+    int good_batches = 0;
+    try {
+      while (loader.next()) ++good_batches;
+      FAIL() << "no error surfaced";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("sample 23"), std::string::npos) << m;
+      EXPECT_NE(m.find("broken record"), std::string::npos) << m;
+    }
+    EXPECT_EQ(good_batches, 5);  // batches 0..4 (samples 0..19) arrive first, in order
+  }
+}
+
+TEST(DataLoaderTest, CollateMismatchNamesSample) {
+  std::vector<Example> examples = {{nn::zeros({2}), nn::zeros({})}, {nn::zeros({3}), nn::zeros({})}};
+  try {
+    Collate(examples, {4, 9});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample 9"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DataLoaderTest, DestructionMidEpochStopsWorkersPromptly) {
+  auto dataset = std::make_shared<CountingDataset>(100000, -1, 200);
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(100000), 16, false);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    DataLoader loader(dataset, sampler, {.num_workers = 4, .prefetch = 8});
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next().has_value());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 2.0);
+  const int64_t calls = dataset->calls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(dataset->calls(), calls);  // nothing runs after the destructor returned
+}
+
+TEST(DataLoaderTest, StateResumesWhereTheCallerWas) {
+  auto dataset = std::make_shared<CountingDataset>(60);
+  auto make_sampler = [] {
+    return std::make_shared<DistributedBatchSampler>(60, 4, 2, 0, true, false, 11);
+  };
+  DataLoader loader(dataset, make_sampler(), {.num_workers = 2, .prefetch = 4});
+  loader.start_epoch();
+  std::vector<int64_t> taken;
+  for (int i = 0; i < 3; ++i) taken.push_back(loader.next()->indices[0]);
+  const SamplerState state = loader.get_state();
+  EXPECT_EQ(state.epoch, 0);
+  EXPECT_EQ(state.position, 3);  // prefetched batches do not count
+  std::vector<int64_t> rest;
+  while (auto b = loader.next()) rest.push_back(b->indices[0]);
+  EXPECT_EQ(loader.get_state().epoch, 1);
+  EXPECT_EQ(loader.get_state().position, 0);
+
+  DataLoader resumed(dataset, make_sampler(), {.num_workers = 1});
+  resumed.set_state(state);
+  std::vector<int64_t> resumed_rest;
+  for (const Batch& b : resumed) resumed_rest.push_back(b.indices[0]);
+  EXPECT_EQ(resumed_rest, rest);
+}
+
+TEST(DataLoaderTest, PinMemoryIsRejectedUntilImplemented) {
+  auto dataset = std::make_shared<CountingDataset>(4);
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(4), 2, false);
+  EXPECT_THROW(DataLoader(dataset, sampler, {.pin_memory = true}), Error);
+}
+
+TEST(TransformTest, ToFloatNormalizeCropFlip) {
+  nn::Generator gen{.seed = 1};
+  nn::Tensor bytes = nn::from_vector(std::vector<uint8_t>{0, 51, 102, 255}, {1, 2, 2});
+  nn::Tensor f = ToFloat(1.0 / 255)(bytes, gen);
+  EXPECT_EQ(f.dtype(), nn::kFloat32);
+  EXPECT_FLOAT_EQ(f.to_vector<float>()[1], 0.2f);
+  nn::Tensor n = Normalize({0.5}, {0.25})(f, gen);
+  EXPECT_FLOAT_EQ(n.to_vector<float>()[3], 2.0f);
+  EXPECT_THROW(Normalize({0.5, 0.5}, {1, 1})(f, gen), Error);
+  EXPECT_THROW(Normalize({0.5}, {0.0}), Error);
+
+  // Crop without padding at full size is the identity; with padding, every
+  // output value is an input value or 0, and across seeds offsets vary.
+  nn::Tensor img = nn::arange(2 * 4 * 4, {.dtype = nn::kFloat32}).reshape({2, 4, 4});
+  EXPECT_EQ(RandomCrop(4, 4)(img, gen).to_vector<float>(), img.to_vector<float>());
+  std::set<std::vector<float>> distinct;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    nn::Generator g{.seed = seed};
+    nn::Tensor c = RandomCrop(4, 4, 2)(img, g);
+    EXPECT_EQ(c.shape(), (nn::Shape{2, 4, 4}));
+    distinct.insert(c.to_vector<float>());
+    nn::Generator again{.seed = seed};
+    EXPECT_EQ(RandomCrop(4, 4, 2)(img, again).to_vector<float>(), c.to_vector<float>());
+  }
+  EXPECT_GT(distinct.size(), 3u);
+  // Flip with p = 1 mirrors each row; p = 0 keeps it.
+  nn::Tensor flipped = RandomHorizontalFlip(1.0)(img, gen);
+  EXPECT_EQ(flipped.to_vector<float>()[0], 3.0f);
+  EXPECT_EQ(flipped.to_vector<float>()[7], 4.0f);
+  EXPECT_EQ(RandomHorizontalFlip(0.0)(img, gen).to_vector<float>(), img.to_vector<float>());
+}
+
+TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
+  nn::Tensor images = nn::arange(16 * 3 * 8 * 8, {.dtype = nn::kFloat32}).reshape({16, 3, 8, 8});
+  auto base = std::make_shared<TensorDataset>(images, nn::arange(16, {.dtype = nn::kInt64}));
+  auto transform = std::make_shared<Compose>(std::vector<std::shared_ptr<const Transform>>{
+      std::make_shared<RandomCrop>(8, 8, 2), std::make_shared<RandomHorizontalFlip>(),
+      std::make_shared<Normalize>(std::vector<double>{1, 2, 3}, std::vector<double>{2, 2, 2})});
+  auto dataset = std::make_shared<TransformDataset>(base, transform, 5);
+  auto run = [&](int workers) {
+    auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(16), 4, false);
+    DataLoader loader(dataset, sampler, {.num_workers = workers});
+    std::vector<float> all;
+    for (const Batch& b : loader) {
+      auto v = b.data.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto serial = run(0);
+  EXPECT_EQ(run(3), serial);
+  dataset->set_epoch(1);
+  EXPECT_NE(run(3), serial);
+}
+
+TEST(DeviceDatasetTest, GatherOnCpu) {
+  nn::Tensor images = nn::arange(10 * 2, {.dtype = nn::kFloat32}).reshape({10, 2});
+  TensorDataset dataset(images, nn::arange(10, {.dtype = nn::kInt64}));
+  DeviceDataset on_device(dataset, nn::Device::CPU());
+  Batch b = on_device.gather({7, 2, 3, 4, 0});
+  EXPECT_EQ(b.target.to_vector<int64_t>(), (std::vector<int64_t>{7, 2, 3, 4, 0}));
+  EXPECT_EQ(b.data.to_vector<float>(), (std::vector<float>{14, 15, 4, 5, 6, 7, 8, 9, 0, 1}));
+  EXPECT_THROW(on_device.gather({10}), Error);
+}
+
+}  // namespace
+}  // namespace tandem::data
