@@ -102,7 +102,7 @@ class Optimizer {
   // update kernel takes them (see internal/fused_kernels.h).
   Optimizer(const char* name, std::vector<std::string> state_names);
   void AddGroup(std::vector<nn::Tensor> params, std::map<std::string, double> hyper);
-  // Names of the buffers a group uses (e.g. no momentum buffer when momentum is 0).
+  // Whether a group uses buffer `buffer` (e.g. no momentum buffer when momentum is 0).
   virtual bool UsesBuffer(const Group& group, int buffer) const = 0;
   // Initial value of a new buffer (Adagrad: initial_accumulator_value).
   virtual double InitialBufferValue(const Group& group, int buffer) const;
