@@ -1,0 +1,113 @@
+#include "nn/layers.h"
+
+#include <cmath>
+#include <string>
+
+#include "nn/ops/batch_norm.h"
+#include "nn/ops/dropout.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/ops/matmul.h"
+
+namespace tandem::nn {
+namespace {
+
+// Uniform in [-bound, bound) from the thread's generator, on the current device.
+Tensor UniformParameter(const Shape& shape, double bound) {
+  NoGradGuard no_grad;
+  Tensor u = rand(shape);
+  return mul_scalar(add_scalar(u, -0.5), 2.0 * bound);
+}
+
+}  // namespace
+
+// --- Linear ----------------------------------------------------------------------
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias)
+    : in_features(in_features), out_features(out_features) {
+  TANDEM_CHECK(in_features > 0 && out_features > 0, "Linear(", in_features, ", ", out_features,
+               "): feature counts must be positive");
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight = register_parameter("weight", UniformParameter({out_features, in_features}, bound));
+  if (bias) this->bias = register_parameter("bias", UniformParameter({out_features}, bound));
+}
+
+Tensor LinearImpl::forward(const Tensor& x) { return linear(x, weight, bias); }
+
+// --- Conv2d ----------------------------------------------------------------------
+Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel,
+                       const Conv2dParams& params, bool bias)
+    : params(params) {
+  TANDEM_CHECK(in_channels > 0 && out_channels > 0 && kernel[0] > 0 && kernel[1] > 0, "Conv2d(",
+               in_channels, ", ", out_channels, ", kernel (", kernel[0], ", ", kernel[1],
+               ")): channel counts and kernel sizes must be positive");
+  const double fan_in = static_cast<double>(in_channels * kernel[0] * kernel[1]);
+  const double bound = 1.0 / std::sqrt(fan_in);
+  weight = register_parameter(
+      "weight", UniformParameter({out_channels, in_channels, kernel[0], kernel[1]}, bound));
+  if (bias) this->bias = register_parameter("bias", UniformParameter({out_channels}, bound));
+}
+
+Tensor Conv2dImpl::forward(const Tensor& x) { return conv2d(x, weight, bias, params); }
+
+// --- Pooling and activations ---------------------------------------------------------
+Tensor MaxPool2dImpl::forward(const Tensor& x) { return max_pool2d(x, params); }
+Tensor AvgPool2dImpl::forward(const Tensor& x) { return avg_pool2d(x, params); }
+Tensor ReLUImpl::forward(const Tensor& x) { return relu(x); }
+Tensor SigmoidImpl::forward(const Tensor& x) { return sigmoid(x); }
+Tensor TanhImpl::forward(const Tensor& x) { return tanh(x); }
+
+DropoutImpl::DropoutImpl(double p) : p(p) {
+  TANDEM_CHECK(p >= 0.0 && p < 1.0, "Dropout(", p, "): p must be in [0, 1)");
+}
+Tensor DropoutImpl::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+
+Tensor FlattenImpl::forward(const Tensor& x) { return x.flatten(start_dim); }
+
+// --- BatchNorm2d ---------------------------------------------------------------------
+BatchNorm2dImpl::BatchNorm2dImpl(int64_t num_features, double eps, double momentum)
+    : num_features(num_features), eps(eps), momentum(momentum) {
+  TANDEM_CHECK(num_features > 0, "BatchNorm2d(", num_features,
+               "): the channel count must be positive");
+  TANDEM_CHECK(eps > 0 && momentum >= 0 && momentum <= 1, "BatchNorm2d(", num_features, ", eps ",
+               eps, ", momentum ", momentum, "): eps must be > 0 and momentum in [0, 1]");
+  weight = register_parameter("weight", ones({num_features}));
+  bias = register_parameter("bias", zeros({num_features}));
+  running_mean = register_buffer("running_mean", zeros({num_features}));
+  running_var = register_buffer("running_var", ones({num_features}));
+}
+
+Tensor BatchNorm2dImpl::forward(const Tensor& x) {
+  return batch_norm2d(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+}
+
+// --- Sequential ----------------------------------------------------------------------
+SequentialImpl::SequentialImpl(std::initializer_list<AnyModule> modules) {
+  for (const AnyModule& m : modules) push_back(m);
+}
+
+void SequentialImpl::push_back(const AnyModule& module) {
+  register_module(std::to_string(modules_.size()), module.ptr());
+  modules_.push_back(module.ptr());
+}
+
+Tensor SequentialImpl::forward(const Tensor& x) {
+  Tensor y = x;
+  for (const auto& m : modules_) y = m->forward(y);
+  return y;
+}
+
+const std::shared_ptr<Module>& SequentialImpl::operator[](int64_t i) const {
+  TANDEM_CHECK(i >= 0 && i < size(), "Sequential[", i, "]: index out of range for ", size(),
+               " modules");
+  return modules_[static_cast<size_t>(i)];
+}
+
+// --- Losses --------------------------------------------------------------------------
+Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
+  return mse_loss(pred, target);
+}
+Tensor CrossEntropyLossImpl::forward(const Tensor& logits, const Tensor& labels) {
+  return cross_entropy(logits, labels);
+}
+
+}  // namespace tandem::nn

@@ -1,0 +1,174 @@
+// Layers and losses as modules. Each FooImpl is the module; Foo is its shared
+// holder (see module.h): `nn::Linear fc(784, 10); Tensor y = fc(x); fc->weight`.
+// Parameters are created on nn::current_device() and initialised from the
+// calling thread's generator (nn::rand), so one seed gives one model.
+#ifndef TANDEM_NN_LAYERS_H_
+#define TANDEM_NN_LAYERS_H_
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+
+#include "nn/module.h"
+#include "nn/ops/conv.h"
+#include "nn/ops/pool.h"
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+
+// y = x W^T + b. x: (N, in) -> (N, out). weight: (out, in); bias: (out), undefined
+// without bias. Init as PyTorch: weight and bias uniform in +-1/sqrt(in)
+// (kaiming-uniform with a = sqrt(5)).
+class LinearImpl : public Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+
+  int64_t in_features, out_features;
+  Tensor weight, bias;
+};
+TANDEM_MODULE(Linear);
+
+// x: (N, in, H, W) -> (N, out, OH, OW) (see conv2d). weight: (out, in, KH, KW);
+// bias: (out). Init uniform in +-1/sqrt(in * KH * KW), as PyTorch.
+class Conv2dImpl : public Module {
+ public:
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel,
+             const Conv2dParams& params = {}, bool bias = true);
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel,
+             const Conv2dParams& params = {}, bool bias = true)
+      : Conv2dImpl(in_channels, out_channels, {kernel, kernel}, params, bias) {}
+  Tensor forward(const Tensor& x) override;
+
+  Conv2dParams params;
+  Tensor weight, bias;
+};
+class Conv2d : public ModuleHolder<Conv2dImpl> {
+ public:
+  using ModuleHolder<Conv2dImpl>::ModuleHolder;
+  // Spelled out so that `Conv2d(1, 6, 5, {.padding = {2, 2}})` compiles.
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel,
+         const Conv2dParams& params = {}, bool bias = true)
+      : ModuleHolder(std::make_shared<Conv2dImpl>(in_channels, out_channels, kernel, params, bias)) {}
+};
+
+// x: (N, C, H, W) -> (N, C, OH, OW) (see pool.h).
+class MaxPool2dImpl : public Module {
+ public:
+  explicit MaxPool2dImpl(const Pool2dParams& params = {}) : params(params) {}
+  explicit MaxPool2dImpl(int64_t kernel) : params{.kernel = {kernel, kernel}} {}
+  Tensor forward(const Tensor& x) override;
+  Pool2dParams params;
+};
+class MaxPool2d : public ModuleHolder<MaxPool2dImpl> {
+ public:
+  using ModuleHolder<MaxPool2dImpl>::ModuleHolder;
+  MaxPool2d(const Pool2dParams& params) : ModuleHolder(std::make_shared<MaxPool2dImpl>(params)) {}
+};
+
+class AvgPool2dImpl : public Module {
+ public:
+  explicit AvgPool2dImpl(const Pool2dParams& params = {}) : params(params) {}
+  explicit AvgPool2dImpl(int64_t kernel) : params{.kernel = {kernel, kernel}} {}
+  Tensor forward(const Tensor& x) override;
+  Pool2dParams params;
+};
+class AvgPool2d : public ModuleHolder<AvgPool2dImpl> {
+ public:
+  using ModuleHolder<AvgPool2dImpl>::ModuleHolder;
+  AvgPool2d(const Pool2dParams& params) : ModuleHolder(std::make_shared<AvgPool2dImpl>(params)) {}
+};
+
+// Activations: any shape, elementwise.
+class ReLUImpl : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+TANDEM_MODULE(ReLU);
+class SigmoidImpl : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+TANDEM_MODULE(Sigmoid);
+class TanhImpl : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+TANDEM_MODULE(Tanh);
+
+// Zeroes elements with probability p while is_training(), scaling the rest by
+// 1/(1-p); the identity in eval mode. p in [0, 1) (checked here).
+class DropoutImpl : public Module {
+ public:
+  explicit DropoutImpl(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  double p;
+};
+TANDEM_MODULE(Dropout);
+
+// Collapses dims start_dim.. into one: (N, C, H, W) -> (N, C*H*W) for start_dim 1.
+class FlattenImpl : public Module {
+ public:
+  explicit FlattenImpl(int64_t start_dim = 1) : start_dim(start_dim) {}
+  Tensor forward(const Tensor& x) override;
+  int64_t start_dim;
+};
+TANDEM_MODULE(Flatten);
+
+// x: (N, C, H, W). Parameters weight (ones) and bias (zeros), buffers
+// running_mean (zeros) and running_var (ones), all (C). Training mode normalises
+// with batch statistics and updates the running ones; eval mode uses the running
+// ones (see batch_norm2d).
+class BatchNorm2dImpl : public Module {
+ public:
+  explicit BatchNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
+  Tensor forward(const Tensor& x) override;
+
+  int64_t num_features;
+  double eps, momentum;
+  Tensor weight, bias, running_mean, running_var;
+};
+TANDEM_MODULE(BatchNorm2d);
+
+// Chains its children: forward(x) = m_k(...m_1(m_0(x))). Children are named
+// "0", "1", ... in order.
+class SequentialImpl : public Module {
+ public:
+  SequentialImpl() = default;
+  SequentialImpl(std::initializer_list<AnyModule> modules);
+  void push_back(const AnyModule& module);
+  Tensor forward(const Tensor& x) override;
+  int64_t size() const { return static_cast<int64_t>(modules_.size()); }
+  // The i-th child; throws when out of range.
+  const std::shared_ptr<Module>& operator[](int64_t i) const;
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+class Sequential : public ModuleHolder<SequentialImpl> {
+ public:
+  using ModuleHolder<SequentialImpl>::ModuleHolder;
+  Sequential(std::initializer_list<AnyModule> modules)
+      : ModuleHolder(std::make_shared<SequentialImpl>(modules)) {}
+};
+
+// Losses: loss_fn(pred, target) -> 0-dim mean loss. No parameters.
+// pred, target: same shapes (see mse_loss).
+class MSELossImpl : public Module {
+ public:
+  using Module::forward;
+  Tensor forward(const Tensor& pred, const Tensor& target);
+};
+TANDEM_MODULE(MSELoss);
+// logits: (N, C) float; labels: (N) int64 (see cross_entropy).
+class CrossEntropyLossImpl : public Module {
+ public:
+  using Module::forward;
+  Tensor forward(const Tensor& logits, const Tensor& labels);
+};
+TANDEM_MODULE(CrossEntropyLoss);
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_LAYERS_H_
