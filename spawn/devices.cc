@@ -41,9 +41,6 @@ absl::StatusOr<int> ParseOrdinal(absl::string_view gpus, absl::string_view token
                      visible_gpus);
     }
   }
-  if (value >= visible_gpus) {
-    return BadGpus(gpus, token, "is not a visible GPU", visible_gpus);
-  }
   return static_cast<int>(value);
 }
 
@@ -88,18 +85,28 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
   if (spec.empty()) {
     for (int i = 0; i < visible_gpus; ++i) ordinals.push_back(i);
   } else {
-    std::set<int> seen;
+    // Syntax of every token first, so "0,,1" is reported as the empty token it
+    // is, whatever is visible.
+    std::vector<absl::string_view> tokens;
     for (absl::string_view raw : absl::StrSplit(gpus, ',')) {
       const absl::string_view token = absl::StripAsciiWhitespace(raw);
       absl::StatusOr<int> ordinal = ParseOrdinal(gpus, token, visible_gpus);
       if (!ordinal.ok()) return ordinal.status();
-      if (!seen.insert(*ordinal).second && !share_devices) {
+      tokens.push_back(token);
+      ordinals.push_back(*ordinal);
+    }
+    std::set<int> seen;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const absl::string_view token = tokens[i];
+      if (ordinals[i] >= visible_gpus) {
+        return BadGpus(gpus, token, "is not a visible GPU", visible_gpus);
+      }
+      if (!seen.insert(ordinals[i]).second && !share_devices) {
         return BadGpus(gpus, token,
                        "is listed twice (NCCL refuses two ranks on one GPU; set "
                        "SpawnOptions::share_devices to let those ranks share it in-process)",
                        visible_gpus);
       }
-      ordinals.push_back(*ordinal);
     }
   }
   absl::StatusOr<int> count =

@@ -61,6 +61,7 @@ struct Bad {
 TEST_F(DevicesTest, InvalidSelectionsNameTheBadTokenAndWhatIsVisible) {
   const std::vector<Bad> cases = {
       {"0,,1", -1, 2, false, {"token \"\"", "empty", "2 GPUs are visible (ordinals 0..1)"}},
+      {"5,,1", -1, 0, false, {"token \"\"", "empty", "no GPU is visible"}},
       {",0", -1, 2, false, {"token \"\"", "empty"}},
       {"0,", -1, 2, false, {"token \"\"", "empty"}},
       {"-1", -1, 2, false, {"token \"-1\"", "negative"}},
