@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages tandem needs, if any is missing. Idempotent.
+# As root it runs apt-get; otherwise it prints the exact command to run and fails.
+# The CUDA toolkit (with cuDNN and NCCL) is not a Debian package: when it is at
+# /usr/local/cuda the build uses it (TANDEM_CUDA=AUTO), otherwise it builds CPU-only.
+set -euo pipefail
+packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  bash -c "$cmd"
+else
+  echo "setup: missing Debian packages: ${missing[*]}" >&2
+  echo "setup: run as root:  sudo bash -c '$cmd'" >&2
+  exit 1
+fi
