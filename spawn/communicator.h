@@ -109,6 +109,8 @@ class Communicator {
   virtual void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) = 0;
   virtual void BarrierImpl() = 0;
 
+  // The run's stop token (never stops before Attach).
+  const std::stop_token& stop_token() const { return stop_; }
   // The sequence number of the collective running now (1 for the first).
   uint64_t sequence() const { return sequence_; }
   // Marks the collective `sequence` complete (for asynchronous ones, from wait()).
