@@ -1,0 +1,254 @@
+// CUDA kernels of the conv family through cuDNN 9's legacy convolution API.
+// The algorithms for a shape are chosen once (cudnnGet*Algorithm_v7 heuristics,
+// no host sync) and cached per thread; workspaces are tensors from the
+// stream-ordered pool; everything runs on the thread's stream.
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nn/cuda/context.h"
+#include "nn/cuda/handles.h"
+#include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/matmul_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+using nn::internal::CudnnDataType;
+using nn::internal::CudnnInt;
+using nn::internal::CudnnTensor4d;
+using nn::internal::ThreadCudnn;
+
+// Workspaces above this are not considered (the pool would keep them cached).
+constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
+
+std::string Describe(const Conv2dGeometry& g, DType dtype) {
+  const auto& p = g.params;
+  return absl::StrCat("conv2d x (", g.n, ", ", g.c, ", ", g.h, ", ", g.w, "), weight (", g.o, ", ",
+                      g.c, ", ", g.kh, ", ", g.kw, "), stride (", p.stride[0], ", ", p.stride[1],
+                      "), padding (", p.padding[0], ", ", p.padding[1], "), dilation (",
+                      p.dilation[0], ", ", p.dilation[1], "), ", DTypeName(dtype));
+}
+
+// Descriptors of one call: x, y, weight, convolution.
+class ConvDescriptors {
+ public:
+  ConvDescriptors(const Conv2dGeometry& g, DType dtype, Device device)
+      : x_(dtype, g.n, g.c, g.h, g.w, device, "conv2d"),
+        y_(dtype, g.n, g.o, g.oh, g.ow, device, "conv2d") {
+    const cudnnDataType_t type = CudnnDataType(dtype, "conv2d");
+    const auto& p = g.params;
+    const int filter[4] = {CudnnInt(g.o, "conv2d"), CudnnInt(g.c, "conv2d"),
+                           CudnnInt(g.kh, "conv2d"), CudnnInt(g.kw, "conv2d")};
+    const int conv[6] = {CudnnInt(p.padding[0], "conv2d"),  CudnnInt(p.padding[1], "conv2d"),
+                         CudnnInt(p.stride[0], "conv2d"),   CudnnInt(p.stride[1], "conv2d"),
+                         CudnnInt(p.dilation[0], "conv2d"), CudnnInt(p.dilation[1], "conv2d")};
+    const std::string what = Describe(g, dtype);
+    cudnnFilterDescriptor_t w = nullptr;
+    TANDEM_CHECK_CUDNN(cudnnCreateFilterDescriptor(&w), device, what);
+    w_.reset(w);
+    cudnnConvolutionDescriptor_t conv_desc = nullptr;
+    TANDEM_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&conv_desc), device, what);
+    conv_.reset(conv_desc);
+    TANDEM_CHECK_CUDNN(cudnnSetFilter4dDescriptor(w_.get(), type, CUDNN_TENSOR_NCHW, filter[0],
+                                                  filter[1], filter[2], filter[3]),
+                       device, what);
+    TANDEM_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(conv_.get(), conv[0], conv[1], conv[2], conv[3],
+                                                       conv[4], conv[5], CUDNN_CROSS_CORRELATION,
+                                                       type),
+                       device, what);
+    // TF32 only when allowed (set_allow_tf32); FMA math keeps float32 exact-ish.
+    const bool tf32 = dtype == kFloat32 && AllowTf32();
+    TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
+                       device, what);
+  }
+  ConvDescriptors(const ConvDescriptors&) = delete;
+  ConvDescriptors& operator=(const ConvDescriptors&) = delete;
+
+  cudnnTensorDescriptor_t x() const { return x_.get(); }
+  cudnnTensorDescriptor_t y() const { return y_.get(); }
+  cudnnFilterDescriptor_t w() const { return w_.get(); }
+  cudnnConvolutionDescriptor_t conv() const { return conv_.get(); }
+
+ private:
+  struct Deleter {
+    void operator()(cudnnFilterStruct* d) const { cudnnDestroyFilterDescriptor(d); }
+    void operator()(cudnnConvolutionStruct* d) const { cudnnDestroyConvolutionDescriptor(d); }
+  };
+  CudnnTensor4d x_, y_;
+  std::unique_ptr<cudnnFilterStruct, Deleter> w_;
+  std::unique_ptr<cudnnConvolutionStruct, Deleter> conv_;
+};
+
+// The chosen algorithms of one shape, and the workspace each needs.
+struct ConvAlgos {
+  cudnnConvolutionFwdAlgo_t forward;
+  cudnnConvolutionBwdDataAlgo_t backward_data;
+  cudnnConvolutionBwdFilterAlgo_t backward_filter;
+  size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
+};
+
+// (device, dtype, tf32, n, c, h, w, o, kh, kw, stride h/w, padding h/w, dilation h/w).
+using AlgoKey = std::tuple<int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+AlgoKey KeyOf(const Conv2dGeometry& g, DType dtype, Device device) {
+  const auto& p = g.params;
+  return {device.index, static_cast<int>(dtype), dtype == kFloat32 && AllowTf32(), g.n, g.c, g.h,
+          g.w, g.o, g.kh, g.kw, p.stride[0], p.stride[1], p.padding[0], p.padding[1],
+          p.dilation[0], p.dilation[1]};
+}
+
+// The first heuristic result that succeeded, fits the workspace limit and (when
+// TF32 is off) does not use tensor-op math.
+template <typename Perf>
+const Perf* Pick(const std::vector<Perf>& perfs, int count, bool tf32) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& perf = perfs[i];
+    if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspaceBytes) continue;
+    if (!tf32 && perf.mathType != CUDNN_DEFAULT_MATH && perf.mathType != CUDNN_FMA_MATH) continue;
+    return &perf;
+  }
+  return nullptr;
+}
+
+const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
+                          const ConvDescriptors& d) {
+  thread_local std::map<AlgoKey, ConvAlgos> cache;
+  const AlgoKey key = KeyOf(g, dtype, device);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudnnHandle_t handle = ThreadCudnn(device);
+  const bool tf32 = std::get<2>(key);
+  const std::string what = Describe(g, dtype);
+  ConvAlgos algos;
+  {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    int count = 0;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x(), d.w(), d.conv(), d.y(),
+                                                              static_cast<int>(perfs.size()), &count,
+                                                              perfs.data()),
+                       device, what);
+    const auto* best = Pick(perfs, count, tf32);
+    TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no forward algorithm for ", what);
+    algos.forward = best->algo;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x(), d.w(), d.conv(), d.y(),
+                                                               algos.forward, &algos.forward_bytes),
+                       device, what);
+  }
+  {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    int count = 0;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                           handle, d.w(), d.y(), d.conv(), d.x(), static_cast<int>(perfs.size()),
+                           &count, perfs.data()),
+                       device, what);
+    const auto* best = Pick(perfs, count, tf32);
+    TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-data algorithm for ", what);
+    algos.backward_data = best->algo;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(
+                           handle, d.w(), d.y(), d.conv(), d.x(), algos.backward_data,
+                           &algos.backward_data_bytes),
+                       device, what);
+  }
+  {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    int count = 0;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                           handle, d.x(), d.y(), d.conv(), d.w(), static_cast<int>(perfs.size()),
+                           &count, perfs.data()),
+                       device, what);
+    const auto* best = Pick(perfs, count, tf32);
+    TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-filter algorithm for ", what);
+    algos.backward_filter = best->algo;
+    TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                           handle, d.x(), d.y(), d.conv(), d.w(), algos.backward_filter,
+                           &algos.backward_filter_bytes),
+                       device, what);
+  }
+  return cache.emplace(key, algos).first->second;
+}
+
+// A workspace tensor from the pool (undefined when none is needed).
+Tensor Workspace(size_t bytes, Device device) {
+  if (bytes == 0) return Tensor();
+  return empty({static_cast<int64_t>(bytes)}, {.dtype = kUInt8, .device = device});
+}
+
+void* WorkspacePtr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// alpha = 1 and beta = 0 or 1 in the tensors' type (cuDNN reads double for float64).
+struct Scalars {
+  explicit Scalars(DType dtype) : is_double(dtype == kFloat64) {}
+  const void* one() const { return is_double ? static_cast<const void*>(&one_d) : &one_f; }
+  const void* zero() const { return is_double ? static_cast<const void*>(&zero_d) : &zero_f; }
+  bool is_double;
+  double one_d = 1.0, zero_d = 0.0;
+  float one_f = 1.0f, zero_f = 0.0f;
+};
+
+}  // namespace
+
+void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dGeometry& g, const Tensor& y) {
+  const Device device = x.device();
+  ConvDescriptors d(g, x.dtype(), device);
+  const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
+  cudnnHandle_t handle = ThreadCudnn(device);
+  Tensor workspace = Workspace(algos.forward_bytes, device);
+  const Scalars s(x.dtype());
+  TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
+                                             weight.data_ptr(), d.conv(), algos.forward,
+                                             WorkspacePtr(workspace), algos.forward_bytes,
+                                             s.zero(), d.y(), y.data_ptr()),
+                     device, Describe(g, x.dtype()));
+  if (!bias.defined()) return;
+  CudnnTensor4d bias_desc(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
+  TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc.get(), bias.data_ptr(), s.one(),
+                                    d.y(), y.data_ptr()),
+                     device, Describe(g, x.dtype()) + " (bias)");
+}
+
+void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
+                            const Tensor& dx) {
+  const Device device = dy.device();
+  ConvDescriptors d(g, dy.dtype(), device);
+  const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  Tensor workspace = Workspace(algos.backward_data_bytes, device);
+  const Scalars s(dy.dtype());
+  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardData(
+                         ThreadCudnn(device), s.one(), d.w(), weight.data_ptr(), d.y(),
+                         dy.data_ptr(), d.conv(), algos.backward_data, WorkspacePtr(workspace),
+                         algos.backward_data_bytes, s.zero(), d.x(), dx.data_ptr()),
+                     device, Describe(g, dy.dtype()) + " (backward data)");
+}
+
+void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                              const Tensor& dweight) {
+  const Device device = dy.device();
+  ConvDescriptors d(g, dy.dtype(), device);
+  const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  Tensor workspace = Workspace(algos.backward_filter_bytes, device);
+  const Scalars s(dy.dtype());
+  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+                         ThreadCudnn(device), s.one(), d.x(), x.data_ptr(), d.y(), dy.data_ptr(),
+                         d.conv(), algos.backward_filter, WorkspacePtr(workspace),
+                         algos.backward_filter_bytes, s.zero(), d.w(), dweight.data_ptr()),
+                     device, Describe(g, dy.dtype()) + " (backward filter)");
+}
+
+void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
+  const Device device = dy.device();
+  CudnnTensor4d dy_desc(dy.dtype(), dy.size(0), dy.size(1), dy.size(2), dy.size(3), device,
+                        "conv2d");
+  CudnnTensor4d db_desc(dy.dtype(), 1, dy.size(1), 1, 1, device, "conv2d");
+  const Scalars s(dy.dtype());
+  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardBias(ThreadCudnn(device), s.one(), dy_desc.get(),
+                                                  dy.data_ptr(), s.zero(), db_desc.get(),
+                                                  dbias.data_ptr()),
+                     device, absl::StrCat("conv2d backward bias, dy ", ShapeToString(dy.shape())));
+}
+
+}  // namespace tandem::nn::ops::internal

@@ -1,0 +1,217 @@
+// CUDA kernels of the matmul family through cuBLASLt, with the bias and
+// bias+ReLU epilogues fused into linear / linear_relu. Everything is enqueued on
+// the thread's stream; nothing synchronises the host.
+//
+// cuBLASLt is column-major; a row-major (r, c) matrix is the column-major (c, r)
+// one, so row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "nn/cuda/context.h"
+#include "nn/cuda/handles.h"
+#include "nn/ops/internal/elementwise_kernels.h"
+#include "nn/ops/internal/matmul_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+using nn::internal::ThreadCublasLt;
+using nn::internal::ThreadStream;
+
+// Row-major out (m, n) = op(a) op(b) [+ bias (n)] [then relu] [+ out when accumulate].
+// a is stored (m, k) or, when trans_a, (k, m); likewise b. Rows are contiguous.
+struct GemmCall {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* out = nullptr;
+  const void* bias = nullptr;  // fused CUBLASLT_EPILOGUE_BIAS / RELU_BIAS when set
+  bool relu = false;
+  bool accumulate = false;     // beta = 1
+  DType dtype = kFloat32;
+};
+
+std::string Describe(const GemmCall& g, const char* op) {
+  return absl::StrCat(op, " (m=", g.m, ", n=", g.n, ", k=", g.k, ", trans_a=", g.trans_a,
+                      ", trans_b=", g.trans_b, ", ", DTypeName(g.dtype),
+                      g.bias != nullptr ? ", bias" : "", g.relu ? ", relu" : "", ")");
+}
+
+uint32_t PointerAlignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && v % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
+
+Layout MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, Device device,
+                  const std::string& what) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  // Column-major (rows, cols) with leading dimension rows (contiguous).
+  TANDEM_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), rows),
+                      device, what);
+  return Layout(layout);
+}
+
+// Runs one cuBLASLt matmul. Returns false (having enqueued nothing) when the
+// requested epilogue has no algorithm for this problem, so the caller can fall
+// back to an unfused sequence; any other failure throws.
+bool TryGemm(const GemmCall& g, Device device, const char* op) {
+  const bool is_double = g.dtype == kFloat64;
+  const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      is_double ? CUBLAS_COMPUTE_64F
+                : (AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  const auto& lt = ThreadCublasLt(device);
+
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw_desc, compute, type), device, Describe(g, op));
+  MatmulDesc desc(raw_desc);
+  // Column-major A' = b, B' = a.
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
+                                                     &op_a, sizeof op_a),
+                      device, Describe(g, op));
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &op_b, sizeof op_b),
+                      device, Describe(g, op));
+  if (g.bias != nullptr || g.relu) {
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (g.bias != nullptr) {
+      epilogue = g.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
+                              desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias),
+                          device, Describe(g, op));
+    } else {
+      epilogue = CUBLASLT_EPILOGUE_RELU;
+    }
+    TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epilogue, sizeof epilogue),
+                        device, Describe(g, op));
+  }
+  // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
+  const int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
+  const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
+  Layout layout_a = MakeLayout(type, cols_b, rows_b, device, Describe(g, op));
+  Layout layout_b = MakeLayout(type, cols_a, rows_a, device, Describe(g, op));
+  Layout layout_c = MakeLayout(type, g.n, g.m, device, Describe(g, op));
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&raw_pref), device, Describe(g, op));
+  Preference pref(raw_pref);
+  const uint64_t workspace_bytes = lt.workspace_bytes;
+  TANDEM_CHECK_CUBLAS(
+      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof workspace_bytes),
+      device, Describe(g, op));
+  // Tell the heuristic the real alignments (views may start mid-allocation).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.out},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.out}};
+  for (const auto& [attribute, pointer] : alignments) {
+    const uint32_t alignment = PointerAlignment(pointer);
+    TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &alignment,
+                                                             sizeof alignment),
+                        device, Describe(g, op));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      lt.handle, desc.get(), layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(),
+      pref.get(), 1, &heuristic, &found);
+  const bool fused = g.bias != nullptr || g.relu;
+  if (fused && (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
+    return false;
+  }
+  TANDEM_CHECK_CUBLAS(status, device, Describe(g, op));
+  TANDEM_CHECK(found > 0, op, ": cuBLASLt has no algorithm for ", Describe(g, op), " on ",
+               device.ToString());
+
+  const double one_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
+  const float one_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
+  const void* alpha = is_double ? static_cast<const void*>(&one_d) : &one_f;
+  const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
+  TANDEM_CHECK_CUBLAS(cublasLtMatmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a,
+                                     layout_b.get(), beta, g.out, layout_c.get(), g.out,
+                                     layout_c.get(), &heuristic.algo, lt.workspace,
+                                     lt.workspace_bytes, ThreadStream(device)),
+                      device, Describe(g, op));
+  return true;
+}
+
+void Gemm(const GemmCall& g, Device device, const char* op) {
+  TANDEM_CHECK(TryGemm(g, device, op), op, ": cuBLASLt has no algorithm for ", Describe(g, op));
+}
+
+}  // namespace
+
+void GemmCuda(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out) {
+  CheckFloating(a, "matmul");
+  GemmCall g{.trans_a = trans_a,
+             .trans_b = trans_b,
+             .m = out.size(0),
+             .n = out.size(1),
+             .k = trans_a ? a.size(0) : a.size(1),
+             .a = a.data_ptr(),
+             .b = b.data_ptr(),
+             .out = out.data_ptr(),
+             .dtype = a.dtype()};
+  Gemm(g, a.device(), "matmul");
+}
+
+void LinearCuda(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
+                const Tensor& out) {
+  const char* op = relu ? "linear_relu" : "linear";
+  CheckFloating(x, op);
+  // out (N, out) = x (N, in) W^T: W is stored (out, in), transposed.
+  GemmCall g{.trans_a = false,
+             .trans_b = true,
+             .m = x.size(0),
+             .n = weight.size(0),
+             .k = x.size(1),
+             .a = x.data_ptr(),
+             .b = weight.data_ptr(),
+             .out = out.data_ptr(),
+             .bias = bias.defined() ? bias.data_ptr() : nullptr,
+             .relu = relu,
+             .dtype = x.dtype()};
+  if (TryGemm(g, x.device(), op)) return;
+  // No fused algorithm (e.g. float64): the product, then out += ones (N, 1) bias (1, out)
+  // as a rank-1 GEMM, then relu in place.
+  GemmCall plain = g;
+  plain.bias = nullptr;
+  plain.relu = false;
+  Gemm(plain, x.device(), op);
+  if (bias.defined()) {
+    Tensor ones_column = ones({g.m, 1}, {.dtype = x.dtype(), .device = x.device()});
+    Gemm({.m = g.m, .n = g.n, .k = 1, .a = ones_column.data_ptr(), .b = bias.data_ptr(),
+          .out = out.data_ptr(), .accumulate = true, .dtype = x.dtype()},
+         x.device(), op);
+  }
+  if (relu) UnaryCuda(UnaryOp::kRelu, out, out, 0.0, 0.0);
+}
+
+void BiasGradCuda(const Tensor& dy, const Tensor& db) {
+  CheckFloating(dy, "linear_backward");
+  // db (1, out) = ones (1, N) dy (N, out): a GEMV through cuBLASLt.
+  Tensor ones_row = ones({1, dy.size(0)}, {.dtype = dy.dtype(), .device = dy.device()});
+  Gemm({.m = 1, .n = dy.size(1), .k = dy.size(0), .a = ones_row.data_ptr(), .b = dy.data_ptr(),
+        .out = db.data_ptr(), .dtype = dy.dtype()},
+       dy.device(), "linear_backward (bias)");
+}
+
+}  // namespace tandem::nn::ops::internal

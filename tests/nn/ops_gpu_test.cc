@@ -1,0 +1,117 @@
+// CPU vs CUDA parity of matmul / linear / linear_relu, conv2d and pooling,
+// forward and backward. Label gpu; skipped with a reason when no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "nn/ops/conv.h"
+#include "nn/ops/matmul.h"
+#include "nn/ops/pool.h"
+#include "nn/random.h"
+
+namespace tandem::nn {
+namespace {
+
+class OpsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
+    }
+    set_allow_tf32(false);
+  }
+};
+
+// Runs f on CPU copies and on CUDA copies of `inputs` (all requiring grad), with
+// the same output gradient, and compares outputs and every input's gradient.
+void ExpectParity(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                  const std::vector<Tensor>& inputs, double tol) {
+  const Device gpu = Device::CUDA(0);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const Tensor& t : inputs) {
+    cpu_in.push_back(t.detach().clone().set_requires_grad(true));
+    gpu_in.push_back(t.detach().to(gpu).set_requires_grad(true));
+  }
+  Tensor cpu_out = f(cpu_in);
+  Tensor gpu_out = f(gpu_in);
+  ASSERT_TRUE(gpu_out.is_cuda());
+  ASSERT_EQ(cpu_out.shape(), gpu_out.shape());
+  Tensor grad = randn(cpu_out.shape(), {.dtype = cpu_out.dtype()});
+  cpu_out.backward(grad);
+  gpu_out.backward(grad.to(gpu));
+  auto expect_near = [tol](const Tensor& want, const Tensor& got, const std::string& what) {
+    const auto w = want.to_vector<double>(), g = got.to_vector<double>();
+    ASSERT_EQ(w.size(), g.size()) << what;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_NEAR(g[i], w[i], tol * (1.0 + std::abs(w[i]))) << what << " element " << i;
+    }
+  };
+  expect_near(cpu_out, gpu_out, "output");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    ASSERT_TRUE(gpu_in[k].grad().defined()) << "input " << k;
+    expect_near(cpu_in[k].grad(), gpu_in[k].grad(), "grad of input " + std::to_string(k));
+  }
+}
+
+TEST_F(OpsGpuTest, MatmulAndLinear) {
+  manual_seed(31);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+    const TensorOptions o{.dtype = dtype};
+    ExpectParity([](const auto& in) { return matmul(in[0], in[1]); },
+                 {randn({33, 17}, o), randn({17, 45}, o)}, tol);
+    ExpectParity([](const auto& in) { return linear(in[0], in[1], in[2]); },
+                 {randn({32, 64}, o), randn({10, 64}, o), randn({10}, o)}, tol);
+    ExpectParity([](const auto& in) { return linear(in[0], in[1]); },
+                 {randn({7, 5}, o), randn({3, 5}, o)}, tol);
+    ExpectParity([](const auto& in) { return linear_relu(in[0], in[1], in[2]); },
+                 {randn({32, 64}, o), randn({48, 64}, o), randn({48}, o)}, tol);
+  }
+}
+
+TEST_F(OpsGpuTest, Conv2dVariants) {
+  manual_seed(32);
+  const std::vector<Conv2dParams> variants = {
+      {}, {.padding = {2, 2}}, {.stride = {2, 1}, .padding = {1, 0}}, {.dilation = {2, 2}}};
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+    const TensorOptions o{.dtype = dtype};
+    for (const Conv2dParams& p : variants) {
+      ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], in[2], p); },
+                   {randn({4, 3, 12, 11}, o), randn({5, 3, 3, 3}, o), randn({5}, o)}, tol);
+    }
+    // LeNet's first layer.
+    ExpectParity([](const auto& in) { return conv2d(in[0], in[1], in[2], {.padding = {2, 2}}); },
+                 {randn({8, 1, 28, 28}, o), randn({20, 1, 5, 5}, o), randn({20}, o)}, tol);
+  }
+}
+
+TEST_F(OpsGpuTest, Pooling) {
+  manual_seed(33);
+  const std::vector<Pool2dParams> variants = {
+      {}, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, {.kernel = {2, 3}, .stride = {1, 2}}};
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const double tol = dtype == kFloat32 ? 1e-5 : 1e-12;
+    const TensorOptions o{.dtype = dtype};
+    for (const Pool2dParams& p : variants) {
+      // randn values: ties have probability ~0, so both sides pick one maximum.
+      ExpectParity([&](const auto& in) { return max_pool2d(in[0], p); }, {randn({3, 4, 9, 10}, o)}, tol);
+      ExpectParity([&](const auto& in) { return avg_pool2d(in[0], p); }, {randn({3, 4, 9, 10}, o)}, tol);
+    }
+  }
+}
+
+TEST_F(OpsGpuTest, Tf32IsOptIn) {
+  EXPECT_FALSE(allow_tf32());
+  set_allow_tf32(true);
+  EXPECT_TRUE(allow_tf32());
+  manual_seed(34);
+  // Looser tolerance with TF32 (10-bit mantissa products).
+  ExpectParity([](const auto& in) { return linear(in[0], in[1], in[2]); },
+               {randn({64, 128}), randn({32, 128}), randn({32})}, 5e-2);
+  set_allow_tf32(false);
+}
+
+}  // namespace
+}  // namespace tandem::nn
