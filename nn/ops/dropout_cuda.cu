@@ -1,0 +1,52 @@
+// CUDA kernels of dropout: one thread per element, the mask from the same
+// Philox counter as the CPU kernel (DropoutKeeps). Thread's stream, no sync.
+#include "nn/cuda/context.h"
+#include "nn/ops/internal/dropout_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+constexpr int kThreads = 256;
+int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+template <typename T>
+__global__ void DropoutForwardKernel(const T* x, T* y, uint8_t* mask, int64_t n, float p, T scale,
+                                     uint64_t seed, uint64_t stream, uint64_t offset) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const bool keep = DropoutKeeps(seed, stream, offset, static_cast<uint64_t>(i), p);
+  mask[i] = keep ? 1 : 0;
+  y[i] = keep ? x[i] * scale : T(0);
+}
+
+template <typename T>
+__global__ void DropoutBackwardKernel(const T* gy, const uint8_t* mask, T* gx, int64_t n, T scale) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) gx[i] = mask[i] ? gy[i] * scale : T(0);
+}
+
+}  // namespace
+
+void DropoutForwardCuda(const Tensor& x, const Tensor& y, const Tensor& mask, float p,
+                        double scale, uint64_t seed, uint64_t stream_id, uint64_t offset) {
+  const int64_t n = x.numel();
+  cudaStream_t stream = nn::internal::ThreadStream(x.device());
+  TANDEM_DISPATCH_FLOAT(x.dtype(), "dropout", [&]<typename T>() {
+    DropoutForwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        x.data<T>(), y.data<T>(), mask.data<uint8_t>(), n, p, static_cast<T>(scale), seed,
+        stream_id, offset);
+  });
+  TANDEM_CHECK_LAUNCH("DropoutForwardKernel", x.device());
+}
+
+void DropoutBackwardCuda(const Tensor& gy, const Tensor& mask, const Tensor& gx, double scale) {
+  const int64_t n = gy.numel();
+  cudaStream_t stream = nn::internal::ThreadStream(gy.device());
+  TANDEM_DISPATCH_FLOAT(gy.dtype(), "dropout_backward", [&]<typename T>() {
+    DropoutBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        gy.data<T>(), mask.data<uint8_t>(), gx.data<T>(), n, static_cast<T>(scale));
+  });
+  TANDEM_CHECK_LAUNCH("DropoutBackwardKernel", gy.device());
+}
+
+}  // namespace tandem::nn::ops::internal

@@ -1,0 +1,115 @@
+// CUDA kernels of the loss family. cross_entropy: one fused kernel computes, per
+// row, the log-sum-exp (saved) and the NLL term; a deterministic two-pass sum
+// (reduce family) takes the mean. Backward: one elementwise kernel. No host sync:
+// the upstream gradient is read on the device, and a bad label traps the kernel.
+#include <cstdio>
+
+#include "nn/cuda/context.h"
+#include "nn/ops/internal/elementwise_kernels.h"  // MathExp, MathLog
+#include "nn/ops/internal/loss_kernels.h"
+#include "nn/ops/internal/reduce_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = 65535;
+int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
+// A warp for small rows, a full block for wide ones (a function of c alone, so
+// the reduction order is fixed).
+int RowThreads(int64_t c) { return c <= 32 ? 32 : (c <= 128 ? 128 : kThreads); }
+
+template <typename T>
+__global__ void CrossEntropyForwardKernel(const T* logits, const int64_t* labels, T* lse,
+                                          T* row_loss, int64_t n, int64_t c) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t label = labels[i];
+    if (label < 0 || label >= c) {
+      if (threadIdx.x == 0) {
+        printf("cross_entropy: label %lld at row %lld is out of range for %lld classes\n",
+               static_cast<long long>(label), static_cast<long long>(i),
+               static_cast<long long>(c));
+      }
+      __trap();
+    }
+    const T* row = logits + i * c;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = row[j] > m ? row[j] : m;
+    m = BlockMax(m);
+    T total = T(0);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) total += MathExp(row[j] - m);
+    total = BlockSum(total);
+    if (threadIdx.x == 0) {
+      const T row_lse = m + MathLog(total);
+      lse[i] = row_lse;
+      row_loss[i] = row_lse - row[label];
+    }
+  }
+}
+
+template <typename T>
+__global__ void CrossEntropyBackwardKernel(const T* logits, const int64_t* labels, const T* lse,
+                                           const T* g, T* dlogits, int64_t n, int64_t c) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= n * c) return;
+  const int64_t i = k / c, j = k % c;
+  const T p = MathExp(logits[k] - lse[i]);
+  dlogits[k] = *g / static_cast<T>(n) * (j == labels[i] ? p - T(1) : p);
+}
+
+template <typename T>
+__global__ void AccuracyRowKernel(const T* logits, const int64_t* labels, float* hits, int64_t n,
+                                  int64_t c) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const T* row = logits + i * c;
+  int64_t best = 0;
+  for (int64_t j = 1; j < c; ++j) {
+    if (row[j] > row[best]) best = j;
+  }
+  hits[i] = best == labels[i] ? 1.0f : 0.0f;
+}
+
+}  // namespace
+
+void CrossEntropyForwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                             const Tensor& loss) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  cudaStream_t stream = nn::internal::ThreadStream(logits.device());
+  Tensor row_loss = empty({n}, {.dtype = logits.dtype(), .device = logits.device()});
+  TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    CrossEntropyForwardKernel<T><<<n < kMaxGrid ? n : kMaxGrid, RowThreads(c), 0, stream>>>(
+        logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), row_loss.data<T>(), n, c);
+  });
+  TANDEM_CHECK_LAUNCH("CrossEntropyForwardKernel", logits.device());
+  SumAllCuda(row_loss, loss, 1.0 / static_cast<double>(n));
+}
+
+void CrossEntropyBackwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
+                              const Tensor& g, const Tensor& dlogits) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  cudaStream_t stream = nn::internal::ThreadStream(logits.device());
+  TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    CrossEntropyBackwardKernel<T><<<Blocks(n * c), kThreads, 0, stream>>>(
+        logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), g.data<T>(), dlogits.data<T>(),
+        n, c);
+  });
+  TANDEM_CHECK_LAUNCH("CrossEntropyBackwardKernel", logits.device());
+}
+
+void AccuracyCuda(const Tensor& logits, const Tensor& labels, const Tensor& out) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  cudaStream_t stream = nn::internal::ThreadStream(logits.device());
+  Tensor hits = empty({n}, {.dtype = kFloat32, .device = logits.device()});
+  if (n > 0) {
+    TANDEM_DISPATCH_FLOAT(logits.dtype(), "accuracy", [&]<typename T>() {
+      AccuracyRowKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+          logits.data<T>(), labels.data<int64_t>(), hits.data<float>(), n, c);
+    });
+    TANDEM_CHECK_LAUNCH("AccuracyRowKernel", logits.device());
+  }
+  // Counts up to 2^24 are exact in float32; 0 rows give 0 * inf = NaN, as on the CPU.
+  SumAllCuda(hits, out, 1.0 / static_cast<double>(n));
+}
+
+}  // namespace tandem::nn::ops::internal
