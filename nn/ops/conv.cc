@@ -70,14 +70,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const bool gb = bias.defined() && bias.requires_grad();
   return autograd::Record(
       "conv2d", {x, weight, bias}, y,
-      [x = x.detach(), w = weight.detach(), g, gx, gw, gb, like_x](const Tensor& dy) {
+      // dx needs only the weight and dweight only x: keep just what backward reads.
+      [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(), x_shape = x.shape(),
+       w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy) {
         Tensor dx, dw, db;
         if (gx) {
-          dx = empty(x.shape(), like_x);
+          dx = empty(x_shape, like_x);
           if (g.n > 0) TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardData, dy, w, g, dx);
         }
         if (gw) {
-          dw = empty(w.shape(), like_x);
+          dw = empty(w_shape, like_x);
           if (g.n > 0) {
             TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardFilter, dy, x, g, dw);
           } else {

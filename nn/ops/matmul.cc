@@ -27,6 +27,7 @@ Tensor Gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b) {
 
 Tensor BiasGrad(const Tensor& dy) {
   Tensor db = empty({dy.size(1)}, {.dtype = dy.dtype(), .device = dy.device()});
+  if (db.numel() == 0) return db;
   if (dy.size(0) == 0) return db.fill_(0.0);
   TANDEM_ON_DEVICE(dy, ops::internal::BiasGrad, dy, db);
   return db;

@@ -4,7 +4,10 @@
 //
 // cuBLASLt is column-major; a row-major (r, c) matrix is the column-major (c, r)
 // one, so row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
+#include <map>
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
@@ -55,13 +58,62 @@ using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
 using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, DescDeleter>;
 
 Layout MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, Device device,
-                  const std::string& what) {
+                  const GemmCall& g, const char* op) {
   cublasLtMatrixLayout_t layout = nullptr;
   // Column-major (rows, cols) with leading dimension rows (contiguous).
   TANDEM_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
                                                  static_cast<uint64_t>(cols), rows),
-                      device, what);
+                      device, Describe(g, op));
   return Layout(layout);
+}
+
+// (device, compute type, epilogue, trans_a, trans_b, m, n, k, alignments of a, b,
+// out and bias in bytes).
+using AlgoKey = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, uint32_t, uint32_t,
+                           uint32_t, uint32_t>;
+
+// cuBLASLt's first heuristic choice for this problem, or nullopt when a fused
+// epilogue has no algorithm for it; other failures throw.
+std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmulDesc_t desc,
+                                               cublasLtMatrixLayout_t layout_a,
+                                               cublasLtMatrixLayout_t layout_b,
+                                               cublasLtMatrixLayout_t layout_c, Device device,
+                                               const char* op) {
+  const auto& lt = ThreadCublasLt(device);
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&raw_pref), device, Describe(g, op));
+  Preference pref(raw_pref);
+  const uint64_t workspace_bytes = lt.workspace_bytes;
+  TANDEM_CHECK_CUBLAS(
+      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof workspace_bytes),
+      device, Describe(g, op));
+  // Tell the heuristic the real alignments (views may start mid-allocation).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.out},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.out}};
+  for (const auto& [attribute, pointer] : alignments) {
+    const uint32_t alignment = PointerAlignment(pointer);
+    TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &alignment,
+                                                             sizeof alignment),
+                        device, Describe(g, op));
+  }
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt.handle, desc, layout_a, layout_b, layout_c, layout_c,
+                                     pref.get(), 1, &heuristic, &found);
+  const bool fused = g.bias != nullptr || g.relu;
+  if (fused && (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
+    return std::nullopt;
+  }
+  TANDEM_CHECK_CUBLAS(status, device, Describe(g, op));
+  TANDEM_CHECK(found > 0, op, ": cuBLASLt has no algorithm for ", Describe(g, op), " on ",
+               device.ToString());
+  return heuristic.algo;
 }
 
 // Runs one cuBLASLt matmul. Returns false (having enqueued nothing) when the
@@ -104,42 +156,33 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
   const int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
   const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
-  Layout layout_a = MakeLayout(type, cols_b, rows_b, device, Describe(g, op));
-  Layout layout_b = MakeLayout(type, cols_a, rows_a, device, Describe(g, op));
-  Layout layout_c = MakeLayout(type, g.n, g.m, device, Describe(g, op));
+  Layout layout_a = MakeLayout(type, cols_b, rows_b, device, g, op);
+  Layout layout_b = MakeLayout(type, cols_a, rows_a, device, g, op);
+  Layout layout_c = MakeLayout(type, g.n, g.m, device, g, op);
 
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&raw_pref), device, Describe(g, op));
-  Preference pref(raw_pref);
-  const uint64_t workspace_bytes = lt.workspace_bytes;
-  TANDEM_CHECK_CUBLAS(
-      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace_bytes, sizeof workspace_bytes),
-      device, Describe(g, op));
-  // Tell the heuristic the real alignments (views may start mid-allocation).
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.out},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.out}};
-  for (const auto& [attribute, pointer] : alignments) {
-    const uint32_t alignment = PointerAlignment(pointer);
-    TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &alignment,
-                                                             sizeof alignment),
-                        device, Describe(g, op));
-  }
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      lt.handle, desc.get(), layout_a.get(), layout_b.get(), layout_c.get(), layout_c.get(),
-      pref.get(), 1, &heuristic, &found);
+  // The algorithm of a problem is chosen once per thread: the heuristic query
+  // costs more host time than a small matmul's launch.
   const bool fused = g.bias != nullptr || g.relu;
-  if (fused && (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
-    return false;
+  const AlgoKey key{device.index,
+                    static_cast<int>(compute),
+                    static_cast<int>(fused ? (g.bias != nullptr ? 1 + g.relu : 3) : 0),
+                    g.trans_a,
+                    g.trans_b,
+                    g.m,
+                    g.n,
+                    g.k,
+                    PointerAlignment(g.a),
+                    PointerAlignment(g.b),
+                    PointerAlignment(g.out),
+                    g.bias != nullptr ? PointerAlignment(g.bias) : 0u};
+  thread_local std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, ChooseAlgo(g, desc.get(), layout_a.get(), layout_b.get(),
+                                       layout_c.get(), device, op))
+             .first;
   }
-  TANDEM_CHECK_CUBLAS(status, device, Describe(g, op));
-  TANDEM_CHECK(found > 0, op, ": cuBLASLt has no algorithm for ", Describe(g, op), " on ",
-               device.ToString());
+  if (!it->second.has_value()) return false;  // no fused algorithm: caller falls back
 
   const double one_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
   const float one_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
@@ -147,7 +190,7 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
   TANDEM_CHECK_CUBLAS(cublasLtMatmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a,
                                      layout_b.get(), beta, g.out, layout_c.get(), g.out,
-                                     layout_c.get(), &heuristic.algo, lt.workspace,
+                                     layout_c.get(), &*it->second, lt.workspace,
                                      lt.workspace_bytes, ThreadStream(device)),
                       device, Describe(g, op));
   return true;
