@@ -1,0 +1,287 @@
+// DataParallel on CPU ranks: N ranks on per-rank batch B end where 1 rank on
+// batch N*B ends; buckets overlap backward; faults name the parameter.
+#include "spawn/data_parallel.h"
+
+#include <cmath>
+#include <mutex>
+
+#include "gtest/gtest.h"
+#include "nn/layers.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/random.h"
+#include "spawn/spawn.h"
+
+namespace tandem::dist {
+namespace {
+
+using nn::Tensor;
+
+struct LinearNet : nn::Module {
+  LinearNet()
+      : l1(register_module("l1", nn::Linear(10, 10))), l2(register_module("l2", nn::Linear(10, 1))) {}
+  Tensor forward(const Tensor& x) override { return l2(nn::relu(l1(x))); }
+  nn::Linear l1, l2;
+};
+
+// x: (N, 1, 6, 6) -> (N, 2).
+struct ConvNet : nn::Module {
+  ConvNet()
+      : conv(register_module("conv", nn::Conv2d(1, 3, 3))),
+        fc(register_module("fc", nn::Linear(3 * 4 * 4, 2))) {}
+  Tensor forward(const Tensor& x) override { return fc(nn::relu(conv(x)).flatten(1)); }
+  nn::Conv2d conv;
+  nn::Linear fc;
+};
+
+std::vector<float> Flat(const nn::Module& m) {
+  std::vector<float> out;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  }
+  return out;
+}
+
+void SgdStep(const std::vector<Tensor>& params, double lr) {
+  nn::NoGradGuard no_grad;
+  for (Tensor p : params) {
+    p.add_(p.grad(), -lr);
+    p.set_grad(Tensor());  // like optim's zero_grad
+  }
+}
+
+// K steps of SGD; rank r uses rows [r*B, (r+1)*B) of each step's batch of world*B.
+template <typename Net>
+std::vector<float> Train(Context& ctx, nn::Shape sample, int64_t out_dim, int64_t per_rank,
+                         int steps) {
+  Net net;  // rank 0's init (seed 7, stream 0) is the same for every world size
+  DataParallel dp(net, ctx, {.bucket_bytes = 1024, .first_bucket_bytes = 256});
+  const int64_t batch = per_rank * ctx.world_size();
+  for (int step = 0; step < steps; ++step) {
+    nn::manual_seed(1000 + step);  // the same full batch on every rank
+    nn::Shape xs = sample;
+    xs.insert(xs.begin(), batch);
+    Tensor x = nn::randn(xs);
+    Tensor y = nn::randn({batch, out_dim});
+    const int64_t lo = ctx.rank() * per_rank;
+    Tensor loss = nn::mse_loss(dp(x.slice(lo, lo + per_rank)), y.slice(lo, lo + per_rank));
+    loss.backward();
+    SgdStep(dp.parameters(), 0.1);
+  }
+  return Flat(net);
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-5 * std::max(1.0f, std::fabs(b[i]))) << what << " element " << i;
+  }
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<int> {
+ protected:
+  SpawnOptions options_{.seed = 7, .console = &console_};
+  std::ostringstream console_;
+};
+
+TEST_P(EquivalenceTest, LinearNetMatchesOneRankOnTheWholeBatch) {
+  const int world = GetParam();
+  const int64_t per_rank = 4;
+  auto one = spawn(
+      [&](Context& ctx) { return Train<LinearNet>(ctx, {10}, 1, per_rank * world, 5); }, 1, "cpu",
+      options_);
+  auto many = spawn([&](Context& ctx) { return Train<LinearNet>(ctx, {10}, 1, per_rank, 5); },
+                    world, "cpu", options_);
+  ASSERT_TRUE(one.ok() && many.ok()) << one.status() << many.status();
+  for (int r = 0; r < world; ++r) ExpectClose((*many)[r], (*one)[0], "LinearNet");
+}
+
+TEST_P(EquivalenceTest, ConvNetMatchesOneRankOnTheWholeBatch) {
+  const int world = GetParam();
+  const int64_t per_rank = 2;
+  auto one = spawn(
+      [&](Context& ctx) { return Train<ConvNet>(ctx, {1, 6, 6}, 2, per_rank * world, 4); }, 1,
+      "cpu", options_);
+  auto many = spawn([&](Context& ctx) { return Train<ConvNet>(ctx, {1, 6, 6}, 2, per_rank, 4); },
+                    world, "cpu", options_);
+  ASSERT_TRUE(one.ok() && many.ok()) << one.status() << many.status();
+  for (int r = 0; r < world; ++r) ExpectClose((*many)[r], (*one)[0], "ConvNet");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, EquivalenceTest, ::testing::Values(1, 2, 3, 4));
+
+class DataParallelTest : public ::testing::Test {
+ protected:
+  SpawnOptions options_{.console = &console_};
+  std::ostringstream console_;
+};
+
+TEST_F(DataParallelTest, BroadcastsRankZerosWeightsAndBucketsInReverseOrder) {
+  auto result = spawn(
+      [](Context& ctx) {
+        LinearNet net;  // different init per rank (generator stream = rank)
+        DataParallel dp(net, ctx, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 8});
+        EXPECT_EQ(dp.num_buckets(), 2);
+        EXPECT_EQ(dp.bucket_parameter_names(0), (std::vector<std::string>{"l2.bias"}));
+        EXPECT_EQ(dp.bucket_parameter_names(1),
+                  (std::vector<std::string>{"l2.weight", "l1.bias", "l1.weight"}));
+        return Flat(net);
+      },
+      3, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ((*result)[1], (*result)[0]);
+  EXPECT_EQ((*result)[2], (*result)[0]);
+}
+
+// The first bucket (l2's gradients) must be launched while l1's gradients are
+// not yet produced.
+TEST_F(DataParallelTest, FirstBucketLaunchesBeforeBackwardEnds) {
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        LinearNet net;
+        std::vector<std::string> events;
+        DataParallel dp(net, ctx,
+                        {.bucket_bytes = 64,
+                         .first_bucket_bytes = 64,
+                         .on_bucket_launch = [&](int b, int) {
+                           events.push_back("launch " + std::to_string(b));
+                         }});
+        for (const auto& [name, p] : net.named_parameters()) {
+          p.register_grad_ready_hook([&, name = name](Tensor&) { events.push_back("grad " + name); });
+        }
+        Tensor loss = nn::mse_loss(dp(nn::randn({4, 10})), nn::randn({4, 1}));
+        loss.backward();
+        const auto first_launch = std::find(events.begin(), events.end(), "launch 0");
+        const auto l1_weight = std::find(events.begin(), events.end(), "grad l1.weight");
+        ASSERT_NE(first_launch, events.end());
+        ASSERT_NE(l1_weight, events.end());
+        EXPECT_LT(first_launch - events.begin(), l1_weight - events.begin())
+            << "bucket 0 was not launched before backward produced l1.weight's gradient";
+        EXPECT_GT(dp.num_buckets(), 1);
+      },
+      2, "cpu", options_);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_F(DataParallelTest, NoSyncAccumulatesThenReducesTheSum) {
+  auto result = spawn(
+      [](Context& ctx) {
+        nn::manual_seed(3);
+        LinearNet net;
+        DataParallel dp(net, ctx);
+        nn::manual_seed(50 + ctx.rank());
+        Tensor x1 = nn::randn({2, 10}), x2 = nn::randn({2, 10}), y = nn::randn({2, 1});
+        {
+          auto guard = dp.no_sync();
+          nn::mse_loss(dp(x1), y).backward();
+        }
+        nn::mse_loss(dp(x2), y).backward();
+        std::vector<float> grads;
+        for (const Tensor& p : dp.parameters()) {
+          for (float v : p.grad().to_vector<float>()) grads.push_back(v);
+        }
+        return grads;
+      },
+      2, "cpu", options_);
+  // Reference: each rank's two local gradients summed, averaged over ranks.
+  auto reference = spawn(
+      [](Context& ctx) {
+        nn::manual_seed(3);
+        LinearNet net;
+        std::vector<float> total;
+        for (int r = 0; r < 2; ++r) {
+          nn::manual_seed(50 + r);
+          Tensor x1 = nn::randn({2, 10}), x2 = nn::randn({2, 10}), y = nn::randn({2, 1});
+          nn::mse_loss(net(x1), y).backward();
+          nn::mse_loss(net(x2), y).backward();
+        }
+        for (const Tensor& p : net.parameters()) {
+          for (float v : p.grad().to_vector<float>()) total.push_back(v / 2);
+        }
+        return total;
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(result.ok() && reference.ok()) << result.status() << reference.status();
+  ExpectClose((*result)[0], (*reference)[0], "no_sync");
+  ExpectClose((*result)[1], (*reference)[0], "no_sync");
+}
+
+TEST_F(DataParallelTest, ScaleLossAndApplyCollectiveGrads) {
+  auto result = spawn(
+      [](Context& ctx) {
+        LinearNet net;
+        DataParallel dp(net, ctx, {.reduce_in_backward = false});
+        nn::manual_seed(9 + ctx.rank());
+        Tensor loss = dp.scale_loss(nn::mse_loss(dp(nn::randn({3, 10})), nn::randn({3, 1})));
+        loss.backward();
+        dp.apply_collective_grads();
+        return net.l2->bias.grad().to_vector<float>();
+      },
+      2, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ((*result)[0], (*result)[1]);
+}
+
+struct MaybeWider : nn::Module {
+  explicit MaybeWider(int64_t out) : l(register_module("l", nn::Linear(4, out))) {}
+  Tensor forward(const Tensor& x) override { return l(x); }
+  nn::Linear l;
+};
+
+TEST_F(DataParallelTest, ParameterShapesDifferIsAnErrorNotAHang) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        MaybeWider net(ctx.rank() == 2 ? 3 : 2);
+        DataParallel dp(net, ctx);
+      },
+      3, "cpu", options_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("the model differs across ranks"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("rank 0 has parameter 'l.weight' (2, 4) float32, rank 2 has "
+                             "parameter 'l.weight' (3, 4) float32"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10);
+}
+
+struct WithUnused : nn::Module {
+  WithUnused()
+      : used(register_module("used", nn::Linear(4, 1))),
+        spare(register_module("spare", nn::Linear(4, 1))) {}
+  Tensor forward(const Tensor& x) override { return used(x); }
+  nn::Linear used, spare;
+};
+
+TEST_F(DataParallelTest, UnusedParameterIsAnErrorNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        WithUnused net;
+        DataParallel dp(net, ctx);
+        nn::mse_loss(dp(nn::randn({2, 4})), nn::randn({2, 1})).backward();
+      },
+      2, "cpu", options_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("'spare.weight', 'spare.bias' got no gradient"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_NE(s.message().find("find_unused_parameters"), absl::string_view::npos) << s;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10);
+}
+
+TEST_F(DataParallelTest, FindUnusedParametersTreatsThemAsZero) {
+  auto result = spawn(
+      [](Context& ctx) {
+        WithUnused net;
+        DataParallel dp(net, ctx, {.find_unused_parameters = true});
+        nn::mse_loss(dp(nn::randn({2, 4})), nn::randn({2, 1})).backward();
+        return net.spare->weight.grad().to_vector<float>();
+      },
+      2, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ((*result)[0], std::vector<float>(4, 0.0f));
+}
+
+}  // namespace
+}  // namespace tandem::dist
