@@ -15,7 +15,8 @@ struct Pool2dParams {
 };
 
 // x: (N, C, H, W) -> (N, C, OH, OW), OH = (H + 2 ph - KH) / sh + 1.
-// Gradient of a tie goes to the first maximum in row-major window order.
+// Gradient of a tie goes to the first maximum in row-major window order on the CPU;
+// on CUDA, cuDNN's deterministic max pooling chooses (untested for ties).
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& params = {});
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params = {});
 
