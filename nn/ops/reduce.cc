@@ -2,7 +2,6 @@
 #include "nn/ops/reduce.h"
 
 #include "nn/autograd.h"
-#include "nn/ops/elementwise.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/reduce_kernels.h"
 
@@ -11,19 +10,16 @@ namespace {
 
 using ops::internal::DimSplit;
 
-// g (shape of x with `dim` removed or kept as 1) repeated along dim, times scale.
-// Differentiable (its gradient is the scaled sum over dim), so reductions compose.
+// g (shape of x with `dim` removed or kept as 1) repeated along dim, times scale:
+// the gradient of a sum or mean. Only called from backward, which the engine runs
+// with grad mode off, so it records nothing.
 Tensor ExpandDim(const Tensor& g, const Shape& x_shape, int64_t dim, double scale) {
   const DimSplit split = ops::internal::SplitAt(x_shape, dim);
   TANDEM_CHECK(g.numel() == split.outer * split.inner, "expand: gradient ", g.ToString(),
                " does not match ", ShapeToString(x_shape), " reduced over dim ", dim);
   Tensor out = empty(x_shape, {.dtype = g.dtype(), .device = g.device()});
   TANDEM_ON_DEVICE(g, ops::internal::ExpandDim, g, out, split, scale);
-  const Shape g_shape = g.shape();
-  return autograd::Record("expand", {g}, out, [g_shape, dim, scale](const Tensor& gg) {
-    Tensor s = sum(gg, dim, false);
-    return std::vector<Tensor>{scale == 1.0 ? s.reshape(g_shape) : mul_scalar(s, scale).reshape(g_shape)};
-  });
+  return out;
 }
 
 Tensor SumAll(const Tensor& x, double scale, const char* name) {
