@@ -1,0 +1,110 @@
+// spawn on GPUs: NCCL with one rank, and two ranks sharing one GPU through the
+// in-process communicator (share_devices). Skipped where no GPU is visible.
+#include <cmath>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "nn/layers.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/random.h"
+#include "spawn/data_parallel.h"
+#include "spawn/spawn.h"
+
+namespace tandem::dist {
+namespace {
+
+using nn::Tensor;
+
+struct LinearNet : nn::Module {
+  LinearNet()
+      : l1(register_module("l1", nn::Linear(10, 10))), l2(register_module("l2", nn::Linear(10, 1))) {}
+  Tensor forward(const Tensor& x) override { return l2(nn::relu(l1(x))); }
+  nn::Linear l1, l2;
+};
+
+std::vector<float> Flat(const nn::Module& m) {
+  std::vector<float> out;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  }
+  return out;
+}
+
+// K SGD steps; rank r trains on rows [r*B, (r+1)*B) of each step's batch.
+std::vector<float> Train(Context& ctx, int64_t per_rank, bool wrap) {
+  LinearNet net;
+  std::unique_ptr<DataParallel> dp;
+  if (wrap) dp = std::make_unique<DataParallel>(net, ctx);
+  const int64_t batch = per_rank * ctx.world_size();
+  for (int step = 0; step < 5; ++step) {
+    nn::manual_seed(1000 + step);
+    Tensor x = nn::randn({batch, 10}), y = nn::randn({batch, 1});
+    const int64_t lo = ctx.rank() * per_rank;
+    Tensor xs = x.slice(lo, lo + per_rank), ys = y.slice(lo, lo + per_rank);
+    Tensor loss = nn::mse_loss(wrap ? (*dp)(xs) : net(xs), ys);
+    loss.backward();
+    nn::NoGradGuard no_grad;
+    for (Tensor p : net.parameters()) {
+      p.add_(p.grad(), -0.1);
+      p.set_grad(Tensor());
+    }
+  }
+  return Flat(net);
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-5 * std::max(1.0f, std::fabs(b[i]))) << "element " << i;
+  }
+}
+
+class GpuSpawnTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (nn::cuda_device_count() == 0) GTEST_SKIP() << "no GPU is visible";
+  }
+  std::ostringstream console_;
+  SpawnOptions options_{.seed = 7, .console = &console_};
+};
+
+TEST_F(GpuSpawnTest, NcclOneRankDataParallelMatchesTheUnwrappedModel) {
+  auto wrapped = spawn([](Context& ctx) { return Train(ctx, 8, true); }, 1, "0", options_);
+  auto plain = spawn([](Context& ctx) { return Train(ctx, 8, false); }, 1, "0", options_);
+  ASSERT_TRUE(wrapped.ok() && plain.ok()) << wrapped.status() << plain.status();
+  EXPECT_NE(console_.str().find("NCCL"), std::string::npos);
+  ExpectClose((*wrapped)[0], (*plain)[0]);
+}
+
+TEST_F(GpuSpawnTest, TwoRanksSharingOneGpuMatchOneRankOnTheDoubledBatch) {
+  options_.share_devices = true;
+  auto two = spawn([](Context& ctx) { return Train(ctx, 4, true); }, 2, "0,0", options_);
+  auto one = spawn([](Context& ctx) { return Train(ctx, 8, true); }, 1, "0", options_);
+  ASSERT_TRUE(two.ok() && one.ok()) << two.status() << one.status();
+  ExpectClose((*two)[0], (*one)[0]);
+  ExpectClose((*two)[1], (*one)[0]);
+}
+
+TEST_F(GpuSpawnTest, SharedGpuCollectives) {
+  options_.share_devices = true;
+  auto got = spawn(
+      [](Context& ctx) {
+        Tensor x = nn::full({1000}, ctx.rank() + 1.0);
+        ctx.communicator().all_reduce(x, ReduceOp::kSum);
+        Tensor g = ctx.communicator().all_gather(nn::full({2}, ctx.rank() * 1.0));
+        std::vector<float> out = x.to_vector<float>();
+        for (float v : g.to_vector<float>()) out.push_back(v);
+        return out;
+      },
+      3, "0,0,0", options_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const std::vector<float>& v : *got) {
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(v[i], 6.0f);
+    EXPECT_EQ(std::vector<float>(v.begin() + 1000, v.end()),
+              (std::vector<float>{0, 0, 1, 1, 2, 2}));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::dist
