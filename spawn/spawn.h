@@ -44,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "spawn/communicator.h"
 #include "spawn/context.h"
+#include "spawn/data_parallel.h"
 #include "spawn/devices.h"
 #include "spawn/logger.h"
 
