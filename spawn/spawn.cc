@@ -224,6 +224,10 @@ void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
 absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                       const std::function<void(int world_size)>& on_world_size,
                       const std::function<absl::Status(Context&)>& body) {
+  if (current_or_null() != nullptr) {
+    return absl::FailedPreconditionError(
+        "spawn called from a rank thread of another spawn: runs do not nest");
+  }
   if (!(options.timeout_s > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));

@@ -144,6 +144,17 @@ TEST_F(SpawnTest, LogDirGetsOneWorkerlogPerRank) {
   }
 }
 
+TEST_F(SpawnTest, NestedSpawnAndBadTimeoutAreErrors) {
+  absl::Status inner;
+  ASSERT_TRUE(spawn([&](Context&) { inner = spawn([](Context&) {}, 1, "cpu"); }, 1, "cpu",
+                    options_)
+                  .ok());
+  Expect(inner, absl::StatusCode::kFailedPrecondition, {"do not nest"});
+  options_.timeout_s = 0;
+  Expect(spawn([](Context&) {}, 1, "cpu", options_), absl::StatusCode::kInvalidArgument,
+         {"timeout_s"});
+}
+
 // --- Faults --------------------------------------------------------------------------
 
 // Every rank all-reduces each step; rank `bad` throws at step `k`.
