@@ -34,7 +34,9 @@ class DoneWork final : public Work {
 class Communicator::Scope {
  public:
   Scope(Communicator* comm, const char* op) : comm_(comm), sequence_(comm->Enter(op)) {}
-  void Done() { comm_->MarkCompleted(sequence_); }
+  void Done() {
+    if (comm_->CompletesOnReturn()) comm_->MarkCompleted(sequence_);
+  }
 
  private:
   Communicator* comm_;
@@ -87,7 +89,7 @@ std::shared_ptr<Work> Communicator::all_reduce_async(nn::Tensor& x, ReduceOp op)
 
 std::shared_ptr<Work> Communicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) {
   AllReduceImpl(x, op);
-  MarkCompleted(sequence());
+  if (CompletesOnReturn()) MarkCompleted(sequence());
   return std::make_shared<DoneWork>();
 }
 

@@ -97,6 +97,10 @@ class Communicator {
   // spawn attaches the run's stop token and this rank's trace before fn starts.
   void Attach(std::stop_token stop, internal::CollectiveTrace* trace);
   bool stop_requested() const { return stop_.stop_requested(); }
+  // Called by spawn's watchdog thread (any thread): marks collectives whose
+  // device work has finished complete in the trace. Default: nothing, for
+  // implementations whose collectives are complete when they return.
+  virtual void PollCompleted() {}
 
  protected:
   virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;
@@ -113,8 +117,11 @@ class Communicator {
   const std::stop_token& stop_token() const { return stop_; }
   // The sequence number of the collective running now (1 for the first).
   uint64_t sequence() const { return sequence_; }
-  // Marks the collective `sequence` complete (for asynchronous ones, from wait()).
+  // Marks the collective `sequence` complete. Thread-safe.
   void MarkCompleted(uint64_t sequence);
+  // True (default): a collective is complete when its Impl returns. False: the
+  // implementation calls MarkCompleted itself (from PollCompleted).
+  virtual bool CompletesOnReturn() const { return true; }
 
  private:
   class Scope;

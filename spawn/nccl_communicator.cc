@@ -25,14 +25,17 @@
 // (3) It aborts all of them, from that one thread. Kernels stuck on a GPU waiting
 // for a peer that never came are ended by the abort.
 //
-// Limitation: a collective is marked complete in the watchdog's trace once NCCL
-// accepted it; a peer that never arrives then shows up when the host next waits
-// (barrier(), or a copy to the host), not as a stuck all_reduce.
+// Watchdog: every collective records an event on the communication stream; the
+// watchdog thread polls them (PollCompleted) and marks a collective complete
+// when its event has fired, so a collective stuck on the GPU (a peer that never
+// came) shows up in the watchdog's report as the op and sequence number it is.
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -113,12 +116,26 @@ class NcclCommunicator final : public Communicator {
       if (ncclCommFinalize(comm_) == ncclInProgress) WaitComm(comm_, nullptr);
       ncclCommDestroy(comm_);
     }
+    for (auto& [sequence, event] : inflight_) cudaEventDestroy(event);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
   }
 
+  // Watchdog thread: marks collectives whose events fired complete, in order.
+  void PollCompleted() override {
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
+    while (!inflight_.empty()) {
+      auto [sequence, event] = inflight_.front();
+      if (cudaEventQuery(event) != cudaSuccess) break;  // not yet (or failed: stays stuck)
+      cudaEventDestroy(event);
+      inflight_.pop_front();
+      MarkCompleted(sequence);
+    }
+  }
+
   std::string kind() const override { return "nccl"; }
+  bool CompletesOnReturn() const override { return false; }
 
   // See the file comment for why this is safe. Spawn's thread only.
   void Abort() {
@@ -145,7 +162,6 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done;
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), device());
     TANDEM_CHECK_CUDA(cudaEventRecord(done, stream_), device());
-    MarkCompleted(sequence());
     return std::make_shared<NcclWork>(done, device());
   }
 
@@ -218,6 +234,11 @@ class NcclCommunicator final : public Communicator {
     TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
                  " (rank ", rank(), "): ", NcclText(r, comm_));
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
+    cudaEvent_t traced;
+    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&traced, cudaEventDisableTiming), device());
+    TANDEM_CHECK_CUDA(cudaEventRecord(traced, stream_), device());
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
+    inflight_.emplace_back(sequence(), traced);
   }
 
   void JoinComputeStream(cudaEvent_t event) {
@@ -230,6 +251,10 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t ready_ = nullptr;
   cudaEvent_t done_ = nullptr;
   bool aborted_ = false;
+  // (sequence, event after it) of collectives not yet seen complete; the rank
+  // thread appends, the watchdog thread pops.
+  std::mutex inflight_mutex_;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> inflight_;
 };
 
 }  // namespace

@@ -57,10 +57,12 @@ enum class RankState : int { kRunning, kFinished, kFailed };
 // The state of one run shared by spawn's thread, the rank threads and the watchdog.
 class Run {
  public:
-  Run(std::vector<nn::Device> devices, Logger* logger, std::shared_ptr<InProcessGroup> group)
+  Run(std::vector<nn::Device> devices, Logger* logger, std::shared_ptr<InProcessGroup> group,
+      const std::vector<std::unique_ptr<Communicator>>* comms)
       : devices_(std::move(devices)),
         logger_(logger),
         group_(std::move(group)),
+        comms_(comms),
         traces_(devices_.size()),
         states_(devices_.size()) {
     for (auto& s : states_) s.store(RankState::kRunning);
@@ -128,6 +130,7 @@ class Run {
                                   "collective or step boundary"),
              false);
       }
+      for (const auto& comm : *comms_) comm->PollCompleted();
       if (!stop_.stop_requested()) CheckTimeouts(timeout_s, timeout_ns);
       lock.lock();
     }
@@ -177,6 +180,7 @@ class Run {
   const std::vector<nn::Device> devices_;
   Logger* logger_;
   std::shared_ptr<InProcessGroup> group_;
+  const std::vector<std::unique_ptr<Communicator>>* comms_;
   std::vector<CollectiveTrace> traces_;
   std::vector<std::atomic<RankState>> states_;
   std::stop_source stop_;
@@ -259,7 +263,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   }
 
   on_world_size(world);
-  Run run(devices, logger.get(), group);
+  Run run(devices, logger.get(), group, &comms);
   SigintScope sigint(options.handle_sigint);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
