@@ -101,7 +101,8 @@ class Run {
   }
 
   void Finish(int rank) {
-    states_[rank].store(RankState::kFinished);
+    RankState running = RankState::kRunning;
+    states_[rank].compare_exchange_strong(running, RankState::kFinished);
     std::lock_guard<std::mutex> lock(mutex_);
     ++finished_;
     cv_.notify_all();
