@@ -153,6 +153,9 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
     for (nn::Tensor& b : module_.buffers()) ctx_.communicator().broadcast(b, 0);
   }
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) PlaceGrad(i, true);
+  // A backward pass that threw never reached FinishBackward: start afresh.
+  pass_started_ = false;
+  for (Bucket& b : buckets_) b.work.reset();
   return module_.forward(x);
 }
 
