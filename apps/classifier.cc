@@ -1,0 +1,449 @@
+// The data-parallel classifier training loop of train_mnist and train_cifar10:
+// progress output, evaluation, metrics rows, per-epoch checkpoints and resume
+// (see common.h).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "apps/common.h"
+#include "data/dataloader.h"
+#include "data/sampler.h"
+#include "nn/checkpoint.h"
+#include "nn/error.h"
+#include "nn/layers.h"
+#include "nn/ops/loss.h"
+#include "nn/random.h"
+
+namespace tandem::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "1:05" or "1:02:03".
+std::string FormatDuration(double seconds) {
+  const int64_t s = seconds > 0 && std::isfinite(seconds) ? static_cast<int64_t>(seconds + 0.5) : 0;
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+// The first n examples of a dataset (--train_limit / --test_limit).
+class PrefixDataset : public data::Dataset {
+ public:
+  PrefixDataset(std::shared_ptr<const data::Dataset> base, int64_t n)
+      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
+  int64_t size() const override { return n_; }
+  data::Example get(int64_t index) const override {
+    TANDEM_CHECK(index >= 0 && index < n_, "PrefixDataset: index ", index, " out of range [0, ",
+                 n_, ")");
+    return base_->get(index);
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> base_;
+  int64_t n_;
+};
+
+// Rows of --metrics (rank 0 only).
+class MetricsWriter {
+ public:
+  MetricsWriter(const std::string& path, bool append) : path_(path) {
+    if (path.empty()) return;
+    jsonl_ = absl::EndsWith(path, ".jsonl");
+    const bool fresh = !append || !std::filesystem::exists(path) ||
+                       std::filesystem::file_size(path) == 0;
+    out_.open(path, fresh ? std::ios::trunc : std::ios::app);
+    TANDEM_CHECK(out_.good(), "--metrics: cannot open \"", path, "\" for writing");
+    if (fresh && !jsonl_) out_ << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s\n";
+    out_.flush();
+  }
+  void Row(const std::string& dataset, int epoch, int64_t step, double loss, double accuracy,
+           double samples_per_s, double wall_s) {
+    if (path_.empty()) return;
+    if (jsonl_) {
+      out_ << absl::StrFormat(
+          "{\"dataset\": \"%s\", \"epoch\": %d, \"step\": %d, \"loss\": %.6f, \"accuracy\": %.6f, "
+          "\"samples_per_s\": %.1f, \"wall_s\": %.3f}\n",
+          dataset, epoch, step, loss, accuracy, samples_per_s, wall_s);
+    } else {
+      out_ << absl::StrFormat("%s,%d,%d,%.6f,%.6f,%.1f,%.3f\n", dataset, epoch, step, loss,
+                              accuracy, samples_per_s, wall_s);
+    }
+    out_.flush();
+    TANDEM_CHECK(out_.good(), "--metrics: writing \"", path_, "\" failed");
+  }
+
+ private:
+  std::string path_;
+  bool jsonl_ = false;
+  std::ofstream out_;
+};
+
+// Rank 0's console progress: a bar redrawn in place on a terminal, plain log
+// lines every --log_every steps otherwise.
+class Progress {
+ public:
+  Progress(const dist::Context& ctx, const RunFlags& flags)
+      : ctx_(ctx), flags_(flags), tty_(ctx.rank() == 0 && ::isatty(STDERR_FILENO)) {}
+  bool tty() const { return tty_; }
+
+  // After step `k` (1-based) of `total` in epoch `epoch` (1-based).
+  void Update(int epoch, int64_t k, int64_t total, double loss, double samples_per_s,
+              double eta_s) {
+    if (ctx_.rank() != 0) return;
+    if (tty_) {
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * k / std::max<int64_t>(total, 1));
+      std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+      std::cerr << absl::StrFormat("\r\033[Kepoch %d/%d [%s] %d/%d loss %.4f %.0f samples/s ETA %s",
+                                   epoch, flags_.epochs, bar, k, total, loss, samples_per_s,
+                                   FormatDuration(eta_s))
+                << std::flush;
+    } else {
+      ctx_.log().Info("epoch {}/{} step {}/{} loss {} {} samples/s ETA {}", epoch, flags_.epochs,
+                      k, total, absl::StrFormat("%.4f", loss),
+                      absl::StrFormat("%.0f", samples_per_s), FormatDuration(eta_s));
+    }
+  }
+  // Clears the bar before a log line.
+  void Clear() {
+    if (tty_) std::cerr << "\r\033[K" << std::flush;
+  }
+
+ private:
+  const dist::Context& ctx_;
+  const RunFlags& flags_;
+  bool tty_;
+};
+
+// Test accuracy: each rank evaluates the contiguous shard [n r / W, n (r+1) / W)
+// of the test set; correct and total counts are summed over the ranks.
+double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test) {
+  nn::NoGradGuard no_grad;
+  model.eval();
+  const int64_t n = test.size();
+  const int64_t begin = n * ctx.rank() / ctx.world_size();
+  const int64_t end = n * (ctx.rank() + 1) / ctx.world_size();
+  constexpr int64_t kBatch = 500;
+  double correct = 0;
+  for (int64_t i = begin; i < end; i += kBatch) {
+    std::vector<data::Example> examples;
+    std::vector<int64_t> indices;
+    for (int64_t j = i; j < std::min(end, i + kBatch); ++j) {
+      examples.push_back(test.get(j));
+      indices.push_back(j);
+    }
+    data::Batch batch = data::Collate(examples, indices);
+    nn::Tensor logits = model.forward(batch.data.to(ctx.device()));
+    correct += nn::accuracy(logits, batch.target.to(ctx.device())).item() *
+               static_cast<double>(indices.size());
+  }
+  model.train();
+  nn::Tensor counts = nn::from_vector<double>({std::round(correct), static_cast<double>(end - begin)},
+                                              {2}, {.device = ctx.device()});
+  ctx.communicator().all_reduce(counts, dist::ReduceOp::kSum);
+  const std::vector<double> total = counts.to_vector<double>();
+  return total[1] > 0 ? total[0] / total[1] : 0.0;
+}
+
+// Where a run starts: zeros, or what the newest checkpoint says.
+struct Progression {
+  int epoch = 0;  // epochs finished
+  int64_t step = 0;
+  double best_accuracy = 0;
+  double elapsed_s = 0;  // wall time of the earlier parts of the run
+};
+
+template <typename T>
+T MetadataOr(const nn::Checkpoint& ck, const std::string& key, const std::string& path) {
+  auto it = ck.metadata.find(key);
+  TANDEM_CHECK(it != ck.metadata.end(), "checkpoint ", path, ": missing entry \"", key, "\"");
+  const T* value = std::get_if<T>(&it->second);
+  TANDEM_CHECK(value != nullptr, "checkpoint ", path, ": entry \"", key, "\" has the wrong type");
+  return *value;
+}
+
+void SaveRunCheckpoint(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
+                       nn::Module& model, const optim::Optimizer& optimizer,
+                       const Progression& at) {
+  // Every rank's generator position, so a resumed run draws what this one would.
+  nn::Tensor offset = nn::from_vector<int64_t>(
+      {static_cast<int64_t>(nn::thread_generator().offset)}, {1},
+      {.dtype = nn::DType::kInt64, .device = ctx.device()});
+  std::vector<int64_t> offsets = ctx.communicator().all_gather(offset).to_vector<int64_t>();
+  if (ctx.rank() == 0) {
+    nn::Checkpoint ck;
+    for (const auto& [name, tensor] : model.state_dict()) ck.tensors["model." + name] = tensor;
+    optim::StateDict opt = optimizer.state_dict();
+    for (const auto& [name, tensor] : opt.tensors) ck.tensors["optim." + name] = tensor;
+    for (const auto& [key, value] : opt.scalars) ck.metadata["optim." + key] = value;
+    ck.metadata["program"] = flags.program;
+    ck.metadata["dataset"] = data.name;
+    ck.metadata["epoch"] = int64_t{at.epoch};
+    ck.metadata["sampler.epoch"] = int64_t{at.epoch};  // the next epoch starts at its beginning
+    ck.metadata["sampler.position"] = int64_t{0};
+    ck.metadata["step"] = at.step;
+    ck.metadata["best_accuracy"] = at.best_accuracy;
+    ck.metadata["elapsed_s"] = at.elapsed_s;
+    ck.metadata["world_size"] = int64_t{ctx.world_size()};
+    ck.metadata["rng.seed"] = static_cast<int64_t>(flags.seed);
+    for (size_t r = 0; r < offsets.size(); ++r) {
+      ck.metadata[absl::StrCat("rng.", r, ".offset")] = offsets[r];
+    }
+    const std::string path =
+        (std::filesystem::path(flags.checkpoint_dir) / absl::StrCat("epoch-", at.epoch, ".ckpt"))
+            .string();
+    absl::Status status = nn::SaveCheckpoint(path, ck);
+    TANDEM_CHECK(status.ok(), "saving the checkpoint: ", status.ToString());
+    ctx.log().Info("checkpoint {} written", path);
+  }
+  ctx.communicator().barrier();  // every rank sees the file before going on
+}
+
+// Loads the newest checkpoint into the model and the optimizer (every rank).
+std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags& flags,
+                                             nn::Module& model, optim::Optimizer& optimizer) {
+  const std::string path = NewestCheckpoint(flags.checkpoint_dir);
+  if (path.empty()) {
+    ctx.log().Info("--resume: no checkpoint in {}; starting from the beginning",
+                   flags.checkpoint_dir);
+    return std::nullopt;
+  }
+  absl::StatusOr<nn::Checkpoint> loaded = nn::LoadCheckpoint(path);
+  TANDEM_CHECK(loaded.ok(), "--resume: ", loaded.status().ToString());
+  const nn::Checkpoint& ck = *loaded;
+  const std::string program = MetadataOr<std::string>(ck, "program", path);
+  TANDEM_CHECK(program == flags.program, "--resume: checkpoint ", path, " was written by ",
+               program, ", not ", flags.program);
+  nn::StateDict state;
+  optim::StateDict opt;
+  for (const auto& [name, tensor] : ck.tensors) {
+    if (absl::StartsWith(name, "model.")) state.emplace_back(name.substr(6), tensor);
+    if (absl::StartsWith(name, "optim.")) opt.tensors.emplace_back(name.substr(6), tensor);
+  }
+  for (const auto& [key, value] : ck.metadata) {
+    if (!absl::StartsWith(key, "optim.")) continue;
+    const double* scalar = std::get_if<double>(&value);
+    TANDEM_CHECK(scalar != nullptr, "checkpoint ", path, ": entry \"", key, "\" is not a number");
+    opt.scalars[key.substr(6)] = *scalar;
+  }
+  absl::Status status = model.load_state_dict(state);
+  TANDEM_CHECK(status.ok(), "--resume: model of ", path, ": ", status.ToString());
+  status = optimizer.load_state_dict(opt);
+  TANDEM_CHECK(status.ok(), "--resume: optimizer of ", path, ": ", status.ToString());
+  Progression at;
+  at.epoch = static_cast<int>(MetadataOr<int64_t>(ck, "epoch", path));
+  at.step = MetadataOr<int64_t>(ck, "step", path);
+  at.best_accuracy = MetadataOr<double>(ck, "best_accuracy", path);
+  at.elapsed_s = MetadataOr<double>(ck, "elapsed_s", path);
+  const int64_t saved_world = MetadataOr<int64_t>(ck, "world_size", path);
+  if (saved_world == ctx.world_size()) {
+    nn::thread_generator().offset = static_cast<uint64_t>(
+        MetadataOr<int64_t>(ck, absl::StrCat("rng.", ctx.rank(), ".offset"), path));
+  } else if (ctx.rank() == 0) {
+    ctx.log().Warning("--resume: {} was written by {} ranks, this run has {}: generator "
+                      "positions are not restored",
+                      path, saved_world, ctx.world_size());
+  }
+  if (ctx.rank() == 0) {
+    ctx.log().Info("resumed from {}: {} epoch(s) done, step {}, best test accuracy {}", path,
+                   at.epoch, at.step, absl::StrFormat("%.4f", at.best_accuracy));
+  }
+  return at;
+}
+
+}  // namespace
+
+std::string NewestCheckpoint(const std::string& dir) {
+  std::error_code ec;
+  std::string best;
+  int64_t best_epoch = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, "epoch-") || !absl::EndsWith(name, ".ckpt")) continue;
+    int64_t epoch = 0;
+    if (!absl::SimpleAtoi(name.substr(6, name.size() - 11), &epoch)) continue;
+    if (epoch > best_epoch) {
+      best_epoch = epoch;
+      best = entry.path().string();
+    }
+  }
+  return best;
+}
+
+TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
+                            const std::function<std::shared_ptr<nn::Module>()>& make_model) {
+  const Clock::time_point start = Clock::now();
+  std::shared_ptr<nn::Module> model = make_model();
+  dist::DataParallel dp(*model, ctx);
+  std::unique_ptr<optim::Optimizer> optimizer =
+      MakeOptimizer(flags.optimizer, model->parameters(), flags.lr);
+  nn::CrossEntropyLoss loss_fn;
+
+  Progression at;
+  if (flags.resume) {
+    if (std::optional<Progression> loaded = LoadRunCheckpoint(ctx, flags, *model, *optimizer)) {
+      at = *loaded;
+    }
+  }
+  auto sampler = std::make_shared<data::DistributedBatchSampler>(
+      data.train->size(), flags.batch_size, ctx.world_size(), ctx.rank(), /*shuffle=*/true,
+      /*drop_last=*/false, flags.seed);
+  data::DataLoader loader(data.train, sampler,
+                          {.num_workers = flags.num_workers,
+                           .prefetch = std::max(2, 2 * flags.num_workers),
+                           .device = ctx.device()});
+  int64_t steps_per_epoch = loader.num_batches();
+  if (flags.max_steps_per_epoch > 0) {
+    steps_per_epoch = std::min(steps_per_epoch, flags.max_steps_per_epoch);
+  }
+  const int64_t global_batch = int64_t{flags.batch_size} * ctx.world_size();
+  MetricsWriter metrics(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
+  Progress progress(ctx, flags);
+  const int64_t redraw_every = progress.tty() ? 5 : flags.log_every;
+
+  TrainResult result;
+  result.best_accuracy = at.best_accuracy;
+  double train_seconds = 0;
+  int64_t trained_samples = 0;
+  for (int epoch = at.epoch; epoch < flags.epochs; ++epoch) {
+    loader.set_state({.epoch = epoch, .position = 0});
+    loader.start_epoch();
+    const Clock::time_point epoch_start = Clock::now();
+    nn::Tensor loss_sum = nn::zeros({1}, {.device = ctx.device()});
+    nn::Tensor window_sum = nn::zeros({1}, {.device = ctx.device()});
+    int64_t window = 0;
+    int64_t k = 0;
+    for (; k < steps_per_epoch; ++k) {
+      ctx.check_stop();
+      std::optional<data::Batch> batch = loader.next();
+      if (!batch) break;
+      nn::Tensor loss = loss_fn(dp(batch->data), batch->target);
+      optimizer->zero_grad();
+      loss.backward();
+      optimizer->step();
+      ++at.step;
+      {
+        nn::NoGradGuard no_grad;
+        nn::Tensor value = loss.detach().reshape({1});
+        loss_sum.add_(value);
+        window_sum.add_(value);
+        ++window;
+      }
+      if (ctx.rank() == 0 && ((k + 1) % redraw_every == 0 || k + 1 == steps_per_epoch)) {
+        const double elapsed = SecondsSince(epoch_start);
+        const double rate = static_cast<double>((k + 1) * global_batch) / std::max(elapsed, 1e-9);
+        const double eta = elapsed / static_cast<double>(k + 1) *
+                           static_cast<double>(steps_per_epoch - k - 1);
+        progress.Update(epoch + 1, k + 1, steps_per_epoch, window_sum.item() / window, rate, eta);
+        window_sum.zero_();
+        window = 0;
+      }
+      if (flags.stop_at_step > 0 && at.step == flags.stop_at_step) {
+        progress.Clear();
+        throw dist::CancelledError(
+            absl::StrCat("stopped after step ", at.step, " as --stop_at_step asks"));
+      }
+    }
+    const double epoch_train_s = SecondsSince(epoch_start);
+    train_seconds += epoch_train_s;
+    trained_samples += k * global_batch;
+    // The epoch's mean training loss over every rank (all ranks ran k steps).
+    loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
+    ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
+    const double epoch_loss = loss_sum.item();
+    const double accuracy = Evaluate(ctx, *model, *data.test);
+    at.epoch = epoch + 1;
+    at.best_accuracy = std::max(at.best_accuracy, accuracy);
+    const double rate = static_cast<double>(k * global_batch) / std::max(epoch_train_s, 1e-9);
+    const double wall_s = at.elapsed_s + SecondsSince(start);
+    progress.Clear();
+    if (ctx.rank() == 0) {
+      ctx.log().Info("{} epoch {}/{}: step {} train loss {} test accuracy {} ({} samples/s, "
+                     "epoch {}, total {})",
+                     data.name, epoch + 1, flags.epochs, at.step,
+                     absl::StrFormat("%.4f", epoch_loss), absl::StrFormat("%.4f", accuracy),
+                     absl::StrFormat("%.0f", rate), FormatDuration(SecondsSince(epoch_start)),
+                     FormatDuration(wall_s));
+    }
+    metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s);
+    result.final_accuracy = accuracy;
+    result.final_loss = epoch_loss;
+    if (!flags.checkpoint_dir.empty()) {
+      Progression saved = at;
+      saved.elapsed_s = wall_s;
+      SaveRunCheckpoint(ctx, flags, data, *model, *optimizer, saved);
+    }
+    ++result.epochs_done;
+  }
+  result.best_accuracy = at.best_accuracy;
+  result.steps = at.step;
+  result.seconds = SecondsSince(start);
+  result.samples_per_s = static_cast<double>(trained_samples) / std::max(train_seconds, 1e-9);
+  return result;
+}
+
+int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
+                  const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                  const std::vector<std::string>& extra_rows) {
+  ClassifierData data = full_data;
+  if (flags.train_limit > 0) data.train = std::make_shared<PrefixDataset>(data.train, flags.train_limit);
+  if (flags.test_limit > 0) data.test = std::make_shared<PrefixDataset>(data.test, flags.test_limit);
+  if (!flags.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(flags.checkpoint_dir, ec);
+    if (ec) {
+      FlagErrorExit(flags, absl::StrCat("--checkpoint_dir \"", flags.checkpoint_dir,
+                                        "\": cannot create it: ", ec.message()));
+    }
+  }
+  std::vector<std::string> rows = {
+      absl::StrCat("dataset=", data.name, " (", data.train->size(), " train, ", data.test->size(),
+                   " test examples)"),
+      absl::StrCat("batch=", flags.batch_size, " per rank, ", flags.batch_size * flags.world_size(),
+                   " global"),
+      absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr),
+      absl::StrCat("epochs=", flags.epochs,
+                   flags.max_steps_per_epoch > 0
+                       ? absl::StrCat(" (at most ", flags.max_steps_per_epoch, " steps each)")
+                       : std::string())};
+  rows.insert(rows.end(), extra_rows.begin(), extra_rows.end());
+  PrintEnvironment(flags, rows);
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<std::vector<TrainResult>> results = dist::spawn(
+      [&](dist::Context& ctx) { return TrainClassifier(ctx, flags, data, make_model); },
+      flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
+  if (!results.ok()) return ExitStatusOf(flags, results.status());
+  const TrainResult& r = results->front();
+  std::cout << absl::StrFormat(
+                   "summary: %s, %d rank(s), %d epoch(s) run (%d steps in all): best test "
+                   "accuracy %.2f%%, final %.2f%%, final train loss %.4f, time %s (%.1f s), "
+                   "%.0f samples/s\n",
+                   data.name, flags.world_size(), r.epochs_done, r.steps, 100 * r.best_accuracy,
+                   100 * r.final_accuracy, r.final_loss, FormatDuration(SecondsSince(start)),
+                   SecondsSince(start), r.samples_per_s)
+            << std::flush;
+  return kExitOk;
+}
+
+}  // namespace tandem::apps

@@ -1,0 +1,257 @@
+// Flags, validation, optimizer choice, environment table and exit statuses of
+// the training programs (see common.h). The training loop is in classifier.cc.
+#include "apps/common.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "nn/error.h"
+#include "nn/ops/matmul.h"
+#include "optim/adagrad.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+
+ABSL_FLAG(std::string, gpus, "",
+          "Devices of the run: \"\" = every visible GPU (CPU ranks when none is visible), "
+          "\"cpu\" = CPU ranks, \"0,1,3\" = those CUDA ordinals (rank i on the i-th).");
+ABSL_FLAG(int, nprocs, -1,
+          "Number of ranks: -1 = one per listed device (1 for CPU ranks); N = the first N "
+          "listed devices, or N CPU ranks with --gpus=cpu.");
+ABSL_FLAG(bool, share_devices, false,
+          "Allow one GPU to be listed twice (--gpus=0,0): those ranks share it through the "
+          "in-process communicator.");
+ABSL_FLAG(uint64_t, seed, 0,
+          "Random seed: model initialisation (the same on every rank), data order and "
+          "rank r's generator stream r.");
+ABSL_FLAG(int, num_workers, 1,
+          "DataLoader worker threads per rank (0: the rank thread builds each batch). The "
+          "batch order does not depend on it.");
+ABSL_FLAG(std::string, log_dir, "",
+          "When set, rank r also writes its log lines to <log_dir>/workerlog.r.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "When set, a checkpoint <dir>/epoch-<E>.ckpt is written after each epoch (model, "
+          "optimizer, sampler, generators, step).");
+ABSL_FLAG(bool, resume, false,
+          "Continue from the newest checkpoint of --checkpoint_dir (start fresh when it has "
+          "none).");
+ABSL_FLAG(std::string, metrics, "",
+          "Metrics file, one row per epoch (dataset, epoch, step, loss, accuracy, samples/s, "
+          "wall time): CSV when it ends in .csv, JSON lines when it ends in .jsonl. Appended "
+          "to with --resume, replaced otherwise.");
+ABSL_FLAG(bool, deterministic, true,
+          "Keep float32 matmuls/convolutions exact (TF32 off). --nodeterministic lets CUDA "
+          "use TF32 tensor cores. CPU runs with the same flags are reproducible either way.");
+ABSL_FLAG(int64_t, log_every, 100,
+          "Steps between the plain progress lines when the output is not a terminal.");
+ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
+          "Stop each epoch after this many steps (0: whole epochs). For smoke runs.");
+ABSL_FLAG(int64_t, train_limit, 0,
+          "Train on the first N training examples only (0: all).");
+ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples only (0: all).");
+ABSL_FLAG(int64_t, stop_at_step, 0,
+          "Stop the run after this global step as Ctrl-C would (exit status 130); for "
+          "testing --resume. 0: never.");
+
+namespace tandem::apps {
+
+RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
+  absl::FlagsUsageConfig config;
+  // --help lists the flags of the programs and of this library, not Abseil's own.
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "apps/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  RunFlags flags;
+  std::string program = argv[0];
+  const size_t slash = program.rfind('/');
+  flags.program = slash == std::string::npos ? program : program.substr(slash + 1);
+  if (positional.size() > 1) {
+    FlagErrorExit(flags, absl::StrCat("unexpected argument \"", positional[1],
+                                      "\" (flags look like --name=value; see --help)"));
+  }
+  flags.gpus = absl::GetFlag(FLAGS_gpus);
+  flags.nprocs = absl::GetFlag(FLAGS_nprocs);
+  flags.share_devices = absl::GetFlag(FLAGS_share_devices);
+  flags.seed = absl::GetFlag(FLAGS_seed);
+  flags.num_workers = absl::GetFlag(FLAGS_num_workers);
+  flags.log_dir = absl::GetFlag(FLAGS_log_dir);
+  flags.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  flags.resume = absl::GetFlag(FLAGS_resume);
+  flags.metrics = absl::GetFlag(FLAGS_metrics);
+  flags.deterministic = absl::GetFlag(FLAGS_deterministic);
+  flags.log_every = absl::GetFlag(FLAGS_log_every);
+  flags.max_steps_per_epoch = absl::GetFlag(FLAGS_max_steps_per_epoch);
+  flags.train_limit = absl::GetFlag(FLAGS_train_limit);
+  flags.test_limit = absl::GetFlag(FLAGS_test_limit);
+  flags.stop_at_step = absl::GetFlag(FLAGS_stop_at_step);
+  return flags;
+}
+
+void FlagErrorExit(const RunFlags& flags, const std::string& message) {
+  std::string line = absl::StrReplaceAll(message, {{"\n", " "}});
+  std::cerr << flags.program << ": error: " << line << "\n";
+  std::exit(kExitBadFlag);
+}
+
+namespace {
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+const std::vector<std::string>& OptimizerNames() {
+  static const auto* names = new std::vector<std::string>{"sgd", "momentum", "adagrad", "adam"};
+  return *names;
+}
+
+}  // namespace
+
+void ValidateOrExit(RunFlags& flags, const Validation& v) {
+  if (v.uses_optimizer) {
+    flags.optimizer = absl::AsciiStrToLower(flags.optimizer);
+    const auto& names = OptimizerNames();
+    if (std::find(names.begin(), names.end(), flags.optimizer) == names.end()) {
+      FlagErrorExit(flags, absl::StrCat("--optimizer \"", flags.optimizer,
+                                        "\": unknown optimizer (sgd, momentum, adagrad, adam)"));
+    }
+  }
+  if (v.uses_epochs && flags.epochs < 1) {
+    FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1"));
+  }
+  if (flags.batch_size < 1) {
+    FlagErrorExit(flags, absl::StrCat("--batch_size ", flags.batch_size, ": must be at least 1"));
+  }
+  if (!(flags.lr > 0)) {
+    FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
+  }
+  if (flags.num_workers < 0) {
+    FlagErrorExit(flags, absl::StrCat("--num_workers ", flags.num_workers, ": must be >= 0"));
+  }
+  if (flags.log_every < 1) {
+    FlagErrorExit(flags, absl::StrCat("--log_every ", flags.log_every, ": must be at least 1"));
+  }
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, int64_t>>{{"--max_steps_per_epoch", flags.max_steps_per_epoch},
+                                                    {"--train_limit", flags.train_limit},
+                                                    {"--test_limit", flags.test_limit},
+                                                    {"--stop_at_step", flags.stop_at_step}}) {
+    if (value < 0) FlagErrorExit(flags, absl::StrCat(name, " ", value, ": must be >= 0"));
+  }
+  if (!flags.metrics.empty() && !absl::EndsWith(flags.metrics, ".csv") &&
+      !absl::EndsWith(flags.metrics, ".jsonl")) {
+    FlagErrorExit(flags, absl::StrCat("--metrics \"", flags.metrics,
+                                      "\": the name must end in .csv or .jsonl"));
+  }
+  if (flags.resume && flags.checkpoint_dir.empty()) {
+    FlagErrorExit(flags, "--resume needs --checkpoint_dir (where the checkpoints are)");
+  }
+  using DataDir = Validation::DataDir;
+  if (v.data_dir == DataDir::kRequired && flags.data_dir.empty()) {
+    FlagErrorExit(flags, "--data_dir is empty: name the directory of the dataset files");
+  }
+  if (v.data_dir != DataDir::kUnused && !flags.data_dir.empty() && !IsDirectory(flags.data_dir)) {
+    FlagErrorExit(flags, absl::StrCat("--data_dir \"", flags.data_dir, "\": no such directory"));
+  }
+  absl::StatusOr<std::vector<nn::Device>> devices =
+      dist::SelectDevices(flags.gpus, flags.nprocs, flags.share_devices);
+  if (!devices.ok()) {
+    FlagErrorExit(flags, absl::StrCat("--gpus \"", flags.gpus, "\" --nprocs ", flags.nprocs, ": ",
+                                      devices.status().message()));
+  }
+  flags.devices = *std::move(devices);
+  nn::set_allow_tf32(!flags.deterministic);
+}
+
+std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
+                                                std::vector<nn::Tensor> params, double lr) {
+  if (name == "sgd") return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = lr});
+  if (name == "momentum") {
+    return std::make_unique<optim::SGD>(std::move(params),
+                                        optim::SGDOptions{.lr = lr, .momentum = 0.9});
+  }
+  if (name == "adagrad") {
+    return std::make_unique<optim::Adagrad>(std::move(params), optim::AdagradOptions{.lr = lr});
+  }
+  if (name == "adam") {
+    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = lr});
+  }
+  TANDEM_CHECK(false, "MakeOptimizer: unknown optimizer \"", name,
+               "\" (sgd, momentum, adagrad, adam)");
+  return nullptr;
+}
+
+dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
+  dist::SpawnOptions options;
+  options.share_devices = flags.share_devices;
+  options.log_dir = flags.log_dir;
+  options.seed = flags.seed;
+  return options;
+}
+
+void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::string devices;
+  for (size_t r = 0; r < flags.devices.size(); ++r) {
+    absl::StrAppend(&devices, r ? " " : "", flags.devices[r].ToString());
+  }
+  const bool cpu = flags.devices.empty() || !flags.devices[0].is_cuda();
+  rows.emplace_back("program", flags.program);
+  rows.emplace_back("world size", absl::StrCat(flags.world_size()));
+  rows.emplace_back("devices (rank order)", devices);
+  rows.emplace_back("visible GPUs", dist::DescribeVisibleGpus(nn::cuda_device_count()));
+  rows.emplace_back("communicator",
+                    cpu || dist::HasSharedGpu(flags.devices) ? "in-process" : "nccl");
+  for (const std::string& row : extra_rows) {
+    const size_t colon = row.find('=');
+    rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));
+  }
+  rows.emplace_back("seed", absl::StrCat(flags.seed));
+  if (!flags.log_dir.empty()) rows.emplace_back("log dir", flags.log_dir);
+  if (!flags.checkpoint_dir.empty()) {
+    rows.emplace_back("checkpoint dir", absl::StrCat(flags.checkpoint_dir,
+                                                     flags.resume ? " (resume)" : ""));
+  }
+  if (!flags.metrics.empty()) rows.emplace_back("metrics", flags.metrics);
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  std::string rule(width + 40, '-');
+  std::string out = absl::StrCat(rule, "\n");
+  for (const auto& [key, value] : rows) {
+    absl::StrAppend(&out, "  ", key, std::string(width - key.size(), ' '), " : ", value, "\n");
+  }
+  absl::StrAppend(&out, rule, "\n");
+  std::cerr << out << std::flush;
+}
+
+int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}});
+  if (status.code() == absl::StatusCode::kCancelled) {
+    std::cerr << flags.program << ": stopped: " << message << "\n";
+    return kExitStopped;
+  }
+  std::cerr << flags.program << ": error: " << message << "\n";
+  return kExitFailure;
+}
+
+}  // namespace tandem::apps

@@ -1,0 +1,158 @@
+// tandem_apps_common: what the training programs (train_linear, train_mnist,
+// train_cifar10) share: the common Abseil flags and their validation, optimizer
+// choice, the metrics file, the data-parallel classifier training loop with
+// progress output, per-epoch checkpoints and resume, and the final summary.
+//
+// Flags defined here (every program links them; --help explains each):
+//   --gpus --nprocs --share_devices --seed --num_workers --log_dir
+//   --checkpoint_dir --resume --metrics --deterministic --log_every
+//   --max_steps_per_epoch --train_limit --test_limit --stop_at_step
+// Flags whose defaults differ per program (--epochs, --batch_size, --lr,
+// --optimizer, --data_dir) are defined in each program's main file and copied
+// into RunFlags by it.
+//
+// Exit statuses of the programs: 0 success, 1 a failure during the run (one line
+// naming the rank), 2 a bad flag value (one line naming the flag and the value),
+// 130 stopped (Ctrl-C, or --stop_at_step).
+//
+// Thread-safety: ParseFlagsOrExit / ValidateOrExit run on the main thread before
+// spawn; TrainClassifier runs on every rank thread with its own Context.
+#ifndef TANDEM_APPS_COMMON_H_
+#define TANDEM_APPS_COMMON_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "data/dataset.h"
+#include "nn/device.h"
+#include "nn/module.h"
+#include "nn/tensor.h"
+#include "optim/optimizer.h"
+#include "spawn/spawn.h"
+
+namespace tandem::apps {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadFlag = 2;
+inline constexpr int kExitStopped = 130;
+
+// The values of every flag of a run, after parsing and validation.
+struct RunFlags {
+  std::string program;  // "train_mnist", for messages
+  // Common flags.
+  std::string gpus;
+  int nprocs = -1;
+  bool share_devices = false;
+  uint64_t seed = 0;
+  int num_workers = 1;
+  std::string log_dir;
+  std::string checkpoint_dir;
+  bool resume = false;
+  std::string metrics;
+  bool deterministic = true;
+  int64_t log_every = 100;
+  int64_t max_steps_per_epoch = 0;  // 0: whole epochs
+  int64_t train_limit = 0;          // 0: the whole training set
+  int64_t test_limit = 0;           // 0: the whole test set
+  int64_t stop_at_step = 0;         // 0: never
+  // Per-program flags (copied in by the program's main).
+  int epochs = 1;
+  int batch_size = 1;  // per rank
+  double lr = 1e-3;
+  std::string optimizer = "adam";
+  std::string data_dir;
+  // Filled by ValidateOrExit: one device per rank.
+  std::vector<nn::Device> devices;
+  int world_size() const { return static_cast<int>(devices.size()); }
+};
+
+// Parses argv with Abseil flags (--help lists every flag of apps/ with its help
+// text) and returns the common flags. `usage` is the first paragraph of --help.
+// Exits 2 with one line on a positional argument; Abseil itself exits on an
+// unknown flag or an unparsable value (status 1, its own message).
+RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage);
+
+struct Validation {
+  bool uses_optimizer = true;  // check --optimizer
+  bool uses_epochs = true;     // check --epochs, --batch_size
+  // "required": --data_dir must name a directory; "optional": an empty
+  // --data_dir is allowed, a non-empty one must name a directory; "unused".
+  enum class DataDir { kRequired, kOptional, kUnused } data_dir = DataDir::kUnused;
+};
+
+// Checks every value (optimizer name, gpus/nprocs against the visible GPUs,
+// positive sizes, the metrics extension, the data directory, --resume without
+// --checkpoint_dir) and fills flags.devices. On the first bad value prints
+// "<program>: error: <flag> <value>: <why>" to stderr and exits 2.
+void ValidateOrExit(RunFlags& flags, const Validation& validation);
+
+// Prints "<program>: error: <message>" (one line) and exits 2.
+[[noreturn]] void FlagErrorExit(const RunFlags& flags, const std::string& message);
+
+// "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad" or "adam".
+// Throws tandem::Error on another name (ValidateOrExit has already rejected it).
+std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
+                                                std::vector<nn::Tensor> params, double lr);
+
+// spawn options of a run: log_dir, seed.
+dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags);
+
+// The distributed-environment table printed at start (several lines, to stderr).
+void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows);
+
+// Maps spawn's status to the program's exit status, printing one line for an
+// error ("<program>: rank 1 (cpu): ...") or a stop.
+int ExitStatusOf(const RunFlags& flags, const absl::Status& status);
+
+// --- Classifier training -------------------------------------------------------
+
+struct ClassifierData {
+  std::shared_ptr<const data::Dataset> train;  // examples: float (C, H, W), int64 label
+  std::shared_ptr<const data::Dataset> test;
+  std::string name;  // "Fashion-MNIST", "CIFAR-10 (synthetic)": used in every report
+};
+
+// What a run did (every rank returns the same values).
+struct TrainResult {
+  double best_accuracy = 0;   // best test accuracy over the epochs run (incl. before a resume)
+  double final_accuracy = 0;  // after the last epoch
+  double final_loss = 0;      // mean training loss of the last epoch (all ranks)
+  int64_t steps = 0;          // optimizer steps in total (incl. before a resume)
+  int epochs_done = 0;
+  double seconds = 0;         // wall time of this process's part of the run
+  double samples_per_s = 0;   // global training samples per second of this process
+};
+
+// Trains the model that make_model() builds (on ctx.device(); called once per
+// rank after the rank's generator is seeded, so every rank builds the same
+// initial model; DataParallel broadcasts rank 0's anyway) with cross-entropy,
+// flags.optimizer and flags.lr, per-rank batch flags.batch_size, for
+// flags.epochs epochs. After each epoch every rank evaluates a contiguous shard
+// of the test set and the counts are summed over ranks (exact, no padding).
+// Rank 0 shows progress (a bar on a terminal, plain lines otherwise), logs each
+// epoch, appends a row per epoch to --metrics, and with --checkpoint_dir writes
+// <dir>/epoch-<E>.ckpt (model, optimizer, sampler state, every rank's generator
+// offset, step, best accuracy, elapsed time), after which all ranks meet at a
+// barrier. With --resume every rank loads the newest checkpoint before training.
+// Throws tandem::Error on a failure, dist::CancelledError at --stop_at_step.
+TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
+                            const std::function<std::shared_ptr<nn::Module>()>& make_model);
+
+// Runs TrainClassifier on every rank through dist::spawn, prints the final summary
+// (best test accuracy, time, samples/s) and returns the exit status.
+int RunClassifier(const RunFlags& flags, const ClassifierData& data,
+                  const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                  const std::vector<std::string>& extra_rows);
+
+// Path of the newest <dir>/epoch-<E>.ckpt (largest E), or "" when there is none.
+std::string NewestCheckpoint(const std::string& dir);
+
+}  // namespace tandem::apps
+
+#endif  // TANDEM_APPS_COMMON_H_

@@ -1,0 +1,77 @@
+// train_mnist: the main program. The LeNet of the multi-GPU chapter trained
+// data-parallel on (Fashion-)MNIST, on every visible GPU or on CPU ranks.
+//
+//   train_mnist                                   # Fashion-MNIST, all GPUs / 1 CPU rank
+//   train_mnist --gpus=cpu --nprocs=2 --epochs=2  # two CPU ranks
+//   train_mnist --optimizer=momentum --lr=0.05 --checkpoint_dir=/tmp/ck --resume
+//
+// Test accuracy after each epoch: every rank evaluates its contiguous shard of
+// the test set and the counts are summed over the ranks. See apps/common.h for
+// the common flags and the exit statuses.
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "apps/common.h"
+#include "data/readers.h"
+#include "nn/nn.h"
+
+ABSL_FLAG(int, epochs, 2, "Passes over the training set.");
+ABSL_FLAG(int, batch_size, 64,
+          "Examples per step on each rank (the global batch is batch_size x ranks).");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate.");
+ABSL_FLAG(std::string, optimizer, "adam",
+          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Directory of an MNIST-format dataset: {train,t10k}-{images-idx3,labels-idx1}-ubyte"
+          "[.gz] (Fashion-MNIST by default; MNIST works too).");
+
+namespace {
+
+namespace nn = ::tandem::nn;
+namespace apps = ::tandem::apps;
+
+// conv 5x5 20 ch pad 2 + ReLU, max-pool 2, conv 5x5 20 ch pad 2 + ReLU,
+// max-pool 2, fully connected 20*7*7 -> 10. Input (N, 1, 28, 28).
+std::shared_ptr<nn::Module> MakeLeNet() {
+  const nn::Conv2dParams pad2{.padding = {2, 2}};
+  return nn::Sequential({nn::Conv2d(1, 20, 5, pad2), nn::ReLU(), nn::MaxPool2d(2),
+                         nn::Conv2d(20, 20, 5, pad2), nn::ReLU(), nn::MaxPool2d(2),
+                         nn::Flatten(), nn::Linear(20 * 7 * 7, 10)})
+      .ptr();
+}
+
+// Images scaled to [0, 1], then standardised with the Fashion-MNIST mean and
+// standard deviation of the training images.
+std::shared_ptr<const tandem::data::Dataset> Load(const apps::RunFlags& flags, bool train) {
+  absl::StatusOr<tandem::data::TensorDataset> set =
+      tandem::data::LoadMnist(flags.data_dir, train, /*as_float=*/true);
+  if (!set.ok()) apps::FlagErrorExit(flags, absl::StrCat("--data_dir: ", set.status().message()));
+  nn::Tensor images = (set->data() - 0.2860) / 0.3530;
+  return std::make_shared<tandem::data::TensorDataset>(images, set->targets());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  apps::RunFlags flags = apps::ParseFlagsOrExit(
+      argc, argv,
+      "Trains the LeNet of the multi-GPU chapter on Fashion-MNIST (or any MNIST-format "
+      "directory), data-parallel on every visible GPU or on CPU ranks, and reports the test "
+      "accuracy after each epoch.\n\nUsage: train_mnist [--flag=value ...]");
+  flags.epochs = absl::GetFlag(FLAGS_epochs);
+  flags.batch_size = absl::GetFlag(FLAGS_batch_size);
+  flags.lr = absl::GetFlag(FLAGS_lr);
+  flags.optimizer = absl::GetFlag(FLAGS_optimizer);
+  flags.data_dir = absl::GetFlag(FLAGS_data_dir);
+  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kRequired});
+  const bool fashion = flags.data_dir.find("fashion") != std::string::npos;
+  apps::ClassifierData data{.train = Load(flags, true),
+                            .test = Load(flags, false),
+                            .name = fashion ? "Fashion-MNIST" : "MNIST-format"};
+  return apps::RunClassifier(flags, data, MakeLeNet,
+                             {absl::StrCat("data dir=", flags.data_dir),
+                              "model=LeNet: conv5x5(20)+ReLU, maxpool2, conv5x5(20)+ReLU, "
+                              "maxpool2, fc(980->10)"});
+}

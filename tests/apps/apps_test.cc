@@ -1,0 +1,246 @@
+// End-to-end tests of the training programs: each is run as a process (the
+// paths come from CMake), its exit status, output and metrics file checked.
+// CPU ranks only; the Fashion-MNIST tests skip when the dataset is missing.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
+
+struct RunResult {
+  int status = -1;  // exit status, or -1 when killed by a signal
+  std::string output;  // stdout and stderr together
+  std::vector<std::string> lines() const {
+    return absl::StrSplit(output, '\n', absl::SkipEmpty());
+  }
+};
+
+RunResult RunProgram(const std::string& program, const std::string& args) {
+  const std::string command = absl::StrCat(program, " ", args, " 2>&1");
+  RunResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int raw = ::pclose(pipe);
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return result;
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A fresh directory under the test's temporary folder.
+std::string TempDir(const std::string& name) {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                              absl::StrCat("tandem_apps_", ::getpid(), "_", info->name(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+bool HaveFashionMnist() {
+  return std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz") ||
+         std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte");
+}
+
+// The CSV columns that must not depend on timing: dataset, epoch, step, loss, accuracy.
+std::vector<std::string> TimingFreeRows(const std::string& path) {
+  std::vector<std::string> rows;
+  for (const std::string& line : ReadLines(path)) {
+    std::vector<std::string> cells = absl::StrSplit(line, ',');
+    if (cells.size() < 5) return {};
+    rows.push_back(absl::StrCat(cells[0], ",", cells[1], ",", cells[2], ",", cells[3], ",", cells[4]));
+  }
+  return rows;
+}
+
+TEST(TrainLinear, PrintsEveryStepOnOneCpuRank) {
+  RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\nstep:0 loss:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nstep:19 loss:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step:20 "), std::string::npos) << r.output;
+}
+
+TEST(TrainLinear, RunsOnTwoCpuRanks) {
+  RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu --nprocs=2 --steps=5");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step:4 loss:"), std::string::npos) << r.output;
+  // Only rank 0 prints the steps.
+  int count = 0;
+  for (const std::string& line : r.lines()) count += line.rfind("step:4 ", 0) == 0;
+  EXPECT_EQ(count, 1) << r.output;
+}
+
+TEST(TrainMnist, SmokeRunWritesMetrics) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string dir = TempDir("m");
+  const std::string metrics = dir + "/m.csv";
+  RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --epochs=2 --max_steps_per_epoch=5 "
+                                              "--train_limit=640 --test_limit=200 --metrics=",
+                                              metrics, " --log_every=2"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("summary: Fashion-MNIST, 1 rank(s), 2 epoch(s) run (10 steps"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("epoch 1/2 step 2/5 loss"), std::string::npos) << r.output;
+  std::vector<std::string> lines = ReadLines(metrics);
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  EXPECT_EQ(lines[0], "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s");
+  EXPECT_EQ(lines[1].rfind("Fashion-MNIST,1,5,", 0), 0u) << lines[1];
+  EXPECT_EQ(lines[2].rfind("Fashion-MNIST,2,10,", 0), 0u) << lines[2];
+}
+
+TEST(TrainMnist, TwoCpuRanksShowGlobalBatch) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  RunResult r = RunProgram(TRAIN_MNIST, "--gpus=cpu --nprocs=2 --epochs=1 --batch_size=16 "
+                                 "--max_steps_per_epoch=4 --test_limit=101 --optimizer=momentum "
+                                 "--lr=0.01");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("16 per rank, 32 global"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("summary: Fashion-MNIST, 2 rank(s), 1 epoch(s) run (4 steps"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(TrainCifar10, SyntheticSmokeRunSaysSynthetic) {
+  const std::string dir = TempDir("c");
+  const std::string metrics = dir + "/m.jsonl";
+  RunResult r = RunProgram(TRAIN_CIFAR10, absl::StrCat("--gpus=cpu --epochs=1 --max_steps_per_epoch=3 "
+                                                "--synthetic_train_size=200 "
+                                                "--synthetic_test_size=50 --metrics=",
+                                                metrics));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no --data_dir given: training on a generated CIFAR-shaped dataset "
+                          "(synthetic)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("summary: CIFAR-10 (synthetic), 1 rank(s), 1 epoch(s) run (3 steps"),
+            std::string::npos)
+      << r.output;
+  std::vector<std::string> lines = ReadLines(metrics);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("{\"dataset\": \"CIFAR-10 (synthetic)\", \"epoch\": 1, \"step\": 3,", 0),
+            0u)
+      << lines[0];
+}
+
+TEST(TrainCifar10, DirectoryWithoutFilesFallsBackToSynthetic) {
+  const std::string dir = TempDir("empty");
+  RunResult r = RunProgram(TRAIN_CIFAR10, absl::StrCat("--gpus=cpu --epochs=1 --max_steps_per_epoch=1 "
+                                                "--synthetic_train_size=40 "
+                                                "--synthetic_test_size=20 --data_dir=",
+                                                dir));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("no usable CIFAR-10 files in " + dir), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CIFAR-10 (synthetic) epoch 1/1"), std::string::npos) << r.output;
+}
+
+// A bad flag: exit status 2 and exactly one line, naming the flag and the value.
+void ExpectBadFlag(const char* program, const std::string& args, const std::string& expected) {
+  RunResult r = RunProgram(program, args);
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+  ASSERT_EQ(r.lines().size(), 1u) << args << "\n" << r.output;
+  EXPECT_NE(r.lines()[0].find(expected), std::string::npos) << r.output;
+}
+
+TEST(BadFlags, ExitTwoWithOneLine) {
+  ExpectBadFlag(TRAIN_MNIST, "--optimizer=rmsprop",
+                "train_mnist: error: --optimizer \"rmsprop\": unknown optimizer");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=0,x", "train_mnist: error: --gpus \"0,x\"");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/nonexistent/fashion",
+                "train_mnist: error: --data_dir \"/nonexistent/fashion\": no such directory");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --metrics=out.txt",
+                "--metrics \"out.txt\": the name must end in .csv or .jsonl");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --resume", "--resume needs --checkpoint_dir");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --epochs=0", "--epochs 0: must be at least 1");
+  ExpectBadFlag(TRAIN_MNIST, "stray", "unexpected argument \"stray\"");
+  ExpectBadFlag(TRAIN_CIFAR10, "--optimizer=lbfgs", "train_cifar10: error: --optimizer \"lbfgs\"");
+  ExpectBadFlag(TRAIN_CIFAR10, "--data_dir=/nonexistent/cifar",
+                "--data_dir \"/nonexistent/cifar\": no such directory");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=-1", "train_linear: error: --gpus \"-1\"");
+  ExpectBadFlag(TRAIN_LINEAR, "--optimizer=nope", "train_linear: error: --optimizer \"nope\"");
+}
+
+TEST(TrainMnist, HelpExplainsTheFlags) {
+  RunResult r = RunProgram(TRAIN_MNIST, "--help");
+  for (const char* flag : {"--gpus", "--nprocs", "--share_devices", "--epochs", "--batch_size",
+                           "--lr", "--optimizer", "--seed", "--num_workers", "--log_dir",
+                           "--checkpoint_dir", "--resume", "--metrics", "--deterministic",
+                           "--data_dir"}) {
+    EXPECT_NE(r.output.find(absl::StrCat(flag, " (")), std::string::npos) << flag << "\n"
+                                                                          << r.output;
+  }
+}
+
+// 2 epochs straight vs. a run stopped in the middle of epoch 2 and resumed from
+// the epoch-1 checkpoint: the same per-epoch loss and test accuracy.
+void ExpectResumeMatches(const std::string& ranks) {
+  const std::string dir = TempDir("resume");
+  const std::string common = absl::StrCat(ranks, " --epochs=2 --batch_size=32 --train_limit=960 "
+                                                 "--test_limit=500 --seed=7 --num_workers=2");
+  RunResult straight = RunProgram(TRAIN_MNIST, absl::StrCat(common, " --metrics=", dir, "/straight.csv"));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const std::string ck = dir + "/ck";
+  const std::string metrics = dir + "/resumed.csv";
+  const int steps_per_epoch = ranks.find("nprocs=2") != std::string::npos ? 15 : 30;
+  RunResult stopped = RunProgram(TRAIN_MNIST, absl::StrCat(common, " --checkpoint_dir=", ck, " --metrics=",
+                                                    metrics, " --stop_at_step=",
+                                                    steps_per_epoch + 7));
+  ASSERT_EQ(stopped.status, 130) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopped after step " + std::to_string(steps_per_epoch + 7)),
+            std::string::npos)
+      << stopped.output;
+  EXPECT_TRUE(std::filesystem::exists(ck + "/epoch-1.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/epoch-2.ckpt"));
+  RunResult resumed = RunProgram(TRAIN_MNIST, absl::StrCat(common, " --checkpoint_dir=", ck,
+                                                    " --metrics=", metrics, " --resume"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + ck + "/epoch-1.ckpt"), std::string::npos)
+      << resumed.output;
+  std::vector<std::string> a = TimingFreeRows(dir + "/straight.csv");
+  std::vector<std::string> b = TimingFreeRows(metrics);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);
+  // And the summaries agree on the best accuracy.
+  auto best = [](const std::string& out) {
+    const size_t summary = out.find("summary: ");
+    if (summary == std::string::npos) return std::string();
+    const size_t at = out.find("best test accuracy ", summary);
+    return at == std::string::npos ? std::string() : out.substr(at, 32);
+  };
+  EXPECT_EQ(best(straight.output), best(resumed.output));
+  EXPECT_FALSE(best(straight.output).empty());
+}
+
+TEST(TrainMnist, StopAndResumeEndsAtTheSameAccuracy) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  ExpectResumeMatches("--gpus=cpu");
+}
+
+TEST(TrainMnist, StopAndResumeOnTwoRanksEndsAtTheSameAccuracy) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  ExpectResumeMatches("--gpus=cpu --nprocs=2");
+}
+
+}  // namespace
