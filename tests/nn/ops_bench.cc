@@ -1,0 +1,155 @@
+// Forward + backward time of the layers the apps train, on the CPU and, when a
+// GPU is visible, on CUDA device 0 (issue 3's microbenchmark). Not a ctest: run
+// by hand,
+//   build/tests/nn/nn_ops_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
+// Cases, each at batch 64 and 512:
+//   Linear784x512    nn::Linear(784, 512) on data x (grads: weight, bias)
+//   Conv1x20k5       LeNet's first conv, 1 -> 20, 5x5, padding 2, on 28x28 data
+//   Conv32x64k3      a hidden conv, 32 -> 64, 3x3, padding 1, on 16x16 (grads: x, weight, bias)
+//   CrossEntropy10   cross_entropy of (N, 10) logits (grad: logits)
+// One iteration is forward, backward from a fixed output gradient (ones; the
+// loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
+// with a synchronisation of the thread's stream, so the time is the whole step's
+// wall time, launches included. Two untimed warm-up steps first choose the
+// cuBLASLt / cuDNN algorithms and fill the memory pool. Times are real (wall)
+// time; items/s is samples/s. TF32 stays off (the library's default).
+// CPU matmuls use OpenBLAS with its default threads (OPENBLAS_NUM_THREADS sets them).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "nn/device.h"
+#include "nn/layers.h"
+#include "nn/ops/loss.h"
+#include "nn/ops/matmul.h"
+#include "nn/random.h"
+#include "nn/tensor.h"
+#if TANDEM_WITH_CUDA
+#include "nn/cuda/context.h"
+#endif
+
+namespace tandem::nn {
+namespace {
+
+// One training step's work on tensors built once; called once per iteration.
+using StepFn = std::function<void()>;
+// Builds a step's tensors and modules at `batch` on the current device.
+using MakeStepFn = StepFn (*)(int64_t batch);
+
+StepFn Linear784x512(int64_t batch) {
+  Linear fc(784, 512);
+  Tensor x = randn({batch, 784});
+  Tensor dy = ones({batch, 512});
+  return [fc, x, dy]() mutable {
+    fc(x).backward(dy);
+    fc->zero_grad();
+  };
+}
+
+StepFn Conv1x20k5(int64_t batch) {
+  Conv2d conv(1, 20, 5, {.padding = {2, 2}});
+  Tensor x = randn({batch, 1, 28, 28});
+  Tensor dy = ones({batch, 20, 28, 28});
+  return [conv, x, dy]() mutable {
+    conv(x).backward(dy);
+    conv->zero_grad();
+  };
+}
+
+StepFn Conv32x64k3(int64_t batch) {
+  Conv2d conv(32, 64, 3, {.padding = {1, 1}});
+  Tensor x = randn({batch, 32, 16, 16}).set_requires_grad(true);
+  Tensor dy = ones({batch, 64, 16, 16});
+  return [conv, x, dy]() mutable {
+    conv(x).backward(dy);
+    conv->zero_grad();
+    x.set_grad(Tensor());
+  };
+}
+
+StepFn CrossEntropy10(int64_t batch) {
+  Tensor logits = randn({batch, 10}).set_requires_grad(true);
+  std::vector<int64_t> label_values(batch);
+  for (int64_t i = 0; i < batch; ++i) label_values[i] = (i * 7) % 10;
+  Tensor labels = from_vector(label_values, {batch});
+  return [logits, labels]() {
+    cross_entropy(logits, labels).backward();
+    logits.set_grad(Tensor());
+  };
+}
+
+// Waits until the thread's stream on `device` has finished (nothing on the CPU).
+void Sync(Device device) {
+#if TANDEM_WITH_CUDA
+  if (device.is_cuda()) {
+    TANDEM_CHECK_CUDA(cudaStreamSynchronize(internal::ThreadStream(device)), device);
+  }
+#else
+  (void)device;
+#endif
+}
+
+void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t batch) {
+  DeviceGuard guard(device);
+  manual_seed(1);
+  StepFn step = make(batch);
+  for (int i = 0; i < 2; ++i) step();
+  Sync(device);
+  for (auto _ : state) {
+    step();
+    Sync(device);
+  }
+  state.SetItemsProcessed(state.iterations() * batch);
+}
+
+void Register(Device device) {
+  struct Case {
+    const char* name;
+    MakeStepFn make;
+  };
+  const Case cases[] = {{"Linear784x512", Linear784x512},
+                        {"Conv1x20k5", Conv1x20k5},
+                        {"Conv32x64k3", Conv32x64k3},
+                        {"CrossEntropy10", CrossEntropy10}};
+  for (const Case& c : cases) {
+    for (int64_t batch : {64, 512}) {
+      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::nn
+
+int main(int argc, char** argv) {
+  namespace nn = ::tandem::nn;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  nn::set_allow_tf32(false);
+  benchmark::AddCustomContext("tf32", nn::allow_tf32() ? "on" : "off");
+  nn::Register(nn::Device::CPU());
+  const int gpus = nn::cuda_device_count();
+  if (gpus > 0) {
+    nn::Register(nn::Device::CUDA(0));
+  } else {
+    std::cerr << "nn_ops_bench: CUDA benchmarks skipped: "
+              << (nn::cuda_built() ? "no CUDA device visible" : "this binary was built without CUDA")
+              << "\n";
+  }
+  try {
+    benchmark::RunSpecifiedBenchmarks();
+  } catch (const tandem::Error& e) {
+    std::cerr << "nn_ops_bench: " << e.what() << "\n";
+    return 1;
+  }
+  benchmark::Shutdown();
+  return 0;
+}
