@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Runs the GPU checks ON THE GPU MACHINE, from the repository root, with the
+# build-gpu made elsewhere by scripts/gpu_bundle.sh carried along:
+#
+#   scripts/gpu_test.sh
+#
+# 1. Puts PyTorch's NVIDIA libraries (site-packages nvidia/*/lib: cudart, cuBLAS,
+#    cuDNN, NCCL, ...) and build-gpu/lib on LD_LIBRARY_PATH and prints nvidia-smi.
+# 2. Runs the gpu-labelled tests: `ctest --test-dir build-gpu -L gpu` after
+#    rewriting the build machine's absolute paths in CTest's files to this copy's
+#    location, or, where ctest is not installed, the gpu test binaries directly.
+# 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
+#    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
+# 4. The microbenchmark nn_ops_bench (CPU and CUDA rows, median of 5).
+# Everything is also appended to $OUT/gpu_test.log when OUT is set. Every step
+# runs even after a failure; the exit status is 1 when any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$(pwd -P)"
+build="$root/build-gpu"
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/gpu_test.log") 2>&1
+fi
+failed=()
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+run() {  # run NAME COMMAND...: runs it and records a failure under NAME
+  local name="$1"; shift
+  "$@" || { echo "gpu_test: $name FAILED (exit $?)"; failed+=("$name"); }
+}
+
+if [ ! -f "$build/bundle_root.txt" ]; then
+  echo "gpu_test: $build/bundle_root.txt is missing: run scripts/gpu_bundle.sh on the build" \
+       "machine and carry build-gpu" >&2
+  exit 1
+fi
+
+step "libraries"
+for gz in "$build"/lib/*.gz; do  # gpu_bundle.sh gzips the big ones (OpenBLAS)
+  [ -e "$gz" ] || continue
+  [ -f "${gz%.gz}" ] || gzip -dc "$gz" >"${gz%.gz}"
+done
+nvidia_dirs="$(python3 - <<'EOF'
+import glob, os, site, sysconfig
+roots = set(site.getsitepackages() + [site.getusersitepackages()])
+roots |= {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+dirs = []
+for r in sorted(roots):
+    for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib"))):
+        if d not in dirs:
+            dirs.append(d)
+print(":".join(dirs))
+EOF
+)"
+if [ -z "$nvidia_dirs" ]; then
+  echo "gpu_test: no site-packages nvidia/*/lib folders found for $(command -v python3)"
+fi
+export LD_LIBRARY_PATH="$build/lib${nvidia_dirs:+:$nvidia_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+probe="$build/tests/nn/nn_ops_gpu_test"
+if [ -x "$probe" ]; then
+  ldd "$probe" | grep -E 'cuda|cublas|cudnn|nccl|openblas|absl_base|not found' || true
+  if ldd "$probe" | grep -q 'not found'; then failed+=("libraries"); fi
+fi
+
+step "nvidia-smi"
+run nvidia-smi nvidia-smi
+
+step "gpu-labelled tests"
+old_root="$(cat "$build/bundle_root.txt")"
+if [ "$old_root" != "$root" ]; then
+  # CTest's files hold the build machine's absolute paths: point them here.
+  find "$build" \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) \
+    -type f -print0 | xargs -0 python3 -c '
+import sys
+old, new = sys.argv[1], sys.argv[2]
+for path in sys.argv[3:]:
+    with open(path) as f:
+        text = f.read()
+    if old in text:
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))' "$old_root" "$root"
+  echo "$root" >"$build/bundle_root.txt"
+  echo "rewrote CTest paths $old_root -> $root"
+fi
+if command -v ctest >/dev/null; then
+  run "ctest -L gpu" ctest --test-dir "$build" -L gpu --output-on-failure
+else
+  echo "ctest is not installed: running the gpu test binaries of build-gpu/gpu_tests.txt"
+  while read -r bin; do
+    [ -n "$bin" ] || continue
+    echo "--- $bin"
+    (cd "$build/$(dirname "$bin")" && "$build/$bin") || failed+=("$bin")
+  done <"$build/gpu_tests.txt"
+fi
+
+step "training: quickstart_linear cuda:0"
+run quickstart_linear "$build/apps/quickstart_linear" cuda:0
+mnist_data="$build/data/fashion-mnist-subset"
+if [ -x "$build/apps/train_mnist" ] && [ -d "$mnist_data" ]; then
+  step "training: train_mnist, 1 epoch on GPU 0, Fashion-MNIST subset (4096 train / 1024 test)"
+  run train_mnist "$build/apps/train_mnist" --gpus=0 --epochs=1 --batch_size=64 \
+    --data_dir="$mnist_data" --log_every=16
+else
+  step "training: train_mnist skipped (binary or $mnist_data missing)"
+fi
+
+step "microbenchmark: nn_ops_bench (median of 5 repetitions)"
+if [ -x "$build/tests/nn/nn_ops_bench" ]; then
+  run nn_ops_bench "$build/tests/nn/nn_ops_bench" --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true
+else
+  echo "gpu_test: $build/tests/nn/nn_ops_bench was not built (Google Benchmark missing?)"
+  failed+=("nn_ops_bench")
+fi
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "gpu_test: all steps passed"
+else
+  echo "gpu_test: FAILED steps: ${failed[*]}"
+  exit 1
+fi
