@@ -317,6 +317,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   if (flags.max_steps_per_epoch > 0) {
     steps_per_epoch = std::min(steps_per_epoch, flags.max_steps_per_epoch);
   }
+  const bool cosine = flags.lr_schedule == "cosine";
+  const int64_t total_steps = std::max<int64_t>(steps_per_epoch * flags.epochs, 1);
   const int64_t global_batch = int64_t{flags.batch_size} * ctx.world_size();
   MetricsWriter metrics(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
   Progress progress(ctx, flags);
@@ -338,6 +340,11 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       ctx.check_stop();
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
+      if (cosine) {
+        optimizer->set_lr(flags.lr * 0.5 *
+                          (1 + std::cos(M_PI * static_cast<double>(at.step) /
+                                        static_cast<double>(total_steps))));
+      }
       nn::Tensor loss = loss_fn(dp(batch->data), batch->target);
       optimizer->zero_grad();
       loss.backward();
@@ -422,7 +429,8 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                    " test examples)"),
       absl::StrCat("batch=", flags.batch_size, " per rank, ", flags.batch_size * flags.world_size(),
                    " global"),
-      absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr),
+      absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr, " (", flags.lr_schedule,
+                   " schedule)"),
       absl::StrCat("epochs=", flags.epochs,
                    flags.max_steps_per_epoch > 0
                        ? absl::StrCat(" (at most ", flags.max_steps_per_epoch, " steps each)")
@@ -435,6 +443,13 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
       flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
   if (!results.ok()) return ExitStatusOf(flags, results.status());
   const TrainResult& r = results->front();
+  if (r.epochs_done == 0) {
+    std::cout << absl::StrFormat("summary: %s: nothing left to train (the checkpoint is at "
+                                 "or past --epochs=%d); best test accuracy %.2f%%\n",
+                                 data.name, flags.epochs, 100 * r.best_accuracy)
+              << std::flush;
+    return kExitOk;
+  }
   std::cout << absl::StrFormat(
                    "summary: %s, %d rank(s), %d epoch(s) run (%d steps in all): best test "
                    "accuracy %.2f%%, final %.2f%%, final train loss %.4f, time %s (%.1f s), "

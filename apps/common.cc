@@ -135,6 +135,10 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
                                         "\": unknown optimizer (sgd, momentum, adagrad, adam)"));
     }
   }
+  if (v.uses_epochs && flags.lr_schedule != "constant" && flags.lr_schedule != "cosine") {
+    FlagErrorExit(flags, absl::StrCat("--lr_schedule \"", flags.lr_schedule,
+                                      "\": unknown schedule (constant, cosine)"));
+  }
   if (v.uses_epochs && flags.epochs < 1) {
     FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1"));
   }

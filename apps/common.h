@@ -8,7 +8,7 @@
 //   --checkpoint_dir --resume --metrics --deterministic --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
-// --optimizer, --data_dir) are defined in each program's main file and copied
+// --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
 // into RunFlags by it.
 //
 // Exit statuses of the programs: 0 success, 1 a failure during the run (one line
@@ -65,6 +65,9 @@ struct RunFlags {
   int epochs = 1;
   int batch_size = 1;  // per rank
   double lr = 1e-3;
+  // "constant", or "cosine": lr * (1 + cos(pi * step / total_steps)) / 2, set
+  // before every step from the global step count (so a resumed run continues it).
+  std::string lr_schedule = "constant";
   std::string optimizer = "adam";
   std::string data_dir;
   // Filled by ValidateOrExit: one device per rank.

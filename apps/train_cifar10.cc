@@ -21,7 +21,9 @@
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
           "Examples per step on each rank (the global batch is batch_size x ranks).");
-ABSL_FLAG(double, lr, 1e-3, "Learning rate.");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate (the peak one with --lr_schedule=cosine).");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "constant | cosine (lr * (1 + cos(pi * step / total steps)) / 2, per step).");
 ABSL_FLAG(std::string, optimizer, "adam",
           "sgd | momentum (SGD with momentum 0.9) | adagrad | adam.");
 ABSL_FLAG(std::string, data_dir, "",
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   flags.epochs = absl::GetFlag(FLAGS_epochs);
   flags.batch_size = absl::GetFlag(FLAGS_batch_size);
   flags.lr = absl::GetFlag(FLAGS_lr);
+  flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
   apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional});

@@ -174,6 +174,8 @@ TEST(BadFlags, ExitTwoWithOneLine) {
                 "--metrics \"out.txt\": the name must end in .csv or .jsonl");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --resume", "--resume needs --checkpoint_dir");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --epochs=0", "--epochs 0: must be at least 1");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
+                "--lr_schedule \"step\": unknown schedule (constant, cosine)");
   ExpectBadFlag(TRAIN_MNIST, "stray", "unexpected argument \"stray\"");
   ExpectBadFlag(TRAIN_CIFAR10, "--optimizer=lbfgs", "train_cifar10: error: --optimizer \"lbfgs\"");
   ExpectBadFlag(TRAIN_CIFAR10, "--data_dir=/nonexistent/cifar",
@@ -182,10 +184,24 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_LINEAR, "--optimizer=nope", "train_linear: error: --optimizer \"nope\"");
 }
 
+// A failure inside the run: exit status 1 and a last line naming the rank.
+TEST(TrainMnist, CorruptCheckpointIsOneLineNamingTheRank) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string dir = TempDir("bad");
+  std::ofstream(dir + "/epoch-3.ckpt") << "not a checkpoint";
+  RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --nprocs=2 --max_steps_per_epoch=2 "
+                                                     "--checkpoint_dir=", dir, " --resume"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  ASSERT_FALSE(r.lines().empty());
+  const std::string last = r.lines().back();
+  EXPECT_EQ(last.rfind("train_mnist: error: rank ", 0), 0u) << last;
+  EXPECT_NE(last.find(dir + "/epoch-3.ckpt"), std::string::npos) << last;
+}
+
 TEST(TrainMnist, HelpExplainsTheFlags) {
   RunResult r = RunProgram(TRAIN_MNIST, "--help");
   for (const char* flag : {"--gpus", "--nprocs", "--share_devices", "--epochs", "--batch_size",
-                           "--lr", "--optimizer", "--seed", "--num_workers", "--log_dir",
+                           "--lr", "--lr_schedule", "--optimizer", "--seed", "--num_workers", "--log_dir",
                            "--checkpoint_dir", "--resume", "--metrics", "--deterministic",
                            "--data_dir"}) {
     EXPECT_NE(r.output.find(absl::StrCat(flag, " (")), std::string::npos) << flag << "\n"
@@ -238,9 +254,9 @@ TEST(TrainMnist, StopAndResumeEndsAtTheSameAccuracy) {
   ExpectResumeMatches("--gpus=cpu");
 }
 
-TEST(TrainMnist, StopAndResumeOnTwoRanksEndsAtTheSameAccuracy) {
+TEST(TrainMnist, StopAndResumeOnTwoRanksWithCosineEndsAtTheSameAccuracy) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  ExpectResumeMatches("--gpus=cpu --nprocs=2");
+  ExpectResumeMatches("--gpus=cpu --nprocs=2 --lr_schedule=cosine");
 }
 
 }  // namespace
