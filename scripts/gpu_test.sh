@@ -12,8 +12,10 @@
 # 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
 #    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
 # 4. The microbenchmark nn_ops_bench (CPU and CUDA rows, median of 5).
-# Everything is also appended to $OUT/gpu_test.log when OUT is set. Every step
-# runs even after a failure; the exit status is 1 when any failed.
+# Everything is also appended to $OUT/gpu_test.log when OUT is set. PYTHON names
+# the Python whose site-packages hold PyTorch's NVIDIA libraries (default
+# python3). Every step runs even after a failure; the exit status is 1 when any
+# failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd -P)"
@@ -40,7 +42,8 @@ for gz in "$build"/lib/*.gz; do  # gpu_bundle.sh gzips the big ones (OpenBLAS)
   [ -e "$gz" ] || continue
   [ -f "${gz%.gz}" ] || gzip -dc "$gz" >"${gz%.gz}"
 done
-nvidia_dirs="$(python3 - <<'EOF'
+python="${PYTHON:-python3}"  # the Python that has PyTorch (PYTHON overrides)
+nvidia_dirs="$("$python" - <<'EOF'
 import glob, os, site, sysconfig
 roots = set(site.getsitepackages() + [site.getusersitepackages()])
 roots |= {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
@@ -53,11 +56,12 @@ print(":".join(dirs))
 EOF
 )"
 if [ -z "$nvidia_dirs" ]; then
-  echo "gpu_test: no site-packages nvidia/*/lib folders found for $(command -v python3)"
+  echo "gpu_test: no site-packages nvidia/*/lib folders found for $python" \
+       "(set PYTHON to the Python that has PyTorch)"
 fi
 export LD_LIBRARY_PATH="$build/lib${nvidia_dirs:+:$nvidia_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-probe="$build/tests/nn/nn_ops_gpu_test"
+probe="$build/tests/spawn/spawn_gpu_test"  # links every NVIDIA library we use
 if [ -x "$probe" ]; then
   ldd "$probe" | grep -E 'cuda|cublas|cudnn|nccl|openblas|absl_base|not found' || true
   if ldd "$probe" | grep -q 'not found'; then failed+=("libraries"); fi
