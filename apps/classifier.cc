@@ -28,6 +28,7 @@
 #include "nn/checkpoint.h"
 #include "nn/error.h"
 #include "nn/layers.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 
@@ -145,7 +146,8 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
   const int64_t begin = n * ctx.rank() / ctx.world_size();
   const int64_t end = n * (ctx.rank() + 1) / ctx.world_size();
   constexpr int64_t kBatch = 500;
-  double correct = 0;
+  // Summed on the device: one host read per evaluation, not one per batch.
+  nn::Tensor correct = nn::zeros({}, {.device = ctx.device()});
   for (int64_t i = begin; i < end; i += kBatch) {
     std::vector<data::Example> examples;
     std::vector<int64_t> indices;
@@ -155,11 +157,11 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
     }
     data::Batch batch = data::Collate(examples, indices);
     nn::Tensor logits = model.forward(batch.data.to(ctx.device()));
-    correct += nn::accuracy(logits, batch.target.to(ctx.device())).item() *
-               static_cast<double>(indices.size());
+    correct.add_(nn::accuracy(logits, batch.target.to(ctx.device())) *
+                 static_cast<double>(indices.size()));
   }
   model.train();
-  nn::Tensor counts = nn::from_vector<double>({std::round(correct), static_cast<double>(end - begin)},
+  nn::Tensor counts = nn::from_vector<double>({std::round(correct.item()), static_cast<double>(end - begin)},
                                               {2}, {.device = ctx.device()});
   ctx.communicator().all_reduce(counts, dist::ReduceOp::kSum);
   const std::vector<double> total = counts.to_vector<double>();
