@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nn/autograd.h"
+#include "nn/internal/allocator.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/ops/internal/fill_kernels.h"
 #include "nn/random.h"
@@ -30,30 +31,76 @@ int64_t NumElements(const Shape& shape) {
 }
 
 // --- Storage ---------------------------------------------------------------------
-Storage::Storage(int64_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (bytes == 0) return;
-  if (device.is_cpu()) {
+namespace {
+
+thread_local std::shared_ptr<Allocator> thread_cuda_allocator;
+thread_local internal::DeferredCudaFrees* thread_deferred_frees = nullptr;
+
+class HostAllocator final : public Allocator {
+ public:
+  void* Allocate(int64_t bytes, Device) override {
     const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
-    data_ = std::aligned_alloc(64, rounded);
-    TANDEM_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
-  } else {
+    void* ptr = std::aligned_alloc(64, rounded);
+    TANDEM_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
+    return ptr;
+  }
+  void Free(void* ptr, int64_t, Device) noexcept override { std::free(ptr); }
+};
+
+class CudaPoolAllocator final : public Allocator {
+ public:
+  void* Allocate(int64_t bytes, Device device) override {
 #if TANDEM_WITH_CUDA
-    data_ = internal::CudaAllocate(bytes, device);
+    return internal::CudaAllocate(bytes, device);
 #else
     Fail("cannot allocate on ", device.ToString(), ": tandem was built without CUDA");
 #endif
   }
+  void Free(void* ptr, int64_t, Device device) noexcept override {
+#if TANDEM_WITH_CUDA
+    if (internal::DeferredCudaFrees* deferred = thread_deferred_frees) {
+      deferred->emplace_back(ptr, device);  // a capture is running on this thread
+      return;
+    }
+    internal::CudaFree(ptr, device);
+#else
+    (void)ptr;
+    (void)device;
+#endif
+  }
+};
+
+}  // namespace
+
+namespace internal {
+DeferredCudaFrees* SetThreadDeferredCudaFrees(DeferredCudaFrees* frees) {
+  std::swap(thread_deferred_frees, frees);
+  return frees;
+}
+}  // namespace internal
+
+std::shared_ptr<Allocator> DefaultAllocator(Device device) {
+  static const auto host = std::make_shared<HostAllocator>();
+  static const auto cuda = std::make_shared<CudaPoolAllocator>();
+  if (device.is_cpu()) return host;
+  return thread_cuda_allocator ? thread_cuda_allocator : cuda;
+}
+
+std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> allocator) {
+  std::swap(thread_cuda_allocator, allocator);
+  return allocator;
+}
+
+Storage::Storage(int64_t bytes, Device device) : Storage(bytes, device, DefaultAllocator(device)) {}
+
+Storage::Storage(int64_t bytes, Device device, std::shared_ptr<Allocator> allocator)
+    : bytes_(bytes), device_(device), allocator_(std::move(allocator)) {
+  TANDEM_CHECK(allocator_ != nullptr, "Storage: no allocator for ", device.ToString());
+  if (bytes > 0) data_ = allocator_->Allocate(bytes, device);
 }
 
 Storage::~Storage() {
-  if (data_ == nullptr) return;
-  if (device_.is_cpu()) {
-    std::free(data_);
-  } else {
-#if TANDEM_WITH_CUDA
-    internal::CudaFree(data_, device_);
-#endif
-  }
+  if (data_ != nullptr) allocator_->Free(data_, bytes_, device_);
 }
 
 // --- Tensor accessors ------------------------------------------------------------------

@@ -33,11 +33,35 @@ namespace autograd {
 class Node;
 }
 
+// Where a Storage's bytes come from and go back to. The defaults (see
+// DefaultAllocator) are 64-byte aligned host memory and the CUDA device's
+// stream-ordered pool; others are the pinned host cache and the private arena
+// of a CUDA graph capture. A Storage keeps its allocator alive until it is freed.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns `bytes` (> 0) of memory on `device`, or throws tandem::Error.
+  virtual void* Allocate(int64_t bytes, Device device) = 0;
+  // Takes back memory from Allocate. Must not throw (called from destructors).
+  virtual void Free(void* ptr, int64_t bytes, Device device) noexcept = 0;
+};
+
+// The allocator a new Storage on `device` gets on the calling thread: the
+// thread's override for CUDA devices if one is set (SetThreadCudaAllocator),
+// else the default for the device type.
+std::shared_ptr<Allocator> DefaultAllocator(Device device);
+// Sets (nullptr: clears) the calling thread's allocator for CUDA storages and
+// returns the previous one. Used by CUDA graph capture to route a captured
+// step's allocations to its private arena.
+std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> allocator);
+
 // Raw memory of one device, freed by the allocator that made it.
 class Storage {
  public:
-  // Allocates `bytes` on `device` (CPU: 64-byte aligned; CUDA: stream-ordered pool).
+  // Allocates `bytes` on `device` from DefaultAllocator(device).
   Storage(int64_t bytes, Device device);
+  // Allocates `bytes` on `device` from `allocator`.
+  Storage(int64_t bytes, Device device, std::shared_ptr<Allocator> allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -45,11 +69,13 @@ class Storage {
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
  private:
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_;
+  std::shared_ptr<Allocator> allocator_;
 };
 
 class Tensor;
