@@ -1,0 +1,110 @@
+// CudaGraph: capture a whole training step (forward, backward, gradient
+// all-reduce, optimizer update) once and replay it with one launch per step.
+//
+// Typical use:
+//   step();                          // warm-up, eager: fills caches, optimizer state, grads
+//   nn::CudaGraph graph;             // on the thread's current device
+//   graph.Capture([&] { step(); });  // records, runs nothing
+//   for (...) { input.copy_(next_batch); graph.Replay(); }   // static input tensors
+//
+// What a captured step may and may not do (the limits of CUDA graphs):
+//  - Static shapes and addresses. The graph replays the exact kernels with the
+//    exact pointers it recorded. Inputs must be copied into the tensors the
+//    captured step read (input.copy_(batch)) before Replay(); a new tensor made
+//    outside the graph is never seen by it. Outputs (the loss tensor the step
+//    returned to the caller through a capture, the gradients, the weights) are
+//    rewritten in place by each replay.
+//  - No host reads inside the step: item(), a copy to the host, ToString() of a
+//    CUDA tensor, a stream or device synchronisation. Capture() detects them and
+//    throws "CudaGraph::Capture: the step synchronised with the host (...)"; the
+//    thread stays usable and the graph stays uncaptured.
+//  - No data-dependent control flow on the host: whatever branch the host took
+//    while capturing is the branch every replay takes.
+//  - Run one eager step first. Lazily built state (cuBLASLt / cuDNN plans,
+//    optimizer state and device tables, DataParallel buckets, NCCL
+//    communicators) must exist before capture; the optimizer refuses to build
+//    its device tables under capture ("run one eager step before capturing").
+//  - Memory: every CUDA tensor allocated on the capturing thread during
+//    Capture() comes from a private arena owned by the graph (bump allocation
+//    from cudaMalloc'd chunks, 256-byte aligned). Memory freed inside the step is
+//    NOT reused within the step, so the capture's footprint is the sum of all of
+//    the step's temporaries (activations, gradients, workspaces). The arena lives
+//    as long as the graph or any tensor allocated from it (the loss returned by
+//    the step stays valid after the graph is destroyed). Pool memory allocated
+//    before Capture() and released inside it is freed after capture ends.
+//  - Optimizers: the step count, learning rate and bias corrections are not
+//    baked into the graph. Under capture an optimizer registers a pre-replay hook
+//    (AddPreReplayHook) that advances its step count and uploads the scalars
+//    with the group's current lr before each replay, so LR schedules stepped
+//    between replays are honoured and state_dict() counts replays.
+//  - Communicators: NCCL collectives are captured (the communication stream
+//    joins the capture through event waits and joins back before the step ends).
+//    The in-process communicator's GPU path (several ranks on one GPU) uses a
+//    host rendezvous and cannot be captured: a capture that reaches it fails at
+//    once with an error naming the limit. Capture on every rank of a NCCL group;
+//    replay on every rank (each rank replays its own graph, like an eager step).
+//  - RNG: a dropout draws its Philox offset from the thread's generator on the
+//    host. Under capture dropout reads the offset from device memory that a
+//    pre-replay hook advances, so each replay draws a fresh mask (see
+//    nn/ops/dropout.h).
+//  - Only the calling thread's work is captured (cudaStreamCaptureModeThreadLocal):
+//    other ranks' threads keep running eagerly while one thread captures.
+//
+// Thread-safety: a CudaGraph belongs to the thread that captures it; Replay()
+// from another thread that uses the same device is allowed (it launches on that
+// thread's stream) but two threads must not call Replay() on one graph at once.
+#ifndef TANDEM_NN_GRAPH_H_
+#define TANDEM_NN_GRAPH_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "nn/device.h"
+
+namespace tandem::nn {
+
+class CudaGraph {
+ public:
+  // Throws tandem::Error naming `device` if it is not a CUDA device, or if tandem
+  // was built without CUDA ("tandem was built without CUDA").
+  explicit CudaGraph(Device device = current_device());
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  // Records `step` on the calling thread's stream for device() and instantiates
+  // the graph; none of the recorded GPU work runs (host code in `step` does run,
+  // once). Throws tandem::Error if called twice, if the calling thread's current
+  // device is not device(), or if the step synchronised with the host. An
+  // exception thrown by `step` is rethrown after the capture has been abandoned.
+  // In every failure the thread's allocator and capture mode are restored.
+  void Capture(const std::function<void()>& step);
+
+  // Runs the pre-replay hooks (in registration order), then launches the graph
+  // on the calling thread's stream for device(). Does not wait for the GPU.
+  // Throws tandem::Error if nothing was captured.
+  void Replay();
+
+  bool captured() const;
+  // Kernel + memcpy + memset nodes of the graph (0 before Capture()).
+  int64_t num_nodes() const;
+  Device device() const;
+
+  // For components that keep host-side state across steps (an optimizer's step
+  // count and lr): while a capture runs on the calling thread, registers `hook`
+  // to run on the host before every Replay() of that graph. Returns false (and
+  // does nothing) when no capture runs on this thread.
+  static bool AddPreReplayHook(std::function<void()> hook);
+  // True while a CudaGraph capture runs on the calling thread.
+  static bool IsCapturing();
+
+ private:
+  struct Impl;
+  Device device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_GRAPH_H_
