@@ -106,10 +106,10 @@ std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmul
       cublasLtMatmulAlgoGetHeuristic(lt.handle, desc, layout_a, layout_b, layout_c, layout_c,
                                      pref.get(), 1, &heuristic, &found);
   const bool fused = g.bias != nullptr || g.relu;
-  if (fused && (status == CUBLAS_STATUS_NOT_SUPPORTED ||
-                (status == CUBLAS_STATUS_SUCCESS && found == 0))) {
-    return std::nullopt;
-  }
+  // A fused epilogue the library rejects for this problem (NOT_SUPPORTED, no
+  // algorithm, or INVALID_VALUE, which cuBLASLt returns for some epilogue shapes)
+  // is not an error: the caller runs the unfused sequence, whose own failures throw.
+  if (fused && (status != CUBLAS_STATUS_SUCCESS || found == 0)) return std::nullopt;
   TANDEM_CHECK_CUBLAS(status, device, Describe(g, op));
   TANDEM_CHECK(found > 0, op, ": cuBLASLt has no algorithm for ", Describe(g, op), " on ",
                device.ToString());
@@ -120,6 +120,15 @@ std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmul
 // requested epilogue has no algorithm for this problem, so the caller can fall
 // back to an unfused sequence; any other failure throws.
 bool TryGemm(const GemmCall& g, Device device, const char* op) {
+  const bool fused = g.bias != nullptr || g.relu;
+  // Fused epilogues only where cuBLASLt is known to handle them: no dimension of
+  // size 1 (PyTorch avoids those after INVALID_VALUE from the heuristic) and a
+  // 16-byte aligned bias vector (a misaligned one, e.g. a view into a flat
+  // parameter buffer, faults in the epilogue).
+  if (fused && (g.m <= 1 || g.n <= 1 || g.k <= 1 ||
+                (g.bias != nullptr && reinterpret_cast<uintptr_t>(g.bias) % 16 != 0))) {
+    return false;
+  }
   const bool is_double = g.dtype == kFloat64;
   const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
   const cublasComputeType_t compute =
@@ -162,7 +171,6 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
 
   // The algorithm of a problem is chosen once per thread: the heuristic query
   // costs more host time than a small matmul's launch.
-  const bool fused = g.bias != nullptr || g.relu;
   const AlgoKey key{device.index,
                     static_cast<int>(compute),
                     static_cast<int>(fused ? (g.bias != nullptr ? 1 + g.relu : 3) : 0),
