@@ -50,9 +50,13 @@
 //  - Only the calling thread's work is captured (cudaStreamCaptureModeThreadLocal):
 //    other ranks' threads keep running eagerly while one thread captures.
 //
-// Thread-safety: a CudaGraph belongs to the thread that captures it; Replay()
-// from another thread that uses the same device is allowed (it launches on that
-// thread's stream) but two threads must not call Replay() on one graph at once.
+// Thread-safety: a CudaGraph belongs to the thread that captures it. Replay()
+// from another thread whose current device is device() is allowed (it launches
+// on that thread's stream, and the pre-replay hooks then run on that thread:
+// e.g. dropout advances that thread's generator), but two threads must not call
+// Replay() on one graph at once. The components the step used (module,
+// optimizer, DataParallel, communicator) must outlive the replays; an optimizer
+// destroyed before a Replay() makes that Replay() throw.
 #ifndef TANDEM_NN_GRAPH_H_
 #define TANDEM_NN_GRAPH_H_
 

@@ -1,0 +1,305 @@
+// CudaGraph (nn/graph.h): stream capture of a training step on the calling
+// thread's stream, a private allocation arena for the captured step, and replay.
+// Built only when TANDEM_WITH_CUDA (nn/graph.cc is the build without CUDA).
+//
+// Capture sequence (all on the capturing thread):
+//   1. route the thread's CUDA allocations to a fresh CaptureArena and its pool
+//      frees to a deferred list (nn/internal/allocator.h);
+//   2. cudaStreamBeginCapture(ThreadStream(device), cudaStreamCaptureModeThreadLocal):
+//      other threads (other ranks) are not affected by this capture;
+//   3. run the step; every kernel, copy and memset enqueued on the thread's stream
+//      (and on streams that join it through event waits, e.g. NCCL's) is recorded;
+//   4. cudaStreamEndCapture, whatever happened in 3 (a capture must not outlive
+//      Capture()); restore the allocator, free the deferred list, clear CUDA's
+//      last error; on failure throw (see the header) with the thread usable;
+//   5. cudaGraphInstantiate and cudaGraphUpload.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nn/cuda/context.h"
+#include "nn/error.h"
+#include "nn/graph.h"
+#include "nn/internal/allocator.h"
+#include "nn/internal/cuda_runtime.h"
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+namespace {
+
+constexpr int64_t kArenaAlignment = 256;
+constexpr int64_t kArenaChunkBytes = int64_t{64} << 20;
+
+// Switches the calling thread to relaxed capture mode for its lifetime, so that
+// cudaMalloc / cudaFree (not stream-ordered, forbidden to a thread that captures
+// in thread-local mode) may run during capture; they are not recorded.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// The memory of a captured step: bump allocation from cudaMalloc'd chunks,
+// never reused (a replay rewrites every byte the capture handed out, so two
+// tensors of the step must never share memory). Free is a no-op; the chunks go
+// back to the driver when the last Storage of the arena and the graph are gone.
+// Thread-safe (a tensor of the step may die on another thread).
+class CaptureArena final : public Allocator {
+ public:
+  explicit CaptureArena(Device device) : device_(device) {}
+  ~CaptureArena() override {
+    // Destructors must not throw. No capture may be running on this thread
+    // while the arena dies with a pending graph; be safe anyway.
+    RelaxedCaptureMode relaxed;
+    for (void* chunk : chunks_) cudaFree(chunk);
+  }
+
+  void* Allocate(int64_t bytes, Device device) override {
+    TANDEM_CHECK(device == device_, "CudaGraph arena of ", device_.ToString(),
+                 " asked for memory on ", device.ToString(),
+                 " (a captured step must use only the graph's device)");
+    TANDEM_CHECK(bytes > 0, "CudaGraph arena: bad allocation size ", bytes);
+    const int64_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (chunks_.empty() || used_ + rounded > chunk_bytes_) {
+      const int64_t chunk_bytes = std::max(rounded, kArenaChunkBytes);
+      void* chunk = nullptr;
+      {
+        RelaxedCaptureMode relaxed;
+        TANDEM_CHECK_CUDA(cudaSetDevice(device_.index), device_);
+        const cudaError_t status = cudaMalloc(&chunk, static_cast<size_t>(chunk_bytes));
+        if (status != cudaSuccess) {
+          cudaGetLastError();
+          Fail("CudaGraph: cudaMalloc of ", chunk_bytes, " bytes for the captured step on ",
+               device_.ToString(), " failed: ", cudaGetErrorString(status), " (the step has used ",
+               total_bytes_, " bytes so far; captured memory is not reused within the step)");
+        }
+      }
+      chunks_.push_back(chunk);
+      chunk_bytes_ = chunk_bytes;
+      used_ = 0;
+    }
+    void* ptr = static_cast<char*>(chunks_.back()) + used_;
+    used_ += rounded;
+    total_bytes_ += rounded;
+    return ptr;
+  }
+
+  void Free(void*, int64_t, Device) noexcept override {}
+
+  int64_t total_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return total_bytes_;
+  }
+
+ private:
+  const Device device_;
+  mutable std::mutex mu_;
+  std::vector<void*> chunks_;
+  int64_t chunk_bytes_ = 0;  // size of chunks_.back()
+  int64_t used_ = 0;         // bytes handed out from chunks_.back()
+  int64_t total_bytes_ = 0;
+};
+
+// What a capture on this thread collects (null when none runs).
+struct CaptureState {
+  std::vector<std::function<void()>>* hooks;
+};
+thread_local CaptureState* t_capture = nullptr;
+
+bool IsCaptureFailure(cudaError_t e) {
+  return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+         e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
+         e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureIsolation ||
+         e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched;
+}
+
+}  // namespace
+
+struct CudaGraph::Impl {
+  cudaGraphExec_t exec = nullptr;
+  int64_t num_nodes = 0;
+  std::shared_ptr<CaptureArena> arena;
+  std::vector<std::function<void()>> hooks;
+};
+
+CudaGraph::CudaGraph(Device device) : device_(device) {
+  TANDEM_CHECK(device.is_cuda(), "CudaGraph: device ", device.ToString(),
+               " is not a CUDA device (CUDA graphs capture GPU work only)");
+  const int count = internal::CudaDeviceCount();
+  TANDEM_CHECK(device.index >= 0 && device.index < count, "CudaGraph: device ", device.ToString(),
+               " is not visible (", count, " CUDA device", count == 1 ? "" : "s", " visible)");
+  impl_ = std::make_unique<Impl>();
+}
+
+CudaGraph::~CudaGraph() {
+  if (impl_ != nullptr && impl_->exec != nullptr) {
+    // Destroying an executable graph is safe while a launch of it is pending
+    // (the driver defers the release). Destructors must not throw.
+    cudaGraphExecDestroy(impl_->exec);
+  }
+}
+
+bool CudaGraph::captured() const { return impl_->exec != nullptr; }
+int64_t CudaGraph::num_nodes() const { return impl_->num_nodes; }
+Device CudaGraph::device() const { return device_; }
+
+bool CudaGraph::IsCapturing() { return t_capture != nullptr; }
+
+bool CudaGraph::AddPreReplayHook(std::function<void()> hook) {
+  if (t_capture == nullptr) return false;
+  TANDEM_CHECK(hook != nullptr, "CudaGraph::AddPreReplayHook: empty hook");
+  t_capture->hooks->push_back(std::move(hook));
+  return true;
+}
+
+void CudaGraph::Capture(const std::function<void()>& step) {
+  TANDEM_CHECK(impl_->exec == nullptr, "CudaGraph::Capture: this graph of ", device_.ToString(),
+               " was already captured (a CudaGraph captures once; make a new one)");
+  TANDEM_CHECK(t_capture == nullptr,
+               "CudaGraph::Capture: a capture is already running on this thread (nested capture)");
+  TANDEM_CHECK(current_device() == device_, "CudaGraph::Capture: the calling thread's current "
+               "device is ", current_device().ToString(), " but the graph is for ",
+               device_.ToString(), " (use nn::DeviceGuard)");
+  TANDEM_CHECK(step != nullptr, "CudaGraph::Capture: empty step");
+  cudaStream_t stream = internal::ThreadStream(device_);
+  {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TANDEM_CHECK_CUDA(cudaStreamIsCapturing(stream, &status), device_);
+    TANDEM_CHECK(status == cudaStreamCaptureStatusNone, "CudaGraph::Capture: the thread's stream "
+                 "on ", device_.ToString(), " is already being captured by someone else");
+  }
+  // An earlier, unrelated error must not be blamed on the capture.
+  cudaGetLastError();
+
+  auto arena = std::make_shared<CaptureArena>(device_);
+  std::vector<std::function<void()>> hooks;
+  internal::DeferredCudaFrees deferred;
+  CaptureState state{&hooks};
+
+  std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
+  internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
+  const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  std::exception_ptr step_error;
+  cudaError_t end = cudaSuccess;
+  cudaGraph_t graph = nullptr;
+  if (begin == cudaSuccess) {
+    t_capture = &state;
+    try {
+      step();
+    } catch (...) {
+      step_error = std::current_exception();
+    }
+    t_capture = nullptr;
+    // Always end the capture (also after a throw or an invalidation), so the
+    // stream and the thread leave capture mode.
+    end = cudaStreamEndCapture(stream, &graph);
+  }
+  SetThreadCudaAllocator(std::move(previous_allocator));
+  internal::SetThreadDeferredCudaFrees(previous_deferred);
+  // The pool memory released during the step, now that nothing is captured.
+  for (const auto& [ptr, device] : deferred) internal::CudaFree(ptr, device);
+  const cudaError_t last = cudaGetLastError();  // clears a sticky capture error
+  if (begin != cudaSuccess) {
+    Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device_.ToString(), " failed: ",
+         cudaGetErrorName(begin), " (", cudaGetErrorString(begin), ")");
+  }
+  auto destroy_graph = [&] {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    graph = nullptr;
+  };
+  const bool invalidated = IsCaptureFailure(end) || IsCaptureFailure(last);
+  if (step_error) {
+    destroy_graph();
+    if (invalidated) {
+      std::string what = "an exception";
+      try {
+        std::rethrow_exception(step_error);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      Fail("CudaGraph::Capture: the step synchronised with the host (", what,
+           "); a captured step must not read values on the host (item(), copies to the "
+           "host, stream or device synchronisation)");
+    }
+    std::rethrow_exception(step_error);
+  }
+  if (end != cudaSuccess || graph == nullptr) {
+    destroy_graph();
+    if (end == cudaErrorStreamCaptureUnjoined) {
+      Fail("CudaGraph::Capture: the step forked work onto another stream and did not join it "
+           "back into the thread's stream on ", device_.ToString(), " (",
+           cudaGetErrorName(end), "); wait for every collective (Work::wait) inside the step");
+    }
+    if (invalidated || end == cudaErrorStreamCaptureInvalidated) {
+      Fail("CudaGraph::Capture: the step synchronised with the host (",
+           cudaGetErrorName(end != cudaSuccess ? end : last),
+           "); a captured step must not read values on the host (item(), copies to the "
+           "host, stream or device synchronisation)");
+    }
+    Fail("CudaGraph::Capture: cudaStreamEndCapture on ", device_.ToString(), " failed: ",
+         cudaGetErrorName(end), " (", cudaGetErrorString(end), ")");
+  }
+
+  // Count the work nodes (the benchmark's launch-cost model).
+  size_t count = 0;
+  const cudaError_t nodes_status = cudaGraphGetNodes(graph, nullptr, &count);
+  std::vector<cudaGraphNode_t> nodes(count);
+  int64_t work_nodes = 0;
+  if (nodes_status == cudaSuccess && count > 0 &&
+      cudaGraphGetNodes(graph, nodes.data(), &count) == cudaSuccess) {
+    for (size_t i = 0; i < count; ++i) {
+      cudaGraphNodeType type;
+      if (cudaGraphNodeGetType(nodes[i], &type) != cudaSuccess) continue;
+      if (type == cudaGraphNodeTypeKernel || type == cudaGraphNodeTypeMemcpy ||
+          type == cudaGraphNodeTypeMemset) {
+        ++work_nodes;
+      }
+    }
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  destroy_graph();
+  if (inst != cudaSuccess) {
+    cudaGetLastError();
+    Fail("CudaGraph::Capture: cudaGraphInstantiate on ", device_.ToString(), " failed: ",
+         cudaGetErrorName(inst), " (", cudaGetErrorString(inst), ")");
+  }
+  const cudaError_t upload = cudaGraphUpload(exec, stream);
+  if (upload != cudaSuccess) {
+    cudaGraphExecDestroy(exec);
+    cudaGetLastError();
+    Fail("CudaGraph::Capture: cudaGraphUpload on ", device_.ToString(), " failed: ",
+         cudaGetErrorName(upload), " (", cudaGetErrorString(upload), ")");
+  }
+  impl_->exec = exec;
+  impl_->num_nodes = work_nodes;
+  impl_->arena = std::move(arena);
+  impl_->hooks = std::move(hooks);
+}
+
+void CudaGraph::Replay() {
+  TANDEM_CHECK(impl_->exec != nullptr, "CudaGraph::Replay: the graph of ", device_.ToString(),
+               " has not been captured (call Capture first)");
+  TANDEM_CHECK(t_capture == nullptr,
+               "CudaGraph::Replay: cannot replay a graph while capturing another on this thread");
+  TANDEM_CHECK(current_device() == device_, "CudaGraph::Replay: the calling thread's current "
+               "device is ", current_device().ToString(), " but the graph is for ",
+               device_.ToString(), " (use nn::DeviceGuard)");
+  for (const std::function<void()>& hook : impl_->hooks) hook();
+  TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, internal::ThreadStream(device_)), device_);
+}
+
+}  // namespace tandem::nn
