@@ -32,6 +32,13 @@ std::string Describe(const Conv2dGeometry& g, DType dtype) {
                       p.dilation[0], ", ", p.dilation[1], "), ", DTypeName(dtype));
 }
 
+// The math type the heuristics are asked under: float32 without TF32 is limited
+// to FMA kernels (CUDNN_DEFAULT_MATH lets Ampere and later use TF32); otherwise
+// the default, as PyTorch does.
+cudnnMathType_t BaseMathType(DType dtype, bool tf32) {
+  return dtype == kFloat32 && !tf32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+}
+
 // Descriptors of one call: x, y, weight, convolution.
 class ConvDescriptors {
  public:
@@ -60,9 +67,15 @@ class ConvDescriptors {
                                                        type),
                        device, what);
     // TF32 only when allowed (set_allow_tf32); FMA math keeps float32 exact-ish.
+    // Each call then sets the math type of the algorithm it runs (SetMathType).
     const bool tf32 = dtype == kFloat32 && AllowTf32();
-    TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH),
-                       device, what);
+    SetMathType(BaseMathType(dtype, tf32), device, what);
+  }
+  // cuDNN (7.4 and later) picks tensor-core kernels from the algorithm *and* the
+  // descriptor's math type, so the math type a heuristic result reports must be
+  // set before its workspace is sized and before it runs.
+  void SetMathType(cudnnMathType_t math, Device device, const std::string& what) const {
+    TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), math), device, what);
   }
   ConvDescriptors(const ConvDescriptors&) = delete;
   ConvDescriptors& operator=(const ConvDescriptors&) = delete;
@@ -87,6 +100,8 @@ struct ConvAlgos {
   cudnnConvolutionFwdAlgo_t forward;
   cudnnConvolutionBwdDataAlgo_t backward_data;
   cudnnConvolutionBwdFilterAlgo_t backward_filter;
+  cudnnMathType_t forward_math = CUDNN_DEFAULT_MATH, backward_data_math = CUDNN_DEFAULT_MATH,
+                  backward_filter_math = CUDNN_DEFAULT_MATH;
   size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
 };
 
@@ -101,17 +116,25 @@ AlgoKey KeyOf(const Conv2dGeometry& g, DType dtype, Device device) {
           p.dilation[0], p.dilation[1]};
 }
 
-// The first heuristic result that succeeded, fits the workspace limit and (when
-// TF32 is off) does not use tensor-op math.
+// The first heuristic result that succeeded, fits the workspace limit, never
+// converts float32 down to half (TENSOR_OP_MATH_ALLOW_CONVERSION) and, when TF32
+// is off, does not use tensor-op math.
 template <typename Perf>
 const Perf* Pick(const std::vector<Perf>& perfs, int count, bool tf32) {
   for (int i = 0; i < count; ++i) {
     const Perf& perf = perfs[i];
     if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspaceBytes) continue;
+    if (perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
     if (!tf32 && perf.mathType != CUDNN_DEFAULT_MATH && perf.mathType != CUDNN_FMA_MATH) continue;
     return &perf;
   }
   return nullptr;
+}
+
+// The math type to run a picked algorithm with: the one its heuristic result
+// reports, except that float32 without TF32 stays on FMA (DEFAULT would allow TF32).
+cudnnMathType_t RunMathType(cudnnMathType_t reported, DType dtype, bool tf32) {
+  return dtype == kFloat32 && !tf32 ? CUDNN_FMA_MATH : reported;
 }
 
 const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
@@ -123,8 +146,10 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
   cudnnHandle_t handle = ThreadCudnn(device);
   const bool tf32 = std::get<2>(key);
   const std::string what = Describe(g, dtype);
+  const cudnnMathType_t base_math = BaseMathType(dtype, tf32);
   ConvAlgos algos;
   {
+    d.SetMathType(base_math, device, what);
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x(), d.w(), d.conv(), d.y(),
@@ -134,11 +159,14 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     const auto* best = Pick(perfs, count, tf32);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no forward algorithm for ", what);
     algos.forward = best->algo;
+    algos.forward_math = RunMathType(best->mathType, dtype, tf32);
+    d.SetMathType(algos.forward_math, device, what);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x(), d.w(), d.conv(), d.y(),
                                                                algos.forward, &algos.forward_bytes),
                        device, what);
   }
   {
+    d.SetMathType(base_math, device, what);
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -148,12 +176,15 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     const auto* best = Pick(perfs, count, tf32);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-data algorithm for ", what);
     algos.backward_data = best->algo;
+    algos.backward_data_math = RunMathType(best->mathType, dtype, tf32);
+    d.SetMathType(algos.backward_data_math, device, what);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(
                            handle, d.w(), d.y(), d.conv(), d.x(), algos.backward_data,
                            &algos.backward_data_bytes),
                        device, what);
   }
   {
+    d.SetMathType(base_math, device, what);
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -163,6 +194,8 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     const auto* best = Pick(perfs, count, tf32);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-filter algorithm for ", what);
     algos.backward_filter = best->algo;
+    algos.backward_filter_math = RunMathType(best->mathType, dtype, tf32);
+    d.SetMathType(algos.backward_filter_math, device, what);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(
                            handle, d.x(), d.y(), d.conv(), d.w(), algos.backward_filter,
                            &algos.backward_filter_bytes),
@@ -197,6 +230,7 @@ void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias
   ConvDescriptors d(g, x.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
   cudnnHandle_t handle = ThreadCudnn(device);
+  d.SetMathType(algos.forward_math, device, Describe(g, x.dtype()));
   Tensor workspace = Workspace(algos.forward_bytes, device);
   const Scalars s(x.dtype());
   TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
@@ -216,6 +250,7 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
   const Device device = dy.device();
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  d.SetMathType(algos.backward_data_math, device, Describe(g, dy.dtype()));
   Tensor workspace = Workspace(algos.backward_data_bytes, device);
   const Scalars s(dy.dtype());
   TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardData(
@@ -230,6 +265,7 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
   const Device device = dy.device();
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  d.SetMathType(algos.backward_filter_math, device, Describe(g, dy.dtype()));
   Tensor workspace = Workspace(algos.backward_filter_bytes, device);
   const Scalars s(dy.dtype());
   TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
