@@ -41,16 +41,16 @@ double Adagrad::InitialBufferValue(const Group& group, int) const {
 }
 
 void Adagrad::step() {
-  for (int64_t g = 0; g < num_groups(); ++g) {
-    const AdagradOptions o = options(g);
-    UpdateGroup(groups_[g], internal::Algorithm::kAdagrad, [&](int64_t step) {
-      return internal::UpdateScalars{
-          .lr = o.lr,
-          .weight_decay = o.weight_decay,
-          .clr = o.lr / (1 + static_cast<double>(step - 1) * o.lr_decay),
-          .eps = o.eps};
-    });
-  }
+  for (int64_t g = 0; g < num_groups(); ++g) UpdateGroup(g, internal::Algorithm::kAdagrad);
+}
+
+internal::UpdateScalars Adagrad::ScalarsFor(int64_t group, int64_t step) const {
+  const AdagradOptions o = options(group);
+  return internal::UpdateScalars{
+      .lr = o.lr,
+      .weight_decay = o.weight_decay,
+      .clr = o.lr / (1 + static_cast<double>(step - 1) * o.lr_decay),
+      .eps = o.eps};
 }
 
 }  // namespace tandem::optim

@@ -35,6 +35,7 @@ class Adagrad : public Optimizer {
   void Add(std::vector<nn::Tensor> params, const AdagradOptions& options);
   bool UsesBuffer(const Group&, int) const override { return true; }
   double InitialBufferValue(const Group& group, int buffer) const override;
+  internal::UpdateScalars ScalarsFor(int64_t group, int64_t step) const override;
 };
 
 }  // namespace tandem::optim

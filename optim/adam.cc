@@ -69,24 +69,24 @@ bool Adam::UsesBuffer(const Group& group, int buffer) const {
 }
 
 void Adam::step() {
-  for (int64_t g = 0; g < num_groups(); ++g) {
-    const AdamOptions o = Adam::options(g);
-    UpdateGroup(groups_[g], internal::Algorithm::kAdam, [&](int64_t step) {
-      const double t = static_cast<double>(step);
-      const double bias_correction1 = 1 - std::pow(o.betas.first, t);
-      const double bias_correction2 = 1 - std::pow(o.betas.second, t);
-      return internal::UpdateScalars{
-          .lr = o.lr,
-          .weight_decay = decoupled_weight_decay_ ? 0.0 : o.weight_decay,
-          .decay_factor = decoupled_weight_decay_ ? 1 - o.lr * o.weight_decay : 1.0,
-          .beta1 = o.betas.first,
-          .beta2 = o.betas.second,
-          .eps = o.eps,
-          .step_size = o.lr / bias_correction1,
-          .bias_correction2_sqrt = std::sqrt(bias_correction2),
-          .amsgrad = o.amsgrad};
-    });
-  }
+  for (int64_t g = 0; g < num_groups(); ++g) UpdateGroup(g, internal::Algorithm::kAdam);
+}
+
+internal::UpdateScalars Adam::ScalarsFor(int64_t group, int64_t step) const {
+  const AdamOptions o = Adam::options(group);
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1 - std::pow(o.betas.first, t);
+  const double bias_correction2 = 1 - std::pow(o.betas.second, t);
+  return internal::UpdateScalars{
+      .lr = o.lr,
+      .weight_decay = decoupled_weight_decay_ ? 0.0 : o.weight_decay,
+      .decay_factor = decoupled_weight_decay_ ? 1 - o.lr * o.weight_decay : 1.0,
+      .beta1 = o.betas.first,
+      .beta2 = o.betas.second,
+      .eps = o.eps,
+      .step_size = o.lr / bias_correction1,
+      .bias_correction2_sqrt = std::sqrt(bias_correction2),
+      .amsgrad = o.amsgrad};
 }
 
 }  // namespace tandem::optim

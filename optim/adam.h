@@ -48,6 +48,7 @@ class Adam : public Optimizer {
 
  private:
   bool UsesBuffer(const Group& group, int buffer) const override;
+  internal::UpdateScalars ScalarsFor(int64_t group, int64_t step) const override;
   bool decoupled_weight_decay_;
 };
 

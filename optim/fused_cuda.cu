@@ -8,11 +8,17 @@
 // with cudaMemcpyAsync only when the tensors' addresses change (in steady
 // training they never do: zero_grad keeps the gradient tensors), so a step is
 // one kernel launch with its scalars passed by value, and no host sync.
+//
+// CUDA graph capture (nn/graph.h): a captured launch reads its scalars from a
+// device buffer that the optimizer's pre-replay hook rewrites before every
+// replay (WriteUpdateScalarsCuda), and its table must be cached already; a
+// table a graph uses is never evicted or rewritten afterwards.
 #include <algorithm>
 #include <cstring>
 #include <list>
 
 #include "nn/cuda/context.h"
+#include "nn/graph.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim::internal {
@@ -72,8 +78,10 @@ __device__ T* At(int64_t address, int64_t j) {
 }
 
 template <typename T>
-__global__ void FusedUpdateKernel(Algorithm algo, UpdateScalars scalars, const TableEntry* table,
+__global__ void FusedUpdateKernel(Algorithm algo, UpdateScalars by_value,
+                                  const UpdateScalars* device_scalars, const TableEntry* table,
                                   int n, int64_t total) {
+  const UpdateScalars scalars = device_scalars != nullptr ? *device_scalars : by_value;
   ForEachElement(table, n, total, [&](const TableEntry& e, int64_t j) {
     UpdateElement<T>(algo, scalars, At<T>(e.param, j), *At<T>(e.grad, j), At<T>(e.s0, j),
                      At<T>(e.s1, j), At<T>(e.s2, j));
@@ -126,6 +134,8 @@ __global__ void ScaleGradsKernel(const TableEntry* table, int n, int64_t total, 
   ForEachElement(table, n, total, [&](const TableEntry& e, int64_t j) { *At<T>(e.grad, j) *= c; });
 }
 
+__global__ void WriteScalarsKernel(UpdateScalars scalars, UpdateScalars* dst) { *dst = scalars; }
+
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + kChunk - 1) / kChunk, kMaxBlocks));
 }
@@ -136,7 +146,9 @@ int Blocks(int64_t total) {
 // host buffer (allocated once per table: the optimizer's one host allocation
 // outside tensors, needed for a truly asynchronous upload) and an int64 device
 // tensor. A pinned buffer is rewritten only after its previous upload finished
-// (event), which happens only when the set of tensors changes.
+// (event), which happens only when the set of tensors changes. A table used by
+// a captured graph is kept as it is for the tables' lifetime (the graph reads
+// it at every replay): it is never chosen for reuse.
 class DeviceTables {
  public:
   DeviceTables() = default;
@@ -154,18 +166,28 @@ class DeviceTables {
   }
 
   // Device address of a table holding `words`, uploading it if no cached table
-  // on `device` holds exactly these words.
-  const TableEntry* Get(const std::vector<int64_t>& words, nn::Device device) {
+  // on `device` holds exactly these words. Under capture (`what` names the
+  // caller for the error) the table must be cached: it is then kept for good.
+  const TableEntry* Get(const std::vector<int64_t>& words, nn::Device device, const char* what) {
+    const bool capturing = nn::CudaGraph::IsCapturing();
     for (auto it = tables_.begin(); it != tables_.end(); ++it) {
       if (it->device == device && it->words == words) {
+        it->captured = it->captured || capturing;
         tables_.splice(tables_.end(), tables_, it);  // most recently used
         return static_cast<const TableEntry*>(tables_.back().on_device.data_ptr());
       }
     }
-    if (tables_.size() < kMaxCachedTables) {
+    TANDEM_CHECK(!capturing, what, " on ", device.ToString(),
+                 ": its tensors changed since the last eager step, or there was none; run one "
+                 "eager step before capturing (a captured step cannot upload its pointer table)");
+    auto reusable = std::find_if(tables_.begin(), tables_.end(),
+                                 [](const Table& t) { return !t.captured; });
+    const size_t live = static_cast<size_t>(
+        std::count_if(tables_.begin(), tables_.end(), [](const Table& t) { return !t.captured; }));
+    if (live < kMaxCachedTables || reusable == tables_.end()) {
       tables_.emplace_back();
     } else {
-      tables_.splice(tables_.end(), tables_, tables_.begin());  // reuse the oldest
+      tables_.splice(tables_.end(), tables_, reusable);  // reuse the oldest not in a graph
     }
     Table& t = tables_.back();
     if (t.uploaded != nullptr) {
@@ -202,6 +224,7 @@ class DeviceTables {
     nn::Tensor on_device;
     cudaEvent_t uploaded = nullptr;
     nn::Device device;
+    bool captured = false;  // read by a captured graph: never reused
   };
   std::list<Table> tables_;
 };
@@ -229,7 +252,8 @@ std::vector<int64_t> BuildTable(size_t count, Get&& get, int64_t* total) {
 }  // namespace
 
 void FusedUpdateCuda(Algorithm algo, const std::vector<UpdateTensors>& tensors,
-                     const UpdateScalars& scalars, DeviceTables& tables) {
+                     const UpdateScalars& scalars, const UpdateScalars* device_scalars,
+                     DeviceTables& tables) {
   const nn::Device device = tensors.front().param.device();
   int64_t total = 0;
   const std::vector<int64_t> words = BuildTable(
@@ -242,12 +266,18 @@ void FusedUpdateCuda(Algorithm algo, const std::vector<UpdateTensors>& tensors,
       &total);
   if (total == 0) return;
   const int n = static_cast<int>(words.size() / kEntryWords);
-  const TableEntry* table = tables.Get(words, device);
+  const TableEntry* table = tables.Get(words, device, "optimizer step");
   cudaStream_t stream = nn::internal::ThreadStream(device);
   TANDEM_DISPATCH_FLOAT(tensors.front().param.dtype(), "optimizer step", [&]<typename T>() {
-    FusedUpdateKernel<T><<<Blocks(total), kThreads, 0, stream>>>(algo, scalars, table, n, total);
+    FusedUpdateKernel<T><<<Blocks(total), kThreads, 0, stream>>>(algo, scalars, device_scalars,
+                                                                 table, n, total);
   });
   TANDEM_CHECK_LAUNCH("FusedUpdateKernel", device);
+}
+
+void WriteUpdateScalarsCuda(const UpdateScalars& scalars, UpdateScalars* dst, nn::Device device) {
+  WriteScalarsKernel<<<1, 1, 0, nn::internal::ThreadStream(device)>>>(scalars, dst);
+  TANDEM_CHECK_LAUNCH("WriteScalarsKernel", device);
 }
 
 nn::Tensor ClipGradNormCuda(const std::vector<nn::Tensor>& grads, double max_norm) {
@@ -263,7 +293,7 @@ nn::Tensor ClipGradNormCuda(const std::vector<nn::Tensor>& grads, double max_nor
   nn::Tensor norm = nn::empty({}, {.dtype = dtype, .device = device});
   if (total == 0) return norm.zero_();
   const int n = static_cast<int>(words.size() / kEntryWords);
-  const TableEntry* table = tables.Get(words, device);
+  const TableEntry* table = tables.Get(words, device, "clip_grad_norm_");
   const int blocks = Blocks(total);
   nn::Tensor partials = nn::empty({blocks}, {.dtype = nn::kFloat64, .device = device});
   nn::Tensor coef = nn::empty({}, {.dtype = nn::kFloat64, .device = device});

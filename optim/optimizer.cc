@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "nn/graph.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim {
@@ -73,48 +74,120 @@ int64_t Optimizer::step_count(int64_t group, int64_t index) const {
   return groups_[group].state[index].step;
 }
 
-void Optimizer::UpdateGroup(
-    Group& group, internal::Algorithm algo,
-    const std::function<internal::UpdateScalars(int64_t step)>& scalars_for_step) {
+void Optimizer::UpdateGroup(int64_t g, internal::Algorithm algo) {
+  Group& group = groups_[g];
+  const bool capturing = nn::CudaGraph::IsCapturing();
   nn::NoGradGuard no_grad;
   // Launch sets: parameters sharing a step count, device and dtype (one set
   // unless some parameter missed a step or the group mixes devices).
   using Key = std::tuple<int64_t, int, int, int>;
   std::map<Key, std::vector<internal::UpdateTensors>> launches;
+  std::map<Key, std::vector<size_t>> indices;
   for (size_t i = 0; i < group.params.size(); ++i) {
     const nn::Tensor& p = group.params[i];
-    const nn::Tensor g = p.grad();
-    if (!g.defined()) continue;
-    TANDEM_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(),
-                 name_, ": gradient ", g.ToString(), " does not match parameter ", p.ToString());
+    const nn::Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    TANDEM_CHECK(grad.shape() == p.shape() && grad.dtype() == p.dtype() &&
+                     grad.device() == p.device(),
+                 name_, ": gradient ", grad.ToString(), " does not match parameter ", p.ToString());
+    TANDEM_CHECK(!capturing || p.is_cuda(), name_, ": parameter ", i, " of group ", g, " is ",
+                 p.ToString(), "; a step captured in a CUDA graph can update CUDA parameters only");
     ParamState& st = group.state[i];
     st.buffers.resize(state_names_.size());
-    internal::UpdateTensors t{.param = p, .grad = g};
+    internal::UpdateTensors t{.param = p, .grad = grad};
     for (size_t b = 0; b < state_names_.size(); ++b) {
       if (!UsesBuffer(group, static_cast<int>(b))) continue;
       if (!st.buffers[b].defined()) {
+        // A buffer created under capture would be re-initialised by every replay.
+        TANDEM_CHECK(!capturing, name_, ": parameter ", i, " of group ", g, " has no '",
+                     state_names_[b], "' state yet; run one eager step before capturing");
         st.buffers[b] = nn::zeros_like(p);
         const double init = InitialBufferValue(group, static_cast<int>(b));
         if (init != 0) st.buffers[b].fill_(init);
       }
       t.state[b] = st.buffers[b];
     }
-    ++st.step;
-    const Key key{st.step, static_cast<int>(p.device().type), p.device().index,
+    // Under capture the step count advances at each replay (CaptureLaunch).
+    const int64_t step = capturing ? st.step + 1 : ++st.step;
+    const Key key{step, static_cast<int>(p.device().type), p.device().index,
                   static_cast<int>(p.dtype())};
     launches[key].push_back(std::move(t));
+    indices[key].push_back(i);
   }
   for (const auto& [key, tensors] : launches) {
-    const internal::UpdateScalars scalars = scalars_for_step(std::get<0>(key));
 #if TANDEM_WITH_CUDA
     if (tensors.front().param.is_cuda()) {
       if (!group.device_tables) group.device_tables = internal::MakeDeviceTables();
-      internal::FusedUpdateCuda(algo, tensors, scalars, *group.device_tables);
+      if (capturing) {
+        CaptureLaunch(g, algo, tensors, indices[key]);
+      } else {
+        internal::FusedUpdateCuda(algo, tensors, ScalarsFor(g, std::get<0>(key)), nullptr,
+                                  *group.device_tables);
+      }
       continue;
     }
 #endif
-    internal::FusedUpdateCpu(algo, tensors, scalars);
+    internal::FusedUpdateCpu(algo, tensors, ScalarsFor(g, std::get<0>(key)));
   }
+}
+
+void Optimizer::CaptureLaunch(int64_t g, internal::Algorithm algo,
+                              const std::vector<internal::UpdateTensors>& tensors,
+                              const std::vector<size_t>& indices) {
+#if TANDEM_WITH_CUDA
+  const nn::Device device = tensors.front().param.device();
+  // From the graph's arena: lives as long as the graph (the hook holds it).
+  constexpr int64_t kWords =
+      (sizeof(internal::UpdateScalars) + sizeof(int64_t) - 1) / sizeof(int64_t);
+  nn::Tensor scalars = nn::empty({kWords}, {.dtype = nn::kInt64, .device = device});
+  auto* device_scalars = static_cast<internal::UpdateScalars*>(scalars.data_ptr());
+  internal::FusedUpdateCuda(algo, tensors, internal::UpdateScalars{}, device_scalars,
+                            *groups_[g].device_tables);
+  // What the graph reads: each parameter's, gradient's and state's address.
+  std::vector<const void*> captured;
+  for (const internal::UpdateTensors& t : tensors) {
+    captured.push_back(t.param.data_ptr());
+    captured.push_back(t.grad.data_ptr());
+    for (const nn::Tensor& s : t.state) captured.push_back(s.defined() ? s.data_ptr() : nullptr);
+  }
+  std::weak_ptr<char> alive = alive_;
+  const bool added = nn::CudaGraph::AddPreReplayHook(
+      [this, alive, g, indices, captured = std::move(captured), scalars, device_scalars, device] {
+        TANDEM_CHECK(!alive.expired(), "CudaGraph::Replay: an optimizer used by the captured step "
+                     "has been destroyed");
+        Group& group = groups_[g];
+        int64_t step = -1;
+        size_t k = 0;
+        for (size_t i : indices) {
+          const nn::Tensor& p = group.params[i];
+          const nn::Tensor grad = p.grad();
+          const ParamState& st = group.state[i];
+          bool same = p.data_ptr() == captured[k] && grad.defined() &&
+                      grad.data_ptr() == captured[k + 1];
+          for (size_t b = 0; b < 3; ++b) {
+            const void* now = b < st.buffers.size() && st.buffers[b].defined()
+                                  ? st.buffers[b].data_ptr()
+                                  : nullptr;
+            same = same && now == captured[k + 2 + b];
+          }
+          TANDEM_CHECK(same, name_, ": parameter ", i, " of group ", g, ", its gradient or its "
+                       "state is no longer the tensor the CUDA graph captured (load_state_dict, "
+                       "or a gradient replaced by a new tensor); capture the step again");
+          TANDEM_CHECK(step < 0 || st.step == step, name_, ": the parameters of group ", g,
+                       " captured in one launch have diverging step counts (", step, " and ",
+                       st.step, "); capture the step again");
+          step = st.step;
+          k += 5;
+        }
+        (void)scalars;  // held: the arena memory the graph reads
+        for (size_t i : indices) ++group.state[i].step;
+        internal::WriteUpdateScalarsCuda(ScalarsFor(g, step + 1), device_scalars, device);
+      });
+  TANDEM_CHECK(added, name_, ": internal error: no capture to attach the step's hook to");
+#else
+  (void)g, (void)algo, (void)tensors, (void)indices;
+  Fail(name_, ": CUDA graph capture needs a CUDA build");
+#endif
 }
 
 namespace {

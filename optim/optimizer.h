@@ -10,6 +10,18 @@
 // kernel launch per group, no host synchronisation). A parameter whose grad()
 // is undefined is skipped, as in PyTorch.
 //
+// CUDA graphs (nn/graph.h): step(), zero_grad() and clip_grad_norm_ may run
+// inside CudaGraph::Capture after one eager step (which creates the state and
+// uploads the kernels' pointer tables; a captured step that would have to do
+// either throws "run one eager step before capturing"). Under capture step()
+// does not advance the step counts: it registers a pre-replay hook that, before
+// every Replay(), advances them and uploads the scalars (lr, bias corrections)
+// computed from the groups' current hyper-parameters, so set_lr / LR schedules
+// between replays take effect and state_dict() counts every replay. A replay
+// after load_state_dict() (new state tensors) or after a gradient was replaced
+// by a new tensor throws: capture again. The optimizer must outlive the
+// graph's replays (a replay after its destruction throws).
+//
 // Thread-safety: an optimizer is used by one thread (its rank's); parameters
 // must not be modified by another thread during step().
 #ifndef TANDEM_OPTIM_OPTIMIZER_H_
@@ -31,6 +43,7 @@ namespace internal {
 class DeviceTables;
 enum class Algorithm;
 struct UpdateScalars;
+struct UpdateTensors;
 }  // namespace internal
 
 // Parameters with the options of one group: {params, {.lr = 1e-2}}.
@@ -107,15 +120,29 @@ class Optimizer {
   // Initial value of a new buffer (Adagrad: initial_accumulator_value).
   virtual double InitialBufferValue(const Group& group, int buffer) const;
 
-  // Runs `algo` over the group's parameters that have gradients: creates missing
-  // state, increments step counts and calls `scalars_for_step(step)` once per
+  // The kernel scalars of group `group` at step count `step` (>= 1), from the
+  // group's current hyper-parameters.
+  virtual internal::UpdateScalars ScalarsFor(int64_t group, int64_t step) const = 0;
+
+  // Runs `algo` over group `g`'s parameters that have gradients: creates missing
+  // state, increments step counts and calls ScalarsFor(g, step) once per
   // distinct step count among them (once in the usual case) for one launch each.
-  void UpdateGroup(Group& group, internal::Algorithm algo,
-                   const std::function<internal::UpdateScalars(int64_t step)>& scalars_for_step);
+  // Under CUDA graph capture: see the file comment.
+  void UpdateGroup(int64_t g, internal::Algorithm algo);
 
   const char* name_;
   std::vector<std::string> state_names_;
   std::vector<Group> groups_;
+
+ private:
+  // Under capture: the launch of `tensors` (parameters `indices` of group g)
+  // reads its scalars from device memory that a pre-replay hook rewrites.
+  void CaptureLaunch(int64_t g, internal::Algorithm algo,
+                     const std::vector<internal::UpdateTensors>& tensors,
+                     const std::vector<size_t>& indices);
+
+  // Expires with the optimizer: pre-replay hooks of captured graphs check it.
+  std::shared_ptr<char> alive_ = std::make_shared<char>(0);
 };
 
 }  // namespace tandem::optim

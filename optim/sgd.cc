@@ -37,17 +37,17 @@ SGDOptions SGD::options(int64_t group) const {
 bool SGD::UsesBuffer(const Group& group, int) const { return group.hyper.at("momentum") != 0; }
 
 void SGD::step() {
-  for (int64_t g = 0; g < num_groups(); ++g) {
-    const SGDOptions o = options(g);
-    UpdateGroup(groups_[g], internal::Algorithm::kSgd, [&](int64_t step) {
-      return internal::UpdateScalars{.lr = o.lr,
-                                     .weight_decay = o.weight_decay,
-                                     .momentum = o.momentum,
-                                     .dampening = o.dampening,
-                                     .nesterov = o.nesterov,
-                                     .first_step = step == 1};
-    });
-  }
+  for (int64_t g = 0; g < num_groups(); ++g) UpdateGroup(g, internal::Algorithm::kSgd);
+}
+
+internal::UpdateScalars SGD::ScalarsFor(int64_t group, int64_t step) const {
+  const SGDOptions o = options(group);
+  return internal::UpdateScalars{.lr = o.lr,
+                                 .weight_decay = o.weight_decay,
+                                 .momentum = o.momentum,
+                                 .dampening = o.dampening,
+                                 .nesterov = o.nesterov,
+                                 .first_step = step == 1};
 }
 
 }  // namespace tandem::optim

@@ -34,6 +34,7 @@ class SGD : public Optimizer {
  private:
   void Add(std::vector<nn::Tensor> params, const SGDOptions& options);
   bool UsesBuffer(const Group& group, int buffer) const override;
+  internal::UpdateScalars ScalarsFor(int64_t group, int64_t step) const override;
 };
 
 }  // namespace tandem::optim

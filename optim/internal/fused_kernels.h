@@ -109,8 +109,19 @@ void FusedUpdateCpu(Algorithm algo, const std::vector<UpdateTensors>& tensors,
 // (norm + 1e-6)). Returns the 2-norm as a 0-dim tensor of the grads' dtype.
 nn::Tensor ClipGradNormCpu(const std::vector<nn::Tensor>& grads, double max_norm);
 #if TANDEM_WITH_CUDA
+// `device_scalars`: null in an eager step (the kernel takes `scalars` by value);
+// under CUDA graph capture, the device copy the kernel reads instead, rewritten
+// before every replay by WriteUpdateScalarsCuda (so a replay does not reuse the
+// captured lr and step forever). Under capture (nn::CudaGraph::IsCapturing())
+// the pointer table must already be cached (uploaded by an eager step): the
+// table is then kept for the graph (never evicted), and nothing is uploaded.
 void FusedUpdateCuda(Algorithm algo, const std::vector<UpdateTensors>& tensors,
-                     const UpdateScalars& scalars, DeviceTables& tables);
+                     const UpdateScalars& scalars, const UpdateScalars* device_scalars,
+                     DeviceTables& tables);
+// Writes `scalars` to device memory `dst` on the calling thread's stream for
+// `device` (a one-thread kernel that takes them by value: no host buffer to
+// keep alive, no host wait). Not to be called under capture.
+void WriteUpdateScalarsCuda(const UpdateScalars& scalars, UpdateScalars* dst, nn::Device device);
 nn::Tensor ClipGradNormCuda(const std::vector<nn::Tensor>& grads, double max_norm);
 #endif
 
