@@ -11,6 +11,7 @@
 #include "nn/cuda/context.h"
 #include "nn/cuda/handles.h"
 #include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/fill_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -227,27 +228,35 @@ struct Scalars {
 void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y) {
   const Device device = x.device();
-  ConvDescriptors d(g, x.dtype(), device);
-  const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
   cudnnHandle_t handle = ThreadCudnn(device);
-  d.SetMathType(algos.forward_math, device, Describe(g, x.dtype()));
-  Tensor workspace = Workspace(algos.forward_bytes, device);
   const Scalars s(x.dtype());
-  TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
-                                             weight.data_ptr(), d.conv(), algos.forward,
-                                             WorkspacePtr(workspace), algos.forward_bytes,
-                                             s.zero(), d.y(), y.data_ptr()),
-                     device, Describe(g, x.dtype()));
+  if (x.numel() == 0) {
+    // H or W is 0 but the padding makes a non-empty output: every window holds
+    // only padding (cuDNN rejects 0-sized descriptors), so y is the bias alone.
+    FillCuda(y, 0.0);
+  } else {
+    ConvDescriptors d(g, x.dtype(), device);
+    const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
+    d.SetMathType(algos.forward_math, device, Describe(g, x.dtype()));
+    Tensor workspace = Workspace(algos.forward_bytes, device);
+    TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
+                                               weight.data_ptr(), d.conv(), algos.forward,
+                                               WorkspacePtr(workspace), algos.forward_bytes,
+                                               s.zero(), d.y(), y.data_ptr()),
+                       device, Describe(g, x.dtype()));
+  }
   if (!bias.defined()) return;
   CudnnTensor4d bias_desc(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
+  CudnnTensor4d y_desc(x.dtype(), g.n, g.o, g.oh, g.ow, device, "conv2d");
   TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc.get(), bias.data_ptr(), s.one(),
-                                    d.y(), y.data_ptr()),
+                                    y_desc.get(), y.data_ptr()),
                      device, Describe(g, x.dtype()) + " (bias)");
 }
 
 void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                             const Tensor& dx) {
   const Device device = dy.device();
+  if (dx.numel() == 0) return;  // H or W is 0 (see Conv2dForwardCuda)
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
   d.SetMathType(algos.backward_data_math, device, Describe(g, dy.dtype()));
@@ -263,6 +272,10 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
 void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight) {
   const Device device = dy.device();
+  if (x.numel() == 0) {  // H or W is 0: the weight only ever met padding
+    FillCuda(dweight, 0.0);
+    return;
+  }
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
   d.SetMathType(algos.backward_filter_math, device, Describe(g, dy.dtype()));
