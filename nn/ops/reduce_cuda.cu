@@ -126,8 +126,10 @@ __global__ void ArgmaxBlockKernel(const T* x, int64_t* out, int64_t outer, int64
       }
       __syncthreads();
     }
-    // All -inf (or NaN) rows: index 0, as the CPU kernel gives.
-    if (threadIdx.x == 0) out[k] = indices[0] < size ? indices[0] : 0;
+    // As the CPU kernel (which starts from element 0 and takes strictly greater
+    // values): index 0 when element 0 is NaN (nothing compares greater) or when
+    // no candidate was taken (all NaN).
+    if (threadIdx.x == 0) out[k] = (p[0] != p[0] || indices[0] >= size) ? 0 : indices[0];
     __syncthreads();
   }
 }
