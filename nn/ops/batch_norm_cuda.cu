@@ -112,6 +112,7 @@ void BatchNormForwardCuda(const Tensor& x, const Tensor& mean, const Tensor& var
                           const Tensor& weight, const Tensor& bias, const Tensor& y, double eps,
                           BatchNormShape s) {
   const int64_t n = x.numel();
+  if (n == 0) return;  // a 0-block launch is an error
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d", [&]<typename T>() {
     ForwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
@@ -139,6 +140,7 @@ void BatchNormBackwardInputCuda(const Tensor& dy, const Tensor& x, const Tensor&
                                 const Tensor& sum_dy_xhat, const Tensor& dx, double eps,
                                 bool training, BatchNormShape s) {
   const int64_t n = x.numel();
+  if (n == 0) return;  // a 0-block launch is an error
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d_backward", [&]<typename T>() {
     BackwardInputKernel<T><<<Blocks(n), kThreads, 0, stream>>>(

@@ -86,6 +86,7 @@ __global__ void SoftmaxBackwardColumnKernel(const T* gy, const T* y, T* gx, int6
 }  // namespace
 
 void SoftmaxForwardCuda(const Tensor& x, const Tensor& y, DimSplit split, bool log) {
+  if (x.numel() == 0) return;  // a 0-block launch is an error
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
   TANDEM_DISPATCH_FLOAT(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
     if (split.inner == 1) {
@@ -102,6 +103,7 @@ void SoftmaxForwardCuda(const Tensor& x, const Tensor& y, DimSplit split, bool l
 
 void SoftmaxBackwardCuda(const Tensor& gy, const Tensor& y, const Tensor& gx, DimSplit split,
                          bool log) {
+  if (y.numel() == 0) return;  // a 0-block launch is an error
   cudaStream_t stream = nn::internal::ThreadStream(y.device());
   TANDEM_DISPATCH_FLOAT(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
                         [&]<typename T>() {
