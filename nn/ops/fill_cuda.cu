@@ -2,6 +2,8 @@
 // conversion. One thread per element, int64 indices, on the thread's stream.
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/fill_kernels.h"
 #include "nn/random.h"
@@ -12,15 +14,21 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-template <typename T> __device__ T FromDouble(double v) { return static_cast<T>(v); }
-template <> __device__ BFloat16 FromDouble<BFloat16>(double v) {
-  BFloat16 b;
-  b.bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(v)));
-  return b;
-}
-template <typename T> __device__ double ToDouble(T v) { return static_cast<double>(v); }
-template <> __device__ double ToDouble<BFloat16>(BFloat16 v) {
-  return static_cast<double>(__bfloat162float(__ushort_as_bfloat16(v.bits)));
+// One element converted as the CPU's ConvertHost does: a direct cast (so
+// int64 -> uint8 wraps and int64 -> float32 rounds once, not via double), and
+// bfloat16 through float with round-to-nearest-even.
+template <typename S, typename D> __device__ D ConvertOne(S s) {
+  if constexpr (std::is_same_v<S, D>) {
+    return s;
+  } else if constexpr (std::is_same_v<D, BFloat16>) {
+    D d;
+    d.bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(s)));
+    return d;
+  } else if constexpr (std::is_same_v<S, BFloat16>) {
+    return static_cast<D>(__bfloat162float(__ushort_as_bfloat16(s.bits)));
+  } else {
+    return static_cast<D>(s);
+  }
 }
 
 template <typename T> __global__ void FillKernel(T* p, int64_t n, T v) {
@@ -46,7 +54,7 @@ __global__ void RandomKernel(T* p, int64_t n, uint64_t seed, uint64_t stream, ui
 }
 template <typename S, typename D> __global__ void ConvertKernel(const S* s, D* d, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) d[i] = FromDouble<D>(ToDouble<S>(s[i]));
+  if (i < n) d[i] = ConvertOne<S, D>(s[i]);
 }
 
 }  // namespace
