@@ -31,6 +31,16 @@ struct ThreadHandles {
   }
 };
 
+// Creating a handle (and the cuBLASLt workspace) is not capturable: cudaMalloc
+// inside cuBLAS/cuDNN invalidates the capture, with an error naming neither.
+void CheckNotCapturing(Device device, const char* library) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CheckCuda(cudaStreamIsCapturing(ThreadStream(device), &status), "cudaStreamIsCapturing", device);
+  TANDEM_CHECK(status == cudaStreamCaptureStatusNone, "the first ", library, " call of this thread on ",
+               device.ToString(), " is inside a CUDA graph capture, where its handle cannot be "
+               "created: run one eager step before capturing");
+}
+
 ThreadHandles& Local(Device device) {
   // ThreadStream's thread-local is constructed before ours, so it is destroyed
   // after ours and the workspaces' stream-ordered frees still have their stream.
@@ -45,6 +55,7 @@ const CublasLtContext& ThreadCublasLt(Device device) {
   ThreadHandles& local = Local(device);
   auto it = local.cublaslt.find(device.index);
   if (it != local.cublaslt.end()) return it->second.context;
+  CheckNotCapturing(device, "cuBLASLt");
   CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
   CublasLtEntry entry;
   TANDEM_CHECK_CUBLAS(cublasLtCreate(&entry.context.handle), device, "creating the handle");
@@ -63,6 +74,7 @@ cudnnHandle_t ThreadCudnn(Device device) {
   ThreadHandles& local = Local(device);
   auto it = local.cudnn.find(device.index);
   if (it != local.cudnn.end()) return it->second;
+  CheckNotCapturing(device, "cuDNN");
   CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
   cudnnHandle_t handle = nullptr;
   TANDEM_CHECK_CUDNN(cudnnCreate(&handle), device, "creating the handle");
