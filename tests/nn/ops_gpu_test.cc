@@ -70,6 +70,26 @@ TEST_F(OpsGpuTest, MatmulAndLinear) {
   }
 }
 
+// Shapes and operands for which the fused cuBLASLt epilogue is not used (a size-1
+// dimension, a bias view that is not 16-byte aligned): the unfused fallback
+// (GEMM, rank-1 bias GEMM, ReLU) must give the same results.
+TEST_F(OpsGpuTest, LinearEpilogueFallbacks) {
+  manual_seed(35);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+    const TensorOptions o{.dtype = dtype};
+    ExpectParity([](const auto& in) { return linear_relu(in[0], in[1], in[2]); },
+                 {randn({1, 16}, o), randn({8, 16}, o), randn({8}, o)}, tol);  // batch 1
+    ExpectParity([](const auto& in) { return linear(in[0], in[1], in[2]); },
+                 {randn({9, 16}, o), randn({1, 16}, o), randn({1}, o)}, tol);  // one output
+    ExpectParity([](const auto& in) { return linear_relu(in[0], in[1], in[2]); },
+                 {randn({9, 1}, o), randn({8, 1}, o), randn({8}, o)}, tol);  // one input
+    // Bias starting one element into its buffer: 4 or 8 bytes off alignment.
+    ExpectParity([](const auto& in) { return linear_relu(in[0], in[1], in[2].slice(1, 9)); },
+                 {randn({12, 16}, o), randn({8, 16}, o), randn({9}, o)}, tol);
+  }
+}
+
 TEST_F(OpsGpuTest, Conv2dVariants) {
   manual_seed(32);
   const std::vector<Conv2dParams> variants = {
