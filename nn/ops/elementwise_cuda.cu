@@ -157,6 +157,11 @@ void SumToCuda(const Tensor& x, const Tensor& out) {
   const int64_t n_out = out.numel();
   if (n_out == 0) return;
   const BroadcastPlan bplan = PlanBroadcast(out.shape(), x.shape(), "sum_to");
+  // The strides below walk x as the broadcast shape: an out that is not
+  // broadcastable *to* x (e.g. (2, 3) for x (3)) would make the kernel read past
+  // x, a sticky device fault; the dispatcher only checks the sizes afterwards.
+  TANDEM_CHECK(NumElements(bplan.out_shape) == x.numel(), "sum_to: ", ShapeToString(out.shape()),
+               " does not broadcast to ", ShapeToString(x.shape()));
   SumToPlan plan;
   int64_t x_stride = 1;
   // Walk from the last dim, collecting x's strides; reverse into row-major order after.
