@@ -10,6 +10,10 @@ namespace tandem::nn {
 
 // training: zero each element with probability p, scale kept ones by 1/(1-p).
 // Not training (or p == 0): x unchanged. p in [0, 1).
+// Inside a CUDA graph capture (nn/graph.h) the counters are reserved at each
+// replay, on the replaying thread's generator, so every replay draws a fresh
+// mask, the same one an eager step would have drawn (one extra one-thread
+// kernel per captured dropout per replay writes the offset).
 Tensor dropout(const Tensor& x, double p, bool training);
 
 }  // namespace tandem::nn

@@ -1,5 +1,7 @@
 // CUDA kernels of dropout: one thread per element, the mask from the same
 // Philox counter as the CPU kernel (DropoutKeeps). Thread's stream, no sync.
+// Under CUDA graph capture the forward kernel reads the draw's offset from
+// device memory that a pre-replay hook rewrites (see dropout.cc).
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/dropout_kernels.h"
 
@@ -11,13 +13,17 @@ int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
 template <typename T>
 __global__ void DropoutForwardKernel(const T* x, T* y, uint8_t* mask, int64_t n, float p, T scale,
-                                     uint64_t seed, uint64_t stream, uint64_t offset) {
+                                     uint64_t seed, uint64_t stream, uint64_t offset,
+                                     const uint64_t* offset_on_device) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
+  if (offset_on_device != nullptr) offset = *offset_on_device;
   const bool keep = DropoutKeeps(seed, stream, offset, static_cast<uint64_t>(i), p);
   mask[i] = keep ? 1 : 0;
   y[i] = keep ? x[i] * scale : T(0);
 }
+
+__global__ void WriteOffsetKernel(uint64_t* dst, uint64_t offset) { *dst = offset; }
 
 template <typename T>
 __global__ void DropoutBackwardKernel(const T* gy, const uint8_t* mask, T* gx, int64_t n, T scale) {
@@ -28,15 +34,21 @@ __global__ void DropoutBackwardKernel(const T* gy, const uint8_t* mask, T* gx, i
 }  // namespace
 
 void DropoutForwardCuda(const Tensor& x, const Tensor& y, const Tensor& mask, float p,
-                        double scale, uint64_t seed, uint64_t stream_id, uint64_t offset) {
+                        double scale, uint64_t seed, uint64_t stream_id, uint64_t offset,
+                        const uint64_t* offset_on_device) {
   const int64_t n = x.numel();
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
   TANDEM_DISPATCH_FLOAT(x.dtype(), "dropout", [&]<typename T>() {
     DropoutForwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
         x.data<T>(), y.data<T>(), mask.data<uint8_t>(), n, p, static_cast<T>(scale), seed,
-        stream_id, offset);
+        stream_id, offset, offset_on_device);
   });
   TANDEM_CHECK_LAUNCH("DropoutForwardKernel", x.device());
+}
+
+void DropoutWriteOffsetCuda(uint64_t* dst, uint64_t offset, Device device) {
+  WriteOffsetKernel<<<1, 1, 0, nn::internal::ThreadStream(device)>>>(dst, offset);
+  TANDEM_CHECK_LAUNCH("WriteOffsetKernel", device);
 }
 
 void DropoutBackwardCuda(const Tensor& gy, const Tensor& mask, const Tensor& gx, double scale) {

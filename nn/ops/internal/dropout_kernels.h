@@ -22,8 +22,14 @@ void DropoutForwardCpu(const Tensor& x, const Tensor& y, const Tensor& mask, flo
 // gx = gy * mask * scale.
 void DropoutBackwardCpu(const Tensor& gy, const Tensor& mask, const Tensor& gx, double scale);
 #if TANDEM_WITH_CUDA
+// offset_on_device: null in an eager call; under CUDA graph capture, device
+// memory holding the draw's offset (rewritten before every replay), read by the
+// kernel instead of `offset`.
 void DropoutForwardCuda(const Tensor& x, const Tensor& y, const Tensor& mask, float p,
-                        double scale, uint64_t seed, uint64_t stream, uint64_t offset);
+                        double scale, uint64_t seed, uint64_t stream, uint64_t offset,
+                        const uint64_t* offset_on_device = nullptr);
+// Writes `offset` to `dst` (device memory) on the thread's stream for `device`.
+void DropoutWriteOffsetCuda(uint64_t* dst, uint64_t offset, Device device);
 void DropoutBackwardCuda(const Tensor& gy, const Tensor& mask, const Tensor& gx, double scale);
 #endif
 

@@ -1,0 +1,254 @@
+// CudaGraph on a GPU (label gpu; skipped with a reason where no GPU is visible):
+// a captured forward + backward + update replayed with static inputs gives the
+// bits of the eager steps; nothing runs at capture; host reads inside the step
+// are a clear error that leaves the thread usable; dropout under capture draws
+// the masks of the eager steps; pre-replay hooks run in order.
+//
+// Why bitwise: a replay launches the very kernels (same grids, same arguments,
+// same cuBLASLt algorithm and workspace) that the eager step launched, on the
+// same stream, in the same order; tandem's kernels use no atomics, so the only
+// difference is where the step's temporaries live (the graph's arena), which
+// does not enter any result.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nn/graph.h"
+#include "nn/layers.h"
+#include "nn/ops/dropout.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/ops/reduce.h"
+#include "nn/random.h"
+
+namespace tandem::nn {
+namespace {
+
+class CudaGraphGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
+    }
+    guard_.emplace(Device::CUDA(0));
+  }
+  std::optional<DeviceGuard> guard_;
+};
+
+struct Mlp : Module {
+  Mlp() : l1(register_module("l1", Linear(16, 32))), l2(register_module("l2", Linear(32, 1))) {}
+  Tensor forward(const Tensor& x) override { return l2(relu(l1(x))); }
+  Linear l1, l2;
+};
+
+std::vector<float> Weights(const Module& m) {
+  std::vector<float> out;
+  for (const Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  }
+  return out;
+}
+
+// Bitwise equality of two float vectors (NaN-safe, -0 != +0).
+void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, &a[i], 4);
+    std::memcpy(&y, &b[i], 4);
+    ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr int kSteps = 6;
+
+// Batch k of the run: the same on every call.
+std::pair<Tensor, Tensor> Batch(int k) {
+  manual_seed(100 + k);
+  Tensor x = randn({8, 16}), y = randn({8, 1});
+  return {x.to(Device::CUDA(0)), y.to(Device::CUDA(0))};
+}
+
+// One training step of `net` on (x, y): forward, backward, SGD update, zero_grad.
+Tensor TrainStep(Mlp& net, const Tensor& x, const Tensor& y) {
+  Tensor loss = mse_loss(net(x), y);
+  loss.backward();
+  NoGradGuard no_grad;
+  for (Tensor p : net.parameters()) {
+    p.add_(p.grad(), -0.05);
+    p.grad().zero_();
+  }
+  return loss;
+}
+
+TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) {
+  manual_seed(1);
+  Mlp eager_net;
+  std::vector<float> eager_losses;
+  for (int k = 0; k < kSteps; ++k) {
+    auto [x, y] = Batch(k);
+    eager_losses.push_back(static_cast<float>(TrainStep(eager_net, x, y).item()));
+  }
+
+  manual_seed(1);
+  Mlp net;
+  Tensor x = empty({8, 16}), y = empty({8, 1});  // the static inputs
+  std::vector<float> losses;
+  {
+    auto [x0, y0] = Batch(0);
+    x.copy_(x0);
+    y.copy_(y0);
+    losses.push_back(static_cast<float>(TrainStep(net, x, y).item()));  // warm-up, eager
+  }
+  CudaGraph graph;
+  Tensor loss;
+  const std::vector<float> before = Weights(net);
+  graph.Capture([&] { loss = TrainStep(net, x, y); });
+  ASSERT_TRUE(graph.captured());
+  EXPECT_GT(graph.num_nodes(), 5);
+  ExpectSameBits(Weights(net), before, "weights after capture (nothing may run)");
+  for (int k = 1; k < kSteps; ++k) {
+    auto [xk, yk] = Batch(k);
+    x.copy_(xk);
+    y.copy_(yk);
+    graph.Replay();
+    losses.push_back(static_cast<float>(loss.item()));
+  }
+  ExpectSameBits(losses, eager_losses, "losses");
+  ExpectSameBits(Weights(net), Weights(eager_net), "weights");
+}
+
+TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
+  Tensor counter = zeros({4});
+  CudaGraph graph;
+  EXPECT_EQ(graph.device(), Device::CUDA(0));
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(graph.num_nodes(), 0);
+  graph.Capture([&] { counter.add_(full({4}, 1.0)); });
+  EXPECT_EQ(counter.to_vector<float>(), std::vector<float>(4, 0.0f));
+  graph.Replay();
+  graph.Replay();
+  EXPECT_EQ(counter.to_vector<float>(), std::vector<float>(4, 2.0f));
+}
+
+TEST_F(CudaGraphGpuTest, ItemInsideTheStepIsAClearErrorAndTheThreadStillWorks) {
+  Tensor x = full({3}, 2.0);
+  const auto allocator_before = empty({1}).storage()->allocator();
+  CudaGraph graph;
+  const std::string what = ErrorOf([&] { graph.Capture([&] { (void)sum(x * 3.0).item(); }); });
+  EXPECT_NE(what.find("CudaGraph::Capture: the step synchronised with the host"),
+            std::string::npos) << what;
+  EXPECT_NE(what.find("must not read values on the host"), std::string::npos) << what;
+  EXPECT_FALSE(graph.captured());
+  EXPECT_FALSE(CudaGraph::IsCapturing());
+  // The thread's allocator is restored and eager work runs.
+  EXPECT_EQ(empty({1}).storage()->allocator(), allocator_before);
+  EXPECT_DOUBLE_EQ(sum(x * 3.0).item(), 18.0);
+  // A new capture on the same thread works.
+  CudaGraph again;
+  again.Capture([&] { x.add_(full({3}, 1.0)); });
+  again.Replay();
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 3.0f));
+}
+
+TEST_F(CudaGraphGpuTest, AnExceptionFromTheStepIsRethrownAndTheThreadStillWorks) {
+  const auto allocator_before = empty({1}).storage()->allocator();
+  CudaGraph graph;
+  Tensor x = full({3}, 1.0);
+  const std::string what = ErrorOf([&] {
+    graph.Capture([&] {
+      x.add_(full({3}, 1.0));
+      throw std::runtime_error("boom from the step");
+    });
+  });
+  EXPECT_EQ(what, "boom from the step");
+  EXPECT_FALSE(graph.captured());
+  EXPECT_FALSE(CudaGraph::IsCapturing());
+  EXPECT_EQ(empty({1}).storage()->allocator(), allocator_before);
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 1.0f));  // nothing ran
+}
+
+TEST_F(CudaGraphGpuTest, MisuseIsAnError) {
+  CudaGraph graph;
+  EXPECT_NE(ErrorOf([&] { graph.Replay(); }).find("has not been captured"), std::string::npos);
+  graph.Capture([] { (void)zeros({2}); });
+  EXPECT_NE(ErrorOf([&] { graph.Capture([] {}); }).find("already captured"), std::string::npos);
+  CudaGraph outer;
+  const std::string nested = ErrorOf([&] {
+    outer.Capture([] {
+      CudaGraph inner;
+      inner.Capture([] {});
+    });
+  });
+  EXPECT_NE(nested.find("nested capture"), std::string::npos) << nested;
+  {
+    DeviceGuard cpu(Device::CPU());
+    CudaGraph other(Device::CUDA(0));
+    const std::string what = ErrorOf([&] { other.Capture([] {}); });
+    EXPECT_NE(what.find("current device is cpu but the graph is for cuda:0"), std::string::npos)
+        << what;
+  }
+}
+
+TEST_F(CudaGraphGpuTest, PreReplayHooksRunInOrderBeforeEveryReplay) {
+  std::vector<int> order;
+  CudaGraph graph;
+  graph.Capture([&] {
+    EXPECT_TRUE(CudaGraph::IsCapturing());
+    EXPECT_TRUE(CudaGraph::AddPreReplayHook([&] { order.push_back(1); }));
+    EXPECT_TRUE(CudaGraph::AddPreReplayHook([&] { order.push_back(2); }));
+  });
+  EXPECT_TRUE(order.empty());
+  graph.Replay();
+  graph.Replay();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 1, 2}));
+}
+
+TEST_F(CudaGraphGpuTest, TensorsOfTheStepOutliveTheGraph) {
+  Tensor x = full({5}, 2.0);
+  Tensor y;
+  {
+    CudaGraph graph;
+    graph.Capture([&] { y = x * 4.0; });
+    graph.Replay();
+  }
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(5, 8.0f));
+}
+
+TEST_F(CudaGraphGpuTest, CapturedDropoutDrawsTheMasksOfEagerSteps) {
+  Tensor x = full({1000}, 1.0);
+  manual_seed(9);
+  std::vector<std::vector<float>> eager;
+  for (int k = 0; k < 4; ++k) eager.push_back(dropout(x, 0.5, true).to_vector<float>());
+  const uint64_t eager_offset = thread_generator().offset;
+
+  manual_seed(9);
+  std::vector<std::vector<float>> replayed;
+  replayed.push_back(dropout(x, 0.5, true).to_vector<float>());  // warm-up
+  Tensor y;
+  CudaGraph graph;
+  graph.Capture([&] { y = dropout(x, 0.5, true); });
+  for (int k = 1; k < 4; ++k) {
+    graph.Replay();
+    replayed.push_back(y.to_vector<float>());
+  }
+  for (int k = 0; k < 4; ++k) ExpectSameBits(replayed[k], eager[k], "dropout output");
+  EXPECT_NE(eager[1], eager[2]);  // a fresh mask each step
+  EXPECT_EQ(thread_generator().offset, eager_offset);
+}
+
+}  // namespace
+}  // namespace tandem::nn
