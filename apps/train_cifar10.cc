@@ -15,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "apps/common.h"
+#include "apps/models.h"
 #include "data/readers.h"
 #include "nn/nn.h"
 
@@ -40,16 +41,6 @@ namespace {
 namespace nn = ::tandem::nn;
 namespace apps = ::tandem::apps;
 namespace data = ::tandem::data;
-
-// conv3x3 32 + ReLU, max-pool 2, conv3x3 64 + ReLU, max-pool 2, conv3x3 64 +
-// ReLU, flatten, fc 64 + ReLU, fc 10. Input (N, 3, 32, 32): 30 -> 15 -> 13 -> 6 -> 4.
-std::shared_ptr<nn::Module> MakeConvNet() {
-  return nn::Sequential({nn::Conv2d(3, 32, 3), nn::ReLU(), nn::MaxPool2d(2),
-                         nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
-                         nn::Conv2d(64, 64, 3), nn::ReLU(), nn::Flatten(),
-                         nn::Linear(64 * 4 * 4, 64), nn::ReLU(), nn::Linear(64, 10)})
-      .ptr();
-}
 
 // Per-channel standardisation with the CIFAR-10 training statistics.
 nn::Tensor Standardise(const nn::Tensor& images) {
@@ -129,7 +120,7 @@ int main(int argc, char** argv) {
     set.test = std::make_shared<data::TensorDataset>(Synthetic(synthetic_test, flags.seed, 2));
     set.name = "CIFAR-10 (synthetic)";
   }
-  return apps::RunClassifier(flags, set, MakeConvNet,
+  return apps::RunClassifier(flags, set, apps::MakeConvNet,
                              {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)"
                                                                                : flags.data_dir),
                               "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "

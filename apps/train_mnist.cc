@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "apps/common.h"
+#include "apps/models.h"
 #include "data/readers.h"
 #include "nn/nn.h"
 
@@ -36,16 +37,6 @@ namespace {
 
 namespace nn = ::tandem::nn;
 namespace apps = ::tandem::apps;
-
-// conv 5x5 20 ch pad 2 + ReLU, max-pool 2, conv 5x5 20 ch pad 2 + ReLU,
-// max-pool 2, fully connected 20*7*7 -> 10. Input (N, 1, 28, 28).
-std::shared_ptr<nn::Module> MakeLeNet() {
-  const nn::Conv2dParams pad2{.padding = {2, 2}};
-  return nn::Sequential({nn::Conv2d(1, 20, 5, pad2), nn::ReLU(), nn::MaxPool2d(2),
-                         nn::Conv2d(20, 20, 5, pad2), nn::ReLU(), nn::MaxPool2d(2),
-                         nn::Flatten(), nn::Linear(20 * 7 * 7, 10)})
-      .ptr();
-}
 
 // Images scaled to [0, 1], then standardised with the Fashion-MNIST mean and
 // standard deviation of the training images.
@@ -76,7 +67,7 @@ int main(int argc, char** argv) {
   apps::ClassifierData data{.train = Load(flags, true),
                             .test = Load(flags, false),
                             .name = fashion ? "Fashion-MNIST" : "MNIST-format"};
-  return apps::RunClassifier(flags, data, MakeLeNet,
+  return apps::RunClassifier(flags, data, apps::MakeLeNet,
                              {absl::StrCat("data dir=", flags.data_dir),
                               "model=LeNet: conv5x5(20)+ReLU, maxpool2, conv5x5(20)+ReLU, "
                               "maxpool2, fc(980->10)"});
