@@ -1,13 +1,21 @@
 // CPU/GPU parity of the fused optimizer kernels and of clip_grad_norm_ (label gpu).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "optim/adagrad.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
+#include "nn/graph.h"
+#include "nn/layers.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
 #include "nn/random.h"
+#include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
 
 namespace tandem::optim {
@@ -89,6 +97,197 @@ TEST_F(OptimGpuTest, ClipGradNormMatchesCpu) {
     const auto a = cpu[i].grad().to_vector<double>(), b = gpu[i].grad().to_vector<double>();
     for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-12);
   }
+}
+
+// --- CUDA graph capture of a training step ------------------------------------
+//
+// K steps trained eagerly vs 1 eager step + capture + K-1 replays with the
+// batches copied into static input tensors: the same losses, weights and step
+// counts, bit for bit. Why bitwise: each replay launches the kernels the eager
+// step launched, with the same arguments except that the optimizer's scalars
+// come from device memory, written before the replay with the very doubles the
+// eager step passed by value (same step count, same lr after the schedule).
+
+struct Mlp : nn::Module {
+  Mlp()
+      : l1(register_module("l1", nn::Linear(16, 32))), l2(register_module("l2", nn::Linear(32, 1))) {}
+  nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
+  nn::Linear l1, l2;
+};
+
+std::vector<float> Weights(const nn::Module& m) {
+  std::vector<float> out;
+  for (const nn::Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  }
+  return out;
+}
+
+void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, &a[i], 4);
+    std::memcpy(&y, &b[i], 4);
+    ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::pair<nn::Tensor, nn::Tensor> Batch(int k) {
+  nn::manual_seed(200 + k);
+  nn::Tensor x = nn::randn({8, 16}), y = nn::randn({8, 1});
+  return {x.to(nn::Device::CUDA(0)), y.to(nn::Device::CUDA(0))};
+}
+
+struct Run {
+  std::vector<float> losses, weights;
+  std::vector<int64_t> steps;  // per parameter, from the optimizer
+};
+
+using MakeOptimizer = std::function<std::unique_ptr<Optimizer>(std::vector<nn::Tensor>)>;
+// Between steps (host side): e.g. an LR schedule or set_lr.
+using BetweenSteps = std::function<void(Optimizer&, int step)>;
+
+// K steps; `captured`: step 0 eager, then capture and K-1 replays.
+Run Train(const MakeOptimizer& make, const BetweenSteps& between, bool clip, bool captured,
+          int steps) {
+  nn::DeviceGuard guard(nn::Device::CUDA(0));
+  nn::manual_seed(3);
+  Mlp net;
+  std::unique_ptr<Optimizer> opt = make(net.parameters());
+  nn::Tensor x = nn::empty({8, 16}), y = nn::empty({8, 1});
+  nn::Tensor loss;
+  auto step = [&] {
+    loss = nn::mse_loss(net(x), y);
+    loss.backward();
+    if (clip) clip_grad_norm_(net.parameters(), 0.5);
+    opt->step();
+    opt->zero_grad();
+  };
+  Run run;
+  std::optional<nn::CudaGraph> graph;
+  for (int k = 0; k < steps; ++k) {
+    auto [xk, yk] = Batch(k);
+    x.copy_(xk);
+    y.copy_(yk);
+    if (!captured || k == 0) {
+      step();
+    } else {
+      if (!graph) {
+        graph.emplace();
+        graph->Capture(step);
+      }
+      graph->Replay();
+    }
+    run.losses.push_back(static_cast<float>(loss.item()));
+    if (between) between(*opt, k);
+  }
+  run.weights = Weights(net);
+  for (int64_t i = 0; i < static_cast<int64_t>(opt->params(0).size()); ++i) {
+    run.steps.push_back(opt->step_count(0, i));
+  }
+  return run;
+}
+
+void ExpectCapturedMatchesEager(const MakeOptimizer& make, const BetweenSteps& between, bool clip) {
+  constexpr int kSteps = 7;
+  const Run eager = Train(make, between, clip, false, kSteps);
+  const Run replayed = Train(make, between, clip, true, kSteps);
+  ExpectSameBits(replayed.losses, eager.losses, "losses");
+  ExpectSameBits(replayed.weights, eager.weights, "weights");
+  EXPECT_EQ(replayed.steps, eager.steps);
+  EXPECT_EQ(replayed.steps, std::vector<int64_t>(replayed.steps.size(), kSteps));
+}
+
+TEST_F(OptimGpuTest, CapturedAdamWithStepLrMatchesEager) {
+  std::shared_ptr<StepLR> schedule;
+  ExpectCapturedMatchesEager(
+      [&](std::vector<nn::Tensor> params) {
+        auto adam = std::make_unique<Adam>(std::move(params), AdamOptions{.lr = 1e-2});
+        schedule = std::make_shared<StepLR>(*adam, /*step_size=*/2, /*gamma=*/0.5);
+        return adam;
+      },
+      [&](Optimizer&, int) { schedule->step(); }, /*clip=*/false);
+}
+
+TEST_F(OptimGpuTest, CapturedAdamWWithClippingMatchesEager) {
+  ExpectCapturedMatchesEager(
+      [](std::vector<nn::Tensor> params) {
+        return std::make_unique<AdamW>(std::move(params),
+                                       AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+      },
+      nullptr, /*clip=*/true);
+}
+
+TEST_F(OptimGpuTest, CapturedSgdMomentumWithLrChangesMatchesEager) {
+  ExpectCapturedMatchesEager(
+      [](std::vector<nn::Tensor> params) {
+        return std::make_unique<SGD>(std::move(params),
+                                     SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+      },
+      [](Optimizer& opt, int k) { opt.set_lr(0.05 / (k + 2)); }, /*clip=*/false);
+}
+
+TEST_F(OptimGpuTest, CaptureBeforeAnyEagerStepIsAnError) {
+  nn::DeviceGuard guard(nn::Device::CUDA(0));
+  Mlp net;
+  Adam adam(net.parameters());
+  nn::Tensor x = nn::randn({8, 16}), y = nn::randn({8, 1});
+  nn::CudaGraph graph;
+  const std::string what = ErrorOf([&] {
+    graph.Capture([&] {
+      nn::mse_loss(net(x), y).backward();
+      adam.step();
+    });
+  });
+  EXPECT_NE(what.find("run one eager step before capturing"), std::string::npos) << what;
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(adam.step_count(0, 0), 0);
+  // The thread still trains eagerly.
+  adam.step();
+  EXPECT_EQ(adam.step_count(0, 0), 1);
+}
+
+TEST_F(OptimGpuTest, ReplayAfterLoadStateDictOrDestructionIsAnError) {
+  nn::DeviceGuard guard(nn::Device::CUDA(0));
+  Mlp net;
+  auto sgd = std::make_unique<SGD>(net.parameters(), SGDOptions{.lr = 0.1, .momentum = 0.9});
+  nn::Tensor x = nn::randn({8, 16}), y = nn::randn({8, 1});
+  auto step = [&] {
+    nn::mse_loss(net(x), y).backward();
+    sgd->step();
+    sgd->zero_grad();
+  };
+  step();
+  nn::CudaGraph graph;
+  graph.Capture(step);
+  graph.Replay();
+  EXPECT_EQ(sgd->step_count(0, 0), 2);
+  const StateDict saved = sgd->state_dict();
+  EXPECT_EQ(saved.scalars.at("state.0.0.step"), 2.0);
+  ASSERT_TRUE(sgd->load_state_dict(saved).ok());
+  const std::string what = ErrorOf([&] { graph.Replay(); });
+  EXPECT_NE(what.find("capture the step again"), std::string::npos) << what;
+  EXPECT_EQ(sgd->step_count(0, 0), 2);  // nothing advanced
+
+  step();  // the loaded state has new addresses: one eager step caches them
+  nn::CudaGraph again;
+  again.Capture(step);
+  again.Replay();
+  EXPECT_EQ(sgd->step_count(0, 0), 4);
+  sgd.reset();
+  const std::string gone = ErrorOf([&] { again.Replay(); });
+  EXPECT_NE(gone.find("optimizer used by the captured step has been destroyed"), std::string::npos)
+      << gone;
 }
 
 }  // namespace
