@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "nn/error.h"
 #include "nn/internal/cuda_runtime.h"
 
 namespace tandem::nn {
@@ -49,6 +50,18 @@ int cuda_device_count() {
   return internal::CudaDeviceCount();
 #else
   return 0;
+#endif
+}
+
+void Synchronize(Device device) {
+  if (device.is_cpu()) return;
+#if TANDEM_WITH_CUDA
+  const int count = internal::CudaDeviceCount();
+  TANDEM_CHECK(device.index >= 0 && device.index < count, "Synchronize: ", device.ToString(),
+               " is not visible (", count, " CUDA devices)");
+  internal::CudaSynchronize(device);
+#else
+  Fail("Synchronize: ", device.ToString(), ": tandem was built without CUDA");
 #endif
 }
 

@@ -51,6 +51,17 @@ bool cuda_built();
 // none of these is an error.
 int cuda_device_count();
 
+// Waits until the work the calling thread has enqueued on `device` (its CUDA
+// stream: ops and copies) is done, then raises a deferred device error of the
+// device as tandem::Error, if a kernel reported one (e.g. "cross_entropy: target
+// 12 of sample 3 is out of range [0, 10) on cuda:0"). Kernels report bad input
+// that way instead of trapping, which would kill the CUDA context: the error
+// surfaces at the next point where the host waits for the device (this call,
+// Tensor::item(), a copy to the host), and the device stays usable afterwards.
+// A no-op for the CPU. Throws tandem::Error for a CUDA device that is not
+// visible or when tandem was built without CUDA.
+void Synchronize(Device device);
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_DEVICE_H_

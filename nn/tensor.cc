@@ -109,12 +109,26 @@ const TensorImpl& Impl(const std::shared_ptr<TensorImpl>& impl, const char* what
   TANDEM_CHECK(impl != nullptr, what, ": undefined tensor");
   return *impl;
 }
-std::shared_ptr<TensorImpl> NewImpl(const Shape& shape, DType dtype, Device device) {
+std::shared_ptr<TensorImpl> NewImpl(const Shape& shape, DType dtype, Device device,
+                                    std::shared_ptr<Allocator> allocator) {
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(NumElements(shape) * ElementSize(dtype), device);
+  impl->storage = std::make_shared<Storage>(NumElements(shape) * ElementSize(dtype), device,
+                                            std::move(allocator));
   return impl;
+}
+// The pinned host allocator for a tensor on `device`, or an error saying why not.
+std::shared_ptr<Allocator> PinnedAllocatorFor(Device device) {
+  TANDEM_CHECK(device.is_cpu(), "TensorOptions::pinned: pinned memory is host memory, but the ",
+               "device is ", device.ToString(), "; make a pinned cpu tensor and copy it with to(",
+               device.ToString(), ")");
+  static const int visible_gpus = cuda_device_count();
+#if TANDEM_WITH_CUDA
+  if (visible_gpus > 0) return internal::PinnedHostAllocator();
+#endif
+  Fail("pinned memory needs tandem built with CUDA and a visible GPU (built with CUDA: ",
+       cuda_built() ? "yes" : "no", ", visible GPUs: ", visible_gpus, ")");
 }
 // A view of `t`'s storage with another shape and offset, no autograd state.
 Tensor View(const Tensor& t, const Shape& shape, int64_t offset) {
@@ -147,6 +161,15 @@ void* Tensor::data_ptr() const {
   return static_cast<char*>(impl.storage->data()) + impl.offset * ElementSize(impl.dtype);
 }
 const std::shared_ptr<Storage>& Tensor::storage() const { return Impl(impl_, "storage()").storage; }
+bool Tensor::is_pinned() const {
+  const TensorImpl& impl = Impl(impl_, "is_pinned()");
+#if TANDEM_WITH_CUDA
+  return impl.storage->allocator() == internal::PinnedHostAllocator();
+#else
+  (void)impl;
+  return false;
+#endif
+}
 int64_t Tensor::storage_offset() const { return Impl(impl_, "storage_offset()").offset; }
 
 // --- Autograd state ------------------------------------------------------------------
@@ -275,6 +298,17 @@ Tensor Tensor::to(DType dtype) const {
   });
 }
 
+Tensor Tensor::pin_memory() const {
+  TANDEM_CHECK(defined(), "pin_memory(): undefined tensor");
+  if (is_pinned()) return *this;
+  TANDEM_CHECK(device().is_cpu(), "pin_memory(): ", ToString(),
+               " is not a host tensor; only cpu tensors can be pinned");
+  Tensor out = empty(shape(), {.dtype = dtype(), .device = Device::CPU(), .pinned = true});
+  CopyInto(out, *this);
+  return autograd::Record("pin_memory", {*this}, out,
+                          [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device()});
   CopyInto(out, *this);
@@ -286,16 +320,29 @@ double Tensor::item() const {
   TANDEM_CHECK(numel() == 1, "item(): tensor of shape ", ShapeToString(shape()),
                " has ", numel(), " elements, not 1");
   double value = 0;
-  Tensor host = empty({}, {.dtype = kFloat64, .device = Device::CPU()});
-  CopyInto(host, *this);
-  value = *host.data<double>();
+  if (is_cuda()) {
+#if TANDEM_WITH_CUDA
+    // The element goes straight into a small pinned buffer of this thread (one
+    // stream synchronisation, no staging), then is converted on the host.
+    thread_local std::unique_ptr<Storage> buffer;
+    if (buffer == nullptr) {
+      buffer = std::make_unique<Storage>(16, Device::CPU(), internal::PinnedHostAllocator());
+    }
+    internal::CudaCopy(buffer->data(), Device::CPU(), data_ptr(), device(), ElementSize(dtype()));
+    ConvertHost(buffer->data(), dtype(), &value, kFloat64, 1);
+    return value;
+#endif
+  }
+  ConvertHost(data_ptr(), dtype(), &value, kFloat64, 1);
   return value;
 }
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   std::vector<T> out(static_cast<size_t>(numel()));
-  Tensor host = empty(shape(), {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+  // From a device, copy into pinned memory (no staging copy on the way).
+  Tensor host = empty(shape(), {.dtype = DTypeOf<T>::value, .device = Device::CPU(),
+                                .pinned = is_cuda() && numel() > 0});
   CopyInto(host, *this);
   if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
   return out;
@@ -414,7 +461,9 @@ Tensor& Tensor::mul_(double value) {
 
 // --- Factories --------------------------------------------------------------------------------
 Tensor empty(const Shape& shape, TensorOptions options) {
-  Tensor t(NewImpl(shape, options.dtype_or_default(), options.device_or_default()));
+  const Device device = options.device_or_default();
+  Tensor t(NewImpl(shape, options.dtype_or_default(), device,
+                   options.pinned ? PinnedAllocatorFor(device) : DefaultAllocator(device)));
   if (options.requires_grad) t.set_requires_grad(true);
   return t;
 }

@@ -104,6 +104,10 @@ class Tensor {
   int64_t nbytes() const { return numel() * ElementSize(dtype()); }
   const std::shared_ptr<Storage>& storage() const;
   int64_t storage_offset() const;  // in elements
+  // True when the data is in pinned (page-locked) host memory from the pinned
+  // host cache (TensorOptions::pinned, pin_memory()). Always false for CUDA
+  // tensors and in a build without CUDA.
+  bool is_pinned() const;
 
   // --- Autograd ------------------------------------------------------------
   bool requires_grad() const;
@@ -130,12 +134,31 @@ class Tensor {
   void set_name(std::string name) const;
 
   // --- Conversions and copies ----------------------------------------------
-  Tensor to(Device device) const;  // same tensor if already there; differentiable
+  // Same tensor if already there; differentiable. Copies run on the calling
+  // thread's stream of the CUDA device involved:
+  //  - to a CUDA device from a pinned host tensor: asynchronous, no host wait.
+  //    The source may be dropped at once (its block is not reused before the
+  //    copy is done) but must not be written to until the stream has passed
+  //    the copy (after a synchronising call such as item() or nn::Synchronize).
+  //  - to a CUDA device from pageable host memory: staged through pinned
+  //    memory on the host; returns without waiting for the device, and the
+  //    source may be modified at once.
+  //  - to the host: returns when the data is there; raises a pending deferred
+  //    device error of the source device (see nn::Synchronize).
+  Tensor to(Device device) const;
   Tensor to(DType dtype) const;    // same tensor if already that dtype; differentiable between floats
   Tensor clone() const;            // new storage, differentiable
-  double item() const;             // one element, as double (synchronises with the device)
+  // A copy of this host tensor in pinned memory (the same tensor if is_pinned()),
+  // so that copies to a CUDA device are asynchronous. Differentiable. Throws for
+  // a CUDA tensor, and "pinned memory needs tandem built with CUDA and a visible
+  // GPU" where there is no pinned memory to be had.
+  Tensor pin_memory() const;
+  // One element, as double. For a CUDA tensor, reads it through a small pinned
+  // buffer of the calling thread: synchronises the thread's stream and raises a
+  // pending deferred device error (e.g. a bad cross_entropy target).
+  double item() const;
   template <typename T> T item() const { return static_cast<T>(item()); }
-  // All elements copied to the host, converted to T.
+  // All elements copied to the host, converted to T (as to(cpu) for a CUDA tensor).
   template <typename T> std::vector<T> to_vector() const;
 
   // --- Views (share storage; differentiable) ---------------------------------
@@ -182,6 +205,12 @@ struct TensorOptions {
   std::optional<DType> dtype;
   std::optional<Device> device;
   bool requires_grad = false;
+  // Allocate in pinned (page-locked) host memory from the process-wide pinned
+  // cache, so copies to a CUDA device are asynchronous (see Tensor::to). CPU
+  // tensors only: a CUDA device throws naming it; without CUDA built or a
+  // visible GPU it throws "pinned memory needs tandem built with CUDA and a
+  // visible GPU". zeros_like / empty_like do not carry it over.
+  bool pinned = false;
 
   DType dtype_or_default() const { return dtype.value_or(DType::kFloat32); }
   Device device_or_default() const { return device.value_or(current_device()); }

@@ -1,12 +1,22 @@
-// The CUDA runtime services the core needs (memory, copies, the thread's stream).
-// Implemented in nn/cuda/runtime.cc, compiled only when TANDEM_WITH_CUDA; callers
-// guard with #if TANDEM_WITH_CUDA. Internal to nn: no other folder includes this.
+// The CUDA runtime services the core needs (memory, copies, the thread's stream,
+// pinned host memory). Implemented in nn/cuda/runtime.cc and
+// nn/cuda/pinned_allocator.cc, compiled only when TANDEM_WITH_CUDA; callers guard
+// with #if TANDEM_WITH_CUDA. Internal to nn: no other folder includes this.
+// Free of CUDA headers (tensor.cc includes it): streams are passed as
+// CUstream_st*, which is what cudaStream_t is.
 #ifndef TANDEM_NN_INTERNAL_CUDA_RUNTIME_H_
 #define TANDEM_NN_INTERNAL_CUDA_RUNTIME_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "nn/device.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace tandem::nn {
+class Allocator;
+}
 
 namespace tandem::nn::internal {
 
@@ -15,7 +25,19 @@ namespace tandem::nn::internal {
 void* CudaAllocate(int64_t bytes, Device device);
 void CudaFree(void* ptr, Device device);
 // Copies `bytes` between any two of host / device memory, ordered on the thread's
-// stream. A copy to the host returns when the data is there.
+// stream of the CUDA side (the destination's for device to device).
+//  - host -> device: returns without waiting for the device. From pinned memory
+//    (PinnedHostAllocator) the copy reads `src` asynchronously: the block is
+//    recorded as in use (RecordPinnedUse) and the caller must not write to it
+//    until the stream has passed the copy. From pageable memory the bytes are
+//    first copied on the host into a pinned staging block from the cache, so the
+//    driver never sees pageable memory and `src` may be reused at once.
+//  - device -> host: returns when the data is in `dst` (the stream is
+//    synchronised, through a pinned staging block for pageable `dst`), then
+//    raises any deferred device error of the device (see device_error.h).
+// While the stream is being captured into a CUDA graph the copy is a plain
+// cudaMemcpyAsync of the given pointers (a copy to the host then fails the
+// capture, as any host synchronisation does).
 void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes);
 // Fills `bytes` of device memory with zeros on the thread's stream.
 void CudaMemsetZero(void* dst, Device device, int64_t bytes);
@@ -23,6 +45,38 @@ void CudaMemsetZero(void* dst, Device device, int64_t bytes);
 int CudaDeviceCount();
 // Selects `device` for the calling thread (cudaSetDevice).
 void CudaSetDevice(int index);
+// Waits for the calling thread's stream on `device`, then raises any deferred
+// device error of `device` (tandem::Error).
+void CudaSynchronize(Device device);
+
+// --- Pinned host memory (nn/cuda/pinned_allocator.cc) ---------------------------
+// The process-wide caching allocator of pinned (page-locked) host memory, an
+// Allocator for Device::CPU() storages. Blocks come from cudaHostAlloc (portable:
+// usable with every device), rounded up to a power of two of at least 512 bytes,
+// and are cached when freed and handed out again for a request of the same size
+// class; they are never returned to the driver while the process runs (except
+// that when cudaHostAlloc runs out, cached blocks no copy is using are released
+// and the allocation retried once). A freed block that a copy may still be
+// reading or writing (RecordPinnedUse) is not handed out again until every event
+// recorded on it has completed: Allocate polls with cudaEventQuery, never
+// blocks, and takes a new block when no cached one is ready. Thread-safe.
+// Allocate throws tandem::Error when no CUDA device is usable.
+const std::shared_ptr<Allocator>& PinnedHostAllocator();
+// True when `ptr` lies inside a block that PinnedHostAllocator has handed out
+// and that is not freed.
+bool IsPinnedHostPointer(const void* ptr);
+// Records an event on `stream` (of `device`) after the work enqueued so far: the
+// pinned block containing `ptr` is not reused before that event completes, even
+// if it is freed first. Throws tandem::Error if `ptr` is not in a live block.
+void RecordPinnedUse(const void* ptr, Device device, CUstream_st* stream);
+// Counters of the cache, for tests and diagnostics.
+struct PinnedCacheStats {
+  int64_t blocks = 0;          // cudaHostAlloc'd blocks held
+  int64_t bytes = 0;           // their total size
+  int64_t cached_blocks = 0;   // of which free (in the cache)
+  int64_t pending_blocks = 0;  // of which free but waiting for a recorded use
+};
+PinnedCacheStats GetPinnedCacheStats();
 
 }  // namespace tandem::nn::internal
 

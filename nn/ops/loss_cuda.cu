@@ -1,10 +1,15 @@
 // CUDA kernels of the loss family. cross_entropy: one fused kernel computes, per
 // row, the log-sum-exp (saved) and the NLL term; a deterministic two-pass sum
 // (reduce family) takes the mean. Backward: one elementwise kernel. No host sync:
-// the upstream gradient is read on the device, and a bad label traps the kernel.
-#include <cstdio>
+// the upstream gradient is read on the device, and a bad target is a deferred
+// device error (nn/internal/device_error.h): the kernel reports the first one,
+// gives that sample a NaN loss (so the mean is NaN) and goes on; the host raises
+// it at its next synchronisation with the device (item(), a copy to the host,
+// nn::Synchronize). A trap would kill the CUDA context.
+#include <limits>
 
 #include "nn/cuda/context.h"
+#include "nn/internal/device_error.h"
 #include "nn/ops/internal/elementwise_kernels.h"  // MathExp, MathLog
 #include "nn/ops/internal/loss_kernels.h"
 #include "nn/ops/internal/reduce_kernels.h"
@@ -21,16 +26,20 @@ int RowThreads(int64_t c) { return c <= 32 ? 32 : (c <= 128 ? 128 : kThreads); }
 
 template <typename T>
 __global__ void CrossEntropyForwardKernel(const T* logits, const int64_t* labels, T* lse,
-                                          T* row_loss, int64_t n, int64_t c) {
+                                          T* row_loss, int64_t n, int64_t c,
+                                          nn::internal::DeviceErrorWord* error) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int64_t label = labels[i];
     if (label < 0 || label >= c) {
+      // The branch is uniform across the block (one row per block iteration).
       if (threadIdx.x == 0) {
-        printf("cross_entropy: label %lld at row %lld is out of range for %lld classes\n",
-               static_cast<long long>(label), static_cast<long long>(i),
-               static_cast<long long>(c));
+        nn::internal::ReportDeviceError(error, nn::internal::kDeviceErrorCrossEntropyTarget,
+                                        static_cast<long long>(label), static_cast<long long>(i),
+                                        static_cast<long long>(c));
+        lse[i] = std::numeric_limits<T>::quiet_NaN();
+        row_loss[i] = std::numeric_limits<T>::quiet_NaN();
       }
-      __trap();
+      continue;
     }
     const T* row = logits + i * c;
     T m = -std::numeric_limits<T>::infinity();
@@ -77,9 +86,10 @@ void CrossEntropyForwardCuda(const Tensor& logits, const Tensor& labels, const T
   const int64_t n = logits.size(0), c = logits.size(1);
   cudaStream_t stream = nn::internal::ThreadStream(logits.device());
   Tensor row_loss = empty({n}, {.dtype = logits.dtype(), .device = logits.device()});
+  nn::internal::DeviceErrorWord* error = nn::internal::DeviceErrorSlot(logits.device());
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
     CrossEntropyForwardKernel<T><<<n < kMaxGrid ? n : kMaxGrid, RowThreads(c), 0, stream>>>(
-        logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), row_loss.data<T>(), n, c);
+        logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), row_loss.data<T>(), n, c, error);
   });
   TANDEM_CHECK_LAUNCH("CrossEntropyForwardKernel", logits.device());
   SumAllCuda(row_loss, loss, 1.0 / static_cast<double>(n));

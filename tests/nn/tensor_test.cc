@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "nn/random.h"
 
 namespace tandem::nn {
@@ -109,6 +112,64 @@ TEST(DeviceTest, ParseAndCount) {
   EXPECT_FALSE(ParseDevice("cuda:-1").ok());
   EXPECT_GE(cuda_device_count(), 0);  // no driver means 0, not a failure
   EXPECT_EQ(current_device(), Device::CPU());
+}
+
+// Runs `f` and returns the message of the tandem::Error it throws ("" if none).
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PinnedTest, PinnedOnACudaDeviceIsAnErrorNamingTheDevice) {
+  const std::string message =
+      ErrorOf([] { empty({2}, {.device = Device::CUDA(0), .pinned = true}); });
+  EXPECT_NE(message.find("pinned"), std::string::npos) << message;
+  EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+  EXPECT_NE(ErrorOf([] { zeros({2}, {.device = Device::CUDA(3), .pinned = true}); }).find("cuda:3"),
+            std::string::npos);
+}
+
+TEST(PinnedTest, OrdinaryTensorsAreNotPinned) {
+  EXPECT_FALSE(zeros({3}).is_pinned());
+  EXPECT_FALSE(zeros({3}).slice(1, 2).is_pinned());
+  EXPECT_FALSE(zeros({0}).is_pinned());
+  EXPECT_NE(ErrorOf([] { Tensor().is_pinned(); }).find("undefined"), std::string::npos);
+  EXPECT_NE(ErrorOf([] { Tensor().pin_memory(); }).find("undefined"), std::string::npos);
+}
+
+// On a machine with no usable GPU pinned memory is refused with the documented
+// message; with one, the same calls give pinned tensors with the right values.
+TEST(PinnedTest, PinnedNeedsCudaAndAVisibleGpu) {
+  const char* kNeeds = "pinned memory needs tandem built with CUDA and a visible GPU";
+  if (cuda_device_count() == 0) {
+    EXPECT_NE(ErrorOf([] { empty({4}, {.device = Device::CPU(), .pinned = true}); }).find(kNeeds),
+              std::string::npos);
+    EXPECT_NE(ErrorOf([] { full({2}, 1.0, {.device = Device::CPU(), .pinned = true}); }).find(kNeeds),
+              std::string::npos);
+    EXPECT_NE(ErrorOf([] { arange(5).pin_memory(); }).find(kNeeds), std::string::npos);
+  } else {
+    Tensor t = full({2}, 1.5, {.device = Device::CPU(), .pinned = true});
+    EXPECT_TRUE(t.is_pinned());
+    EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1.5f, 1.5f}));
+    Tensor p = arange(5).pin_memory();
+    EXPECT_TRUE(p.is_pinned());
+    EXPECT_TRUE(p.pin_memory().is_same(p));
+    EXPECT_EQ(p.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  }
+}
+
+TEST(SynchronizeTest, CpuIsANoOpAndAMissingGpuIsAnError) {
+  EXPECT_NO_THROW(Synchronize(Device::CPU()));
+  const int gpus = cuda_device_count();
+  const Device missing = Device::CUDA(gpus);  // one past the last visible device
+  const std::string message = ErrorOf([&] { Synchronize(missing); });
+  EXPECT_NE(message.find("Synchronize"), std::string::npos) << message;
+  EXPECT_NE(message.find(missing.ToString()), std::string::npos) << message;
 }
 
 }  // namespace
