@@ -10,11 +10,13 @@ namespace {
 
 // Stacks `parts` (same shape and dtype, host) into (B, ...).
 nn::Tensor Stack(const std::vector<nn::Tensor>& parts, const std::vector<int64_t>& indices,
-                 const char* what) {
+                 const char* what, bool pinned) {
   const nn::Tensor& first = parts.front();
+  TANDEM_CHECK(first.defined(), "sample ", indices.front(), ": undefined ", what);
   nn::Shape shape = first.shape();
   shape.insert(shape.begin(), static_cast<int64_t>(parts.size()));
-  nn::Tensor out = nn::empty(shape, {.dtype = first.dtype(), .device = nn::Device::CPU()});
+  nn::Tensor out =
+      nn::empty(shape, {.dtype = first.dtype(), .device = nn::Device::CPU(), .pinned = pinned});
   const int64_t bytes = first.nbytes();
   char* dst = static_cast<char*>(out.data_ptr());
   for (size_t k = 0; k < parts.size(); ++k) {
@@ -32,7 +34,8 @@ nn::Tensor Stack(const std::vector<nn::Tensor>& parts, const std::vector<int64_t
 
 }  // namespace
 
-Batch Collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices) {
+Batch Collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+              bool pinned) {
   TANDEM_CHECK(!examples.empty() && examples.size() == indices.size(),
                "Collate: ", examples.size(), " examples for ", indices.size(), " indices");
   std::vector<nn::Tensor> data, targets;
@@ -42,7 +45,7 @@ Batch Collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
     data.push_back(e.data);
     targets.push_back(e.target);
   }
-  return {Stack(data, indices, "data"), Stack(targets, indices, "target"), indices};
+  return {Stack(data, indices, "data", pinned), Stack(targets, indices, "target", pinned), indices};
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<BatchSampler> sampler,
@@ -51,8 +54,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<B
   TANDEM_CHECK(dataset_ != nullptr && sampler_ != nullptr, "DataLoader: null dataset or sampler");
   TANDEM_CHECK(options_.num_workers >= 0, "DataLoader: num_workers ", options_.num_workers, " < 0");
   TANDEM_CHECK(options_.prefetch >= 1, "DataLoader: prefetch ", options_.prefetch, " must be >= 1");
-  TANDEM_CHECK(!options_.pin_memory,
-               "DataLoader: pin_memory is not implemented (nn has no pinned host storage yet)");
+  // pin_memory matters only for copies to a GPU; with a CPU device (or none) it
+  // is a no-op (see the header).
+  pin_ = options_.pin_memory && options_.device && options_.device->is_cuda();
+  if (pin_) {
+    const int gpus = nn::cuda_device_count();
+    TANDEM_CHECK(gpus > 0, "DataLoader: pin_memory with device ", options_.device->ToString(),
+                 ": pinned memory needs tandem built with CUDA and a visible GPU (built with "
+                 "CUDA: ", nn::cuda_built() ? "yes" : "no", ", visible GPUs: ", gpus, ")");
+  }
   options_.prefetch = std::max(options_.prefetch, options_.num_workers);
 }
 
@@ -70,7 +80,7 @@ DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices) const 
       examples.push_back(dataset_->get(index));
     }
     current = -1;
-    result.batch = Collate(examples, indices);
+    result.batch = Collate(examples, indices, pin_);
   } catch (const std::exception& e) {
     // Collate names the sample itself; a dataset error gets the index here.
     result.error = std::make_exception_ptr(Error(

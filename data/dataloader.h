@@ -15,8 +15,15 @@
 //
 // Device: with options.device set, each batch is copied there by the caller
 // (Tensor::to, on the caller's stream for CUDA).
-// pin_memory is not implemented yet (nn has no pinned host storage): setting it
-// throws tandem::Error from the constructor.
+// pin_memory: with a CUDA options.device, the workers (or the caller, with
+// num_workers = 0) collate straight into pinned host memory, and the caller's
+// copy to the device is asynchronous (no host wait: the batch arrives on the
+// caller's stream before any op enqueued after next() reads it). The pinned
+// blocks come from nn's process-wide cache and are reused once their copy is
+// done. If tandem was built without CUDA or sees no GPU, a CUDA device with
+// pin_memory throws tandem::Error from the constructor. With a CPU device or no
+// device, pin_memory is a documented no-op: batches stay in ordinary host
+// memory (pinning only speeds up copies to a GPU).
 //
 // Errors: an exception while loading or collating sample i (in a worker or in the
 // caller) is rethrown from next() as tandem::Error "DataLoader: sample i: <message>"
@@ -57,13 +64,15 @@ struct Batch {
 struct DataLoaderOptions {
   int num_workers = 0;
   int prefetch = 2;  // batches in flight; raised to num_workers when smaller
-  bool pin_memory = false;
+  bool pin_memory = false;  // see the file comment
   std::optional<nn::Device> device;  // unset: batches stay on the host
 };
 
-// Stacks examples into a batch (see the file comment). Throws tandem::Error on
-// mismatched shapes or dtypes, naming the offending sample.
-Batch Collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices);
+// Stacks examples into a batch (see the file comment), in pinned host memory
+// when `pinned` (nn::TensorOptions::pinned; throws where there is none). Throws
+// tandem::Error on mismatched shapes or dtypes, naming the offending sample.
+Batch Collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+              bool pinned = false);
 
 class DataLoader {
  public:
@@ -133,6 +142,7 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   std::shared_ptr<BatchSampler> sampler_;
   DataLoaderOptions options_;
+  bool pin_ = false;           // collate into pinned memory (pin_memory and a CUDA device)
   bool started_ = false;       // a pass has begun since construction / set_state
   bool ended_ = false;         // the current pass has delivered its last batch
   bool sampler_done_ = false;  // the sampler has no more batches this pass

@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "data/device_dataset.h"
@@ -149,10 +151,59 @@ TEST(DataLoaderTest, StateResumesWhereTheCallerWas) {
   EXPECT_EQ(resumed_rest, rest);
 }
 
-TEST(DataLoaderTest, PinMemoryIsRejectedUntilImplemented) {
+TEST(DataLoaderTest, PinMemoryWithoutACudaDeviceIsANoOp) {
+  auto dataset = std::make_shared<CountingDataset>(21);
+  auto make_sampler = [] {
+    return std::make_shared<SimpleBatchSampler>(std::make_shared<RandomSampler>(21, 4), 4, false);
+  };
+  DataLoader plain(dataset, make_sampler(), {.num_workers = 2});
+  const std::vector<int64_t> expected = Targets(plain);
+  ASSERT_EQ(expected.size(), 21u);
+  for (std::optional<nn::Device> device : {std::optional<nn::Device>(), std::optional(nn::Device::CPU())}) {
+    for (int workers : {0, 2}) {
+      DataLoader pinned(dataset, make_sampler(),
+                        {.num_workers = workers, .pin_memory = true, .device = device});
+      EXPECT_EQ(Targets(pinned), expected) << workers << " workers";
+      pinned.start_epoch();
+      std::optional<Batch> batch = pinned.next();
+      ASSERT_TRUE(batch.has_value());
+      EXPECT_FALSE(batch->data.is_pinned());  // documented: nothing to pin for
+      EXPECT_TRUE(batch->data.device().is_cpu());
+    }
+  }
+}
+
+TEST(DataLoaderTest, PinMemoryToCudaNeedsAVisibleGpu) {
   auto dataset = std::make_shared<CountingDataset>(4);
   auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(4), 2, false);
-  EXPECT_THROW(DataLoader(dataset, sampler, {.pin_memory = true}), Error);
+  if (nn::cuda_device_count() > 0) {
+    EXPECT_NO_THROW(DataLoader(dataset, sampler, {.pin_memory = true, .device = nn::Device::CUDA(0)}));
+    return;
+  }
+  try {
+    DataLoader loader(dataset, sampler, {.pin_memory = true, .device = nn::Device::CUDA(0)});
+    FAIL() << "pin_memory to cuda:0 without a GPU was accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("pin_memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+    EXPECT_NE(message.find("pinned memory needs tandem built with CUDA and a visible GPU"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST(DataLoaderTest, CollateIntoPinnedMemoryNeedsAGpu) {
+  std::vector<Example> examples = {CountingDataset(2).get(0), CountingDataset(2).get(1)};
+  if (nn::cuda_device_count() == 0) {
+    EXPECT_THROW(Collate(examples, {0, 1}, /*pinned=*/true), Error);
+  } else {
+    Batch batch = Collate(examples, {0, 1}, /*pinned=*/true);
+    EXPECT_TRUE(batch.data.is_pinned());
+    EXPECT_TRUE(batch.target.is_pinned());
+    EXPECT_EQ(batch.data.to_vector<float>(), (std::vector<float>{0, -0.0f, 1, -1}));
+  }
+  EXPECT_FALSE(Collate(examples, {0, 1}).data.is_pinned());
 }
 
 TEST(TransformTest, ToFloatNormalizeCropFlip) {
