@@ -171,7 +171,7 @@ class Tensor {
   // Throw when applied to a tensor that requires grad while grad mode is on.
   Tensor& zero_();
   Tensor& fill_(double value);
-  Tensor& copy_(const Tensor& src);  // same numel; converts dtype and device
+  Tensor& copy_(const Tensor& src);  // same numel; converts dtype and device (copies as to() does)
   Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape
   Tensor& mul_(double value);
 

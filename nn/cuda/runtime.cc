@@ -237,10 +237,11 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
     CheckCuda(cudaMemcpyAsync(dst + offset, buffers[b].data(), static_cast<size_t>(n),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
+    // Recorded per chunk, so that a failure later in the loop cannot hand the
+    // buffer out again while this copy may still read it.
+    RecordPinnedUse(buffers[b].data(), device, stream);
     CheckCuda(cudaEventRecord(emptied[b].get(), stream), "cudaEventRecord", device);
   }
-  RecordPinnedUse(buffers[0].data(), device, stream);
-  RecordPinnedUse(buffers[1].data(), device, stream);
 }
 
 void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,

@@ -1,0 +1,217 @@
+// GPU checks of pinned host memory (the caching allocator, asynchronous copies,
+// item()) and of deferred device errors (a bad cross_entropy target raised at
+// the next host synchronisation, the context still usable). Label gpu; skipped
+// with a reason when no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nn/internal/cuda_runtime.h"
+#include "nn/ops/loss.h"
+#include "nn/ops/matmul.h"
+#include "nn/random.h"
+#include "nn/tensor.h"
+
+namespace tandem::nn {
+namespace {
+
+const Device kGpu = Device::CUDA(0);
+
+class PinnedGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
+    }
+  }
+};
+
+std::vector<float> Iota(int64_t n, float start) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i % 1000003);
+  return v;
+}
+
+// A pinned float32 tensor of `n` elements holding Iota(n, start).
+Tensor PinnedIota(int64_t n, float start) {
+  return from_vector(Iota(n, start), {n}, {.device = Device::CPU(), .pinned = true});
+}
+
+// Enqueues about a second of matmuls on the thread's stream of kGpu (fp32,
+// no TF32), so that work queued after it stays pending for a while.
+void KeepStreamBusy() {
+  NoGradGuard no_grad;
+  const bool tf32 = allow_tf32();
+  set_allow_tf32(false);
+  Tensor m = rand({8192, 8192}, {.device = kGpu});
+  Tensor x = m;
+  for (int i = 0; i < 40; ++i) x = matmul(x, m);  // ~18 ms each on an H100
+  set_allow_tf32(tf32);
+}
+
+// 3 MiB of float32: the 4 MiB size class, which the other tests here leave alone.
+constexpr int64_t kProbeElements = int64_t{3} << 18;
+
+TEST_F(PinnedGpuTest, PinnedBlockIsReusedOnceItsCopyIsDone) {
+  DeviceGuard guard(kGpu);
+  Tensor a = PinnedIota(kProbeElements, 1.0f);
+  ASSERT_TRUE(a.is_pinned());
+  void* first = a.data_ptr();
+  Tensor on_gpu = a.to(kGpu);
+  Synchronize(kGpu);  // the copy out of `a` is done
+  a = Tensor();       // back to the cache, with a completed use
+  const internal::PinnedCacheStats before = internal::GetPinnedCacheStats();
+  Tensor b = empty({kProbeElements}, {.device = Device::CPU(), .pinned = true});
+  EXPECT_EQ(b.data_ptr(), first) << "a freed block whose copy completed was not reused";
+  EXPECT_EQ(internal::GetPinnedCacheStats().blocks, before.blocks);
+  EXPECT_EQ(on_gpu.to_vector<float>(), Iota(kProbeElements, 1.0f));
+}
+
+TEST_F(PinnedGpuTest, PinnedBlockIsNotReusedWhileItsCopyIsPending) {
+  DeviceGuard guard(kGpu);
+  Tensor a = PinnedIota(kProbeElements, 2.0f);
+  void* first = a.data_ptr();
+  KeepStreamBusy();
+  Tensor on_gpu = a.to(kGpu);  // queued behind the matmuls: not started yet
+  a = Tensor();                // freed while its copy is pending
+  EXPECT_GE(internal::GetPinnedCacheStats().pending_blocks, 1);
+  Tensor b = empty({kProbeElements}, {.device = Device::CPU(), .pinned = true});
+  void* second = b.data_ptr();
+  EXPECT_NE(second, first) << "a block was handed out while a copy from it was pending";
+  Synchronize(kGpu);
+  b = Tensor();
+  // Both blocks are free and done now: the next two requests reuse them.
+  Tensor c = empty({kProbeElements}, {.device = Device::CPU(), .pinned = true});
+  Tensor d = empty({kProbeElements}, {.device = Device::CPU(), .pinned = true});
+  EXPECT_EQ((std::set<void*>{c.data_ptr(), d.data_ptr()}), (std::set<void*>{first, second}));
+  EXPECT_EQ(on_gpu.to_vector<float>(), Iota(kProbeElements, 2.0f));
+}
+
+TEST_F(PinnedGpuTest, RoundTripsFromPinnedAndPageableMemory) {
+  DeviceGuard guard(kGpu);
+  // Small, medium, and larger than the 32 MiB staging chunk (three chunks).
+  for (int64_t n : {int64_t{7}, int64_t{1} << 20, (int64_t{80} << 20) / 4 + 3}) {
+    const std::vector<float> values = Iota(n, 0.5f);
+    Tensor pageable = from_vector(values, {n}, {.device = Device::CPU()});
+    Tensor pinned = pageable.pin_memory();
+    EXPECT_TRUE(pinned.is_pinned());
+    EXPECT_FALSE(pageable.is_pinned());
+    Tensor from_pinned = pinned.to(kGpu);
+    Tensor from_pageable = pageable.to(kGpu);
+    pageable.fill_(-1.0);  // staged: the copy already has its own bytes
+    EXPECT_EQ(from_pinned.to_vector<float>(), values) << n;
+    EXPECT_EQ(from_pageable.to_vector<float>(), values) << n;
+    Tensor back = from_pinned.to(Device::CPU());
+    EXPECT_FALSE(back.is_pinned());
+    EXPECT_EQ(back.to_vector<float>(), values) << n;
+    Tensor into_pinned = empty({n}, {.device = Device::CPU(), .pinned = true});
+    into_pinned.copy_(from_pageable);
+    EXPECT_EQ(into_pinned.to_vector<float>(), values) << n;
+  }
+  // A view into a pinned block (interior pointer), and a dtype change on the way.
+  Tensor rows = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {3, 2},
+                            {.device = Device::CPU(), .pinned = true});
+  EXPECT_EQ(rows.slice(1, 3).to(kGpu).to_vector<int64_t>(), (std::vector<int64_t>{3, 4, 5, 6}));
+  EXPECT_EQ(rows.to(kGpu).to(kFloat32).to(Device::CPU()).to_vector<float>(),
+            (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  // pin_memory of a CUDA tensor is an error naming it.
+  try {
+    rows.to(kGpu).pin_memory();
+    FAIL() << "pin_memory on a CUDA tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(PinnedGpuTest, ItemReadsEveryDType) {
+  DeviceGuard guard(kGpu);
+  EXPECT_EQ(scalar_tensor(2.5, {.dtype = kFloat32, .device = kGpu}).item(), 2.5);
+  EXPECT_EQ(scalar_tensor(-3.25, {.dtype = kFloat64, .device = kGpu}).item(), -3.25);
+  EXPECT_EQ(scalar_tensor(123456789.0, {.dtype = kInt64, .device = kGpu}).item<int64_t>(),
+            123456789);
+  EXPECT_EQ(scalar_tensor(7, {.dtype = kUInt8, .device = kGpu}).item(), 7.0);
+  Tensor v = from_vector(std::vector<float>{1, 2, 3}, {3}, {.device = kGpu});
+  EXPECT_EQ(v[2].item(), 3.0);  // an element inside a larger block
+  EXPECT_THROW(v.item(), Error);
+}
+
+TEST_F(PinnedGpuTest, RecordPinnedUseRejectsOtherMemory) {
+  DeviceGuard guard(kGpu);
+  float local = 0;
+  EXPECT_THROW(internal::RecordPinnedUse(&local, kGpu, nullptr), Error);
+  Tensor pageable = zeros({4}, {.device = Device::CPU()});
+  EXPECT_FALSE(internal::IsPinnedHostPointer(pageable.data_ptr()));
+  Tensor pinned = zeros({4}, {.device = Device::CPU(), .pinned = true});
+  EXPECT_TRUE(internal::IsPinnedHostPointer(pinned.data<float>() + 3));
+}
+
+// Runs `f`, returns the tandem::Error message it throws ("" if none).
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(PinnedGpuTest, BadCrossEntropyTargetIsRaisedAtTheNextSyncAndTheContextLives) {
+  DeviceGuard guard(kGpu);
+  manual_seed(5);
+  Tensor logits_cpu = randn({4, 5}, {.device = Device::CPU()});
+  Tensor logits = logits_cpu.to(kGpu);
+  Tensor bad = from_vector(std::vector<int64_t>{0, 7, 2, 4}, {4}, {.device = kGpu});
+  Tensor loss;
+  ASSERT_NO_THROW(loss = cross_entropy(logits, bad));  // no host sync at the launch
+  EXPECT_EQ(ErrorOf([&] { loss.item(); }),
+            "cross_entropy: target 7 of sample 1 is out of range [0, 5) on cuda:0");
+  // Raised once: the word is clear again, the loss itself is NaN.
+  double value = 0;
+  ASSERT_NO_THROW(value = loss.item());
+  EXPECT_TRUE(std::isnan(value));
+
+  // The context is usable: the same op with good targets matches the CPU.
+  Tensor good = from_vector(std::vector<int64_t>{0, 3, 2, 4}, {4}, {.device = Device::CPU()});
+  EXPECT_NEAR(cross_entropy(logits, good.to(kGpu)).item(), cross_entropy(logits_cpu, good).item(),
+              1e-5);
+
+  // Also raised by Synchronize and by a copy to the host (of an unrelated tensor).
+  Tensor negative = from_vector(std::vector<int64_t>{0, 1, 2, -3}, {4}, {.device = kGpu});
+  cross_entropy(logits, negative);
+  EXPECT_EQ(ErrorOf([] { Synchronize(kGpu); }),
+            "cross_entropy: target -3 of sample 3 is out of range [0, 5) on cuda:0");
+  EXPECT_NO_THROW(Synchronize(kGpu));
+  cross_entropy(logits, negative);
+  Tensor other = ones({3}, {.device = kGpu});
+  EXPECT_NE(ErrorOf([&] { other.to_vector<float>(); }).find("target -3 of sample 3"),
+            std::string::npos);
+  EXPECT_EQ(other.to_vector<float>(), (std::vector<float>{1, 1, 1}));
+
+  // Two bad rows: exactly one of them is reported (the first to be seen wins).
+  Tensor two = from_vector(std::vector<int64_t>{9, 1, 2, -1}, {4}, {.device = kGpu});
+  const std::string message = ErrorOf([&] { cross_entropy(logits, two).item(); });
+  EXPECT_TRUE(message == "cross_entropy: target 9 of sample 0 is out of range [0, 5) on cuda:0" ||
+              message == "cross_entropy: target -1 of sample 3 is out of range [0, 5) on cuda:0")
+      << message;
+  EXPECT_NO_THROW(Synchronize(kGpu));
+
+  // Backward through a bad target runs (NaN gradient), and nothing is left pending.
+  Tensor x = logits.detach().clone().set_requires_grad(true);
+  Tensor l = cross_entropy(x, bad);
+  EXPECT_NE(ErrorOf([&] {
+              l.backward();
+              Synchronize(kGpu);
+            }).find("target 7 of sample 1"),
+            std::string::npos);
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(std::isnan(x.grad().to_vector<float>()[5]));  // row 1, the bad one
+  EXPECT_FALSE(std::isnan(x.grad().to_vector<float>()[0]));
+}
+
+}  // namespace
+}  // namespace tandem::nn
