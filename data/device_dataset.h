@@ -28,9 +28,11 @@ class DeviceDataset {
   const nn::Tensor& targets() const { return targets_; }
 
   // Rows `indices` of data and targets, on the device: batch.data (B, ...),
-  // batch.target (B, ...). Runs of consecutive indices are copied as one block
-  // (device-to-device copies on the calling thread's stream; no host sync).
-  // Throws tandem::Error naming an index out of range.
+  // batch.target (B, ...), without autograd history. The indices are checked
+  // on the host (tandem::Error naming the first one outside [0, size()) and its
+  // position), copied to the device once (B int64, one host-to-device copy on
+  // the calling thread's stream, through pinned staging), and data and targets
+  // are gathered by nn::index_select: one kernel each, no host sync.
   Batch gather(const std::vector<int64_t>& indices) const;
 
  private:
@@ -38,7 +40,11 @@ class DeviceDataset {
   nn::Tensor targets_;
 };
 
-// Rows `indices` of `source` (N, ...) stacked into (B, ...) on source's device.
+// Rows `indices` of `source` (N, ...) stacked into (B, ...) on source's device,
+// without autograd history. The host-side indices are range-checked here (a
+// tandem::Error names the bad index), uploaded once and gathered with
+// nn::index_select (nn/ops/index.h; use that directly for device-side indices
+// or a differentiable gather).
 nn::Tensor IndexSelectRows(const nn::Tensor& source, const std::vector<int64_t>& indices);
 
 }  // namespace tandem::data

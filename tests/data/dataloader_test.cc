@@ -271,5 +271,28 @@ TEST(DeviceDatasetTest, GatherOnCpu) {
   EXPECT_THROW(on_device.gather({10}), Error);
 }
 
+TEST(DeviceDatasetTest, GatherMatchesCollateAndNamesABadIndex) {
+  nn::Tensor images = nn::arange(30 * 2 * 3, {.dtype = nn::kFloat32}).reshape({30, 2, 3});
+  TensorDataset dataset(images, nn::arange(30, {.dtype = nn::kInt64}));
+  DeviceDataset on_device(dataset, nn::Device::CPU());
+  const std::vector<int64_t> indices = {29, 3, 3, 17, 0, 4, 5, 6, 12};
+  std::vector<Example> examples;
+  for (int64_t i : indices) examples.push_back(dataset.get(i));
+  const Batch expected = Collate(examples, indices);
+  const Batch b = on_device.gather(indices);
+  EXPECT_EQ(b.data.shape(), expected.data.shape());
+  EXPECT_EQ(b.data.to_vector<float>(), expected.data.to_vector<float>());
+  EXPECT_EQ(b.target.to_vector<int64_t>(), expected.target.to_vector<int64_t>());
+  EXPECT_EQ(b.indices, indices);
+  try {
+    on_device.gather({1, 2, -3});
+    ADD_FAILURE() << "no error for index -3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("index -3 (position 2)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(on_device.gather({}), Error);
+  EXPECT_THROW(IndexSelectRows(images, {30}), Error);
+}
+
 }  // namespace
 }  // namespace tandem::data
