@@ -31,7 +31,9 @@
 //    the step's temporaries (activations, gradients, workspaces). The arena lives
 //    as long as the graph or any tensor allocated from it (the loss returned by
 //    the step stays valid after the graph is destroyed). Pool memory allocated
-//    before Capture() and released inside it is freed after capture ends.
+//    before Capture() and released inside it (the graph may still read it) is
+//    kept with the arena. When the last of them goes, the arena waits for the
+//    device (cudaDeviceSynchronize: a replay may be pending) and frees it all.
 //  - Optimizers: the step count, learning rate and bias corrections are not
 //    baked into the graph. Under capture an optimizer registers a pre-replay hook
 //    (AddPreReplayHook) that advances its step count and uploads the scalars

@@ -15,6 +15,13 @@
 // run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
 // reports the first failure and logs this one as a consequence.
 //
+// CUDA graphs (nn/graph.h): NCCL collectives (and hence DataParallel's
+// gradient all-reduce) may be captured in a step and replayed; every rank must
+// replay its graph, as it would run the step. Collectives inside a graph are
+// not followed by the watchdog. barrier() and the in-process communicator
+// cannot be captured (both wait on the host) and throw tandem::Error under
+// capture.
+//
 // Thread-safety: a Communicator belongs to its rank's thread.
 #ifndef TANDEM_SPAWN_COMMUNICATOR_H_
 #define TANDEM_SPAWN_COMMUNICATOR_H_

@@ -25,6 +25,12 @@
 // A parameter that got no gradient in a backward pass is an error naming it,
 // unless find_unused_parameters is set: then it counts as a zero gradient.
 //
+// CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
+// (bucket all-reduces on the communication stream, joined back into the compute
+// stream at the end of backward) can be captured after one eager step and
+// replayed; the gradient buffers stay in place. The in-process communicator
+// cannot be captured (its collectives throw under capture).
+//
 // Thread-safety: belongs to its rank's thread, like the module. The module must
 // outlive the DataParallel.
 #ifndef TANDEM_SPAWN_DATA_PARALLEL_H_

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "nn/graph.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/inprocess_cuda.h"
 #endif
@@ -116,6 +117,12 @@ void InProcessCommunicator::CheckDevice(const nn::Tensor& t, const char* op) con
 
 void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv,
                                     int arg) {
+  // The rendezvous is on the host: recorded into a graph it would never happen
+  // again at replay (and the other ranks would wait for a capture to finish).
+  TANDEM_CHECK(!nn::CudaGraph::IsCapturing(), "in-process communicator cannot be captured in a "
+               "CUDA graph (", op, " #", sequence(), " on rank ", rank(), ", ",
+               device().ToString(), "): its ranks meet on the host; use NCCL (ranks on distinct "
+               "GPUs) to capture a step with collectives, or run this step eagerly");
   InProcessGroup::Slot& s = group_->slot(rank());
   s.op = op;
   s.sequence = sequence();

@@ -6,6 +6,11 @@
 // CPU tensors: plain loops on the calling thread. CUDA tensors (ranks on one GPU):
 // kernels on the rank's compute stream, ordered against the other ranks' streams
 // with events; the host does not wait for the GPU.
+//
+// Not capturable in a CUDA graph (nn/graph.h): every collective meets the other
+// ranks on the host. A collective called while nn::CudaGraph captures on the
+// calling thread throws tandem::Error ("in-process communicator cannot be
+// captured in a CUDA graph; use NCCL ...") before touching the group.
 #ifndef TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 #define TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 

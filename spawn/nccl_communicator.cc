@@ -29,6 +29,13 @@
 // watchdog thread polls them (PollCompleted) and marks a collective complete
 // when its event has fired, so a collective stuck on the GPU (a peer that never
 // came) shows up in the watchdog's report as the op and sequence number it is.
+//
+// CUDA graph capture (nn/graph.h): the event record / wait pair between the
+// compute and communication streams makes the communication stream join the
+// capture, and the compute stream's wait on the collective's end event (done_,
+// or Work::wait) joins it back, so the collectives are recorded in the graph.
+// Collectives recorded in a graph are not traced for the watchdog (an event
+// recorded in a capture cannot be queried); barrier() cannot be captured.
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
@@ -40,6 +47,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
+#include "nn/graph.h"
 #include "spawn/internal/nccl.h"
 
 namespace tandem::dist::internal {
@@ -190,6 +198,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   void BarrierImpl() override {
+    TANDEM_CHECK(!nn::CudaGraph::IsCapturing(), "NCCL barrier (rank ", rank(), ", ",
+                 device().ToString(), ") cannot run inside a CUDA graph capture: the host "
+                 "waits for it");
     nn::Tensor token = nn::zeros({1}, {.dtype = nn::kFloat32, .device = device()});
     Launch("barrier", token, [&] {
       return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
@@ -234,6 +245,13 @@ class NcclCommunicator final : public Communicator {
     TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
                  " (rank ", rank(), "): ", NcclText(r, comm_));
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
+    if (nn::CudaGraph::IsCapturing()) {
+      // Recorded into a graph, not run: an event recorded in a capture cannot be
+      // queried (cudaErrorCapturedEvent), so the watchdog does not follow this
+      // collective; it runs at every replay, untraced.
+      MarkCompleted(sequence());
+      return;
+    }
     cudaEvent_t traced;
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&traced, cudaEventDisableTiming), device());
     TANDEM_CHECK_CUDA(cudaEventRecord(traced, stream_), device());

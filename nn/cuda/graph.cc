@@ -10,8 +10,9 @@
 //   3. run the step; every kernel, copy and memset enqueued on the thread's stream
 //      (and on streams that join it through event waits, e.g. NCCL's) is recorded;
 //   4. cudaStreamEndCapture, whatever happened in 3 (a capture must not outlive
-//      Capture()); restore the allocator, free the deferred list, clear CUDA's
-//      last error; on failure throw (see the header) with the thread usable;
+//      Capture()); restore the allocator, hand the pool memory released during
+//      the step to the arena (the graph may read it at every replay), clear
+//      CUDA's last error; on failure throw (see the header) with the thread usable;
 //   5. cudaGraphInstantiate and cudaGraphUpload.
 #include <cuda_runtime_api.h>
 
@@ -50,47 +51,86 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
+// Device memory that a graph may read at every replay, to be released when
+// nothing can replay it any more.
+struct GraphMemory {
+  Device device;
+  std::vector<void*> chunks;               // the arena's, from cudaMalloc
+  internal::DeferredCudaFrees pool_frees;  // pool memory released during the capture
+};
+
+// What a capture on this thread collects (null when none runs).
+struct CaptureState {
+  std::vector<std::function<void()>>* hooks;
+  // Graph memory whose owner died during this capture: released after it ends
+  // (the device synchronisation that releasing needs is not allowed inside).
+  std::vector<GraphMemory> released;
+};
+thread_local CaptureState* t_capture = nullptr;
+
+// Waits for the device (a replay using the memory may still be pending), then
+// frees. Destructors call this: nothing throws, errors are left for the next
+// checked call.
+void ReleaseNow(GraphMemory& memory) {
+  if (memory.chunks.empty() && memory.pool_frees.empty()) return;
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(memory.device.index);
+  cudaDeviceSynchronize();
+  for (void* chunk : memory.chunks) cudaFree(chunk);
+  // The device is idle: a free ordered on the legacy stream takes effect at once.
+  for (const auto& [ptr, device] : memory.pool_frees) cudaFreeAsync(ptr, nullptr);
+  if (previous >= 0) cudaSetDevice(previous);
+  memory.chunks.clear();
+  memory.pool_frees.clear();
+}
+
+void Release(GraphMemory memory) {
+  if (t_capture != nullptr) {
+    t_capture->released.push_back(std::move(memory));
+  } else {
+    ReleaseNow(memory);
+  }
+}
+
 // The memory of a captured step: bump allocation from cudaMalloc'd chunks,
 // never reused (a replay rewrites every byte the capture handed out, so two
-// tensors of the step must never share memory). Free is a no-op; the chunks go
-// back to the driver when the last Storage of the arena and the graph are gone.
-// Thread-safe (a tensor of the step may die on another thread).
+// tensors of the step must never share memory). Free is a no-op. The arena also
+// keeps the pool memory released during the capture (the graph may read it).
+// Everything goes back when the last Storage of the arena and the graph are
+// gone, after a device synchronisation. Thread-safe (a tensor of the step may
+// die on another thread).
 class CaptureArena final : public Allocator {
  public:
-  explicit CaptureArena(Device device) : device_(device) {}
-  ~CaptureArena() override {
-    // Destructors must not throw. No capture may be running on this thread
-    // while the arena dies with a pending graph; be safe anyway.
-    RelaxedCaptureMode relaxed;
-    for (void* chunk : chunks_) cudaFree(chunk);
-  }
+  explicit CaptureArena(Device device) { memory_.device = device; }
+  ~CaptureArena() override { Release(std::move(memory_)); }
 
   void* Allocate(int64_t bytes, Device device) override {
-    TANDEM_CHECK(device == device_, "CudaGraph arena of ", device_.ToString(),
-                 " asked for memory on ", device.ToString(),
-                 " (a captured step must use only the graph's device)");
+    const Device own = memory_.device;
+    TANDEM_CHECK(device == own, "CudaGraph arena of ", own.ToString(), " asked for memory on ",
+                 device.ToString(), " (a captured step must use only the graph's device)");
     TANDEM_CHECK(bytes > 0, "CudaGraph arena: bad allocation size ", bytes);
     const int64_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
     std::lock_guard<std::mutex> lock(mu_);
-    if (chunks_.empty() || used_ + rounded > chunk_bytes_) {
+    if (memory_.chunks.empty() || used_ + rounded > chunk_bytes_) {
       const int64_t chunk_bytes = std::max(rounded, kArenaChunkBytes);
       void* chunk = nullptr;
       {
         RelaxedCaptureMode relaxed;
-        TANDEM_CHECK_CUDA(cudaSetDevice(device_.index), device_);
+        TANDEM_CHECK_CUDA(cudaSetDevice(own.index), own);
         const cudaError_t status = cudaMalloc(&chunk, static_cast<size_t>(chunk_bytes));
         if (status != cudaSuccess) {
           cudaGetLastError();
           Fail("CudaGraph: cudaMalloc of ", chunk_bytes, " bytes for the captured step on ",
-               device_.ToString(), " failed: ", cudaGetErrorString(status), " (the step has used ",
+               own.ToString(), " failed: ", cudaGetErrorString(status), " (the step has used ",
                total_bytes_, " bytes so far; captured memory is not reused within the step)");
         }
       }
-      chunks_.push_back(chunk);
+      memory_.chunks.push_back(chunk);
       chunk_bytes_ = chunk_bytes;
       used_ = 0;
     }
-    void* ptr = static_cast<char*>(chunks_.back()) + used_;
+    void* ptr = static_cast<char*>(memory_.chunks.back()) + used_;
     used_ += rounded;
     total_bytes_ += rounded;
     return ptr;
@@ -98,25 +138,19 @@ class CaptureArena final : public Allocator {
 
   void Free(void*, int64_t, Device) noexcept override {}
 
-  int64_t total_bytes() const {
+  // Takes over pool memory released during the capture.
+  void Keep(const internal::DeferredCudaFrees& frees) {
     std::lock_guard<std::mutex> lock(mu_);
-    return total_bytes_;
+    for (const auto& f : frees) memory_.pool_frees.push_back(f);
   }
 
  private:
-  const Device device_;
-  mutable std::mutex mu_;
-  std::vector<void*> chunks_;
-  int64_t chunk_bytes_ = 0;  // size of chunks_.back()
-  int64_t used_ = 0;         // bytes handed out from chunks_.back()
+  std::mutex mu_;
+  GraphMemory memory_;
+  int64_t chunk_bytes_ = 0;  // size of memory_.chunks.back()
+  int64_t used_ = 0;         // bytes handed out from memory_.chunks.back()
   int64_t total_bytes_ = 0;
 };
-
-// What a capture on this thread collects (null when none runs).
-struct CaptureState {
-  std::vector<std::function<void()>>* hooks;
-};
-thread_local CaptureState* t_capture = nullptr;
 
 bool IsCaptureFailure(cudaError_t e) {
   return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
@@ -186,7 +220,7 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   auto arena = std::make_shared<CaptureArena>(device_);
   std::vector<std::function<void()>> hooks;
   internal::DeferredCudaFrees deferred;
-  CaptureState state{&hooks};
+  CaptureState state{&hooks, {}};
 
   std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
@@ -208,8 +242,11 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   }
   SetThreadCudaAllocator(std::move(previous_allocator));
   internal::SetThreadDeferredCudaFrees(previous_deferred);
-  // The pool memory released during the step, now that nothing is captured.
-  for (const auto& [ptr, device] : deferred) internal::CudaFree(ptr, device);
+  // Pool memory released during the step may be read by the graph: it lives
+  // with the arena. Graph memory of others that died during the capture is
+  // released now that nothing is captured.
+  arena->Keep(deferred);
+  for (GraphMemory& memory : state.released) ReleaseNow(memory);
   const cudaError_t last = cudaGetLastError();  // clears a sticky capture error
   if (begin != cudaSuccess) {
     Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device_.ToString(), " failed: ",

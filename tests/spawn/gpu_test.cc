@@ -1,14 +1,18 @@
 // spawn on GPUs: NCCL with one rank, and two ranks sharing one GPU through the
 // in-process communicator (share_devices). Skipped where no GPU is visible.
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 #include "spawn/data_parallel.h"
+#include "optim/adam.h"
 #include "spawn/spawn.h"
 
 namespace tandem::dist {
@@ -103,6 +107,100 @@ TEST_F(GpuSpawnTest, SharedGpuCollectives) {
     for (int i = 0; i < 1000; ++i) ASSERT_EQ(v[i], 6.0f);
     EXPECT_EQ(std::vector<float>(v.begin() + 1000, v.end()),
               (std::vector<float>{0, 0, 1, 1, 2, 2}));
+  }
+}
+
+// --- CUDA graph capture of a DataParallel step (nn/graph.h) -------------------
+
+// K Adam steps of a DataParallel LinearNet, each on batch k copied into static
+// inputs; `captured`: step 0 eager, then one capture and K-1 replays. Returns
+// the losses followed by the weights.
+std::vector<float> TrainDataParallel(Context& ctx, bool captured) {
+  constexpr int kSteps = 5;
+  LinearNet net;
+  DataParallel dp(net, ctx);
+  optim::Adam adam(dp.parameters(), {.lr = 1e-2});
+  Tensor x = nn::empty({8, 10}), y = nn::empty({8, 1});
+  Tensor loss;
+  auto step = [&] {
+    loss = nn::mse_loss(dp(x), y);
+    loss.backward();
+    adam.step();
+    adam.zero_grad();
+  };
+  std::vector<float> out;
+  std::optional<nn::CudaGraph> graph;
+  for (int k = 0; k < kSteps; ++k) {
+    nn::manual_seed(500 + k, 0);
+    x.copy_(nn::randn({8, 10}, {.device = nn::Device::CPU()}));
+    y.copy_(nn::randn({8, 1}, {.device = nn::Device::CPU()}));
+    if (!captured || k == 0) {
+      step();
+    } else {
+      if (!graph) {
+        graph.emplace(ctx.device());
+        graph->Capture(step);
+      }
+      graph->Replay();
+    }
+    out.push_back(static_cast<float>(loss.item()));
+  }
+  TANDEM_CHECK(adam.step_count(0, 0) == kSteps, "step count ", adam.step_count(0, 0));
+  for (float v : Flat(net)) out.push_back(v);
+  return out;
+}
+
+// Why bitwise: a replay launches the eager step's kernels and NCCL all-reduce
+// (one rank: a copy) with the same arguments; Adam's scalars are the same doubles.
+TEST_F(GpuSpawnTest, NcclOneRankCapturedDataParallelStepMatchesEager) {
+  auto eager = spawn([](Context& ctx) { return TrainDataParallel(ctx, false); }, 1, "0", options_);
+  auto replayed = spawn(
+      [](Context& ctx) {
+        TANDEM_CHECK(ctx.communicator().kind() == "nccl", "communicator ",
+                     ctx.communicator().kind());
+        return TrainDataParallel(ctx, true);
+      },
+      1, "0", options_);
+  ASSERT_TRUE(eager.ok() && replayed.ok()) << eager.status() << replayed.status();
+  const std::vector<float>& a = (*eager)[0];
+  const std::vector<float>& b = (*replayed)[0];
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint32_t u, v;
+    std::memcpy(&u, &a[i], 4);
+    std::memcpy(&v, &b[i], 4);
+    ASSERT_EQ(u, v) << "element " << i << " (the first 5 are losses): " << a[i] << " vs " << b[i];
+  }
+}
+
+TEST_F(GpuSpawnTest, InProcessCommunicatorCaptureIsAClearError) {
+  options_.share_devices = true;
+  auto got = spawn(
+      [](Context& ctx) {
+        LinearNet net;
+        DataParallel dp(net, ctx);
+        Tensor x = nn::randn({4, 10}), y = nn::randn({4, 1});
+        nn::mse_loss(dp(x), y).backward();  // eager warm-up
+        std::string what;
+        nn::CudaGraph graph(ctx.device());
+        try {
+          graph.Capture([&] { nn::mse_loss(dp(x), y).backward(); });
+        } catch (const Error& e) {
+          what = e.what();
+        }
+        TANDEM_CHECK(!graph.captured() && !nn::CudaGraph::IsCapturing(), "capture state");
+        // The communicator still works eagerly afterwards.
+        Tensor t = nn::full({3}, ctx.rank() + 1.0);
+        ctx.communicator().all_reduce(t, ReduceOp::kSum);
+        TANDEM_CHECK(t.to_vector<float>() == std::vector<float>(3, 3.0f), "all_reduce after");
+        return what;
+      },
+      2, "0,0", options_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (const std::string& what : *got) {
+    EXPECT_NE(what.find("in-process communicator cannot be captured in a CUDA graph"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("use NCCL"), std::string::npos) << what;
   }
 }
 
