@@ -47,8 +47,12 @@
 //    replay on every rank (each rank replays its own graph, like an eager step).
 //  - RNG: a dropout draws its Philox offset from the thread's generator on the
 //    host. Under capture dropout reads the offset from device memory that a
-//    pre-replay hook advances, so each replay draws a fresh mask (see
-//    nn/ops/dropout.h).
+//    pre-replay hook writes after reserving the counters on the replaying
+//    thread's generator, so each replay draws a fresh mask, the one an eager
+//    step would have drawn (see nn/ops/dropout.h). rand() / randn() inside the
+//    step are NOT handled so: they draw the same numbers at every replay (and
+//    advance the generator once, at capture); make random inputs outside the
+//    step and copy them into the step's static tensors.
 //  - Only the calling thread's work is captured (cudaStreamCaptureModeThreadLocal):
 //    other ranks' threads keep running eagerly while one thread captures.
 //
