@@ -1,0 +1,139 @@
+// Training-state checkpoints: everything a run needs to continue bit for bit,
+// in one nn checkpoint file (nn/checkpoint.h: header, CRC-32, atomic write).
+//
+//   int64_t step = 0;
+//   dist::TrainingState state{.model = &net, .optimizer = &adam, .scheduler = &sched,
+//                             .loader = &loader, .step = &step};
+//   state.extra["program"] = std::string("train_mnist");
+//   RETURN_IF_ERROR(dist::SaveTrainingCheckpoint(ctx, path, state));   // every rank calls
+//   ...
+//   RETURN_IF_ERROR(dist::LoadTrainingCheckpoint(ctx, path, state));   // every rank calls
+//
+// Under spawn every rank calls both functions at the same point of its program
+// (they run collectives). Save: every rank's generator state is gathered, rank 0
+// writes the file, and no rank returns before the file is complete (rank 0
+// broadcasts its outcome after the write, which is also the barrier). Load:
+// every rank reads the file and loads it into its own objects; the ranks then
+// exchange their outcomes, so either every rank returns OK or every rank
+// returns an error. What is saved comes from rank 0 except the generators
+// (DataParallel keeps the model, optimizer, schedule, sampler position and step
+// the same on every rank).
+//
+// File entries (on top of nn/checkpoint.h's layout):
+//   tensors   "model.<name>"              model.state_dict()
+//             "optim.<name>"              optimizer state tensors
+//   metadata  "optim.<key>"    double     optimizer scalars (groups, hyper-parameters, steps)
+//             "sched.<key>"    double     scheduler.state_dict()
+//             "sampler.epoch", "sampler.position"  int64   SamplerState
+//             "step"           int64      *step
+//             "world_size"     int64      ranks of the run that wrote it
+//             "rng.<r>.seed", "rng.<r>.stream", "rng.<r>.offset"  int64 (uint64 bits)
+//                                          rank r's nn::thread_generator()
+//             "training_state.version" int64 (1)
+//             <any other key>             TrainingState::extra
+// An object whose pointer is null is neither saved nor loaded.
+//
+// Generators and world size: a file written by the same number of ranks
+// restores every rank's generator (seed, stream, offset), so dropout and any
+// other draw continue exactly. A file written by a different number of ranks
+// is still loaded (model, optimizer, schedule, sampler, step, extra), the
+// generators keep their current state and rank 0 logs a warning saying so,
+// because resuming on another machine size is a legitimate, merely not
+// bitwise-reproducible, use; LoadOptions::require_same_world_size turns it
+// into an error instead.
+//
+// Errors are absl::Status naming the file and the entry: I/O, magic, version,
+// checksum, truncation (nn::LoadCheckpoint); a missing entry (NotFound), an
+// entry of the wrong type or out of range (InvalidArgument), the model's or
+// optimizer's own mismatch message (key and both shapes) behind "model: " /
+// "optimizer: ", an expectation of LoadOptions::expect not met
+// (FailedPrecondition). Before applying anything Load checks every metadata
+// entry it will need; the model and the optimizer check their own tensors and
+// are each left unchanged on error, but a later failure (e.g. the optimizer's)
+// leaves the earlier objects (the model) loaded: treat the state as unusable
+// after an error. Failures of the collectives themselves (another rank failed,
+// the run is stopping) throw, as every collective does.
+//
+// Thread-safety: each rank's thread calls with its own Context and objects.
+// CUDA: tensors are copied to the host on the calling thread's stream (a sync).
+#ifndef TANDEM_SPAWN_CHECKPOINT_H_
+#define TANDEM_SPAWN_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "data/dataloader.h"
+#include "data/sampler.h"
+#include "nn/checkpoint.h"
+#include "nn/module.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+#include "spawn/context.h"
+
+namespace tandem::dist {
+
+// What a checkpoint holds. Pointers are not owned and may be null where unused.
+struct TrainingState {
+  nn::Module* model = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;  // built on `optimizer`
+  // The sampler's epoch and position: from the loader (batches handed out so
+  // far; prefetched ones do not count, see DataLoader::get_state) or, without a
+  // loader, from a sampler. At most one of the two.
+  data::DataLoader* loader = nullptr;
+  data::BatchSampler* sampler = nullptr;
+  int64_t* step = nullptr;  // the global step counter
+  // App metadata (program name, best accuracy, ...). Save writes it; Load
+  // replaces it with every entry of the file that is not one of the library's
+  // (see the file comment). Keys must not be a library key or start with
+  // "model.", "optim.", "sched.", "sampler.", "rng." or "training_state.".
+  std::map<std::string, nn::CheckpointValue> extra;
+};
+
+struct LoadOptions {
+  // Entries of `extra` the file must hold with exactly these values, checked
+  // before anything is loaded (e.g. {"program", "train_mnist"}).
+  std::map<std::string, nn::CheckpointValue> expect;
+  // A file written by another number of ranks: false (default) loads it
+  // without the generators and rank 0 logs a warning; true fails
+  // (FailedPrecondition) with both world sizes in the message.
+  bool require_same_world_size = false;
+};
+
+// Writes `state` to `path` (see the file comment). Every rank calls it; every
+// rank returns rank 0's outcome (the other ranks' errors say that rank 0 could
+// not write the file; rank 0's names the cause).
+absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
+                                    const TrainingState& state);
+
+// Loads `path` into the objects of `state` and replaces state.extra with the
+// file's app entries. Every rank calls it; a rank whose own load succeeded
+// returns an error naming the first rank that failed, if one did.
+absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
+                                    const LoadOptions& options = {});
+
+// extra[key] as T (std::string, int64_t or double). NotFound / InvalidArgument
+// naming `path` (the file it came from) and the key.
+template <typename T>
+absl::StatusOr<T> ExtraValue(const std::map<std::string, nn::CheckpointValue>& extra,
+                             const std::string& key, const std::string& path) {
+  auto it = extra.find(key);
+  if (it == extra.end()) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": missing entry \"", key, "\""));
+  }
+  const T* value = std::get_if<T>(&it->second);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, ": entry \"", key, "\" has the wrong type"));
+  }
+  return *value;
+}
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_CHECKPOINT_H_
