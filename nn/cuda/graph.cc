@@ -240,6 +240,7 @@ void CudaGraph::Capture(const std::function<void()>& step) {
     // stream and the thread leave capture mode.
     end = cudaStreamEndCapture(stream, &graph);
   }
+  const cudaError_t last = cudaGetLastError();  // clears a sticky capture error
   SetThreadCudaAllocator(std::move(previous_allocator));
   internal::SetThreadDeferredCudaFrees(previous_deferred);
   // Pool memory released during the step may be read by the graph: it lives
@@ -247,7 +248,6 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   // released now that nothing is captured.
   arena->Keep(deferred);
   for (GraphMemory& memory : state.released) ReleaseNow(memory);
-  const cudaError_t last = cudaGetLastError();  // clears a sticky capture error
   if (begin != cudaSuccess) {
     Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device_.ToString(), " failed: ",
          cudaGetErrorName(begin), " (", cudaGetErrorString(begin), ")");
