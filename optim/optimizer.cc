@@ -168,7 +168,7 @@ void Optimizer::CaptureLaunch(int64_t g, internal::Algorithm algo,
             const void* now = b < st.buffers.size() && st.buffers[b].defined()
                                   ? st.buffers[b].data_ptr()
                                   : nullptr;
-            same = same && now == captured[k + 2 + b];
+            if (captured[k + 2 + b] != nullptr) same = same && now == captured[k + 2 + b];
           }
           TANDEM_CHECK(same, name_, ": parameter ", i, " of group ", g, ", its gradient or its "
                        "state is no longer the tensor the CUDA graph captured (load_state_dict, "
