@@ -16,7 +16,9 @@
 #    gpu_test.sh can rewrite CTest's absolute paths to wherever the copy lands,
 #    and the gpu-labelled test binaries (build-gpu/gpu_tests.txt) for machines
 #    without ctest;
-#  - keeps only what the GPU machine runs (gpu-labelled test binaries, apps,
+#  - keeps only what the GPU machine runs (gpu-labelled test binaries, apps
+#    including the benchmark harness's tandem_bench (build-gpu/apps/, run there by
+#    gpu_test.sh through scripts/bench/compare.py from the repository copy),
 #    nn_ops_bench; the CPU-only test binaries are deleted), deletes object files
 #    and static libraries, strips the binaries and gzips the libraries over 4 MiB
 #    (OpenBLAS), to keep build-gpu small enough to carry (under ~60 MiB). The next
@@ -48,6 +50,10 @@ mapfile -t binaries < <( { printf '%s\n' "$gpu_tests" | sed "s|^|$build/|"
   done | sort -u)
 if [ -z "$gpu_tests" ] || [ ${#binaries[@]} -eq 0 ]; then
   echo "gpu_bundle: no gpu test binaries found in $build" >&2
+  exit 1
+fi
+if ! printf '%s\n' "${binaries[@]}" | grep -qxF "$build/apps/tandem_bench"; then
+  echo "gpu_bundle: $build/apps/tandem_bench was not built (gpu_test.sh's benchmark step needs it)" >&2
   exit 1
 fi
 find "$build/tests" -name CMakeFiles -prune -o -type f -perm -u+x -print | while read -r f; do

@@ -12,6 +12,11 @@
 # 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
 #    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
 # 4. The microbenchmark nn_ops_bench (CPU and CUDA rows, median of 5).
+# 5. The tandem vs PyTorch benchmark on GPU 0 (scripts/bench/compare.py with
+#    build-gpu/apps/tandem_bench and $PYTHON): tandem eager and CUDA graph, torch
+#    eager / compile / reduce-overhead, loss check, one table of ratios, written
+#    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
+#    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
 # Everything is also appended to $OUT/gpu_test.log when OUT is set. PYTHON names
 # the Python whose site-packages hold PyTorch's NVIDIA libraries (default
 # python3). Every step runs even after a failure; the exit status is 1 when any
@@ -116,6 +121,18 @@ if [ -x "$build/tests/nn/nn_ops_bench" ]; then
 else
   echo "gpu_test: $build/tests/nn/nn_ops_bench was not built (Google Benchmark missing?)"
   failed+=("nn_ops_bench")
+fi
+
+step "benchmark: tandem vs PyTorch on cuda:0 (scripts/bench/compare.py)"
+if [ -x "$build/apps/tandem_bench" ]; then
+  bench_out="${OUT:-$root/bench-out}/bench"
+  read -r -a bench_args <<<"${BENCH_ARGS:---cuda_graph --warmup_steps=10 --steps=100 --repetitions=5}"
+  run "bench compare" "$python" "$root/scripts/bench/compare.py" --devices=cuda:0 \
+    --bench="$build/apps/tandem_bench" --python="$python" --out="$bench_out" \
+    --work_dir="${TMPDIR:-/tmp}/tandem_bench_work" "${bench_args[@]}"
+else
+  echo "gpu_test: $build/apps/tandem_bench was not built"
+  failed+=("bench compare")
 fi
 
 echo
