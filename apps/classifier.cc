@@ -15,7 +15,6 @@
 #include <string>
 #include <system_error>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -25,12 +24,11 @@
 #include "apps/common.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
-#include "nn/checkpoint.h"
 #include "nn/error.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
-#include "nn/random.h"
+#include "spawn/checkpoint.h"
 
 namespace tandem::apps {
 namespace {
@@ -177,96 +175,56 @@ struct Progression {
 };
 
 template <typename T>
-T MetadataOr(const nn::Checkpoint& ck, const std::string& key, const std::string& path) {
-  auto it = ck.metadata.find(key);
-  TANDEM_CHECK(it != ck.metadata.end(), "checkpoint ", path, ": missing entry \"", key, "\"");
-  const T* value = std::get_if<T>(&it->second);
-  TANDEM_CHECK(value != nullptr, "checkpoint ", path, ": entry \"", key, "\" has the wrong type");
+T ExtraOr(const dist::TrainingState& state, const std::string& key, const std::string& path) {
+  absl::StatusOr<T> value = dist::ExtraValue<T>(state.extra, key, path);
+  TANDEM_CHECK(value.ok(), "--resume: ", value.status().ToString());
   return *value;
 }
 
+// Every rank calls it at an epoch end; rank 0 writes checkpoint_dir/epoch-<n>.ckpt
+// (dist::SaveTrainingCheckpoint: model, optimizer, sampler position, step,
+// every rank's generator, and the run's progress as app entries).
 void SaveRunCheckpoint(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
-                       nn::Module& model, const optim::Optimizer& optimizer,
+                       nn::Module& model, optim::Optimizer& optimizer, data::DataLoader& loader,
                        const Progression& at) {
-  // Every rank's generator position, so a resumed run draws what this one would.
-  nn::Tensor offset = nn::from_vector<int64_t>(
-      {static_cast<int64_t>(nn::thread_generator().offset)}, {1},
-      {.dtype = nn::DType::kInt64, .device = ctx.device()});
-  std::vector<int64_t> offsets = ctx.communicator().all_gather(offset).to_vector<int64_t>();
-  if (ctx.rank() == 0) {
-    nn::Checkpoint ck;
-    for (const auto& [name, tensor] : model.state_dict()) ck.tensors["model." + name] = tensor;
-    optim::StateDict opt = optimizer.state_dict();
-    for (const auto& [name, tensor] : opt.tensors) ck.tensors["optim." + name] = tensor;
-    for (const auto& [key, value] : opt.scalars) ck.metadata["optim." + key] = value;
-    ck.metadata["program"] = flags.program;
-    ck.metadata["dataset"] = data.name;
-    ck.metadata["epoch"] = int64_t{at.epoch};
-    ck.metadata["sampler.epoch"] = int64_t{at.epoch};  // the next epoch starts at its beginning
-    ck.metadata["sampler.position"] = int64_t{0};
-    ck.metadata["step"] = at.step;
-    ck.metadata["best_accuracy"] = at.best_accuracy;
-    ck.metadata["elapsed_s"] = at.elapsed_s;
-    ck.metadata["world_size"] = int64_t{ctx.world_size()};
-    ck.metadata["rng.seed"] = static_cast<int64_t>(flags.seed);
-    for (size_t r = 0; r < offsets.size(); ++r) {
-      ck.metadata[absl::StrCat("rng.", r, ".offset")] = offsets[r];
-    }
-    const std::string path =
-        (std::filesystem::path(flags.checkpoint_dir) / absl::StrCat("epoch-", at.epoch, ".ckpt"))
-            .string();
-    absl::Status status = nn::SaveCheckpoint(path, ck);
-    TANDEM_CHECK(status.ok(), "saving the checkpoint: ", status.ToString());
-    ctx.log().Info("checkpoint {} written", path);
-  }
-  ctx.communicator().barrier();  // every rank sees the file before going on
+  // The next epoch starts at its beginning: that is the position the file holds.
+  loader.set_state({.epoch = at.epoch, .position = 0});
+  int64_t step = at.step;
+  dist::TrainingState state{.model = &model, .optimizer = &optimizer, .loader = &loader,
+                            .step = &step};
+  state.extra["program"] = flags.program;
+  state.extra["dataset"] = data.name;
+  state.extra["epoch"] = int64_t{at.epoch};
+  state.extra["best_accuracy"] = at.best_accuracy;
+  state.extra["elapsed_s"] = at.elapsed_s;
+  const std::string path =
+      (std::filesystem::path(flags.checkpoint_dir) / absl::StrCat("epoch-", at.epoch, ".ckpt"))
+          .string();
+  const absl::Status status = dist::SaveTrainingCheckpoint(ctx, path, state);
+  TANDEM_CHECK(status.ok(), "saving the checkpoint: ", status.ToString());
+  if (ctx.rank() == 0) ctx.log().Info("checkpoint {} written", path);
 }
 
-// Loads the newest checkpoint into the model and the optimizer (every rank).
+// Loads the newest checkpoint into the model, the optimizer and the loader
+// (every rank); the file must have been written by this program.
 std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags& flags,
-                                             nn::Module& model, optim::Optimizer& optimizer) {
+                                             nn::Module& model, optim::Optimizer& optimizer,
+                                             data::DataLoader& loader) {
   const std::string path = NewestCheckpoint(flags.checkpoint_dir);
   if (path.empty()) {
     ctx.log().Info("--resume: no checkpoint in {}; starting from the beginning",
                    flags.checkpoint_dir);
     return std::nullopt;
   }
-  absl::StatusOr<nn::Checkpoint> loaded = nn::LoadCheckpoint(path);
-  TANDEM_CHECK(loaded.ok(), "--resume: ", loaded.status().ToString());
-  const nn::Checkpoint& ck = *loaded;
-  const std::string program = MetadataOr<std::string>(ck, "program", path);
-  TANDEM_CHECK(program == flags.program, "--resume: checkpoint ", path, " was written by ",
-               program, ", not ", flags.program);
-  nn::StateDict state;
-  optim::StateDict opt;
-  for (const auto& [name, tensor] : ck.tensors) {
-    if (absl::StartsWith(name, "model.")) state.emplace_back(name.substr(6), tensor);
-    if (absl::StartsWith(name, "optim.")) opt.tensors.emplace_back(name.substr(6), tensor);
-  }
-  for (const auto& [key, value] : ck.metadata) {
-    if (!absl::StartsWith(key, "optim.")) continue;
-    const double* scalar = std::get_if<double>(&value);
-    TANDEM_CHECK(scalar != nullptr, "checkpoint ", path, ": entry \"", key, "\" is not a number");
-    opt.scalars[key.substr(6)] = *scalar;
-  }
-  absl::Status status = model.load_state_dict(state);
-  TANDEM_CHECK(status.ok(), "--resume: model of ", path, ": ", status.ToString());
-  status = optimizer.load_state_dict(opt);
-  TANDEM_CHECK(status.ok(), "--resume: optimizer of ", path, ": ", status.ToString());
   Progression at;
-  at.epoch = static_cast<int>(MetadataOr<int64_t>(ck, "epoch", path));
-  at.step = MetadataOr<int64_t>(ck, "step", path);
-  at.best_accuracy = MetadataOr<double>(ck, "best_accuracy", path);
-  at.elapsed_s = MetadataOr<double>(ck, "elapsed_s", path);
-  const int64_t saved_world = MetadataOr<int64_t>(ck, "world_size", path);
-  if (saved_world == ctx.world_size()) {
-    nn::thread_generator().offset = static_cast<uint64_t>(
-        MetadataOr<int64_t>(ck, absl::StrCat("rng.", ctx.rank(), ".offset"), path));
-  } else if (ctx.rank() == 0) {
-    ctx.log().Warning("--resume: {} was written by {} ranks, this run has {}: generator "
-                      "positions are not restored",
-                      path, saved_world, ctx.world_size());
-  }
+  dist::TrainingState state{.model = &model, .optimizer = &optimizer, .loader = &loader,
+                            .step = &at.step};
+  const absl::Status status =
+      dist::LoadTrainingCheckpoint(ctx, path, state, {.expect = {{"program", flags.program}}});
+  TANDEM_CHECK(status.ok(), "--resume: ", status.ToString());
+  at.epoch = static_cast<int>(ExtraOr<int64_t>(state, "epoch", path));
+  at.best_accuracy = ExtraOr<double>(state, "best_accuracy", path);
+  at.elapsed_s = ExtraOr<double>(state, "elapsed_s", path);
   if (ctx.rank() == 0) {
     ctx.log().Info("resumed from {}: {} epoch(s) done, step {}, best test accuracy {}", path,
                    at.epoch, at.step, absl::StrFormat("%.4f", at.best_accuracy));
@@ -302,12 +260,6 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       MakeOptimizer(flags.optimizer, model->parameters(), flags.lr);
   nn::CrossEntropyLoss loss_fn;
 
-  Progression at;
-  if (flags.resume) {
-    if (std::optional<Progression> loaded = LoadRunCheckpoint(ctx, flags, *model, *optimizer)) {
-      at = *loaded;
-    }
-  }
   auto sampler = std::make_shared<data::DistributedBatchSampler>(
       data.train->size(), flags.batch_size, ctx.world_size(), ctx.rank(), /*shuffle=*/true,
       /*drop_last=*/false, flags.seed);
@@ -315,6 +267,13 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                           {.num_workers = flags.num_workers,
                            .prefetch = std::max(2, 2 * flags.num_workers),
                            .device = ctx.device()});
+  Progression at;
+  if (flags.resume) {
+    if (std::optional<Progression> loaded =
+            LoadRunCheckpoint(ctx, flags, *model, *optimizer, loader)) {
+      at = *loaded;
+    }
+  }
   int64_t steps_per_epoch = loader.num_batches();
   if (flags.max_steps_per_epoch > 0) {
     steps_per_epoch = std::min(steps_per_epoch, flags.max_steps_per_epoch);
@@ -401,7 +360,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     if (!flags.checkpoint_dir.empty()) {
       Progression saved = at;
       saved.elapsed_s = wall_s;
-      SaveRunCheckpoint(ctx, flags, data, *model, *optimizer, saved);
+      SaveRunCheckpoint(ctx, flags, data, *model, *optimizer, loader, saved);
     }
     ++result.epochs_done;
   }

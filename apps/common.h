@@ -140,9 +140,10 @@ struct TrainResult {
 // of the test set and the counts are summed over ranks (exact, no padding).
 // Rank 0 shows progress (a bar on a terminal, plain lines otherwise), logs each
 // epoch, appends a row per epoch to --metrics, and with --checkpoint_dir writes
-// <dir>/epoch-<E>.ckpt (model, optimizer, sampler state, every rank's generator
-// offset, step, best accuracy, elapsed time), after which all ranks meet at a
-// barrier. With --resume every rank loads the newest checkpoint before training.
+// <dir>/epoch-<E>.ckpt with dist::SaveTrainingCheckpoint (model, optimizer,
+// sampler state, every rank's generator, step, best accuracy, elapsed time);
+// no rank goes on before the file is complete. With --resume every rank loads
+// the newest checkpoint (dist::LoadTrainingCheckpoint) before training.
 // Throws tandem::Error on a failure, dist::CancelledError at --stop_at_step.
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
                             const std::function<std::shared_ptr<nn::Module>()>& make_model);
