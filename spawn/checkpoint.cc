@@ -254,7 +254,13 @@ absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
                                                    {.dtype = nn::kInt64, .device = ctx.device()});
   const std::vector<int64_t> generators = comm.all_gather(mine).to_vector<int64_t>();
   absl::Status status;
-  if (ctx.rank() == 0) status = Write(path, state, ctx.world_size(), generators);
+  if (ctx.rank() == 0) {
+    try {
+      status = Write(path, state, ctx.world_size(), generators);
+    } catch (const std::exception& e) {  // never leave the other ranks in the broadcast
+      status = absl::InternalError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+    }
+  }
   // Rank 0's outcome to every rank; no rank passes this before the file is
   // complete (rank 0 enters the broadcast after its write).
   nn::Tensor code = nn::from_vector<int64_t>({static_cast<int64_t>(status.code())}, {1},
