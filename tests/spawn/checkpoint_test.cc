@@ -155,13 +155,25 @@ Snapshot Take(Trainer& t, std::vector<double> losses) {
   return s;
 }
 
-std::string TempPath(const std::string& name) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      ("tandem_spawn_checkpoint_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+std::filesystem::path TempDir() {
+  return std::filesystem::temp_directory_path() /
+         ("tandem_spawn_checkpoint_test_" + std::to_string(::getpid()));
 }
+
+std::string TempPath(const std::string& name) {
+  std::filesystem::create_directories(TempDir());
+  return (TempDir() / name).string();
+}
+
+// Removes the test's files when the program ends.
+class TempDirCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(TempDir(), ec);
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TempDirCleanup);
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
