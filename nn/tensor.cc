@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -36,15 +38,72 @@ namespace {
 thread_local std::shared_ptr<Allocator> thread_cuda_allocator;
 thread_local internal::DeferredCudaFrees* thread_deferred_frees = nullptr;
 
+// 64-byte aligned host memory. Blocks of kCachedMinBytes and more are kept on
+// free and handed out again for the same rounded size: a training step
+// allocates the same activation and gradient sizes every step, and glibc
+// serves such sizes with mmap/munmap, so without the cache every step pays the
+// page faults of zero-filling fresh pages (measured: over 40% of an MLP step
+// on the CPU). At most kMaxCachedBytes stay cached; beyond that blocks go back
+// to the system. Thread-safe.
 class HostAllocator final : public Allocator {
  public:
+  static constexpr size_t kCachedMinBytes = size_t{64} << 10;
+  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+
+  ~HostAllocator() override {
+    for (auto& [bytes, blocks] : cached_) {
+      for (void* ptr : blocks) std::free(ptr);
+    }
+  }
+
   void* Allocate(int64_t bytes, Device) override {
-    const size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+    const size_t rounded = Rounded(static_cast<size_t>(bytes));
+    if (rounded >= kCachedMinBytes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = cached_.find(rounded);
+      if (it != cached_.end() && !it->second.empty()) {
+        void* ptr = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= rounded;
+        return ptr;
+      }
+    }
     void* ptr = std::aligned_alloc(64, rounded);
     TANDEM_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
     return ptr;
   }
-  void Free(void* ptr, int64_t, Device) noexcept override { std::free(ptr); }
+
+  void Free(void* ptr, int64_t bytes, Device) noexcept override {
+    const size_t rounded = Rounded(static_cast<size_t>(bytes));
+    if (rounded >= kCachedMinBytes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_bytes_ + rounded <= kMaxCachedBytes) {
+        try {
+          cached_[rounded].push_back(ptr);
+          cached_bytes_ += rounded;
+          return;
+        } catch (...) {  // no memory for the list: give the block back instead
+        }
+      }
+    }
+    std::free(ptr);
+  }
+
+ private:
+  // Multiples of 64 bytes; cached sizes rounded up to a multiple of 1/8 of
+  // their power of two (at most 12.5% slack), so near sizes share blocks.
+  static size_t Rounded(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded < kCachedMinBytes) return rounded;
+    size_t power = kCachedMinBytes;
+    while (power * 2 <= rounded) power *= 2;
+    const size_t step = power / 8;
+    return (rounded + step - 1) / step * step;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> cached_;  // by rounded size; guarded by mu_
+  size_t cached_bytes_ = 0;                                // guarded by mu_
 };
 
 class CudaPoolAllocator final : public Allocator {
@@ -149,7 +208,12 @@ int64_t Tensor::size(int64_t d) const {
                " has ", n, " dims");
   return shape()[k];
 }
-int64_t Tensor::numel() const { return NumElements(shape()); }
+int64_t Tensor::numel() const {
+  // The shape was checked (NumElements) when the tensor was made: a plain product.
+  int64_t n = 1;
+  for (int64_t d : shape()) n *= d;
+  return n;
+}
 DType Tensor::dtype() const { return Impl(impl_, "dtype()").dtype; }
 Device Tensor::device() const { return Impl(impl_, "device()").storage->device(); }
 std::string Tensor::ToString() const {
