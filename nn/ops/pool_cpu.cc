@@ -1,4 +1,6 @@
 // CPU kernels of the pool family: direct loops over each window.
+#include <algorithm>
+
 #include "nn/ops/internal/pool_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -46,7 +48,7 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
     const T* pdy = dy.data<T>();
     const int64_t* pi = indices.data<int64_t>();
     T* pdx = dx.data<T>();
-    for (int64_t i = 0; i < dx.numel(); ++i) pdx[i] = T(0);
+    std::fill(pdx, pdx + dx.numel(), T(0));
     for (int64_t p = 0; p < planes; ++p) {
       T* plane = pdx + p * g.h * g.w;
       for (int64_t q = 0; q < outs; ++q) {
@@ -88,7 +90,7 @@ void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tenso
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     const T* pdy = dy.data<T>();
     T* pdx = dx.data<T>();
-    for (int64_t i = 0; i < dx.numel(); ++i) pdx[i] = T(0);
+    std::fill(pdx, pdx + dx.numel(), T(0));
     const T scale = T(1) / static_cast<T>(g.kh * g.kw);
     for (int64_t p = 0; p < planes; ++p) {
       T* plane = pdx + p * g.h * g.w;
