@@ -7,6 +7,29 @@
 
 namespace tandem::optim::internal {
 
+namespace {
+
+// One tensor's update with the algorithm a compile-time constant and the
+// scalars a local copy (so no store through p can alias them), which lets the
+// compiler hoist every per-step branch of UpdateElement out of the loop and
+// vectorise it. The arithmetic is UpdateElement's, element for element.
+template <Algorithm kAlgo, typename T>
+void UpdateLoop(const UpdateScalars& scalars, T* __restrict p, const T* __restrict g,
+                T* __restrict s0, T* __restrict s1, T* __restrict s2, int64_t n) {
+  const UpdateScalars u = scalars;
+  if (kAlgo == Algorithm::kAdam && !u.amsgrad) {
+    for (int64_t i = 0; i < n; ++i) UpdateElement<T>(kAlgo, u, p + i, g[i], s0 + i, s1 + i, nullptr);
+  } else if (kAlgo == Algorithm::kAdam) {
+    for (int64_t i = 0; i < n; ++i) UpdateElement<T>(kAlgo, u, p + i, g[i], s0 + i, s1 + i, s2 + i);
+  } else if (s0 != nullptr) {
+    for (int64_t i = 0; i < n; ++i) UpdateElement<T>(kAlgo, u, p + i, g[i], s0 + i, nullptr, nullptr);
+  } else {  // SGD without momentum
+    for (int64_t i = 0; i < n; ++i) UpdateElement<T>(kAlgo, u, p + i, g[i], nullptr, nullptr, nullptr);
+  }
+}
+
+}  // namespace
+
 void FusedUpdateCpu(Algorithm algo, const std::vector<UpdateTensors>& tensors,
                     const UpdateScalars& scalars) {
   for (const UpdateTensors& t : tensors) {
@@ -16,9 +39,16 @@ void FusedUpdateCpu(Algorithm algo, const std::vector<UpdateTensors>& tensors,
       T* s[3] = {};
       for (int k = 0; k < 3; ++k) s[k] = t.state[k].defined() ? t.state[k].data<T>() : nullptr;
       const int64_t n = t.param.numel();
-      for (int64_t i = 0; i < n; ++i) {
-        UpdateElement<T>(algo, scalars, p + i, g[i], s[0] ? s[0] + i : nullptr,
-                         s[1] ? s[1] + i : nullptr, s[2] ? s[2] + i : nullptr);
+      switch (algo) {
+        case Algorithm::kSgd:
+          UpdateLoop<Algorithm::kSgd, T>(scalars, p, g, s[0], s[1], s[2], n);
+          break;
+        case Algorithm::kAdagrad:
+          UpdateLoop<Algorithm::kAdagrad, T>(scalars, p, g, s[0], s[1], s[2], n);
+          break;
+        case Algorithm::kAdam:
+          UpdateLoop<Algorithm::kAdam, T>(scalars, p, g, s[0], s[1], s[2], n);
+          break;
       }
     });
   }
