@@ -17,6 +17,10 @@
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
 #    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
 #    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
+# STEPS picks the parts after the library setup (default "tests training
+# ops_bench bench"): the device tool limits one command to 10 minutes, and the
+# whole benchmark with torch.compile takes longer than that, so run it in its own
+# call, e.g. STEPS="tests training ops_bench" then STEPS=bench BENCH_ARGS="...".
 # Everything is also appended to $OUT/gpu_test.log when OUT is set. PYTHON names
 # the Python whose site-packages hold PyTorch's NVIDIA libraries (default
 # python3). Every step runs even after a failure; the exit status is 1 when any
@@ -30,6 +34,8 @@ if [ -n "${OUT:-}" ]; then
   exec > >(tee -a "$OUT/gpu_test.log") 2>&1
 fi
 failed=()
+steps=" ${STEPS:-tests training ops_bench bench} "
+wants() { [[ "$steps" == *" $1 "* ]]; }
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 run() {  # run NAME COMMAND...: runs it and records a failure under NAME
   local name="$1"; shift
@@ -92,7 +98,9 @@ for path in sys.argv[3:]:
   echo "$root" >"$build/bundle_root.txt"
   echo "rewrote CTest paths $old_root -> $root"
 fi
-if command -v ctest >/dev/null; then
+if ! wants tests; then
+  echo "skipped (STEPS)"
+elif command -v ctest >/dev/null; then
   run "ctest -L gpu" ctest --test-dir "$build" -L gpu --output-on-failure
 else
   echo "ctest is not installed: running the gpu test binaries of build-gpu/gpu_tests.txt"
@@ -103,6 +111,7 @@ else
   done <"$build/gpu_tests.txt"
 fi
 
+if wants training; then
 step "training: quickstart_linear cuda:0"
 run quickstart_linear "$build/apps/quickstart_linear" cuda:0
 mnist_data="$build/data/fashion-mnist-subset"
@@ -114,6 +123,9 @@ else
   step "training: train_mnist skipped (binary or $mnist_data missing)"
 fi
 
+fi
+
+if wants ops_bench; then
 step "microbenchmark: nn_ops_bench (median of 5 repetitions)"
 if [ -x "$build/tests/nn/nn_ops_bench" ]; then
   run nn_ops_bench "$build/tests/nn/nn_ops_bench" --benchmark_repetitions=5 \
@@ -123,6 +135,9 @@ else
   failed+=("nn_ops_bench")
 fi
 
+fi
+
+if wants bench; then
 step "benchmark: tandem vs PyTorch on cuda:0 (scripts/bench/compare.py)"
 if [ -x "$build/apps/tandem_bench" ]; then
   bench_out="${OUT:-$root/bench-out}/bench"
@@ -135,6 +150,7 @@ else
   failed+=("bench compare")
 fi
 
+fi
 echo
 if [ ${#failed[@]} -eq 0 ]; then
   echo "gpu_test: all steps passed"
