@@ -33,6 +33,26 @@ import statistics
 import sys
 import time
 
+
+def _pin_blas_threads(argv):
+    """--threads=N also caps the BLAS library's own thread pool.
+
+    torch.set_num_threads only sizes torch's intra-op pool; a torch built
+    against a generic BLAS (Debian's: BLAS_INFO=generic, i.e. OpenBLAS through
+    libblas.so.3) runs its matmuls on OpenBLAS's pthreads, sized by
+    OPENBLAS_NUM_THREADS when the library loads. Without this, "1 thread" on the
+    torch side meant 1 torch thread but all cores in every sgemm.
+    """
+    for arg in argv:
+        if arg.startswith("--threads="):
+            value = arg.split("=", 1)[1]
+            if value.isdigit() and int(value) > 0:
+                for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                    os.environ[var] = value
+
+
+_pin_blas_threads(sys.argv[1:])
+
 try:
     import torch
     import torch.nn.functional as F
@@ -390,7 +410,8 @@ def main(argv):
                    "warmup_steps": args.warmup_steps, "steps": args.steps,
                    "repetitions": args.repetitions, "loss_steps": LOSS_STEPS,
                    "tf32": args.tf32, "bf16": False, "threads_requested": args.threads,
-                   "threads": torch.get_num_threads(), "import_dir": args.import_dir,
+                   "threads": torch.get_num_threads(),
+                   "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "import_dir": args.import_dir,
                    "zero_grad": "optimizer.zero_grad(set_to_none=True)",
                    "timing": "per repetition: warmup steps, loss.item() + synchronize, clock, "
                              "steps, loss.item() + synchronize, clock; median over repetitions",
