@@ -24,8 +24,11 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
+using ::tandem::testing::ErrorOf;
+using ::tandem::testing::ExpectSameBits;
 namespace {
 
 class CudaGraphGpuTest : public ::testing::Test {
@@ -51,26 +54,6 @@ std::vector<float> Weights(const Module& m) {
     for (float v : p.to_vector<float>()) out.push_back(v);
   }
   return out;
-}
-
-// Bitwise equality of two float vectors (NaN-safe, -0 != +0).
-void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    uint32_t x, y;
-    std::memcpy(&x, &a[i], 4);
-    std::memcpy(&y, &b[i], 4);
-    ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
-  }
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 constexpr int kSteps = 6;

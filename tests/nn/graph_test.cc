@@ -6,18 +6,12 @@
 
 #include "nn/error.h"
 #include "nn/graph.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
-namespace {
+using ::tandem::testing::ErrorOf;
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+namespace {
 
 TEST(CudaGraphTest, CpuDeviceIsAnErrorNamingIt) {
   const std::string what = ErrorOf([] { CudaGraph graph(Device::CPU()); });

@@ -15,8 +15,10 @@
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
 #include "nn/tensor.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
+using ::tandem::testing::ErrorOf;
 namespace {
 
 const Device kGpu = Device::CUDA(0);
@@ -150,16 +152,6 @@ TEST_F(PinnedGpuTest, RecordPinnedUseRejectsOtherMemory) {
 }
 
 // Runs `f`, returns the tandem::Error message it throws ("" if none).
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST_F(PinnedGpuTest, BadCrossEntropyTargetIsRaisedAtTheNextSyncAndTheContextLives) {
   DeviceGuard guard(kGpu);
   manual_seed(5);

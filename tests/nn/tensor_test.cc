@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "nn/random.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
+using ::tandem::testing::ErrorOf;
 namespace {
 
 TEST(TensorTest, FactoriesShapeAndValues) {
@@ -115,16 +117,6 @@ TEST(DeviceTest, ParseAndCount) {
 }
 
 // Runs `f` and returns the message of the tandem::Error it throws ("" if none).
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(PinnedTest, PinnedOnACudaDeviceIsAnErrorNamingTheDevice) {
   const std::string message =
       ErrorOf([] { empty({2}, {.device = Device::CUDA(0), .pinned = true}); });

@@ -17,8 +17,11 @@
 #include "nn/random.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "tests/test_util.h"
 
 namespace tandem::optim {
+using ::tandem::testing::ErrorOf;
+using ::tandem::testing::ExpectSameBits;
 namespace {
 
 // Parameters of several sizes (more than one chunk, a chunk boundary inside a
@@ -121,25 +124,6 @@ std::vector<float> Weights(const nn::Module& m) {
     for (float v : p.to_vector<float>()) out.push_back(v);
   }
   return out;
-}
-
-void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    uint32_t x, y;
-    std::memcpy(&x, &a[i], 4);
-    std::memcpy(&y, &b[i], 4);
-    ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
-  }
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::pair<nn::Tensor, nn::Tensor> Batch(int k) {
