@@ -99,6 +99,9 @@ class PinnedHostCache final : public Allocator {
     Block* block = FindLocked(ptr);
     TANDEM_CHECK(block != nullptr, "RecordPinnedUse: 0x", absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
                  " is not in a live block of the pinned host allocator");
+    // Drop the uses that have finished (their events go back to the spare list), so
+    // a block that lives long and is copied every step keeps a bounded list.
+    PollUsesLocked(*block);
     cudaEvent_t event = TakeEventLocked(device);
     const cudaError_t status = cudaEventRecord(event, stream);
     if (status != cudaSuccess) {
