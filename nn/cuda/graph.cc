@@ -78,8 +78,17 @@ void ReleaseNow(GraphMemory& memory) {
   cudaSetDevice(memory.device.index);
   cudaDeviceSynchronize();
   for (void* chunk : memory.chunks) cudaFree(chunk);
-  // The device is idle: a free ordered on the legacy stream takes effect at once.
-  for (const auto& [ptr, device] : memory.pool_frees) cudaFreeAsync(ptr, nullptr);
+  // Each released pool block on its own device, once that device is idle (a
+  // tensor of another device may have died on the capturing thread): a free
+  // ordered on the legacy stream of an idle device takes effect at once.
+  for (const auto& [ptr, device] : memory.pool_frees) {
+    if (device.index != memory.device.index) {
+      cudaSetDevice(device.index);
+      cudaDeviceSynchronize();
+    }
+    cudaFreeAsync(ptr, nullptr);
+    cudaSetDevice(memory.device.index);
+  }
   if (previous >= 0) cudaSetDevice(previous);
   memory.chunks.clear();
   memory.pool_frees.clear();
