@@ -58,10 +58,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<B
   // is a no-op (see the header).
   pin_ = options_.pin_memory && options_.device && options_.device->is_cuda();
   if (pin_) {
-    const int gpus = nn::cuda_device_count();
-    TANDEM_CHECK(gpus > 0, "DataLoader: pin_memory with device ", options_.device->ToString(),
-                 ": pinned memory needs tandem built with CUDA and a visible GPU (built with "
-                 "CUDA: ", nn::cuda_built() ? "yes" : "no", ", visible GPUs: ", gpus, ")");
+    // nn decides whether pinned memory can be had (an empty pinned tensor
+    // allocates nothing); here its reason only gets the loader's context.
+    try {
+      nn::empty({0}, {.device = nn::Device::CPU(), .pinned = true});
+    } catch (const Error& e) {
+      Fail("DataLoader: pin_memory with device ", options_.device->ToString(), ": ", e.what());
+    }
   }
   options_.prefetch = std::max(options_.prefetch, options_.num_workers);
 }

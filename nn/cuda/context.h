@@ -16,6 +16,26 @@ cudaStream_t ThreadStream(Device device);
 // Throws tandem::Error naming `call`, the device and CUDA's message unless OK.
 void CheckCuda(cudaError_t status, const char* call, Device device);
 
+// Makes `device` the CUDA runtime's current device until destruction, then
+// restores the previous one (the runtime's, not nn's thread device: unlike
+// DeviceGuard it leaves current_device() alone). Throws if either call fails.
+class CudaDeviceScope {
+ public:
+  explicit CudaDeviceScope(Device device) : device_(device) {
+    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice", device);
+    if (previous_ != device.index) CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+  }
+  ~CudaDeviceScope() {
+    if (previous_ != device_.index) cudaSetDevice(previous_);
+  }
+  CudaDeviceScope(const CudaDeviceScope&) = delete;
+  CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
+
+ private:
+  Device device_;
+  int previous_ = 0;
+};
+
 }  // namespace tandem::nn::internal
 
 // Checks a CUDA call, naming the expression, the device and CUDA's message.

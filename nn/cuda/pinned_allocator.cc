@@ -164,13 +164,10 @@ class PinnedHostCache final : public Allocator {
       return event;
     }
     // Events belong to the device current at creation; the stream's device must match.
-    int previous = 0;
-    CheckCuda(cudaGetDevice(&previous), "cudaGetDevice", device);
-    if (previous != device.index) CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+    CudaDeviceScope current(device);
     cudaEvent_t event = nullptr;
-    const cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (previous != device.index) cudaSetDevice(previous);
-    CheckCuda(status, "cudaEventCreateWithFlags", device);
+    CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+              device);
     return event;
   }
 

@@ -60,24 +60,6 @@ constexpr int kMaxDevices = 64;
 std::atomic<DeviceErrorWord*> host_error_words[kMaxDevices];
 std::atomic<DeviceErrorWord*> device_error_words[kMaxDevices];
 
-// Makes the current device `index` until destruction (restores the previous one).
-class CurrentDevice {
- public:
-  explicit CurrentDevice(Device device) : device_(device) {
-    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice", device);
-    if (previous_ != device.index) CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
-  }
-  ~CurrentDevice() {
-    if (previous_ != device_.index) cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  Device device_;
-  int previous_ = 0;
-};
-
 }  // namespace
 
 DeviceErrorWord* DeviceErrorSlot(Device device) {
@@ -89,7 +71,7 @@ DeviceErrorWord* DeviceErrorSlot(Device device) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   if (DeviceErrorWord* word = device_error_words[i].load(std::memory_order_acquire)) return word;
-  CurrentDevice current(device);
+  CudaDeviceScope current(device);
   void* host = nullptr;
   CheckCuda(cudaHostAlloc(&host, sizeof(DeviceErrorWord), cudaHostAllocMapped | cudaHostAllocPortable),
             "cudaHostAlloc(device error word)", device);
@@ -195,7 +177,7 @@ class StagingBlock {
 class Event {
  public:
   explicit Event(Device device) {
-    CurrentDevice current(device);
+    CudaDeviceScope current(device);
     CheckCuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate", device);
   }
   ~Event() { cudaEventDestroy(event_); }  // released once complete, even if pending

@@ -287,7 +287,8 @@ def parse_args(argv):
     ap.add_argument("--repetitions", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads for both sides (tandem: OpenBLAS; torch: "
-                         "set_num_threads); 0 leaves each side's default")
+                         "set_num_threads and OPENBLAS_NUM_THREADS); 0 leaves each side's "
+                         "default")
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--bf16", action="store_true",
                     help="forwarded to tandem_bench (which says it is not implemented)")

@@ -279,7 +279,7 @@ def parse_args(argv):
     ap.add_argument("--repetitions", type=int, default=5)
     ap.add_argument("--tf32", action="store_true", help="TF32 for CUDA matmuls and cuDNN convs")
     ap.add_argument("--threads", type=int, default=0,
-                    help="torch intra-op CPU threads (0: torch's default)")
+                    help="torch intra-op CPU threads, also OpenBLAS's pool (0: the defaults)")
     ap.add_argument("--graph_node_cost", action="store_true",
                     help="also measure the per-node cost of CUDA graph replay (CUDA only)")
     ap.add_argument("--json", default="", help="write the report here")
