@@ -3,6 +3,7 @@
 #ifndef TANDEM_NN_NN_H_
 #define TANDEM_NN_NN_H_
 
+#include "nn/autocast.h"
 #include "nn/autograd.h"
 #include "nn/device.h"
 #include "nn/dtype.h"

@@ -1,0 +1,52 @@
+// Mixed precision for a region of code, in the manner of torch.autocast.
+//
+//   {
+//     nn::AutocastGuard autocast(nn::kBFloat16);
+//     Tensor loss = nn::cross_entropy(model->forward(x), y);   // GEMMs/convs in bfloat16
+//   }
+//   loss.backward();   // backward follows the dtypes the forward recorded
+//
+// While a guard lives on a thread, ops on that thread treat float32 inputs so:
+//  - matmul, linear, linear_relu, conv2d cast their float32 operands to bfloat16
+//    (a differentiable cast) and return bfloat16; products accumulate in float32.
+//    On CUDA this is cuBLASLt / cuDNN with bfloat16 data and float32 compute; on the
+//    CPU, which has no bfloat16 GEMM here, the same contract is computed in float32
+//    on the bfloat16-rounded operands and the result rounded to bfloat16.
+//  - ops with bfloat16 kernels (relu and the other unary ops, elementwise binary ops
+//    on equal dtypes, max/avg pool, dropout, views) run in the dtype they are given:
+//    bfloat16 in, bfloat16 out, arithmetic in float32.
+//  - cross_entropy, mse_loss, softmax, log_softmax, batch_norm2d, sum, mean cast
+//    bfloat16 inputs to float32 and return float32 (precision-sensitive reductions).
+// Parameters stay float32: the casts' backward converts gradients back to
+// float32, so optimizers and gradient all-reduce see float32 as without autocast.
+// Outside a guard nothing changes: ops take their operands' dtypes as given, and
+// an op without bfloat16 kernels rejects bfloat16 with an error naming it.
+//
+// Thread-local, like NoGradGuard: in dist::spawn each rank's thread makes its own.
+// Guards nest; AutocastGuard(kFloat32) switches autocast off inside another guard.
+#ifndef TANDEM_NN_AUTOCAST_H_
+#define TANDEM_NN_AUTOCAST_H_
+
+#include "nn/dtype.h"
+
+namespace tandem::nn {
+
+class AutocastGuard {
+ public:
+  // dtype: kBFloat16 (autocast on) or kFloat32 (autocast off inside the guard).
+  // Any other dtype throws tandem::Error naming it.
+  explicit AutocastGuard(DType dtype = kBFloat16);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DType previous_;
+};
+
+// True while an AutocastGuard(kBFloat16) is the innermost guard on this thread.
+bool autocast_enabled();
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_AUTOCAST_H_
