@@ -93,6 +93,24 @@ template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUIn
     }                                                                             \
   }()
 
+// TANDEM_DISPATCH_FLOATING(dtype, opname, [&]<typename scalar_t>() { ... }):
+// calls the lambda with scalar_t = float, double or BFloat16; other dtypes throw
+// an error naming the op. For ops with bfloat16 kernels (bf16 storage, float math).
+#define TANDEM_DISPATCH_FLOATING(dtype, opname, ...)                              \
+  [&]() {                                                                         \
+    auto&& fn = __VA_ARGS__;                                                      \
+    switch (dtype) {                                                              \
+      case ::tandem::nn::DType::kFloat32: return fn.template operator()<float>(); \
+      case ::tandem::nn::DType::kFloat64: return fn.template operator()<double>();\
+      case ::tandem::nn::DType::kBFloat16:                                        \
+        return fn.template operator()<::tandem::nn::BFloat16>();                  \
+      default:                                                                    \
+        ::tandem::Fail(opname, ": unsupported dtype ",                            \
+                       ::tandem::nn::DTypeName(dtype),                            \
+                       " (float32, float64 and bfloat16 only)");                  \
+    }                                                                             \
+  }()
+
 // TANDEM_DISPATCH_ALL(dtype, [&]<typename scalar_t>() { ... }): every dtype.
 #define TANDEM_DISPATCH_ALL(dtype, ...)                                                  \
   [&]() {                                                                                \
