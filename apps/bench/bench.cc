@@ -86,8 +86,10 @@ ABSL_FLAG(bool, tf32, false,
           "Let float32 matmuls and convolutions on CUDA use TF32 tensor cores (no effect "
           "on the CPU).");
 ABSL_FLAG(bool, bf16, false,
-          "bfloat16 mixed precision. Not implemented: tandem's nn has no bfloat16 math "
-          "yet, so this flag exits 2.");
+          "bfloat16 mixed precision: forward and loss under nn::AutocastGuard(kBFloat16) "
+          "(nn/autocast.h): GEMMs and convolutions on bfloat16 operands with float32 "
+          "accumulation, float32 parameters, gradients and optimizer (torch.autocast's "
+          "contract).");
 ABSL_FLAG(bool, cuda_graph, false,
           "CUDA only: run step 0 eagerly, capture one training step with nn::CudaGraph "
           "(nn/graph.h) and replay it for every later step, the batch copied into static "
@@ -157,6 +159,7 @@ struct Config {
   std::vector<std::string> optimizers;
   int64_t warmup_steps = 0, steps = 0, repetitions = 0;
   bool tf32 = false;
+  bool bf16 = false;
   bool cuda_graph = false;
   int threads = 0;  // as requested; 0: OpenBLAS's default
   uint64_t seed = 0;
@@ -185,12 +188,6 @@ std::vector<std::string> SplitList(const std::string& flag, const std::string& t
 
 Config ParseConfig() {
   Config c;
-  if (absl::GetFlag(FLAGS_bf16)) {
-    FlagError(
-        "--bf16: not implemented: tandem's nn has no bfloat16 math yet (nn/dtype.h: bfloat16 "
-        "is storage and conversion only; matmul and conv take float32 and float64), so "
-        "there is no mixed-precision path to time");
-  }
   const std::string device_text = absl::GetFlag(FLAGS_device);
   absl::StatusOr<nn::Device> device = nn::ParseDevice(device_text);
   if (!device.ok()) FlagError(absl::StrCat("--device=", device_text, ": ", device.status().message()));
@@ -244,6 +241,7 @@ Config ParseConfig() {
     FlagError(absl::StrCat("--seed=", seed_text, ": not a non-negative integer"));
   }
   c.tf32 = absl::GetFlag(FLAGS_tf32);
+  c.bf16 = absl::GetFlag(FLAGS_bf16);
   c.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
   if (c.cuda_graph && !c.device.is_cuda()) {
     FlagError(absl::StrCat("--cuda_graph: needs a CUDA device, but --device=", device_text));
@@ -391,6 +389,12 @@ Cell RunCell(const Config& config, const ModelSpec& spec, nn::Module& model,
   model.train();
   std::unique_ptr<optim::Optimizer> optimizer = MakeOptimizer(optimizer_name, model.parameters());
 
+  // The loss of one batch; under --bf16 the forward runs under autocast. The loss
+  // is float32 either way (cross_entropy computes in float32 under autocast).
+  auto forward_loss = [&](const nn::Tensor& images, const nn::Tensor& labels) {
+    nn::AutocastGuard autocast(config.bf16 ? nn::kBFloat16 : nn::kFloat32);
+    return nn::cross_entropy(model.forward(images), labels);
+  };
   int64_t next_batch = 0;
   auto batch_of = [&](const nn::Tensor& all, int64_t b) {
     return all.slice(b * batch, (b + 1) * batch);
@@ -400,8 +404,7 @@ Cell RunCell(const Config& config, const ModelSpec& spec, nn::Module& model,
   auto eager_step = [&]() {
     const int64_t b = next_batch++ % kDataBatches;
     optimizer->zero_grad();
-    nn::Tensor loss = nn::cross_entropy(model.forward(batch_of(data.images, b)),
-                                        batch_of(data.labels, b));
+    nn::Tensor loss = forward_loss(batch_of(data.images, b), batch_of(data.labels, b));
     loss.backward();
     optimizer->step();
     return loss;
@@ -431,7 +434,7 @@ Cell RunCell(const Config& config, const ModelSpec& spec, nn::Module& model,
       graph = std::make_unique<nn::CudaGraph>(config.device);
       graph->Capture([&] {
         optimizer->zero_grad();
-        graph_loss = nn::cross_entropy(model.forward(static_images), static_labels);
+        graph_loss = forward_loss(static_images, static_labels);
         graph_loss.backward();
         optimizer->step();
       });
@@ -532,7 +535,7 @@ void WriteCell(JsonWriter& w, const Config& config, const Cell& cell) {
   w.Field("side", "tandem").Field("mode", "tandem");
   w.Field("model", cell.model).Field("batch", cell.batch).Field("optimizer", cell.optimizer);
   w.Field("device", config.device.ToString()).Field("tf32", config.tf32);
-  w.Field("bf16", false).Field("graph", cell.graph_nodes >= 0).Key("graph_nodes");
+  w.Field("bf16", config.bf16).Field("graph", cell.graph_nodes >= 0).Key("graph_nodes");
   if (cell.graph_nodes >= 0) {
     w.Int(cell.graph_nodes);
   } else {
@@ -561,7 +564,7 @@ std::string Report(const Config& config, const std::vector<Cell>& cells, int thr
   w.EndArray();
   w.Field("warmup_steps", config.warmup_steps).Field("steps", config.steps);
   w.Field("repetitions", config.repetitions).Field("loss_steps", kLossSteps);
-  w.Field("tf32", config.tf32).Field("bf16", false).Field("graph", config.cuda_graph);
+  w.Field("tf32", config.tf32).Field("bf16", config.bf16).Field("graph", config.cuda_graph);
   w.Field("threads_requested", config.threads).Field("threads", threads_used);
   w.Field("seed", static_cast<int64_t>(config.seed));
   w.Field("import_dir", config.import_dir).Field("export_dir", config.export_dir);
@@ -648,7 +651,8 @@ int Run(const Config& config) {
   const int64_t n = kDataBatches * max_batch;
   std::cerr << kProgram << ": device " << config.device.ToString()
             << (config.cuda_graph ? " (CUDA graph)" : "") << ", OpenBLAS threads "
-            << threads_used << ", tf32 " << (config.tf32 ? "on" : "off") << ", warm-up "
+            << threads_used << ", tf32 " << (config.tf32 ? "on" : "off") << ", bf16 "
+            << (config.bf16 ? "autocast" : "off") << ", warm-up "
             << config.warmup_steps << " + " << config.steps << " timed steps x "
             << config.repetitions << " repetitions\n";
 

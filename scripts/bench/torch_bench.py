@@ -25,6 +25,7 @@ Standard library and torch only. Exit status: 0 ok, 1 failure, 2 bad argument.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -133,9 +134,13 @@ def mode_unavailable(mode, device):
 class Stepper:
     """One training step of `model` with `optimizer` in a mode (compiled or not)."""
 
-    def __init__(self, model, optimizer, mode):
+    def __init__(self, model, optimizer, mode, bf16=False, device_type="cpu"):
         self.optimizer = optimizer
         self.mark_step = None
+        # --bf16: forward and loss under torch.autocast (bfloat16), as tandem_bench
+        # runs them under nn::AutocastGuard; parameters and optimizer stay float32.
+        self.autocast = (lambda: torch.autocast(device_type=device_type, dtype=torch.bfloat16)) \
+            if bf16 else contextlib.nullcontext
         if mode == "eager":
             self.forward = model
             self.opt_step = optimizer.step
@@ -156,7 +161,8 @@ class Stepper:
         if self.mark_step is not None:
             self.mark_step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.forward(x), y)
+        with self.autocast():
+            loss = F.cross_entropy(self.forward(x), y)
         loss.backward()
         self.opt_step()
         return loss
@@ -165,7 +171,7 @@ class Stepper:
 def run_cell(args, device, name, model, initial, images, labels, batch, opt_name, hyper, mode,
              data_batches):
     cell = {"side": "torch", "mode": mode, "model": name, "batch": batch,
-            "optimizer": opt_name, "device": str(device), "tf32": args.tf32, "bf16": False,
+            "optimizer": opt_name, "device": str(device), "tf32": args.tf32, "bf16": args.bf16,
             "graph": mode == "reduce-overhead", "graph_nodes": None, "skipped": None}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -174,7 +180,7 @@ def run_cell(args, device, name, model, initial, images, labels, batch, opt_name
         p.grad = None
     model.train()
     optimizer = make_optimizer(opt_name, list(model.parameters()), hyper)
-    step_fn = Stepper(model, optimizer, mode)
+    step_fn = Stepper(model, optimizer, mode, bf16=args.bf16, device_type=device.type)
     counter = [0]
 
     def step():
@@ -278,6 +284,8 @@ def parse_args(argv):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repetitions", type=int, default=5)
     ap.add_argument("--tf32", action="store_true", help="TF32 for CUDA matmuls and cuDNN convs")
+    ap.add_argument("--bf16", action="store_true",
+                    help="forward and loss under torch.autocast(dtype=torch.bfloat16)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op CPU threads, also OpenBLAS's pool (0: the defaults)")
     ap.add_argument("--graph_node_cost", action="store_true",
@@ -377,7 +385,7 @@ def main(argv):
                     if why is not None:
                         cells.append({"side": "torch", "mode": mode, "model": name,
                                       "batch": batch, "optimizer": opt_name,
-                                      "device": str(device), "tf32": args.tf32, "bf16": False,
+                                      "device": str(device), "tf32": args.tf32, "bf16": args.bf16,
                                       "graph": mode == "reduce-overhead", "graph_nodes": None,
                                       "skipped": why})
                         continue
@@ -389,7 +397,7 @@ def main(argv):
                             raise
                         cell = {"side": "torch", "mode": mode, "model": name, "batch": batch,
                                 "optimizer": opt_name, "device": str(device),
-                                "tf32": args.tf32, "bf16": False,
+                                "tf32": args.tf32, "bf16": args.bf16,
                                 "graph": mode == "reduce-overhead", "graph_nodes": None,
                                 "skipped": f"failed: {type(e).__name__}: {e}"[:500]}
                     cells.append(cell)
@@ -409,7 +417,7 @@ def main(argv):
                    "optimizer_names": args.optimizers, "modes": args.modes,
                    "warmup_steps": args.warmup_steps, "steps": args.steps,
                    "repetitions": args.repetitions, "loss_steps": LOSS_STEPS,
-                   "tf32": args.tf32, "bf16": False, "threads_requested": args.threads,
+                   "tf32": args.tf32, "bf16": args.bf16, "threads_requested": args.threads,
                    "threads": torch.get_num_threads(),
                    "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "import_dir": args.import_dir,
                    "zero_grad": "optimizer.zero_grad(set_to_none=True)",
