@@ -24,6 +24,7 @@
 #include "apps/common.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
+#include "nn/autocast.h"
 #include "nn/error.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
@@ -137,7 +138,7 @@ class Progress {
 
 // Test accuracy: each rank evaluates the contiguous shard [n r / W, n (r+1) / W)
 // of the test set; correct and total counts are summed over the ranks.
-double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test) {
+double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test, bool bf16) {
   nn::NoGradGuard no_grad;
   model.eval();
   const int64_t n = test.size();
@@ -154,7 +155,11 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
       indices.push_back(j);
     }
     data::Batch batch = data::Collate(examples, indices);
-    nn::Tensor logits = model.forward(batch.data.to(ctx.device()));
+    nn::Tensor logits;
+    {
+      nn::AutocastGuard autocast(bf16 ? nn::kBFloat16 : nn::kFloat32);
+      logits = model.forward(batch.data.to(ctx.device())).to(nn::kFloat32);
+    }
     correct.add_(nn::accuracy(logits, batch.target.to(ctx.device())) *
                  static_cast<double>(indices.size()));
   }
@@ -306,7 +311,11 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                           (1 + std::cos(M_PI * static_cast<double>(at.step) /
                                         static_cast<double>(total_steps))));
       }
-      nn::Tensor loss = loss_fn(dp(batch->data), batch->target);
+      nn::Tensor loss;
+      {
+        nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
+        loss = loss_fn(dp(batch->data), batch->target);
+      }
       optimizer->zero_grad();
       loss.backward();
       optimizer->step();
@@ -340,7 +349,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
     const double epoch_loss = loss_sum.item();
-    const double accuracy = Evaluate(ctx, *model, *data.test);
+    const double accuracy = Evaluate(ctx, *model, *data.test, flags.bf16);
     at.epoch = epoch + 1;
     at.best_accuracy = std::max(at.best_accuracy, accuracy);
     const double rate = static_cast<double>(k * global_batch) / std::max(epoch_train_s, 1e-9);

@@ -2,6 +2,8 @@
 // the training programs (see common.h). The training loop is in classifier.cc.
 #include "apps/common.h"
 
+#include "apps/flag_check.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +60,11 @@ ABSL_FLAG(std::string, metrics, "",
 ABSL_FLAG(bool, deterministic, true,
           "Keep float32 matmuls/convolutions exact (TF32 off). --nodeterministic lets CUDA "
           "use TF32 tensor cores. CPU runs with the same flags are reproducible either way.");
+ABSL_FLAG(bool, bf16, false,
+          "bfloat16 mixed precision: each training and evaluation forward (and the loss) runs "
+          "under nn::AutocastGuard(kBFloat16), so GEMMs and convolutions take bfloat16 "
+          "operands with float32 accumulation; parameters, gradients, the all-reduce and the "
+          "optimizer stay float32. On the CPU it is emulated (slower than float32).");
 ABSL_FLAG(int64_t, log_every, 100,
           "Steps between the plain progress lines when the output is not a terminal.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -79,11 +87,12 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   RunFlags flags;
   std::string program = argv[0];
   const size_t slash = program.rfind('/');
   flags.program = slash == std::string::npos ? program : program.substr(slash + 1);
+  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) FlagErrorExit(flags, *bad);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     FlagErrorExit(flags, absl::StrCat("unexpected argument \"", positional[1],
                                       "\" (flags look like --name=value; see --help)"));
@@ -98,6 +107,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.resume = absl::GetFlag(FLAGS_resume);
   flags.metrics = absl::GetFlag(FLAGS_metrics);
   flags.deterministic = absl::GetFlag(FLAGS_deterministic);
+  flags.bf16 = absl::GetFlag(FLAGS_bf16);
   flags.log_every = absl::GetFlag(FLAGS_log_every);
   flags.max_steps_per_epoch = absl::GetFlag(FLAGS_max_steps_per_epoch);
   flags.train_limit = absl::GetFlag(FLAGS_train_limit);
@@ -230,6 +240,9 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));
   }
   rows.emplace_back("seed", absl::StrCat(flags.seed));
+  rows.emplace_back("precision", flags.bf16 ? "bfloat16 autocast (float32 parameters)"
+                                 : flags.deterministic ? "float32"
+                                                       : "float32 (TF32 allowed on CUDA)");
   if (!flags.log_dir.empty()) rows.emplace_back("log dir", flags.log_dir);
   if (!flags.checkpoint_dir.empty()) {
     rows.emplace_back("checkpoint dir", absl::StrCat(flags.checkpoint_dir,

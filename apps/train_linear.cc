@@ -47,7 +47,11 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     ctx.check_stop();
     nn::Tensor x = nn::randn({flags.batch_size, 10});
     nn::Tensor y = nn::randn({flags.batch_size, 1});
-    nn::Tensor loss = loss_fn(dp(x), y);
+    nn::Tensor loss;
+    {
+      nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
+      loss = loss_fn(dp(x), y);
+    }
     optimizer->zero_grad();
     loss.backward();
     optimizer->step();

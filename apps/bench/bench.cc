@@ -36,6 +36,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -52,6 +53,7 @@
 #include "absl/strings/str_split.h"
 #include "apps/bench/exchange.h"
 #include "apps/bench/json_writer.h"
+#include "apps/flag_check.h"
 #include "apps/models.h"
 #include "nn/graph.h"
 #include "nn/nn.h"
@@ -711,6 +713,7 @@ int main(int argc, char** argv) {
       "Times training steps of the MLP, LeNet and ConvNet on device-resident synthetic data "
       "(median of repetitions), for the PyTorch comparison of scripts/bench/compare.py.\n\n"
       "Usage: tandem_bench [--flag=value ...]");
+  if (std::optional<std::string> bad = apps::FindBadFlag(argc, argv)) FlagError(*bad);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     FlagError(absl::StrCat("unexpected argument \"", positional[1], "\" (flags are --name=value)"));

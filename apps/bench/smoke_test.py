@@ -10,7 +10,7 @@
    right sizes.
 2. The same cells again with --import_dir (weights and data read back): the
    first losses must be bit-identical (same weights, same data, same CPU code).
-3. A bad flag value exits 2 with a message naming the flag.
+3. A bad flag value or an unknown flag exits 2 with a message naming the flag.
 4. compare.py's loss check flags a perturbed loss and accepts an equal one.
 Standard library only (no torch needed). Exit 0 on success, 1 with a message.
 """
@@ -99,6 +99,8 @@ def main(bench, work):
 
     rc, out = run([bench, "--batch_sizes=4,-1"] + common[:1])
     check(rc == 2 and "--batch_sizes" in out, f"bad --batch_sizes: exit {rc}, {out!r}")
+    rc, out = run([bench, "--batch_size=4"] + common[:1])
+    check(rc == 2 and "unknown flag --batch_size" in out, f"unknown flag: exit {rc}, {out!r}")
 
     sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "bench"))
     import compare  # noqa: E402 (standard library only)

@@ -182,6 +182,12 @@ TEST(BadFlags, ExitTwoWithOneLine) {
                 "--data_dir \"/nonexistent/cifar\": no such directory");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=-1", "train_linear: error: --gpus \"-1\"");
   ExpectBadFlag(TRAIN_LINEAR, "--optimizer=nope", "train_linear: error: --optimizer \"nope\"");
+  // Checked before Abseil's parser, which would print its own report and exit 1.
+  ExpectBadFlag(TRAIN_MNIST, "--epoch=3", "train_mnist: error: unknown flag --epoch (see --help)");
+  ExpectBadFlag(TRAIN_MNIST, "--epochs=three", "train_mnist: error: --epochs=three: ");
+  ExpectBadFlag(TRAIN_MNIST, "--bf16=maybe", "train_mnist: error: --bf16=maybe: ");
+  ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
+  ExpectBadFlag(TRAIN_LINEAR, "--seed", "train_linear: error: --seed needs a value");
 }
 
 // A failure inside the run: exit status 1 and a last line naming the rank.
