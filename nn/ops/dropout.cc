@@ -14,7 +14,8 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p, " for ",
                x.ToString());
   if (!training || p == 0.0) return x;
-  CheckFloating(x, "dropout");
+  TANDEM_CHECK(IsFloating(x.dtype()),
+               "dropout: expected a float32, float64 or bfloat16 tensor, got ", x.ToString());
   Generator& gen = thread_generator();
   const double scale = 1.0 / (1.0 - p);
   Tensor y = empty_like(x);

@@ -1,5 +1,8 @@
 // Dropout. The mask comes from the calling thread's Philox generator (element i
-// keeps iff uniform(counter offset + i) >= p), so CPU and GPU masks match.
+// keeps iff uniform(counter offset + i) >= p), so CPU and GPU masks match, and
+// the mask does not depend on the dtype: a bfloat16 tensor keeps the positions a
+// float32 tensor of its shape would keep for the same generator state.
+// float32, float64 and bfloat16 (scaled in float32, rounded once per element).
 // CPU: dropout_cpu.cc; CUDA: dropout_cuda.cu.
 #ifndef TANDEM_NN_OPS_DROPOUT_H_
 #define TANDEM_NN_OPS_DROPOUT_H_

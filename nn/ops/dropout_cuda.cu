@@ -2,6 +2,12 @@
 // Philox counter as the CPU kernel (DropoutKeeps). Thread's stream, no sync.
 // Under CUDA graph capture the forward kernel reads the draw's offset from
 // device memory that a pre-replay hook rewrites (see dropout.cc).
+// bfloat16 tensors are __nv_bfloat16 in the kernels, scaled in float and
+// rounded once; the mask does not depend on the dtype.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/dropout_kernels.h"
 
@@ -11,24 +17,48 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
+// Kernel-side storage type (BFloat16 -> __nv_bfloat16) and its arithmetic type.
+template <typename T> struct DeviceTypeOf { using type = T; };
+template <> struct DeviceTypeOf<BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using DeviceType = typename DeviceTypeOf<T>::type;
+template <typename D>
+using DeviceCompute = std::conditional_t<std::is_same_v<D, __nv_bfloat16>, float, D>;
+
+// x * scale in the compute type, stored in D (rounded once for bfloat16).
+template <typename D> __device__ __forceinline__ D Scaled(D x, DeviceCompute<D> scale) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16_rn(__bfloat162float(x) * scale);
+  } else {
+    return x * scale;
+  }
+}
+template <typename D> __device__ __forceinline__ D Zero() {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16_rn(0.0f);
+  } else {
+    return D(0);
+  }
+}
+
 template <typename T>
-__global__ void DropoutForwardKernel(const T* x, T* y, uint8_t* mask, int64_t n, float p, T scale,
-                                     uint64_t seed, uint64_t stream, uint64_t offset,
-                                     const uint64_t* offset_on_device) {
+__global__ void DropoutForwardKernel(const T* x, T* y, uint8_t* mask, int64_t n, float p,
+                                     DeviceCompute<T> scale, uint64_t seed, uint64_t stream,
+                                     uint64_t offset, const uint64_t* offset_on_device) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   if (offset_on_device != nullptr) offset = *offset_on_device;
   const bool keep = DropoutKeeps(seed, stream, offset, static_cast<uint64_t>(i), p);
   mask[i] = keep ? 1 : 0;
-  y[i] = keep ? x[i] * scale : T(0);
+  y[i] = keep ? Scaled(x[i], scale) : Zero<T>();
 }
 
 __global__ void WriteOffsetKernel(uint64_t* dst, uint64_t offset) { *dst = offset; }
 
 template <typename T>
-__global__ void DropoutBackwardKernel(const T* gy, const uint8_t* mask, T* gx, int64_t n, T scale) {
+__global__ void DropoutBackwardKernel(const T* gy, const uint8_t* mask, T* gx, int64_t n,
+                                      DeviceCompute<T> scale) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) gx[i] = mask[i] ? gy[i] * scale : T(0);
+  if (i < n) gx[i] = mask[i] ? Scaled(gy[i], scale) : Zero<T>();
 }
 
 }  // namespace
@@ -38,10 +68,12 @@ void DropoutForwardCuda(const Tensor& x, const Tensor& y, const Tensor& mask, fl
                         const uint64_t* offset_on_device) {
   const int64_t n = x.numel();
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
-  TANDEM_DISPATCH_FLOAT(x.dtype(), "dropout", [&]<typename T>() {
-    DropoutForwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        x.data<T>(), y.data<T>(), mask.data<uint8_t>(), n, p, static_cast<T>(scale), seed,
-        stream_id, offset, offset_on_device);
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<typename T>() {
+    using D = DeviceType<T>;
+    DropoutForwardKernel<D><<<Blocks(n), kThreads, 0, stream>>>(
+        reinterpret_cast<const D*>(x.data<T>()), reinterpret_cast<D*>(y.data<T>()),
+        mask.data<uint8_t>(), n, p, static_cast<DeviceCompute<D>>(scale), seed, stream_id, offset,
+        offset_on_device);
   });
   TANDEM_CHECK_LAUNCH("DropoutForwardKernel", x.device());
 }
@@ -54,9 +86,11 @@ void DropoutWriteOffsetCuda(uint64_t* dst, uint64_t offset, Device device) {
 void DropoutBackwardCuda(const Tensor& gy, const Tensor& mask, const Tensor& gx, double scale) {
   const int64_t n = gy.numel();
   cudaStream_t stream = nn::internal::ThreadStream(gy.device());
-  TANDEM_DISPATCH_FLOAT(gy.dtype(), "dropout_backward", [&]<typename T>() {
-    DropoutBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        gy.data<T>(), mask.data<uint8_t>(), gx.data<T>(), n, static_cast<T>(scale));
+  TANDEM_DISPATCH_FLOATING(gy.dtype(), "dropout_backward", [&]<typename T>() {
+    using D = DeviceType<T>;
+    DropoutBackwardKernel<D><<<Blocks(n), kThreads, 0, stream>>>(
+        reinterpret_cast<const D*>(gy.data<T>()), mask.data<uint8_t>(),
+        reinterpret_cast<D*>(gx.data<T>()), n, static_cast<DeviceCompute<D>>(scale));
   });
   TANDEM_CHECK_LAUNCH("DropoutBackwardKernel", gy.device());
 }

@@ -11,12 +11,19 @@ namespace {
 using ops::internal::BinaryOp;
 using ops::internal::UnaryOp;
 
+// These ops have bfloat16 kernels (float arithmetic, one rounding per output),
+// so they take all three floating dtypes, unlike nn's CheckFloating.
+void CheckFloatingOrBFloat16(const Tensor& t, const char* op) {
+  TANDEM_CHECK(IsFloating(t.dtype()), op,
+               ": expected a float32, float64 or bfloat16 tensor, got ", t.ToString());
+}
+
 Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   CheckDefined(a, name, "a");
   CheckDefined(b, name, "b");
   CheckSameDevice(a, b, name);
   CheckSameDType(a, b, name);
-  CheckFloating(a, name);
+  CheckFloatingOrBFloat16(a, name);
   const auto plan = ops::internal::PlanBroadcast(a.shape(), b.shape(), name);
   Tensor out = empty(plan.out_shape, {.dtype = a.dtype(), .device = a.device()});
   TANDEM_ON_DEVICE(a, ops::internal::Binary, op, a, b, out, plan);
@@ -25,7 +32,7 @@ Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
 
 Tensor Unary(UnaryOp op, const Tensor& x, const char* name, double s0 = 0, double s1 = 0) {
   CheckDefined(x, name, "x");
-  CheckFloating(x, name);
+  CheckFloatingOrBFloat16(x, name);
   Tensor out = empty_like(x);
   TANDEM_ON_DEVICE(x, ops::internal::Unary, op, x, out, s0, s1);
   return out;

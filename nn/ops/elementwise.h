@@ -1,5 +1,10 @@
 // Elementwise ops: binary arithmetic with NumPy broadcasting, ops with a scalar,
-// and activations. All differentiable; float32 and float64.
+// and activations. All differentiable; float32, float64 and bfloat16. Operands
+// of a binary op must share one dtype (mixed dtypes are an error naming both).
+// bfloat16 runs bf16 in, bf16 out: elements are loaded as float, the math is
+// float32, each output is rounded to bfloat16 once (sum_to accumulates in float32
+// and rounds each sum once); gradients of bfloat16 tensors are bfloat16. These ops
+// do nothing special under nn::AutocastGuard: they run in the dtype they are given.
 // CPU kernels: elementwise_cpu.cc; CUDA kernels: elementwise_cuda.cu.
 #ifndef TANDEM_NN_OPS_ELEMENTWISE_H_
 #define TANDEM_NN_OPS_ELEMENTWISE_H_

@@ -1,5 +1,7 @@
 // CPU kernels of the elementwise family.
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,24 +39,24 @@ BroadcastPlan PlanBroadcast(const Shape& a, const Shape& b, const char* op) {
 void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
                const BroadcastPlan& plan) {
   const int64_t n = out.numel();
-  TANDEM_DISPATCH_FLOAT(a.dtype(), "binary op", [&]<typename T>() {
+  TANDEM_DISPATCH_FLOATING(a.dtype(), "binary op", [&]<typename T>() {
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
     T* po = out.data<T>();
     if (plan.same_shape) {
-      for (int64_t i = 0; i < n; ++i) po[i] = ApplyBinary(op, pa[i], pb[i]);
+      for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(op, Load(pa[i]), Load(pb[i])));
       return;
     }
     if (b.numel() == 1) {
-      const T vb = pb[0];
-      for (int64_t i = 0; i < n; ++i) po[i] = ApplyBinary(op, pa[i], vb);
+      const Compute<T> vb = Load(pb[0]);
+      for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(op, Load(pa[i]), vb));
       return;
     }
     // General case: walk the output with a multi-index, advancing both operands.
     int64_t index[kMaxDims] = {};
     int64_t ia = 0, ib = 0;
     for (int64_t i = 0; i < n; ++i) {
-      po[i] = ApplyBinary(op, pa[ia], pb[ib]);
+      po[i] = Store<T>(ApplyBinary(op, Load(pa[ia]), Load(pb[ib])));
       for (int d = plan.ndim - 1; d >= 0; --d) {
         ia += plan.a_strides[d];
         ib += plan.b_strides[d];
@@ -69,28 +71,30 @@ void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
 
 namespace {
 // The op a compile-time constant, so the loop has no switch and vectorises
-// where the op allows (affine, rdiv, relu).
+// where the op allows (affine, rdiv, relu). C = Compute<T>: for float and double
+// Load/Store are the identity and the loop is the plain one.
 template <UnaryOp kOp, typename T>
-void UnaryLoop(const T* __restrict px, T* __restrict po, int64_t n, T a, T b) {
-  for (int64_t i = 0; i < n; ++i) po[i] = ApplyUnary(kOp, px[i], a, b);
+void UnaryLoop(const T* __restrict px, T* __restrict po, int64_t n, Compute<T> a, Compute<T> b) {
+  for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyUnary(kOp, Load(px[i]), a, b));
 }
 }  // namespace
 
 void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double s1) {
   const int64_t n = x.numel();
-  TANDEM_DISPATCH_FLOAT(x.dtype(), "unary op", [&]<typename T>() {
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "unary op", [&]<typename T>() {
+    using C = Compute<T>;
     const T* px = x.data<T>();
     T* po = out.data<T>();
-    const T a = static_cast<T>(s0), b = static_cast<T>(s1);
+    const C a = static_cast<C>(s0), b = static_cast<C>(s1);
     switch (op) {
-      case UnaryOp::kAffine: return UnaryLoop<UnaryOp::kAffine>(px, po, n, a, b);
-      case UnaryOp::kRDiv: return UnaryLoop<UnaryOp::kRDiv>(px, po, n, a, b);
-      case UnaryOp::kPow: return UnaryLoop<UnaryOp::kPow>(px, po, n, a, b);
-      case UnaryOp::kExp: return UnaryLoop<UnaryOp::kExp>(px, po, n, a, b);
-      case UnaryOp::kLog: return UnaryLoop<UnaryOp::kLog>(px, po, n, a, b);
-      case UnaryOp::kRelu: return UnaryLoop<UnaryOp::kRelu>(px, po, n, a, b);
-      case UnaryOp::kSigmoid: return UnaryLoop<UnaryOp::kSigmoid>(px, po, n, a, b);
-      case UnaryOp::kTanh: return UnaryLoop<UnaryOp::kTanh>(px, po, n, a, b);
+      case UnaryOp::kAffine: return UnaryLoop<UnaryOp::kAffine, T>(px, po, n, a, b);
+      case UnaryOp::kRDiv: return UnaryLoop<UnaryOp::kRDiv, T>(px, po, n, a, b);
+      case UnaryOp::kPow: return UnaryLoop<UnaryOp::kPow, T>(px, po, n, a, b);
+      case UnaryOp::kExp: return UnaryLoop<UnaryOp::kExp, T>(px, po, n, a, b);
+      case UnaryOp::kLog: return UnaryLoop<UnaryOp::kLog, T>(px, po, n, a, b);
+      case UnaryOp::kRelu: return UnaryLoop<UnaryOp::kRelu, T>(px, po, n, a, b);
+      case UnaryOp::kSigmoid: return UnaryLoop<UnaryOp::kSigmoid, T>(px, po, n, a, b);
+      case UnaryOp::kTanh: return UnaryLoop<UnaryOp::kTanh, T>(px, po, n, a, b);
     }
   });
 }
@@ -99,20 +103,35 @@ void SumToCpu(const Tensor& x, const Tensor& out) {
   // out's shape broadcasts to x's: accumulate each x element into its out slot.
   const BroadcastPlan plan = PlanBroadcast(out.shape(), x.shape(), "sum_to");
   const int64_t n = x.numel();
-  TANDEM_DISPATCH_FLOAT(x.dtype(), "sum_to", [&]<typename T>() {
+  const int64_t n_out = out.numel();
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "sum_to", [&]<typename T>() {
+    using C = Compute<T>;
     const T* px = x.data<T>();
-    T* po = out.data<T>();
-    std::fill(po, po + out.numel(), T(0));
+    // float and double accumulate in the output itself; bfloat16 in a float
+    // buffer, rounded once per output element at the end.
+    std::vector<C> buffer;
+    C* acc;
+    if constexpr (std::is_same_v<T, C>) {
+      acc = out.data<T>();
+    } else {
+      buffer.resize(static_cast<size_t>(n_out));
+      acc = buffer.data();
+    }
+    std::fill(acc, acc + n_out, C(0));
     int64_t index[kMaxDims] = {};
     int64_t io = 0;
     for (int64_t i = 0; i < n; ++i) {
-      po[io] += px[i];
+      acc[io] += Load(px[i]);
       for (int d = plan.ndim - 1; d >= 0; --d) {
         io += plan.a_strides[d];
         if (++index[d] < plan.out_sizes[d]) break;
         io -= plan.a_strides[d] * plan.out_sizes[d];
         index[d] = 0;
       }
+    }
+    if constexpr (!std::is_same_v<T, C>) {
+      T* po = out.data<T>();
+      for (int64_t i = 0; i < n_out; ++i) po[i] = Store<T>(acc[i]);
     }
   });
 }

@@ -1,6 +1,12 @@
 // CUDA kernels of the elementwise family: broadcasting binary ops, unary ops and
 // sum_to. int64 indices, everything on the calling thread's stream, no host sync.
 // sum_to reduces in a fixed order (no float atomics): same input, same bits.
+// bfloat16 tensors are __nv_bfloat16 in the kernels: loaded as float, math in
+// float, each output rounded once (__float2bfloat16_rn); sum_to accumulates in float.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 
@@ -9,6 +15,33 @@ namespace {
 
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+// Kernel-side storage type of a tensor element type (BFloat16 -> __nv_bfloat16,
+// same 2-byte layout) and the type its arithmetic runs in.
+template <typename T> struct DeviceTypeOf { using type = T; };
+template <> struct DeviceTypeOf<BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using DeviceType = typename DeviceTypeOf<T>::type;
+template <typename D>
+using DeviceCompute = std::conditional_t<std::is_same_v<D, __nv_bfloat16>, float, D>;
+
+template <typename D> __device__ __forceinline__ DeviceCompute<D> LoadDev(D v) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __bfloat162float(v);
+  } else {
+    return v;
+  }
+}
+template <typename D> __device__ __forceinline__ D StoreDev(DeviceCompute<D> v) {
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16_rn(v);
+  } else {
+    return v;
+  }
+}
+// A tensor's data as the kernel-side type.
+template <typename T> DeviceType<T>* DevPtr(const Tensor& t) {
+  return reinterpret_cast<DeviceType<T>*>(t.data<T>());
+}
 
 // BroadcastPlan without its std::vector, passed to kernels by value.
 struct DevicePlan {
@@ -32,13 +65,13 @@ DevicePlan ToDevicePlan(const BroadcastPlan& plan) {
 template <typename T>
 __global__ void BinarySameShapeKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = ApplyBinary(op, a[i], b[i]);
+  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[i])));
 }
 
 template <typename T>
 __global__ void BinaryScalarKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = ApplyBinary(op, a[i], b[0]);
+  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[0])));
 }
 
 template <typename T>
@@ -53,13 +86,14 @@ __global__ void BinaryBroadcastKernel(BinaryOp op, const T* a, const T* b, T* ou
     ia += idx * plan.a_strides[d];
     ib += idx * plan.b_strides[d];
   }
-  out[i] = ApplyBinary(op, a[ia], b[ib]);
+  out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[ia]), LoadDev(b[ib])));
 }
 
 template <typename T>
-__global__ void UnaryKernel(UnaryOp op, const T* x, T* out, int64_t n, T s0, T s1) {
+__global__ void UnaryKernel(UnaryOp op, const T* x, T* out, int64_t n, DeviceCompute<T> s0,
+                            DeviceCompute<T> s1) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = ApplyUnary(op, x[i], s0, s1);
+  if (i < n) out[i] = StoreDev<T>(ApplyUnary(op, LoadDev(x[i]), s0, s1));
 }
 
 // sum_to: the dims of x split into kept dims (present in out) and reduced dims
@@ -90,23 +124,27 @@ __global__ void SumToThreadKernel(const T* x, T* out, int64_t n_out, SumToPlan p
   const int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (o >= n_out) return;
   const int64_t base = Offset(o, plan.kept_ndim, plan.kept_sizes, plan.kept_strides);
-  T acc = T(0);
+  using C = DeviceCompute<T>;
+  C acc = C(0);
   for (int64_t r = 0; r < plan.reduced_count; ++r) {
-    acc += x[base + Offset(r, plan.reduced_ndim, plan.reduced_sizes, plan.reduced_strides)];
+    acc += LoadDev(
+        x[base + Offset(r, plan.reduced_ndim, plan.reduced_sizes, plan.reduced_strides)]);
   }
-  out[o] = acc;
+  out[o] = StoreDev<T>(acc);
 }
 
 // One block per output element (grid-strided): each thread sums a fixed strided
 // subset, then a fixed-shape tree combines the partial sums.
 template <typename T>
 __global__ void SumToBlockKernel(const T* x, T* out, int64_t n_out, SumToPlan plan) {
-  __shared__ T partial[kThreads];
+  using C = DeviceCompute<T>;
+  __shared__ C partial[kThreads];
   for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
     const int64_t base = Offset(o, plan.kept_ndim, plan.kept_sizes, plan.kept_strides);
-    T acc = T(0);
+    C acc = C(0);
     for (int64_t r = threadIdx.x; r < plan.reduced_count; r += blockDim.x) {
-      acc += x[base + Offset(r, plan.reduced_ndim, plan.reduced_sizes, plan.reduced_strides)];
+      acc += LoadDev(
+          x[base + Offset(r, plan.reduced_ndim, plan.reduced_sizes, plan.reduced_strides)]);
     }
     partial[threadIdx.x] = acc;
     __syncthreads();
@@ -114,7 +152,7 @@ __global__ void SumToBlockKernel(const T* x, T* out, int64_t n_out, SumToPlan pl
       if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
       __syncthreads();
     }
-    if (threadIdx.x == 0) out[o] = partial[0];
+    if (threadIdx.x == 0) out[o] = StoreDev<T>(partial[0]);
     __syncthreads();
   }
 }
@@ -126,16 +164,17 @@ void BinaryCuda(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out
   const int64_t n = out.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(out.device());
-  TANDEM_DISPATCH_FLOAT(a.dtype(), "binary op", [&]<typename T>() {
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
-    T* po = out.data<T>();
+  TANDEM_DISPATCH_FLOATING(a.dtype(), "binary op", [&]<typename T>() {
+    using D = DeviceType<T>;
+    const D* pa = DevPtr<T>(a);
+    const D* pb = DevPtr<T>(b);
+    D* po = DevPtr<T>(out);
     if (plan.same_shape) {
-      BinarySameShapeKernel<T><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
+      BinarySameShapeKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
     } else if (b.numel() == 1 && a.numel() == n) {
-      BinaryScalarKernel<T><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
+      BinaryScalarKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
     } else {
-      BinaryBroadcastKernel<T><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n,
+      BinaryBroadcastKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n,
                                                                    ToDevicePlan(plan));
     }
   });
@@ -146,9 +185,11 @@ void UnaryCuda(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double
   const int64_t n = x.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
-  TANDEM_DISPATCH_FLOAT(x.dtype(), "unary op", [&]<typename T>() {
-    UnaryKernel<T><<<Blocks(n), kThreads, 0, stream>>>(op, x.data<T>(), out.data<T>(), n,
-                                                       static_cast<T>(s0), static_cast<T>(s1));
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "unary op", [&]<typename T>() {
+    using D = DeviceType<T>;
+    using C = DeviceCompute<D>;
+    UnaryKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, DevPtr<T>(x), DevPtr<T>(out), n,
+                                                       static_cast<C>(s0), static_cast<C>(s1));
   });
   TANDEM_CHECK_LAUNCH("UnaryKernel", x.device());
 }
@@ -193,13 +234,15 @@ void SumToCuda(const Tensor& x, const Tensor& out) {
     plan.reduced_count *= plan.reduced_sizes[i];
   }
   cudaStream_t stream = nn::internal::ThreadStream(x.device());
-  TANDEM_DISPATCH_FLOAT(x.dtype(), "sum_to", [&]<typename T>() {
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "sum_to", [&]<typename T>() {
+    using D = DeviceType<T>;
     if (plan.reduced_count < 64) {
-      SumToThreadKernel<T><<<Blocks(n_out), kThreads, 0, stream>>>(x.data<T>(), out.data<T>(),
+      SumToThreadKernel<D><<<Blocks(n_out), kThreads, 0, stream>>>(DevPtr<T>(x), DevPtr<T>(out),
                                                                    n_out, plan);
     } else {
       const int64_t grid = n_out < 65535 ? n_out : 65535;
-      SumToBlockKernel<T><<<grid, kThreads, 0, stream>>>(x.data<T>(), out.data<T>(), n_out, plan);
+      SumToBlockKernel<D><<<grid, kThreads, 0, stream>>>(DevPtr<T>(x), DevPtr<T>(out), n_out,
+                                                         plan);
     }
   });
   TANDEM_CHECK_LAUNCH("SumToKernel", x.device());

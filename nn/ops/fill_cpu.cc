@@ -1,5 +1,7 @@
 // CPU kernels of the core's in-place methods and random factories, and the
 // device dispatch for them.
+#include <type_traits>
+
 #include "nn/ops/internal/fill_kernels.h"
 #include "nn/random.h"
 
@@ -31,11 +33,19 @@ void Axpy(const Tensor& y, const Tensor& x, double alpha) {
 #endif
   }
   const int64_t n = y.numel();
-  TANDEM_DISPATCH_FLOAT(y.dtype(), "add_", [&]<typename T>() {
+  TANDEM_DISPATCH_FLOATING(y.dtype(), "add_", [&]<typename T>() {
     T* py = y.data<T>();
     const T* px = x.data<T>();
-    const T a = static_cast<T>(alpha);
-    for (int64_t i = 0; i < n; ++i) py[i] += a * px[i];
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      // float arithmetic, one rounding per element (gradient accumulation in bf16).
+      const float a = static_cast<float>(alpha);
+      for (int64_t i = 0; i < n; ++i) {
+        py[i] = BFloat16(static_cast<float>(py[i]) + a * static_cast<float>(px[i]));
+      }
+    } else {
+      const T a = static_cast<T>(alpha);
+      for (int64_t i = 0; i < n; ++i) py[i] += a * px[i];
+    }
   });
 }
 
@@ -46,10 +56,15 @@ void Scale(const Tensor& t, double value) {
 #endif
   }
   const int64_t n = t.numel();
-  TANDEM_DISPATCH_FLOAT(t.dtype(), "mul_", [&]<typename T>() {
+  TANDEM_DISPATCH_FLOATING(t.dtype(), "mul_", [&]<typename T>() {
     T* p = t.data<T>();
-    const T v = static_cast<T>(value);
-    for (int64_t i = 0; i < n; ++i) p[i] *= v;
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      const float v = static_cast<float>(value);
+      for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(static_cast<float>(p[i]) * v);
+    } else {
+      const T v = static_cast<T>(value);
+      for (int64_t i = 0; i < n; ++i) p[i] *= v;
+    }
   });
 }
 

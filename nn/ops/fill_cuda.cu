@@ -39,9 +39,18 @@ template <typename T> __global__ void AxpyKernel(T* y, const T* x, int64_t n, T 
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) y[i] += a * x[i];
 }
+// bfloat16: float arithmetic, one rounding per element.
+__global__ void AxpyBf16Kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n, float a) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + a * __bfloat162float(x[i]));
+}
 template <typename T> __global__ void ScaleKernel(T* p, int64_t n, T v) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) p[i] *= v;
+}
+__global__ void ScaleBf16Kernel(__nv_bfloat16* p, int64_t n, float v) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] = __float2bfloat16_rn(__bfloat162float(p[i]) * v);
 }
 template <typename T>
 __global__ void RandomKernel(T* p, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset,
@@ -79,9 +88,15 @@ void AxpyCuda(const Tensor& y, const Tensor& x, double alpha) {
   const int64_t n = y.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(y.device());
-  TANDEM_DISPATCH_FLOAT(y.dtype(), "add_", [&]<typename T>() {
-    AxpyKernel<T><<<Blocks(n), kThreads, 0, stream>>>(y.data<T>(), x.data<T>(), n,
-                                                      static_cast<T>(alpha));
+  TANDEM_DISPATCH_FLOATING(y.dtype(), "add_", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      AxpyBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(
+          reinterpret_cast<__nv_bfloat16*>(y.data<T>()),
+          reinterpret_cast<const __nv_bfloat16*>(x.data<T>()), n, static_cast<float>(alpha));
+    } else {
+      AxpyKernel<T><<<Blocks(n), kThreads, 0, stream>>>(y.data<T>(), x.data<T>(), n,
+                                                        static_cast<T>(alpha));
+    }
   });
   TANDEM_CHECK_LAUNCH("AxpyKernel", y.device());
 }
@@ -90,8 +105,13 @@ void ScaleCuda(const Tensor& t, double value) {
   const int64_t n = t.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(t.device());
-  TANDEM_DISPATCH_FLOAT(t.dtype(), "mul_", [&]<typename T>() {
-    ScaleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(t.data<T>(), n, static_cast<T>(value));
+  TANDEM_DISPATCH_FLOATING(t.dtype(), "mul_", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      ScaleBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(
+          reinterpret_cast<__nv_bfloat16*>(t.data<T>()), n, static_cast<float>(value));
+    } else {
+      ScaleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(t.data<T>(), n, static_cast<T>(value));
+    }
   });
   TANDEM_CHECK_LAUNCH("ScaleKernel", t.device());
 }

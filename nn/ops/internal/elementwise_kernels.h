@@ -3,6 +3,7 @@
 #define TANDEM_NN_OPS_INTERNAL_ELEMENTWISE_KERNELS_H_
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "nn/random.h"  // TANDEM_HOST_DEVICE
@@ -59,6 +60,8 @@ template <typename T> TANDEM_HOST_DEVICE T MathTanh(T x) {
 }
 
 // kAffine: s0 * x + s1; kRDiv: s0 / x; kPow: x^s0.
+// ApplyBinary / ApplyUnary run on the compute type (float or double); a bfloat16
+// kernel loads its operands as float and stores the float result rounded once.
 template <typename T>
 TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s0, T s1) {
   switch (op) {
@@ -72,6 +75,29 @@ TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s0, T s1) {
     case UnaryOp::kTanh: return MathTanh(x);
   }
   return T(0);
+}
+
+// Host side of bfloat16 storage with float arithmetic: Compute<T> is the type
+// the math runs in (float for BFloat16, T itself otherwise); Load widens an element,
+// Store<T> narrows a result (round to nearest even for BFloat16). For float and
+// double both are the identity, so those loops compile as before.
+template <typename T>
+using Compute = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+template <typename T>
+inline Compute<T> Load(T v) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return static_cast<float>(v);
+  } else {
+    return v;
+  }
+}
+template <typename T>
+inline T Store(Compute<T> v) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16(v);
+  } else {
+    return v;
+  }
 }
 
 void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
