@@ -3,6 +3,7 @@
 #include "nn/ops/batch_norm.h"
 
 #include "nn/autograd.h"
+#include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/batch_norm_kernels.h"
 #include "nn/ops/internal/dispatch.h"
 
@@ -27,9 +28,14 @@ void CheckChannelTensor(const Tensor& t, const Tensor& x, const char* what, bool
 
 }  // namespace
 
-Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                     const Tensor& running_mean, const Tensor& running_var, bool training,
                     double momentum, double eps) {
+  // Under autocast bfloat16 x, weight, bias become float32. The running statistics
+  // are not cast: they are updated in place, and a cast copy would take the update.
+  const Tensor x = ops::internal::AutocastFloat32(x_in);
+  const Tensor weight = ops::internal::AutocastFloat32(weight_in);
+  const Tensor bias = ops::internal::AutocastFloat32(bias_in);
   CheckDefined(x, kOp, "x");
   CheckDim(x, 4, kOp, "x");
   CheckFloating(x, kOp);

@@ -3,6 +3,7 @@
 
 #include "nn/autograd.h"
 #include "nn/ops/elementwise.h"
+#include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/loss_kernels.h"
 #include "nn/ops/reduce.h"
@@ -25,7 +26,10 @@ void CheckClassification(const Tensor& logits, const Tensor& labels, const char*
 
 }  // namespace
 
-Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in) {
+  // Under autocast a bfloat16 input becomes float32 (precision-sensitive reduction).
+  const Tensor pred = ops::internal::AutocastFloat32(pred_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
   CheckDefined(pred, "mse_loss", "pred");
   CheckDefined(target, "mse_loss", "target");
   // No broadcasting: (N, 1) against (N) would silently become (N, N).
@@ -36,7 +40,8 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   return mean(mul(diff, diff));
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels) {
+  const Tensor logits = ops::internal::AutocastFloat32(logits_in);
   CheckClassification(logits, labels, "cross_entropy");
   TANDEM_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
                "cross_entropy: logits of shape ", ShapeToString(logits.shape()), " are empty");
@@ -53,7 +58,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   });
 }
 
-Tensor accuracy(const Tensor& logits, const Tensor& labels) {
+Tensor accuracy(const Tensor& logits_in, const Tensor& labels) {
+  const Tensor logits = ops::internal::AutocastFloat32(logits_in);
   CheckClassification(logits, labels, "accuracy");
   TANDEM_CHECK(logits.size(1) > 0, "accuracy: logits of shape ", ShapeToString(logits.shape()),
                " have no classes");

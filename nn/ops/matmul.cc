@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "nn/autograd.h"
+#include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
@@ -25,6 +26,8 @@ Tensor Gemm(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// db = dy summed over rows; for bfloat16 dy the sum accumulates in float32 and
+// is rounded to bfloat16 once.
 Tensor BiasGrad(const Tensor& dy) {
   Tensor db = empty({dy.size(1)}, {.dtype = dy.dtype(), .device = dy.device()});
   if (db.numel() == 0) return db;
@@ -42,13 +45,19 @@ Tensor ReluBackward(const Tensor& g, const Tensor& y) {
   return out;
 }
 
+// float32, float64 or bfloat16 (bfloat16 products accumulate in float32).
+void CheckMatmulDType(const Tensor& t, const char* op) {
+  TANDEM_CHECK(IsFloating(t.dtype()), op, ": expected a float32, float64 or bfloat16 tensor, got ",
+               t.ToString());
+}
+
 void CheckOperands(const Tensor& a, const Tensor& b, const char* op, const char* a_name,
                    const char* b_name) {
   CheckDefined(a, op, a_name);
   CheckDefined(b, op, b_name);
   CheckSameDevice(a, b, op);
   CheckSameDType(a, b, op);
-  CheckFloating(a, op);
+  CheckMatmulDType(a, op);
   CheckDim(a, 2, op, a_name);
   CheckDim(b, 2, op, b_name);
 }
@@ -66,8 +75,12 @@ void CheckLinear(const Tensor& x, const Tensor& weight, const Tensor& bias, cons
                ShapeToString(bias.shape()));
 }
 
-Tensor LinearImpl(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
+Tensor LinearImpl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, bool relu,
                   const char* op) {
+  // Under autocast, float32 operands become bfloat16 (differentiable casts).
+  const Tensor x = ops::internal::AutocastLower(x_in);
+  const Tensor weight = ops::internal::AutocastLower(weight_in);
+  const Tensor bias = ops::internal::AutocastLower(bias_in);
   CheckLinear(x, weight, bias, op);
   Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});
   if (out.numel() > 0) {
@@ -106,7 +119,9 @@ bool AllowTf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
 bool allow_tf32() { return ops::internal::AllowTf32(); }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = ops::internal::AutocastLower(a_in);
+  const Tensor b = ops::internal::AutocastLower(b_in);
   CheckOperands(a, b, "matmul", "a", "b");
   TANDEM_CHECK(a.size(1) == b.size(0), "matmul: inner sizes differ: a ", ShapeToString(a.shape()),
                " and b ", ShapeToString(b.shape()));

@@ -18,7 +18,12 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 
 // Errors: each op throws tandem::Error naming the op and the shapes when the
 // operands are not 2-D, their inner sizes differ, or dtypes/devices differ.
-// Supported dtypes: float32, float64.
+// Supported dtypes: float32, float64, bfloat16 (all operands one dtype). bfloat16
+// products accumulate in float32 (CUDA: cuBLASLt, bfloat16 data, float32 compute;
+// CPU: sgemm on the operands widened to float32), bias and relu are applied in
+// float32 and each result is rounded to bfloat16 once; the bias gradient sums in
+// float32. Under nn::AutocastGuard(kBFloat16) float32 operands are cast to
+// bfloat16 first (differentiable) and the result is bfloat16 (nn/autocast.h).
 
 // Lets float32 matmuls and convolutions on CUDA use TF32 tensor cores (about 10
 // mantissa bits per product). Off by default: float32 results then match the

@@ -1,7 +1,11 @@
 // CPU kernels of the matmul family: OpenBLAS cblas_sgemm / cblas_dgemm.
+// bfloat16 has no GEMM here: its operands (bf16-exact values) are widened to
+// float32 buffers, multiplied with sgemm (float32 accumulation), bias and relu
+// applied in float32, and each result rounded to bfloat16 once.
 #include <cblas.h>
 
 #include <limits>
+#include <vector>
 
 #include "nn/ops/internal/matmul_kernels.h"
 
@@ -12,6 +16,21 @@ blasint ToBlasInt(int64_t v, const char* what) {
   TANDEM_CHECK(v >= 0 && v <= std::numeric_limits<blasint>::max(), "gemm: ", what, " = ", v,
                " does not fit the BLAS integer type");
   return static_cast<blasint>(v);
+}
+
+// A float32 host copy of a contiguous bfloat16 tensor (exact: bf16 widens losslessly).
+Tensor WidenBFloat16(const Tensor& t) {
+  Tensor f = empty(t.shape(), {.dtype = kFloat32});
+  const BFloat16* src = t.data<BFloat16>();
+  float* dst = f.data<float>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  return f;
+}
+
+// dst[i] = src[i] rounded to bfloat16 (nearest, ties to even).
+void RoundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16(src[i]);
 }
 
 }  // namespace
@@ -41,6 +60,14 @@ void GemmRaw<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t m = out.size(0), n = out.size(1);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
+  if (a.dtype() == kBFloat16) {
+    const Tensor af = WidenBFloat16(a), bf = WidenBFloat16(b);
+    Tensor acc = empty({m, n}, {.dtype = kFloat32});
+    GemmRaw<float>(trans_a, trans_b, m, n, k, 1.0f, af.data<float>(), a.size(1),
+                   bf.data<float>(), b.size(1), 0.0f, acc.data<float>(), n);
+    RoundToBFloat16(acc.data<float>(), out.data<BFloat16>(), m * n);
+    return;
+  }
   TANDEM_DISPATCH_FLOAT(a.dtype(), "matmul", [&]<typename T>() {
     GemmRaw<T>(trans_a, trans_b, m, n, k, T(1), a.data<T>(), a.size(1), b.data<T>(), b.size(1),
                T(0), out.data<T>(), n);
@@ -50,6 +77,24 @@ void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const
 void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
                const Tensor& out) {
   const int64_t rows = x.size(0), in = x.size(1), outs = weight.size(0);
+  if (x.dtype() == kBFloat16) {
+    const Tensor xf = WidenBFloat16(x), wf = WidenBFloat16(weight);
+    Tensor acc = empty({rows, outs}, {.dtype = kFloat32});
+    float* y = acc.data<float>();
+    GemmRaw<float>(false, true, rows, outs, in, 1.0f, xf.data<float>(), in, wf.data<float>(), in,
+                   0.0f, y, outs);
+    const BFloat16* b = bias.defined() ? bias.data<BFloat16>() : nullptr;
+    BFloat16* o = out.data<BFloat16>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = y + r * outs;
+      BFloat16* out_row = o + r * outs;
+      for (int64_t j = 0; j < outs; ++j) {
+        const float v = b != nullptr ? row[j] + static_cast<float>(b[j]) : row[j];
+        out_row[j] = BFloat16(relu && !(v > 0.0f) ? 0.0f : v);
+      }
+    }
+    return;
+  }
   TANDEM_DISPATCH_FLOAT(x.dtype(), "linear", [&]<typename T>() {
     T* y = out.data<T>();
     GemmRaw<T>(false, true, rows, outs, in, T(1), x.data<T>(), in, weight.data<T>(), in, T(0), y,
@@ -68,6 +113,16 @@ void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool r
 
 void BiasGradCpu(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.size(0), cols = dy.size(1);
+  if (dy.dtype() == kBFloat16) {
+    // Accumulate in float32, round once.
+    const BFloat16* g = dy.data<BFloat16>();
+    std::vector<float> acc(static_cast<size_t>(cols), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<float>(g[r * cols + j]);
+    }
+    RoundToBFloat16(acc.data(), db.data<BFloat16>(), cols);
+    return;
+  }
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "linear_backward", [&]<typename T>() {
     const T* g = dy.data<T>();
     T* out = db.data<T>();

@@ -4,6 +4,11 @@
 //
 // cuBLASLt is column-major; a row-major (r, c) matrix is the column-major (c, r)
 // one, so row-major C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T.
+//
+// bfloat16: A, B, C, D are CUDA_R_16BF with CUBLAS_COMPUTE_32F and float alpha/beta
+// (scale type CUDA_R_32F); the fused bias is bfloat16 too (cuBLASLt's default
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE of -1 means "the type of D"), added to the
+// float32 accumulator before the one rounding to D. TF32 does not apply.
 #include <map>
 #include <memory>
 #include <optional>
@@ -13,6 +18,7 @@
 #include "nn/cuda/context.h"
 #include "nn/cuda/handles.h"
 #include "nn/ops/internal/elementwise_kernels.h"
+#include "nn/ops/internal/fill_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -32,12 +38,25 @@ struct GemmCall {
   const void* bias = nullptr;  // fused CUBLASLT_EPILOGUE_BIAS / RELU_BIAS when set
   bool relu = false;
   bool accumulate = false;     // beta = 1
-  DType dtype = kFloat32;
+  DType dtype = kFloat32;      // of a and b (and out unless float_out)
+  bool float_out = false;      // out is float32 (bfloat16 a and b only): no rounding to bf16
 };
+
+cudaDataType_t CudaType(DType dtype) {
+  switch (dtype) {
+    case kFloat32: return CUDA_R_32F;
+    case kFloat64: return CUDA_R_64F;
+    case kBFloat16: return CUDA_R_16BF;
+    default: Fail("matmul: cuBLASLt has no ", DTypeName(dtype), " GEMM here");
+  }
+}
+
+DType OutDType(const GemmCall& g) { return g.float_out ? kFloat32 : g.dtype; }
 
 std::string Describe(const GemmCall& g, const char* op) {
   return absl::StrCat(op, " (m=", g.m, ", n=", g.n, ", k=", g.k, ", trans_a=", g.trans_a,
                       ", trans_b=", g.trans_b, ", ", DTypeName(g.dtype),
+                      g.float_out ? " -> float32" : "",
                       g.bias != nullptr ? ", bias" : "", g.relu ? ", relu" : "", ")");
 }
 
@@ -67,10 +86,10 @@ Layout MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, Device device
   return Layout(layout);
 }
 
-// (device, compute type, epilogue, trans_a, trans_b, m, n, k, alignments of a, b,
-// out and bias in bytes).
-using AlgoKey = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, uint32_t, uint32_t,
-                           uint32_t, uint32_t>;
+// (device, compute type, a/b dtype, out dtype, epilogue, trans_a, trans_b, m, n, k,
+// alignments of a, b, out and bias in bytes).
+using AlgoKey = std::tuple<int, int, int, int, int, bool, bool, int64_t, int64_t, int64_t, uint32_t,
+                           uint32_t, uint32_t, uint32_t>;
 
 // cuBLASLt's first heuristic choice for this problem, or nullopt when a fused
 // epilogue has no algorithm for it; other failures throw.
@@ -129,15 +148,23 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
                 (g.bias != nullptr && reinterpret_cast<uintptr_t>(g.bias) % 16 != 0))) {
     return false;
   }
+  TANDEM_CHECK(!g.float_out || g.dtype == kBFloat16, op, ": float32 output only for bfloat16 ",
+               "operands, got ", Describe(g, op));
   const bool is_double = g.dtype == kFloat64;
-  const cudaDataType_t type = is_double ? CUDA_R_64F : CUDA_R_32F;
+  const cudaDataType_t type = CudaType(g.dtype);
+  const cudaDataType_t out_type = CudaType(OutDType(g));
+  // alpha/beta (and the epilogue's arithmetic) are double for float64, else float.
+  const cudaDataType_t scale_type = is_double ? CUDA_R_64F : CUDA_R_32F;
   const cublasComputeType_t compute =
       is_double ? CUBLAS_COMPUTE_64F
-                : (AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+      : g.dtype == kBFloat16
+          ? CUBLAS_COMPUTE_32F
+          : (AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   const auto& lt = ThreadCublasLt(device);
 
   cublasLtMatmulDesc_t raw_desc = nullptr;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw_desc, compute, type), device, Describe(g, op));
+  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw_desc, compute, scale_type), device,
+                      Describe(g, op));
   MatmulDesc desc(raw_desc);
   // Column-major A' = b, B' = a.
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -167,12 +194,14 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
   Layout layout_a = MakeLayout(type, cols_b, rows_b, device, g, op);
   Layout layout_b = MakeLayout(type, cols_a, rows_a, device, g, op);
-  Layout layout_c = MakeLayout(type, g.n, g.m, device, g, op);
+  Layout layout_c = MakeLayout(out_type, g.n, g.m, device, g, op);
 
   // The algorithm of a problem is chosen once per thread: the heuristic query
   // costs more host time than a small matmul's launch.
   const AlgoKey key{device.index,
                     static_cast<int>(compute),
+                    static_cast<int>(g.dtype),
+                    static_cast<int>(OutDType(g)),
                     static_cast<int>(fused ? (g.bias != nullptr ? 1 + g.relu : 3) : 0),
                     g.trans_a,
                     g.trans_b,
@@ -211,7 +240,7 @@ void Gemm(const GemmCall& g, Device device, const char* op) {
 }  // namespace
 
 void GemmCuda(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out) {
-  CheckFloating(a, "matmul");
+  CudaType(a.dtype());  // throws for a dtype without a GEMM
   GemmCall g{.trans_a = trans_a,
              .trans_b = trans_b,
              .m = out.size(0),
@@ -227,7 +256,7 @@ void GemmCuda(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, cons
 void LinearCuda(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
                 const Tensor& out) {
   const char* op = relu ? "linear_relu" : "linear";
-  CheckFloating(x, op);
+  CudaType(x.dtype());  // throws for a dtype without a GEMM
   // out (N, out) = x (N, in) W^T: W is stored (out, in), transposed.
   GemmCall g{.trans_a = false,
              .trans_b = true,
@@ -241,6 +270,27 @@ void LinearCuda(const Tensor& x, const Tensor& weight, const Tensor& bias, bool 
              .relu = relu,
              .dtype = x.dtype()};
   if (TryGemm(g, x.device(), op)) return;
+  if (x.dtype() == kBFloat16) {
+    // The same unfused sequence into a float32 accumulator, rounded to bfloat16 once
+    // at the end (as the fused epilogue and the CPU kernel do): the product and the
+    // rank-1 bias GEMM write float32 D from bfloat16 A/B, relu runs in float32.
+    Tensor acc = empty({g.m, g.n}, {.dtype = kFloat32, .device = x.device()});
+    GemmCall plain = g;
+    plain.bias = nullptr;
+    plain.relu = false;
+    plain.out = acc.data_ptr();
+    plain.float_out = true;
+    Gemm(plain, x.device(), op);
+    if (bias.defined()) {
+      Tensor ones_column = ones({g.m, 1}, {.dtype = kBFloat16, .device = x.device()});
+      Gemm({.m = g.m, .n = g.n, .k = 1, .a = ones_column.data_ptr(), .b = bias.data_ptr(),
+            .out = acc.data_ptr(), .accumulate = true, .dtype = kBFloat16, .float_out = true},
+           x.device(), op);
+    }
+    if (relu) UnaryCuda(UnaryOp::kRelu, acc, acc, 0.0, 0.0);
+    ConvertCuda(acc, out);
+    return;
+  }
   // No fused algorithm (e.g. float64): the product, then out += ones (N, 1) bias (1, out)
   // as a rank-1 GEMM, then relu in place.
   GemmCall plain = g;
@@ -257,8 +307,10 @@ void LinearCuda(const Tensor& x, const Tensor& weight, const Tensor& bias, bool 
 }
 
 void BiasGradCuda(const Tensor& dy, const Tensor& db) {
-  CheckFloating(dy, "linear_backward");
-  // db (1, out) = ones (1, N) dy (N, out): a GEMV through cuBLASLt.
+  CudaType(dy.dtype());  // throws for a dtype without a GEMM
+  // db (1, out) = ones (1, N) dy (N, out): a GEMV through cuBLASLt. For bfloat16
+  // the ones and dy are bfloat16 (exact), the sum accumulates in float32
+  // (CUBLAS_COMPUTE_32F) and db is rounded to bfloat16 once.
   Tensor ones_row = ones({1, dy.size(0)}, {.dtype = dy.dtype(), .device = dy.device()});
   Gemm({.m = 1, .n = dy.size(1), .k = dy.size(0), .a = ones_row.data_ptr(), .b = dy.data_ptr(),
         .out = db.data_ptr(), .dtype = dy.dtype()},

@@ -2,6 +2,7 @@
 #include "nn/ops/reduce.h"
 
 #include "nn/autograd.h"
+#include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/reduce_kernels.h"
 
@@ -58,22 +59,25 @@ Tensor SumDim(const Tensor& x, int64_t dim, bool keepdim, bool mean, const char*
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return SumAll(x, 1.0, "sum"); }
+// Under autocast a bfloat16 x becomes float32 (AutocastFloat32) at each entry.
+Tensor sum(const Tensor& x) { return SumAll(ops::internal::AutocastFloat32(x), 1.0, "sum"); }
 
-Tensor mean(const Tensor& x) {
+Tensor mean(const Tensor& x_in) {
+  const Tensor x = ops::internal::AutocastFloat32(x_in);
   CheckDefined(x, "mean", "x");
   return SumAll(x, 1.0 / static_cast<double>(x.numel()), "mean");
 }
 
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
-  return SumDim(x, dim, keepdim, /*mean=*/false, "sum");
+  return SumDim(ops::internal::AutocastFloat32(x), dim, keepdim, /*mean=*/false, "sum");
 }
 
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
-  return SumDim(x, dim, keepdim, /*mean=*/true, "mean");
+  return SumDim(ops::internal::AutocastFloat32(x), dim, keepdim, /*mean=*/true, "mean");
 }
 
-Tensor argmax(const Tensor& x, int64_t dim) {
+Tensor argmax(const Tensor& x_in, int64_t dim) {
+  const Tensor x = ops::internal::AutocastFloat32(x_in);
   CheckDefined(x, "argmax", "x");
   CheckFloating(x, "argmax");
   const int64_t d = ops::internal::WrapDim(dim, x.shape(), "argmax");

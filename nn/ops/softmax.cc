@@ -2,6 +2,7 @@
 #include "nn/ops/softmax.h"
 
 #include "nn/autograd.h"
+#include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/softmax_kernels.h"
 
@@ -26,10 +27,13 @@ Tensor Softmax(const Tensor& x, int64_t dim, bool log, const char* name) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return Softmax(x, dim, false, "softmax"); }
+// Under autocast a bfloat16 x becomes float32 (AutocastFloat32) at each entry.
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return Softmax(ops::internal::AutocastFloat32(x), dim, false, "softmax");
+}
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  return Softmax(x, dim, true, "log_softmax");
+  return Softmax(ops::internal::AutocastFloat32(x), dim, true, "log_softmax");
 }
 
 }  // namespace tandem::nn

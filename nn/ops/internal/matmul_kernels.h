@@ -21,14 +21,17 @@ template <typename T>
 void GemmRaw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype and device.
-// Shapes are checked by the caller.
+// out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype (float32,
+// float64 or bfloat16) and device. Shapes are checked by the caller. bfloat16:
+// products accumulate in float32 (CPU: sgemm on the widened operands; CUDA:
+// cuBLASLt with bfloat16 data and float32 compute), bias and relu are applied
+// in float32, and each output element is rounded to bfloat16 once.
 void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out);
 // out (N, out) = x (N, in) W^T (W: (out, in)) + bias (out, or undefined), then
 // relu when `relu`.
 void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu,
                const Tensor& out);
-// db (out) = sum over rows of dy (N, out).
+// db (out) = sum over rows of dy (N, out); bfloat16: float32 accumulation, one rounding.
 void BiasGradCpu(const Tensor& dy, const Tensor& db);
 
 #if TANDEM_WITH_CUDA
