@@ -101,7 +101,9 @@ cudnnDataType_t CudnnDataType(DType dtype, const char* op) {
   switch (dtype) {
     case DType::kFloat32: return CUDNN_DATA_FLOAT;
     case DType::kFloat64: return CUDNN_DATA_DOUBLE;
-    default: Fail(op, ": unsupported dtype ", DTypeName(dtype), " (float32 and float64 only)");
+    case DType::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    default:
+      Fail(op, ": unsupported dtype ", DTypeName(dtype), " (float32, float64 and bfloat16 only)");
   }
 }
 

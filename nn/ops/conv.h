@@ -17,6 +17,12 @@ struct Conv2dParams {
 
 // x: (N, C, H, W), weight: (O, C, KH, KW), bias: (O) or undefined
 // -> (N, O, OH, OW) with OH = (H + 2 ph - dh (KH - 1) - 1) / sh + 1 (likewise OW).
+// Supported dtypes: float32, float64, bfloat16, one dtype for all operands.
+// bfloat16: products accumulate in float32 and the result is rounded to bfloat16
+// once (CPU: the float32 kernels on the bfloat16 values; CUDA: cuDNN with
+// bfloat16 data and float32 compute); gradients are bfloat16, the bias gradient
+// summed in float32. Under nn::AutocastGuard (nn/autocast.h) float32 operands
+// are cast to bfloat16 first and the result is bfloat16.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});
 

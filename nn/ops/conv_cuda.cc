@@ -2,6 +2,10 @@
 // The algorithms for a shape are chosen once (cudnnGet*Algorithm_v7 heuristics,
 // no host sync) and cached per thread; workspaces are tensors from the
 // stream-ordered pool; everything runs on the thread's stream.
+// bfloat16 is cuDNN's PSEUDO_BFLOAT16_CONFIG (its only bfloat16 convolution
+// configuration): x, w, y bfloat16, convolution compute type float32, alpha and
+// beta float; tensor-op math allowed. Its bias add and bias gradient are our
+// own kernels (conv_bf16_cuda.cu), float32 arithmetic, one rounding each.
 #include <map>
 #include <memory>
 #include <tuple>
@@ -34,10 +38,20 @@ std::string Describe(const Conv2dGeometry& g, DType dtype) {
 }
 
 // The math type the heuristics are asked under: float32 without TF32 is limited
-// to FMA kernels (CUDNN_DEFAULT_MATH lets Ampere and later use TF32); otherwise
-// the default, as PyTorch does.
+// to FMA kernels (CUDNN_DEFAULT_MATH lets Ampere and later use TF32); bfloat16
+// may use tensor cores (no down-conversion is involved: the data is bfloat16
+// already); otherwise the default, as PyTorch does.
 cudnnMathType_t BaseMathType(DType dtype, bool tf32) {
+  if (dtype == kBFloat16) return CUDNN_TENSOR_OP_MATH;
   return dtype == kFloat32 && !tf32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+}
+
+// Whether the algorithms of `dtype` may run with tensor-op math.
+bool TensorOpsAllowed(DType dtype, bool tf32) { return dtype == kBFloat16 || tf32; }
+
+// The convolution's compute (accumulation) type: float32 for bfloat16 data.
+cudnnDataType_t ComputeType(DType dtype) {
+  return dtype == kBFloat16 ? CUDNN_DATA_FLOAT : CudnnDataType(dtype, "conv2d");
 }
 
 // Descriptors of one call: x, y, weight, convolution.
@@ -65,7 +79,7 @@ class ConvDescriptors {
                        device, what);
     TANDEM_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(conv_.get(), conv[0], conv[1], conv[2], conv[3],
                                                        conv[4], conv[5], CUDNN_CROSS_CORRELATION,
-                                                       type),
+                                                       ComputeType(dtype)),
                        device, what);
     // TF32 only when allowed (set_allow_tf32); FMA math keeps float32 exact-ish.
     // Each call then sets the math type of the algorithm it runs (SetMathType).
@@ -118,15 +132,17 @@ AlgoKey KeyOf(const Conv2dGeometry& g, DType dtype, Device device) {
 }
 
 // The first heuristic result that succeeded, fits the workspace limit, never
-// converts float32 down to half (TENSOR_OP_MATH_ALLOW_CONVERSION) and, when TF32
-// is off, does not use tensor-op math.
+// converts down to half (TENSOR_OP_MATH_ALLOW_CONVERSION) and, unless tensor
+// ops are allowed (TF32 on, or bfloat16), does not use tensor-op math.
 template <typename Perf>
-const Perf* Pick(const std::vector<Perf>& perfs, int count, bool tf32) {
+const Perf* Pick(const std::vector<Perf>& perfs, int count, bool tensor_ops) {
   for (int i = 0; i < count; ++i) {
     const Perf& perf = perfs[i];
     if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspaceBytes) continue;
     if (perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-    if (!tf32 && perf.mathType != CUDNN_DEFAULT_MATH && perf.mathType != CUDNN_FMA_MATH) continue;
+    if (!tensor_ops && perf.mathType != CUDNN_DEFAULT_MATH && perf.mathType != CUDNN_FMA_MATH) {
+      continue;
+    }
     return &perf;
   }
   return nullptr;
@@ -146,6 +162,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
   if (it != cache.end()) return it->second;
   cudnnHandle_t handle = ThreadCudnn(device);
   const bool tf32 = std::get<2>(key);
+  const bool tensor_ops = TensorOpsAllowed(dtype, tf32);
   const std::string what = Describe(g, dtype);
   const cudnnMathType_t base_math = BaseMathType(dtype, tf32);
   ConvAlgos algos;
@@ -157,7 +174,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
                                                               static_cast<int>(perfs.size()), &count,
                                                               perfs.data()),
                        device, what);
-    const auto* best = Pick(perfs, count, tf32);
+    const auto* best = Pick(perfs, count, tensor_ops);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no forward algorithm for ", what);
     algos.forward = best->algo;
     algos.forward_math = RunMathType(best->mathType, dtype, tf32);
@@ -174,7 +191,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
                            handle, d.w(), d.y(), d.conv(), d.x(), static_cast<int>(perfs.size()),
                            &count, perfs.data()),
                        device, what);
-    const auto* best = Pick(perfs, count, tf32);
+    const auto* best = Pick(perfs, count, tensor_ops);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-data algorithm for ", what);
     algos.backward_data = best->algo;
     algos.backward_data_math = RunMathType(best->mathType, dtype, tf32);
@@ -192,7 +209,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
                            handle, d.x(), d.y(), d.conv(), d.w(), static_cast<int>(perfs.size()),
                            &count, perfs.data()),
                        device, what);
-    const auto* best = Pick(perfs, count, tf32);
+    const auto* best = Pick(perfs, count, tensor_ops);
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-filter algorithm for ", what);
     algos.backward_filter = best->algo;
     algos.backward_filter_math = RunMathType(best->mathType, dtype, tf32);
@@ -246,6 +263,7 @@ void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias
                        device, Describe(g, x.dtype()));
   }
   if (!bias.defined()) return;
+  if (x.dtype() == kBFloat16) return ConvBiasAddBFloat16Cuda(bias, g, y);
   CudnnTensor4d bias_desc(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
   CudnnTensor4d y_desc(x.dtype(), g.n, g.o, g.oh, g.ow, device, "conv2d");
   TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc.get(), bias.data_ptr(), s.one(),
@@ -289,6 +307,7 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
 }
 
 void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
+  if (dy.dtype() == kBFloat16) return ConvBiasGradBFloat16Cuda(dy, dbias);
   const Device device = dy.device();
   CudnnTensor4d dy_desc(dy.dtype(), dy.size(0), dy.size(1), dy.size(2), dy.size(3), device,
                         "conv2d");

@@ -16,7 +16,8 @@ std::string PairToString(const std::array<int64_t, 2>& v) {
 
 Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const char* op) {
   CheckDefined(x, op, "x");
-  CheckFloating(x, op);
+  TANDEM_CHECK(IsFloating(x.dtype()), op, ": expected a float32, float64 or bfloat16 tensor, got ",
+               x.ToString());
   CheckDim(x, 4, op, "x (N, C, H, W)");
   Pool2dGeometry g;
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
@@ -44,16 +45,19 @@ Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const ch
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
   const Pool2dGeometry g = CheckPool2d(x, params, "max_pool2d");
   Tensor y = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
-  // The CPU keeps argmax positions for backward; cuDNN recomputes them from x and y.
+  // The CPU and the bfloat16 CUDA kernels keep argmax positions for backward;
+  // cuDNN (float32 / float64 on CUDA) recomputes them from x and y.
+  const bool cudnn = x.is_cuda() && x.dtype() != kBFloat16;
   Tensor indices;
-  if (!x.is_cuda()) indices = empty(y.shape(), {.dtype = kInt64, .device = x.device()});
+  if (!cudnn) indices = empty(y.shape(), {.dtype = kInt64, .device = x.device()});
   if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::MaxPool2dForward, x, g, y, indices);
-  const bool on_cuda = x.is_cuda();
   return autograd::Record(
       "max_pool2d", {x}, y,
-      [x = on_cuda ? x.detach() : Tensor(), y = on_cuda ? y.detach() : Tensor(), indices, g,
+      [x = cudnn ? x.detach() : Tensor(), y = cudnn ? y.detach() : Tensor(), indices, g,
        shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy) {
+          const Tensor& dy_in) {
+        // A gradient handed to backward() in another dtype is brought to the op's.
+        const Tensor dy = dy_in.to(*options.dtype);
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
         TANDEM_ON_DEVICE(dy, ops::internal::MaxPool2dBackward, x, y, indices, dy, g, dx);
@@ -68,7 +72,8 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
   return autograd::Record(
       "avg_pool2d", {x}, y,
       [g, shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy) {
+          const Tensor& dy_in) {
+        const Tensor dy = dy_in.to(*options.dtype);
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
         TANDEM_ON_DEVICE(dy, ops::internal::AvgPool2dBackward, dy, g, dx);

@@ -15,8 +15,11 @@ struct Pool2dParams {
 };
 
 // x: (N, C, H, W) -> (N, C, OH, OW), OH = (H + 2 ph - KH) / sh + 1.
-// Gradient of a tie goes to the first maximum in row-major window order on the CPU;
-// on CUDA, cuDNN's deterministic max pooling chooses (untested for ties).
+// dtypes: float32, float64, bfloat16 (bfloat16 in, bfloat16 out: compares and
+// sums in float32, each result rounded once; also under nn::AutocastGuard).
+// Gradient of a tie goes to the first maximum in row-major window order on the
+// CPU and for bfloat16 on CUDA; for float32 / float64 on CUDA, cuDNN's
+// deterministic max pooling chooses (untested for ties).
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& params = {});
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params = {});
 

@@ -1,7 +1,9 @@
 // CUDA kernels of the pool family through cuDNN pooling, on the thread's stream.
 // Max pooling: CUDNN_POOLING_MAX_DETERMINISTIC; cuDNN's backward recomputes each
 // window's maximum from x and y, so no indices are stored on the GPU. Average
-// pooling counts the zero padding in the divisor, as on the CPU.
+// pooling counts the zero padding in the divisor, as on the CPU. bfloat16 goes
+// to our own kernels (pool_bf16_cuda.cu), which follow the CPU kernels exactly
+// (first maximum on ties, argmax indices kept for backward).
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -86,21 +88,25 @@ void Backward(cudnnPoolingMode_t mode, const Tensor& x, const Tensor& y, const T
 }  // namespace
 
 void MaxPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
-                          const Tensor& /*indices*/) {
+                          const Tensor& indices) {
+  if (x.dtype() == kBFloat16) return MaxPool2dForwardBFloat16Cuda(x, g, y, indices);
   Forward(CUDNN_POOLING_MAX_DETERMINISTIC, x, g, y, "max_pool2d");
 }
 
-void MaxPool2dBackwardCuda(const Tensor& x, const Tensor& y, const Tensor& /*indices*/,
+void MaxPool2dBackwardCuda(const Tensor& x, const Tensor& y, const Tensor& indices,
                            const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
+  if (dy.dtype() == kBFloat16) return MaxPool2dBackwardBFloat16Cuda(indices, dy, g, dx);
   TANDEM_CHECK(x.defined() && y.defined(), "max_pool2d backward on CUDA needs the saved x and y");
   Backward(CUDNN_POOLING_MAX_DETERMINISTIC, x, y, dy, g, dx, "max_pool2d_backward");
 }
 
 void AvgPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
+  if (x.dtype() == kBFloat16) return AvgPool2dForwardBFloat16Cuda(x, g, y);
   Forward(CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, x, g, y, "avg_pool2d");
 }
 
 void AvgPool2dBackwardCuda(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
+  if (dy.dtype() == kBFloat16) return AvgPool2dBackwardBFloat16Cuda(dy, g, dx);
   Backward(CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, Tensor(), Tensor(), dy, g, dx,
            "avg_pool2d_backward");
 }

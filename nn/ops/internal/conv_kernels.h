@@ -1,5 +1,7 @@
 // Kernel interface of the conv family, shared by the CPU file (im2col + OpenBLAS)
-// and the CUDA file (cuDNN). Internal to nn.
+// and the CUDA files (cuDNN; bfloat16 bias kernels). Internal to nn.
+// The Cpu kernels take float32 or float64; conv.cc runs bfloat16 through them
+// in float32.
 #ifndef TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 #define TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 
@@ -39,6 +41,11 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
 void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight);
 void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias);
+// bfloat16 bias kernels (conv_bf16_cuda.cu), float32 arithmetic, one rounding:
+// y (n, o, oh, ow) += bias (o), and dbias (o) = dy (n, o, oh, ow) summed over
+// n, oh, ow in float32 in a fixed order (deterministic).
+void ConvBiasAddBFloat16Cuda(const Tensor& bias, const Conv2dGeometry& g, const Tensor& y);
+void ConvBiasGradBFloat16Cuda(const Tensor& dy, const Tensor& dbias);
 #endif
 
 }  // namespace tandem::nn::ops::internal

@@ -1,5 +1,7 @@
-// Kernel interface of the pool family, shared by the CPU file and the CUDA file
-// (cuDNN). Internal to nn.
+// Kernel interface of the pool family, shared by the CPU file and the CUDA files
+// (cuDNN for float32 / float64, our own kernels for bfloat16). Internal to nn.
+// dtypes: float32, float64, bfloat16; bfloat16 compares and sums in float32 and
+// rounds each result once.
 #ifndef TANDEM_NN_OPS_INTERNAL_POOL_KERNELS_H_
 #define TANDEM_NN_OPS_INTERNAL_POOL_KERNELS_H_
 
@@ -18,10 +20,12 @@ struct Pool2dGeometry {
 
 // y = window maxima; indices (int64, y's shape) = the position iy * w + ix of each
 // maximum in its (h, w) plane, the first one in row-major window order on ties.
-// The CUDA version takes an undefined `indices` (cuDNN recomputes from x and y).
+// The CUDA version takes an undefined `indices` for float32 / float64 (cuDNN
+// recomputes from x and y) and fills them as the CPU does for bfloat16.
 void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
                          const Tensor& indices);
-// dx (overwritten) = dy routed to each window's maximum.
+// dx (overwritten) = dy routed to each window's maximum (CPU and CUDA bfloat16:
+// through `indices`; CUDA float32 / float64: cuDNN from x and y).
 void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indices,
                           const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 // y = window sums / (kh * kw): padding counts as zeros in the divisor.
@@ -35,6 +39,13 @@ void MaxPool2dBackwardCuda(const Tensor& x, const Tensor& y, const Tensor& indic
                            const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 void AvgPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
 void AvgPool2dBackwardCuda(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+// The bfloat16 kernels behind the four above (pool_bf16_cuda.cu), same contracts.
+void MaxPool2dForwardBFloat16Cuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
+                                  const Tensor& indices);
+void MaxPool2dBackwardBFloat16Cuda(const Tensor& indices, const Tensor& dy,
+                                   const Pool2dGeometry& g, const Tensor& dx);
+void AvgPool2dForwardBFloat16Cuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
+void AvgPool2dBackwardBFloat16Cuda(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 #endif
 
 }  // namespace tandem::nn::ops::internal
