@@ -1,6 +1,7 @@
 // Element types of tensors. float32 is the default; float64 is for gradient
-// checks; bfloat16 is storage and conversion only (math comes later); int64 holds
-// class labels and indices; uint8 holds raw image bytes.
+// checks; bfloat16 is a storage type for mixed precision (nn/autocast.h): ops with
+// bfloat16 kernels do their arithmetic in float32; int64 holds class labels and
+// indices; uint8 holds raw image bytes.
 #ifndef TANDEM_NN_DTYPE_H_
 #define TANDEM_NN_DTYPE_H_
 
