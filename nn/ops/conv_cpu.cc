@@ -1,4 +1,6 @@
-// CPU kernels of the conv family: im2col + OpenBLAS gemm, per sample.
+// CPU kernels of the conv family: im2col + OpenBLAS gemm, per chunk of samples.
+#include <cblas.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -8,8 +10,9 @@
 namespace tandem::nn::ops::internal {
 namespace {
 
-// cols (c*kh*kw, oh*ow): row (ci, i, j) holds x[ci] at the window tap (i, j) of
-// every output position; zero where the tap falls in the padding.
+// cols (c*kh*kw, oh*ow), rows `ld` elements apart: row (ci, i, j) holds x[ci] at
+// the window tap (i, j) of every output position; zero where the tap falls in the
+// padding. ld > oh*ow puts several images' columns side by side.
 // The output columns [lo, hi) whose tap j falls inside the input row (0 <= ix < w
 // for ix = ox * stride - pad + j * dilation): outside them the tap reads padding.
 struct TapRange {
@@ -24,52 +27,82 @@ inline TapRange ValidColumns(int64_t ow, int64_t w, int64_t stride, int64_t offs
   return {lo, hi};
 }
 
+// out[0, n) = in[0, n) for the short rows of small images: a plain loop the
+// compiler vectorises, without a call per row.
 template <typename T>
-void Im2Col(const T* x, const Conv2dGeometry& g, T* cols) {
+inline void CopyRow(const T* __restrict in, int64_t n, T* __restrict out) {
+  for (int64_t k = 0; k < n; ++k) out[k] = in[k];
+}
+template <typename T>
+inline void ZeroRow(T* out, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) out[k] = T(0);
+}
+
+template <typename T>
+void Im2Col(const T* x, const Conv2dGeometry& g, T* cols, int64_t ld) {
   const auto& p = g.params;
-  const int64_t positions = g.oh * g.ow;
   const int64_t sx = p.stride[1];
+  // At stride 1 with as many output as input columns ("same" padding), input and
+  // output rows are both w long and output row oy reads input row oy + y_offset,
+  // so a tap's valid rows are one shifted span of the plane: one copy, then the
+  // columns the tap puts in the padding are zeroed.
+  const bool flat = sx == 1 && p.stride[0] == 1 && g.ow == g.w;
   for (int64_t ci = 0; ci < g.c; ++ci) {
     const T* plane = x + ci * g.h * g.w;
     for (int64_t i = 0; i < g.kh; ++i) {
+      // Output rows [ry.lo, ry.hi) read input rows inside the plane.
+      const int64_t y_offset = i * p.dilation[0] - p.padding[0];
+      const TapRange ry = ValidColumns(g.oh, g.h, p.stride[0], y_offset);
       for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = cols + ((ci * g.kh + i) * g.kw + j) * positions;
+        T* row = cols + ((ci * g.kh + i) * g.kw + j) * ld;
         const int64_t offset = j * p.dilation[1] - p.padding[1];
         const TapRange r = ValidColumns(g.ow, g.w, sx, offset);
-        for (int64_t oy = 0; oy < g.oh; ++oy) {
-          const int64_t iy = oy * p.stride[0] - p.padding[0] + i * p.dilation[0];
+        std::fill(row, row + ry.lo * g.ow, T(0));
+        std::fill(row + ry.hi * g.ow, row + g.oh * g.ow, T(0));
+        if (r.lo >= r.hi) {
+          std::fill(row + ry.lo * g.ow, row + ry.hi * g.ow, T(0));
+          continue;
+        }
+        if (flat) {
+          if (ry.lo >= ry.hi) continue;
+          // Flat index f = oy * w + ox reads plane[f + y_offset * w + offset]; the
+          // span from the first valid tap to the last stays inside the plane.
+          const int64_t begin = ry.lo * g.w + r.lo, end = (ry.hi - 1) * g.w + r.hi;
+          std::copy(plane + begin + y_offset * g.w + offset, plane + end + y_offset * g.w + offset,
+                    row + begin);
+          for (int64_t oy = ry.lo; oy < ry.hi; ++oy) {
+            ZeroRow(row + oy * g.ow, r.lo);
+            ZeroRow(row + oy * g.ow + r.hi, g.ow - r.hi);
+          }
+          continue;
+        }
+        for (int64_t oy = ry.lo; oy < ry.hi; ++oy) {
+          const int64_t iy = oy * p.stride[0] + y_offset;
           T* out = row + oy * g.ow;
-          if (iy < 0 || iy >= g.h) {
-            std::fill(out, out + g.ow, T(0));
-            continue;
+          ZeroRow(out, r.lo);
+          const T* in = plane + iy * g.w + r.lo * sx + offset;  // tap of column r.lo
+          if (sx == 1) {
+            CopyRow(in, r.hi - r.lo, out + r.lo);
+          } else {
+            for (int64_t ox = r.lo; ox < r.hi; ++ox) out[ox] = in[(ox - r.lo) * sx];
           }
-          std::fill(out, out + r.lo, T(0));
-          if (r.lo < r.hi) {
-            const T* in = plane + iy * g.w + r.lo * sx + offset;  // tap of column r.lo
-            if (sx == 1) {
-              std::copy(in, in + (r.hi - r.lo), out + r.lo);
-            } else {
-              for (int64_t ox = r.lo; ox < r.hi; ++ox) out[ox] = in[(ox - r.lo) * sx];
-            }
-          }
-          std::fill(out + r.hi, out + g.ow, T(0));
+          ZeroRow(out + r.hi, g.ow - r.hi);
         }
       }
     }
   }
 }
 
-// The adjoint of Im2Col: dx (c, h, w) += each column entry at its tap.
+// The adjoint of Im2Col (same layout): dx (c, h, w) += each column entry at its tap.
 template <typename T>
-void Col2Im(const T* cols, const Conv2dGeometry& g, T* dx) {
+void Col2Im(const T* cols, int64_t ld, const Conv2dGeometry& g, T* dx) {
   const auto& p = g.params;
-  const int64_t positions = g.oh * g.ow;
   const int64_t sx = p.stride[1];
   for (int64_t ci = 0; ci < g.c; ++ci) {
     T* plane = dx + ci * g.h * g.w;
     for (int64_t i = 0; i < g.kh; ++i) {
       for (int64_t j = 0; j < g.kw; ++j) {
-        const T* row = cols + ((ci * g.kh + i) * g.kw + j) * positions;
+        const T* row = cols + ((ci * g.kh + i) * g.kw + j) * ld;
         const int64_t offset = j * p.dilation[1] - p.padding[1];
         const TapRange r = ValidColumns(g.ow, g.w, sx, offset);
         for (int64_t oy = 0; oy < g.oh; ++oy) {
@@ -90,29 +123,91 @@ void Col2Im(const T* cols, const Conv2dGeometry& g, T* dx) {
   }
 }
 
+// Bytes of im2col columns per chunk and OpenBLAS thread: about half a core's
+// L2 (1 MiB here), so the columns written by im2col are still in cache when the
+// GEMM reads them. Measured on the 2-core build machine (docs/benchmarks.md):
+// 256 KiB to 1 MiB perform alike, 8-16 MiB chunks up to 20% slower.
+constexpr int64_t kColBytesPerThread = int64_t{512} << 10;
+
+// OpenBLAS splits a GEMM's columns across its threads: each thread's share of a
+// chunk stays at kColBytesPerThread. The chunking, and with it the summation
+// order of dweight, depends on the shapes and OpenBLAS's thread count only.
+int64_t ColBytes() { return kColBytesPerThread * std::max(1, openblas_get_num_threads()); }
+
+// Images per chunk: as many as keep the chunk's column matrix
+// (taps, chunk * positions) within ColBytes() (at least one, at most n).
+int64_t ChunkImages(const Conv2dGeometry& g, int64_t elem_bytes) {
+  const int64_t per_image = g.c * g.kh * g.kw * g.oh * g.ow * elem_bytes;
+  const int64_t cap = ColBytes();
+  return std::clamp<int64_t>(per_image > 0 ? cap / per_image : g.n, 1, std::max<int64_t>(g.n, 1));
+}
+
+// dst (o, count, positions) = src[s] (o, positions) for the count images of src
+// (count, o, positions): the chunk's dy with the images side by side.
+template <typename T>
+void GatherChunk(const T* src, int64_t o, int64_t positions, int64_t count, T* dst) {
+  for (int64_t oc = 0; oc < o; ++oc) {
+    for (int64_t s = 0; s < count; ++s) {
+      const T* in = src + (s * o + oc) * positions;
+      std::copy(in, in + positions, dst + (oc * count + s) * positions);
+    }
+  }
+}
+
 }  // namespace
+
+// Each kernel works on chunks of ChunkImages images: the chunk's im2col columns
+// side by side in one (taps, chunk * positions) matrix and one GEMM per chunk
+// instead of one small GEMM per image (OpenBLAS is far from peak, and slower
+// with its threads than without, on the per-image sizes of small convs).
+// Results are deterministic: same inputs and OpenBLAS thread count, same bits.
 
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y) {
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(x.dtype(), "conv2d", [&]<typename T>() {
+    const int64_t chunk = ChunkImages(g, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
-    const Tensor cols_buffer =
-        empty({taps * positions}, {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+    const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
+    const Tensor cols_buffer = empty({taps * chunk * positions}, host);
+    const Tensor out_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
     T* cols = cols_buffer.data<T>();
     const T* px = x.data<T>();
     const T* pw = weight.data<T>();
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* py = y.data<T>();
-    for (int64_t s = 0; s < g.n; ++s) {
-      Im2Col(px + s * g.c * g.h * g.w, g, cols);
-      T* out = py + s * g.o * positions;
-      // y[s] (o, positions) = weight (o, taps) cols (taps, positions).
-      GemmRaw<T>(false, false, g.o, positions, taps, T(1), pw, taps, cols, positions, T(0),
-                 out, positions);
-      if (pb == nullptr) continue;
-      for (int64_t oc = 0; oc < g.o; ++oc) {
-        for (int64_t q = 0; q < positions; ++q) out[oc * positions + q] += pb[oc];
+    for (int64_t first = 0; first < g.n; first += chunk) {
+      const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
+      for (int64_t s = 0; s < count; ++s) {
+        Im2Col(px + (first + s) * g.c * g.h * g.w, g, cols + s * positions, ld);
+      }
+      T* y_first = py + first * g.o * positions;
+      if (count == 1) {
+        // y[first] (o, positions) = weight (o, taps) cols (taps, positions).
+        GemmRaw<T>(false, false, g.o, positions, taps, T(1), pw, taps, cols, positions, T(0),
+                   y_first, positions);
+        if (pb == nullptr) continue;
+        for (int64_t oc = 0; oc < g.o; ++oc) {
+          T* plane = y_first + oc * positions;
+          for (int64_t q = 0; q < positions; ++q) plane[q] += pb[oc];
+        }
+        continue;
+      }
+      // out (o, count * positions) = weight (o, taps) cols (taps, count * positions),
+      // then y[first + s] (o, positions) = out[:, s] (+ bias).
+      T* out = out_buffer.data<T>();
+      GemmRaw<T>(false, false, g.o, ld, taps, T(1), pw, taps, cols, ld, T(0), out, ld);
+      for (int64_t s = 0; s < count; ++s) {
+        for (int64_t oc = 0; oc < g.o; ++oc) {
+          const T* in = out + oc * ld + s * positions;
+          T* plane = y_first + (s * g.o + oc) * positions;
+          if (pb == nullptr) {
+            std::copy(in, in + positions, plane);
+          } else {
+            const T b = pb[oc];
+            for (int64_t q = 0; q < positions; ++q) plane[q] = in[q] + b;
+          }
+        }
       }
     }
   });
@@ -122,19 +217,28 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
                            const Tensor& dx) {
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_data", [&]<typename T>() {
+    const int64_t chunk = ChunkImages(g, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
-    const Tensor cols_buffer =
-        empty({taps * positions}, {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+    const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
+    const Tensor cols_buffer = empty({taps * chunk * positions}, host);
+    const Tensor dy_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
     T* cols = cols_buffer.data<T>();
     const T* pdy = dy.data<T>();
     const T* pw = weight.data<T>();
     T* pdx = dx.data<T>();
     std::fill(pdx, pdx + dx.numel(), T(0));
-    for (int64_t s = 0; s < g.n; ++s) {
-      // dcols (taps, positions) = weight^T (taps, o) dy[s] (o, positions).
-      GemmRaw<T>(true, false, taps, positions, g.o, T(1), pw, taps, pdy + s * g.o * positions,
-                 positions, T(0), cols, positions);
-      Col2Im(cols, g, pdx + s * g.c * g.h * g.w);
+    for (int64_t first = 0; first < g.n; first += chunk) {
+      const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
+      const T* dy_chunk = pdy + first * g.o * positions;
+      if (count > 1) {
+        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
+        dy_chunk = dy_buffer.data<T>();
+      }
+      // dcols (taps, count * positions) = weight^T (taps, o) dy (o, count * positions).
+      GemmRaw<T>(true, false, taps, ld, g.o, T(1), pw, taps, dy_chunk, ld, T(0), cols, ld);
+      for (int64_t s = 0; s < count; ++s) {
+        Col2Im(cols + s * positions, ld, g, pdx + (first + s) * g.c * g.h * g.w);
+      }
     }
   });
 }
@@ -143,19 +247,28 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
                              const Tensor& dweight) {
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_filter", [&]<typename T>() {
+    const int64_t chunk = ChunkImages(g, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
-    const Tensor cols_buffer =
-        empty({taps * positions}, {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
+    const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
+    const Tensor cols_buffer = empty({taps * chunk * positions}, host);
+    const Tensor dy_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
     T* cols = cols_buffer.data<T>();
     const T* pdy = dy.data<T>();
     const T* px = x.data<T>();
     T* pdw = dweight.data<T>();
-    std::fill(pdw, pdw + dweight.numel(), T(0));
-    for (int64_t s = 0; s < g.n; ++s) {
-      Im2Col(px + s * g.c * g.h * g.w, g, cols);
-      // dweight (o, taps) += dy[s] (o, positions) cols^T (positions, taps).
-      GemmRaw<T>(false, true, g.o, taps, positions, T(1), pdy + s * g.o * positions, positions,
-                 cols, positions, T(1), pdw, taps);
+    for (int64_t first = 0; first < g.n; first += chunk) {
+      const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
+      for (int64_t s = 0; s < count; ++s) {
+        Im2Col(px + (first + s) * g.c * g.h * g.w, g, cols + s * positions, ld);
+      }
+      const T* dy_chunk = pdy + first * g.o * positions;
+      if (count > 1) {
+        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
+        dy_chunk = dy_buffer.data<T>();
+      }
+      // dweight (o, taps) (+)= dy (o, count * positions) cols^T (count * positions, taps).
+      GemmRaw<T>(false, true, g.o, taps, ld, T(1), dy_chunk, ld, cols, ld,
+                 first == 0 ? T(0) : T(1), pdw, taps);
     }
   });
 }
@@ -163,14 +276,23 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {
   const int64_t n = dy.size(0), o = dy.size(1), positions = dy.size(2) * dy.size(3);
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_bias", [&]<typename T>() {
+    // kLanes partial sums (element q of a plane goes to lane q % kLanes), added
+    // in a fixed order at the end: vectorisable and deterministic.
+    constexpr int64_t kLanes = 16;
     const T* pdy = dy.data<T>();
     T* pdb = dbias.data<T>();
     for (int64_t oc = 0; oc < o; ++oc) {
-      T sum = T(0);
+      T lanes[kLanes] = {};
       for (int64_t s = 0; s < n; ++s) {
         const T* plane = pdy + (s * o + oc) * positions;
-        for (int64_t q = 0; q < positions; ++q) sum += plane[q];
+        int64_t q = 0;
+        for (; q + kLanes <= positions; q += kLanes) {
+          for (int64_t l = 0; l < kLanes; ++l) lanes[l] += plane[q + l];
+        }
+        for (int64_t l = 0; q < positions; ++q, ++l) lanes[l] += plane[q];
       }
+      T sum = T(0);
+      for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
       pdb[oc] = sum;
     }
   });

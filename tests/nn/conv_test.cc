@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "nn/random.h"
@@ -68,6 +70,95 @@ TEST(ConvTest, MatchesNaiveLoopAcrossStridePaddingDilation) {
       const auto got = y.to_vector<double>();
       ASSERT_EQ(got.size(), want.size()) << ShapeToString(y.shape());
       for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << i;
+    }
+  }
+}
+
+// Stride 1 with as many output as input columns: the CPU im2col copies each
+// tap's rows as one span and zeroes the columns in the padding.
+TEST(ConvTest, SamePaddingStrideOneMatchesNaiveLoop) {
+  manual_seed(15);
+  const std::vector<std::pair<std::vector<int64_t>, Conv2dParams>> cases = {
+      {{4, 2, 3, 5}, {.padding = {1, 2}}},                          // 7x6 out
+      {{4, 2, 3, 5}, {.padding = {2, 4}, .dilation = {2, 2}}},      // 7x6 out
+      {{4, 2, 1, 3}, {.padding = {3, 1}}},                          // 13x6 out, rows padded
+  };
+  for (const auto& [w_shape, p] : cases) {
+    Tensor x = randn({3, 2, 7, 6}, {.dtype = kFloat64});
+    Tensor w = randn(Shape(w_shape.begin(), w_shape.end()), {.dtype = kFloat64});
+    Tensor b = randn({4}, {.dtype = kFloat64});
+    for (bool with_bias : {true, false}) {
+      Tensor y = conv2d(x, w, with_bias ? b : Tensor(), p);
+      EXPECT_EQ(y.size(3), x.size(3));
+      const auto want = NaiveConv2d(x, w, with_bias ? b : Tensor(), p);
+      const auto got = y.to_vector<double>();
+      ASSERT_EQ(got.size(), want.size()) << ShapeToString(y.shape());
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << i;
+    }
+    EXPECT_TRUE(GradCheck([&](const auto& in) { return conv2d(in[0], in[1], in[2], p); },
+                          {RandomInput({2, 2, 7, 6}), RandomInput(Shape(w_shape.begin(), w_shape.end())),
+                           RandomInput({4})}))
+        << "padding " << p.padding[0] << "," << p.padding[1];
+  }
+}
+
+// A batch of 41 images (100 KiB of float64 im2col columns each) spans several
+// of the CPU kernels' chunks of images, the last one a single image: output and
+// every gradient must match the same conv run one image at a time, and repeat
+// bit for bit.
+TEST(ConvTest, BatchAcrossChunksMatchesOneImageAtATime) {
+  manual_seed(16);
+  for (DType dtype : {kFloat64, kFloat32}) {
+    const double tol = dtype == kFloat64 ? 1e-11 : 2e-4;
+    for (const Conv2dParams& p : {Conv2dParams{}, Conv2dParams{.padding = {1, 1}}}) {
+      const int64_t n = 41;
+      Tensor x = randn({n, 2, 28, 30}, {.dtype = dtype}).set_requires_grad(true);
+      Tensor w = randn({5, 2, 3, 3}, {.dtype = dtype}).set_requires_grad(true);
+      Tensor b = randn({5}, {.dtype = dtype}).set_requires_grad(true);
+      Tensor y = conv2d(x, w, b, p);
+      Tensor dy = randn(y.shape(), {.dtype = dtype});
+      y.backward(dy);
+      const auto ys = y.to_vector<double>(), dxs = x.grad().to_vector<double>();
+      const auto dws = w.grad().to_vector<double>(), dbs = b.grad().to_vector<double>();
+
+      // The same again: bit-identical.
+      Tensor x2 = x.detach().clone().set_requires_grad(true);
+      Tensor w2 = w.detach().clone().set_requires_grad(true);
+      Tensor b2 = b.detach().clone().set_requires_grad(true);
+      Tensor y2 = conv2d(x2, w2, b2, p);
+      y2.backward(dy);
+      EXPECT_EQ(y2.to_vector<double>(), ys);
+      EXPECT_EQ(x2.grad().to_vector<double>(), dxs);
+      EXPECT_EQ(w2.grad().to_vector<double>(), dws);
+      EXPECT_EQ(b2.grad().to_vector<double>(), dbs);
+
+      std::vector<double> dw_sum(dws.size(), 0.0), db_sum(dbs.size(), 0.0);
+      const int64_t y_per = static_cast<int64_t>(ys.size()) / n;
+      const int64_t x_per = static_cast<int64_t>(dxs.size()) / n;
+      for (int64_t i = 0; i < n; ++i) {
+        Tensor xi = x.detach().slice(i, i + 1).clone().set_requires_grad(true);
+        Tensor wi = w.detach().clone().set_requires_grad(true);
+        Tensor bi = b.detach().clone().set_requires_grad(true);
+        Tensor yi = conv2d(xi, wi, bi, p);
+        yi.backward(dy.slice(i, i + 1).clone());
+        const auto yv = yi.to_vector<double>(), dxv = xi.grad().to_vector<double>();
+        for (int64_t k = 0; k < y_per; ++k) {
+          ASSERT_NEAR(ys[i * y_per + k], yv[k], tol) << "image " << i << " y " << k;
+        }
+        for (int64_t k = 0; k < x_per; ++k) {
+          ASSERT_NEAR(dxs[i * x_per + k], dxv[k], tol) << "image " << i << " dx " << k;
+        }
+        const auto dwv = wi.grad().to_vector<double>(), dbv = bi.grad().to_vector<double>();
+        for (size_t k = 0; k < dw_sum.size(); ++k) dw_sum[k] += dwv[k];
+        for (size_t k = 0; k < db_sum.size(); ++k) db_sum[k] += dbv[k];
+      }
+      // Sums over 41 * 728 or more products: relative tolerance.
+      for (size_t k = 0; k < dws.size(); ++k) {
+        ASSERT_NEAR(dws[k], dw_sum[k], tol * (1.0 + std::abs(dw_sum[k])) * 10) << "dw " << k;
+      }
+      for (size_t k = 0; k < dbs.size(); ++k) {
+        ASSERT_NEAR(dbs[k], db_sum[k], tol * (1.0 + std::abs(db_sum[k])) * 10) << "db " << k;
+      }
     }
   }
 }

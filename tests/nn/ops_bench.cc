@@ -7,6 +7,13 @@
 //   Conv1x20k5       LeNet's first conv, 1 -> 20, 5x5, padding 2, on 28x28 data
 //   Conv32x64k3      a hidden conv, 32 -> 64, 3x3, padding 1, on 16x16 (grads: x, weight, bias)
 //   CrossEntropy10   cross_entropy of (N, 10) logits (grad: logits)
+// and, at batch 32, 128 and 512, the other convs of the apps' models (grads: x,
+// weight, bias, except where x is the data):
+//   LeNetConv2       20 -> 20, 5x5, padding 2, on 14x14
+//   CifarConv1       3 -> 32, 3x3, on 32x32 data
+//   CifarConv2       32 -> 64, 3x3, on 15x15
+//   CifarConv3       64 -> 64, 3x3, on 6x6
+//   LeNetConv2F64    LeNetConv2 in float64
 // One iteration is forward, backward from a fixed output gradient (ones; the
 // loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
 // with a synchronisation of the thread's stream, so the time is the whole step's
@@ -24,6 +31,7 @@
 
 #include "nn/device.h"
 #include "nn/layers.h"
+#include "nn/ops/conv.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
@@ -69,6 +77,31 @@ StepFn Conv32x64k3(int64_t batch) {
     conv->zero_grad();
     x.set_grad(Tensor());
   };
+}
+
+// conv2d with `in` -> `out` channels, k x k, padding `pad` on (batch, in, hw, hw),
+// weight and bias requiring grad (as Conv2d's); x too when `x_grad`.
+StepFn ConvStep(int64_t batch, int64_t in, int64_t out, int64_t k, int64_t hw, int64_t pad,
+                bool x_grad, DType dtype = kFloat32) {
+  Tensor w = randn({out, in, k, k}, {.dtype = dtype}).set_requires_grad(true);
+  Tensor b = randn({out}, {.dtype = dtype}).set_requires_grad(true);
+  Tensor x = randn({batch, in, hw, hw}, {.dtype = dtype}).set_requires_grad(x_grad);
+  const int64_t ohw = hw + 2 * pad - k + 1;
+  Tensor dy = ones({batch, out, ohw, ohw}, {.dtype = dtype});
+  const Conv2dParams params{.padding = {pad, pad}};
+  return [w, b, x, dy, params]() mutable {
+    conv2d(x, w, b, params).backward(dy);
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    x.set_grad(Tensor());
+  };
+}
+StepFn LeNetConv2(int64_t batch) { return ConvStep(batch, 20, 20, 5, 14, 2, true); }
+StepFn CifarConv1(int64_t batch) { return ConvStep(batch, 3, 32, 3, 32, 0, false); }
+StepFn CifarConv2(int64_t batch) { return ConvStep(batch, 32, 64, 3, 15, 0, true); }
+StepFn CifarConv3(int64_t batch) { return ConvStep(batch, 64, 64, 3, 6, 0, true); }
+StepFn LeNetConv2F64(int64_t batch) {
+  return ConvStep(batch, 20, 20, 5, 14, 2, true, kFloat64);
 }
 
 StepFn CrossEntropy10(int64_t batch) {
@@ -117,6 +150,20 @@ void Register(Device device) {
                         {"CrossEntropy10", CrossEntropy10}};
   for (const Case& c : cases) {
     for (int64_t batch : {64, 512}) {
+      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  const Case convs[] = {{"LeNetConv2", LeNetConv2},
+                        {"CifarConv1", CifarConv1},
+                        {"CifarConv2", CifarConv2},
+                        {"CifarConv3", CifarConv3},
+                        {"LeNetConv2F64", LeNetConv2F64}};
+  for (const Case& c : convs) {
+    for (int64_t batch : {32, 128, 512}) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
                                "/batch:" + std::to_string(batch);
       benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
