@@ -15,10 +15,13 @@
 //  - ops with bfloat16 kernels (relu and the other unary ops, elementwise binary ops
 //    on equal dtypes, max/avg pool, dropout, views) run in the dtype they are given:
 //    bfloat16 in, bfloat16 out, arithmetic in float32.
-//  - cross_entropy, mse_loss, softmax, log_softmax, batch_norm2d, sum, mean cast
-//    bfloat16 inputs to float32 and return float32 (precision-sensitive reductions).
+//  - cross_entropy, mse_loss, softmax, log_softmax, batch_norm2d (not its running
+//    statistics, which it updates in place), sum, mean, argmax and accuracy cast
+//    bfloat16 inputs to float32 and compute in float32 (precision-sensitive
+//    reductions).
 // Parameters stay float32: the casts' backward converts gradients back to
 // float32, so optimizers and gradient all-reduce see float32 as without autocast.
+// A float32 weight is cast again by every op call that uses it (no cast cache).
 // Outside a guard nothing changes: ops take their operands' dtypes as given, and
 // an op without bfloat16 kernels rejects bfloat16 with an error naming it.
 //
