@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/autocast.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/dropout.h"
@@ -66,8 +67,14 @@ std::pair<Tensor, Tensor> Batch(int k) {
 }
 
 // One training step of `net` on (x, y): forward, backward, SGD update, zero_grad.
-Tensor TrainStep(Mlp& net, const Tensor& x, const Tensor& y) {
-  Tensor loss = mse_loss(net(x), y);
+// bf16: forward and loss under AutocastGuard(kBFloat16) (the weight casts and the
+// bf16 GEMMs are then part of the captured step).
+Tensor TrainStep(Mlp& net, const Tensor& x, const Tensor& y, bool bf16 = false) {
+  Tensor loss;
+  {
+    AutocastGuard autocast(bf16 ? kBFloat16 : kFloat32);
+    loss = mse_loss(net(x), y);
+  }
   loss.backward();
   NoGradGuard no_grad;
   for (Tensor p : net.parameters()) {
@@ -77,13 +84,13 @@ Tensor TrainStep(Mlp& net, const Tensor& x, const Tensor& y) {
   return loss;
 }
 
-TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) {
+void ExpectReplayMatchesEager(bool bf16) {
   manual_seed(1);
   Mlp eager_net;
   std::vector<float> eager_losses;
   for (int k = 0; k < kSteps; ++k) {
     auto [x, y] = Batch(k);
-    eager_losses.push_back(static_cast<float>(TrainStep(eager_net, x, y).item()));
+    eager_losses.push_back(static_cast<float>(TrainStep(eager_net, x, y, bf16).item()));
   }
 
   manual_seed(1);
@@ -94,12 +101,12 @@ TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) {
     auto [x0, y0] = Batch(0);
     x.copy_(x0);
     y.copy_(y0);
-    losses.push_back(static_cast<float>(TrainStep(net, x, y).item()));  // warm-up, eager
+    losses.push_back(static_cast<float>(TrainStep(net, x, y, bf16).item()));  // warm-up, eager
   }
   CudaGraph graph;
   Tensor loss;
   const std::vector<float> before = Weights(net);
-  graph.Capture([&] { loss = TrainStep(net, x, y); });
+  graph.Capture([&] { loss = TrainStep(net, x, y, bf16); });
   ASSERT_TRUE(graph.captured());
   EXPECT_GT(graph.num_nodes(), 5);
   ExpectSameBits(Weights(net), before, "weights after capture (nothing may run)");
@@ -112,6 +119,12 @@ TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) {
   }
   ExpectSameBits(losses, eager_losses, "losses");
   ExpectSameBits(Weights(net), Weights(eager_net), "weights");
+}
+
+TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) { ExpectReplayMatchesEager(false); }
+
+TEST_F(CudaGraphGpuTest, ReplayedBf16AutocastStepMatchesEagerSteps) {
+  ExpectReplayMatchesEager(true);
 }
 
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
