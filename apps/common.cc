@@ -13,6 +13,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,10 @@ ABSL_FLAG(bool, bf16, false,
           "under nn::AutocastGuard(kBFloat16), so GEMMs and convolutions take bfloat16 "
           "operands with float32 accumulation; parameters, gradients, the all-reduce and the "
           "optimizer stay float32. On the CPU it is emulated (slower than float32).");
+ABSL_FLAG(int, cpu_threads, 0,
+          "Threads OpenBLAS uses per CPU GEMM when the ranks run on the CPU (one pool for the "
+          "process). 0: cores minus the loader workers of all ranks, divided by the ranks, at "
+          "least 1 (so workers and GEMM threads do not oversubscribe the cores).");
 ABSL_FLAG(int64_t, log_every, 100,
           "Steps between the plain progress lines when the output is not a terminal.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -108,6 +113,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.metrics = absl::GetFlag(FLAGS_metrics);
   flags.deterministic = absl::GetFlag(FLAGS_deterministic);
   flags.bf16 = absl::GetFlag(FLAGS_bf16);
+  flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   flags.log_every = absl::GetFlag(FLAGS_log_every);
   flags.max_steps_per_epoch = absl::GetFlag(FLAGS_max_steps_per_epoch);
   flags.train_limit = absl::GetFlag(FLAGS_train_limit);
@@ -161,6 +167,10 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (flags.num_workers < 0) {
     FlagErrorExit(flags, absl::StrCat("--num_workers ", flags.num_workers, ": must be >= 0"));
   }
+  if (flags.cpu_threads < 0) {
+    FlagErrorExit(flags, absl::StrCat("--cpu_threads ", flags.cpu_threads,
+                                      ": must be >= 0 (0: automatic)"));
+  }
   if (flags.log_every < 1) {
     FlagErrorExit(flags, absl::StrCat("--log_every ", flags.log_every, ": must be at least 1"));
   }
@@ -194,6 +204,14 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   }
   flags.devices = *std::move(devices);
   nn::set_allow_tf32(!flags.deterministic);
+  if (!flags.devices.empty() && flags.devices[0].is_cpu()) {
+    if (flags.cpu_threads == 0) {
+      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      const int ranks = flags.world_size();
+      flags.cpu_threads = std::max(1, (cores - ranks * flags.num_workers) / ranks);
+    }
+    nn::set_cpu_blas_threads(flags.cpu_threads);
+  }
 }
 
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
@@ -240,6 +258,7 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));
   }
   rows.emplace_back("seed", absl::StrCat(flags.seed));
+  if (cpu) rows.emplace_back("CPU GEMM threads", absl::StrCat(nn::cpu_blas_threads(), " (OpenBLAS)"));
   rows.emplace_back("precision", flags.bf16 ? "bfloat16 autocast (float32 parameters)"
                                  : flags.deterministic ? "float32"
                                                        : "float32 (TF32 allowed on CUDA)");

@@ -5,7 +5,7 @@
 //
 // Flags defined here (every program links them; --help explains each):
 //   --gpus --nprocs --share_devices --seed --num_workers --log_dir
-//   --checkpoint_dir --resume --metrics --deterministic --bf16 --log_every
+//   --checkpoint_dir --resume --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
 // --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
@@ -57,6 +57,7 @@ struct RunFlags {
   std::string metrics;
   bool deterministic = true;
   bool bf16 = false;  // forward + loss under nn::AutocastGuard(kBFloat16)
+  int cpu_threads = 0;  // OpenBLAS threads on CPU ranks; 0: automatic (ValidateOrExit sets it)
   int64_t log_every = 100;
   int64_t max_steps_per_epoch = 0;  // 0: whole epochs
   int64_t train_limit = 0;          // 0: the whole training set

@@ -31,6 +31,13 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// Threads OpenBLAS may use for one CPU matmul / convolution GEMM. Process-wide:
+// OpenBLAS has one thread pool, shared by every rank's thread (concurrent callers
+// queue on it). n >= 1, else tandem::Error naming n. Without a call, OpenBLAS's
+// own default (OPENBLAS_NUM_THREADS, else one per core).
+void set_cpu_blas_threads(int n);
+int cpu_blas_threads();
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_OPS_MATMUL_H_

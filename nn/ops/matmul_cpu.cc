@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/matmul.h"
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -134,3 +135,14 @@ void BiasGradCpu(const Tensor& dy, const Tensor& db) {
 }
 
 }  // namespace tandem::nn::ops::internal
+
+namespace tandem::nn {
+
+void set_cpu_blas_threads(int n) {
+  TANDEM_CHECK(n >= 1, "set_cpu_blas_threads: ", n, " threads; need at least 1");
+  openblas_set_num_threads(n);
+}
+
+int cpu_blas_threads() { return openblas_get_num_threads(); }
+
+}  // namespace tandem::nn

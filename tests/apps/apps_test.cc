@@ -83,8 +83,9 @@ TEST(TrainLinear, PrintsEveryStepOnOneCpuRank) {
 }
 
 TEST(TrainLinear, RunsOnTwoCpuRanks) {
-  RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu --nprocs=2 --steps=5");
+  RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu --nprocs=2 --steps=5 --cpu_threads=3");
   ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(": 3 (OpenBLAS)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step:4 loss:"), std::string::npos) << r.output;
   // Only rank 0 prints the steps.
   int count = 0;
@@ -207,6 +208,7 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--bf16=maybe", "train_mnist: error: --bf16=maybe: ");
   ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
   ExpectBadFlag(TRAIN_LINEAR, "--seed", "train_linear: error: --seed needs a value");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --cpu_threads=-1", "--cpu_threads -1: must be >= 0");
 }
 
 // A failure inside the run: exit status 1 and a last line naming the rank.
