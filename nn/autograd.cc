@@ -118,6 +118,9 @@ void Backward(const Tensor& root, const Tensor& grad_root) {
                " does not require grad (no parameter or input with requires_grad reached it)");
   TANDEM_CHECK(grad_root.defined() && grad_root.shape() == root.shape(),
                "backward(): gradient ", grad_root.ToString(), " does not match ", root.ToString());
+  TANDEM_CHECK(grad_root.dtype() == root.dtype() && grad_root.device() == root.device(),
+               "backward(): gradient ", grad_root.ToString(), " must have the dtype and device of ",
+               root.ToString(), " (convert it with .to())");
   TANDEM_CHECK(t_backward == nullptr, "backward(): nested backward passes are not supported");
 
   std::shared_ptr<Node> start = EdgeOf(root);

@@ -50,6 +50,14 @@ TEST(AutogradTest, BackwardChecksItsArguments) {
   EXPECT_THROW(ones({1}).backward(), Error);                 // does not require grad
   Tensor x = ones({2}, {.requires_grad = true});
   EXPECT_THROW(x.clone().backward(ones({3})), Error);         // wrong gradient shape
+  try {
+    x.clone().backward(ones({2}, {.dtype = kFloat64}));       // wrong gradient dtype
+    ADD_FAILURE() << "a float64 gradient for a float32 output was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must have the dtype and device"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AutogradTest, QueuedCallbackRunsAfterAllNodes) {
