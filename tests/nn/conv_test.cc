@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
 
@@ -105,8 +106,15 @@ TEST(ConvTest, SamePaddingStrideOneMatchesNaiveLoop) {
 // A batch of 41 images (100 KiB of float64 im2col columns each) spans several
 // of the CPU kernels' chunks of images, the last one a single image: output and
 // every gradient must match the same conv run one image at a time, and repeat
-// bit for bit.
+// bit for bit. The chunk is 512 KiB of columns per OpenBLAS thread, so the test
+// pins OpenBLAS to one thread (at 8+ threads the whole batch would be one chunk).
 TEST(ConvTest, BatchAcrossChunksMatchesOneImageAtATime) {
+  const int threads = cpu_blas_threads();
+  set_cpu_blas_threads(1);
+  struct Restore {
+    int threads;
+    ~Restore() { set_cpu_blas_threads(threads); }
+  } restore{threads};
   manual_seed(16);
   for (DType dtype : {kFloat64, kFloat32}) {
     const double tol = dtype == kFloat64 ? 1e-11 : 2e-4;
