@@ -2,8 +2,7 @@
 // the training programs (see common.h). The training loop is in classifier.cc.
 #include "apps/common.h"
 
-#include "apps/flag_check.h"
-
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "apps/flag_check.h"
 #include "nn/error.h"
 #include "nn/ops/matmul.h"
 #include "optim/adagrad.h"
@@ -68,7 +68,7 @@ ABSL_FLAG(bool, bf16, false,
           "optimizer stay float32. On the CPU it is emulated (slower than float32).");
 ABSL_FLAG(int, cpu_threads, 0,
           "Threads OpenBLAS uses per CPU GEMM when the ranks run on the CPU (one pool for the "
-          "process). 0: cores minus the loader workers of all ranks, divided by the ranks, at "
+          "process). 0: usable cores minus the loader workers of all ranks, divided by the ranks, at "
           "least 1 (so workers and GEMM threads do not oversubscribe the cores).");
 ABSL_FLAG(int64_t, log_every, 100,
           "Steps between the plain progress lines when the output is not a terminal.");
@@ -121,6 +121,19 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.stop_at_step = absl::GetFlag(FLAGS_stop_at_step);
   return flags;
 }
+
+namespace {
+
+// The cores this process may run on (its CPU affinity, which containers and
+// taskset narrow), else what the hardware reports.
+int64_t UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
 
 void FlagErrorExit(const RunFlags& flags, const std::string& message) {
   std::string line = absl::StrReplaceAll(message, {{"\n", " "}});
@@ -206,9 +219,10 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   nn::set_allow_tf32(!flags.deterministic);
   if (!flags.devices.empty() && flags.devices[0].is_cpu()) {
     if (flags.cpu_threads == 0) {
-      const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-      const int ranks = flags.world_size();
-      flags.cpu_threads = std::max(1, (cores - ranks * flags.num_workers) / ranks);
+      const int64_t cores = UsableCores();
+      const int64_t ranks = flags.world_size();
+      flags.cpu_threads = static_cast<int>(
+          std::clamp<int64_t>((cores - ranks * flags.num_workers) / ranks, 1, cores));
     }
     nn::set_cpu_blas_threads(flags.cpu_threads);
   }

@@ -1,11 +1,14 @@
 #include "apps/flag_check.h"
 
 #include <array>
+#include <string>
+#include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 namespace tandem::apps {
@@ -25,6 +28,25 @@ bool IsAbseilBuiltin(absl::string_view name) {
 }  // namespace
 
 std::optional<std::string> FindBadFlag(int argc, char** argv) {
+  // --undefok=a,b: names Abseil lets pass undefined; they pass here too.
+  std::vector<std::string> undefok;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (absl::string_view prefix : {"--undefok=", "-undefok="}) {
+      if (absl::StartsWith(arg, prefix)) {
+        for (absl::string_view name : absl::StrSplit(arg.substr(prefix.size()), ',')) {
+          undefok.emplace_back(name);
+        }
+      }
+    }
+  }
+  auto allowed_undefined = [&](absl::string_view name) {
+    for (const std::string& ok : undefok) {
+      if (name == ok || (absl::StartsWith(name, "no") && name.substr(2) == ok)) return true;
+    }
+    return false;
+  };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
@@ -42,7 +64,10 @@ std::optional<std::string> FindBadFlag(int argc, char** argv) {
         continue;
       }
     }
-    if (flag == nullptr) return absl::StrCat("unknown flag --", name, " (see --help)");
+    if (flag == nullptr) {
+      if (allowed_undefined(name)) continue;
+      return absl::StrCat("unknown flag --", name, " (see --help)");
+    }
     std::string value;
     if (has_value) {
       value = std::string(body.substr(eq + 1));

@@ -12,8 +12,10 @@ namespace tandem::apps {
 
 // The first problem on the command line, as one line ("unknown flag --epoch (see
 // --help)", "--epochs=x: ..."), or nullopt. Abseil's built-in flags (--help,
-// --flagfile, ...) and everything after a bare "--" are left to Abseil. Checking a
-// value parses it into the flag, which absl::ParseCommandLine then sets again.
+// --flagfile, ...), names listed in --undefok, the contents of a --flagfile and
+// everything after a bare "--" are left to Abseil (which exits 1 on their errors).
+// Checking a value parses it into the flag, which absl::ParseCommandLine then
+// sets again.
 std::optional<std::string> FindBadFlag(int argc, char** argv);
 
 }  // namespace tandem::apps

@@ -204,6 +204,9 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_LINEAR, "--optimizer=nope", "train_linear: error: --optimizer \"nope\"");
   // Checked before Abseil's parser, which would print its own report and exit 1.
   ExpectBadFlag(TRAIN_MNIST, "--epoch=3", "train_mnist: error: unknown flag --epoch (see --help)");
+  // --undefok names pass to Abseil, which accepts them: the run goes on to the next error.
+  ExpectBadFlag(TRAIN_MNIST, "--undefok=epoch --epoch=3 --optimizer=rmsprop",
+                "--optimizer \"rmsprop\": unknown optimizer");
   ExpectBadFlag(TRAIN_MNIST, "--epochs=three", "train_mnist: error: --epochs=three: ");
   ExpectBadFlag(TRAIN_MNIST, "--bf16=maybe", "train_mnist: error: --bf16=maybe: ");
   ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
