@@ -3,6 +3,7 @@
 // result, int64 indices, on the thread's stream.
 #include <cuda_bf16.h>
 
+#include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/conv_kernels.h"
 
@@ -12,12 +13,8 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-const __nv_bfloat16* Bf16(const Tensor& t) {
-  return reinterpret_cast<const __nv_bfloat16*>(t.data<BFloat16>());
-}
-__nv_bfloat16* MutableBf16(const Tensor& t) {
-  return reinterpret_cast<__nv_bfloat16*>(t.data<BFloat16>());
-}
+const __nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
+__nv_bfloat16* MutableBf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
 
 // y[i] += bias[channel of i]; y is (n, o, plane) with plane = oh * ow.
 __global__ void BiasAddKernel(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t numel,

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/dropout_kernels.h"
 
@@ -17,12 +18,8 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-// Kernel-side storage type (BFloat16 -> __nv_bfloat16) and its arithmetic type.
-template <typename T> struct DeviceTypeOf { using type = T; };
-template <> struct DeviceTypeOf<BFloat16> { using type = __nv_bfloat16; };
-template <typename T> using DeviceType = typename DeviceTypeOf<T>::type;
-template <typename D>
-using DeviceCompute = std::conditional_t<std::is_same_v<D, __nv_bfloat16>, float, D>;
+using ::tandem::nn::internal::DeviceCompute;
+using ::tandem::nn::internal::DeviceType;
 
 // x * scale in the compute type, stored in D (rounded once for bfloat16).
 template <typename D> __device__ __forceinline__ D Scaled(D x, DeviceCompute<D> scale) {

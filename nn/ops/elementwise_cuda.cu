@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 
@@ -16,32 +17,11 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-// Kernel-side storage type of a tensor element type (BFloat16 -> __nv_bfloat16,
-// same 2-byte layout) and the type its arithmetic runs in.
-template <typename T> struct DeviceTypeOf { using type = T; };
-template <> struct DeviceTypeOf<BFloat16> { using type = __nv_bfloat16; };
-template <typename T> using DeviceType = typename DeviceTypeOf<T>::type;
-template <typename D>
-using DeviceCompute = std::conditional_t<std::is_same_v<D, __nv_bfloat16>, float, D>;
-
-template <typename D> __device__ __forceinline__ DeviceCompute<D> LoadDev(D v) {
-  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return v;
-  }
-}
-template <typename D> __device__ __forceinline__ D StoreDev(DeviceCompute<D> v) {
-  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
-  }
-}
-// A tensor's data as the kernel-side type.
-template <typename T> DeviceType<T>* DevPtr(const Tensor& t) {
-  return reinterpret_cast<DeviceType<T>*>(t.data<T>());
-}
+using ::tandem::nn::internal::DevPtr;
+using ::tandem::nn::internal::DeviceCompute;
+using ::tandem::nn::internal::DeviceType;
+using ::tandem::nn::internal::LoadDev;
+using ::tandem::nn::internal::StoreDev;
 
 // BroadcastPlan without its std::vector, passed to kernels by value.
 struct DevicePlan {

@@ -7,6 +7,7 @@
 // CPU. int64 indices, on the thread's stream.
 #include <cuda_bf16.h>
 
+#include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/pool_kernels.h"
 
@@ -16,12 +17,8 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-const __nv_bfloat16* Bf16(const Tensor& t) {
-  return reinterpret_cast<const __nv_bfloat16*>(t.data<BFloat16>());
-}
-__nv_bfloat16* MutableBf16(const Tensor& t) {
-  return reinterpret_cast<__nv_bfloat16*>(t.data<BFloat16>());
-}
+const __nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
+__nv_bfloat16* MutableBf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
 
 // The outputs [lo, hi] along one axis whose window covers input position i
 // (window o spans o * stride - pad .. o * stride - pad + kernel - 1); empty when lo > hi.
