@@ -2,6 +2,8 @@
 #ifndef TANDEM_TESTS_TEST_UTIL_H_
 #define TANDEM_TESTS_TEST_UTIL_H_
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/tensor.h"
 
 namespace tandem::testing {
 
@@ -33,6 +36,20 @@ inline void ExpectSameBits(const std::vector<float>& a, const std::vector<float>
     std::memcpy(&y, &b[i], 4);
     ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
   }
+}
+
+// max |a - b| / max |b| over the elements (max |a - b| where b is all zeros), in
+// float64 on the host: a distance relative to the reference's scale.
+inline double ScaledError(const nn::Tensor& a, const nn::Tensor& b) {
+  const std::vector<double> x = a.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>();
+  const std::vector<double> y = b.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    err = std::max(err, std::fabs(x[i] - y[i]));
+    scale = std::max(scale, std::fabs(y[i]));
+  }
+  return scale > 0 ? err / scale : err;
 }
 
 }  // namespace tandem::testing

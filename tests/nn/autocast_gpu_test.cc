@@ -16,6 +16,7 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
 namespace {
@@ -125,17 +126,7 @@ TEST_F(AutocastGpuTest, Bf16LinearEpilogueFallbacks) {
 }
 
 // Largest |a - b| over the largest |b|.
-double ScaledError(const Tensor& a, const Tensor& b) {
-  const auto x = a.detach().to(Device::CPU()).to(kFloat64).to_vector<double>();
-  const auto y = b.detach().to(Device::CPU()).to(kFloat64).to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    err = std::max(err, std::fabs(x[i] - y[i]));
-    scale = std::max(scale, std::fabs(y[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
+using ::tandem::testing::ScaledError;
 
 TEST_F(AutocastGpuTest, MlpStepUnderAutocastMatchesCpu) {
   manual_seed(43);

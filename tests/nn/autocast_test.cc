@@ -342,17 +342,7 @@ TEST(AutocastTest, PrecisionSensitiveOpsComputeInFloat32) {
 }
 
 // Largest |a - b| over the largest |b|: the error relative to the tensor's scale.
-double ScaledError(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.detach().to(kFloat64).to_vector<double>();
-  const std::vector<double> y = b.detach().to(kFloat64).to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    err = std::max(err, std::fabs(x[i] - y[i]));
-    scale = std::max(scale, std::fabs(y[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
+using ::tandem::testing::ScaledError;
 
 struct Mlp : Module {
   Mlp()
