@@ -5,6 +5,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "nn/ops/internal/pool_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -33,6 +37,205 @@ void SumIntoPlanes(T* dx, int64_t planes, int64_t plane_size, AddPlane&& add_pla
   }
 }
 
+// Fast paths of max-pool for float32 / float64 without padding, where every
+// window lies inside the input: the same comparisons in the same order as the
+// generic loops below (strict '>' from the window's first element on, so the
+// first maximum in row-major window order wins ties and a NaN is kept only as
+// a window's first element), hence bit-identical values and indices.
+
+// True when max-pool's fast forward applies: no padding (every window inside).
+bool MaxPoolFastForward(const Pool2dGeometry& g) { return g.ph == 0 && g.pw == 0; }
+
+// True when max-pool's fast backward applies: no padding and windows that tile
+// the input without overlap (kernel == stride), so each dx element receives at
+// most one gradient and is written once.
+bool MaxPoolFastBackward(const Pool2dGeometry& g) {
+  return g.ph == 0 && g.pw == 0 && g.kh == g.sh && g.kw == g.sw;
+}
+
+#if defined(__SSE2__)
+// SSE2 kernels of 2x2 stride 2: one group of kLanes outputs from the window
+// rows r0 / r1 (2 * kLanes elements each), `first` = the plane offset of r0[0];
+// writes y[0, kLanes) and idx[0, kLanes). The lanes run the scalar selects of
+// MaxPoolRow2x2 below ('>' is cmpgt, false on NaN), so values and indices are
+// the same.
+struct MaxPool2x2Float {
+  static constexpr int64_t kLanes = 4;
+  static void Group(const float* r0, const float* r1, int64_t first, int64_t w, float* y,
+                    int64_t* idx) {
+    const __m128 r0lo = _mm_loadu_ps(r0), r0hi = _mm_loadu_ps(r0 + 4);
+    const __m128 r1lo = _mm_loadu_ps(r1), r1hi = _mm_loadu_ps(r1 + 4);
+    __m128 best = _mm_shuffle_ps(r0lo, r0hi, _MM_SHUFFLE(2, 0, 2, 0));
+    __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();  // offsets, int64 lanes
+    auto step = [&](__m128 v, int64_t off) {
+      const __m128 m = _mm_cmpgt_ps(v, best);
+      best = _mm_or_ps(_mm_and_ps(m, v), _mm_andnot_ps(m, best));
+      const __m128i mi = _mm_castps_si128(m), o = _mm_set1_epi64x(off);
+      const __m128i mlo = _mm_unpacklo_epi32(mi, mi), mhi = _mm_unpackhi_epi32(mi, mi);
+      lo = _mm_or_si128(_mm_and_si128(mlo, o), _mm_andnot_si128(mlo, lo));
+      hi = _mm_or_si128(_mm_and_si128(mhi, o), _mm_andnot_si128(mhi, hi));
+    };
+    step(_mm_shuffle_ps(r0lo, r0hi, _MM_SHUFFLE(3, 1, 3, 1)), 1);
+    step(_mm_shuffle_ps(r1lo, r1hi, _MM_SHUFFLE(2, 0, 2, 0)), w);
+    step(_mm_shuffle_ps(r1lo, r1hi, _MM_SHUFFLE(3, 1, 3, 1)), w + 1);
+    _mm_storeu_ps(y, best);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx),
+                     _mm_add_epi64(_mm_set_epi64x(first + 2, first), lo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx + 2),
+                     _mm_add_epi64(_mm_set_epi64x(first + 6, first + 4), hi));
+  }
+  // One output with the same selects in lane 0 (no branches to mispredict).
+  static void One(const float* r0, const float* r1, int64_t first, int64_t w, float* y,
+                  int64_t* idx) {
+    __m128 best = _mm_load_ss(r0);
+    int64_t at = 0;
+    auto step = [&](const float* p, int64_t off) {
+      const __m128 v = _mm_load_ss(p), m = _mm_cmpgt_ss(v, best);
+      best = _mm_or_ps(_mm_and_ps(m, v), _mm_andnot_ps(m, best));
+      const int64_t mi = _mm_cvtsi128_si32(_mm_castps_si128(m));  // 0 or -1
+      at = (mi & off) | (~mi & at);
+    };
+    step(r0 + 1, 1);
+    step(r1, w);
+    step(r1 + 1, w + 1);
+    _mm_store_ss(y, best);
+    *idx = first + at;
+  }
+};
+
+struct MaxPool2x2Double {
+  static constexpr int64_t kLanes = 2;
+  static void Group(const double* r0, const double* r1, int64_t first, int64_t w, double* y,
+                    int64_t* idx) {
+    const __m128d r0lo = _mm_loadu_pd(r0), r0hi = _mm_loadu_pd(r0 + 2);
+    const __m128d r1lo = _mm_loadu_pd(r1), r1hi = _mm_loadu_pd(r1 + 2);
+    __m128d best = _mm_unpacklo_pd(r0lo, r0hi);
+    __m128i at = _mm_setzero_si128();
+    auto step = [&](__m128d v, int64_t off) {
+      const __m128d m = _mm_cmpgt_pd(v, best);
+      best = _mm_or_pd(_mm_and_pd(m, v), _mm_andnot_pd(m, best));
+      const __m128i mi = _mm_castpd_si128(m);
+      at = _mm_or_si128(_mm_and_si128(mi, _mm_set1_epi64x(off)), _mm_andnot_si128(mi, at));
+    };
+    step(_mm_unpackhi_pd(r0lo, r0hi), 1);
+    step(_mm_unpacklo_pd(r1lo, r1hi), w);
+    step(_mm_unpackhi_pd(r1lo, r1hi), w + 1);
+    _mm_storeu_pd(y, best);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(idx),
+                     _mm_add_epi64(_mm_set_epi64x(first + 2, first), at));
+  }
+  static void One(const double* r0, const double* r1, int64_t first, int64_t w, double* y,
+                  int64_t* idx) {
+    __m128d best = _mm_load_sd(r0);
+    int64_t at = 0;
+    auto step = [&](const double* p, int64_t off) {
+      const __m128d v = _mm_load_sd(p), m = _mm_cmpgt_sd(v, best);
+      best = _mm_or_pd(_mm_and_pd(m, v), _mm_andnot_pd(m, best));
+      const int64_t mi = _mm_cvtsi128_si32(_mm_castpd_si128(m));  // 0 or -1
+      at = (mi & off) | (~mi & at);
+    };
+    step(r0 + 1, 1);
+    step(r1, w);
+    step(r1 + 1, w + 1);
+    _mm_store_sd(y, best);
+    *idx = first + at;
+  }
+};
+
+// One output row of 2x2 stride 2 (ow outputs, r0 at plane offset row0) in
+// groups of K::kLanes, the rest one by one.
+template <typename K, typename T>
+void MaxPoolRow2x2Simd(const T* r0, const T* r1, int64_t row0, int64_t w, int64_t ow, T* y,
+                       int64_t* idx) {
+  constexpr int64_t kLanes = K::kLanes;
+  const int64_t full = ow / kLanes * kLanes;
+  for (int64_t ox = 0; ox < full; ox += kLanes) {
+    K::Group(r0 + 2 * ox, r1 + 2 * ox, row0 + 2 * ox, w, y + ox, idx + ox);
+  }
+  for (int64_t ox = full; ox < ow; ++ox) {
+    K::One(r0 + 2 * ox, r1 + 2 * ox, row0 + 2 * ox, w, y + ox, idx + ox);
+  }
+}
+#endif
+
+#if !defined(__SSE2__)
+// 2x2 stride 2 over one output row, scalar: the window's elements a b / c d
+// compared in that order, as selects.
+template <typename T>
+void MaxPoolRow2x2(const T* r0, const T* r1, int64_t row0, int64_t w, int64_t ow, T* y,
+                   int64_t* idx) {
+  for (int64_t ox = 0; ox < ow; ++ox) {
+    const T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+    T best = a;
+    int64_t at = 0;
+    bool m = b > best;
+    best = m ? b : best;
+    at = m ? 1 : at;
+    m = c > best;
+    best = m ? c : best;
+    at = m ? w : at;
+    m = d > best;
+    best = m ? d : best;
+    at = m ? w + 1 : at;
+    y[ox] = best;
+    idx[ox] = row0 + 2 * ox + at;
+  }
+}
+#endif
+
+// One plane (h, w) -> (oh, ow) of the fast forward; 2x2 stride 2 specialised.
+template <typename T>
+void MaxPoolPlaneFast(const T* plane, T* y, int64_t* idx, const Pool2dGeometry& g) {
+  if (g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2) {
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t row0 = 2 * oy * g.w;
+      const T* r0 = plane + row0;
+      const T* r1 = r0 + g.w;
+      T* yr = y + oy * g.ow;
+      int64_t* ir = idx + oy * g.ow;
+#if defined(__SSE2__)
+      using K = std::conditional_t<std::is_same_v<T, float>, MaxPool2x2Float, MaxPool2x2Double>;
+      MaxPoolRow2x2Simd<K>(r0, r1, row0, g.w, g.ow, yr, ir);
+#else
+      MaxPoolRow2x2(r0, r1, row0, g.w, g.ow, yr, ir);
+#endif
+    }
+    return;
+  }
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t first = oy * g.sh * g.w + ox * g.sw;
+      T best = plane[first];
+      int64_t at = first;
+      for (int64_t i = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const int64_t k = first + i * g.w + j;
+          if (plane[k] > best) best = plane[k], at = k;
+        }
+      }
+      y[oy * g.ow + ox] = best;
+      idx[oy * g.ow + ox] = at;
+    }
+  }
+}
+
+// One plane of the fast backward: dx (h, w) = dy routed through idx, zero
+// elsewhere (rows and columns past the last window included), one band of kh
+// rows at a time so the band stays in cache between zeroing and routing. Each
+// routed value is 0 + dy, as in the generic path's sum into a zeroed plane
+// (a -0 gradient becomes +0 in both).
+template <typename T>
+void MaxPoolBackwardPlaneFast(const T* dy, const int64_t* idx, T* dx, const Pool2dGeometry& g) {
+  const int64_t band = g.kh * g.w;
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    std::fill(dx + oy * band, dx + (oy + 1) * band, T(0));
+    const int64_t* ir = idx + oy * g.ow;
+    const T* dyr = dy + oy * g.ow;
+    for (int64_t ox = 0; ox < g.ow; ++ox) dx[ir[ox]] = T(0) + dyr[ox];
+  }
+  std::fill(dx + g.oh * band, dx + g.h * g.w, T(0));
+}
+
 }  // namespace
 
 void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
@@ -42,6 +245,15 @@ void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
     const T* px = x.data<T>();
     T* py = y.data<T>();
     int64_t* pi = indices.data<int64_t>();
+    if constexpr (std::is_same_v<T, Acc<T>>) {
+      if (MaxPoolFastForward(g)) {
+        const int64_t outs = g.oh * g.ow;
+        for (int64_t p = 0; p < planes; ++p) {
+          MaxPoolPlaneFast(px + p * g.h * g.w, py + p * outs, pi + p * outs, g);
+        }
+        return;
+      }
+    }
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = px + p * g.h * g.w;
       for (int64_t oy = 0; oy < g.oh; ++oy) {
@@ -77,6 +289,15 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
   TANDEM_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&]<typename T>() {
     const T* pdy = dy.data<T>();
     const int64_t* pi = indices.data<int64_t>();
+    if constexpr (std::is_same_v<T, Acc<T>>) {
+      if (MaxPoolFastBackward(g)) {
+        T* pdx = dx.data<T>();
+        for (int64_t p = 0; p < planes; ++p) {
+          MaxPoolBackwardPlaneFast(pdy + p * outs, pi + p * outs, pdx + p * g.h * g.w, g);
+        }
+        return;
+      }
+    }
     SumIntoPlanes(dx.data<T>(), planes, g.h * g.w, [&](int64_t p, Acc<T>* plane) {
       for (int64_t q = 0; q < outs; ++q) {
         const int64_t k = p * outs + q;

@@ -14,6 +14,10 @@
 //   CifarConv2       32 -> 64, 3x3, on 15x15
 //   CifarConv3       64 -> 64, 3x3, on 6x6
 //   LeNetConv2F64    LeNetConv2 in float64
+// and, at batch 32 and 128, max_pool2d 2x2 (stride 2) as the models use it (grad: x):
+//   MaxPool20x28     20 channels of 28x28 (LeNet's first pool)
+//   MaxPool64x30     64 channels of 30x30 (a ConvNet-sized pool)
+//   MaxPool64x30F64  MaxPool64x30 in float64
 // One iteration is forward, backward from a fixed output gradient (ones; the
 // loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
 // with a synchronisation of the thread's stream, so the time is the whole step's
@@ -34,6 +38,7 @@
 #include "nn/ops/conv.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
+#include "nn/ops/pool.h"
 #include "nn/random.h"
 #include "nn/tensor.h"
 #if TANDEM_WITH_CUDA
@@ -104,6 +109,19 @@ StepFn LeNetConv2F64(int64_t batch) {
   return ConvStep(batch, 20, 20, 5, 14, 2, true, kFloat64);
 }
 
+// max_pool2d 2x2 on (batch, channels, hw, hw) requiring grad.
+StepFn MaxPoolStep(int64_t batch, int64_t channels, int64_t hw, DType dtype = kFloat32) {
+  Tensor x = randn({batch, channels, hw, hw}, {.dtype = dtype}).set_requires_grad(true);
+  Tensor dy = ones({batch, channels, hw / 2, hw / 2}, {.dtype = dtype});
+  return [x, dy]() mutable {
+    max_pool2d(x).backward(dy);
+    x.set_grad(Tensor());
+  };
+}
+StepFn MaxPool20x28(int64_t batch) { return MaxPoolStep(batch, 20, 28); }
+StepFn MaxPool64x30(int64_t batch) { return MaxPoolStep(batch, 64, 30); }
+StepFn MaxPool64x30F64(int64_t batch) { return MaxPoolStep(batch, 64, 30, kFloat64); }
+
 StepFn CrossEntropy10(int64_t batch) {
   Tensor logits = randn({batch, 10}).set_requires_grad(true);
   std::vector<int64_t> label_values(batch);
@@ -164,6 +182,18 @@ void Register(Device device) {
                         {"LeNetConv2F64", LeNetConv2F64}};
   for (const Case& c : convs) {
     for (int64_t batch : {32, 128, 512}) {
+      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  const Case pools[] = {{"MaxPool20x28", MaxPool20x28},
+                        {"MaxPool64x30", MaxPool64x30},
+                        {"MaxPool64x30F64", MaxPool64x30F64}};
+  for (const Case& c : pools) {
+    for (int64_t batch : {32, 128}) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
                                "/batch:" + std::to_string(batch);
       benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
