@@ -18,6 +18,7 @@
 //   MaxPool20x28     20 channels of 28x28 (LeNet's first pool)
 //   MaxPool64x30     64 channels of 30x30 (a ConvNet-sized pool)
 //   MaxPool64x30F64  MaxPool64x30 in float64
+//   Relu32x30        relu on 32 channels of 30x30 (ConvNet's first activation)
 // One iteration is forward, backward from a fixed output gradient (ones; the
 // loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
 // with a synchronisation of the thread's stream, so the time is the whole step's
@@ -36,6 +37,7 @@
 #include "nn/device.h"
 #include "nn/layers.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"
@@ -122,6 +124,15 @@ StepFn MaxPool20x28(int64_t batch) { return MaxPoolStep(batch, 20, 28); }
 StepFn MaxPool64x30(int64_t batch) { return MaxPoolStep(batch, 64, 30); }
 StepFn MaxPool64x30F64(int64_t batch) { return MaxPoolStep(batch, 64, 30, kFloat64); }
 
+StepFn Relu32x30(int64_t batch) {
+  Tensor x = randn({batch, 32, 30, 30}).set_requires_grad(true);
+  Tensor dy = ones({batch, 32, 30, 30});
+  return [x, dy]() mutable {
+    relu(x).backward(dy);
+    x.set_grad(Tensor());
+  };
+}
+
 StepFn CrossEntropy10(int64_t batch) {
   Tensor logits = randn({batch, 10}).set_requires_grad(true);
   std::vector<int64_t> label_values(batch);
@@ -191,7 +202,8 @@ void Register(Device device) {
   }
   const Case pools[] = {{"MaxPool20x28", MaxPool20x28},
                         {"MaxPool64x30", MaxPool64x30},
-                        {"MaxPool64x30F64", MaxPool64x30F64}};
+                        {"MaxPool64x30F64", MaxPool64x30F64},
+                        {"Relu32x30", Relu32x30}};
   for (const Case& c : pools) {
     for (int64_t batch : {32, 128}) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
