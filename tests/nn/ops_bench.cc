@@ -14,7 +14,7 @@
 //   CifarConv2       32 -> 64, 3x3, on 15x15
 //   CifarConv3       64 -> 64, 3x3, on 6x6
 //   LeNetConv2F64    LeNetConv2 in float64
-// and, at batch 32 and 128, max_pool2d 2x2 (stride 2) as the models use it (grad: x):
+// and, at batch 32 and 128, the models' max_pool2d 2x2 (stride 2) and relu (grad: x):
 //   MaxPool20x28     20 channels of 28x28 (LeNet's first pool)
 //   MaxPool64x30     64 channels of 30x30 (a ConvNet-sized pool)
 //   MaxPool64x30F64  MaxPool64x30 in float64
