@@ -27,7 +27,6 @@
 #ifndef TANDEM_OPTIM_OPTIMIZER_H_
 #define TANDEM_OPTIM_OPTIMIZER_H_
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>

@@ -11,66 +11,6 @@ namespace {
 
 using ops::internal::Conv2dGeometry;
 
-// bfloat16 on the CPU: there is no bfloat16 GEMM here, so the float32 kernels run
-// on float32 copies of the operands (exact: every bfloat16 is a float32) and the
-// float32 result is rounded to bfloat16 once. float32 and float64 go straight
-// to the kernels. CUDA handles bfloat16 itself (cuDNN, float32 compute).
-Tensor Float32Of(const Tensor& t) { return t.defined() ? t.detach().to(kFloat32) : t; }
-
-// Runs `kernel` writing a float32 buffer shaped like `out`, then rounds it into `out`.
-template <typename Kernel>
-void IntoBFloat16(const Tensor& out, Kernel&& kernel) {
-  Tensor out32 = empty(out.shape(), {.dtype = kFloat32});
-  kernel(out32);
-  out.detach().copy_(out32);
-}
-
-void ForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                const Conv2dGeometry& g, const Tensor& y) {
-  if (x.dtype() != kBFloat16) return ops::internal::Conv2dForwardCpu(x, weight, bias, g, y);
-  IntoBFloat16(y, [&](const Tensor& y32) {
-    ops::internal::Conv2dForwardCpu(Float32Of(x), Float32Of(weight), Float32Of(bias), g, y32);
-  });
-}
-void BackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
-                     const Tensor& dx) {
-  if (dy.dtype() != kBFloat16) return ops::internal::Conv2dBackwardDataCpu(dy, weight, g, dx);
-  IntoBFloat16(dx, [&](const Tensor& dx32) {
-    ops::internal::Conv2dBackwardDataCpu(Float32Of(dy), Float32Of(weight), g, dx32);
-  });
-}
-void BackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
-                       const Tensor& dweight) {
-  if (dy.dtype() != kBFloat16) return ops::internal::Conv2dBackwardFilterCpu(dy, x, g, dweight);
-  IntoBFloat16(dweight, [&](const Tensor& dw32) {
-    ops::internal::Conv2dBackwardFilterCpu(Float32Of(dy), Float32Of(x), g, dw32);
-  });
-}
-void BackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {
-  if (dy.dtype() != kBFloat16) return ops::internal::Conv2dBackwardBiasCpu(dy, dbias);
-  IntoBFloat16(dbias, [&](const Tensor& db32) {
-    ops::internal::Conv2dBackwardBiasCpu(Float32Of(dy), db32);
-  });
-}
-
-#if TANDEM_WITH_CUDA
-void ForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                 const Conv2dGeometry& g, const Tensor& y) {
-  ops::internal::Conv2dForwardCuda(x, weight, bias, g, y);
-}
-void BackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
-                      const Tensor& dx) {
-  ops::internal::Conv2dBackwardDataCuda(dy, weight, g, dx);
-}
-void BackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
-                        const Tensor& dweight) {
-  ops::internal::Conv2dBackwardFilterCuda(dy, x, g, dweight);
-}
-void BackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
-  ops::internal::Conv2dBackwardBiasCuda(dy, dbias);
-}
-#endif
-
 std::string PairToString(const std::array<int64_t, 2>& v) {
   return absl::StrCat("(", v[0], ", ", v[1], ")");
 }
@@ -131,25 +71,23 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
   const TensorOptions like_x{.dtype = x.dtype(), .device = x.device()};
   Tensor y = empty({g.n, g.o, g.oh, g.ow}, like_x);
-  if (g.n > 0) TANDEM_ON_DEVICE(x, Forward, x, weight, bias, g, y);
+  if (g.n > 0) TANDEM_ON_DEVICE(x, ops::internal::Conv2dForward, x, weight, bias, g, y);
   const bool gx = x.requires_grad(), gw = weight.requires_grad();
   const bool gb = bias.defined() && bias.requires_grad();
   return autograd::Record(
       "conv2d", {x, weight, bias}, y,
       // dx needs only the weight and dweight only x: keep just what backward reads.
       [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(), x_shape = x.shape(),
-       w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy_in) {
-        // A gradient handed to backward() in another dtype is brought to the op's.
-        const Tensor dy = dy_in.to(*like_x.dtype);
+       w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy) {
         Tensor dx, dw, db;
         if (gx) {
           dx = empty(x_shape, like_x);
-          if (g.n > 0) TANDEM_ON_DEVICE(dy, BackwardData, dy, w, g, dx);
+          if (g.n > 0) TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardData, dy, w, g, dx);
         }
         if (gw) {
           dw = empty(w_shape, like_x);
           if (g.n > 0) {
-            TANDEM_ON_DEVICE(dy, BackwardFilter, dy, x, g, dw);
+            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardFilter, dy, x, g, dw);
           } else {
             dw.fill_(0.0);
           }
@@ -157,7 +95,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
         if (gb) {
           db = empty({g.o}, like_x);
           if (g.n > 0) {
-            TANDEM_ON_DEVICE(dy, BackwardBias, dy, db);
+            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardBias, dy, db);
           } else {
             db.fill_(0.0);
           }

@@ -1,8 +1,6 @@
 // bfloat16 bias kernels of the conv family (the convolutions themselves are
 // cuDNN's, conv_cuda.cc). Arithmetic in float32, one rounding to bfloat16 per
 // result, int64 indices, on the thread's stream.
-#include <cuda_bf16.h>
-
 #include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/conv_kernels.h"
@@ -13,8 +11,8 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-const __nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
-__nv_bfloat16* MutableBf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
+// A bfloat16 tensor's data as the kernel-side type.
+__nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
 
 // y[i] += bias[channel of i]; y is (n, o, plane) with plane = oh * ow.
 __global__ void BiasAddKernel(const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t numel,
@@ -52,7 +50,7 @@ void ConvBiasAddBFloat16Cuda(const Tensor& bias, const Conv2dGeometry& g, const 
   const int64_t numel = y.numel();
   if (numel == 0) return;
   BiasAddKernel<<<Blocks(numel), kThreads, 0, nn::internal::ThreadStream(y.device())>>>(
-      Bf16(bias), MutableBf16(y), numel, g.o, g.oh * g.ow);
+      Bf16(bias), Bf16(y), numel, g.o, g.oh * g.ow);
   TANDEM_CHECK_LAUNCH("conv2d BiasAddKernel (bfloat16)", y.device());
 }
 
@@ -60,7 +58,7 @@ void ConvBiasGradBFloat16Cuda(const Tensor& dy, const Tensor& dbias) {
   const int64_t o = dy.size(1);
   if (o == 0) return;
   BiasGradKernel<<<o, kThreads, 0, nn::internal::ThreadStream(dy.device())>>>(
-      Bf16(dy), MutableBf16(dbias), dy.size(0), o, dy.size(2) * dy.size(3));
+      Bf16(dy), Bf16(dbias), dy.size(0), o, dy.size(2) * dy.size(3));
   TANDEM_CHECK_LAUNCH("conv2d BiasGradKernel (bfloat16)", dy.device());
 }
 

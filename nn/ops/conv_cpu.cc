@@ -154,6 +154,18 @@ void GatherChunk(const T* src, int64_t o, int64_t positions, int64_t count, T* d
   }
 }
 
+// bfloat16: there is no bfloat16 GEMM here, so each kernel runs its float32 self
+// on float32 copies of the operands (exact: every bfloat16 is a float32) and
+// rounds the float32 result into `out` once.
+Tensor Float32Of(const Tensor& t) { return t.defined() ? t.detach().to(kFloat32) : t; }
+
+template <typename Kernel>
+void IntoBFloat16(const Tensor& out, Kernel&& kernel) {
+  Tensor out32 = empty(out.shape(), {.dtype = kFloat32});
+  kernel(out32);
+  out.detach().copy_(out32);
+}
+
 }  // namespace
 
 // Each kernel works on chunks of ChunkImages images: the chunk's im2col columns
@@ -164,6 +176,11 @@ void GatherChunk(const T* src, int64_t o, int64_t positions, int64_t count, T* d
 
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y) {
+  if (x.dtype() == kBFloat16) {
+    return IntoBFloat16(y, [&](const Tensor& y32) {
+      Conv2dForwardCpu(Float32Of(x), Float32Of(weight), Float32Of(bias), g, y32);
+    });
+  }
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(x.dtype(), "conv2d", [&]<typename T>() {
     const int64_t chunk = ChunkImages(g, sizeof(T));
@@ -215,6 +232,11 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx) {
+  if (dy.dtype() == kBFloat16) {
+    return IntoBFloat16(dx, [&](const Tensor& dx32) {
+      Conv2dBackwardDataCpu(Float32Of(dy), Float32Of(weight), g, dx32);
+    });
+  }
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_data", [&]<typename T>() {
     const int64_t chunk = ChunkImages(g, sizeof(T));
@@ -245,6 +267,11 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
 
 void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                              const Tensor& dweight) {
+  if (dy.dtype() == kBFloat16) {
+    return IntoBFloat16(dweight, [&](const Tensor& dw32) {
+      Conv2dBackwardFilterCpu(Float32Of(dy), Float32Of(x), g, dw32);
+    });
+  }
   const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_filter", [&]<typename T>() {
     const int64_t chunk = ChunkImages(g, sizeof(T));
@@ -274,6 +301,10 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
 }
 
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {
+  if (dy.dtype() == kBFloat16) {
+    return IntoBFloat16(dbias,
+                        [&](const Tensor& db32) { Conv2dBackwardBiasCpu(Float32Of(dy), db32); });
+  }
   const int64_t n = dy.size(0), o = dy.size(1), positions = dy.size(2) * dy.size(3);
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_bias", [&]<typename T>() {
     // kLanes partial sums (element q of a plane goes to lane q % kLanes), added

@@ -18,24 +18,17 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
+using ::tandem::nn::internal::DevPtr;
 using ::tandem::nn::internal::DeviceCompute;
 using ::tandem::nn::internal::DeviceType;
+using ::tandem::nn::internal::LoadDev;
+using ::tandem::nn::internal::StoreDev;
 
 // x * scale in the compute type, stored in D (rounded once for bfloat16).
 template <typename D> __device__ __forceinline__ D Scaled(D x, DeviceCompute<D> scale) {
-  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    return __float2bfloat16_rn(__bfloat162float(x) * scale);
-  } else {
-    return x * scale;
-  }
+  return StoreDev<D>(LoadDev(x) * scale);
 }
-template <typename D> __device__ __forceinline__ D Zero() {
-  if constexpr (std::is_same_v<D, __nv_bfloat16>) {
-    return __float2bfloat16_rn(0.0f);
-  } else {
-    return D(0);
-  }
-}
+template <typename D> __device__ __forceinline__ D Zero() { return StoreDev<D>(DeviceCompute<D>(0)); }
 
 template <typename T>
 __global__ void DropoutForwardKernel(const T* x, T* y, uint8_t* mask, int64_t n, float p,
@@ -68,7 +61,7 @@ void DropoutForwardCuda(const Tensor& x, const Tensor& y, const Tensor& mask, fl
   TANDEM_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<typename T>() {
     using D = DeviceType<T>;
     DropoutForwardKernel<D><<<Blocks(n), kThreads, 0, stream>>>(
-        reinterpret_cast<const D*>(x.data<T>()), reinterpret_cast<D*>(y.data<T>()),
+        DevPtr<T>(x), DevPtr<T>(y),
         mask.data<uint8_t>(), n, p, static_cast<DeviceCompute<D>>(scale), seed, stream_id, offset,
         offset_on_device);
   });
@@ -86,8 +79,7 @@ void DropoutBackwardCuda(const Tensor& gy, const Tensor& mask, const Tensor& gx,
   TANDEM_DISPATCH_FLOATING(gy.dtype(), "dropout_backward", [&]<typename T>() {
     using D = DeviceType<T>;
     DropoutBackwardKernel<D><<<Blocks(n), kThreads, 0, stream>>>(
-        reinterpret_cast<const D*>(gy.data<T>()), mask.data<uint8_t>(),
-        reinterpret_cast<D*>(gx.data<T>()), n, static_cast<DeviceCompute<D>>(scale));
+        DevPtr<T>(gy), mask.data<uint8_t>(), DevPtr<T>(gx), n, static_cast<DeviceCompute<D>>(scale));
   });
   TANDEM_CHECK_LAUNCH("DropoutBackwardKernel", gy.device());
 }

@@ -20,14 +20,7 @@ blasint ToBlasInt(int64_t v, const char* what) {
 }
 
 // A float32 host copy of a contiguous bfloat16 tensor (exact: bf16 widens losslessly).
-Tensor WidenBFloat16(const Tensor& t) {
-  Tensor f = empty(t.shape(), {.dtype = kFloat32});
-  const BFloat16* src = t.data<BFloat16>();
-  float* dst = f.data<float>();
-  const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-  return f;
-}
+Tensor WidenBFloat16(const Tensor& t) { return t.detach().to(kFloat32); }
 
 // dst[i] = src[i] rounded to bfloat16 (nearest, ties to even).
 void RoundToBFloat16(const float* src, BFloat16* dst, int64_t n) {

@@ -55,9 +55,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
       "max_pool2d", {x}, y,
       [x = cudnn ? x.detach() : Tensor(), y = cudnn ? y.detach() : Tensor(), indices, g,
        shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy_in) {
-        // A gradient handed to backward() in another dtype is brought to the op's.
-        const Tensor dy = dy_in.to(*options.dtype);
+          const Tensor& dy) {
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
         TANDEM_ON_DEVICE(dy, ops::internal::MaxPool2dBackward, x, y, indices, dy, g, dx);
@@ -72,8 +70,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
   return autograd::Record(
       "avg_pool2d", {x}, y,
       [g, shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy_in) {
-        const Tensor dy = dy_in.to(*options.dtype);
+          const Tensor& dy) {
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
         TANDEM_ON_DEVICE(dy, ops::internal::AvgPool2dBackward, dy, g, dx);

@@ -5,8 +5,6 @@
 // backward. Backward gathers: one thread per input element sums, in output
 // order, the windows that route to it, so no atomics and the same bits as the
 // CPU. int64 indices, on the thread's stream.
-#include <cuda_bf16.h>
-
 #include "nn/cuda/bf16.cuh"
 #include "nn/cuda/context.h"
 #include "nn/ops/internal/pool_kernels.h"
@@ -17,8 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-const __nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
-__nv_bfloat16* MutableBf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
+// A bfloat16 tensor's data as the kernel-side type.
+__nv_bfloat16* Bf16(const Tensor& t) { return ::tandem::nn::internal::DevPtr<BFloat16>(t); }
 
 // The outputs [lo, hi] along one axis whose window covers input position i
 // (window o spans o * stride - pad .. o * stride - pad + kernel - 1); empty when lo > hi.
@@ -132,7 +130,7 @@ void MaxPool2dForwardBFloat16Cuda(const Tensor& x, const Pool2dGeometry& g, cons
   const int64_t numel = y.numel();
   if (numel == 0) return;
   MaxForwardKernel<<<Blocks(numel), kThreads, 0, nn::internal::ThreadStream(x.device())>>>(
-      Bf16(x), MutableBf16(y), indices.data<int64_t>(), numel, g);
+      Bf16(x), Bf16(y), indices.data<int64_t>(), numel, g);
   TANDEM_CHECK_LAUNCH("max_pool2d MaxForwardKernel (bfloat16)", x.device());
 }
 
@@ -145,7 +143,7 @@ void MaxPool2dBackwardBFloat16Cuda(const Tensor& indices, const Tensor& dy,
   const int64_t numel = dx.numel();
   if (numel == 0) return;
   MaxBackwardKernel<<<Blocks(numel), kThreads, 0, nn::internal::ThreadStream(dy.device())>>>(
-      indices.data<int64_t>(), Bf16(dy), MutableBf16(dx), numel, g);
+      indices.data<int64_t>(), Bf16(dy), Bf16(dx), numel, g);
   TANDEM_CHECK_LAUNCH("max_pool2d MaxBackwardKernel (bfloat16)", dy.device());
 }
 
@@ -153,7 +151,7 @@ void AvgPool2dForwardBFloat16Cuda(const Tensor& x, const Pool2dGeometry& g, cons
   const int64_t numel = y.numel();
   if (numel == 0) return;
   AvgForwardKernel<<<Blocks(numel), kThreads, 0, nn::internal::ThreadStream(x.device())>>>(
-      Bf16(x), MutableBf16(y), numel, g, AvgScale(g));
+      Bf16(x), Bf16(y), numel, g, AvgScale(g));
   TANDEM_CHECK_LAUNCH("avg_pool2d AvgForwardKernel (bfloat16)", x.device());
 }
 
@@ -161,7 +159,7 @@ void AvgPool2dBackwardBFloat16Cuda(const Tensor& dy, const Pool2dGeometry& g, co
   const int64_t numel = dx.numel();
   if (numel == 0) return;
   AvgBackwardKernel<<<Blocks(numel), kThreads, 0, nn::internal::ThreadStream(dy.device())>>>(
-      Bf16(dy), MutableBf16(dx), numel, g, AvgScale(g));
+      Bf16(dy), Bf16(dx), numel, g, AvgScale(g));
   TANDEM_CHECK_LAUNCH("avg_pool2d AvgBackwardKernel (bfloat16)", dy.device());
 }
 

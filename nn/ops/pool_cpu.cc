@@ -9,14 +9,15 @@
 #include <emmintrin.h>
 #endif
 
+#include "nn/ops/internal/elementwise_kernels.h"  // Compute<T>
 #include "nn/ops/internal/pool_kernels.h"
 
 namespace tandem::nn::ops::internal {
 namespace {
 
-// The arithmetic type of an element type.
+// The arithmetic type of an element type (float for bfloat16).
 template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+using Acc = Compute<T>;
 
 // dx (planes of plane_size elements) = sums that add_plane(p, sums) adds into
 // the zeroed sums of plane p. float32 / float64 sum in dx itself; bfloat16 sums

@@ -1,7 +1,7 @@
 // Kernel interface of the conv family, shared by the CPU file (im2col + OpenBLAS)
 // and the CUDA files (cuDNN; bfloat16 bias kernels). Internal to nn.
-// The Cpu kernels take float32 or float64; conv.cc runs bfloat16 through them
-// in float32.
+// The Cpu kernels take float32, float64 or bfloat16 (the latter computed in
+// float32 on widened copies and rounded once).
 #ifndef TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 #define TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 
