@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/module.h"
 #include "nn/tensor.h"
 
 namespace tandem::testing {
@@ -36,6 +37,15 @@ inline void ExpectSameBits(const std::vector<float>& a, const std::vector<float>
     std::memcpy(&y, &b[i], 4);
     ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
   }
+}
+
+// Every parameter of `m`, in parameters() order, flattened into one float vector.
+inline std::vector<float> FlatParams(const nn::Module& m) {
+  std::vector<float> out;
+  for (const nn::Tensor& p : m.parameters()) {
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  }
+  return out;
 }
 
 // max |a - b| / max |b| over the elements (max |a - b| where b is all zeros), in

@@ -26,8 +26,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <exception>
@@ -37,7 +35,6 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,7 +46,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "apps/bench/exchange.h"
 #include "apps/bench/json_writer.h"
@@ -64,10 +60,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
-// OpenBLAS's own controls (the CPU BLAS nn links; see README "CPU BLAS").
+// OpenBLAS's build description, for the report (threads: nn::cpu_blas_threads).
 extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
 char* openblas_get_config(void);
 }
 
@@ -495,7 +489,7 @@ void WriteMachine(JsonWriter& w, const Config& config) {
   w.Field("logical_cpus", static_cast<int64_t>(std::thread::hardware_concurrency()));
   w.Field("compiler", __VERSION__);
   w.Field("openblas_config", openblas_get_config());
-  w.Field("openblas_threads", openblas_get_num_threads());
+  w.Field("openblas_threads", nn::cpu_blas_threads());
   w.Field("cuda_built", nn::cuda_built());
   w.Field("cuda_devices", nn::cuda_device_count());
 #if TANDEM_WITH_CUDA
@@ -646,8 +640,8 @@ void Check(const absl::Status& status) {
 
 int Run(const Config& config) {
   nn::DeviceGuard device_guard(config.device);
-  if (config.threads > 0) openblas_set_num_threads(config.threads);
-  const int threads_used = openblas_get_num_threads();
+  if (config.threads > 0) nn::set_cpu_blas_threads(config.threads);
+  const int threads_used = nn::cpu_blas_threads();
   nn::set_allow_tf32(config.tf32);
   const int64_t max_batch = *std::max_element(config.batch_sizes.begin(), config.batch_sizes.end());
   const int64_t n = kDataBatches * max_batch;

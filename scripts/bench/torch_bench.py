@@ -61,7 +61,6 @@ except ImportError as e:  # the driver reports this line
     print(f"torch_bench: error: cannot import torch with {sys.executable}: {e}", file=sys.stderr)
     sys.exit(1)
 
-LOSS_STEPS = 10
 MODES = ("eager", "compile", "reduce-overhead")
 
 
@@ -189,7 +188,7 @@ def run_cell(args, device, name, model, initial, images, labels, batch, opt_name
         return step_fn(images[b * batch:(b + 1) * batch], labels[b * batch:(b + 1) * batch])
 
     losses = []
-    for _ in range(LOSS_STEPS):
+    for _ in range(int(args.manifest["loss_steps"])):
         loss = step()
         losses.append(loss.item())
     reps = []
@@ -416,7 +415,7 @@ def main(argv):
         "config": {"device": str(device), "models": args.models, "batch_sizes": args.batch_sizes,
                    "optimizer_names": args.optimizers, "modes": args.modes,
                    "warmup_steps": args.warmup_steps, "steps": args.steps,
-                   "repetitions": args.repetitions, "loss_steps": LOSS_STEPS,
+                   "repetitions": args.repetitions, "loss_steps": int(args.manifest["loss_steps"]),
                    "tf32": args.tf32, "bf16": args.bf16, "threads_requested": args.threads,
                    "threads": torch.get_num_threads(),
                    "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "import_dir": args.import_dir,

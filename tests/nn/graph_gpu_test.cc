@@ -49,13 +49,7 @@ struct Mlp : Module {
   Linear l1, l2;
 };
 
-std::vector<float> Weights(const Module& m) {
-  std::vector<float> out;
-  for (const Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) out.push_back(v);
-  }
-  return out;
-}
+using ::tandem::testing::FlatParams;
 
 constexpr int kSteps = 6;
 
@@ -105,11 +99,11 @@ void ExpectReplayMatchesEager(bool bf16) {
   }
   CudaGraph graph;
   Tensor loss;
-  const std::vector<float> before = Weights(net);
+  const std::vector<float> before = FlatParams(net);
   graph.Capture([&] { loss = TrainStep(net, x, y, bf16); });
   ASSERT_TRUE(graph.captured());
   EXPECT_GT(graph.num_nodes(), 5);
-  ExpectSameBits(Weights(net), before, "weights after capture (nothing may run)");
+  ExpectSameBits(FlatParams(net), before, "weights after capture (nothing may run)");
   for (int k = 1; k < kSteps; ++k) {
     auto [xk, yk] = Batch(k);
     x.copy_(xk);
@@ -118,7 +112,7 @@ void ExpectReplayMatchesEager(bool bf16) {
     losses.push_back(static_cast<float>(loss.item()));
   }
   ExpectSameBits(losses, eager_losses, "losses");
-  ExpectSameBits(Weights(net), Weights(eager_net), "weights");
+  ExpectSameBits(FlatParams(net), FlatParams(eager_net), "weights");
 }
 
 TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) { ExpectReplayMatchesEager(false); }

@@ -5,12 +5,12 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
+#include "tests/test_util.h"
 #include "tests/nn/gradcheck.h"
 
 namespace tandem::nn {
@@ -32,14 +32,7 @@ std::vector<T> ExpectedRows(const std::vector<T>& source, int64_t row,
   return out;
 }
 
-std::string ThrownMessage(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
-}
+using ::tandem::testing::ErrorOf;
 
 TEST(IndexSelectTest, GathersRowsInIndexOrderWithRepeats) {
   Tensor source = arange(5 * 2 * 3, {.dtype = kFloat32}).reshape({5, 2, 3});
@@ -110,29 +103,29 @@ TEST(IndexSelectTest, BackwardAddsRowsIntoZeros) {
 
 TEST(IndexSelectTest, OutOfRangeIndexNamesPositionValueAndN) {
   Tensor source = randn({5, 3});
-  std::string msg = ThrownMessage([&] { index_select(source, Indices({0, 4, 5})); });
+  std::string msg = ErrorOf([&] { index_select(source, Indices({0, 4, 5})); });
   EXPECT_NE(msg.find("indices[2] = 5"), std::string::npos) << msg;
   EXPECT_NE(msg.find("N = 5"), std::string::npos) << msg;
-  msg = ThrownMessage([&] { index_select(source, Indices({-1})); });
+  msg = ErrorOf([&] { index_select(source, Indices({-1})); });
   EXPECT_NE(msg.find("indices[0] = -1"), std::string::npos) << msg;
-  msg = ThrownMessage([&] { index_select(zeros({0, 3}), Indices({0})); });
+  msg = ErrorOf([&] { index_select(zeros({0, 3}), Indices({0})); });
   EXPECT_NE(msg.find("N = 0"), std::string::npos) << msg;
 }
 
 TEST(IndexSelectTest, BadArgumentsNameTheTensor) {
   Tensor source = randn({5, 3});
-  std::string msg = ThrownMessage([&] { index_select(source, arange(3, {.dtype = kFloat32})); });
+  std::string msg = ErrorOf([&] { index_select(source, arange(3, {.dtype = kFloat32})); });
   EXPECT_NE(msg.find("1-dim int64"), std::string::npos) << msg;
   EXPECT_NE(msg.find("float32(3)"), std::string::npos) << msg;
-  msg = ThrownMessage([&] { index_select(source, zeros({2, 2}, {.dtype = kInt64})); });
+  msg = ErrorOf([&] { index_select(source, zeros({2, 2}, {.dtype = kInt64})); });
   EXPECT_NE(msg.find("int64(2, 2)"), std::string::npos) << msg;
-  msg = ThrownMessage([&] { index_select(scalar_tensor(1.0), Indices({0})); });
+  msg = ErrorOf([&] { index_select(scalar_tensor(1.0), Indices({0})); });
   EXPECT_NE(msg.find("dim 0"), std::string::npos) << msg;
   EXPECT_THROW(index_select(Tensor(), Indices({0})), Error);
   EXPECT_THROW(index_select(source, Tensor()), Error);
   Tensor bf16 = zeros({3, 2}).to(kBFloat16);
   bf16.set_requires_grad(true);
-  msg = ThrownMessage([&] { index_select(bf16, Indices({0})); });
+  msg = ErrorOf([&] { index_select(bf16, Indices({0})); });
   EXPECT_NE(msg.find("bfloat16(3, 2)"), std::string::npos) << msg;
   NoGradGuard no_grad;  // without grad mode a bfloat16 source is fine
   EXPECT_EQ(index_select(bf16, Indices({1})).shape(), (Shape{1, 2}));

@@ -118,13 +118,7 @@ struct Mlp : nn::Module {
   nn::Linear l1, l2;
 };
 
-std::vector<float> Weights(const nn::Module& m) {
-  std::vector<float> out;
-  for (const nn::Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) out.push_back(v);
-  }
-  return out;
-}
+using ::tandem::testing::FlatParams;
 
 std::pair<nn::Tensor, nn::Tensor> Batch(int k) {
   nn::manual_seed(200 + k);
@@ -175,7 +169,7 @@ Run Train(const MakeOptimizer& make, const BetweenSteps& between, bool clip, boo
     run.losses.push_back(static_cast<float>(loss.item()));
     if (between) between(*opt, k);
   }
-  run.weights = Weights(net);
+  run.weights = FlatParams(net);
   for (int64_t i = 0; i < static_cast<int64_t>(opt->params(0).size()); ++i) {
     run.steps.push_back(opt->step_count(0, i));
   }

@@ -12,6 +12,7 @@
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 #include "spawn/spawn.h"
+#include "tests/test_util.h"
 
 namespace tandem::dist {
 namespace {
@@ -35,13 +36,7 @@ struct ConvNet : nn::Module {
   nn::Linear fc;
 };
 
-std::vector<float> Flat(const nn::Module& m) {
-  std::vector<float> out;
-  for (const Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) out.push_back(v);
-  }
-  return out;
-}
+using ::tandem::testing::FlatParams;
 
 void SgdStep(const std::vector<Tensor>& params, double lr) {
   nn::NoGradGuard no_grad;
@@ -74,7 +69,7 @@ std::vector<float> Train(Context& ctx, nn::Shape sample, int64_t out_dim, int64_
     loss.backward();
     SgdStep(dp.parameters(), 0.1);
   }
-  return Flat(net);
+  return FlatParams(net);
 }
 
 void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, const char* what,
@@ -153,7 +148,7 @@ TEST_F(DataParallelTest, BroadcastsRankZerosWeightsAndBucketsInReverseOrder) {
         EXPECT_EQ(dp.bucket_parameter_names(0), (std::vector<std::string>{"l2.bias"}));
         EXPECT_EQ(dp.bucket_parameter_names(1),
                   (std::vector<std::string>{"l2.weight", "l1.bias", "l1.weight"}));
-        return Flat(net);
+        return FlatParams(net);
       },
       3, "cpu", options_);
   ASSERT_TRUE(result.ok()) << result.status();

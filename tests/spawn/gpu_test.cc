@@ -14,6 +14,7 @@
 #include "spawn/data_parallel.h"
 #include "optim/adam.h"
 #include "spawn/spawn.h"
+#include "tests/test_util.h"
 
 namespace tandem::dist {
 namespace {
@@ -27,13 +28,7 @@ struct LinearNet : nn::Module {
   nn::Linear l1, l2;
 };
 
-std::vector<float> Flat(const nn::Module& m) {
-  std::vector<float> out;
-  for (const Tensor& p : m.parameters()) {
-    for (float v : p.to_vector<float>()) out.push_back(v);
-  }
-  return out;
-}
+using ::tandem::testing::FlatParams;
 
 // K SGD steps; rank r trains on rows [r*B, (r+1)*B) of each step's batch.
 std::vector<float> Train(Context& ctx, int64_t per_rank, bool wrap) {
@@ -54,7 +49,7 @@ std::vector<float> Train(Context& ctx, int64_t per_rank, bool wrap) {
       p.set_grad(Tensor());
     }
   }
-  return Flat(net);
+  return FlatParams(net);
 }
 
 void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
@@ -146,7 +141,7 @@ std::vector<float> TrainDataParallel(Context& ctx, bool captured) {
     out.push_back(static_cast<float>(loss.item()));
   }
   TANDEM_CHECK(adam.step_count(0, 0) == kSteps, "step count ", adam.step_count(0, 0));
-  for (float v : Flat(net)) out.push_back(v);
+  for (float v : FlatParams(net)) out.push_back(v);
   return out;
 }
 
