@@ -97,6 +97,29 @@ DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices) const 
 }
 
 void DataLoader::WorkerLoop() {
+  // A worker touches CUDA only through the pinned host cache (cudaHostAlloc,
+  // cudaEventQuery); with the loader's device current it never creates a
+  // context on GPU 0, the runtime's default. Its current_device() stays the
+  // CPU, so datasets still make host tensors.
+  if (pin_) {
+    try {
+      nn::SetThreadCudaDevice(*options_.device);
+    } catch (const std::exception& e) {
+      // Reported in place of the first batch this worker takes.
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (stop_) return;
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      Result result;
+      result.error = std::make_exception_ptr(
+          Error(absl::StrCat("DataLoader: worker on ", options_.device->ToString(), ": ", e.what())));
+      results_.emplace(task.sequence, std::move(result));
+      lock.unlock();
+      result_cv_.notify_all();
+      return;
+    }
+  }
   while (true) {
     Task task;
     {

@@ -43,6 +43,14 @@ DeviceGuard::~DeviceGuard() {
   t_current_device = previous_;
 }
 
+void SetThreadCudaDevice(Device device) {
+#if TANDEM_WITH_CUDA
+  if (device.is_cuda()) internal::CudaSetDevice(device.index);
+#else
+  (void)device;
+#endif
+}
+
 bool cuda_built() { return TANDEM_WITH_CUDA != 0; }
 
 int cuda_device_count() {

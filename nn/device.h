@@ -43,6 +43,16 @@ class DeviceGuard {
   Device previous_;
 };
 
+// Makes `device` the CUDA runtime's current device of the calling thread for the
+// rest of its life, without changing current_device() (new tensors still go to
+// the CPU). For helper threads that reach CUDA only through nn's services, such
+// as DataLoader workers collating into pinned memory (cudaHostAlloc,
+// cudaEventQuery): a thread that never selects a device uses GPU 0, the
+// runtime's default, and would create a context there even when the run uses
+// other GPUs. A no-op for the CPU and in a build without CUDA. Throws
+// tandem::Error when CUDA refuses the device.
+void SetThreadCudaDevice(Device device);
+
 // True when this binary was built with the CUDA backend.
 bool cuda_built();
 

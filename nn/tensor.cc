@@ -115,19 +115,50 @@ class CudaPoolAllocator final : public Allocator {
     Fail("cannot allocate on ", device.ToString(), ": tandem was built without CUDA");
 #endif
   }
-  void Free(void* ptr, int64_t, Device device) noexcept override {
+  // Pool memory always has an owning stream (Storage::stream()): Storage calls
+  // FreeOnStream. Free is for memory handed back without one.
+  void Free(void* ptr, int64_t bytes, Device device) noexcept override {
+#if TANDEM_WITH_CUDA
+    FreeOnStream(ptr, bytes, device, nullptr);
+#else
+    (void)ptr;
+    (void)bytes;
+    (void)device;
+#endif
+  }
+  void FreeOnStream(void* ptr, int64_t, Device device, CUstream_st* stream) noexcept override {
 #if TANDEM_WITH_CUDA
     if (internal::DeferredCudaFrees* deferred = thread_deferred_frees) {
       deferred->emplace_back(ptr, device);  // a capture is running on this thread
       return;
     }
-    internal::CudaFree(ptr, device);
+    if (stream == nullptr) {
+      try {
+        stream = internal::CudaThreadStream(device);
+      } catch (...) {
+        return;  // no stream to be had: the context is broken; leak rather than throw
+      }
+    }
+    internal::CudaFree(ptr, device, stream);
 #else
     (void)ptr;
     (void)device;
+    (void)stream;
 #endif
   }
 };
+
+// The owner of a new storage's memory: the allocating thread's stream for a
+// CUDA device (the stream CudaAllocate and the capture arena allocate on).
+internal::StreamRef OwnerOf(int64_t bytes, Device device) {
+#if TANDEM_WITH_CUDA
+  if (device.is_cuda() && bytes > 0) return {internal::CudaThreadStream(device), device.index};
+#else
+  (void)bytes;
+  (void)device;
+#endif
+  return {};
+}
 
 }  // namespace
 
@@ -153,13 +184,44 @@ std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> all
 Storage::Storage(int64_t bytes, Device device) : Storage(bytes, device, DefaultAllocator(device)) {}
 
 Storage::Storage(int64_t bytes, Device device, std::shared_ptr<Allocator> allocator)
-    : bytes_(bytes), device_(device), allocator_(std::move(allocator)) {
+    : bytes_(bytes), device_(device), allocator_(std::move(allocator)), uses_(OwnerOf(bytes, device)) {
   TANDEM_CHECK(allocator_ != nullptr, "Storage: no allocator for ", device.ToString());
   if (bytes > 0) data_ = allocator_->Allocate(bytes, device);
 }
 
 Storage::~Storage() {
-  if (data_ != nullptr) allocator_->Free(data_, bytes_, device_);
+  if (data_ == nullptr) return;
+  CUstream_st* owner = uses_.owner().stream;
+  if (owner == nullptr) {
+    allocator_->Free(data_, bytes_, device_);
+    return;
+  }
+#if TANDEM_WITH_CUDA
+  // Other streams that used the memory: the owner waits for their work so far,
+  // so the free below (on the owner) comes after it.
+  for (const internal::StreamRef& user : uses_.TakeUsers()) {
+    internal::CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
+  }
+#endif
+  allocator_->FreeOnStream(data_, bytes_, device_, owner);
+}
+
+void Storage::PrepareUse() const {
+#if TANDEM_WITH_CUDA
+  CUstream_st* owner = uses_.owner().stream;
+  if (owner == nullptr) return;
+  CUstream_st* mine = internal::CudaThreadStream(device_);
+  if (!uses_.NeedsWait(mine)) return;
+  internal::CudaStreamWait(mine, owner, device_);
+  uses_.AddUser({mine, device_.index});
+#endif
+}
+
+void Storage::RecordStream(CUstream_st* stream, Device device) const {
+  TANDEM_CHECK(device.is_cuda(), "Storage::RecordStream: ", device.ToString(),
+               " is not a CUDA device");
+  if (uses_.owner().stream == nullptr) return;  // host memory: nothing to order
+  uses_.AddUser({stream, device.index});
 }
 
 // --- Tensor accessors ------------------------------------------------------------------
@@ -222,6 +284,7 @@ std::string Tensor::ToString() const {
 }
 void* Tensor::data_ptr() const {
   const TensorImpl& impl = Impl(impl_, "data_ptr()");
+  if (impl.storage->stream() != nullptr) impl.storage->PrepareUse();
   return static_cast<char*>(impl.storage->data()) + impl.offset * ElementSize(impl.dtype);
 }
 const std::shared_ptr<Storage>& Tensor::storage() const { return Impl(impl_, "storage()").storage; }
@@ -316,6 +379,11 @@ void CopyInto(const Tensor& dst, const Tensor& src) {
 #if TANDEM_WITH_CUDA
   if (same_dtype) {
     internal::CudaCopy(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+    if (dst.device().is_cuda() && src.device().is_cuda() && dst.device() != src.device()) {
+      // The copy reads the source on the destination's stream: the source's
+      // free waits for it.
+      src.storage()->RecordStream(internal::CudaThreadStream(dst.device()), dst.device());
+    }
     return;
   }
   if (dst.device() == src.device()) {

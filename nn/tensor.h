@@ -22,6 +22,7 @@
 #include "nn/device.h"
 #include "nn/dtype.h"
 #include "nn/error.h"
+#include "nn/internal/stream_uses.h"
 
 namespace tandem::nn {
 
@@ -44,6 +45,14 @@ class Allocator {
   virtual void* Allocate(int64_t bytes, Device device) = 0;
   // Takes back memory from Allocate. Must not throw (called from destructors).
   virtual void Free(void* ptr, int64_t bytes, Device device) noexcept = 0;
+  // Takes back the memory of a CUDA storage whose owning stream is `stream`
+  // (Storage::stream(); the storage has already made that stream wait for every
+  // other stream that used it). Stream-ordered allocators free on `stream`; the
+  // default calls Free. Must not throw.
+  virtual void FreeOnStream(void* ptr, int64_t bytes, Device device, CUstream_st* stream) noexcept {
+    (void)stream;
+    Free(ptr, bytes, device);
+  }
 };
 
 // The allocator a new Storage on `device` gets on the calling thread: the
@@ -56,6 +65,20 @@ std::shared_ptr<Allocator> DefaultAllocator(Device device);
 std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> allocator);
 
 // Raw memory of one device, freed by the allocator that made it.
+//
+// Streams (CUDA storages; see nn/internal/stream_uses.h): the stream the memory
+// was allocated on owns it (the allocating thread's stream for the device). A use
+// from another thread's stream (any data_ptr() on that thread) first makes that
+// stream wait for the work enqueued on the owner so far, once per stream, and is
+// recorded; the free, from whichever thread drops the last reference, runs on
+// the owner after the owner has waited for every recorded stream. So a CUDA
+// tensor may be made on one thread and read, or dropped, on another: the owner's
+// kernels that produced it come first, and its memory is not reused while
+// another stream may still read it. Not covered: a write by the owner after
+// another stream's first use (shared tensors are written before they are
+// shared; later writes need the owner's own synchronisation), and a use from a
+// stream while the owner is being captured into a CUDA graph.
+// The owner's own uses cost nothing: a pointer comparison.
 class Storage {
  public:
   // Allocates `bytes` on `device` from DefaultAllocator(device).
@@ -71,11 +94,27 @@ class Storage {
   Device device() const { return device_; }
   const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
+  // The owning stream of CUDA memory (a cudaStream_t); nullptr for host memory
+  // and empty storages. Streams are never destroyed while the process runs
+  // (nn/cuda/context.h), so the owner outlives the storage even when its thread
+  // has ended.
+  CUstream_st* stream() const { return uses_.owner().stream; }
+  // Orders a use on the calling thread's stream for device() after the owner's
+  // work (see the class comment). Called by Tensor::data_ptr(); a no-op for host
+  // memory and on the owner's thread. Throws tandem::Error if CUDA fails.
+  void PrepareUse() const;
+  // Records that `stream` (of CUDA device `device`) reads or writes this memory
+  // in work enqueued so far, without waiting for the owner: the free waits for
+  // it (PyTorch's recordStream). For work that the caller has already ordered
+  // after the owner, such as a peer copy on the destination device's stream.
+  void RecordStream(CUstream_st* stream, Device device) const;
+
  private:
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_;
   std::shared_ptr<Allocator> allocator_;
+  mutable internal::StreamUses uses_;
 };
 
 class Tensor;
@@ -99,6 +138,9 @@ class Tensor {
   std::string ToString() const;  // "float32(2, 3) on cpu"
 
   // Typed pointer to the first element; throws if T does not match dtype().
+  // For a CUDA tensor whose storage another thread's stream owns, the first call
+  // on this thread also makes this thread's stream wait for the owner's work
+  // (Storage::PrepareUse), so kernels enqueued after it see the data.
   template <typename T> T* data() const;
   void* data_ptr() const;
   int64_t nbytes() const { return numel() * ElementSize(dtype()); }

@@ -114,6 +114,23 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
   if (!count.ok()) return count.status();
   std::vector<nn::Device> devices;
   for (int i = 0; i < *count; ++i) devices.push_back(nn::Device::CUDA(ordinals[i]));
+  if (HasSharedGpu(devices)) {
+    // Ranks that share a GPU talk through the in-process communicator, which
+    // reduces on one device; NCCL refuses two ranks on one GPU. A mix of both
+    // would need a hierarchy (in-process per GPU, then NCCL across GPUs).
+    std::set<int> distinct;
+    for (const nn::Device& d : devices) distinct.insert(d.index);
+    if (distinct.size() > 1) {
+      std::string ranks;
+      for (const nn::Device& d : devices) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", d.index);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gpus \"", gpus, "\" with nprocs ", nprocs, " puts ranks on GPUs ", ranks,
+          ": share_devices supports several ranks on ONE GPU (all ranks on the same ordinal, e.g. "
+          "\"0,0\") or one rank per GPU (distinct ordinals, e.g. \"0,1\"), not a mix: ranks "
+          "sharing a GPU use the in-process communicator, which works on one device, and NCCL "
+          "refuses two ranks on one GPU; ", DescribeVisibleGpus(visible_gpus)));
+    }
+  }
   return devices;
 }
 

@@ -12,7 +12,11 @@
 // Tokens are checked before any CUDA or NCCL call: empty tokens, signs, non-numbers,
 // overflow, ordinals that are not visible and duplicates are errors that name the
 // bad token and what is visible. Duplicates ("0,0") are allowed only with
-// share_devices: those ranks then share the GPU through the in-process communicator.
+// share_devices: those ranks then share the GPU through the in-process
+// communicator. The selected ranks (after nprocs) must then all be on ONE GPU:
+// a mix such as "0,0,1,1" (two GPUs, each shared) is an error naming the list,
+// since the in-process communicator reduces on one device and NCCL refuses two
+// ranks on one GPU.
 #ifndef TANDEM_SPAWN_DEVICES_H_
 #define TANDEM_SPAWN_DEVICES_H_
 

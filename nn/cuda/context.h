@@ -9,8 +9,12 @@
 
 namespace tandem::nn::internal {
 
-// The calling thread's compute stream on `device` (non-blocking, created on first
-// use, destroyed when the thread ends). Every op enqueues its work here.
+// The calling thread's compute stream on `device` (non-blocking), taken on first
+// use from a process-wide pool of spare streams or created with `device` current
+// (the calling thread's current device is restored). When the thread ends the
+// stream goes back to the pool, never destroyed: storages name their owning
+// stream (Storage::stream()) and may outlive the thread. Every op enqueues its
+// work here. Cheap when called again for the same device (a one-entry cache).
 cudaStream_t ThreadStream(Device device);
 
 // Throws tandem::Error naming `call`, the device and CUDA's message unless OK.
@@ -19,6 +23,9 @@ void CheckCuda(cudaError_t status, const char* call, Device device);
 // Makes `device` the CUDA runtime's current device until destruction, then
 // restores the previous one (the runtime's, not nn's thread device: unlike
 // DeviceGuard it leaves current_device() alone). Throws if either call fails.
+// Every nn function that needs a device current for a call (creating a stream,
+// an event or a handle, copying pool memory) uses it, so a thread's current
+// device never changes behind its back.
 class CudaDeviceScope {
  public:
   explicit CudaDeviceScope(Device device) : device_(device) {

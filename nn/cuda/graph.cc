@@ -126,7 +126,7 @@ class CaptureArena final : public Allocator {
       void* chunk = nullptr;
       {
         RelaxedCaptureMode relaxed;
-        TANDEM_CHECK_CUDA(cudaSetDevice(own.index), own);
+        internal::CudaDeviceScope current(own);
         const cudaError_t status = cudaMalloc(&chunk, static_cast<size_t>(chunk_bytes));
         if (status != cudaSuccess) {
           cudaGetLastError();

@@ -24,8 +24,19 @@ struct ThreadHandles {
   std::unordered_map<int, cudnnHandle_t> cudnn;
   ~ThreadHandles() {
     // Destructors must not throw; a failing destroy has nothing left to report to.
-    for (auto& [index, entry] : cublaslt) cublasLtDestroy(entry.context.handle);
-    for (auto& [index, handle] : cudnn) cudnnDestroy(handle);
+    // Each handle is destroyed with its device current, and the thread's device
+    // restored after.
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    for (auto& [index, entry] : cublaslt) {
+      cudaSetDevice(index);
+      cublasLtDestroy(entry.context.handle);
+    }
+    for (auto& [index, handle] : cudnn) {
+      cudaSetDevice(index);
+      cudnnDestroy(handle);
+    }
+    if (previous >= 0) cudaSetDevice(previous);
     // The workspace tensors are freed after this body, on the thread's stream,
     // which outlives this object (see Local()).
   }
@@ -56,7 +67,7 @@ const CublasLtContext& ThreadCublasLt(Device device) {
   auto it = local.cublaslt.find(device.index);
   if (it != local.cublaslt.end()) return it->second.context;
   CheckNotCapturing(device, "cuBLASLt");
-  CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+  CudaDeviceScope current(device);  // the handle binds to the current device
   CublasLtEntry entry;
   TANDEM_CHECK_CUBLAS(cublasLtCreate(&entry.context.handle), device, "creating the handle");
   try {
@@ -75,7 +86,7 @@ cudnnHandle_t ThreadCudnn(Device device) {
   auto it = local.cudnn.find(device.index);
   if (it != local.cudnn.end()) return it->second;
   CheckNotCapturing(device, "cuDNN");
-  CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+  CudaDeviceScope current(device);  // the handle binds to the current device
   cudnnHandle_t handle = nullptr;
   TANDEM_CHECK_CUDNN(cudnnCreate(&handle), device, "creating the handle");
   const cudnnStatus_t status = cudnnSetStream(handle, ThreadStream(device));

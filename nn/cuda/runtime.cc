@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
@@ -27,29 +28,130 @@ void CheckCuda(cudaError_t status, const char* call, Device device) {
 
 namespace {
 
-// One non-blocking stream per (thread, device), created on first use and
-// destroyed when the thread ends.
+// Streams are never destroyed while the process runs: a storage names its
+// owning stream (Storage::stream()) and may outlive the thread that made it (a
+// CUDA tensor returned from spawn), and its free is enqueued there. A thread
+// that ends gives its streams back here, and the next thread that needs a
+// stream on that device takes one (its work then simply follows the old
+// thread's). Leaked at exit on purpose: the driver reclaims them.
+struct StreamPool {
+  std::mutex mu;
+  std::unordered_map<int, std::vector<cudaStream_t>> spare;  // by ordinal; guarded by mu
+};
+StreamPool& Pool() {
+  static StreamPool* pool = new StreamPool;
+  return *pool;
+}
+
+// The calling thread's streams, and one event per device for stream-to-stream
+// waits (CudaStreamWait), both made on first use.
 struct ThreadStreams {
   std::unordered_map<int, cudaStream_t> streams;
+  std::unordered_map<int, cudaEvent_t> wait_events;
+  int last_index = -1;  // one-entry cache of streams: ops ask for the same device
+  cudaStream_t last_stream = nullptr;
   ~ThreadStreams() {
-    for (auto& [index, stream] : streams) cudaStreamDestroy(stream);
+    for (auto& [index, event] : wait_events) cudaEventDestroy(event);  // released once complete
+    StreamPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    for (auto& [index, stream] : streams) pool.spare[index].push_back(stream);
   }
+};
+thread_local ThreadStreams t_streams;
+
+cudaStream_t NewStream(Device device) {
+  {
+    StreamPool& pool = Pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    std::vector<cudaStream_t>& spare = pool.spare[device.index];
+    if (!spare.empty()) {
+      cudaStream_t stream = spare.back();
+      spare.pop_back();
+      return stream;
+    }
+  }
+  CudaDeviceScope current(device);
+  cudaStream_t stream;
+  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", device);
+  return stream;
+}
+
+// The calling thread's event of `device` for CudaStreamWait. Reusing one event
+// is safe: cudaStreamWaitEvent waits for the record made before the call, and
+// later records do not change what an enqueued wait waits for.
+cudaEvent_t WaitEvent(Device device) {
+  auto it = t_streams.wait_events.find(device.index);
+  if (it != t_streams.wait_events.end()) return it->second;
+  CudaDeviceScope current(device);
+  cudaEvent_t event;
+  CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device);
+  t_streams.wait_events.emplace(device.index, event);
+  return event;
+}
+
+// Makes `device` current until destruction unless it already is; never throws
+// (for destructors: a failure is left for the next checked call).
+class QuietDeviceScope {
+ public:
+  explicit QuietDeviceScope(int index) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+      return;
+    }
+    if (previous_ != index) cudaSetDevice(index);
+    set_ = previous_ != index;
+  }
+  ~QuietDeviceScope() {
+    if (set_) cudaSetDevice(previous_);
+  }
+  QuietDeviceScope(const QuietDeviceScope&) = delete;
+  QuietDeviceScope& operator=(const QuietDeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool set_ = false;
 };
 
 }  // namespace
 
 cudaStream_t ThreadStream(Device device) {
-  thread_local ThreadStreams local;
+  ThreadStreams& local = t_streams;
+  if (device.index == local.last_index) return local.last_stream;
   auto it = local.streams.find(device.index);
-  if (it != local.streams.end()) return it->second;
   cudaStream_t stream;
-  CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
-  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", device);
-  local.streams.emplace(device.index, stream);
-  // Every kernel that reports deferred errors runs on some thread's stream, so
-  // the device's error word exists before any of them (and before any capture).
-  DeviceErrorSlot(device);
+  if (it != local.streams.end()) {
+    stream = it->second;
+  } else {
+    stream = NewStream(device);
+    local.streams.emplace(device.index, stream);
+    // Every kernel that reports deferred errors runs on some thread's stream, so
+    // the device's error word exists before any of them (and before any capture).
+    DeviceErrorSlot(device);
+  }
+  local.last_index = device.index;
+  local.last_stream = stream;
   return stream;
+}
+
+CUstream_st* CudaThreadStream(Device device) { return ThreadStream(device); }
+
+void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_device) {
+  if (waiter == producer) return;
+  cudaEvent_t event = WaitEvent(producer_device);
+  // Recording on a stream of another thread is allowed (the runtime is thread-safe);
+  // the event takes the producer's work enqueued up to this call.
+  CudaDeviceScope current(producer_device);
+  CheckCuda(cudaEventRecord(event, producer), "cudaEventRecord", producer_device);
+  CheckCuda(cudaStreamWaitEvent(waiter, event, 0), "cudaStreamWaitEvent", producer_device);
+}
+
+void CudaStreamWaitNoThrow(CUstream_st* waiter, CUstream_st* producer,
+                           Device producer_device) noexcept {
+  try {
+    CudaStreamWait(waiter, producer, producer_device);
+  } catch (...) {  // a broken context: the next checked call reports it
+  }
 }
 
 // --- Deferred device errors (device_error.h) ---------------------------------------
@@ -141,9 +243,11 @@ void* CudaAllocate(int64_t bytes, Device device) {
   return ptr;
 }
 
-void CudaFree(void* ptr, Device device) {
+void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept {
   // Destructors must not throw: a failing free is reported by the next checked call.
-  cudaFreeAsync(ptr, ThreadStream(device));
+  // Pool memory is freed with its device current (as copies of it need).
+  QuietDeviceScope current(device.index);
+  cudaFreeAsync(ptr, stream);
 }
 
 namespace {
@@ -249,12 +353,60 @@ void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
 
 }  // namespace
 
+namespace {
+
+// Grants `accessor` read/write access to `owner`'s default pool once, where the
+// GPUs have a peer path, so peer copies out of pool memory go direct instead of
+// being staged by the driver. Best effort: a refusal leaves the staged path.
+void GrantPeerPoolAccessOnce(Device owner, Device accessor) {
+  static std::mutex mu;
+  static std::unordered_map<int64_t, bool> tried;  // owner * 65536 + accessor
+  std::lock_guard<std::mutex> lock(mu);
+  bool& done = tried[int64_t{owner.index} * 65536 + accessor.index];
+  if (done) return;
+  done = true;
+  int can_access = 0;
+  if (cudaDeviceCanAccessPeer(&can_access, accessor.index, owner.index) != cudaSuccess ||
+      can_access == 0) {
+    cudaGetLastError();
+    return;
+  }
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, owner.index) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  cudaMemAccessDesc desc = {};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = accessor.index;
+  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  if (cudaMemPoolSetAccess(pool, &desc, 1) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace
+
 void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
   const Device stream_device = dst_device.is_cuda() ? dst_device : src_device;
   cudaStream_t stream = ThreadStream(stream_device);
   if (bytes <= 0) return;
+  // Copies of stream-ordered pool memory fail unless its device is current.
+  CudaDeviceScope current(stream_device);
   if (dst_device.is_cuda() && src_device.is_cuda()) {
-    CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, stream),
+    if (dst_device != src_device) {
+      // The source was produced on this thread's stream of its device (ordered
+      // after the source's owner by Tensor::data_ptr()): the destination's
+      // stream waits for it. A plain cudaMemcpyAsync between two devices' pool
+      // memory fails (pool memory is mapped on its own device only, whatever
+      // cudaDeviceEnablePeerAccess says); cudaMemcpyPeerAsync does not need
+      // the mapping.
+      CudaStreamWait(stream, ThreadStream(src_device), src_device);
+      GrantPeerPoolAccessOnce(src_device, dst_device);
+      CheckCuda(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index,
+                                    static_cast<size_t>(bytes), stream),
+                "cudaMemcpyPeerAsync", stream_device);
+      return;
+    }
+    CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream),
               "cudaMemcpyAsync", stream_device);
     return;
   }
@@ -283,6 +435,12 @@ void CudaMemsetZero(void* dst, Device device, int64_t bytes) {
 }
 
 void CudaSetDevice(int index) { CheckCuda(cudaSetDevice(index), "cudaSetDevice", Device::CUDA(index)); }
+
+int CudaGetDevice() {
+  int index = 0;
+  CheckCuda(cudaGetDevice(&index), "cudaGetDevice", Device::CUDA(0));
+  return index;
+}
 
 int CudaDeviceCount() {
   int count = 0;

@@ -20,12 +20,36 @@ class Allocator;
 
 namespace tandem::nn::internal {
 
+// The calling thread's stream for `device` (ThreadStream in nn/cuda/context.h).
+CUstream_st* CudaThreadStream(Device device);
 // Stream-ordered allocation on the calling thread's stream for `device`
-// (cudaMallocAsync from the device's default pool, kept cached).
+// (cudaMallocAsync from the device's default pool, kept cached). The storage
+// that gets it records that stream as its owner (Storage::stream()).
 void* CudaAllocate(int64_t bytes, Device device);
-void CudaFree(void* ptr, Device device);
+// Stream-ordered free on `stream`, the memory's owning stream (of `device`),
+// from any thread; the calling thread's CUDA device is left as it was. Must not
+// throw: a failing free is reported by the next checked call.
+void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept;
+// Makes `waiter` (a stream of any device) wait for the work enqueued so far on
+// `producer` (a stream of CUDA device `producer_device`), through an event of
+// the calling thread; no host wait. Throws tandem::Error if CUDA fails.
+void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_device);
+// The same for destructors: failures are left for the next checked call.
+void CudaStreamWaitNoThrow(CUstream_st* waiter, CUstream_st* producer,
+                           Device producer_device) noexcept;
 // Copies `bytes` between any two of host / device memory, ordered on the thread's
-// stream of the CUDA side (the destination's for device to device).
+// stream of the CUDA side (the destination's for device to device), with that
+// device current for the call (a copy of stream-ordered pool memory fails when
+// another device is current) and the caller's device restored.
+//  - device -> device on two devices: cudaMemcpyPeerAsync on the destination's
+//    stream after it has waited for the source device's stream of this thread
+//    (which Tensor::data_ptr() has ordered after the source's owner); the
+//    caller records the destination stream on the source storage
+//    (Storage::RecordStream) so that its free waits for the copy. Pool memory
+//    needs no cudaMemPoolSetAccess for this: peer copies go through the copy
+//    engines (staged by the driver where the GPUs have no peer path), and
+//    where cudaDeviceCanAccessPeer says yes, the destination is granted read
+//    access to the source's pool once, so they go direct.
 //  - host -> device: returns without waiting for the device. From pinned memory
 //    (PinnedHostAllocator) the copy reads `src` asynchronously: the block is
 //    recorded as in use (RecordPinnedUse) and the caller must not write to it
@@ -45,6 +69,8 @@ void CudaMemsetZero(void* dst, Device device, int64_t bytes);
 int CudaDeviceCount();
 // Selects `device` for the calling thread (cudaSetDevice).
 void CudaSetDevice(int index);
+// The calling thread's CUDA runtime device (cudaGetDevice), for tests.
+int CudaGetDevice();
 // Waits for the calling thread's stream on `device`, then raises any deferred
 // device error of `device` (tandem::Error).
 void CudaSynchronize(Device device);

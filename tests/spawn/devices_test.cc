@@ -40,7 +40,13 @@ TEST_F(DevicesTest, ValidSelections) {
       {"0,1,3", 2, 4, false, {Device::CUDA(0), Device::CUDA(1)}},  // first nprocs
       {" 2 , 0 ", -1, 4, false, {Device::CUDA(2), Device::CUDA(0)}},
       {"0,0", -1, 1, true, {Device::CUDA(0), Device::CUDA(0)}},  // share_devices
-      {"0,1,0,1", 3, 2, true, {Device::CUDA(0), Device::CUDA(1), Device::CUDA(0)}},
+      {"0,0,0", -1, 2, true, {Device::CUDA(0), Device::CUDA(0), Device::CUDA(0)}},
+      {"1,1", -1, 2, true, {Device::CUDA(1), Device::CUDA(1)}},
+      // share_devices with distinct GPUs: one rank each (NCCL).
+      {"0,1", -1, 2, true, {Device::CUDA(0), Device::CUDA(1)}},
+      // Only the selected ranks count: the first two of a mixed list share GPU 0.
+      {"0,0,1,1", 2, 2, true, {Device::CUDA(0), Device::CUDA(0)}},
+      {"0,1,0,1", 2, 2, true, {Device::CUDA(0), Device::CUDA(1)}},
   };
   for (const Good& g : cases) {
     absl::StatusOr<std::vector<Device>> got = SelectDevices(g.gpus, g.nprocs, g.visible, g.share);
@@ -79,6 +85,10 @@ TEST_F(DevicesTest, InvalidSelectionsNameTheBadTokenAndWhatIsVisible) {
       {"0,1", 3, 2, false, {"nprocs 3", "more than the 2 devices", "\"0,1\""}},
       {"", 5, 4, false, {"nprocs 5", "more than the 4 devices"}},
       {"0,1", 0, 2, false, {"nprocs 0", "invalid"}},
+      // Mixed shared lists: two GPUs, one of them (or both) shared.
+      {"0,0,1,1", -1, 2, true, {"gpus \"0,0,1,1\"", "ranks on GPUs 0,0,1,1", "ONE GPU", "not a mix"}},
+      {"0,1,0,1", 3, 2, true, {"nprocs 3", "ranks on GPUs 0,1,0", "not a mix"}},
+      {"1,0,0", -1, 2, true, {"ranks on GPUs 1,0,0", "in-process communicator"}},
       {"cpu", -2, 0, false, {"nprocs -2", "invalid"}},
   };
   for (const Bad& b : cases) {
