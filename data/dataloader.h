@@ -23,7 +23,12 @@
 // done. If tandem was built without CUDA or sees no GPU, a CUDA device with
 // pin_memory throws tandem::Error from the constructor. With a CPU device or no
 // device, pin_memory is a documented no-op: batches stay in ordinary host
-// memory (pinning only speeds up copies to a GPU).
+// memory (pinning only speeds up copies to a GPU). The workers, which reach
+// CUDA only through the pinned cache (cudaHostAlloc, cudaEventQuery), select
+// the loader's device for the CUDA runtime first (nn::SetThreadCudaDevice:
+// their current_device() stays the CPU), so that they never create a context
+// on GPU 0 when the loader's device is another GPU; if selecting it fails, the
+// batch the worker takes fails with the reason.
 //
 // Errors: an exception while loading or collating sample i (in a worker or in the
 // caller) is rethrown from next() as tandem::Error "DataLoader: sample i: <message>"

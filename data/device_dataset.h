@@ -3,7 +3,12 @@
 // in GPU memory many times over).
 //
 // Thread-safety: immutable after construction; gather() may be called from
-// several threads (each enqueues on its own stream).
+// several threads (each enqueues on its own stream). The upload runs on the
+// constructing thread's stream, which owns the device copies (nn::Storage): a
+// gather from another thread first makes that thread's stream wait for the
+// upload (once per stream, no host wait), and the copies are freed on the
+// owner after every stream that gathered from them, whichever thread drops
+// the dataset last.
 #ifndef TANDEM_DATA_DEVICE_DATASET_H_
 #define TANDEM_DATA_DEVICE_DATASET_H_
 
@@ -20,7 +25,7 @@ namespace tandem::data {
 class DeviceDataset {
  public:
   // Copies dataset.data() (N, ...) and dataset.targets() (N, ...) to `device`
-  // (on the calling thread's stream).
+  // (on the calling thread's stream; returns without waiting for the copy).
   DeviceDataset(const TensorDataset& dataset, nn::Device device);
   int64_t size() const { return data_.size(0); }
   nn::Device device() const { return data_.device(); }

@@ -21,26 +21,26 @@ cudaStream_t ThreadStream(Device device);
 void CheckCuda(cudaError_t status, const char* call, Device device);
 
 // Makes `device` the CUDA runtime's current device until destruction, then
-// restores the previous one (the runtime's, not nn's thread device: unlike
-// DeviceGuard it leaves current_device() alone). Throws if either call fails.
-// Every nn function that needs a device current for a call (creating a stream,
-// an event or a handle, copying pool memory) uses it, so a thread's current
-// device never changes behind its back.
+// restores the device the thread had (the runtime's, not nn's thread device:
+// unlike DeviceGuard it leaves current_device() alone). Every nn function that
+// needs a device current for a call (creating a stream, an event or a handle,
+// copying or freeing pool memory) uses it, so a thread's current device never
+// changes behind its back. One exception, so that nn never creates a context
+// the thread did not ask for: a thread that had no CUDA context at all (it never
+// selected or used a device, and the runtime's default, GPU 0, was never
+// initialised) keeps `device` current afterwards instead of being sent to GPU 0
+// (cudaSetDevice makes a context, hundreds of MB, and fails where GPU 0 is
+// exclusive to another process). Cheap when `device` is already current (one
+// cudaGetDevice). Throws tandem::Error if selecting `device` fails.
 class CudaDeviceScope {
  public:
-  explicit CudaDeviceScope(Device device) : device_(device) {
-    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice", device);
-    if (previous_ != device.index) CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
-  }
-  ~CudaDeviceScope() {
-    if (previous_ != device_.index) cudaSetDevice(previous_);
-  }
+  explicit CudaDeviceScope(Device device);
+  ~CudaDeviceScope();
   CudaDeviceScope(const CudaDeviceScope&) = delete;
   CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
 
  private:
-  Device device_;
-  int previous_ = 0;
+  int previous_ = -1;  // the device to restore; -1: nothing to restore
 };
 
 }  // namespace tandem::nn::internal

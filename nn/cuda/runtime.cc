@@ -1,6 +1,7 @@
 // CUDA runtime services of the core: per-thread streams, the stream-ordered
 // allocator, copies (through the pinned host cache) and the deferred device
 // error words. Built only when TANDEM_WITH_CUDA.
+#include <cuda.h>  // CUcontext, for the driver entry point below (no libcuda link)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,6 +25,44 @@ void CheckCuda(cudaError_t status, const char* call, Device device) {
     Fail(call, " failed on ", device.ToString(), ": ", cudaGetErrorName(status), " (",
          cudaGetErrorString(status), ")");
   }
+}
+
+namespace {
+
+// True when the calling thread has a current CUDA context (it selected or used a
+// device). cuCtxGetCurrent through the runtime's driver entry point, so nn does
+// not link libcuda; if the driver cannot say, assume a context (restore).
+bool HasCurrentContext() {
+  using CtxGetCurrent = CUresult (*)(CUcontext*);
+  static const CtxGetCurrent get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<CtxGetCurrent>(fn);
+  }();
+  if (get_current == nullptr) return true;
+  CUcontext context = nullptr;
+  return get_current(&context) != CUDA_SUCCESS || context != nullptr;
+}
+
+}  // namespace
+
+CudaDeviceScope::CudaDeviceScope(Device device) {
+  int previous = 0;
+  CheckCuda(cudaGetDevice(&previous), "cudaGetDevice", device);
+  if (previous == device.index) return;
+  const bool restore = HasCurrentContext();
+  CheckCuda(cudaSetDevice(device.index), "cudaSetDevice", device);
+  if (restore) previous_ = previous;
+}
+
+CudaDeviceScope::~CudaDeviceScope() {
+  if (previous_ >= 0) cudaSetDevice(previous_);  // must not throw; the next check reports
 }
 
 namespace {
@@ -91,26 +130,28 @@ cudaEvent_t WaitEvent(Device device) {
 
 // Makes `device` current until destruction unless it already is; never throws
 // (for destructors: a failure is left for the next checked call).
+// CudaDeviceScope's rules (context.h).
 class QuietDeviceScope {
  public:
   explicit QuietDeviceScope(int index) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) {
       cudaGetLastError();
-      previous_ = -1;
       return;
     }
-    if (previous_ != index) cudaSetDevice(index);
-    set_ = previous_ != index;
+    if (previous == index) return;
+    const bool restore = HasCurrentContext();
+    cudaSetDevice(index);
+    if (restore) previous_ = previous;
   }
   ~QuietDeviceScope() {
-    if (set_) cudaSetDevice(previous_);
+    if (previous_ >= 0) cudaSetDevice(previous_);
   }
   QuietDeviceScope(const QuietDeviceScope&) = delete;
   QuietDeviceScope& operator=(const QuietDeviceScope&) = delete;
 
  private:
-  int previous_ = -1;
-  bool set_ = false;
+  int previous_ = -1;  // -1: nothing to restore
 };
 
 }  // namespace
@@ -430,6 +471,7 @@ void CudaSynchronize(Device device) {
 }
 
 void CudaMemsetZero(void* dst, Device device, int64_t bytes) {
+  CudaDeviceScope current(device);  // pool memory: its device current
   CheckCuda(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMemsetAsync", device);
 }

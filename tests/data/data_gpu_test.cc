@@ -2,8 +2,16 @@
 // host. Skipped (with the reason) when no CUDA device is visible.
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <thread>
+#include <vector>
+
 #include "data/dataloader.h"
 #include "data/device_dataset.h"
+#include "nn/ops/matmul.h"
+#if TANDEM_WITH_CUDA
+#include "nn/internal/cuda_runtime.h"
+#endif
 
 namespace tandem::data {
 namespace {
@@ -94,6 +102,91 @@ TEST(DataGpuTest, PinnedCollateGivesPinnedBatches) {
   EXPECT_EQ(batch.target.to_vector<int64_t>(), (std::vector<int64_t>{3, 9}));
   EXPECT_EQ(batch.data.to_vector<float>(), Collate(examples, {3, 9}).data.to_vector<float>());
 }
+
+// The upload runs on the constructing thread's stream, queued here behind tens
+// of milliseconds of matmuls; a gather from another thread must wait for it
+// (issue 17). Before the fix the other thread's kernels read the memory at once,
+// and saw what an earlier tensor had left there.
+TEST(DataGpuTest, GatherFromAnotherThreadSeesTheUpload) {
+  REQUIRE_GPU();
+  const nn::Device gpu = nn::Device::CUDA(0);
+  nn::DeviceGuard guard(gpu);
+  const int64_t n = 4096, width = 256;
+  TensorDataset host(nn::arange(n * width, {.dtype = nn::kFloat32, .device = nn::Device::CPU()})
+                         .reshape({n, width}),
+                     nn::arange(n, {.dtype = nn::kInt64, .device = nn::Device::CPU()}));
+  {
+    // A freed block of the dataset's size, full of 7s, for the upload to reuse.
+    nn::Tensor junk = nn::full({n, width}, 7.0);
+    (void)junk.to_vector<float>();
+  }
+  nn::Tensor burn = nn::full({4096, 4096}, 1e-4);
+  for (int i = 0; i < 24; ++i) burn = nn::matmul(burn, burn);
+  DeviceDataset on_gpu(host, gpu);
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = n - 1 - i;
+  const Batch want = DeviceDataset(host, nn::Device::CPU()).gather(all);
+  std::vector<float> data;
+  std::vector<int64_t> targets;
+  std::thread([&] {
+    nn::DeviceGuard guard(gpu);
+    Batch got = on_gpu.gather(all);
+    data = got.data.to_vector<float>();
+    targets = got.target.to_vector<int64_t>();
+  }).join();
+  EXPECT_EQ(data, want.data.to_vector<float>());
+  EXPECT_EQ(targets, want.target.to_vector<int64_t>());
+}
+
+#if TANDEM_WITH_CUDA
+// Records the CUDA runtime device of the threads that call get().
+class DeviceRecordingDataset : public Dataset {
+ public:
+  int64_t size() const override { return 16; }
+  Example get(int64_t index) const override {
+    const int device = nn::internal::CudaGetDevice();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      devices_.push_back(device);
+    }
+    return {nn::full({2}, static_cast<double>(index), {.device = nn::Device::CPU()}),
+            nn::scalar_tensor(static_cast<double>(index), {.dtype = nn::kInt64,
+                                                           .device = nn::Device::CPU()})};
+  }
+  std::vector<int> devices() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return devices_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<int> devices_;
+};
+
+// Workers collating into pinned memory call the CUDA runtime (cudaHostAlloc,
+// cudaEventQuery); they must do it on the loader's device, never on GPU 0 by
+// default (issue 17). Before the fix every worker reported device 0.
+TEST(DataGpuTest, LoaderWorkersRunOnTheLoadersDevice) {
+  if (nn::cuda_device_count() < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices; " << nn::cuda_device_count() << " visible";
+  }
+  const nn::Device gpu1 = nn::Device::CUDA(1);
+  auto dataset = std::make_shared<DeviceRecordingDataset>();
+  DataLoader loader(dataset,
+                    std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(16), 4, false),
+                    {.num_workers = 2, .pin_memory = true, .device = gpu1});
+  int64_t batches = 0;
+  for (const Batch& batch : loader) {
+    EXPECT_EQ(batch.data.device(), gpu1);
+    EXPECT_EQ(nn::current_device(), nn::Device::CPU());  // the caller's device is its own
+    ++batches;
+  }
+  EXPECT_EQ(batches, 4);
+  const std::vector<int> devices = dataset->devices();
+  ASSERT_EQ(devices.size(), 16u);
+  for (int d : devices) EXPECT_EQ(d, 1) << "a worker ran on GPU " << d;
+}
+#endif
 
 }  // namespace
 }  // namespace tandem::data
