@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <new>  // std::nothrow_t
+
 #include "nn/device.h"
 
 namespace tandem::nn::internal {
@@ -31,10 +33,14 @@ void CheckCuda(cudaError_t status, const char* call, Device device);
 // initialised) keeps `device` current afterwards instead of being sent to GPU 0
 // (cudaSetDevice makes a context, hundreds of MB, and fails where GPU 0 is
 // exclusive to another process). Cheap when `device` is already current (one
-// cudaGetDevice). Throws tandem::Error if selecting `device` fails.
+// cudaGetDevice). Throws tandem::Error if selecting `device` fails; the
+// std::nothrow form never throws (for destructors: a failure is left for the
+// next checked call). Only the device found at construction is restored: code
+// inside the scope that selects devices itself needs a scope of its own.
 class CudaDeviceScope {
  public:
   explicit CudaDeviceScope(Device device);
+  CudaDeviceScope(Device device, std::nothrow_t) noexcept;
   ~CudaDeviceScope();
   CudaDeviceScope(const CudaDeviceScope&) = delete;
   CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;

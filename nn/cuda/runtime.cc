@@ -61,6 +61,21 @@ CudaDeviceScope::CudaDeviceScope(Device device) {
   if (restore) previous_ = previous;
 }
 
+CudaDeviceScope::CudaDeviceScope(Device device, std::nothrow_t) noexcept {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  if (previous == device.index) return;
+  const bool restore = HasCurrentContext();
+  if (cudaSetDevice(device.index) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: a launch check must not see it; a broken context resurfaces
+    return;
+  }
+  if (restore) previous_ = previous;
+}
+
 CudaDeviceScope::~CudaDeviceScope() {
   if (previous_ >= 0) cudaSetDevice(previous_);  // must not throw; the next check reports
 }
@@ -130,29 +145,6 @@ cudaEvent_t WaitEvent(Device device) {
 
 // Makes `device` current until destruction unless it already is; never throws
 // (for destructors: a failure is left for the next checked call).
-// CudaDeviceScope's rules (context.h).
-class QuietDeviceScope {
- public:
-  explicit QuietDeviceScope(int index) {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    if (previous == index) return;
-    const bool restore = HasCurrentContext();
-    cudaSetDevice(index);
-    if (restore) previous_ = previous;
-  }
-  ~QuietDeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  QuietDeviceScope(const QuietDeviceScope&) = delete;
-  QuietDeviceScope& operator=(const QuietDeviceScope&) = delete;
-
- private:
-  int previous_ = -1;  // -1: nothing to restore
-};
 
 }  // namespace
 
@@ -287,7 +279,7 @@ void* CudaAllocate(int64_t bytes, Device device) {
 void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept {
   // Destructors must not throw: a failing free is reported by the next checked call.
   // Pool memory is freed with its device current (as copies of it need).
-  QuietDeviceScope current(device.index);
+  CudaDeviceScope current(device, std::nothrow);
   cudaFreeAsync(ptr, stream);
 }
 
