@@ -270,6 +270,7 @@ void ConfigurePoolOnce(Device device) {
 
 void* CudaAllocate(int64_t bytes, Device device) {
   ConfigurePoolOnce(device);
+  CudaDeviceScope current(device);  // pool memory is handled with its device current
   void* ptr = nullptr;
   CheckCuda(cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMallocAsync", device);

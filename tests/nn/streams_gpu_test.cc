@@ -50,11 +50,14 @@ int64_t Mismatches(const Tensor& t, float want) {
   return bad;
 }
 
+// Waits for every stream of every device; the thread's device is restored.
 void SynchronizeAll() {
+  const int previous = internal::CudaGetDevice();
   for (int d = 0; d < cuda_device_count(); ++d) {
     ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
+  ASSERT_EQ(cudaSetDevice(previous), cudaSuccess);
 }
 
 // Before: ThreadStream and the handles called cudaSetDevice and left it.
