@@ -37,8 +37,8 @@ struct ThreadHandles {
       cudnnDestroy(handle);
     }
     if (previous >= 0) cudaSetDevice(previous);
-    // The workspace tensors are freed after this body, on the thread's stream,
-    // which outlives this object (see Local()).
+    // The workspace tensors are freed after this body, on their owning stream
+    // (this thread's, which streams' pool keeps alive: see ThreadStream).
   }
 };
 
