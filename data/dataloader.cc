@@ -112,8 +112,8 @@ void DataLoader::WorkerLoop() {
       Task task = std::move(tasks_.front());
       tasks_.pop_front();
       Result result;
-      result.error = std::make_exception_ptr(
-          Error(absl::StrCat("DataLoader: worker on ", options_.device->ToString(), ": ", e.what())));
+      result.error = std::make_exception_ptr(Error(
+          absl::StrCat("DataLoader: worker on ", options_.device->ToString(), ": ", e.what())));
       results_.emplace(task.sequence, std::move(result));
       lock.unlock();
       result_cv_.notify_all();

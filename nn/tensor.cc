@@ -184,7 +184,10 @@ std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> all
 Storage::Storage(int64_t bytes, Device device) : Storage(bytes, device, DefaultAllocator(device)) {}
 
 Storage::Storage(int64_t bytes, Device device, std::shared_ptr<Allocator> allocator)
-    : bytes_(bytes), device_(device), allocator_(std::move(allocator)), uses_(OwnerOf(bytes, device)) {
+    : bytes_(bytes),
+      device_(device),
+      allocator_(std::move(allocator)),
+      uses_(OwnerOf(bytes, device)) {
   TANDEM_CHECK(allocator_ != nullptr, "Storage: no allocator for ", device.ToString());
   if (bytes > 0) data_ = allocator_->Allocate(bytes, device);
 }

@@ -122,7 +122,9 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
     for (const nn::Device& d : devices) distinct.insert(d.index);
     if (distinct.size() > 1) {
       std::string ranks;
-      for (const nn::Device& d : devices) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", d.index);
+      for (const nn::Device& d : devices) {
+        absl::StrAppend(&ranks, ranks.empty() ? "" : ",", d.index);
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "gpus \"", gpus, "\" with nprocs ", nprocs, " puts ranks on GPUs ", ranks,
           ": share_devices supports several ranks on ONE GPU (all ranks on the same ordinal, e.g. "

@@ -440,7 +440,8 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
                 "cudaMemcpyPeerAsync", stream_device);
       return;
     }
-    CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream),
+    CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                              stream),
               "cudaMemcpyAsync", stream_device);
     return;
   }

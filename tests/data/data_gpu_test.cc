@@ -172,9 +172,9 @@ TEST(DataGpuTest, LoaderWorkersRunOnTheLoadersDevice) {
   }
   const nn::Device gpu1 = nn::Device::CUDA(1);
   auto dataset = std::make_shared<DeviceRecordingDataset>();
-  DataLoader loader(dataset,
-                    std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(16), 4, false),
-                    {.num_workers = 2, .pin_memory = true, .device = gpu1});
+  auto sampler =
+      std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(16), 4, false);
+  DataLoader loader(dataset, sampler, {.num_workers = 2, .pin_memory = true, .device = gpu1});
   int64_t batches = 0;
   for (const Batch& batch : loader) {
     EXPECT_EQ(batch.data.device(), gpu1);

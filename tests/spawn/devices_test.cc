@@ -86,7 +86,8 @@ TEST_F(DevicesTest, InvalidSelectionsNameTheBadTokenAndWhatIsVisible) {
       {"", 5, 4, false, {"nprocs 5", "more than the 4 devices"}},
       {"0,1", 0, 2, false, {"nprocs 0", "invalid"}},
       // Mixed shared lists: two GPUs, one of them (or both) shared.
-      {"0,0,1,1", -1, 2, true, {"gpus \"0,0,1,1\"", "ranks on GPUs 0,0,1,1", "ONE GPU", "not a mix"}},
+      {"0,0,1,1", -1, 2, true,
+       {"gpus \"0,0,1,1\"", "ranks on GPUs 0,0,1,1", "ONE GPU", "not a mix"}},
       {"0,1,0,1", 3, 2, true, {"nprocs 3", "ranks on GPUs 0,1,0", "not a mix"}},
       {"1,0,0", -1, 2, true, {"ranks on GPUs 1,0,0", "in-process communicator"}},
       {"cpu", -2, 0, false, {"nprocs -2", "invalid"}},

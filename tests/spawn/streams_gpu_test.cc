@@ -70,8 +70,8 @@ TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsFreedAfterTheRanksKernels) {
 TEST(SpawnStreamsGpuTest, SpawnLeavesTheCallersDevice) {
   REQUIRE_GPUS(2);
   nn::DeviceGuard guard(nn::Device::CUDA(0));
-  absl::Status status = spawn([](Context& ctx) { (void)nn::ones({4}).to_vector<float>(); (void)ctx; },
-                              2, "0,1", Quiet());
+  absl::Status status =
+      spawn([](Context&) { (void)nn::ones({4}).to_vector<float>(); }, 2, "0,1", Quiet());
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(nn::internal::CudaGetDevice(), 0);
   EXPECT_EQ(nn::current_device(), nn::Device::CUDA(0));
