@@ -175,7 +175,16 @@ void DataParallel::OnGradReady(int i) {
     next_bucket_ = 0;
     for (Bucket& b : buckets_) b.pending = static_cast<int>(b.params.size());
     for (Slot& s : params_) s.ready = false;
-    nn::autograd::QueueCallback([this] { FinishBackward(); });
+    // If the pass throws, autograd drops its callbacks unrun: `pass_end` then
+    // goes as the exception leaves backward, and with it the handles of the
+    // buckets launched so far, before the caller can touch their gradients
+    // (zero_grad): the compute stream then waits for those collectives.
+    struct PassEnd {
+      DataParallel* dp;
+      ~PassEnd() { dp->DropUnwaitedWork(); }
+    };
+    auto pass_end = std::make_shared<PassEnd>(PassEnd{this});
+    nn::autograd::QueueCallback([this, pass_end] { FinishBackward(); });
   }
   Slot& s = params_[i];
   PlaceGrad(i, false);

@@ -26,9 +26,10 @@
 // unless find_unused_parameters is set: then it counts as a zero gradient.
 //
 // A backward pass that threw leaves bucket all-reduces that nobody waited for:
-// the next forward (or backward) drops their handles first, which orders the
-// compute stream after them (CPU: waits for them), so no bucket is zeroed or
-// refilled while a collective may still reduce it.
+// their handles are dropped as the exception leaves backward (and, again, at the
+// next forward or backward), which orders the compute stream after them (CPU:
+// waits for them), so no bucket is zeroed (zero_grad, forward) or refilled while
+// a collective may still reduce it.
 //
 // CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
 // (bucket all-reduces on the communication stream, joined back into the compute

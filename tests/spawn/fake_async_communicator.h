@@ -174,10 +174,10 @@ class FakeGroup {
       }
       for (const auto& op : ops) std::copy(result.begin(), result.end(), op->data);
     }
+    completed_.fetch_add(1);
     for (const auto& op : ops) {
       if (!op->aborted.load()) op->done.store(true, std::memory_order_release);
     }
-    completed_.fetch_add(1);
   }
 
   const int world_size_;

@@ -271,5 +271,95 @@ TEST_F(ShutdownTest, SecondSigintExitsAtOnce) {
   EXPECT_NE(s.message().find("SIGINT"), absl::string_view::npos) << s;
 }
 
+// --- Work lifetime (issue 17, point 4) -------------------------------------------
+
+// The handle keeps the tensor's storage alive until the collective is done, even
+// when the caller dropped the tensor: the device never writes freed memory.
+TEST(WorkLifetimeTest, HandleKeepsTheTensorAliveUntilWaited) {
+  auto group = std::make_shared<FakeGroup>(1);
+  group->Hold();
+  FakeAsyncCommunicator comm(0, nn::Device::CPU(), group);
+  Tensor x = nn::ones({16});
+  std::weak_ptr<nn::Storage> storage = x.storage();
+  std::shared_ptr<Work> work = comm.all_reduce_async(x);
+  x = Tensor();
+  EXPECT_FALSE(storage.expired()) << "the storage went with the tensor, not with the work";
+  group->Release();
+  work->wait();
+  EXPECT_TRUE(storage.expired()) << "wait() should release the tensor";
+  EXPECT_EQ(group->completions_on_freed_storage(), 0);
+}
+
+// Destroyed unwaited (CPU rule): the handle waits for the collective, and only
+// then releases the tensor.
+TEST(WorkLifetimeTest, UnwaitedHandleReleasesTheTensorOnlyAfterTheCollective) {
+  auto group = std::make_shared<FakeGroup>(1);
+  group->Hold();
+  FakeAsyncCommunicator comm(0, nn::Device::CPU(), group);
+  Tensor x = nn::ones({16});
+  std::weak_ptr<nn::Storage> storage = x.storage();
+  std::shared_ptr<Work> work = comm.all_reduce_async(x);
+  x = Tensor();
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    group->Release();
+  });
+  work.reset();
+  EXPECT_EQ(group->completed(), 1) << "the handle went before its collective completed";
+  EXPECT_TRUE(storage.expired());
+  EXPECT_EQ(group->completions_on_freed_storage(), 0);
+  device.join();
+}
+
+struct OneLayer : nn::Module {
+  OneLayer() : l(register_module("l", nn::Linear(4, 3))) {}
+  Tensor forward(const Tensor& x) override { return l(x); }
+  nn::Linear l;
+};
+
+// A backward pass that throws after launching a bucket's all-reduce leaves its
+// handle unwaited; the next forward must not zero that bucket while the
+// collective still runs (it would then write over the zeros).
+TEST_F(ShutdownTest, DataParallelDoesNotZeroABucketStillBeingReduced) {
+  absl::Status s = Run(1, [&](Context& ctx) -> absl::Status {
+    OneLayer net;
+    bool fail_second_bucket = true;
+    DataParallel dp(net, ctx,
+                    {.bucket_bytes = 1,
+                     .first_bucket_bytes = 1,
+                     .on_bucket_launch = [&](int bucket, int) {
+                       if (bucket == 1 && fail_second_bucket) {
+                         throw std::runtime_error("hook failed");
+                       }
+                     }});
+    EXPECT_EQ(dp.num_buckets(), 2);
+    group_->Hold();
+    group_->SetCompletionValue(42);
+    Tensor loss = nn::mse_loss(dp(nn::ones({2, 4})), nn::zeros({2, 3}));
+    std::thread device([&] {  // bucket 0's all-reduce completes 200 ms from now
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      group_->Release();
+    });
+    EXPECT_THROW(loss.backward(), std::runtime_error);
+    // What a training loop does next: zero the gradients (as
+    // Optimizer::zero_grad), then the next forward.
+    for (Tensor p : net.parameters()) {
+      nn::NoGradGuard no_grad;
+      if (p.grad().defined()) p.grad().zero_();
+    }
+    fail_second_bucket = false;
+    dp(nn::ones({2, 4}));
+    device.join();
+    while (group_->completed() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (const auto& [name, p] : net.named_parameters()) {
+      for (float v : p.grad().to_vector<float>()) {
+        EXPECT_EQ(v, 0.0f) << name << ": its bucket was zeroed before its collective ended";
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace tandem::dist
