@@ -59,6 +59,7 @@ class FakeGroup {
   explicit FakeGroup(int world_size, std::chrono::milliseconds delay = std::chrono::milliseconds(0))
       : world_size_(world_size), delay_(delay),
         inprocess_(std::make_shared<InProcessGroup>(world_size)),
+        abort_calls_(world_size), overlapping_uses_(world_size),
         device_([this] { RunDevice(); }) {}
   ~FakeGroup() {
     {
@@ -116,6 +117,12 @@ class FakeGroup {
   }
 
   int completions_on_freed_storage() const { return freed_completions_.load(); }
+  // Per rank, kept here (the group outlives spawn's communicators): Abort()
+  // calls, and uses of a communicator that overlapped its abort.
+  int abort_calls(int rank) const { return abort_calls_[rank].load(); }
+  int overlapping_uses(int rank) const { return overlapping_uses_[rank].load(); }
+  void CountAbort(int rank) { abort_calls_[rank].fetch_add(1); }
+  void CountOverlappingUse(int rank) { overlapping_uses_[rank].fetch_add(1); }
   int completed() const { return completed_.load(); }
 
  private:
@@ -192,6 +199,8 @@ class FakeGroup {
   float completion_value_ = 0;
   std::atomic<int> freed_completions_{0};
   std::atomic<int> completed_{0};
+  std::vector<std::atomic<int>> abort_calls_;
+  std::vector<std::atomic<int>> overlapping_uses_;
   std::thread device_;  // last: starts after every other member is built
 };
 
@@ -207,9 +216,9 @@ class FakeAsyncCommunicator final : public Communicator {
 
   // Watchdog thread, as soon as the run stops.
   void Abort() override {
-    abort_calls_.fetch_add(1);
+    group_->CountAbort(rank());
     guard_.Abort([&] {
-      if (in_use_.load() != 0) overlapping_uses_.fetch_add(1);
+      if (in_use_.load() != 0) group_->CountOverlappingUse(rank());
       handle_.reset();  // as ncclCommAbort frees the communicator
       std::lock_guard<std::mutex> lock(ops_mu_);
       for (auto& op : ops_) op->aborted.store(true, std::memory_order_release);
@@ -233,8 +242,6 @@ class FakeAsyncCommunicator final : public Communicator {
   }
 
   bool aborted() const { return guard_.aborted(); }
-  int abort_calls() const { return abort_calls_.load(); }
-  int overlapping_uses() const { return overlapping_uses_.load(); }
 
  protected:
   void AllReduceImpl(nn::Tensor& x, ReduceOp op) override {
@@ -313,14 +320,13 @@ class FakeAsyncCommunicator final : public Communicator {
   internal::AbortGuard guard_;
   std::unique_ptr<int> handle_;  // guarded by guard_
   std::atomic<int> in_use_{0};
-  std::atomic<int> abort_calls_{0};
-  std::atomic<int> overlapping_uses_{0};
   std::mutex ops_mu_;
   std::deque<std::shared_ptr<FakeOp>> ops_;
 };
 
 // A SpawnHooks::make_communicators that builds fake communicators over `group`
-// and remembers them in `made` (not owned; valid while spawn runs).
+// and remembers them in `made` (not owned; valid only while spawn runs: read
+// their counters from the group afterwards).
 inline auto MakeFakeCommunicators(std::shared_ptr<FakeGroup> group,
                                   std::vector<FakeAsyncCommunicator*>* made) {
   return [group, made](const std::vector<nn::Device>& devices)
