@@ -69,7 +69,10 @@ int cuda_device_count();
 // surfaces at the next point where the host waits for the device (this call,
 // Tensor::item(), a copy to the host), and the device stays usable afterwards.
 // A no-op for the CPU. Throws tandem::Error for a CUDA device that is not
-// visible or when tandem was built without CUDA.
+// visible or when tandem was built without CUDA. Like every host wait of nn
+// (item(), copies to the host), it polls against the thread's interrupt check
+// when one is installed (nn/interrupt.h; spawn installs one on rank threads) and
+// throws what the check throws.
 void Synchronize(Device device);
 
 }  // namespace tandem::nn

@@ -19,6 +19,7 @@
 
 #include "nn/cuda/context.h"
 #include "nn/graph.h"
+#include "nn/interrupt.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim::internal {
@@ -136,6 +137,23 @@ __global__ void ScaleGradsKernel(const TableEntry* table, int n, int64_t total, 
 
 __global__ void WriteScalarsKernel(UpdateScalars scalars, UpdateScalars* dst) { *dst = scalars; }
 
+// Waits on the host for `event`, stop-aware (nn/interrupt.h): the upload it
+// follows sits on the compute stream, which may wait on a collective that a
+// failed peer never joins; on a rank thread the wait then ends with the rank's
+// stop instead of never.
+void WaitOnHost(cudaEvent_t event, nn::Device device) {
+  if (!nn::HasInterruptCheck()) {
+    TANDEM_CHECK_CUDA(cudaEventSynchronize(event), device);
+    return;
+  }
+  nn::internal::WaitUntil([&] {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) return false;
+    TANDEM_CHECK_CUDA(status, device);
+    return true;
+  });
+}
+
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + kChunk - 1) / kChunk, kMaxBlocks));
 }
@@ -156,6 +174,9 @@ class DeviceTables {
   DeviceTables& operator=(const DeviceTables&) = delete;
   ~DeviceTables() {
     // Destructors must not throw: errors here surface at the next checked call.
+    // This wait blocks (a destructor cannot be interrupted): on a rank thread of
+    // a stopping run it is bounded by spawn's watchdog, which aborts the
+    // communicators as soon as the stop is requested, so no stream stays stuck.
     for (Table& t : tables_) {
       if (t.uploaded != nullptr) {
         cudaEventSynchronize(t.uploaded);
@@ -190,9 +211,7 @@ class DeviceTables {
       tables_.splice(tables_.end(), tables_, reusable);  // reuse the oldest not in a graph
     }
     Table& t = tables_.back();
-    if (t.uploaded != nullptr) {
-      TANDEM_CHECK_CUDA(cudaEventSynchronize(t.uploaded), t.device);
-    }
+    if (t.uploaded != nullptr) WaitOnHost(t.uploaded, t.device);
     const size_t bytes = words.size() * sizeof(int64_t);
     if (t.pinned == nullptr || t.capacity_words < words.size() || !(t.device == device)) {
       if (t.pinned != nullptr) TANDEM_CHECK_CUDA(cudaFreeHost(t.pinned), t.device);

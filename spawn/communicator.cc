@@ -28,6 +28,28 @@ class DoneWork final : public Work {
  public:
   void wait() override {}
 };
+
+// Holds the collective's tensor until the implementation's work is done: after
+// wait() returns, or when the handle is destroyed, after the implementation's
+// handle (whose destructor orders the calling thread's stream after the
+// collective, or waits for it) has gone.
+class TensorHoldingWork final : public Work {
+ public:
+  TensorHoldingWork(std::shared_ptr<Work> work, nn::Tensor tensor)
+      : work_(std::move(work)), tensor_(std::move(tensor)) {}
+  ~TensorHoldingWork() override {
+    work_.reset();
+    tensor_ = nn::Tensor();
+  }
+  void wait() override {
+    work_->wait();
+    tensor_ = nn::Tensor();
+  }
+
+ private:
+  std::shared_ptr<Work> work_;
+  nn::Tensor tensor_;
+};
 }  // namespace
 
 // Marks a synchronous collective complete when it returns normally.
@@ -84,7 +106,7 @@ void Communicator::all_reduce(nn::Tensor& x, ReduceOp op) {
 std::shared_ptr<Work> Communicator::all_reduce_async(nn::Tensor& x, ReduceOp op) {
   nn::CheckDefined(x, "all_reduce_async", "x");
   Enter("all_reduce_async");
-  return AllReduceAsyncImpl(x, op);
+  return std::make_shared<TensorHoldingWork>(AllReduceAsyncImpl(x, op), x);
 }
 
 std::shared_ptr<Work> Communicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) {

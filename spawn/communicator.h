@@ -15,6 +15,14 @@
 // run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
 // reports the first failure and logs this one as a consequence.
 //
+// Stopping: as soon as a run stops, spawn's watchdog calls Abort() on every
+// rank's communicator, from its own thread, while the ranks may still be using
+// them. Abort ends the collectives in flight (a peer that failed before issuing
+// one would otherwise leave it waiting for good), so every host wait on a stream
+// behind them returns; implementations serialise it with their own calls
+// (spawn/internal/abort_guard.h). Host waits on a rank thread are stop-aware
+// (nn/interrupt.h): they throw CancelledError once the run stops.
+//
 // CUDA graphs (nn/graph.h): NCCL collectives (and hence DataParallel's
 // gradient all-reduce) may be captured in a step and replayed; every rank must
 // replay its graph, as it would run the step. Collectives inside a graph are
@@ -22,7 +30,8 @@
 // cannot be captured (both wait on the host) and throw tandem::Error under
 // capture.
 //
-// Thread-safety: a Communicator belongs to its rank's thread.
+// Thread-safety: a Communicator belongs to its rank's thread, except
+// PollCompleted() and Abort(), which spawn's watchdog calls from its own.
 #ifndef TANDEM_SPAWN_COMMUNICATOR_H_
 #define TANDEM_SPAWN_COMMUNICATOR_H_
 
@@ -46,7 +55,17 @@ class CancelledError : public Error {
   explicit CancelledError(const std::string& what) : Error(what) {}
 };
 
-// The handle of an asynchronous collective.
+// The handle of an asynchronous collective. It keeps the collective's tensor
+// (its storage) alive until the work is done, so dropping the tensor before
+// wait() cannot free memory the collective still reads and writes.
+//
+// Destroying a handle that was never waited for is allowed (a backward pass that
+// threw, say): for CUDA tensors later work on the destroying thread's compute
+// stream is then ordered after the collective (no host wait), and only then is
+// the tensor released; for CPU tensors the destructor waits for the collective
+// (the watchdog's abort bounds that wait in a stopping run).
+//
+// Thread-safety: a Work belongs to the rank thread that started it.
 class Work {
  public:
   virtual ~Work() = default;
@@ -108,6 +127,13 @@ class Communicator {
   // device work has finished complete in the trace. Default: nothing, for
   // implementations whose collectives are complete when they return.
   virtual void PollCompleted() {}
+  // Called by spawn's watchdog thread as soon as the run stops, while the rank
+  // thread may be inside a collective or a host wait: ends the collectives in
+  // flight (their results are garbage) so that nothing waits on them for good,
+  // and makes every later collective throw CancelledError. Thread-safe,
+  // idempotent, never throws. Default: nothing, for implementations whose waits
+  // already end on the stop token.
+  virtual void Abort() {}
 
  protected:
   virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;

@@ -147,26 +147,44 @@ void DataParallel::PlaceGrad(int i, bool zero_if_undefined) {
   s.param.set_grad(s.view);
 }
 
+void DataParallel::DropUnwaitedWork() {
+  // Work's contract: destroying an unwaited handle orders the compute stream
+  // after its collective (CUDA) or waits for it (CPU), so the zeroing and copies
+  // that follow on the compute stream cannot touch a bucket NCCL still reduces.
+  for (Bucket& b : buckets_) b.work.reset();
+}
+
 nn::Tensor DataParallel::forward(const nn::Tensor& x) {
+  // A backward pass that threw never reached FinishBackward: its buckets'
+  // collectives may still run. Start afresh, after them.
+  DropUnwaitedWork();
+  pass_started_ = false;
   if (options_.broadcast_buffers && ctx_.world_size() > 1) {
     nn::NoGradGuard no_grad;
     for (nn::Tensor& b : module_.buffers()) ctx_.communicator().broadcast(b, 0);
   }
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) PlaceGrad(i, true);
-  // A backward pass that threw never reached FinishBackward: start afresh.
-  pass_started_ = false;
-  for (Bucket& b : buckets_) b.work.reset();
   return module_.forward(x);
 }
 
 void DataParallel::OnGradReady(int i) {
   if (!sync_ || !options_.reduce_in_backward) return;
   if (!pass_started_) {
+    DropUnwaitedWork();  // a pass that threw without a forward since
     pass_started_ = true;
     next_bucket_ = 0;
     for (Bucket& b : buckets_) b.pending = static_cast<int>(b.params.size());
     for (Slot& s : params_) s.ready = false;
-    nn::autograd::QueueCallback([this] { FinishBackward(); });
+    // If the pass throws, autograd drops its callbacks unrun: `pass_end` then
+    // goes as the exception leaves backward, and with it the handles of the
+    // buckets launched so far, before the caller can touch their gradients
+    // (zero_grad): the compute stream then waits for those collectives.
+    struct PassEnd {
+      DataParallel* dp;
+      ~PassEnd() { dp->DropUnwaitedWork(); }
+    };
+    auto pass_end = std::make_shared<PassEnd>(PassEnd{this});
+    nn::autograd::QueueCallback([this, pass_end] { FinishBackward(); });
   }
   Slot& s = params_[i];
   PlaceGrad(i, false);

@@ -25,6 +25,12 @@
 // A parameter that got no gradient in a backward pass is an error naming it,
 // unless find_unused_parameters is set: then it counts as a zero gradient.
 //
+// A backward pass that threw leaves bucket all-reduces that nobody waited for:
+// their handles are dropped as the exception leaves backward (and, again, at the
+// next forward or backward), which orders the compute stream after them (CPU:
+// waits for them), so no bucket is zeroed (zero_grad, forward) or refilled while
+// a collective may still reduce it.
+//
 // CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
 // (bucket all-reduces on the communication stream, joined back into the compute
 // stream at the end of backward) can be captured after one eager step and
@@ -109,6 +115,8 @@ class DataParallel {
     nn::Tensor buffer;                 // flat, all of the bucket's gradients
     std::vector<int> params;           // indices into params_
     int pending = 0;                   // gradients not yet final in this pass
+    // The bucket's all-reduce in flight. Declared last: destroyed first, so the
+    // buffer outlives it (see Work's contract on unwaited handles).
     std::shared_ptr<Work> work;
   };
   struct Slot {
@@ -127,6 +135,8 @@ class DataParallel {
   void OnGradReady(int i);
   void LaunchReadyBuckets();
   void FinishBackward();
+  // Destroys the handles of collectives no pass waited for (a backward that threw).
+  void DropUnwaitedWork();
 
   nn::Module& module_;
   Context& ctx_;

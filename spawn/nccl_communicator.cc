@@ -1,34 +1,57 @@
 // NCCL communicators for ranks on distinct GPUs. Compiled only with CUDA; the
-// only file of tandem that includes nccl.h.
+// only file of tandem that includes nccl.h. docs/gpu_shutdown.md has the long
+// form of the arguments below, with references into NCCL 2.28's source.
 //
 // Creation: spawn's thread makes every rank's communicator at once, before any
 // rank thread starts, the way ncclCommInitAll does (one unique id, one
-// ncclCommInitRankConfig per device inside ncclGroupStart/End) but with a config:
-// ncclCommInitAll takes none, and we need blocking = 0 (below). NCCL_RUNTIME_CONNECT
+// ncclCommInitRankConfig per device inside ncclGroupStart/End). NCCL_RUNTIME_CONNECT
 // is set to 0 first (unless the user set it) so every connection is made during
 // init: a later collective never waits on a peer's connection set-up.
+//
+// Blocking communicators (config.blocking = 1). In NCCL 2.28 a collective on a
+// non-blocking communicator always takes the asynchronous group path
+// (ncclEnqueueCheck -> ncclGroupEndInternal starts a thread per call and returns
+// ncclInProgress, and the next call must wait for that thread): tens of
+// microseconds of host time per all-reduce, inside DataParallel's grad-ready
+// hook. A blocking communicator enqueues on the calling thread and returns.
 //
 // Streams: each rank has a communication stream. A collective records an event
 // on the rank's compute stream (nn::internal::ThreadStream), the communication
 // stream waits for it, NCCL runs there, and an event recorded after it is waited
 // for by the compute stream (synchronous calls) or by Work::wait (asynchronous).
-// The host never waits for the GPU except in barrier(), which polls.
+// The host never waits for the GPU except in barrier(), which polls against the
+// stop token, and when kMaxInflight collectives are already in flight (below).
 //
-// Why ncclCommAbort is safe here. NCCL requires, for a safe abort, that no thread
-// be inside an NCCL call on the communicator and that every rank's communicator
-// be aborted. (1) The communicators are non-blocking (config.blocking = 0): an
-// NCCL call returns at once (ncclInProgress at worst) and rank threads then poll
-// ncclCommGetAsyncError, checking the run's stop flag between polls, so a rank
-// thread is never stuck inside NCCL: once spawn sets the stop flag every rank
-// thread leaves NCCL and returns. (2) spawn calls AbortNcclCommunicators only
-// after joining every rank thread, so no thread can be inside an NCCL call then.
-// (3) It aborts all of them, from that one thread. Kernels stuck on a GPU waiting
-// for a peer that never came are ended by the abort.
+// Stopping. spawn's watchdog calls Abort() on every communicator as soon as the
+// run stops (first failure, timeout, Ctrl-C), not after the joins: a rank thread
+// waiting on the host for a stream behind a collective that a failed peer never
+// joined would never join. ncclCommAbort sets the communicator's abort flags
+// (which NCCL's kernels poll, so the stuck kernel exits and every stream behind
+// it drains), and the last of the process's communicators to be aborted frees
+// them all (init.cc: ncclCommAbort -> commReclaim). NCCL's conditions for that,
+// and how they hold:
+//  (1) No thread may be inside an NCCL call on the communicator while it is
+//      aborted (or after: it may be freed). Every NCCL call here runs under
+//      guard_ (spawn/internal/abort_guard.h), which Abort() takes too; once
+//      aborted, calls throw CancelledError instead of touching the communicator.
+//  (2) The abort must not wait for a rank thread stuck in an NCCL call. A rank
+//      thread holds guard_ only inside an enqueue call, and an enqueue of a
+//      blocking communicator waits for the device only when NCCL's work FIFO is
+//      full (enqueue.cc, waitWorkFifoAvailable). At most kMaxInflight collectives
+//      are in flight per rank (the rank thread waits, stop-aware and outside the
+//      guard, for the oldest before issuing more), far below the FIFO's 1 MiB.
+//  (3) Every rank's communicator is aborted: the watchdog aborts all of them,
+//      from its one thread.
+// Host waits on the rank threads poll against the stop flag (nn/interrupt.h), so
+// they end with the stop; the abort then lets the streams drain, so the
+// implicit device syncs at thread exit (cudnnDestroy) return too.
 //
 // Watchdog: every collective records an event on the communication stream; the
 // watchdog thread polls them (PollCompleted) and marks a collective complete
 // when its event has fired, so a collective stuck on the GPU (a peer that never
 // came) shows up in the watchdog's report as the op and sequence number it is.
+// The watchdog thread sets the communicator's device before each CUDA call: it
+// never selects GPU 0 (a context there) unless GPU 0 is one of the run's.
 //
 // CUDA graph capture (nn/graph.h): the event record / wait pair between the
 // compute and communication streams makes the communication stream join the
@@ -39,19 +62,26 @@
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
-#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
 #include "nn/graph.h"
+#include "nn/interrupt.h"
+#include "spawn/internal/abort_guard.h"
 #include "spawn/internal/nccl.h"
 
 namespace tandem::dist::internal {
 namespace {
+
+// Collectives in flight per rank before the rank thread waits for the oldest.
+// NCCL's work FIFO (NCCL_WORK_FIFO_BYTES, 1 MiB by default) holds a collective's
+// work descriptors (at most a few KiB each) until its kernel has read them; with
+// this bound it never fills, so an enqueue never waits for the device.
+constexpr size_t kMaxInflight = 128;
 
 ncclDataType_t NcclType(nn::DType dtype) {
   switch (dtype) {
@@ -73,6 +103,8 @@ ncclRedOp_t NcclOp(ReduceOp op) {
   return ncclSum;
 }
 
+// NCCL's text for `result`, with the communicator's last error when `comm` is
+// given (call it only where the communicator may be used: under its guard).
 std::string NcclText(ncclResult_t result, ncclComm_t comm) {
   std::string text = ncclGetErrorString(result);
   if (comm != nullptr) {
@@ -82,30 +114,27 @@ std::string NcclText(ncclResult_t result, ncclComm_t comm) {
   return text;
 }
 
-// Polls a non-blocking communicator until its pending operation is done.
-// `stop` (may be null) is checked between polls: the caller then throws.
-ncclResult_t WaitComm(ncclComm_t comm, const std::stop_token* stop) {
-  ncclResult_t state = ncclInProgress;
-  while (true) {
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) return r;
-    if (state != ncclInProgress) return state;
-    if (stop != nullptr && stop->stop_requested()) return ncclInProgress;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
-
+// The handle of an all_reduce_async. Destroyed unwaited, it makes the
+// destroying thread's compute stream wait for the collective, so memory freed
+// after it on that stream (the tensor, held by Communicator's wrapper until this
+// is gone) is not reused while NCCL may still read or write it.
 class NcclWork final : public Work {
  public:
   NcclWork(cudaEvent_t done, nn::Device device) : done_(done), device_(device) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  ~NcclWork() override {
+    // Destructors must not throw: a failing wait is reported by the next checked call.
+    if (!waited_) cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+    cudaEventDestroy(done_);
+  }
   void wait() override {
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
+    waited_ = true;
   }
 
  private:
   cudaEvent_t done_;
   nn::Device device_;
+  bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -117,14 +146,19 @@ class NcclCommunicator final : public Communicator {
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), device);
   }
 
+  // On spawn's thread, after every rank thread and the watchdog have been joined.
   ~NcclCommunicator() override {
-    cudaSetDevice(device().index);
-    if (!aborted_) {
-      // A clean run: flush and free. Non-blocking: wait for the finalize to finish.
-      if (ncclCommFinalize(comm_) == ncclInProgress) WaitComm(comm_, nullptr);
-      ncclCommDestroy(comm_);
+    nn::internal::CudaDeviceScope on_device(device(), std::nothrow);  // spawn's device stays
+    {
+      AbortGuard::Use use(guard_);
+      if (!use.aborted()) {
+        // A clean run: every collective has completed; flush and free.
+        ncclCommFinalize(comm_);
+        ncclCommDestroy(comm_);
+      }
     }
     for (auto& [sequence, event] : inflight_) cudaEventDestroy(event);
+    for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -132,26 +166,21 @@ class NcclCommunicator final : public Communicator {
 
   // Watchdog thread: marks collectives whose events fired complete, in order.
   void PollCompleted() override {
+    cudaSetDevice(device().index);  // never an implicit context on GPU 0
     std::lock_guard<std::mutex> lock(inflight_mutex_);
-    while (!inflight_.empty()) {
-      auto [sequence, event] = inflight_.front();
-      if (cudaEventQuery(event) != cudaSuccess) break;  // not yet (or failed: stays stuck)
-      cudaEventDestroy(event);
-      inflight_.pop_front();
-      MarkCompleted(sequence);
-    }
+    DrainCompletedLocked();
+  }
+
+  // Watchdog thread, as soon as the run stops. See the file comment.
+  void Abort() override {
+    guard_.Abort([&] {
+      cudaSetDevice(device().index);
+      ncclCommAbort(comm_);
+    });
   }
 
   std::string kind() const override { return "nccl"; }
   bool CompletesOnReturn() const override { return false; }
-
-  // See the file comment for why this is safe. Spawn's thread only.
-  void Abort() {
-    if (aborted_) return;
-    aborted_ = true;
-    cudaSetDevice(device().index);
-    ncclCommAbort(comm_);
-  }
 
  protected:
   void AllReduceImpl(nn::Tensor& x, ReduceOp op) override {
@@ -169,7 +198,11 @@ class NcclCommunicator final : public Communicator {
     });
     cudaEvent_t done;
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), device());
-    TANDEM_CHECK_CUDA(cudaEventRecord(done, stream_), device());
+    const cudaError_t recorded = cudaEventRecord(done, stream_);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(done);
+      TANDEM_CHECK_CUDA(recorded, device());
+    }
     return std::make_shared<NcclWork>(done, device());
   }
 
@@ -208,55 +241,98 @@ class NcclCommunicator final : public Communicator {
     });
     JoinComputeStream(done_);
     // The host waits here, polling so that a stop or an NCCL error ends the wait.
-    while (true) {
+    nn::internal::WaitUntil([&] {
       const cudaError_t q = cudaEventQuery(done_);
-      if (q == cudaSuccess) break;
+      if (q == cudaSuccess) return true;
       if (q != cudaErrorNotReady) TANDEM_CHECK_CUDA(q, device());
+      ThrowIfStopping("barrier");
+      AbortGuard::Use use(guard_);
+      if (use.aborted()) ThrowAborted("barrier");
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      TANDEM_CHECK(state == ncclSuccess || state == ncclInProgress, "NCCL barrier on ",
-                   device().ToString(), ": ", NcclText(state, comm_));
-      if (stop_requested()) {
-        throw CancelledError(absl::StrCat("rank ", rank(), ": barrier #", sequence(),
-                                          " abandoned: the run is stopping"));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      TANDEM_CHECK(r == ncclSuccess && state == ncclSuccess, "NCCL barrier on ",
+                   device().ToString(), ": ", NcclText(r != ncclSuccess ? r : state, comm_));
+      return false;
+    });
   }
 
  private:
+  [[noreturn]] void ThrowAborted(const char* op) const {
+    throw CancelledError(absl::StrCat("rank ", rank(), ": ", op, " #", sequence(),
+                                      " abandoned: the run is stopping (communicator aborted)"));
+  }
+  void ThrowIfStopping(const char* op) const {
+    if (stop_requested()) {
+      throw CancelledError(absl::StrCat("rank ", rank(), ": ", op, " #", sequence(),
+                                        " abandoned: the run is stopping"));
+    }
+  }
+
   // Orders the call after the compute stream's work and runs it on stream_,
-  // then records done_ there. Throws on an NCCL error or when the run stops
-  // while NCCL is still accepting the call.
+  // then records done_ there. Throws on an NCCL error, and CancelledError once
+  // the communicator is aborted.
   template <typename Call>
   void Launch(const char* op, const nn::Tensor& t, Call call) {
     TANDEM_CHECK(t.device() == device(), op, ": tensor ", t.ToString(), " is not on rank ", rank(),
                  "'s device ", device().ToString());
+    const bool capturing = nn::CudaGraph::IsCapturing();
+    if (!capturing) WaitForInflightRoom(op);
     TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
-    ncclResult_t r = call();
-    if (r == ncclInProgress) {
-      r = WaitComm(comm_, &stop_token());
-      if (r == ncclInProgress) {
-        throw CancelledError(absl::StrCat("rank ", rank(), ": ", op, " #", sequence(),
-                                          " abandoned: the run is stopping"));
-      }
+    {
+      AbortGuard::Use use(guard_);
+      if (use.aborted()) ThrowAborted(op);
+      const ncclResult_t r = call();
+      TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
+                   " (rank ", rank(), "): ", NcclText(r, comm_));
     }
-    TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
-                 " (rank ", rank(), "): ", NcclText(r, comm_));
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
-    if (nn::CudaGraph::IsCapturing()) {
+    if (capturing) {
       // Recorded into a graph, not run: an event recorded in a capture cannot be
       // queried (cudaErrorCapturedEvent), so the watchdog does not follow this
       // collective; it runs at every replay, untraced.
       MarkCompleted(sequence());
       return;
     }
-    cudaEvent_t traced;
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&traced, cudaEventDisableTiming), device());
-    TANDEM_CHECK_CUDA(cudaEventRecord(traced, stream_), device());
     std::lock_guard<std::mutex> lock(inflight_mutex_);
+    cudaEvent_t traced = nullptr;
+    if (!spare_events_.empty()) {
+      traced = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&traced, cudaEventDisableTiming), device());
+    }
+    const cudaError_t recorded = cudaEventRecord(traced, stream_);
+    if (recorded != cudaSuccess) {
+      spare_events_.push_back(traced);
+      TANDEM_CHECK_CUDA(recorded, device());
+    }
     inflight_.emplace_back(sequence(), traced);
+  }
+
+  // Waits (stop-aware, outside guard_) until fewer than kMaxInflight collectives
+  // are in flight; see the file comment, condition (2).
+  void WaitForInflightRoom(const char* op) {
+    auto has_room = [&] {
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      DrainCompletedLocked();
+      return inflight_.size() < kMaxInflight;
+    };
+    if (has_room()) return;
+    nn::internal::WaitUntil([&] {
+      ThrowIfStopping(op);
+      return has_room();
+    });
+  }
+
+  void DrainCompletedLocked() {
+    while (!inflight_.empty()) {
+      auto [sequence, event] = inflight_.front();
+      if (cudaEventQuery(event) != cudaSuccess) break;  // not yet (or failed: stays stuck)
+      spare_events_.push_back(event);
+      inflight_.pop_front();
+      MarkCompleted(sequence);
+    }
   }
 
   void JoinComputeStream(cudaEvent_t event) {
@@ -268,11 +344,13 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   cudaEvent_t ready_ = nullptr;
   cudaEvent_t done_ = nullptr;
-  bool aborted_ = false;
-  // (sequence, event after it) of collectives not yet seen complete; the rank
-  // thread appends, the watchdog thread pops.
+  // Every NCCL call on comm_ runs under it; Abort() takes it too.
+  AbortGuard guard_;
+  // (sequence, event after it) of collectives not yet seen complete, and events
+  // to reuse; the rank thread appends, the rank or the watchdog thread pops.
   std::mutex inflight_mutex_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> inflight_;
+  std::vector<cudaEvent_t> spare_events_;
 };
 
 }  // namespace
@@ -293,19 +371,17 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
   }
   std::vector<ncclComm_t> comms(n, nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  config.blocking = 1;  // see the file comment: no asynchronous group path per collective
   ncclGroupStart();
   for (int i = 0; i < n; ++i) {
-    cudaSetDevice(devices[i].index);
+    // NCCL reads the current device at this call; the scope gives spawn's thread
+    // its own device back afterwards (point 2 of issue 17).
+    nn::internal::CudaDeviceScope on_device(devices[i]);
     r = ncclCommInitRankConfig(&comms[i], n, id, i, &config);
-    if (r != ncclSuccess && r != ncclInProgress) break;
+    if (r != ncclSuccess) break;
   }
-  const ncclResult_t end = ncclGroupEnd();
-  if (r == ncclSuccess || r == ncclInProgress) r = end;
-  if (r == ncclInProgress) r = ncclSuccess;
-  for (int i = 0; i < n && r == ncclSuccess; ++i) {
-    if (comms[i] != nullptr) r = WaitComm(comms[i], nullptr);
-  }
+  const ncclResult_t end = ncclGroupEnd();  // blocking: returns when every init is done
+  if (r == ncclSuccess) r = end;
   if (r != ncclSuccess) {
     for (ncclComm_t c : comms) {
       if (c != nullptr) ncclCommAbort(c);
@@ -315,10 +391,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
   }
   std::vector<std::unique_ptr<Communicator>> out;
   for (int i = 0; i < n; ++i) {
-    cudaSetDevice(devices[i].index);
+    nn::internal::CudaDeviceScope on_device(devices[i]);  // the stream and events' device
     cudaStream_t stream;
     const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
+      for (auto& made : out) made->Abort();  // every communicator is aborted, none destroyed
       for (int k = i; k < n; ++k) ncclCommAbort(comms[k]);
       return absl::InternalError(absl::StrCat("cudaStreamCreate on cuda:", devices[i].index, ": ",
                                               cudaGetErrorString(e)));
@@ -326,12 +403,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
     out.push_back(std::make_unique<NcclCommunicator>(i, n, devices[i], comms[i], stream));
   }
   return out;
-}
-
-void AbortNcclCommunicators(const std::vector<std::unique_ptr<Communicator>>& comms) {
-  for (const auto& c : comms) {
-    if (auto* nccl = dynamic_cast<NcclCommunicator*>(c.get())) nccl->Abort();
-  }
 }
 
 std::string CudaNcclVersions() {

@@ -8,8 +8,11 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nn/interrupt.h"
 #include "nn/random.h"
 #include "nn/status_macros.h"
 #include "spawn/inprocess_communicator.h"
@@ -21,21 +24,44 @@ namespace tandem::dist::internal {
 namespace {
 
 // --- SIGINT ---------------------------------------------------------------------
-// The handler only bumps a counter (async-signal-safe); each run's watchdog polls
-// it. Installed by the first concurrent run, restored by the last.
+// The first SIGINT only bumps a counter (async-signal-safe); each run's watchdog
+// polls it and stops the run. The second one since the handler was installed
+// exits the process at once, from the handler (write and _exit are
+// async-signal-safe), with status 128 + SIGINT: the run is stopped, and a rank
+// that never reaches a stop-aware point cannot hold the process. Installed by the
+// first concurrent run, restored by the last.
 std::atomic<uint64_t> g_sigint_count{0};
+std::atomic<uint64_t> g_sigint_base{0};  // g_sigint_count when the handler was installed
+constexpr int kSecondSigintExitStatus = 128 + SIGINT;
+
+void ExitProcessNow(int status) { _exit(status); }
+std::atomic<void (*)(int)> g_exit_process{&ExitProcessNow};
 std::mutex g_sigint_mutex;
 int g_sigint_users = 0;
 struct sigaction g_previous_sigint;
 
-extern "C" void OnSigint(int) { g_sigint_count.fetch_add(1, std::memory_order_relaxed); }
+extern "C" void OnSigint(int) {
+  const uint64_t count = g_sigint_count.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (count - g_sigint_base.load(std::memory_order_relaxed) >= 2) {
+    static const char kMessage[] =
+        "\nspawn: second SIGINT: exiting now (the run is cancelled; exit status 130)\n";
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    g_exit_process.load(std::memory_order_relaxed)(kSecondSigintExitStatus);
+  }
+}
+
+static_assert(std::atomic<void (*)(int)>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the SIGINT handler's atomics must be lock-free to be async-signal-safe");
 
 class SigintScope {
  public:
-  explicit SigintScope(bool enabled) : enabled_(enabled) {
+  SigintScope(bool enabled, void (*exit_process)(int)) : enabled_(enabled) {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(g_sigint_mutex);
     if (g_sigint_users++ == 0) {
+      g_exit_process.store(exit_process != nullptr ? exit_process : &ExitProcessNow);
+      g_sigint_base.store(g_sigint_count.load());
       struct sigaction action {};
       action.sa_handler = OnSigint;
       sigemptyset(&action.sa_mask);
@@ -45,7 +71,10 @@ class SigintScope {
   ~SigintScope() {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(g_sigint_mutex);
-    if (--g_sigint_users == 0) sigaction(SIGINT, &g_previous_sigint, nullptr);
+    if (--g_sigint_users == 0) {
+      sigaction(SIGINT, &g_previous_sigint, nullptr);
+      g_exit_process.store(&ExitProcessNow);
+    }
   }
 
  private:
@@ -69,6 +98,7 @@ class Run {
   }
 
   std::stop_token stop_token() const { return stop_.get_token(); }
+  bool stop_requested() const { return stop_.stop_requested(); }
   CollectiveTrace* trace(int rank) { return &traces_[rank]; }
   int world_size() const { return static_cast<int>(devices_.size()); }
 
@@ -92,6 +122,8 @@ class Run {
       logger_->Write(LogLevel::kError, -1, nn::Device(), first_message());
       stop_.request_stop();
       if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", first_message()));
+      std::lock_guard<std::mutex> lock(mutex_);
+      cv_.notify_all();  // the watchdog aborts the communicators now
     } else {
       logger_->Write(LogLevel::kError, rank, rank >= 0 ? devices_[rank] : nn::Device(),
                      absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
@@ -113,31 +145,76 @@ class Run {
     return first_;
   }
 
-  // Watches for SIGINT and collectives that take longer than timeout_s until
-  // every rank thread has returned.
+  // A rank thread, after Finish: when the run is stopping, returns once the
+  // watchdog has aborted the communicators. The thread's CUDA teardown (its
+  // thread-local handles: cudnnDestroy synchronises the device) then runs after
+  // the abort, when no stream of the thread waits on a collective any more.
+  void AwaitAbortIfStopping() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return aborted_ || !stop_.stop_requested(); });
+  }
+
+  // The watchdog. Until every rank thread has returned (and, in a stopping run,
+  // the communicators are aborted): turns SIGINT into a stop; aborts every
+  // communicator as soon as the run stops, not after the joins (a rank blocked
+  // on a stream behind a collective that a failed peer never joined would not
+  // join); ends a run whose collective takes longer than timeout_s; and, once
+  // stopped, reports ranks that have not returned timeout_s later.
   void Watch(double timeout_s, uint64_t sigint_at_start) {
     const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
     const auto poll = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
     std::unique_lock<std::mutex> lock(mutex_);
-    while (finished_ < world_size()) {
-      cv_.wait_for(lock, poll);
-      if (finished_ == world_size()) break;
+    while (finished_ < world_size() || (stop_.stop_requested() && !aborted_)) {
+      if (!stop_.stop_requested() || aborted_) cv_.wait_for(lock, poll);
       lock.unlock();
       if (g_sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
           !stop_.stop_requested()) {
         Fail(-1,
              absl::CancelledError("spawn: interrupted (SIGINT); every rank stopped at its next "
-                                  "collective or step boundary"),
+                                  "collective, stop-aware wait or step boundary (a second "
+                                  "Ctrl-C exits at once)"),
              false);
       }
+      if (stop_.stop_requested() && stopped_ns_ == 0) {
+        stopped_ns_ = SteadyNowNs();
+        // Abort may wait for a rank's library call in progress (never for a
+        // host wait): see spawn/internal/abort_guard.h.
+        for (const auto& comm : *comms_) comm->Abort();
+        std::lock_guard<std::mutex> aborted_lock(mutex_);
+        aborted_ = true;
+        cv_.notify_all();
+      }
       for (const auto& comm : *comms_) comm->PollCompleted();
-      if (!stop_.stop_requested()) CheckTimeouts(timeout_s, timeout_ns);
+      if (!stop_.stop_requested()) {
+        CheckTimeouts(timeout_s, timeout_ns);
+      } else {
+        CheckStragglers(timeout_s, timeout_ns);
+      }
       lock.lock();
     }
   }
 
  private:
+  // A stopped run whose rank threads have not all returned timeout_s after the
+  // stop: those ranks are in code that reaches neither a collective nor a
+  // stop-aware wait nor check_stop(). Threads are not killed; say once which
+  // ranks spawn is waiting for.
+  void CheckStragglers(double timeout_s, int64_t timeout_ns) {
+    if (straggler_reported_ || SteadyNowNs() - stopped_ns_ <= timeout_ns) return;
+    straggler_reported_ = true;
+    std::string ranks;
+    for (int r = 0; r < world_size(); ++r) {
+      if (states_[r].load() != RankState::kRunning) continue;
+      absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", RankName(r));
+    }
+    if (ranks.empty()) return;  // they have all returned and are finishing
+    logger_->Write(LogLevel::kError, -1, nn::Device(),
+                   absl::StrCat("watchdog: ", timeout_s, " s after the run stopped, spawn still "
+                                "waits for ", ranks, ": running code that reaches no collective, "
+                                "stop-aware wait or check_stop(); a second Ctrl-C exits at once"));
+  }
+
   void CheckTimeouts(double timeout_s, int64_t timeout_ns) {
     const int64_t now = SteadyNowNs();
     bool stuck = false;
@@ -189,6 +266,10 @@ class Run {
   std::condition_variable cv_;
   absl::Status first_;
   int finished_ = 0;
+  bool aborted_ = false;  // the communicators were aborted (guarded by mutex_)
+  // Watchdog thread only.
+  int64_t stopped_ns_ = 0;
+  bool straggler_reported_ = false;
 };
 
 std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
@@ -229,6 +310,13 @@ void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
 absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                       const std::function<void(int world_size)>& on_world_size,
                       const std::function<absl::Status(Context&)>& body) {
+  return RunSpawnWithHooks(gpus, nprocs, options, SpawnHooks(), on_world_size, body);
+}
+
+absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                               const SpawnHooks& hooks,
+                               const std::function<void(int world_size)>& on_world_size,
+                               const std::function<absl::Status(Context&)>& body) {
   if (current_or_null() != nullptr) {
     return absl::FailedPreconditionError(
         "spawn called from a rank thread of another spawn: runs do not nest");
@@ -250,7 +338,9 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   std::vector<std::unique_ptr<Communicator>> comms;
   std::shared_ptr<InProcessGroup> group;
   const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
-  if (use_nccl) {
+  if (hooks.make_communicators) {
+    ASSIGN_OR_RETURN(comms, hooks.make_communicators(devices));
+  } else if (use_nccl) {
 #if TANDEM_WITH_CUDA
     ASSIGN_OR_RETURN(comms, CreateNcclCommunicators(devices));
 #else
@@ -265,7 +355,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
 
   on_world_size(world);
   Run run(devices, logger.get(), group, &comms);
-  SigintScope sigint(options.handle_sigint);
+  SigintScope sigint(options.handle_sigint, hooks.exit_process);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;
@@ -277,6 +367,12 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
         nn::DeviceGuard device_guard(devices[r]);
         nn::manual_seed(options.seed, static_cast<uint64_t>(r));
         comms[r]->Attach(run.stop_token(), run.trace(r));
+        // Host waits on the GPU (item(), to(cpu), Synchronize...) end with the stop.
+        nn::ScopedInterruptCheck interrupt([&run] {
+          if (run.stop_requested()) {
+            throw CancelledError("host wait on the device abandoned: the run is stopping");
+          }
+        });
         Context ctx(r, world, devices[r], comms[r].get(), logger->ForRank(r, devices[r]),
                     run.stop_token());
         CurrentContextGuard current(&ctx);
@@ -298,6 +394,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
                  false);
       }
       run.Finish(r);
+      run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
     });
   }
   std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start); });
@@ -305,10 +402,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   watchdog.join();
 
   absl::Status status = run.result();
-#if TANDEM_WITH_CUDA
-  if (use_nccl && !status.ok()) AbortNcclCommunicators(comms);
-#endif
-  comms.clear();
+  comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
   return status;
 }

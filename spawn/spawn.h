@@ -16,14 +16,24 @@
 // GPU (share_devices) through the in-process communicator.
 //
 // Failure: the first failure on any rank (an exception, a non-OK status) wins.
-// spawn sets the stop flag, wakes every in-process wait, joins every thread,
-// aborts the NCCL communicators, and returns a Status naming the rank, its device
-// and the original message; the other ranks' errors are logged as consequences.
+// spawn sets the stop flag and wakes every in-process wait; its watchdog thread
+// then aborts every communicator at once (Communicator::Abort, before any join:
+// an NCCL collective that a failed rank never joined would otherwise block the
+// other ranks' streams for good). Every host wait of a rank thread on the GPU
+// (item(), to(cpu), nn::Synchronize, the fused optimizer's, barrier()) polls
+// against the stop flag (nn/interrupt.h) and throws CancelledError; a rank
+// thread's CUDA teardown at exit runs after the abort. spawn joins every thread
+// and returns a Status naming the rank, its device and the original message;
+// the other ranks' errors are logged as consequences.
 // A watchdog ends a run whose collective has not completed within timeout_s with
-// DeadlineExceeded, listing each rank's last collective (sequence number, op).
+// DeadlineExceeded, listing each rank's last collective (sequence number, op)
+// (a rank-0 checkpoint write longer than timeout_s while the others wait in a
+// collective ends the run this way, rather than hanging it).
 // Ctrl-C (SIGINT, handled while spawn runs) stops every rank at its next
-// collective or check_stop() and spawn returns Cancelled. A rank that never
-// reaches either cannot be stopped (threads are not killed).
+// collective, stop-aware wait or check_stop() and spawn returns Cancelled. A rank
+// that reaches none of them cannot be stopped (threads are not killed): timeout_s
+// after the stop the watchdog logs which ranks spawn still waits for, and a
+// second Ctrl-C exits the process at once with status 130 (128 + SIGINT).
 //
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a
 // rank thread.
@@ -31,6 +41,7 @@
 #define TANDEM_SPAWN_SPAWN_H_
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -74,6 +85,23 @@ namespace internal {
 absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                       const std::function<void(int world_size)>& on_world_size,
                       const std::function<absl::Status(Context&)>& body);
+
+// Seams of RunSpawn for tests (tests/spawn/shutdown_test.cc); defaults: none.
+struct SpawnHooks {
+  // Makes the run's communicators (rank r's at index r) instead of NCCL or
+  // in-process ones; called on spawn's thread before the rank threads start.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
+      const std::vector<nn::Device>& devices)>
+      make_communicators;
+  // Called from the SIGINT handler on the second Ctrl-C, with the exit status,
+  // instead of _exit. Must be async-signal-safe.
+  void (*exit_process)(int status) = nullptr;
+};
+
+absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                               const SpawnHooks& hooks,
+                               const std::function<void(int world_size)>& on_world_size,
+                               const std::function<absl::Status(Context&)>& body);
 
 template <typename T>
 struct IsStatusOr : std::false_type {};

@@ -16,6 +16,7 @@
 #include "nn/error.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/internal/device_error.h"
+#include "nn/interrupt.h"
 #include "nn/tensor.h"
 
 namespace tandem::nn::internal {
@@ -286,6 +287,53 @@ void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept {
 
 namespace {
 
+// Host waits on the GPU (nn/interrupt.h): block in the runtime when the calling
+// thread has no interrupt check; otherwise poll, calling the check between polls,
+// so a stream stuck behind a collective that will never complete cannot hold a
+// rank thread for good.
+void HostWait(cudaError_t (*query)(void*), cudaError_t (*block)(void*), void* what,
+              const char* call, Device device) {
+  if (!HasInterruptCheck()) {
+    CheckCuda(block(what), call, device);
+    return;
+  }
+  WaitUntil([&] {
+    const cudaError_t status = query(what);
+    if (status == cudaErrorNotReady) return false;
+    CheckCuda(status, call, device);
+    return true;
+  });
+}
+
+void WaitStream(cudaStream_t stream, Device device) {
+  HostWait([](void* s) { return cudaStreamQuery(static_cast<cudaStream_t>(s)); },
+           [](void* s) { return cudaStreamSynchronize(static_cast<cudaStream_t>(s)); }, stream,
+           "cudaStreamSynchronize", device);
+}
+
+void WaitEvent(cudaEvent_t event, Device device) {
+  HostWait([](void* e) { return cudaEventQuery(static_cast<cudaEvent_t>(e)); },
+           [](void* e) { return cudaEventSynchronize(static_cast<cudaEvent_t>(e)); }, event,
+           "cudaEventSynchronize", device);
+}
+
+// WaitStream for a copy into pinned `host` (a block of the pinned cache): if the
+// wait is abandoned, the block is recorded as in use by `stream` first, so the
+// cache does not hand it out while the queued copy may still write it.
+void WaitStreamWritingPinned(cudaStream_t stream, Device device, const void* host) {
+  try {
+    WaitStream(stream, device);
+  } catch (...) {
+    if (IsPinnedHostPointer(host)) {
+      try {
+        RecordPinnedUse(host, device, stream);
+      } catch (...) {  // the original error is the one to report
+      }
+    }
+    throw;
+  }
+}
+
 // Pageable copies larger than this go through pinned staging in chunks.
 constexpr int64_t kStagingChunkBytes = int64_t{32} << 20;
 
@@ -352,7 +400,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
   for (int64_t offset = 0, k = 0; offset < bytes; offset += kStagingChunkBytes, ++k) {
     const int64_t n = std::min(kStagingChunkBytes, bytes - offset);
     const int b = static_cast<int>(k % 2);
-    if (k >= 2) CheckCuda(cudaEventSynchronize(emptied[b].get()), "cudaEventSynchronize", device);
+    if (k >= 2) WaitEvent(emptied[b].get(), device);
     std::memcpy(buffers[b].data(), src + offset, static_cast<size_t>(n));
     CheckCuda(cudaMemcpyAsync(dst + offset, buffers[b].data(), static_cast<size_t>(n),
                               cudaMemcpyHostToDevice, stream),
@@ -369,7 +417,7 @@ void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
   if (IsPinnedHostPointer(dst)) {
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
               "cudaMemcpyAsync", device);
-    CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", device);
+    WaitStreamWritingPinned(stream, device, dst);
   } else {
     const int64_t chunk = std::min(bytes, kStagingChunkBytes);
     StagingBlock staging(chunk);
@@ -378,7 +426,7 @@ void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
       CheckCuda(cudaMemcpyAsync(staging.data(), src + offset, static_cast<size_t>(n),
                                 cudaMemcpyDeviceToHost, stream),
                 "cudaMemcpyAsync", device);
-      CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", device);
+      WaitStreamWritingPinned(stream, device, staging.data());
       std::memcpy(dst + offset, staging.data(), static_cast<size_t>(n));
     }
   }
@@ -460,7 +508,7 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
 }
 
 void CudaSynchronize(Device device) {
-  CheckCuda(cudaStreamSynchronize(ThreadStream(device)), "cudaStreamSynchronize", device);
+  WaitStream(ThreadStream(device), device);
   RaiseDeviceError(device);
 }
 

@@ -17,15 +17,13 @@ namespace tandem::dist::internal {
 // One communicator per device (rank i on devices[i]) from one ncclCommInitAll,
 // called from spawn's thread before the rank threads start, with
 // NCCL_RUNTIME_CONNECT=0 so every connection is made now (a later collective
-// never waits on a peer's connection set-up) and non-blocking communicators
-// (host threads never block inside NCCL). Errors name the devices and NCCL's text.
+// never waits on a peer's connection set-up). The communicators are blocking
+// (no asynchronous group path per collective); spawn's watchdog aborts them
+// through Communicator::Abort as soon as the run stops, which their guard makes
+// safe while the rank threads still use them (see nccl_communicator.cc). Errors
+// name the devices and NCCL's text.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
     const std::vector<nn::Device>& devices);
-
-// Aborts every communicator made by CreateNcclCommunicators. Call only after
-// every rank thread has been joined: see the safety argument in
-// nccl_communicator.cc.
-void AbortNcclCommunicators(const std::vector<std::unique_ptr<Communicator>>& comms);
 
 // "NCCL 2.28.3, CUDA runtime 13.0, driver 13.0".
 std::string CudaNcclVersions();

@@ -1,0 +1,365 @@
+// spawn's shutdown and the Work lifetime rules, on CPU ranks, driven by the
+// asynchronous fake communicator (fake_async_communicator.h): the abort from the
+// watchdog, stop-aware host waits, the teardown order, the guard between abort
+// and use, the second Ctrl-C, and what an unwaited handle keeps alive.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "nn/autograd.h"
+#include "nn/layers.h"
+#include "nn/ops/loss.h"
+#include "spawn/spawn.h"
+#include "tests/spawn/fake_async_communicator.h"
+
+namespace tandem::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nn::Tensor;
+using testing::FakeAsyncCommunicator;
+using testing::FakeGroup;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Runs spawn on `world` CPU ranks over fake communicators. A run still going
+// after `limit` is a hang: the fakes are aborted by hand so the test ends (and
+// fails) instead of hanging.
+class ShutdownTest : public ::testing::Test {
+ protected:
+  absl::Status Run(int world, const std::function<absl::Status(Context&)>& body,
+                   std::chrono::seconds limit = std::chrono::seconds(20)) {
+    group_ = std::make_shared<FakeGroup>(world);
+    internal::SpawnHooks hooks = hooks_;
+    hooks.make_communicators = testing::MakeFakeCommunicators(group_, &comms_);
+    options_.console = &console_;
+    const Clock::time_point start = Clock::now();
+    auto result = std::async(std::launch::async, [&] {
+      return internal::RunSpawnWithHooks("cpu", world, options_, hooks, [](int) {}, body);
+    });
+    if (result.wait_for(limit) != std::future_status::ready) {
+      ADD_FAILURE() << "spawn did not return within " << limit.count() << " s: a hang";
+      for (FakeAsyncCommunicator* c : comms_) c->Abort();
+      group_->Release();
+    }
+    absl::Status status = result.get();
+    seconds_ = SecondsSince(start);
+    return status;
+  }
+  bool Logged(const std::string& text) const {
+    return console_.str().find(text) != std::string::npos;
+  }
+
+  SpawnOptions options_{.log_all_ranks = true, .timeout_s = 60};
+  internal::SpawnHooks hooks_;
+  std::ostringstream console_;
+  std::shared_ptr<FakeGroup> group_;
+  std::vector<FakeAsyncCommunicator*> comms_;
+  double seconds_ = 0;
+};
+
+FakeAsyncCommunicator& Fake(Context& ctx) {
+  return static_cast<FakeAsyncCommunicator&>(ctx.communicator());
+}
+
+// Rank 1 throws before the all-reduce that rank 0 waits on (on the host, as
+// item() would): spawn returns at once with rank 1's error, and every
+// communicator was aborted.
+TEST_F(ShutdownTest, PeerFailingBeforeACollectiveEndsAHostWaitOnIt) {
+  std::atomic<bool> entered{false};
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) {
+      while (!entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      throw std::runtime_error("data file truncated");
+    }
+    Tensor x = nn::ones({4});
+    std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(x);
+    entered.store(true);
+    work->wait();  // never completes: rank 1 never joins
+    ADD_FAILURE() << "the wait returned without the peer";
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("rank 1 (cpu) threw: data file truncated"), absl::string_view::npos)
+      << s;
+  EXPECT_LT(seconds_, 10.0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(group_->abort_calls(r), 1) << "rank " << r;
+  EXPECT_TRUE(Logged("stopped as a consequence of the first failure")) << console_.str();
+}
+
+// The stop-aware wait is the installed interrupt check: a plain host wait
+// (nn::internal::WaitUntil, what item() uses) on a rank thread ends with the stop.
+TEST_F(ShutdownTest, HostWaitsOnRankThreadsEndWithTheStop) {
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) return absl::DataLossError("checkpoint unreadable");
+    nn::internal::WaitUntil([] { return false; });  // a stream that never drains
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("rank 1 (cpu) returned"), absl::string_view::npos) << s;
+  EXPECT_TRUE(Logged("host wait on the device abandoned: the run is stopping")) << console_.str();
+  EXPECT_LT(seconds_, 10.0);
+}
+
+// The watchdog aborts before the joins, and a rank thread's teardown at exit
+// (cudnnDestroy's implicit device sync, modelled by a thread-local whose
+// destructor blocks, not stop-aware, on the rank's collectives) runs after the
+// abort: with the abort after the joins this would never return.
+struct TeardownProbe {
+  FakeAsyncCommunicator* comm = nullptr;
+  std::atomic<int>* aborted_at_start = nullptr;
+  std::atomic<int>* synced = nullptr;
+  ~TeardownProbe() {
+    if (comm == nullptr) return;
+    aborted_at_start->store(comm->aborted() ? 1 : 0);
+    synced->store(comm->BlockingDeviceSync() ? 1 : 0);
+  }
+};
+
+TEST_F(ShutdownTest, AbortComesBeforeTheJoinsAndBeforeThreadTeardown) {
+  std::atomic<bool> entered{false};
+  std::atomic<int> aborted_at_start{-1}, synced{-1};
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) {
+      while (!entered.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      throw std::runtime_error("out of memory");
+    }
+    thread_local TeardownProbe probe;
+    probe.comm = &Fake(ctx);
+    probe.aborted_at_start = &aborted_at_start;
+    probe.synced = &synced;
+    Tensor x = nn::ones({4});
+    std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(x);
+    entered.store(true);
+    while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Returns with its collective stuck (the handle's destructor, CPU rule,
+    // waits for it: only the abort ends that wait too).
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("rank 1 (cpu) threw: out of memory"), absl::string_view::npos) << s;
+  EXPECT_EQ(aborted_at_start.load(), 1) << "the thread's teardown ran before the abort";
+  EXPECT_EQ(synced.load(), 1) << "the teardown's device sync did not end";
+  EXPECT_LT(seconds_, 10.0);
+}
+
+// Abort (watchdog thread) and collectives (rank threads) never overlap: ranks
+// issue collectives in a loop while one fails; the abort frees the fake's
+// handle, which TSan would report if a use were not serialised with it.
+TEST_F(ShutdownTest, AbortAndUseDoNotRace) {
+  for (int round = 0; round < 20; ++round) {
+    const int fail_at = 1 + round % 7;
+    absl::Status s = Run(3, [&](Context& ctx) -> absl::Status {
+      Tensor x = nn::ones({8});
+      for (int step = 0;; ++step) {
+        if (ctx.rank() == round % 3 && step == fail_at) throw std::runtime_error("bad batch");
+        ctx.communicator().all_reduce(x);
+        std::shared_ptr<Work> w = ctx.communicator().all_reduce_async(x);
+        w->wait();
+      }
+    });
+    ASSERT_EQ(s.code(), absl::StatusCode::kInternal) << "round " << round << ": " << s;
+    EXPECT_NE(s.message().find("threw: bad batch"), absl::string_view::npos) << s;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(group_->abort_calls(r), 1);
+      EXPECT_EQ(group_->overlapping_uses(r), 0)
+          << "a collective ran while its communicator was aborted";
+    }
+  }
+}
+
+// A clean run aborts nothing.
+TEST_F(ShutdownTest, CleanRunIsNotAborted) {
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::full({3}, static_cast<double>(ctx.rank() + 1));
+    ctx.communicator().all_reduce(x);
+    EXPECT_EQ(x.to_vector<float>(), std::vector<float>({3, 3, 3}));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(group_->abort_calls(r), 0);
+}
+
+// Rank 0 writes a checkpoint for longer than timeout_s while rank 1 waits in a
+// collective: the watchdog's timeout ends the run instead of a hang, and rank
+// 1's wait ends with the stop.
+TEST_F(ShutdownTest, LongRankZeroCheckpointWriteIsBoundedByTheWatchdog) {
+  options_.timeout_s = 0.5;
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::ones({4});
+    if (ctx.rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the write
+      ctx.check_stop();
+    }
+    ctx.communicator().all_reduce(x);
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("rank 1 (cpu): waiting in all_reduce #1"), absl::string_view::npos)
+      << s;
+  EXPECT_LT(seconds_, 10.0);
+}
+
+// The same write shorter than timeout_s: the others wait for it, and the run
+// finishes normally (the stop-aware waits do not end early).
+TEST_F(ShutdownTest, ShortRankZeroCheckpointWriteIsWaitedFor) {
+  options_.timeout_s = 30;
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::ones({4});
+    if (ctx.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ctx.communicator().all_reduce(x);
+    EXPECT_EQ(x.to_vector<float>(), std::vector<float>({2, 2, 2, 2}));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// After a stop, the watchdog keeps checking: a rank that has not returned
+// timeout_s after the stop (in code that reaches no stop-aware point) is named.
+TEST_F(ShutdownTest, RankNotReturningAfterTheStopIsReported) {
+  options_.timeout_s = 0.2;
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) throw std::runtime_error("nan loss");
+    while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // ignores the stop
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(Logged("after the run stopped, spawn still waits for rank 0 (cpu)"))
+      << console_.str();
+}
+
+// A second Ctrl-C exits at once with status 130, even while a rank cannot be
+// stopped. The exit function is injected (a real _exit would end the test).
+std::atomic<int> g_exit_status{-1};
+void RecordExit(int status) { g_exit_status.store(status); }
+
+TEST_F(ShutdownTest, SecondSigintExitsAtOnce) {
+  g_exit_status.store(-1);
+  hooks_.exit_process = &RecordExit;
+  std::atomic<bool> running{false};
+  std::thread user([&] {  // presses Ctrl-C twice
+    while (!running.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::raise(SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(g_exit_status.load(), -1) << "the first Ctrl-C must only stop the run";
+    std::raise(SIGINT);
+  });
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) {
+      while (true) {
+        ctx.check_stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    running.store(true);
+    // Stuck where no stop reaches it, until the process "exits".
+    while (g_exit_status.load() < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return absl::OkStatus();
+  });
+  user.join();
+  EXPECT_EQ(g_exit_status.load(), 128 + SIGINT);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("SIGINT"), absl::string_view::npos) << s;
+}
+
+// --- Work lifetime (issue 17, point 4) -------------------------------------------
+
+// The handle keeps the tensor's storage alive until the collective is done, even
+// when the caller dropped the tensor: the device never writes freed memory.
+TEST(WorkLifetimeTest, HandleKeepsTheTensorAliveUntilWaited) {
+  auto group = std::make_shared<FakeGroup>(1);
+  group->Hold();
+  FakeAsyncCommunicator comm(0, nn::Device::CPU(), group);
+  Tensor x = nn::ones({16});
+  std::weak_ptr<nn::Storage> storage = x.storage();
+  std::shared_ptr<Work> work = comm.all_reduce_async(x);
+  x = Tensor();
+  EXPECT_FALSE(storage.expired()) << "the storage went with the tensor, not with the work";
+  group->Release();
+  work->wait();
+  EXPECT_TRUE(storage.expired()) << "wait() should release the tensor";
+  EXPECT_EQ(group->completions_on_freed_storage(), 0);
+}
+
+// Destroyed unwaited (CPU rule): the handle waits for the collective, and only
+// then releases the tensor.
+TEST(WorkLifetimeTest, UnwaitedHandleReleasesTheTensorOnlyAfterTheCollective) {
+  auto group = std::make_shared<FakeGroup>(1);
+  group->Hold();
+  FakeAsyncCommunicator comm(0, nn::Device::CPU(), group);
+  Tensor x = nn::ones({16});
+  std::weak_ptr<nn::Storage> storage = x.storage();
+  std::shared_ptr<Work> work = comm.all_reduce_async(x);
+  x = Tensor();
+  std::thread device([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    group->Release();
+  });
+  work.reset();
+  EXPECT_EQ(group->completed(), 1) << "the handle went before its collective completed";
+  EXPECT_TRUE(storage.expired());
+  EXPECT_EQ(group->completions_on_freed_storage(), 0);
+  device.join();
+}
+
+struct OneLayer : nn::Module {
+  OneLayer() : l(register_module("l", nn::Linear(4, 3))) {}
+  Tensor forward(const Tensor& x) override { return l(x); }
+  nn::Linear l;
+};
+
+// A backward pass that throws after launching a bucket's all-reduce leaves its
+// handle unwaited; the next forward must not zero that bucket while the
+// collective still runs (it would then write over the zeros).
+TEST_F(ShutdownTest, DataParallelDoesNotZeroABucketStillBeingReduced) {
+  absl::Status s = Run(1, [&](Context& ctx) -> absl::Status {
+    OneLayer net;
+    bool fail_second_bucket = true;
+    DataParallel dp(net, ctx,
+                    {.bucket_bytes = 1,
+                     .first_bucket_bytes = 1,
+                     .on_bucket_launch = [&](int bucket, int) {
+                       if (bucket == 1 && fail_second_bucket) {
+                         throw std::runtime_error("hook failed");
+                       }
+                     }});
+    EXPECT_EQ(dp.num_buckets(), 2);
+    group_->Hold();
+    group_->SetCompletionValue(42);
+    Tensor loss = nn::mse_loss(dp(nn::ones({2, 4})), nn::zeros({2, 3}));
+    std::thread device([&] {  // bucket 0's all-reduce completes 200 ms from now
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      group_->Release();
+    });
+    EXPECT_THROW(loss.backward(), std::runtime_error);
+    // What a training loop does next: zero the gradients (as
+    // Optimizer::zero_grad), then the next forward.
+    for (Tensor p : net.parameters()) {
+      nn::NoGradGuard no_grad;
+      if (p.grad().defined()) p.grad().zero_();
+    }
+    fail_second_bucket = false;
+    dp(nn::ones({2, 4}));
+    device.join();
+    while (group_->completed() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (const auto& [name, p] : net.named_parameters()) {
+      for (float v : p.grad().to_vector<float>()) {
+        EXPECT_EQ(v, 0.0f) << name << ": its bucket was zeroed before its collective ended";
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace tandem::dist
