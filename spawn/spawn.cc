@@ -13,6 +13,7 @@
 #include "nn/random.h"
 #include "nn/status_macros.h"
 #include "spawn/inprocess_communicator.h"
+#include "spawn/signals.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/nccl.h"
 #endif
@@ -115,7 +116,7 @@ class Run {
 
   // Watches for SIGINT and collectives that take longer than timeout_s until
   // every rank thread has returned.
-  void Watch(double timeout_s, uint64_t sigint_at_start) {
+  void Watch(double timeout_s, uint64_t sigint_at_start, StepAgreement& agreement) {
     const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
     const auto poll = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
@@ -130,6 +131,9 @@ class Run {
              absl::CancelledError("spawn: interrupted (SIGINT); every rank stopped at its next "
                                   "collective or step boundary"),
              false);
+      }
+      if (!stop_.stop_requested()) {
+        if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
       }
       for (const auto& comm : *comms_) comm->PollCompleted();
       if (!stop_.stop_requested()) CheckTimeouts(timeout_s, timeout_ns);
@@ -237,6 +241,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
     return absl::InvalidArgumentError(
         absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
   }
+  RETURN_IF_ERROR(StopSignalScope::Validate(options.stop_signals));
   const int visible_gpus = nn::cuda_device_count();
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
                    SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
@@ -266,6 +271,8 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   on_world_size(world);
   Run run(devices, logger.get(), group, &comms);
   SigintScope sigint(options.handle_sigint);
+  StopSignalScope stop_signals(options.stop_signals);
+  StepAgreement agreement(world, &stop_signals, options.stop_grace_s);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;
@@ -278,7 +285,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
         nn::manual_seed(options.seed, static_cast<uint64_t>(r));
         comms[r]->Attach(run.stop_token(), run.trace(r));
         Context ctx(r, world, devices[r], comms[r].get(), logger->ForRank(r, devices[r]),
-                    run.stop_token());
+                    run.stop_token(), &agreement);
         CurrentContextGuard current(&ctx);
         absl::Status status = body(ctx);
         if (!status.ok()) {
@@ -287,6 +294,8 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
                                                             status.ToString())),
                    false);
         }
+      } catch (const StoppedError& e) {  // the agreed stop: not a failure
+        agreement.RankStopped(r);
       } catch (const CancelledError& e) {
         run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
       } catch (const std::exception& e) {
@@ -300,16 +309,18 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
       run.Finish(r);
     });
   }
-  std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start); });
+  std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
   for (std::thread& t : threads) t.join();
   watchdog.join();
 
   absl::Status status = run.result();
+  if (status.ok()) status = agreement.Outcome();
 #if TANDEM_WITH_CUDA
   if (use_nccl && !status.ok()) AbortNcclCommunicators(comms);
 #endif
   comms.clear();
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
+  if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
   return status;
 }
 

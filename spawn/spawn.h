@@ -22,7 +22,9 @@
 // A watchdog ends a run whose collective has not completed within timeout_s with
 // DeadlineExceeded, listing each rank's last collective (sequence number, op).
 // Ctrl-C (SIGINT, handled while spawn runs) stops every rank at its next
-// collective or check_stop() and spawn returns Cancelled. A rank that never
+// collective or check_stop() and spawn returns Cancelled. SIGTERM and SIGUSR1
+// (stop_signals) stop every rank at one agreed step after it saved, see
+// spawn/signals.h and spawn/checkpoint_manager.h. A rank that never
 // reaches either cannot be stopped (threads are not killed).
 //
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a
@@ -30,6 +32,7 @@
 #ifndef TANDEM_SPAWN_SPAWN_H_
 #define TANDEM_SPAWN_SPAWN_H_
 
+#include <csignal>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -47,6 +50,7 @@
 #include "spawn/data_parallel.h"
 #include "spawn/devices.h"
 #include "spawn/logger.h"
+#include "spawn/signals.h"
 
 namespace tandem::dist {
 
@@ -65,6 +69,15 @@ struct SpawnOptions {
   std::ostream* console = nullptr;
   // Install a SIGINT handler while the run lasts (the previous one is restored).
   bool handle_sigint = true;
+  // Signals that ask for a graceful stop while the run lasts (the previous
+  // handlers are restored): every rank stops at one agreed step boundary, after
+  // its save, and spawn returns an IsStopped() status (spawn/signals.h). Empty:
+  // the process keeps the default action (SIGTERM kills it). SIGINT is refused.
+  std::vector<int> stop_signals = {SIGTERM, SIGUSR1};
+  // After a stop signal the ranks have this long to stop (save included); then
+  // the run ends with DeadlineExceeded. Keep it under the scheduler's kill wait
+  // (Slurm's KillWait: 30 s by default).
+  double stop_grace_s = 25;
 };
 
 namespace internal {
