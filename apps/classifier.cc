@@ -194,14 +194,18 @@ T ExtraOr(const dist::TrainingState& state, const std::string& key, const std::s
 
 // The app entries of a checkpoint (dist::CheckpointManager writes the rest:
 // model, optimizer, sampler position, step, every rank's generator).
+// epoch_loss_sums: every rank's sum of its losses in the epoch so far (each
+// rank restores its own, so the epoch's mean loss continues bit for bit).
 void SetExtra(dist::TrainingState& state, const RunFlags& flags, const ClassifierData& data,
-              const Progression& at, int64_t epoch_step, double epoch_loss_sum,
-              double elapsed_s) {
+              const Progression& at, int64_t epoch_step,
+              const std::vector<float>& epoch_loss_sums, double elapsed_s) {
   state.extra["program"] = flags.program;
   state.extra["dataset"] = data.name;
   state.extra["epoch"] = int64_t{at.epoch};
   state.extra["epoch_step"] = epoch_step;
-  state.extra["epoch_loss_sum"] = epoch_loss_sum;
+  for (size_t r = 0; r < epoch_loss_sums.size(); ++r) {
+    state.extra[absl::StrCat("epoch_loss_sum.", r)] = static_cast<double>(epoch_loss_sums[r]);
+  }
   state.extra["best_accuracy"] = at.best_accuracy;
   state.extra["elapsed_s"] = elapsed_s;
 }
@@ -229,7 +233,9 @@ std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags&
   at.elapsed_s = ExtraOr<double>(state, "elapsed_s", *path);
   if (state.extra.contains("epoch_step")) {  // files of earlier versions: epoch ends only
     at.epoch_step = ExtraOr<int64_t>(state, "epoch_step", *path);
-    at.epoch_loss_sum = ExtraOr<double>(state, "epoch_loss_sum", *path);
+    // Absent when the file comes from another number of ranks (not bit for bit then).
+    const std::string key = absl::StrCat("epoch_loss_sum.", ctx.rank());
+    if (state.extra.contains(key)) at.epoch_loss_sum = ExtraOr<double>(state, key, *path);
   }
   if (ctx.rank() == 0) {
     ctx.log().Info("resumed from {}: {} epoch(s) done{}, step {}, best test accuracy {}", *path,
@@ -341,7 +347,9 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       if (checkpoints) {
         const absl::Status saved = checkpoints->AtStepBoundary(state, [&](dist::TrainingState& s) {
           progress.Clear();
-          SetExtra(s, flags, data, at, k + 1, loss_sum.item(), at.elapsed_s + SecondsSince(start));
+          SetExtra(s, flags, data, at, k + 1,
+                   ctx.communicator().all_gather(loss_sum).to_vector<float>(),
+                   at.elapsed_s + SecondsSince(start));
         });
         TANDEM_CHECK(saved.ok(), "saving a checkpoint: ", saved.ToString());
       } else if (ctx.AtStepBoundary(at.step).stop) {
@@ -384,7 +392,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     if (checkpoints) {
       // The next epoch starts at its beginning: that is the position the file holds.
       loader.set_state({.epoch = at.epoch, .position = 0});
-      SetExtra(state, flags, data, at, 0, 0.0, wall_s);
+      SetExtra(state, flags, data, at, 0, {}, wall_s);
       const absl::Status saved = checkpoints->Save(state);
       TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
     }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -98,8 +99,20 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "checkpoint of that step); for testing --resume. 0: never.");
 
 namespace tandem::apps {
+namespace {
+
+// SIGTERM / SIGUSR1 from the start of main to its end: one that arrives before
+// spawn (while the dataset loads) neither kills the program nor is missed: the
+// run then stops before its first step (spawn/signals.h).
+const dist::StopSignalScope& ProgramStopSignals() {
+  static const auto* scope = new dist::StopSignalScope({SIGTERM, SIGUSR1});
+  return *scope;
+}
+
+}  // namespace
 
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
+  ProgramStopSignals();
   absl::FlagsUsageConfig config;
   // --help lists the flags of the programs and of this library, not Abseil's own.
   config.contains_help_flags = [](absl::string_view file) {
@@ -284,6 +297,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.share_devices = flags.share_devices;
   options.log_dir = flags.log_dir;
   options.seed = flags.seed;
+  options.stop_signal_source = &ProgramStopSignals();
   return options;
 }
 

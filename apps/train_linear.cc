@@ -86,7 +86,10 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     }
   }
   if (checkpoints) {  // the final state, for a later --resume with more --steps
-    absl::Status saved = checkpoints->Save(state);
+    absl::Status saved =
+        checkpoints->last_path() == dist::CheckpointManager::PathFor(flags.checkpoint_dir, step)
+            ? absl::OkStatus()  // a periodic save wrote this step already
+            : checkpoints->Save(state);
     if (saved.ok()) saved = checkpoints->Finish();
     TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
   }

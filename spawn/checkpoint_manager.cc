@@ -73,6 +73,8 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
   TANDEM_CHECK(valid.ok(), valid.ToString());
   if (ctx_.rank() != 0) return;
   std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  TANDEM_CHECK(!ec, "checkpoint directory \"", options_.dir, "\": cannot create it: ", ec.message());
   for (const auto& entry : std::filesystem::directory_iterator(options_.dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (!IsStaleTemporary(name)) continue;

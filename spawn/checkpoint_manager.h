@@ -72,7 +72,8 @@ class CheckpointManager {
  public:
   // InvalidArgument naming the field: an empty dir, a negative value.
   static absl::Status Validate(const CheckpointManagerOptions& options);
-  // Rank 0 removes temporary files of a write cut short (<name>.ckpt.tmp.<pid>.<n>
+  // Rank 0 creates the directory (throws tandem::Error naming it when it
+  // cannot) and removes temporary files of a write cut short (<name>.ckpt.tmp.<pid>.<n>
   // of a process that no longer runs). Options must pass Validate (throws
   // tandem::Error otherwise).
   CheckpointManager(Context& ctx, CheckpointManagerOptions options);
@@ -98,7 +99,9 @@ class CheckpointManager {
   // (consecutive values). Saves when a save is due (every_steps,
   // every_minutes). On a stop signal: saves, waits for the write, and throws
   // StoppedError. before_save (optional) runs on every rank right before a save
-  // to refresh app entries of state.extra (not at the other steps). Returns the
+  // (the same step on every rank, so it may run collectives, e.g. gather a
+  // per-rank value) to refresh app entries of state.extra; not at the other
+  // steps. Returns the
   // error of a failed save (or of the previous write).
   absl::Status AtStepBoundary(TrainingState& state,
                               const std::function<void(TrainingState&)>& before_save = nullptr);

@@ -62,18 +62,6 @@ std::string SignalName(int signal) {
   }
 }
 
-namespace internal {
-
-absl::Status StoppedStatus(const std::string& reason, std::optional<int64_t> step,
-                           const std::string& detail) {
-  absl::Status status = absl::CancelledError(
-      step ? absl::StrCat("stopped by ", reason, " at step ", *step,
-                          ": every rank stopped at the same step boundary", detail)
-           : absl::StrCat("stopped by ", reason, detail));
-  status.SetPayload(kStoppedPayload, absl::Cord(step ? absl::StrCat(*step) : std::string()));
-  return status;
-}
-
 absl::Status StopSignalScope::Validate(const std::vector<int>& signals) {
   for (int s : signals) {
     if (s <= 0 || s >= NSIG || s == SIGKILL || s == SIGSTOP) {
@@ -117,6 +105,18 @@ int StopSignalScope::Received() const {
     if (g_counts[signals_[i]].load(std::memory_order_relaxed) != at_start_[i]) return signals_[i];
   }
   return 0;
+}
+
+namespace internal {
+
+absl::Status StoppedStatus(const std::string& reason, std::optional<int64_t> step,
+                           const std::string& detail) {
+  absl::Status status = absl::CancelledError(
+      step ? absl::StrCat("stopped by ", reason, " at step ", *step,
+                          ": every rank stopped at the same step boundary", detail)
+           : absl::StrCat("stopped by ", reason, detail));
+  status.SetPayload(kStoppedPayload, absl::Cord(step ? absl::StrCat(*step) : std::string()));
+  return status;
 }
 
 StepAgreement::StepAgreement(int world_size, const StopSignalScope* signals, double grace_s)

@@ -87,12 +87,12 @@ std::optional<int64_t> StoppedAtStep(const absl::Status& status);
 // "SIGTERM", "SIGUSR1", ... or "signal N".
 std::string SignalName(int signal);
 
-namespace internal {
-
 // Installs a counting handler for each of `signals` for the scope's lifetime
 // (the previous handlers are restored when the last scope using a signal
-// ends). Counts() are process-wide; a run compares them with the values at
-// its start. SIGINT is refused (spawn's own Ctrl-C handler owns it), as are
+// ends); Received() compares the process-wide counts with those at the scope's
+// start. spawn makes one per run; a program can make one at its start and
+// pass it as SpawnOptions::stop_signal_source, so that a signal that arrives
+// before spawn (while data loads) neither kills the process nor is missed. SIGINT is refused (spawn's own Ctrl-C handler owns it), as are
 // SIGKILL/SIGSTOP and numbers outside 1..NSIG-1.
 class StopSignalScope {
  public:
@@ -110,6 +110,8 @@ class StopSignalScope {
   std::vector<int> signals_;
   std::vector<uint64_t> at_start_;
 };
+
+namespace internal {
 
 // The per-run agreement on step boundaries (see the file comment).
 class StepAgreement {

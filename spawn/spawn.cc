@@ -272,7 +272,10 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   Run run(devices, logger.get(), group, &comms);
   SigintScope sigint(options.handle_sigint);
   StopSignalScope stop_signals(options.stop_signals);
-  StepAgreement agreement(world, &stop_signals, options.stop_grace_s);
+  StepAgreement agreement(world,
+                          options.stop_signal_source != nullptr ? options.stop_signal_source
+                                                                : &stop_signals,
+                          options.stop_grace_s);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;

@@ -78,6 +78,9 @@ struct SpawnOptions {
   // the run ends with DeadlineExceeded. Keep it under the scheduler's kill wait
   // (Slurm's KillWait: 30 s by default).
   double stop_grace_s = 25;
+  // Count stop signals from this scope's start instead of the run's (not
+  // owned; see StopSignalScope): a program makes one first thing in main.
+  const StopSignalScope* stop_signal_source = nullptr;
 };
 
 namespace internal {
