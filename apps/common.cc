@@ -108,6 +108,9 @@ const dist::StopSignalScope& ProgramStopSignals() {
   static const auto* scope = new dist::StopSignalScope({SIGTERM, SIGUSR1});
   return *scope;
 }
+// As early as the program's static initialisation (before main): the window
+// in which SIGTERM still kills the process is its loading only.
+[[maybe_unused]] const bool kStopSignalsInstalled = (ProgramStopSignals(), true);
 
 }  // namespace
 
