@@ -297,7 +297,7 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
                                                             status.ToString())),
                    false);
         }
-      } catch (const StoppedError& e) {  // the agreed stop: not a failure
+      } catch (const StoppedError&) {  // the agreed stop: not a failure
         agreement.RankStopped(r);
       } catch (const CancelledError& e) {
         run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
@@ -317,11 +317,11 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   watchdog.join();
 
   absl::Status status = run.result();
-  if (status.ok()) status = agreement.Outcome();
 #if TANDEM_WITH_CUDA
   if (use_nccl && !status.ok()) AbortNcclCommunicators(comms);
 #endif
   comms.clear();
+  if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
   if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
   return status;
