@@ -364,7 +364,7 @@ int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {
                 << " (no --checkpoint_dir: nothing saved)\n";
       return kExitStopped;
     }
-    std::cerr << flags.program << ": stopped: " << message << "; run again with --resume "
+    std::cerr << flags.program << ": " << message << "; run again with --resume "
               << "--checkpoint_dir=" << flags.checkpoint_dir << " to continue\n";
     return kExitStoppedResumable;
   }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "nn/checkpoint.h"
 #include "nn/error.h"
 
@@ -123,8 +124,12 @@ absl::StatusOr<std::string> CheckpointManager::Restore(TrainingState& state,
     const absl::Status status = LoadTrainingCheckpoint(ctx_, path, state, options);
     if (status.ok()) return path;
     if (ctx_.rank() == 0) {
-      ctx_.log().Warning("skipping checkpoint {}: {}", path,
-                         absl::StrReplaceAll(status.message(), {{"\n", " "}}));
+      const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}});
+      absl::string_view reason = message;
+      const std::string prefix = absl::StrCat("checkpoint ", path, ": ");
+      absl::ConsumePrefix(&reason, prefix);  // the path is said once
+      ctx_.log().Warning("skipping checkpoint {}: {}; trying the next older one", path,
+                         std::string(reason));
     }
     if (newest_error.ok()) newest_error = status;
   }
