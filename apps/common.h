@@ -49,9 +49,9 @@ inline constexpr int kExitStoppedResumable = 75;  // EX_TEMPFAIL
 inline constexpr int kExitStopped = 130;
 inline constexpr char kExitStatusHelp[] =
     "Exit status: 0 done; 1 a failure (one line naming the rank); 2 a bad flag value; 75 "
-    "stopped by SIGTERM or SIGUSR1: every rank stopped at the same step and, with "
-    "--checkpoint_dir, saved a checkpoint of it (run again with --resume to continue); 130 "
-    "stopped without a checkpoint of that point (Ctrl-C, --stop_at_step).";
+    "stopped by SIGTERM or SIGUSR1 after every rank saved a checkpoint of the same step (run "
+    "again with --resume to continue); 130 stopped without a checkpoint of that point "
+    "(Ctrl-C, --stop_at_step, or SIGTERM/SIGUSR1 without --checkpoint_dir).";
 
 // The values of every flag of a run, after parsing and validation.
 struct RunFlags {
