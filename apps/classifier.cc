@@ -199,6 +199,7 @@ T ExtraOr(const dist::TrainingState& state, const std::string& key, const std::s
 void SetExtra(dist::TrainingState& state, const RunFlags& flags, const ClassifierData& data,
               const Progression& at, int64_t epoch_step,
               const std::vector<float>& epoch_loss_sums, double elapsed_s) {
+  state.extra.clear();  // no entry of an earlier save stays
   state.extra["program"] = flags.program;
   state.extra["dataset"] = data.name;
   state.extra["epoch"] = int64_t{at.epoch};
