@@ -30,6 +30,8 @@
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "spawn/checkpoint.h"
+#include "spawn/checkpoint_manager.h"
+#include "spawn/signals.h"
 
 namespace tandem::apps {
 namespace {
@@ -177,6 +179,10 @@ struct Progression {
   int64_t step = 0;
   double best_accuracy = 0;
   double elapsed_s = 0;  // wall time of the earlier parts of the run
+  // A checkpoint written mid-epoch: steps done in epoch `epoch` and the sum of
+  // their losses (for the epoch's mean loss); 0 at an epoch end.
+  int64_t epoch_step = 0;
+  double epoch_loss_sum = 0;
 };
 
 template <typename T>
@@ -186,75 +192,64 @@ T ExtraOr(const dist::TrainingState& state, const std::string& key, const std::s
   return *value;
 }
 
-// Every rank calls it at an epoch end; rank 0 writes checkpoint_dir/epoch-<n>.ckpt
-// (dist::SaveTrainingCheckpoint: model, optimizer, sampler position, step,
-// every rank's generator, and the run's progress as app entries).
-void SaveRunCheckpoint(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
-                       nn::Module& model, optim::Optimizer& optimizer, data::DataLoader& loader,
-                       const Progression& at) {
-  // The next epoch starts at its beginning: that is the position the file holds.
-  loader.set_state({.epoch = at.epoch, .position = 0});
-  int64_t step = at.step;
-  dist::TrainingState state{.model = &model, .optimizer = &optimizer, .loader = &loader,
-                            .step = &step};
+// The app entries of a checkpoint (dist::CheckpointManager writes the rest:
+// model, optimizer, sampler position, step, every rank's generator).
+// epoch_loss_sums: every rank's sum of its losses in the epoch so far (each
+// rank restores its own, so the epoch's mean loss continues bit for bit).
+void SetExtra(dist::TrainingState& state, const RunFlags& flags, const ClassifierData& data,
+              const Progression& at, int64_t epoch_step,
+              const std::vector<float>& epoch_loss_sums, double elapsed_s) {
+  state.extra.clear();  // no entry of an earlier save stays
   state.extra["program"] = flags.program;
   state.extra["dataset"] = data.name;
   state.extra["epoch"] = int64_t{at.epoch};
+  state.extra["epoch_step"] = epoch_step;
+  for (size_t r = 0; r < epoch_loss_sums.size(); ++r) {
+    state.extra[absl::StrCat("epoch_loss_sum.", r)] = static_cast<double>(epoch_loss_sums[r]);
+  }
   state.extra["best_accuracy"] = at.best_accuracy;
-  state.extra["elapsed_s"] = at.elapsed_s;
-  const std::string path =
-      (std::filesystem::path(flags.checkpoint_dir) / absl::StrCat("epoch-", at.epoch, ".ckpt"))
-          .string();
-  const absl::Status status = dist::SaveTrainingCheckpoint(ctx, path, state);
-  TANDEM_CHECK(status.ok(), "saving the checkpoint: ", status.ToString());
-  if (ctx.rank() == 0) ctx.log().Info("checkpoint {} written", path);
+  state.extra["elapsed_s"] = elapsed_s;
 }
 
-// Loads the newest checkpoint into the model, the optimizer and the loader
-// (every rank); the file must have been written by this program.
+// Every rank: loads the newest checkpoint that loads (older ones when the
+// newest is damaged) into the model, the optimizer and the loader; the file
+// must have been written by this program.
 std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags& flags,
+                                             dist::CheckpointManager& checkpoints,
                                              nn::Module& model, optim::Optimizer& optimizer,
                                              data::DataLoader& loader) {
-  const std::string path = NewestCheckpoint(flags.checkpoint_dir);
-  if (path.empty()) {
+  Progression at;
+  dist::TrainingState state{.model = &model, .optimizer = &optimizer, .loader = &loader,
+                            .step = &at.step};
+  const absl::StatusOr<std::string> path =
+      checkpoints.Restore(state, {.expect = {{"program", flags.program}}});
+  TANDEM_CHECK(path.ok(), "--resume: ", path.status().ToString());
+  if (path->empty()) {
     ctx.log().Info("--resume: no checkpoint in {}; starting from the beginning",
                    flags.checkpoint_dir);
     return std::nullopt;
   }
-  Progression at;
-  dist::TrainingState state{.model = &model, .optimizer = &optimizer, .loader = &loader,
-                            .step = &at.step};
-  const absl::Status status =
-      dist::LoadTrainingCheckpoint(ctx, path, state, {.expect = {{"program", flags.program}}});
-  TANDEM_CHECK(status.ok(), "--resume: ", status.ToString());
-  at.epoch = static_cast<int>(ExtraOr<int64_t>(state, "epoch", path));
-  at.best_accuracy = ExtraOr<double>(state, "best_accuracy", path);
-  at.elapsed_s = ExtraOr<double>(state, "elapsed_s", path);
+  at.epoch = static_cast<int>(ExtraOr<int64_t>(state, "epoch", *path));
+  at.best_accuracy = ExtraOr<double>(state, "best_accuracy", *path);
+  at.elapsed_s = ExtraOr<double>(state, "elapsed_s", *path);
+  if (state.extra.contains("epoch_step")) {  // files of earlier versions: epoch ends only
+    at.epoch_step = ExtraOr<int64_t>(state, "epoch_step", *path);
+    // Absent when the file comes from another number of ranks (not bit for bit then).
+    const std::string key = absl::StrCat("epoch_loss_sum.", ctx.rank());
+    if (state.extra.contains(key)) at.epoch_loss_sum = ExtraOr<double>(state, key, *path);
+  }
   if (ctx.rank() == 0) {
-    ctx.log().Info("resumed from {}: {} epoch(s) done, step {}, best test accuracy {}", path,
-                   at.epoch, at.step, absl::StrFormat("%.4f", at.best_accuracy));
+    ctx.log().Info("resumed from {}: {} epoch(s) done{}, step {}, best test accuracy {}", *path,
+                   at.epoch,
+                   at.epoch_step > 0
+                       ? absl::StrCat(" and ", at.epoch_step, " step(s) of epoch ", at.epoch + 1)
+                       : std::string(),
+                   at.step, absl::StrFormat("%.4f", at.best_accuracy));
   }
   return at;
 }
 
 }  // namespace
-
-std::string NewestCheckpoint(const std::string& dir) {
-  std::error_code ec;
-  std::string best;
-  int64_t best_epoch = -1;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, "epoch-") || !absl::EndsWith(name, ".ckpt")) continue;
-    int64_t epoch = 0;
-    if (!absl::SimpleAtoi(name.substr(6, name.size() - 11), &epoch)) continue;
-    if (epoch > best_epoch) {
-      best_epoch = epoch;
-      best = entry.path().string();
-    }
-  }
-  return best;
-}
 
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
                             const std::function<std::shared_ptr<nn::Module>()>& make_model) {
@@ -272,13 +267,17 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                           {.num_workers = flags.num_workers,
                            .prefetch = std::max(2, 2 * flags.num_workers),
                            .device = ctx.device()});
+  std::optional<dist::CheckpointManager> checkpoints;
+  if (!flags.checkpoint_dir.empty()) checkpoints.emplace(ctx, CheckpointOptions(flags));
   Progression at;
   if (flags.resume) {
     if (std::optional<Progression> loaded =
-            LoadRunCheckpoint(ctx, flags, *model, *optimizer, loader)) {
+            LoadRunCheckpoint(ctx, flags, *checkpoints, *model, *optimizer, loader)) {
       at = *loaded;
     }
   }
+  dist::TrainingState state{.model = model.get(), .optimizer = optimizer.get(),
+                            .loader = &loader, .step = &at.step};
   int64_t steps_per_epoch = loader.num_batches();
   if (flags.max_steps_per_epoch > 0) {
     steps_per_epoch = std::min(steps_per_epoch, flags.max_steps_per_epoch);
@@ -294,14 +293,23 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   result.best_accuracy = at.best_accuracy;
   double train_seconds = 0;
   int64_t trained_samples = 0;
+  // A mid-epoch checkpoint: the loader already stands at its position.
+  bool resume_mid_epoch = at.epoch_step > 0;
   for (int epoch = at.epoch; epoch < flags.epochs; ++epoch) {
-    loader.set_state({.epoch = epoch, .position = 0});
+    if (!resume_mid_epoch) loader.set_state({.epoch = epoch, .position = 0});
     loader.start_epoch();
     const Clock::time_point epoch_start = Clock::now();
     nn::Tensor loss_sum = nn::zeros({1}, {.device = ctx.device()});
     nn::Tensor window_sum = nn::zeros({1}, {.device = ctx.device()});
     int64_t window = 0;
     int64_t k = 0;
+    if (resume_mid_epoch) {
+      k = at.epoch_step;
+      loss_sum = nn::from_vector<float>({static_cast<float>(at.epoch_loss_sum)}, {1},
+                                        {.device = ctx.device()});
+      resume_mid_epoch = false;
+    }
+    const int64_t first_k = k;
     for (; k < steps_per_epoch; ++k) {
       ctx.check_stop();
       std::optional<data::Batch> batch = loader.next();
@@ -336,6 +344,21 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
         window_sum.zero_();
         window = 0;
       }
+      // Periodic checkpoints and stop signals: every rank, every step.
+      if (checkpoints) {
+        const absl::Status saved = checkpoints->AtStepBoundary(state, [&](dist::TrainingState& s) {
+          progress.Clear();
+          SetExtra(s, flags, data, at, k + 1,
+                   ctx.communicator().all_gather(loss_sum).to_vector<float>(),
+                   at.elapsed_s + SecondsSince(start));
+        });
+        TANDEM_CHECK(saved.ok(), "saving a checkpoint: ", saved.ToString());
+      } else if (ctx.AtStepBoundary(at.step).stop) {
+        progress.Clear();
+        throw dist::StoppedError(
+            absl::StrCat("stopped at step ", at.step, " (stop signal; no --checkpoint_dir)"),
+            at.step);
+      }
       if (flags.stop_at_step > 0 && at.step == flags.stop_at_step) {
         progress.Clear();
         throw dist::CancelledError(
@@ -344,7 +367,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     }
     const double epoch_train_s = SecondsSince(epoch_start);
     train_seconds += epoch_train_s;
-    trained_samples += k * global_batch;
+    trained_samples += (k - first_k) * global_batch;
     // The epoch's mean training loss over every rank (all ranks ran k steps).
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
@@ -352,7 +375,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     const double accuracy = Evaluate(ctx, *model, *data.test, flags.bf16);
     at.epoch = epoch + 1;
     at.best_accuracy = std::max(at.best_accuracy, accuracy);
-    const double rate = static_cast<double>(k * global_batch) / std::max(epoch_train_s, 1e-9);
+    const double rate =
+        static_cast<double>((k - first_k) * global_batch) / std::max(epoch_train_s, 1e-9);
     const double wall_s = at.elapsed_s + SecondsSince(start);
     progress.Clear();
     if (ctx.rank() == 0) {
@@ -366,12 +390,18 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s);
     result.final_accuracy = accuracy;
     result.final_loss = epoch_loss;
-    if (!flags.checkpoint_dir.empty()) {
-      Progression saved = at;
-      saved.elapsed_s = wall_s;
-      SaveRunCheckpoint(ctx, flags, data, *model, *optimizer, loader, saved);
+    if (checkpoints) {
+      // The next epoch starts at its beginning: that is the position the file holds.
+      loader.set_state({.epoch = at.epoch, .position = 0});
+      SetExtra(state, flags, data, at, 0, {}, wall_s);
+      const absl::Status saved = checkpoints->Save(state);
+      TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
     }
     ++result.epochs_done;
+  }
+  if (checkpoints) {
+    const absl::Status written = checkpoints->Finish();
+    TANDEM_CHECK(written.ok(), "saving the checkpoint: ", written.ToString());
   }
   result.best_accuracy = at.best_accuracy;
   result.steps = at.step;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -49,11 +50,27 @@ ABSL_FLAG(int, num_workers, 1,
 ABSL_FLAG(std::string, log_dir, "",
           "When set, rank r also writes its log lines to <log_dir>/workerlog.r.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "When set, a checkpoint <dir>/epoch-<E>.ckpt is written after each epoch (model, "
-          "optimizer, sampler, generators, step).");
+          "When set, checkpoints <dir>/step-<S>.ckpt (S: the global step; model, optimizer, "
+          "sampler position, generators, progress) are written after each epoch (train_linear: "
+          "at the end), every --checkpoint_every_steps / --checkpoint_every_minutes, and when "
+          "SIGTERM or SIGUSR1 asks the run to stop. Each write is atomic (a SIGKILL at any "
+          "moment leaves the earlier files whole).");
 ABSL_FLAG(bool, resume, false,
-          "Continue from the newest checkpoint of --checkpoint_dir (start fresh when it has "
-          "none).");
+          "Continue from the newest checkpoint of --checkpoint_dir that loads (start fresh when "
+          "it has none). A damaged file is skipped with one warning naming it and the reason, "
+          "and the next older one is used.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "Also write a checkpoint every N global steps, mid-epoch too (0: off). The state is "
+          "copied to host memory at the step and written by a background thread while "
+          "training goes on. Needs --checkpoint_dir.");
+ABSL_FLAG(double, checkpoint_every_minutes, 0,
+          "Also write a checkpoint when this many minutes have passed since the last one "
+          "(rank 0's clock; every rank saves at the same step). 0: off. Needs "
+          "--checkpoint_dir.");
+ABSL_FLAG(int, keep_checkpoints, 0,
+          "Keep only the newest K step-<S>.ckpt files of --checkpoint_dir (older ones are "
+          "deleted after each successful write; 0: keep all). K >= 2 leaves --resume an older "
+          "file to fall back on when the newest is damaged.");
 ABSL_FLAG(std::string, metrics, "",
           "Metrics file, one row per epoch (dataset, epoch, step, loss, accuracy, samples/s, "
           "wall time): CSV when it ends in .csv, JSON lines when it ends in .jsonl. Appended "
@@ -78,12 +95,27 @@ ABSL_FLAG(int64_t, train_limit, 0,
           "Train on the first N training examples only (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples only (0: all).");
 ABSL_FLAG(int64_t, stop_at_step, 0,
-          "Stop the run after this global step as Ctrl-C would (exit status 130); for "
-          "testing --resume. 0: never.");
+          "Stop the run after this global step as Ctrl-C would (exit status 130, no "
+          "checkpoint of that step); for testing --resume. 0: never.");
 
 namespace tandem::apps {
+namespace {
+
+// SIGTERM / SIGUSR1 from the start of main to its end: one that arrives before
+// spawn (while the dataset loads) neither kills the program nor is missed: the
+// run then stops before its first step (spawn/signals.h).
+const dist::StopSignalScope& ProgramStopSignals() {
+  static const auto* scope = new dist::StopSignalScope({SIGTERM, SIGUSR1});
+  return *scope;
+}
+// As early as the program's static initialisation (before main): the window
+// in which SIGTERM still kills the process is its loading only.
+[[maybe_unused]] const bool kStopSignalsInstalled = (ProgramStopSignals(), true);
+
+}  // namespace
 
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
+  ProgramStopSignals();
   absl::FlagsUsageConfig config;
   // --help lists the flags of the programs and of this library, not Abseil's own.
   config.contains_help_flags = [](absl::string_view file) {
@@ -91,7 +123,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(usage);
+  absl::SetProgramUsageMessage(absl::StrCat(usage, "\n\n", kExitStatusHelp));
   RunFlags flags;
   std::string program = argv[0];
   const size_t slash = program.rfind('/');
@@ -119,6 +151,9 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.train_limit = absl::GetFlag(FLAGS_train_limit);
   flags.test_limit = absl::GetFlag(FLAGS_test_limit);
   flags.stop_at_step = absl::GetFlag(FLAGS_stop_at_step);
+  flags.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
+  flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   return flags;
 }
 
@@ -191,8 +226,22 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
        std::vector<std::pair<const char*, int64_t>>{{"--max_steps_per_epoch", flags.max_steps_per_epoch},
                                                     {"--train_limit", flags.train_limit},
                                                     {"--test_limit", flags.test_limit},
-                                                    {"--stop_at_step", flags.stop_at_step}}) {
+                                                    {"--stop_at_step", flags.stop_at_step},
+                                                    {"--checkpoint_every_steps", flags.checkpoint_every_steps},
+                                                    {"--keep_checkpoints", flags.keep_checkpoints}}) {
     if (value < 0) FlagErrorExit(flags, absl::StrCat(name, " ", value, ": must be >= 0"));
+  }
+  if (!(flags.checkpoint_every_minutes >= 0)) {
+    FlagErrorExit(flags, absl::StrCat("--checkpoint_every_minutes ", flags.checkpoint_every_minutes,
+                                      ": must be >= 0"));
+  }
+  if (flags.checkpoint_dir.empty()) {
+    for (const auto& [name, set] : std::vector<std::pair<const char*, bool>>{
+             {"--checkpoint_every_steps", flags.checkpoint_every_steps > 0},
+             {"--checkpoint_every_minutes", flags.checkpoint_every_minutes > 0},
+             {"--keep_checkpoints", flags.keep_checkpoints > 0}}) {
+      if (set) FlagErrorExit(flags, absl::StrCat(name, " needs --checkpoint_dir (where to write)"));
+    }
   }
   if (!flags.metrics.empty() && !absl::EndsWith(flags.metrics, ".csv") &&
       !absl::EndsWith(flags.metrics, ".jsonl")) {
@@ -251,6 +300,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.share_devices = flags.share_devices;
   options.log_dir = flags.log_dir;
   options.seed = flags.seed;
+  options.stop_signal_source = &ProgramStopSignals();
   return options;
 }
 
@@ -293,9 +343,31 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
   std::cerr << out << std::flush;
 }
 
+dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags) {
+  dist::CheckpointManagerOptions options{.dir = flags.checkpoint_dir,
+                                         .keep = flags.keep_checkpoints,
+                                         .every_steps = flags.checkpoint_every_steps,
+                                         .every_minutes = flags.checkpoint_every_minutes};
+  // For the tests of a stop during a write: the writer thread sleeps this long first.
+  if (const char* delay = std::getenv("TANDEM_TEST_CHECKPOINT_WRITE_DELAY_MS")) {
+    options.write_delay_s = std::atof(delay) / 1000;
+  }
+  return options;
+}
+
 int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {
   if (status.ok()) return kExitOk;
   const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}});
+  if (dist::IsStopped(status)) {
+    if (flags.checkpoint_dir.empty()) {
+      std::cerr << flags.program << ": stopped: " << message
+                << " (no --checkpoint_dir: nothing saved)\n";
+      return kExitStopped;
+    }
+    std::cerr << flags.program << ": " << message << "; run again with --resume "
+              << "--checkpoint_dir=" << flags.checkpoint_dir << " to continue\n";
+    return kExitStoppedResumable;
+  }
   if (status.code() == absl::StatusCode::kCancelled) {
     std::cerr << flags.program << ": stopped: " << message << "\n";
     return kExitStopped;

@@ -5,15 +5,19 @@
 //
 // Flags defined here (every program links them; --help explains each):
 //   --gpus --nprocs --share_devices --seed --num_workers --log_dir
-//   --checkpoint_dir --resume --metrics --deterministic --bf16 --cpu_threads --log_every
+//   --checkpoint_dir --resume --checkpoint_every_steps --checkpoint_every_minutes
+//   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
 // --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
 // into RunFlags by it.
 //
-// Exit statuses of the programs: 0 success, 1 a failure during the run (one line
-// naming the rank), 2 a bad flag value (one line naming the flag and the value),
-// 130 stopped (Ctrl-C, or --stop_at_step).
+// Exit statuses of the programs (kExitStatusHelp, also in --help): 0 success,
+// 1 a failure during the run (one line naming the rank), 2 a bad flag value (one
+// line naming the flag and the value), 75 (EX_TEMPFAIL) stopped by SIGTERM or
+// SIGUSR1 after every rank saved a checkpoint at the same step: --resume
+// continues, 130 stopped without a checkpoint of that point (Ctrl-C,
+// --stop_at_step, or a stop signal without --checkpoint_dir).
 //
 // Thread-safety: ParseFlagsOrExit / ValidateOrExit run on the main thread before
 // spawn; TrainClassifier runs on every rank thread with its own Context.
@@ -33,6 +37,7 @@
 #include "nn/module.h"
 #include "nn/tensor.h"
 #include "optim/optimizer.h"
+#include "spawn/checkpoint_manager.h"
 #include "spawn/spawn.h"
 
 namespace tandem::apps {
@@ -40,7 +45,13 @@ namespace tandem::apps {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadFlag = 2;
+inline constexpr int kExitStoppedResumable = 75;  // EX_TEMPFAIL
 inline constexpr int kExitStopped = 130;
+inline constexpr char kExitStatusHelp[] =
+    "Exit status: 0 done; 1 a failure (one line naming the rank); 2 a bad flag value; 75 "
+    "stopped by SIGTERM or SIGUSR1 after every rank saved a checkpoint of the same step (run "
+    "again with --resume to continue); 130 stopped without a checkpoint of that point "
+    "(Ctrl-C, --stop_at_step, or SIGTERM/SIGUSR1 without --checkpoint_dir).";
 
 // The values of every flag of a run, after parsing and validation.
 struct RunFlags {
@@ -63,6 +74,9 @@ struct RunFlags {
   int64_t train_limit = 0;          // 0: the whole training set
   int64_t test_limit = 0;           // 0: the whole test set
   int64_t stop_at_step = 0;         // 0: never
+  int64_t checkpoint_every_steps = 0;   // 0: off
+  double checkpoint_every_minutes = 0;  // 0: off
+  int keep_checkpoints = 0;             // 0: keep all
   // Per-program flags (copied in by the program's main).
   int epochs = 1;
   int batch_size = 1;  // per rank
@@ -108,6 +122,10 @@ std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
 // spawn options of a run: log_dir, seed.
 dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags);
 
+// dist::CheckpointManager options of --checkpoint_dir, --keep_checkpoints,
+// --checkpoint_every_steps, --checkpoint_every_minutes.
+dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags);
+
 // The distributed-environment table printed at start (several lines, to stderr).
 void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows);
 
@@ -142,11 +160,15 @@ struct TrainResult {
 // of the test set and the counts are summed over ranks (exact, no padding).
 // Rank 0 shows progress (a bar on a terminal, plain lines otherwise), logs each
 // epoch, appends a row per epoch to --metrics, and with --checkpoint_dir writes
-// <dir>/epoch-<E>.ckpt with dist::SaveTrainingCheckpoint (model, optimizer,
-// sampler state, every rank's generator, step, best accuracy, elapsed time);
-// no rank goes on before the file is complete. With --resume every rank loads
-// the newest checkpoint (dist::LoadTrainingCheckpoint) before training.
-// Throws tandem::Error on a failure, dist::CancelledError at --stop_at_step.
+// <dir>/step-<S>.ckpt through a dist::CheckpointManager (model, optimizer,
+// sampler position, every rank's generator, step, epoch progress and loss sum,
+// best accuracy, elapsed time) after each epoch, every --checkpoint_every_steps
+// / --checkpoint_every_minutes (mid-epoch: a resumed run continues bit for bit,
+// metrics rows included), and at a stop signal, keeping --keep_checkpoints.
+// With --resume every rank loads the newest checkpoint that loads before
+// training. Throws tandem::Error on a failure, dist::CancelledError at
+// --stop_at_step, dist::StoppedError after a stop signal (every rank at the
+// same step, after the checkpoint is complete).
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
                             const std::function<std::shared_ptr<nn::Module>()>& make_model);
 
@@ -155,9 +177,6 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
 int RunClassifier(const RunFlags& flags, const ClassifierData& data,
                   const std::function<std::shared_ptr<nn::Module>()>& make_model,
                   const std::vector<std::string>& extra_rows);
-
-// Path of the newest <dir>/epoch-<E>.ckpt (largest E), or "" when there is none.
-std::string NewestCheckpoint(const std::string& dir);
 
 }  // namespace tandem::apps
 

@@ -8,15 +8,21 @@
 //
 // Each rank draws its own random batches (rank r's generator is stream r of
 // --seed); DataParallel averages the gradients, so every rank keeps the same
-// weights. Exit statuses as in apps/common.h.
+// weights. With --checkpoint_dir it saves through dist::CheckpointManager
+// (periodic checkpoints, SIGTERM/SIGUSR1 stop at an agreed step, --resume
+// continues bit for bit: the generators are in the file). Exit statuses as in
+// apps/common.h.
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "apps/common.h"
+#include "nn/error.h"
 #include "nn/nn.h"
+#include "spawn/checkpoint_manager.h"
 
 ABSL_FLAG(int, steps, 20, "Optimizer steps.");
 ABSL_FLAG(int, batch_size, 10, "Random examples per step on each rank.");
@@ -43,7 +49,22 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
   std::unique_ptr<tandem::optim::Optimizer> optimizer =
       apps::MakeOptimizer(flags.optimizer, net.parameters(), flags.lr);
   nn::MSELoss loss_fn;
-  for (int step = 0; step < steps; ++step) {
+  // With --checkpoint_dir: a dist::CheckpointManager, as a user's own training
+  // function would use it (periodic checkpoints, stop signals, --resume).
+  int64_t step = 0;
+  dist::TrainingState state{.model = &net, .optimizer = optimizer.get(), .step = &step};
+  std::optional<dist::CheckpointManager> checkpoints;
+  if (!flags.checkpoint_dir.empty()) {
+    checkpoints.emplace(ctx, apps::CheckpointOptions(flags));
+    if (flags.resume) {
+      const absl::StatusOr<std::string> from =
+          checkpoints->Restore(state, {.expect = {{"program", flags.program}}});
+      TANDEM_CHECK(from.ok(), "--resume: ", from.status().ToString());
+      if (ctx.rank() == 0 && !from->empty()) ctx.log().Info("resumed from {} at step {}", *from, step);
+    }
+    state.extra["program"] = flags.program;
+  }
+  while (step < steps) {
     ctx.check_stop();
     nn::Tensor x = nn::randn({flags.batch_size, 10});
     nn::Tensor y = nn::randn({flags.batch_size, 1});
@@ -56,6 +77,21 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     loss.backward();
     optimizer->step();
     if (ctx.rank() == 0) std::cout << "step:" << step << " loss:" << loss.item() << std::endl;
+    ++step;
+    if (checkpoints) {
+      const absl::Status saved = checkpoints->AtStepBoundary(state);  // may throw StoppedError
+      TANDEM_CHECK(saved.ok(), "saving a checkpoint: ", saved.ToString());
+    } else if (ctx.AtStepBoundary(step).stop) {
+      throw dist::StoppedError(absl::StrCat("stopped at step ", step, " (stop signal)"), step);
+    }
+  }
+  if (checkpoints) {  // the final state, for a later --resume with more --steps
+    absl::Status saved =
+        checkpoints->last_path() == dist::CheckpointManager::PathFor(flags.checkpoint_dir, step)
+            ? absl::OkStatus()  // a periodic save wrote this step already
+            : checkpoints->Save(state);
+    if (saved.ok()) saved = checkpoints->Finish();
+    TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
   }
 }
 

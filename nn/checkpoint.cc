@@ -261,6 +261,10 @@ absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoin
   } catch (const Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
   }
+  return WriteCheckpointBytes(path, bytes);
+}
+
+absl::Status WriteCheckpointBytes(const std::string& path, const std::string& bytes) {
   static std::atomic<uint64_t> counter{0};
   const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

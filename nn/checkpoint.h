@@ -55,6 +55,11 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::
 // of the directory). Errors name the path and the failing system call.
 absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 
+// The write half of SaveCheckpoint: `bytes` (from SerializeCheckpoint) to
+// `path` with the same atomic protocol. Lets a caller serialise on one thread
+// (a consistent snapshot) and write on another (dist::CheckpointManager).
+absl::Status WriteCheckpointBytes(const std::string& path, const std::string& bytes);
+
 // Reads and verifies a checkpoint; errors name the path and the problem.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 

@@ -50,10 +50,10 @@ absl::Status CheckPointers(const TrainingState& state) {
   return absl::OkStatus();
 }
 
-// Rank 0's part of a save: the checkpoint built from `state` and written.
+// Rank 0's part of a save: the checkpoint built from `state`.
 // `generators`: world_size rows of (seed, stream, offset).
-absl::Status Write(const std::string& path, const TrainingState& state, int world_size,
-                   const std::vector<int64_t>& generators) {
+absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingState& state,
+                                     int world_size, const std::vector<int64_t>& generators) {
   RETURN_IF_ERROR(CheckPointers(state));
   nn::Checkpoint ck;
   for (const auto& [key, value] : state.extra) {
@@ -93,6 +93,12 @@ absl::Status Write(const std::string& path, const TrainingState& state, int worl
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("checkpoint ", path, ": collecting the state: ", e.what()));
   }
+  return ck;
+}
+
+absl::Status Write(const std::string& path, const TrainingState& state, int world_size,
+                   const std::vector<int64_t>& generators) {
+  ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(path, state, world_size, generators));
   return nn::SaveCheckpoint(path, ck);
 }
 
@@ -271,6 +277,20 @@ absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
   return absl::Status(root_code, absl::StrCat("checkpoint ", path,
                                               ": rank 0 could not write it (rank 0's error "
                                               "names the cause)"));
+}
+
+absl::StatusOr<std::string> SnapshotTrainingCheckpoint(Context& ctx, const std::string& path,
+                                                       const TrainingState& state) {
+  const nn::Tensor mine = nn::from_vector<int64_t>(GeneratorWords(), {3},
+                                                   {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> generators = ctx.communicator().all_gather(mine).to_vector<int64_t>();
+  if (ctx.rank() != 0) return std::string();
+  try {
+    ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(path, state, ctx.world_size(), generators));
+    return nn::SerializeCheckpoint(ck);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
 }
 
 absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,

@@ -111,6 +111,16 @@ struct LoadOptions {
 absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
                                     const TrainingState& state);
 
+// The first half of SaveTrainingCheckpoint, for a caller that writes the file
+// itself (dist::CheckpointManager writes on a background thread). Every rank
+// calls it (every rank's generator is gathered: a collective). Rank 0 returns
+// the file's bytes (nn::SerializeCheckpoint: a copy, so training may go on at
+// once; nn::WriteCheckpointBytes writes them atomically); the other ranks
+// return "". Errors (a reserved extra key, a tensor that cannot be copied) on
+// rank 0 only: the caller shares rank 0's outcome with the other ranks.
+absl::StatusOr<std::string> SnapshotTrainingCheckpoint(Context& ctx, const std::string& path,
+                                                       const TrainingState& state);
+
 // Loads `path` into the objects of `state` and replaces state.extra with the
 // file's app entries. Every rank calls it; a rank whose own load succeeded
 // returns an error naming the first rank that failed, if one did.

@@ -1,6 +1,7 @@
 #include "spawn/context.h"
 
 #include "absl/strings/str_cat.h"
+#include "spawn/signals.h"
 
 namespace tandem::dist {
 namespace {
@@ -8,13 +9,21 @@ thread_local Context* t_current = nullptr;
 }  // namespace
 
 Context::Context(int rank, int world_size, nn::Device device, Communicator* communicator,
-                 RankLogger logger, std::stop_token stop)
+                 RankLogger logger, std::stop_token stop,
+                 internal::StepAgreement* agreement)
     : rank_(rank),
       world_size_(world_size),
       device_(device),
       communicator_(communicator),
       logger_(logger),
-      stop_(std::move(stop)) {}
+      stop_(std::move(stop)),
+      agreement_(agreement) {}
+
+StepDecision Context::AtStepBoundary(int64_t step, bool propose_save) {
+  if (agreement_ == nullptr) return {};
+  const internal::StepAgreement::Decision d = agreement_->AtBoundary(rank_, step, propose_save);
+  return {.stop = d.stop, .save = d.save};
+}
 
 void Context::check_stop() const {
   if (stop_.stop_requested()) {

@@ -15,6 +15,7 @@
 #ifndef TANDEM_SPAWN_CONTEXT_H_
 #define TANDEM_SPAWN_CONTEXT_H_
 
+#include <cstdint>
 #include <stop_token>
 
 #include "nn/device.h"
@@ -23,10 +24,21 @@
 
 namespace tandem::dist {
 
+namespace internal {
+class StepAgreement;
+}  // namespace internal
+
+// What the ranks agreed on at a step boundary (see spawn/signals.h).
+struct StepDecision {
+  bool stop = false;  // a stop signal: save, then stop at this step (every rank)
+  bool save = false;  // a save proposed by some rank is due at this step (every rank)
+};
+
 class Context {
  public:
   Context(int rank, int world_size, nn::Device device, Communicator* communicator,
-          RankLogger logger, std::stop_token stop);
+          RankLogger logger, std::stop_token stop,
+          internal::StepAgreement* agreement = nullptr);
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
@@ -41,6 +53,14 @@ class Context {
   // Throws CancelledError when stop_requested(): call at step boundaries so a
   // rank that does no collective still stops promptly.
   void check_stop() const;
+  // The step-boundary agreement (spawn/signals.h): call on every rank after
+  // every training step with the number of steps done (consecutive values).
+  // stop: a stop signal (SpawnOptions::stop_signals) arrived and every rank
+  // gets stop at this same step; save what must be saved, then throw
+  // dist::StoppedError. propose_save: ask for a save that every rank makes at
+  // one agreed step (a later boundary's save). A Context not made by spawn
+  // never stops or saves. CheckpointManager::AtStepBoundary calls it for you.
+  StepDecision AtStepBoundary(int64_t step, bool propose_save = false);
 
  private:
   int rank_;
@@ -49,6 +69,7 @@ class Context {
   Communicator* communicator_;
   RankLogger logger_;
   std::stop_token stop_;
+  internal::StepAgreement* agreement_;
 };
 
 // The Context of the calling rank thread. Throws tandem::Error when called from a

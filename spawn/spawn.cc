@@ -16,6 +16,7 @@
 #include "nn/random.h"
 #include "nn/status_macros.h"
 #include "spawn/inprocess_communicator.h"
+#include "spawn/signals.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/nccl.h"
 #endif
@@ -160,7 +161,7 @@ class Run {
   // on a stream behind a collective that a failed peer never joined would not
   // join); ends a run whose collective takes longer than timeout_s; and, once
   // stopped, reports ranks that have not returned timeout_s later.
-  void Watch(double timeout_s, uint64_t sigint_at_start) {
+  void Watch(double timeout_s, uint64_t sigint_at_start, StepAgreement& agreement) {
     const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
     const auto poll = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
@@ -175,6 +176,10 @@ class Run {
                                   "collective, stop-aware wait or step boundary (a second "
                                   "Ctrl-C exits at once)"),
              false);
+      }
+      if (!stop_.stop_requested()) {
+        // An agreed stop that overran its grace period (spawn/signals.h) is a failure.
+        if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
       }
       if (stop_.stop_requested() && stopped_ns_ == 0) {
         stopped_ns_ = SteadyNowNs();
@@ -325,6 +330,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
     return absl::InvalidArgumentError(
         absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
   }
+  RETURN_IF_ERROR(StopSignalScope::Validate(options.stop_signals));
   const int visible_gpus = nn::cuda_device_count();
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
                    SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
@@ -356,6 +362,11 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   on_world_size(world);
   Run run(devices, logger.get(), group, &comms);
   SigintScope sigint(options.handle_sigint, hooks.exit_process);
+  StopSignalScope stop_signals(options.stop_signals);
+  StepAgreement agreement(world,
+                          options.stop_signal_source != nullptr ? options.stop_signal_source
+                                                                : &stop_signals,
+                          options.stop_grace_s);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;
@@ -374,7 +385,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
           }
         });
         Context ctx(r, world, devices[r], comms[r].get(), logger->ForRank(r, devices[r]),
-                    run.stop_token());
+                    run.stop_token(), &agreement);
         CurrentContextGuard current(&ctx);
         absl::Status status = body(ctx);
         if (!status.ok()) {
@@ -383,6 +394,8 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                                                             status.ToString())),
                    false);
         }
+      } catch (const StoppedError&) {  // the agreed stop: not a failure
+        agreement.RankStopped(r);
       } catch (const CancelledError& e) {
         run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
       } catch (const std::exception& e) {
@@ -397,13 +410,15 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
       run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
     });
   }
-  std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start); });
+  std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
   for (std::thread& t : threads) t.join();
   watchdog.join();
 
   absl::Status status = run.result();
   comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
+  if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
+  if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
   return status;
 }
 

@@ -34,12 +34,15 @@
 // that reaches none of them cannot be stopped (threads are not killed): timeout_s
 // after the stop the watchdog logs which ranks spawn still waits for, and a
 // second Ctrl-C exits the process at once with status 130 (128 + SIGINT).
+// SIGTERM and SIGUSR1 (stop_signals) stop every rank at one agreed step after it
+// saved, see spawn/signals.h and spawn/checkpoint_manager.h.
 //
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a
 // rank thread.
 #ifndef TANDEM_SPAWN_SPAWN_H_
 #define TANDEM_SPAWN_SPAWN_H_
 
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -58,6 +61,7 @@
 #include "spawn/data_parallel.h"
 #include "spawn/devices.h"
 #include "spawn/logger.h"
+#include "spawn/signals.h"
 
 namespace tandem::dist {
 
@@ -76,6 +80,18 @@ struct SpawnOptions {
   std::ostream* console = nullptr;
   // Install a SIGINT handler while the run lasts (the previous one is restored).
   bool handle_sigint = true;
+  // Signals that ask for a graceful stop while the run lasts (the previous
+  // handlers are restored): every rank stops at one agreed step boundary, after
+  // its save, and spawn returns an IsStopped() status (spawn/signals.h). Empty:
+  // the process keeps the default action (SIGTERM kills it). SIGINT is refused.
+  std::vector<int> stop_signals = {SIGTERM, SIGUSR1};
+  // After a stop signal the ranks have this long to stop (save included); then
+  // the run ends with DeadlineExceeded. Keep it under the scheduler's kill wait
+  // (Slurm's KillWait: 30 s by default).
+  double stop_grace_s = 25;
+  // Count stop signals from this scope's start instead of the run's (not
+  // owned; see StopSignalScope): a program makes one first thing in main.
+  const StopSignalScope* stop_signal_source = nullptr;
 };
 
 namespace internal {

@@ -193,6 +193,12 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --metrics=out.txt",
                 "--metrics \"out.txt\": the name must end in .csv or .jsonl");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --resume", "--resume needs --checkpoint_dir");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --checkpoint_every_steps=10",
+                "--checkpoint_every_steps needs --checkpoint_dir");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --checkpoint_dir=/tmp/x --keep_checkpoints=-1",
+                "--keep_checkpoints -1: must be >= 0");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --checkpoint_dir=/tmp/x --checkpoint_every_minutes=-2",
+                "--checkpoint_every_minutes -2: must be >= 0");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --epochs=0", "--epochs 0: must be at least 1");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
                 "--lr_schedule \"step\": unknown schedule (constant, cosine)");
@@ -230,9 +236,12 @@ TEST(TrainMnist, CorruptCheckpointIsOneLineNamingTheRank) {
 
 TEST(TrainMnist, HelpExplainsTheFlags) {
   RunResult r = RunProgram(TRAIN_MNIST, "--help");
+  EXPECT_NE(r.output.find("75 stopped by SIGTERM or SIGUSR1"), std::string::npos) << r.output;
   for (const char* flag : {"--gpus", "--nprocs", "--share_devices", "--epochs", "--batch_size",
                            "--lr", "--lr_schedule", "--optimizer", "--seed", "--num_workers", "--log_dir",
-                           "--checkpoint_dir", "--resume", "--metrics", "--deterministic",
+                           "--checkpoint_dir", "--resume", "--checkpoint_every_steps",
+                           "--checkpoint_every_minutes", "--keep_checkpoints", "--metrics",
+                           "--deterministic",
                            "--data_dir"}) {
     EXPECT_NE(r.output.find(absl::StrCat(flag, " (")), std::string::npos) << flag << "\n"
                                                                           << r.output;
@@ -257,12 +266,14 @@ void ExpectResumeMatches(const std::string& ranks) {
   EXPECT_NE(stopped.output.find("stopped after step " + std::to_string(steps_per_epoch + 7)),
             std::string::npos)
       << stopped.output;
-  EXPECT_TRUE(std::filesystem::exists(ck + "/epoch-1.ckpt"));
-  EXPECT_FALSE(std::filesystem::exists(ck + "/epoch-2.ckpt"));
+  const std::string epoch1 = absl::StrCat(ck, "/step-", steps_per_epoch, ".ckpt");
+  EXPECT_TRUE(std::filesystem::exists(epoch1));
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(ck, "/step-", 2 * steps_per_epoch, ".ckpt")));
   RunResult resumed = RunProgram(TRAIN_MNIST, absl::StrCat(common, " --checkpoint_dir=", ck,
                                                     " --metrics=", metrics, " --resume"));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + ck + "/epoch-1.ckpt"), std::string::npos)
+  EXPECT_NE(resumed.output.find("resumed from " + epoch1 + ": 1 epoch(s) done, step"),
+            std::string::npos)
       << resumed.output;
   std::vector<std::string> a = TimingFreeRows(dir + "/straight.csv");
   std::vector<std::string> b = TimingFreeRows(metrics);

@@ -1,0 +1,228 @@
+// Stop signals and the step-boundary agreement (see signals.h).
+//
+// Several processes (mpirun, issue 12): the agreement above relies on every
+// rank reading the same mutex-protected state. Across processes the target has
+// to be exchanged: each process's communication thread (the MPI one) would
+// reduce, once per step boundary of its local ranks or on a timer, the pair
+// (stop requested, max passed step) with MPI_Allreduce(MAX) over processes and
+// publish target = global max passed + 2 to its local StepAgreement (one step
+// more than in-process, for the exchange's own latency); every process then
+// stops its ranks at that step. That costs no collective on the ranks' streams
+// (no device sync in the step). Not built here: this file is single-process.
+#include "spawn/signals.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::dist {
+namespace {
+
+constexpr char kStoppedPayload[] = "type.tandem/dist.Stopped";
+
+std::array<std::atomic<uint64_t>, NSIG> g_counts{};
+std::mutex g_install_mutex;
+std::array<int, NSIG> g_users{};
+std::array<struct sigaction, NSIG> g_previous{};
+
+extern "C" void OnStopSignal(int signal) {
+  if (signal > 0 && signal < NSIG) g_counts[signal].fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool IsStopped(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kCancelled &&
+         status.GetPayload(kStoppedPayload).has_value();
+}
+
+std::optional<int64_t> StoppedAtStep(const absl::Status& status) {
+  if (!IsStopped(status)) return std::nullopt;
+  const std::string text(*status.GetPayload(kStoppedPayload));
+  int64_t step = 0;
+  if (text.empty() || !absl::SimpleAtoi(text, &step)) return std::nullopt;
+  return step;
+}
+
+std::string SignalName(int signal) {
+  switch (signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    default: return absl::StrCat("signal ", signal);
+  }
+}
+
+absl::Status StopSignalScope::Validate(const std::vector<int>& signals) {
+  for (int s : signals) {
+    if (s <= 0 || s >= NSIG || s == SIGKILL || s == SIGSTOP) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SpawnOptions::stop_signals: ", s, " cannot be caught"));
+    }
+    if (s == SIGINT) {
+      return absl::InvalidArgumentError(
+          "SpawnOptions::stop_signals: SIGINT (Ctrl-C) is spawn's immediate stop "
+          "(handle_sigint), not a graceful one");
+    }
+  }
+  return absl::OkStatus();
+}
+
+StopSignalScope::StopSignalScope(std::vector<int> signals) : signals_(std::move(signals)) {
+  std::sort(signals_.begin(), signals_.end());
+  signals_.erase(std::unique(signals_.begin(), signals_.end()), signals_.end());
+  std::lock_guard<std::mutex> lock(g_install_mutex);
+  for (int s : signals_) {
+    if (g_users[s]++ == 0) {
+      struct sigaction action {};
+      action.sa_handler = OnStopSignal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      sigaction(s, &action, &g_previous[s]);
+    }
+    at_start_.push_back(g_counts[s].load(std::memory_order_relaxed));
+  }
+}
+
+StopSignalScope::~StopSignalScope() {
+  std::lock_guard<std::mutex> lock(g_install_mutex);
+  for (int s : signals_) {
+    if (--g_users[s] == 0) sigaction(s, &g_previous[s], nullptr);
+  }
+}
+
+int StopSignalScope::Received() const {
+  for (size_t i = 0; i < signals_.size(); ++i) {
+    if (g_counts[signals_[i]].load(std::memory_order_relaxed) != at_start_[i]) return signals_[i];
+  }
+  return 0;
+}
+
+namespace internal {
+
+absl::Status StoppedStatus(const std::string& reason, std::optional<int64_t> step,
+                           const std::string& detail) {
+  absl::Status status = absl::CancelledError(
+      step ? absl::StrCat("stopped by ", reason, " at step ", *step,
+                          ": every rank stopped at the same step boundary", detail)
+           : absl::StrCat("stopped by ", reason, detail));
+  status.SetPayload(kStoppedPayload, absl::Cord(step ? absl::StrCat(*step) : std::string()));
+  return status;
+}
+
+StepAgreement::StepAgreement(int world_size, const StopSignalScope* signals, double grace_s)
+    : world_size_(world_size),
+      signals_(signals),
+      grace_s_(grace_s),
+      passed_(world_size, kNone),
+      stopped_(world_size, false) {}
+
+void StepAgreement::NoteSignalsLocked() {
+  if (stop_requested_ || signals_ == nullptr) return;
+  if (const int s = signals_->Received(); s != 0) {
+    stop_requested_ = true;
+    stop_reason_ = SignalName(s);
+    stop_seen_ = Clock::now();
+  }
+}
+
+void StepAgreement::RequestStop(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_requested_) return;
+  stop_requested_ = true;
+  stop_reason_ = reason;
+  stop_seen_ = Clock::now();
+}
+
+int64_t StepAgreement::TargetLocked(int rank, int64_t step) const {
+  int64_t target = step;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank && passed_[r] != kNone) target = std::max(target, passed_[r] + 1);
+  }
+  return target;
+}
+
+StepAgreement::Decision StepAgreement::AtBoundary(int rank, int64_t step, bool propose_save) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoteSignalsLocked();
+  Decision decision;
+  if (escalated_) {  // the run is being cancelled: the next collective throws
+    passed_[rank] = step;
+    return decision;
+  }
+  if (stop_requested_ && stop_target_ == kNone) stop_target_ = TargetLocked(rank, step);
+  if (propose_save) {
+    // One pending save at a time: a proposal while one is due is the same one.
+    const bool pending = !save_targets_.empty() && *save_targets_.rbegin() >= step;
+    if (!pending) save_targets_.insert(TargetLocked(rank, step));
+  }
+  decision.stop = stop_target_ != kNone && step >= stop_target_;
+  decision.save = save_targets_.contains(step);
+  passed_[rank] = step;
+  // Targets every rank has passed can go.
+  const int64_t oldest = *std::min_element(passed_.begin(), passed_.end());
+  if (oldest != kNone) {
+    while (!save_targets_.empty() && *save_targets_.begin() <= oldest) {
+      save_targets_.erase(save_targets_.begin());
+    }
+  }
+  return decision;
+}
+
+void StepAgreement::RankStopped(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_[rank] = true;
+}
+
+absl::Status StepAgreement::Poll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoteSignalsLocked();
+  if (!stop_requested_ || escalated_) return absl::OkStatus();
+  const bool any_boundary =
+      std::any_of(passed_.begin(), passed_.end(), [](int64_t p) { return p != kNone; });
+  if (!any_boundary && stop_target_ == kNone) {
+    escalated_ = true;
+    return StoppedStatus(stop_reason_, std::nullopt,
+                         " before any rank reached a step boundary "
+                         "(dist::Context::AtStepBoundary): every rank was cancelled, nothing "
+                         "trained since the start of the run is lost");
+  }
+  const double waited_s = std::chrono::duration<double>(Clock::now() - stop_seen_).count();
+  if (waited_s < grace_s_) return absl::OkStatus();
+  escalated_ = true;
+  std::string text = absl::StrCat("stop (", stop_reason_, ") not completed within ", grace_s_,
+                                  " s (SpawnOptions::stop_grace_s): agreed stop step ",
+                                  stop_target_ == kNone ? std::string("none yet")
+                                                        : absl::StrCat(stop_target_),
+                                  ";");
+  for (int r = 0; r < world_size_; ++r) {
+    absl::StrAppend(&text, " rank ", r, ": ",
+                    stopped_[r]         ? std::string("stopped")
+                    : passed_[r] == kNone ? std::string("no step boundary yet")
+                                          : absl::StrCat("last boundary at step ", passed_[r]),
+                    r + 1 < world_size_ ? ";" : "");
+  }
+  return absl::DeadlineExceededError(text);
+}
+
+absl::Status StepAgreement::Outcome() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::none_of(stopped_.begin(), stopped_.end(), [](bool s) { return s; })) {
+    return absl::OkStatus();
+  }
+  return StoppedStatus(stop_reason_.empty() ? std::string("a stop request") : stop_reason_,
+                       stop_target_ == kNone ? std::nullopt : std::optional<int64_t>(stop_target_),
+                       "");
+}
+
+}  // namespace internal
+}  // namespace tandem::dist

@@ -1,0 +1,353 @@
+// Preemption of the training programs, run as processes: SIGTERM at random
+// moments (some while a checkpoint write is in flight) then --resume, SIGKILL
+// right after a periodic checkpoint then --resume, a damaged newest checkpoint
+// of three then --resume. Each resumed run must end with the model and
+// optimizer tensors of an uninterrupted run, bit for bit, and every stopped
+// run must exit within 10 s of its signal. CPU ranks; the train_mnist test
+// skips without Fashion-MNIST.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "nn/checkpoint.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string TempDir(const std::string& name) {
+  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("tandem_preempt_apps_", ::getpid(), "_",
+                                                 info->name(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A program started with stdout and stderr to files.
+class Child {
+ public:
+  Child(const std::string& program, const std::string& args, const std::string& out_path,
+        const std::string& write_delay_ms = "")
+      : out_path_(out_path) {
+    std::vector<std::string> argv = {program};
+    for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) argv.emplace_back(a);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // Apart: a log line (stderr, from any thread) must not split a loss line.
+      if (std::freopen(out_path.c_str(), "w", stdout) == nullptr ||
+          std::freopen((out_path + ".err").c_str(), "w", stderr) == nullptr) {
+        ::_exit(127);
+      }
+      if (!write_delay_ms.empty()) ::setenv("TANDEM_TEST_CHECKPOINT_WRITE_DELAY_MS", write_delay_ms.c_str(), 1);
+      std::vector<char*> raw;
+      for (auto& a : argv) raw.push_back(a.data());
+      raw.push_back(nullptr);
+      ::execv(raw[0], raw.data());
+      ::_exit(127);
+    }
+  }
+  // Waits (at most timeout_s) and returns the exit status; -signal when
+  // killed by a signal; -1000 on a timeout (the child is then killed).
+  int Wait(double timeout_s = 120) {
+    const Clock::time_point start = Clock::now();
+    for (;;) {
+      int raw = 0;
+      const pid_t r = ::waitpid(pid_, &raw, WNOHANG);
+      if (r == pid_) return WIFEXITED(raw) ? WEXITSTATUS(raw) : -WTERMSIG(raw);
+      if (Seconds(Clock::now() - start) > timeout_s) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &raw, 0);
+        return -1000;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  void Signal(int sig) const { ::kill(pid_, sig); }
+  // stdout, then stderr.
+  std::string Output() const { return ReadFile(out_path_) + ReadFile(out_path_ + ".err"); }
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_path_;
+};
+
+struct Finished {
+  int status;
+  std::string output;
+  double seconds;
+};
+Finished RunToEnd(const std::string& program, const std::string& args, const std::string& out_path) {
+  const Clock::time_point start = Clock::now();
+  Child c(program, args, out_path);
+  const int status = c.Wait();
+  return {status, c.Output(), Seconds(Clock::now() - start)};
+}
+
+// The model and optimizer tensors of a checkpoint, serialised (equal bytes:
+// equal tensors, bit for bit); "" when it does not load.
+std::string TrainedState(const std::string& path) {
+  absl::StatusOr<tandem::nn::Checkpoint> ck = tandem::nn::LoadCheckpoint(path);
+  if (!ck.ok()) return "";
+  tandem::nn::Checkpoint only;
+  for (const auto& [name, t] : ck->tensors) {
+    if (name.rfind("model.", 0) == 0 || name.rfind("optim.", 0) == 0) only.tensors[name] = t;
+  }
+  return tandem::nn::SerializeCheckpoint(only);
+}
+
+// "step:K loss:X" lines of train_linear, by K.
+std::map<int64_t, std::string> LossLines(const std::string& output) {
+  std::map<int64_t, std::string> out;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (line.rfind("step:", 0) != 0) continue;
+    const size_t space = line.find(' ');
+    int64_t k = 0;
+    if (space != absl::string_view::npos && absl::SimpleAtoi(line.substr(5, space - 5), &k)) {
+      out[k] = std::string(line);
+    }
+  }
+  return out;
+}
+
+// Every loss line the resumed run printed is the uninterrupted run's.
+void ExpectSameLosses(const std::string& reference, const std::string& resumed) {
+  const auto ref = LossLines(reference);
+  int compared = 0;
+  for (const auto& [k, line] : LossLines(resumed)) {
+    ASSERT_TRUE(ref.contains(k)) << line;
+    EXPECT_EQ(line, ref.at(k));
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
+constexpr int kLinearSteps = 3000;
+constexpr int kEvery = 150;
+const std::string kLinearArgs =
+    absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --steps=", kLinearSteps,
+                 " --checkpoint_every_steps=", kEvery, " --keep_checkpoints=3 --checkpoint_dir=");
+
+std::string FinalCheckpoint(const std::string& dir) {
+  return absl::StrCat(dir, "/step-", kLinearSteps, ".ckpt");
+}
+
+TEST(TrainLinearPreempt, SigtermAtRandomMomentsThenResumeEndsBitForBit) {
+  const std::string base = TempDir("t");
+  const Finished ref = RunToEnd(TRAIN_LINEAR, kLinearArgs + base + "/ref", base + "/ref.out");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const std::string expected = TrainedState(FinalCheckpoint(base + "/ref"));
+  ASSERT_FALSE(expected.empty());
+  std::mt19937 rng(20261124);
+  int stopped = 0, in_flight = 0;
+  for (int trial = 0; trial < 10; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const std::string dir = absl::StrCat(base, "/", trial);
+    // Odd trials: every write takes 100 ms more, so a stop often finds one in flight.
+    const bool slow_writes = trial % 2 == 1;
+    const double delay_s =
+        0.05 + std::uniform_real_distribution<double>(0, std::max(0.1, 0.9 * ref.seconds))(rng);
+    Child c(TRAIN_LINEAR, kLinearArgs + dir, dir + ".out", slow_writes ? "100" : "");
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+    c.Signal(SIGTERM);
+    const Clock::time_point signalled = Clock::now();
+    const int status = c.Wait(60);
+    const double exit_s = Seconds(Clock::now() - signalled);
+    const std::string out = c.Output();
+    EXPECT_LT(exit_s, 10.0) << out;
+    // 0: the run had finished its last step when the signal came. Killed by
+    // SIGTERM: it came before the program installed its handler (while the
+    // process was being loaded), so nothing was trained yet.
+    if (status == -SIGTERM) {
+      EXPECT_TRUE(LossLines(out).empty()) << out;
+    } else {
+      ASSERT_TRUE(status == 75 || status == 0) << status << "\n" << out;
+    }
+    if (status == 75) {
+      ++stopped;
+      EXPECT_NE(out.find("stopped by SIGTERM at step"), std::string::npos) << out;
+      in_flight += out.find(" in flight") != std::string::npos;
+    }
+    std::cerr << "trial " << trial << ": SIGTERM after " << delay_s << " s, exit " << status
+              << " " << exit_s << " s after the signal" << (slow_writes ? " (slow writes)" : "")
+              << "\n";
+    const Finished resumed = RunToEnd(TRAIN_LINEAR, kLinearArgs + dir + " --resume", dir + ".resumed");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    EXPECT_EQ(TrainedState(FinalCheckpoint(dir)), expected);
+    if (status == 75) ExpectSameLosses(ref.output, resumed.output);
+  }
+  EXPECT_GE(stopped, 5);  // most signals land while training runs
+  EXPECT_GE(in_flight, 1);  // and at least one while a checkpoint write was in flight
+}
+
+// Steps of a few ms (batch 2000), so that the kill lands within a step of the
+// file's appearance; the write of a checkpoint (ms) ends long before the next.
+TEST(TrainLinearPreempt, SigkillRightAfterAPeriodicCheckpointLosesAtMostNSteps) {
+  constexpr int kN = 50;
+  const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --steps=400 --batch_size=2000 "
+                                        "--checkpoint_every_steps=", kN, " --checkpoint_dir=");
+  const std::string base = TempDir("k");
+  const Finished ref = RunToEnd(TRAIN_LINEAR, args + base + "/ref", base + "/ref.out");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const std::string dir = base + "/killed";
+  Child c(TRAIN_LINEAR, args + dir, dir + ".out");
+  const std::string target = absl::StrCat(dir, "/step-", 4 * kN, ".ckpt");
+  const Clock::time_point start = Clock::now();
+  while (!std::filesystem::exists(target) && Seconds(Clock::now() - start) < 60) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  c.Signal(SIGKILL);
+  ASSERT_EQ(c.Wait(), -SIGKILL);
+  const auto printed = LossLines(c.Output());
+  ASSERT_FALSE(printed.empty());
+  const int64_t done = printed.rbegin()->first + 1;  // steps finished (at least)
+  const Finished resumed = RunToEnd(TRAIN_LINEAR, args + dir + " --resume", dir + ".resumed");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const size_t at = resumed.output.find("resumed from ");
+  ASSERT_NE(at, std::string::npos) << resumed.output;
+  const size_t step_at = resumed.output.find(" at step ", at);
+  int64_t from = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(
+      resumed.output.substr(step_at + 9, resumed.output.find('\n', step_at) - step_at - 9), &from))
+      << resumed.output;
+  std::cerr << "SIGKILL after step " << done << "; resumed from step " << from << "\n";
+  EXPECT_GE(from, 4 * kN);
+  EXPECT_LE(done - from, kN);
+  EXPECT_EQ(TrainedState(dir + "/step-400.ckpt"), TrainedState(base + "/ref/step-400.ckpt"));
+  EXPECT_FALSE(TrainedState(base + "/ref/step-400.ckpt").empty());
+  ExpectSameLosses(ref.output, resumed.output);
+}
+
+// The newest of three checkpoints truncated, or with one byte flipped:
+// --resume names it and the reason in one line, uses the one before, and the
+// run ends as the uninterrupted one.
+TEST(TrainLinearPreempt, DamagedNewestOfThreeFallsBackAndSaysSo) {
+  const std::string base = TempDir("d");
+  const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --checkpoint_every_steps=",
+                                        kEvery, " --keep_checkpoints=3 --checkpoint_dir=");
+  const int early = kLinearSteps - 2 * kEvery + 60;  // not a multiple of kEvery
+  for (const bool truncate : {true, false}) {
+    SCOPED_TRACE(truncate ? "truncated" : "flipped byte");
+    const std::string dir = absl::StrCat(base, "/", truncate);
+    // An early end: files step-<early - 60 - kEvery>, step-<early - 60>, step-<early>.
+    const Finished first = RunToEnd(TRAIN_LINEAR, absl::StrCat(args, dir, " --steps=", early),
+                               dir + ".first");
+    ASSERT_EQ(first.status, 0) << first.output;
+    const std::string newest = absl::StrCat(dir, "/step-", early, ".ckpt");
+    ASSERT_EQ(std::filesystem::directory_iterator(dir) == std::filesystem::directory_iterator(),
+              false);
+    int files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.path().extension() == ".ckpt";
+    EXPECT_EQ(files, 3);
+    if (truncate) {
+      std::filesystem::resize_file(newest, std::filesystem::file_size(newest) - 100);
+    } else {
+      std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(newest) / 2));
+      f.put('\x5a');
+    }
+    const Finished resumed = RunToEnd(TRAIN_LINEAR, absl::StrCat(args, dir, " --steps=", kLinearSteps,
+                                                            " --resume"),
+                                 dir + ".resumed");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    std::vector<std::string> skipped;
+    for (absl::string_view line : absl::StrSplit(resumed.output, '\n')) {
+      if (line.find("skipping checkpoint") != absl::string_view::npos) skipped.emplace_back(line);
+    }
+    ASSERT_EQ(skipped.size(), 1u) << resumed.output;
+    EXPECT_NE(skipped[0].find("skipping checkpoint " + newest + ": "), std::string::npos)
+        << skipped[0];
+    EXPECT_NE(skipped[0].find(truncate ? "trunc" : "checksum"), std::string::npos) << skipped[0];
+    std::cerr << skipped[0] << "\n";
+    EXPECT_NE(resumed.output.find(absl::StrCat("resumed from ", dir, "/step-", early - 60, ".ckpt")),
+              std::string::npos)
+        << resumed.output;
+    const Finished ref = RunToEnd(TRAIN_LINEAR, absl::StrCat(args, dir, "-ref --steps=", kLinearSteps),
+                             dir + ".ref");
+    ASSERT_EQ(ref.status, 0) << ref.output;
+    EXPECT_EQ(TrainedState(FinalCheckpoint(dir)), TrainedState(FinalCheckpoint(dir + "-ref")));
+    ASSERT_FALSE(TrainedState(FinalCheckpoint(dir)).empty());
+  }
+}
+
+// train_mnist, two ranks, periodic checkpoints mid-epoch: SIGTERM once training
+// runs (a few ms after a checkpoint appears), while a write is in flight, then
+// --resume: the metrics rows (loss, accuracy) and the final state equal an
+// uninterrupted run's.
+TEST(TrainMnistPreempt, SigtermMidEpochThenResumeEndsBitForBit) {
+  if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  }
+  const std::string base = TempDir("m");
+  const std::string args =
+      "--gpus=cpu --nprocs=2 --epochs=2 --batch_size=32 --train_limit=960 --test_limit=200 "
+      "--seed=7 --num_workers=2 --checkpoint_every_steps=4 --keep_checkpoints=3 ";
+  const Finished ref = RunToEnd(TRAIN_MNIST,
+                           args + "--checkpoint_dir=" + base + "/ref --metrics=" + base + "/ref.csv",
+                           base + "/ref.out");
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const std::string dir = base + "/stopped";
+  const std::string run_args = args + "--checkpoint_dir=" + dir + " --metrics=" + base + "/run.csv";
+  Child c(TRAIN_MNIST, run_args, dir + ".out", "150");
+  const std::string first = dir + "/step-8.ckpt";
+  const Clock::time_point start = Clock::now();
+  while (!std::filesystem::exists(first) && Seconds(Clock::now() - start) < 120) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::mt19937(7)() % 100));
+  c.Signal(SIGTERM);
+  const Clock::time_point signalled = Clock::now();
+  const int status = c.Wait(60);
+  const double exit_s = Seconds(Clock::now() - signalled);
+  const std::string out = c.Output();
+  std::cerr << "train_mnist: exit " << status << " " << exit_s << " s after SIGTERM\n";
+  EXPECT_LT(exit_s, 10.0);
+  ASSERT_EQ(status, 75) << out;
+  EXPECT_NE(out.find("stopped by SIGTERM at step"), std::string::npos) << out;
+  EXPECT_NE(out.find("run again with --resume"), std::string::npos) << out;
+  const Finished resumed = RunToEnd(TRAIN_MNIST, run_args + " --resume", dir + ".resumed");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("step(s) of epoch 1"), std::string::npos) << resumed.output;
+  // dataset, epoch, step, loss, accuracy of every row.
+  auto rows = [](const std::string& path) {
+    std::vector<std::string> out;
+    for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+      std::vector<absl::string_view> cells = absl::StrSplit(line, ',');
+      if (cells.size() >= 5) out.push_back(absl::StrCat(cells[0], cells[1], cells[2], cells[3], cells[4]));
+    }
+    return out;
+  };
+  EXPECT_EQ(rows(base + "/run.csv"), rows(base + "/ref.csv"));
+  EXPECT_EQ(rows(base + "/ref.csv").size(), 3u);
+  EXPECT_EQ(TrainedState(dir + "/step-30.ckpt"), TrainedState(base + "/ref/step-30.ckpt"));
+  EXPECT_FALSE(TrainedState(base + "/ref/step-30.ckpt").empty());
+}
+
+}  // namespace
