@@ -12,7 +12,7 @@ jobs="$(nproc)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_CUDA=OFF -DTANDEM_TSAN=ON \
   -DTANDEM_BUILD_APPS=OFF >/dev/null
 # Only the threaded tests are built under TSan (label tsan_ok): spawn and data.
-cmake --build build-tsan -j"$jobs" --target spawn_devices_test spawn_communicator_test \
+cmake --build build-tsan -j"$jobs" --target spawn_devices_test spawn_communicator_test spawn_inprocess_test \
   spawn_logger_test spawn_test spawn_data_parallel_test spawn_checkpoint_test data_sampler_test \
   data_loader_test
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

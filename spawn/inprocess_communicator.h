@@ -3,9 +3,19 @@
 // each rank reduces its own slice of everyone's buffers, adding ranks in the order
 // 0, 1, ..., so the result has the same bits on every rank and every run.
 //
-// CPU tensors: plain loops on the calling thread. CUDA tensors (ranks on one GPU):
-// kernels on the rank's compute stream, ordered against the other ranks' streams
-// with events; the host does not wait for the GPU.
+// Every collective is two barriers on the group: the ranks publish their buffers
+// and meet (each then checks that all called the same collective), do their
+// share of the copying or reducing straight between the published buffers, and
+// meet again before any returns (so no buffer is reused while another rank still
+// reads it).
+//
+// CPU tensors: vectorised loops on the calling thread, through the inputs in
+// blocks that stay in L1 (spawn/internal/inprocess_reduce.h); all_reduce is a
+// reduce-scatter and an all-gather in one pass (rank r reduces slice r of every
+// buffer and writes it into every buffer). float32, float64, bfloat16 (summed in
+// float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
+// the rank's compute stream, ordered against the other ranks' streams with
+// events; the host does not wait for the GPU (float32, float64, int64).
 //
 // Not capturable in a CUDA graph (nn/graph.h): every collective meets the other
 // ranks on the host. A collective called while nn::CudaGraph captures on the
@@ -14,7 +24,7 @@
 #ifndef TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 #define TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,22 +36,37 @@
 namespace tandem::dist {
 
 // State shared by the ranks of one run. Thread-safe.
+//
+// Waiting (both barriers below): a waiter first spins on the flags it waits for
+// with a pause instruction (no system call, so a hand-over between two running
+// ranks costs about one cache-line transfer), then, after a bounded spin (about
+// 50 us, much shorter when the group has more ranks than the process has CPUs,
+// so oversubscribed runs do not burn the cores the other ranks need), yields the
+// CPU for a while and finally sleeps in the kernel (a futex on Linux) until an
+// arriving rank or Cancel wakes it. Cancel wakes every phase at once.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size);
   ~InProcessGroup();
+  InProcessGroup(const InProcessGroup&) = delete;
+  InProcessGroup& operator=(const InProcessGroup&) = delete;
 
   int world_size() const { return world_size_; }
 
-  // A reusable barrier (generation counter): returns once all world_size ranks
-  // have arrived. Throws CancelledError(reason) when the group is or becomes
+  // A reusable barrier: returns once all world_size callers have arrived (any
+  // threads). Throws CancelledError(reason) when the group is or becomes
   // cancelled while waiting; a generation that completed before the cancel
   // returns normally.
   void ArriveAndWait();
+  // The same barrier for the thread of rank `rank` (0 <= rank < world_size),
+  // over per-rank, cache-line-separated arrival counters (no shared counter that
+  // every rank writes): the in-process communicator's barrier. Separate from
+  // ArriveAndWait(): at a given point every rank calls the same one of the two.
+  void ArriveAndWait(int rank);
   // Wakes every waiter (they throw) and makes every later ArriveAndWait throw.
   // The first reason is kept. Callable from any thread, more than once.
   void Cancel(const std::string& reason);
-  bool cancelled() const;
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // What each rank published for the collective running now. Rank r writes
   // slot(r) before the first barrier of a collective; all read after it; nobody
@@ -57,16 +82,34 @@ class InProcessGroup {
     void* recv = nullptr;
     void* event = nullptr;  // CUDA: an event recorded after this rank's inputs are ready
   };
-  Slot& slot(int rank) { return slots_[rank]; }
+  Slot& slot(int rank) { return slots_[rank].slot; }
 
  private:
+  struct alignas(64) PaddedCounter {
+    std::atomic<uint64_t> value{0};
+  };
+  struct alignas(64) PaddedSlot {
+    Slot slot;
+  };
+
+  // Returns once done() holds, spinning, then yielding, then sleeping; throws
+  // CancelledError when the group is cancelled first.
+  template <typename Done>
+  void Wait(const Done& done);
+  // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).
+  void WakeSleepers();
+  [[noreturn]] void ThrowCancelled() const;
+
   const int world_size_;
-  std::vector<Slot> slots_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool cancelled_ = false;
+  int64_t spin_ns_;   // spin phase of Wait
+  int64_t yield_ns_;  // then sched_yield for this long, then sleep
+  std::unique_ptr<PaddedSlot[]> slots_;
+  std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
+  PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation
+  alignas(64) std::atomic<bool> cancelled_{false};
+  alignas(64) std::atomic<uint32_t> wake_{0};  // the futex word: bumped to wake sleepers
+  std::atomic<int> sleepers_{0};
+  mutable std::mutex mutex_;  // guards reason_
   std::string reason_;
 };
 
