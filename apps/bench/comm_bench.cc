@@ -12,7 +12,8 @@
 // Collectives (--mode=collectives): for each size, every rank runs
 // --warmup_iters collectives, meets the others in a barrier, then times --iters
 // back-to-back collectives on its own clock; the row shows the slowest rank's
-// mean time per collective. size is nccl-tests' "size": the bytes of one rank's
+// mean time per collective (with --windows=k: the fastest of k consecutive
+// windows of iters/k collectives, each the slowest rank's mean). size is nccl-tests' "size": the bytes of one rank's
 // buffer (all_reduce, broadcast), of the gathered output (all_gather), of the
 // input that is scattered (reduce_scatter); count is its element count.
 //   algbw = size / time; busbw = algbw * (all_reduce 2(n-1)/n; all_gather and
@@ -66,6 +67,10 @@ ABSL_FLAG(int, iters, 20, "Timed collectives per size (>= 1).");
 ABSL_FLAG(int, warmup_iters, 5, "Untimed collectives per size before the timed ones (>= 0).");
 ABSL_FLAG(std::string, dtype, "float32", "float32, float64 or bfloat16.");
 ABSL_FLAG(std::string, op, "sum", "sum, avg or max.");
+ABSL_FLAG(int, windows, 1,
+          "Split the timed collectives of a size into this many windows and report the "
+          "fastest window (1: the mean of all, as nccl-tests). On a busy machine, "
+          "e.g. --iters=2000 --windows=20 shows what a quiet moment gives.");
 ABSL_FLAG(bool, check, true, "Check each size's result once before timing it.");
 ABSL_FLAG(std::string, memcpy_bytes, "64M", "Buffer size of --mode=memcpy.");
 ABSL_FLAG(std::string, models, "lenet,mlp", "--mode=dp: comma-separated models (mlp, lenet).");
@@ -121,6 +126,16 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Ranks may share a GPU; spawn's log (its environment table) goes nowhere, so
+// that stdout holds only the tables. Errors still come back as a Status.
+dist::SpawnOptions QuietSpawn() {
+  static std::ostream* null_stream = new std::ostream(nullptr);  // discards, never freed
+  dist::SpawnOptions options;
+  options.share_devices = true;
+  options.console = null_stream;
+  return options;
+}
+
 // --- collectives ----------------------------------------------------------------
 
 struct SweepConfig {
@@ -130,6 +145,7 @@ struct SweepConfig {
   ReduceOp op;
   int iters;
   int warmup_iters;
+  int windows;
   bool check;
 };
 
@@ -217,18 +233,25 @@ std::vector<Row> Sweep(dist::Context& ctx, const SweepConfig& config) {
     // Sums grow by n per call: start from a value that stays finite.
     for (int i = 0; i < config.warmup_iters; ++i) RunOnce(comm, config.collective, x, config.op);
     comm.barrier();
-    nn::Synchronize(ctx.device());
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < config.iters; ++i) RunOnce(comm, config.collective, x, config.op);
-    nn::Synchronize(ctx.device());
-    nn::Tensor seconds = nn::full({1}, SecondsSince(start) / config.iters,
-                                  {.dtype = nn::kFloat64, .device = ctx.device()});
+    std::vector<double> window_seconds;
+    const int per_window = std::max(1, config.iters / config.windows);
+    for (int w = 0; w < config.windows; ++w) {
+      nn::Synchronize(ctx.device());
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < per_window; ++i) RunOnce(comm, config.collective, x, config.op);
+      nn::Synchronize(ctx.device());
+      window_seconds.push_back(SecondsSince(start) / per_window);
+    }
+    // Slowest rank per window, then the fastest window.
+    nn::Tensor seconds = nn::from_vector(window_seconds, {config.windows},
+                                         {.dtype = nn::kFloat64, .device = ctx.device()});
     comm.all_reduce(seconds, ReduceOp::kMax);
+    const std::vector<double> slowest = seconds.to_vector<double>();
     rows.push_back({.bytes = config.collective == "barrier" ? 0 : input * element *
                                   (config.collective == "all_gather" ? n : 1),
                     .count = config.collective == "barrier" ? 0
                              : config.collective == "all_gather" ? input * n : input,
-                    .seconds = seconds.to_vector<double>()[0]});
+                    .seconds = *std::min_element(slowest.begin(), slowest.end())});
   }
   return rows;
 }
@@ -287,16 +310,18 @@ int RunCollectives(const std::vector<int>& rank_counts, const std::string& gpus)
   }
   const int iters = absl::GetFlag(FLAGS_iters);
   const int warmup = absl::GetFlag(FLAGS_warmup_iters);
-  if (iters < 1 || warmup < 0) Bad("--iters must be >= 1 and --warmup_iters >= 0");
+  const int windows = absl::GetFlag(FLAGS_windows);
+  if (iters < 1 || warmup < 0 || windows < 1 || windows > iters) {
+    Bad(absl::StrCat("--iters=", iters, " --warmup_iters=", warmup, " --windows=", windows,
+                     ": need iters >= 1, warmup_iters >= 0, 1 <= windows <= iters"));
+  }
   std::vector<int64_t> sizes;
   for (int64_t b = min_bytes; b <= max_bytes; b *= factor) sizes.push_back(b);
 
-  dist::SpawnOptions options;
-  options.share_devices = true;
-  options.handle_sigint = true;
+  dist::SpawnOptions options = QuietSpawn();
   for (int n : rank_counts) {
     for (const std::string& collective : collectives) {
-      const SweepConfig config{collective, sizes, dtype, op, iters, warmup,
+      const SweepConfig config{collective, sizes, dtype, op, iters, warmup, windows,
                                absl::GetFlag(FLAGS_check)};
       std::string kind;
       auto rows = dist::spawn(
@@ -389,8 +414,7 @@ int RunDp(const std::vector<int>& rank_counts, const std::string& gpus) {
                                absl::GetFlag(FLAGS_batch), gpus);
   std::cout << absl::StrFormat("# %8s %6s %12s %12s\n", "model", "ranks", "step (ms)",
                                "slowest rank");
-  dist::SpawnOptions options;
-  options.share_devices = true;
+  dist::SpawnOptions options = QuietSpawn();
   for (const std::string& m : models) {
     for (int n : rank_counts) {
       auto times = dist::spawn([&](dist::Context& ctx) { return DpSteps(ctx, m); },
