@@ -123,7 +123,6 @@ InProcessGroup::InProcessGroup(int world_size)
   // ranks than CPUs it takes the CPU from a rank that has yet to arrive.
   const bool oversubscribed = world_size > UsableCpus();
   spin_ns_ = oversubscribed ? 2'000 : 50'000;
-  yield_ns_ = 200'000;
 }
 
 InProcessGroup::~InProcessGroup() = default;
@@ -137,12 +136,6 @@ void InProcessGroup::Wait(const Done& done) {
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
     CpuRelax();
     if (i % 64 == 0 && internal::SteadyNowNs() - start_ns > spin_ns_) break;
-  }
-  // Yield: lets a rank that shares this CPU run (oversubscribed runs).
-  while (internal::SteadyNowNs() - start_ns < spin_ns_ + yield_ns_) {
-    if (done(std::memory_order_acquire)) return;
-    if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
-    sched_yield();
   }
   // Sleep. Against a lost wake-up: an arriving rank stores its flag, then reads
   // sleepers_; a waiter counts itself in sleepers_, then reads the flags (all

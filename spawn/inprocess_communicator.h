@@ -41,9 +41,11 @@ namespace tandem::dist {
 // with a pause instruction (no system call, so a hand-over between two running
 // ranks costs about one cache-line transfer), then, after a bounded spin (about
 // 50 us, much shorter when the group has more ranks than the process has CPUs,
-// so oversubscribed runs do not burn the cores the other ranks need), yields the
-// CPU for a while and finally sleeps in the kernel (a futex on Linux) until an
-// arriving rank or Cancel wakes it. Cancel wakes every phase at once.
+// so oversubscribed runs do not burn the cores the other ranks need), sleeps in
+// the kernel (a futex on Linux) until an arriving rank or Cancel wakes it. (No
+// sched_yield phase: on a busy machine a yield hands the core to another process
+// for a whole time slice, where a sleeper is woken at once.) Cancel wakes both
+// phases at once.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size);
@@ -92,7 +94,7 @@ class InProcessGroup {
     Slot slot;
   };
 
-  // Returns once done() holds, spinning, then yielding, then sleeping; throws
+  // Returns once done() holds, spinning, then sleeping; throws
   // CancelledError when the group is cancelled first.
   template <typename Done>
   void Wait(const Done& done);
@@ -101,8 +103,7 @@ class InProcessGroup {
   [[noreturn]] void ThrowCancelled() const;
 
   const int world_size_;
-  int64_t spin_ns_;   // spin phase of Wait
-  int64_t yield_ns_;  // then sched_yield for this long, then sleep
+  int64_t spin_ns_;  // spin phase of Wait, then sleep
   std::unique_ptr<PaddedSlot[]> slots_;
   std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
   PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation
