@@ -56,6 +56,18 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 #endif
 }
 
+// The shortest spin budget of a wait (see InProcessGroup::Wait).
+constexpr int64_t kMinSpinNs = 1'000;
+
+// The CPU the calling thread runs on now, or -1.
+int CurrentCpu() {
+#ifdef __linux__
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
 // CPUs this process may run on.
 int UsableCpus() {
 #ifdef __linux__
@@ -122,21 +134,31 @@ InProcessGroup::InProcessGroup(int world_size)
   // Spinning only pays while the rank we wait for runs on another CPU; with more
   // ranks than CPUs it takes the CPU from a rank that has yet to arrive.
   const bool oversubscribed = world_size > UsableCpus();
-  spin_ns_ = oversubscribed ? 2'000 : 50'000;
+  max_spin_ns_ = oversubscribed ? 2'000 : 50'000;
+  shared_spin_ns_ = max_spin_ns_;
+  for (int r = 0; r < world_size; ++r) arrived_[r].spin_ns = max_spin_ns_;
 }
 
 InProcessGroup::~InProcessGroup() = default;
 
-template <typename Done>
-void InProcessGroup::Wait(const Done& done) {
+template <typename Done, typename SpinUseless>
+void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns) {
   // Spin: no system call while the others are about to arrive.
   const int64_t start_ns = internal::SteadyNowNs();
-  for (uint32_t i = 1;; ++i) {
-    if (done(std::memory_order_acquire)) return;
+  const int64_t budget_ns = *spin_ns;
+  for (uint32_t i = 0;; ++i) {
+    if (done(std::memory_order_acquire)) {
+      *spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
+      return;
+    }
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
+    if (i % 64 == 0 &&
+        (spin_useless() || (i > 0 && internal::SteadyNowNs() - start_ns > budget_ns))) {
+      break;
+    }
     CpuRelax();
-    if (i % 64 == 0 && internal::SteadyNowNs() - start_ns > spin_ns_) break;
   }
+  *spin_ns = std::max(kMinSpinNs, budget_ns / 2);
   // Sleep. Against a lost wake-up: an arriving rank stores its flag, then reads
   // sleepers_; a waiter counts itself in sleepers_, then reads the flags (all
   // seq_cst), so one of the two sees the other. The ticket is read before either,
@@ -173,21 +195,43 @@ void InProcessGroup::ArriveAndWait() {
     WakeSleepers();
     return;
   }
-  Wait([&](std::memory_order order) { return arrivals_.value.load(order) >= target; });
+  int64_t spin_ns;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spin_ns = shared_spin_ns_;
+  }
+  Wait([&](std::memory_order order) { return arrivals_.value.load(order) >= target; },
+       [] { return false; }, &spin_ns);
+  std::lock_guard<std::mutex> lock(mutex_);
+  shared_spin_ns_ = spin_ns;
 }
 
 void InProcessGroup::ArriveAndWait(int rank) {
   if (cancelled()) ThrowCancelled();
-  std::atomic<uint64_t>& mine = arrived_[rank].value;
-  const uint64_t n = mine.load(std::memory_order_relaxed) + 1;
-  mine.store(n, std::memory_order_seq_cst);
+  PaddedCounter& mine = arrived_[rank];
+  const int cpu = CurrentCpu();
+  mine.cpu.store(cpu, std::memory_order_relaxed);
+  const uint64_t n = mine.value.load(std::memory_order_relaxed) + 1;
+  mine.value.store(n, std::memory_order_seq_cst);
   WakeSleepers();
-  Wait([&](std::memory_order order) {
-    for (int k = 0; k < world_size_; ++k) {
-      if (arrived_[k].value.load(order) < n) return false;
-    }
-    return true;
-  });
+  Wait(
+      [&](std::memory_order order) {
+        for (int k = 0; k < world_size_; ++k) {
+          if (arrived_[k].value.load(order) < n) return false;
+        }
+        return true;
+      },
+      [&] {
+        // A rank still missing that last ran on this CPU cannot arrive while we spin.
+        for (int k = 0; k < world_size_; ++k) {
+          if (arrived_[k].value.load(std::memory_order_relaxed) < n &&
+              arrived_[k].cpu.load(std::memory_order_relaxed) == cpu && cpu >= 0) {
+            return true;
+          }
+        }
+        return false;
+      },
+      &mine.spin_ns);
 }
 
 void InProcessGroup::Cancel(const std::string& reason) {

@@ -39,10 +39,12 @@ namespace tandem::dist {
 //
 // Waiting (both barriers below): a waiter first spins on the flags it waits for
 // with a pause instruction (no system call, so a hand-over between two running
-// ranks costs about one cache-line transfer), then, after a bounded spin (about
-// 50 us, much shorter when the group has more ranks than the process has CPUs,
-// so oversubscribed runs do not burn the cores the other ranks need), sleeps in
-// the kernel (a futex on Linux) until an arriving rank or Cancel wakes it. (No
+// ranks costs about one cache-line transfer), then sleeps in the kernel (a futex
+// on Linux) until an arriving rank or Cancel wakes it. The spin is bounded: at
+// most 50 us (2 us when the group has more ranks than the process has CPUs), less
+// after waits that outlasted it, and none while a rank it waits for last arrived
+// on the waiter's own CPU (that rank cannot run until the waiter sleeps). So
+// oversubscribed runs do not burn the cores the other ranks need. (No
 // sched_yield phase: on a busy machine a yield hands the core to another process
 // for a whole time slice, where a sleeper is woken at once.) Cancel wakes both
 // phases at once.
@@ -89,21 +91,28 @@ class InProcessGroup {
  private:
   struct alignas(64) PaddedCounter {
     std::atomic<uint64_t> value{0};
+    std::atomic<int> cpu{-1};  // ArriveAndWait(rank): the CPU the rank last arrived on
+    int64_t spin_ns = 0;       // ArriveAndWait(rank): the rank's own spin budget (its thread only)
   };
   struct alignas(64) PaddedSlot {
     Slot slot;
   };
 
-  // Returns once done() holds, spinning, then sleeping; throws
-  // CancelledError when the group is cancelled first.
-  template <typename Done>
-  void Wait(const Done& done);
+  // Returns once done(order) holds: spins for up to *spin_ns while
+  // !spin_useless(), then sleeps; throws CancelledError when the group is
+  // cancelled first. Adapts *spin_ns: doubled (up to max_spin_ns_) after a wait
+  // that the spin ended, halved after one that had to sleep, so a rank whose
+  // waits keep outlasting the spin (its peers compute, or share its CPU) soon
+  // stops spending CPU on it.
+  template <typename Done, typename SpinUseless>
+  void Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns);
   // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).
   void WakeSleepers();
   [[noreturn]] void ThrowCancelled() const;
 
   const int world_size_;
-  int64_t spin_ns_;  // spin phase of Wait, then sleep
+  int64_t max_spin_ns_;       // the longest spin of Wait before it sleeps
+  int64_t shared_spin_ns_;    // ArriveAndWait()'s spin budget, guarded by mutex_
   std::unique_ptr<PaddedSlot[]> slots_;
   std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
   PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation

@@ -170,7 +170,7 @@ constexpr nn::DType kDTypes[] = {nn::kFloat32, nn::kFloat64, nn::kBFloat16, nn::
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 // 1 element; fewer than the ranks' cache lines; across the loops' 8 KB blocks;
 // odd and not divisible by 2, 3 or 4.
-constexpr int64_t kSizes[] = {1, 7, 37, 1031, 2048 * 3 + 5, 20011};
+constexpr int64_t kSizes[] = {1, 7, 37, 1031, 2048 * 3 + 5};
 
 TEST_P(BitExactTest, AllReduceEqualsTheScalarLoopInRankOrder) {
   const int world = GetParam();
@@ -198,7 +198,7 @@ TEST_P(BitExactTest, ReduceScatterEqualsTheScalarLoopInRankOrder) {
   const int world = GetParam();
   for (nn::DType dtype : kDTypes) {
     for (ReduceOp op : kOps) {
-      for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{4099}}) {
+      for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{1031}}) {
         const int64_t n = rows * 3 * world;  // input (world * rows, 3)
         std::vector<std::vector<char>> inputs;
         for (int r = 0; r < world; ++r) inputs.push_back(Input(dtype, r, n, op == ReduceOp::kMax));
@@ -220,14 +220,14 @@ TEST_P(BitExactTest, ReduceScatterEqualsTheScalarLoopInRankOrder) {
 TEST_P(BitExactTest, LargeBroadcastAndAllGatherCopyEveryByte) {
   const int world = GetParam();
   // Above the split-broadcast threshold (64 KB), odd, with a tail shorter than a line.
-  const int64_t n = 300007;
+  const int64_t n = 20011;
   RunRanks(world, [&](Communicator& comm) {
     for (int root = 0; root < world; ++root) {
       Tensor x = FromBytes(Input(nn::kFloat32, comm.rank(), n, false), {n}, nn::kFloat32);
       comm.broadcast(x, root);
       ASSERT_TRUE(Bytes(x) == Input(nn::kFloat32, root, n, false)) << "root " << root;
     }
-    const int64_t m = 70001;
+    const int64_t m = 5001;
     Tensor mine = FromBytes(Input(nn::kFloat64, comm.rank(), m, false), {m}, nn::kFloat64);
     Tensor all = comm.all_gather(mine);
     ASSERT_EQ(all.shape(), (nn::Shape{world, m}));
@@ -244,7 +244,7 @@ TEST_P(BitExactTest, ManySmallCollectivesInARow) {
   // into the next collective must not disturb one still finishing the last.
   const int world = GetParam();
   RunRanks(world, [&](Communicator& comm) {
-    for (int round = 0; round < 300; ++round) {
+    for (int round = 0; round < 200; ++round) {
       Tensor x = nn::full({3}, static_cast<double>(comm.rank() + round));
       comm.all_reduce(x, ReduceOp::kSum);
       const double want = world * round + world * (world - 1) / 2.0;
