@@ -12,7 +12,9 @@
 # Environment: BUILD, MAX_BYTES (default 256M), ITERS (default 20), RANKS
 # (default 2,4), JOBS (build jobs, default 2), COMM_BENCH (a prebuilt binary to
 # run instead, e.g. one built from another commit: see docs/benchmarks.md).
-# A full run takes a few minutes on a quiet 2-core machine; a quick one:
+# Arguments go to comm_bench's collectives run (e.g. --collectives=all_reduce,
+# --windows=10 on a busy machine). A full run takes a few minutes on a quiet
+# 2-core machine; a quick one:
 #   MAX_BYTES=4M ITERS=10 scripts/bench_comm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,7 @@ mpi_bench="$(dirname "$bench")/mpi_comm_bench"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(uname -n), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 "$bench" --mode=memcpy --memcpy_bytes=64M
-"$bench" --mode=collectives --ranks="$ranks" --max_bytes="$max_bytes" --iters="$iters"
+"$bench" --mode=collectives --ranks="$ranks" --max_bytes="$max_bytes" --iters="$iters" "$@"
 if command -v mpirun >/dev/null && [ -x "$mpi_bench" ]; then
   IFS=, read -r -a rank_list <<<"$ranks"
   for n in "${rank_list[@]}"; do
