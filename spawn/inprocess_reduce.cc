@@ -2,8 +2,9 @@
 // spawn/internal/inprocess_reduce.h.
 //
 // Each block of the range is combined in a small accumulator that stays in L1:
-// the first pass combines in[0] and in[1], each later pass adds one more input,
-// and the result is then copied to every output. The inner loops are plain
+// the first pass combines in[0] and in[1], each later pass adds one more input
+// (the last one also divides, for avg), and the result is then copied to every
+// output. The inner loops are plain
 // element-wise loops over restrict-free pointers into a local array, which the
 // compiler vectorises; the op is a compile-time constant so there is no branch
 // per element. Nothing reassociates: element i sees exactly the operations, in
@@ -53,9 +54,27 @@ inline A Combine(A acc, A v) {
   }
 }
 
-template <typename T, int kOp>
-void ReduceTyped(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
-                 int64_t end) {
+// What the last pass applies to each result: nothing (sum, max) or avg's / n.
+struct Keep {
+  template <typename A>
+  A operator()(A x) const {
+    return x;
+  }
+};
+template <typename A>
+struct MultiplyBy {  // avg when n is a power of two (see ReduceTyped)
+  A factor;
+  A operator()(A x) const { return static_cast<A>(x * factor); }
+};
+template <typename A>
+struct DivideBy {
+  A divisor;
+  A operator()(A x) const { return static_cast<A>(x / divisor); }
+};
+
+template <typename T, int kOp, typename Final>
+void ReduceBlocks(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+                  int64_t end, Final final) {
   using A = typename AccOf<T>::type;
   constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
   alignas(64) A acc[kBlock];
@@ -63,18 +82,24 @@ void ReduceTyped(const void* const* in, int n_in, void* const* out, int n_out, i
     const int64_t len = std::min(kBlock, end - lo);
     const T* in0 = static_cast<const T*>(in[0]) + lo;
     if (n_in == 1) {
-      for (int64_t i = 0; i < len; ++i) acc[i] = Widen(in0[i]);
+      for (int64_t i = 0; i < len; ++i) acc[i] = final(Widen(in0[i]));
     } else {
       const T* in1 = static_cast<const T*>(in[1]) + lo;
-      for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(Widen(in0[i]), Widen(in1[i]));
+      if (n_in == 2) {
+        for (int64_t i = 0; i < len; ++i) {
+          acc[i] = final(Combine<kOp, A>(Widen(in0[i]), Widen(in1[i])));
+        }
+      } else {
+        for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(Widen(in0[i]), Widen(in1[i]));
+      }
       for (int k = 2; k < n_in; ++k) {
         const T* ink = static_cast<const T*>(in[k]) + lo;
-        for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(acc[i], Widen(ink[i]));
+        if (k == n_in - 1) {
+          for (int64_t i = 0; i < len; ++i) acc[i] = final(Combine<kOp, A>(acc[i], Widen(ink[i])));
+        } else {
+          for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(acc[i], Widen(ink[i]));
+        }
       }
-    }
-    if constexpr (kOp == kAvg) {
-      const A n = static_cast<A>(n_in);
-      for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<A>(acc[i] / n);
     }
     for (int j = 0; j < n_out; ++j) {
       T* o = static_cast<T*>(out[j]) + lo;
@@ -84,6 +109,23 @@ void ReduceTyped(const void* const* in, int n_in, void* const* out, int n_out, i
         for (int64_t i = 0; i < len; ++i) o[i].bits = nn::BFloat16::FromFloat(acc[i]);
       }
     }
+  }
+}
+
+template <typename T, int kOp>
+void ReduceTyped(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+                 int64_t end) {
+  using A = typename AccOf<T>::type;
+  if constexpr (kOp != kAvg) {
+    ReduceBlocks<T, kOp>(in, n_in, out, n_out, begin, end, Keep{});
+  } else if (std::is_floating_point_v<A> && (n_in & (n_in - 1)) == 0) {
+    // n a power of two: 1/n is exact, so x * (1/n) is the same rounding of the
+    // same real number as x / n (same bits, subnormals, infinities and NaNs
+    // included), and a multiply costs a fraction of a divide.
+    ReduceBlocks<T, kSum>(in, n_in, out, n_out, begin, end,
+                          MultiplyBy<A>{static_cast<A>(static_cast<A>(1) / static_cast<A>(n_in))});
+  } else {
+    ReduceBlocks<T, kSum>(in, n_in, out, n_out, begin, end, DivideBy<A>{static_cast<A>(n_in)});
   }
 }
 
