@@ -26,6 +26,11 @@ namespace {
 // Broadcasts of at least this many bytes are copied by every rank (each a part
 // of every receiver's buffer) rather than by the receivers alone.
 constexpr int64_t kSplitBroadcastBytes = int64_t{64} << 10;
+// CPU collectives of at least kShareMinChunks chunks per rank of this many bytes
+// share their work by claiming chunks (InProcessGroup::ClaimChunk) instead of
+// splitting it in fixed slices: whichever ranks run do the work.
+constexpr int64_t kShareChunkBytes = int64_t{64} << 10;
+constexpr int64_t kShareMinChunks = 2;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -317,6 +322,29 @@ void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::
 // rank's buffer (ranks in order) and writes the result straight into that slice
 // of every rank's buffer, so each element is read once and written once per
 // rank. The slices split the work evenly; their bounds do not change any bit.
+template <typename Work>
+void InProcessCommunicator::ShareWork(int64_t n, int64_t chunk, const Work& work) {
+  const uint64_t chunks = static_cast<uint64_t>((n + chunk - 1) / chunk);
+  const uint64_t base = chunk_base_;
+  chunk_base_ += chunks + static_cast<uint64_t>(world_size());
+  for (;;) {
+    const uint64_t c = group_->ClaimChunk() - base;
+    if (c >= chunks) return;
+    const int64_t begin = static_cast<int64_t>(c) * chunk;
+    work(begin, std::min(n, begin + chunk));
+  }
+}
+
+bool InProcessCommunicator::SharesWork(int64_t bytes) const {
+  return !device().is_cuda() && world_size() > 1 &&
+         bytes >= kShareChunkBytes * kShareMinChunks * world_size();
+}
+
+// Reduce-scatter and all-gather in one pass: each piece of the buffer is reduced
+// by one rank (ranks in order) and written straight into every rank's buffer, so
+// each element is read once and written once per rank. Small: rank r does slice
+// r; large (CPU): the ranks claim 64 KB chunks until none is left. Who reduces a
+// piece does not change any bit.
 void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
   CheckDevice(x, "all_reduce");
   Publish("all_reduce", &x, &x, static_cast<int>(op));
@@ -328,27 +356,40 @@ void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
       in.push_back(group_->slot(k).send);
       out.push_back(group_->slot(k).recv);
     }
-    const auto [begin, end] =
-        Chunk(x.numel(), rank(), world_size(), nn::ElementSize(x.dtype()));
-    ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+    const int64_t element = nn::ElementSize(x.dtype());
+    // An unsupported dtype throws here on every rank, before any claim.
+    ReduceSlice(in, out, 0, 0, x.dtype(), op, device(), "all_reduce");
+    if (SharesWork(x.nbytes())) {
+      ShareWork(x.numel(), kShareChunkBytes / element, [&](int64_t begin, int64_t end) {
+        ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+      });
+    } else {
+      const auto [begin, end] = Chunk(x.numel(), rank(), world_size(), element);
+      ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+    }
   }
   Finish();
 }
 
 // Small: every receiver copies root's buffer. Large: every rank, root included,
-// copies its part of every receiver's buffer, so root's CPU helps as well.
+// copies parts of every receiver's buffer (claimed chunks on the CPU).
 void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
   CheckDevice(x, "broadcast");
   Publish("broadcast", &x, &x, root);
   const char* src = static_cast<const char*>(group_->slot(root).send);
   const int64_t bytes = x.nbytes();
-  if (bytes >= kSplitBroadcastBytes && world_size() > 1 && !device().is_cuda()) {
-    const auto [begin, end] = Chunk(bytes, rank(), world_size(), 1);
+  auto copy_part = [&](int64_t begin, int64_t end) {
     for (int k = 0; k < world_size(); ++k) {
       if (k == root) continue;
       char* dst = static_cast<char*>(group_->slot(k).recv);
       Copy(dst + begin, src + begin, end - begin, device());
     }
+  };
+  if (SharesWork(bytes)) {
+    ShareWork(bytes, kShareChunkBytes, copy_part);
+  } else if (bytes >= kSplitBroadcastBytes && world_size() > 1 && !device().is_cuda()) {
+    const auto [begin, end] = Chunk(bytes, rank(), world_size(), 1);
+    copy_part(begin, end);
   } else if (rank() != root) {
     Copy(x.data_ptr(), src, bytes, device());
   }

@@ -12,7 +12,9 @@
 // CPU tensors: vectorised loops on the calling thread, through the inputs in
 // blocks that stay in L1 (spawn/internal/inprocess_reduce.h); all_reduce is a
 // reduce-scatter and an all-gather in one pass (rank r reduces slice r of every
-// buffer and writes it into every buffer). float32, float64, bfloat16 (summed in
+// buffer and writes it into every buffer; large ones are cut in 64 KB chunks that
+// the ranks claim from a shared counter, so the ranks that run do the work of
+// those that wait for a CPU). float32, float64, bfloat16 (summed in
 // float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
 // the rank's compute stream, ordered against the other ranks' streams with
 // events; the host does not wait for the GPU (float32, float64, int64).
@@ -88,6 +90,12 @@ class InProcessGroup {
   };
   Slot& slot(int rank) { return slots_[rank].slot; }
 
+  // Work sharing inside a collective: the next value of a counter shared by the
+  // ranks (0, 1, 2, ... over the group's life). The in-process communicator
+  // hands out chunks of large collectives with it, so the ranks that are running
+  // do the work of those that are not (more ranks than CPUs, a busy machine).
+  uint64_t ClaimChunk() { return chunks_.value.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   struct alignas(64) PaddedCounter {
     std::atomic<uint64_t> value{0};
@@ -116,6 +124,7 @@ class InProcessGroup {
   std::unique_ptr<PaddedSlot[]> slots_;
   std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
   PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation
+  PaddedCounter chunks_;                      // ClaimChunk()
   alignas(64) std::atomic<bool> cancelled_{false};
   alignas(64) std::atomic<uint32_t> wake_{0};  // the futex word: bumped to wake sleepers
   std::atomic<int> sleepers_{0};
@@ -145,9 +154,20 @@ class InProcessCommunicator final : public Communicator {
   // another's buffer.
   void Finish();
   void CheckDevice(const nn::Tensor& t, const char* op) const;
+  // Calls work(begin, end) for chunks of [0, n) (chunk elements each) that this
+  // rank claims from the group, until every chunk of the collective is claimed.
+  // Every rank of the collective must call it, with the same n and chunk.
+  template <typename Work>
+  void ShareWork(int64_t n, int64_t chunk, const Work& work);
+  // Whether a collective of `bytes` per rank shares its work through ShareWork.
+  bool SharesWork(int64_t bytes) const;
 
   std::shared_ptr<InProcessGroup> group_;
   void* event_ = nullptr;  // CUDA event of this rank (created on first CUDA use)
+  // The group's ClaimChunk value at the start of the next ShareWork: the same on
+  // every rank, since every rank shares the same collectives and each makes
+  // exactly one claim past the end of each.
+  uint64_t chunk_base_ = 0;
 };
 
 }  // namespace tandem::dist
