@@ -27,9 +27,8 @@ if [ -z "${COMM_BENCH:-}" ]; then
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >/dev/null
   fi
   targets=(comm_bench)
-  if cmake --build "$build" --target help | grep -q mpi_comm_bench; then
-    targets+=(mpi_comm_bench)
-  fi
+  build_targets="$(cmake --build "$build" --target help 2>/dev/null || true)"
+  if [[ "$build_targets" == *mpi_comm_bench* ]]; then targets+=(mpi_comm_bench); fi
   cmake --build "$build" -j"${JOBS:-2}" --target "${targets[@]}" >/dev/null
 fi
 bench="${COMM_BENCH:-$build/apps/comm_bench}"
