@@ -1,53 +1,116 @@
 #include "spawn/inprocess_communicator.h"
 
-#include <cstring>
+#include <sched.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "nn/graph.h"
+#include "spawn/internal/inprocess_reduce.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/inprocess_cuda.h"
+#endif
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace tandem::dist {
 namespace {
 
-template <typename T>
-void ReduceSliceCpu(const std::vector<const void*>& in, const std::vector<void*>& out,
-                    int64_t begin, int64_t end, ReduceOp op) {
-  const size_t n = in.size();
-  for (int64_t i = begin; i < end; ++i) {
-    T acc = static_cast<const T*>(in[0])[i];
-    for (size_t k = 1; k < n; ++k) {
-      const T v = static_cast<const T*>(in[k])[i];
-      acc = op == ReduceOp::kMax ? (v > acc ? v : acc) : static_cast<T>(acc + v);
-    }
-    if (op == ReduceOp::kAvg) acc = static_cast<T>(acc / static_cast<T>(n));
-    for (void* o : out) static_cast<T*>(o)[i] = acc;
-  }
+// Broadcasts of at least this many bytes are copied by every rank (each a part
+// of every receiver's buffer) rather than by the receivers alone.
+constexpr int64_t kSplitBroadcastBytes = int64_t{64} << 10;
+// CPU collectives of at least kShareMinChunks chunks per rank of this many bytes
+// share their work by claiming chunks (InProcessGroup::ClaimChunk) instead of
+// splitting it in fixed slices: whichever ranks run do the work.
+constexpr int64_t kShareChunkBytes = int64_t{64} << 10;
+constexpr int64_t kShareMinChunks = 2;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
 }
 
+// Sleeps while *word == expected (or until woken, or a timeout: callers loop).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected) {
+#ifdef __linux__
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  timespec timeout{0, 50'000'000};  // a bound, not a poll: wakes come from WakeSleepers/Cancel
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &timeout,
+          nullptr, 0);
+#else
+  word->wait(expected, std::memory_order_acquire);
+#endif
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+#ifdef __linux__
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+#else
+  word->notify_all();
+#endif
+}
+
+// The shortest spin budget of a wait (see InProcessGroup::Wait).
+constexpr int64_t kMinSpinNs = 1'000;
+
+// The CPU the calling thread runs on now, or -1.
+int CurrentCpu() {
+#ifdef __linux__
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
+// CPUs this process may run on.
+int UsableCpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+using PtrList = absl::InlinedVector<const void*, 8>;
+using MutPtrList = absl::InlinedVector<void*, 8>;
+
 // Reduces in[0..n) element-wise over [begin, end) into every out[j], ranks in order.
-void ReduceSlice(const std::vector<const void*>& in, const std::vector<void*>& out,
-                 int64_t begin, int64_t end, nn::DType dtype, ReduceOp op, nn::Device device,
-                 const char* name) {
-  if (begin >= end) return;
+void ReduceSlice(const PtrList& in, const MutPtrList& out, int64_t begin, int64_t end,
+                 nn::DType dtype, ReduceOp op, nn::Device device, const char* name) {
 #if TANDEM_WITH_CUDA
   if (device.is_cuda()) {
-    internal::ReduceSliceCuda(in, out, begin, end, dtype, static_cast<int>(op), device);
+    // Checked here, not only in the kernel launch, so a rank with an empty slice rejects it too.
+    TANDEM_CHECK(dtype == nn::kFloat32 || dtype == nn::kFloat64 || dtype == nn::kInt64, name,
+                 " on ", device.ToString(), ": dtype ", nn::DTypeName(dtype),
+                 " is not supported (float32, float64, int64)");
+    if (begin >= end) return;
+    internal::ReduceSliceCuda(std::vector<const void*>(in.begin(), in.end()),
+                              std::vector<void*>(out.begin(), out.end()), begin, end, dtype,
+                              static_cast<int>(op), device);
     return;
   }
 #endif
   (void)device;
-  switch (dtype) {
-    case nn::DType::kFloat32: return ReduceSliceCpu<float>(in, out, begin, end, op);
-    case nn::DType::kFloat64: return ReduceSliceCpu<double>(in, out, begin, end, op);
-    case nn::DType::kInt64: return ReduceSliceCpu<int64_t>(in, out, begin, end, op);
-    default:
-      Fail(name, ": dtype ", nn::DTypeName(dtype), " is not supported (float32, float64, int64)");
-  }
+  const bool supported =
+      internal::ReduceCpu(in.data(), static_cast<int>(in.size()), out.data(),
+                          static_cast<int>(out.size()), begin, end, dtype, static_cast<int>(op));
+  TANDEM_CHECK(supported, name, ": dtype ", nn::DTypeName(dtype),
+               " is not supported (float32, float64, bfloat16, int64)");
 }
 
 void Copy(void* dst, const void* src, int64_t bytes, nn::Device device) {
+  if (bytes <= 0) return;
 #if TANDEM_WITH_CUDA
   if (device.is_cuda()) return internal::CopyCuda(dst, src, bytes, device);
 #endif
@@ -55,47 +118,137 @@ void Copy(void* dst, const void* src, int64_t bytes, nn::Device device) {
   std::memcpy(dst, src, static_cast<size_t>(bytes));
 }
 
-// This rank's slice [begin, end) of n elements.
-std::pair<int64_t, int64_t> Chunk(int64_t n, int rank, int world) {
-  return {n * rank / world, n * (rank + 1) / world};
+// Part `part` [begin, end) of n elements split in `parts`, with boundaries on
+// 64-byte lines so that ranks writing neighbouring parts share no cache line.
+std::pair<int64_t, int64_t> Chunk(int64_t n, int part, int parts, int64_t element_size) {
+  const int64_t per_line = std::max<int64_t>(1, 64 / element_size);
+  const int64_t lines = (n + per_line - 1) / per_line;
+  return {std::min(n, lines * part / parts * per_line),
+          std::min(n, lines * (part + 1) / parts * per_line)};
 }
 
 }  // namespace
 
 // --- InProcessGroup ---------------------------------------------------------------
 
-InProcessGroup::InProcessGroup(int world_size) : world_size_(world_size), slots_(world_size) {
+InProcessGroup::InProcessGroup(int world_size)
+    : world_size_(world_size),
+      slots_(new PaddedSlot[std::max(world_size, 1)]),
+      arrived_(new PaddedCounter[std::max(world_size, 1)]) {
   TANDEM_CHECK(world_size >= 1, "InProcessGroup: world size ", world_size);
+  // Spinning only pays while the rank we wait for runs on another CPU; with more
+  // ranks than CPUs it takes the CPU from a rank that has yet to arrive.
+  const bool oversubscribed = world_size > UsableCpus();
+  max_spin_ns_ = oversubscribed ? 2'000 : 50'000;
+  shared_spin_ns_ = max_spin_ns_;
+  for (int r = 0; r < world_size; ++r) arrived_[r].spin_ns = max_spin_ns_;
 }
 
 InProcessGroup::~InProcessGroup() = default;
 
+template <typename Done, typename SpinUseless>
+void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns) {
+  // Spin: no system call while the others are about to arrive.
+  const int64_t start_ns = internal::SteadyNowNs();
+  const int64_t budget_ns = *spin_ns;
+  for (uint32_t i = 0;; ++i) {
+    if (done(std::memory_order_acquire)) {
+      *spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
+      return;
+    }
+    if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
+    if (i % 64 == 0 &&
+        (spin_useless() || (i > 0 && internal::SteadyNowNs() - start_ns > budget_ns))) {
+      break;
+    }
+    CpuRelax();
+  }
+  *spin_ns = std::max(kMinSpinNs, budget_ns / 2);
+  // Sleep. Against a lost wake-up: an arriving rank stores its flag, then reads
+  // sleepers_; a waiter counts itself in sleepers_, then reads the flags (all
+  // seq_cst), so one of the two sees the other. The ticket is read before either,
+  // so a wake that lands between the check and the futex call makes it return.
+  for (;;) {
+    const uint32_t ticket = wake_.load(std::memory_order_acquire);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    const bool ready = done(std::memory_order_seq_cst);
+    const bool cancel = cancelled_.load(std::memory_order_seq_cst);
+    if (!ready && !cancel) FutexWait(&wake_, ticket);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    if (ready) return;
+    if (cancel) ThrowCancelled();
+  }
+}
+
+void InProcessGroup::WakeSleepers() {
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  wake_.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&wake_);
+}
+
+void InProcessGroup::ThrowCancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  throw CancelledError(reason_);
+}
+
 void InProcessGroup::ArriveAndWait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (cancelled_) throw CancelledError(reason_);
-  const uint64_t generation = generation_;
-  if (++arrived_ == world_size_) {
-    arrived_ = 0;
-    ++generation_;
-    cv_.notify_all();
+  if (cancelled()) ThrowCancelled();
+  const uint64_t n = arrivals_.value.fetch_add(1, std::memory_order_seq_cst) + 1;
+  const uint64_t w = static_cast<uint64_t>(world_size_);
+  const uint64_t target = (n + w - 1) / w * w;  // the last arrival of this generation
+  if (n == target) {
+    WakeSleepers();
     return;
   }
-  cv_.wait(lock, [&] { return generation_ != generation || cancelled_; });
-  if (generation_ == generation) throw CancelledError(reason_);
+  int64_t spin_ns;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spin_ns = shared_spin_ns_;
+  }
+  Wait([&](std::memory_order order) { return arrivals_.value.load(order) >= target; },
+       [] { return false; }, &spin_ns);
+  std::lock_guard<std::mutex> lock(mutex_);
+  shared_spin_ns_ = spin_ns;
+}
+
+void InProcessGroup::ArriveAndWait(int rank) {
+  if (cancelled()) ThrowCancelled();
+  PaddedCounter& mine = arrived_[rank];
+  const int cpu = CurrentCpu();
+  mine.cpu.store(cpu, std::memory_order_relaxed);
+  const uint64_t n = mine.value.load(std::memory_order_relaxed) + 1;
+  mine.value.store(n, std::memory_order_seq_cst);
+  WakeSleepers();
+  Wait(
+      [&](std::memory_order order) {
+        for (int k = 0; k < world_size_; ++k) {
+          if (arrived_[k].value.load(order) < n) return false;
+        }
+        return true;
+      },
+      [&] {
+        // A rank still missing that last ran on this CPU cannot arrive while we spin.
+        for (int k = 0; k < world_size_; ++k) {
+          if (arrived_[k].value.load(std::memory_order_relaxed) < n &&
+              arrived_[k].cpu.load(std::memory_order_relaxed) == cpu && cpu >= 0) {
+            return true;
+          }
+        }
+        return false;
+      },
+      &mine.spin_ns);
 }
 
 void InProcessGroup::Cancel(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!cancelled_) {
-    cancelled_ = true;
-    reason_ = reason;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cancelled_.load(std::memory_order_relaxed)) {
+      reason_ = reason;
+      cancelled_.store(true, std::memory_order_seq_cst);
+    }
   }
-  cv_.notify_all();
-}
-
-bool InProcessGroup::cancelled() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return cancelled_;
+  wake_.fetch_add(1, std::memory_order_release);
+  FutexWakeAll(&wake_);
 }
 
 // --- InProcessCommunicator ----------------------------------------------------------
@@ -139,15 +292,15 @@ void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::
   }
 #endif
   s.event = event_;
-  group_->ArriveAndWait();
+  group_->ArriveAndWait(rank());
   // Every rank makes the same comparison over the same slots, so either all
   // ranks throw here or none does.
   const InProcessGroup::Slot& first = group_->slot(0);
   for (int k = 1; k < world_size(); ++k) {
     const InProcessGroup::Slot& other = group_->slot(k);
-    const bool same = std::strcmp(other.op, first.op) == 0 && other.numel == first.numel &&
-                      other.dtype == first.dtype && other.arg == first.arg &&
-                      other.sequence == first.sequence;
+    const bool same = (other.op == first.op || std::strcmp(other.op, first.op) == 0) &&
+                      other.numel == first.numel && other.dtype == first.dtype &&
+                      other.arg == first.arg && other.sequence == first.sequence;
     TANDEM_CHECK(same, "collective mismatch: rank 0 called ", first.op, " #", first.sequence,
                  " (", first.numel, " ", nn::DTypeName(first.dtype), ", arg ", first.arg,
                  ") while rank ", k, " called ", other.op, " #", other.sequence, " (", other.numel,
@@ -165,27 +318,86 @@ void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::
 #endif
 }
 
+// Reduce-scatter and all-gather in one pass: rank r reduces its slice of every
+// rank's buffer (ranks in order) and writes the result straight into that slice
+// of every rank's buffer, so each element is read once and written once per
+// rank. The slices split the work evenly; their bounds do not change any bit.
+template <typename Work>
+void InProcessCommunicator::ShareWork(int64_t n, int64_t chunk, const Work& work) {
+  const uint64_t chunks = static_cast<uint64_t>((n + chunk - 1) / chunk);
+  const uint64_t base = chunk_base_;
+  chunk_base_ += chunks + static_cast<uint64_t>(world_size());
+  for (;;) {
+    const uint64_t c = group_->ClaimChunk() - base;
+    if (c >= chunks) return;
+    const int64_t begin = static_cast<int64_t>(c) * chunk;
+    work(begin, std::min(n, begin + chunk));
+  }
+}
+
+bool InProcessCommunicator::SharesWork(int64_t bytes) const {
+  return !device().is_cuda() && world_size() > 1 &&
+         bytes >= kShareChunkBytes * kShareMinChunks * world_size();
+}
+
+// Reduce-scatter and all-gather in one pass: each piece of the buffer is reduced
+// by one rank (ranks in order) and written straight into every rank's buffer, so
+// each element is read once and written once per rank. Small: rank r does slice
+// r; large (CPU): the ranks claim 64 KB chunks until none is left. Who reduces a
+// piece does not change any bit.
 void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
   CheckDevice(x, "all_reduce");
   Publish("all_reduce", &x, &x, static_cast<int>(op));
-  std::vector<const void*> in;
-  std::vector<void*> out;
-  for (int k = 0; k < world_size(); ++k) {
-    in.push_back(group_->slot(k).send);
-    out.push_back(group_->slot(k).recv);
+  // One rank's sum or max is its own x: nothing to do (avg still divides).
+  if (world_size() > 1 || op == ReduceOp::kAvg) {
+    PtrList in;
+    MutPtrList out;
+    for (int k = 0; k < world_size(); ++k) {
+      in.push_back(group_->slot(k).send);
+      out.push_back(group_->slot(k).recv);
+    }
+    const int64_t element = nn::ElementSize(x.dtype());
+    // An unsupported dtype throws here on every rank, before any claim.
+    ReduceSlice(in, out, 0, 0, x.dtype(), op, device(), "all_reduce");
+    if (SharesWork(x.nbytes())) {
+      ShareWork(x.numel(), kShareChunkBytes / element, [&](int64_t begin, int64_t end) {
+        ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+      });
+    } else {
+      const auto [begin, end] = Chunk(x.numel(), rank(), world_size(), element);
+      ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+    }
   }
-  const auto [begin, end] = Chunk(x.numel(), rank(), world_size());
-  ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
   Finish();
 }
 
+// Small: every receiver copies root's buffer. Large: every rank, root included,
+// copies parts of every receiver's buffer (claimed chunks on the CPU).
 void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
   CheckDevice(x, "broadcast");
   Publish("broadcast", &x, &x, root);
-  if (rank() != root) Copy(x.data_ptr(), group_->slot(root).send, x.nbytes(), device());
+  const char* src = static_cast<const char*>(group_->slot(root).send);
+  const int64_t bytes = x.nbytes();
+  auto copy_part = [&](int64_t begin, int64_t end) {
+    for (int k = 0; k < world_size(); ++k) {
+      if (k == root) continue;
+      char* dst = static_cast<char*>(group_->slot(k).recv);
+      Copy(dst + begin, src + begin, end - begin, device());
+    }
+  };
+  if (SharesWork(bytes)) {
+    ShareWork(bytes, kShareChunkBytes, copy_part);
+  } else if (bytes >= kSplitBroadcastBytes && world_size() > 1 && !device().is_cuda()) {
+    const auto [begin, end] = Chunk(bytes, rank(), world_size(), 1);
+    copy_part(begin, end);
+  } else if (rank() != root) {
+    Copy(x.data_ptr(), src, bytes, device());
+  }
   Finish();
 }
 
+// Every rank copies every rank's input into its own output (reads spread over
+// the ranks; each output written once, by the rank that reads it next).
 void InProcessCommunicator::AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) {
   CheckDevice(input, "all_gather");
   Publish("all_gather", &input, &output, 0);
@@ -201,7 +413,7 @@ void InProcessCommunicator::ReduceScatterImpl(const nn::Tensor& input, nn::Tenso
   CheckDevice(input, "reduce_scatter");
   Publish("reduce_scatter", &input, &output, static_cast<int>(op));
   const int64_t offset_bytes = rank() * output.nbytes();
-  std::vector<const void*> in;
+  PtrList in;
   for (int k = 0; k < world_size(); ++k) {
     in.push_back(static_cast<const char*>(group_->slot(k).send) + offset_bytes);
   }
@@ -221,7 +433,7 @@ void InProcessCommunicator::Finish() {
 #if TANDEM_WITH_CUDA
   if (device().is_cuda()) internal::RecordEvent(event_, device());
 #endif
-  group_->ArriveAndWait();
+  group_->ArriveAndWait(rank());
 #if TANDEM_WITH_CUDA
   if (device().is_cuda()) {
     std::vector<void*> events;

@@ -3,9 +3,21 @@
 // each rank reduces its own slice of everyone's buffers, adding ranks in the order
 // 0, 1, ..., so the result has the same bits on every rank and every run.
 //
-// CPU tensors: plain loops on the calling thread. CUDA tensors (ranks on one GPU):
-// kernels on the rank's compute stream, ordered against the other ranks' streams
-// with events; the host does not wait for the GPU.
+// Every collective is two barriers on the group: the ranks publish their buffers
+// and meet (each then checks that all called the same collective), do their
+// share of the copying or reducing straight between the published buffers, and
+// meet again before any returns (so no buffer is reused while another rank still
+// reads it).
+//
+// CPU tensors: vectorised loops on the calling thread, through the inputs in
+// blocks that stay in L1 (spawn/internal/inprocess_reduce.h); all_reduce is a
+// reduce-scatter and an all-gather in one pass (rank r reduces slice r of every
+// buffer and writes it into every buffer; large ones are cut in 64 KB chunks that
+// the ranks claim from a shared counter, so the ranks that run do the work of
+// those that wait for a CPU). float32, float64, bfloat16 (summed in
+// float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
+// the rank's compute stream, ordered against the other ranks' streams with
+// events; the host does not wait for the GPU (float32, float64, int64).
 //
 // Not capturable in a CUDA graph (nn/graph.h): every collective meets the other
 // ranks on the host. A collective called while nn::CudaGraph captures on the
@@ -14,7 +26,7 @@
 #ifndef TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 #define TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,22 +38,41 @@
 namespace tandem::dist {
 
 // State shared by the ranks of one run. Thread-safe.
+//
+// Waiting (both barriers below): a waiter first spins on the flags it waits for
+// with a pause instruction (no system call, so a hand-over between two running
+// ranks costs about one cache-line transfer), then sleeps in the kernel (a futex
+// on Linux) until an arriving rank or Cancel wakes it. The spin is bounded: at
+// most 50 us (2 us when the group has more ranks than the process has CPUs), less
+// after waits that outlasted it, and none while a rank it waits for last arrived
+// on the waiter's own CPU (that rank cannot run until the waiter sleeps). So
+// oversubscribed runs do not burn the cores the other ranks need. (No
+// sched_yield phase: on a busy machine a yield hands the core to another process
+// for a whole time slice, where a sleeper is woken at once.) Cancel wakes both
+// phases at once.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size);
   ~InProcessGroup();
+  InProcessGroup(const InProcessGroup&) = delete;
+  InProcessGroup& operator=(const InProcessGroup&) = delete;
 
   int world_size() const { return world_size_; }
 
-  // A reusable barrier (generation counter): returns once all world_size ranks
-  // have arrived. Throws CancelledError(reason) when the group is or becomes
+  // A reusable barrier: returns once all world_size callers have arrived (any
+  // threads). Throws CancelledError(reason) when the group is or becomes
   // cancelled while waiting; a generation that completed before the cancel
   // returns normally.
   void ArriveAndWait();
+  // The same barrier for the thread of rank `rank` (0 <= rank < world_size),
+  // over per-rank, cache-line-separated arrival counters (no shared counter that
+  // every rank writes): the in-process communicator's barrier. Separate from
+  // ArriveAndWait(): at a given point every rank calls the same one of the two.
+  void ArriveAndWait(int rank);
   // Wakes every waiter (they throw) and makes every later ArriveAndWait throw.
   // The first reason is kept. Callable from any thread, more than once.
   void Cancel(const std::string& reason);
-  bool cancelled() const;
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // What each rank published for the collective running now. Rank r writes
   // slot(r) before the first barrier of a collective; all read after it; nobody
@@ -57,16 +88,47 @@ class InProcessGroup {
     void* recv = nullptr;
     void* event = nullptr;  // CUDA: an event recorded after this rank's inputs are ready
   };
-  Slot& slot(int rank) { return slots_[rank]; }
+  Slot& slot(int rank) { return slots_[rank].slot; }
+
+  // Work sharing inside a collective: the next value of a counter shared by the
+  // ranks (0, 1, 2, ... over the group's life). The in-process communicator
+  // hands out chunks of large collectives with it, so the ranks that are running
+  // do the work of those that are not (more ranks than CPUs, a busy machine).
+  uint64_t ClaimChunk() { return chunks_.value.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  struct alignas(64) PaddedCounter {
+    std::atomic<uint64_t> value{0};
+    std::atomic<int> cpu{-1};  // ArriveAndWait(rank): the CPU the rank last arrived on
+    int64_t spin_ns = 0;       // ArriveAndWait(rank): the rank's own spin budget (its thread only)
+  };
+  struct alignas(64) PaddedSlot {
+    Slot slot;
+  };
+
+  // Returns once done(order) holds: spins for up to *spin_ns while
+  // !spin_useless(), then sleeps; throws CancelledError when the group is
+  // cancelled first. Adapts *spin_ns: doubled (up to max_spin_ns_) after a wait
+  // that the spin ended, halved after one that had to sleep, so a rank whose
+  // waits keep outlasting the spin (its peers compute, or share its CPU) soon
+  // stops spending CPU on it.
+  template <typename Done, typename SpinUseless>
+  void Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns);
+  // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).
+  void WakeSleepers();
+  [[noreturn]] void ThrowCancelled() const;
+
   const int world_size_;
-  std::vector<Slot> slots_;
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool cancelled_ = false;
+  int64_t max_spin_ns_;       // the longest spin of Wait before it sleeps
+  int64_t shared_spin_ns_;    // ArriveAndWait()'s spin budget, guarded by mutex_
+  std::unique_ptr<PaddedSlot[]> slots_;
+  std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
+  PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation
+  PaddedCounter chunks_;                      // ClaimChunk()
+  alignas(64) std::atomic<bool> cancelled_{false};
+  alignas(64) std::atomic<uint32_t> wake_{0};  // the futex word: bumped to wake sleepers
+  std::atomic<int> sleepers_{0};
+  mutable std::mutex mutex_;  // guards reason_
   std::string reason_;
 };
 
@@ -92,9 +154,20 @@ class InProcessCommunicator final : public Communicator {
   // another's buffer.
   void Finish();
   void CheckDevice(const nn::Tensor& t, const char* op) const;
+  // Calls work(begin, end) for chunks of [0, n) (chunk elements each) that this
+  // rank claims from the group, until every chunk of the collective is claimed.
+  // Every rank of the collective must call it, with the same n and chunk.
+  template <typename Work>
+  void ShareWork(int64_t n, int64_t chunk, const Work& work);
+  // Whether a collective of `bytes` per rank shares its work through ShareWork.
+  bool SharesWork(int64_t bytes) const;
 
   std::shared_ptr<InProcessGroup> group_;
   void* event_ = nullptr;  // CUDA event of this rank (created on first CUDA use)
+  // The group's ClaimChunk value at the start of the next ShareWork: the same on
+  // every rank, since every rank shares the same collectives and each makes
+  // exactly one claim past the end of each.
+  uint64_t chunk_base_ = 0;
 };
 
 }  // namespace tandem::dist

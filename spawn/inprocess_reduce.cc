@@ -1,0 +1,160 @@
+// CPU loops of the in-process communicator; contract in
+// spawn/internal/inprocess_reduce.h.
+//
+// Each block of the range is combined in a small accumulator that stays in L1:
+// the first pass combines in[0] and in[1], each later pass adds one more input
+// (the last one also divides, for avg), and the result is then copied to every
+// output. The inner loops are plain
+// element-wise loops over restrict-free pointers into a local array, which the
+// compiler vectorises; the op is a compile-time constant so there is no branch
+// per element. Nothing reassociates: element i sees exactly the operations, in
+// exactly the order, of a scalar loop over the ranks.
+#include "spawn/internal/inprocess_reduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+namespace tandem::dist::internal {
+namespace {
+
+// Bytes of the accumulator block: well inside L1, large enough that per-block
+// overhead (n_in + n_out short loops) is amortised.
+constexpr int64_t kBlockBytes = 8192;
+
+enum Op { kSum = 0, kAvg = 1, kMax = 2 };
+
+template <typename T>
+struct AccOf {
+  using type = T;
+};
+template <>
+struct AccOf<nn::BFloat16> {
+  using type = float;
+};
+
+template <typename T>
+inline typename AccOf<T>::type Widen(T v) {
+  return v;
+}
+template <>
+inline float Widen<nn::BFloat16>(nn::BFloat16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <int kOp, typename A>
+inline A Combine(A acc, A v) {
+  if constexpr (kOp == kMax) {
+    return v > acc ? v : acc;
+  } else {
+    return static_cast<A>(acc + v);
+  }
+}
+
+// What the last pass applies to each result: nothing (sum, max) or avg's / n.
+struct Keep {
+  template <typename A>
+  A operator()(A x) const {
+    return x;
+  }
+};
+template <typename A>
+struct MultiplyBy {  // avg when n is a power of two (see ReduceTyped)
+  A factor;
+  A operator()(A x) const { return static_cast<A>(x * factor); }
+};
+template <typename A>
+struct DivideBy {
+  A divisor;
+  A operator()(A x) const { return static_cast<A>(x / divisor); }
+};
+
+template <typename T, int kOp, typename Final>
+void ReduceBlocks(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+                  int64_t end, Final final) {
+  using A = typename AccOf<T>::type;
+  constexpr int64_t kBlock = kBlockBytes / static_cast<int64_t>(sizeof(A));
+  alignas(64) A acc[kBlock];
+  for (int64_t lo = begin; lo < end; lo += kBlock) {
+    const int64_t len = std::min(kBlock, end - lo);
+    const T* in0 = static_cast<const T*>(in[0]) + lo;
+    if (n_in == 1) {
+      for (int64_t i = 0; i < len; ++i) acc[i] = final(Widen(in0[i]));
+    } else {
+      const T* in1 = static_cast<const T*>(in[1]) + lo;
+      if (n_in == 2) {
+        for (int64_t i = 0; i < len; ++i) {
+          acc[i] = final(Combine<kOp, A>(Widen(in0[i]), Widen(in1[i])));
+        }
+      } else {
+        for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(Widen(in0[i]), Widen(in1[i]));
+      }
+      for (int k = 2; k < n_in; ++k) {
+        const T* ink = static_cast<const T*>(in[k]) + lo;
+        if (k == n_in - 1) {
+          for (int64_t i = 0; i < len; ++i) acc[i] = final(Combine<kOp, A>(acc[i], Widen(ink[i])));
+        } else {
+          for (int64_t i = 0; i < len; ++i) acc[i] = Combine<kOp, A>(acc[i], Widen(ink[i]));
+        }
+      }
+    }
+    for (int j = 0; j < n_out; ++j) {
+      T* o = static_cast<T*>(out[j]) + lo;
+      if constexpr (std::is_same_v<T, A>) {
+        std::memcpy(o, acc, static_cast<size_t>(len) * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < len; ++i) o[i].bits = nn::BFloat16::FromFloat(acc[i]);
+      }
+    }
+  }
+}
+
+template <typename T, int kOp>
+void ReduceTyped(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+                 int64_t end) {
+  using A = typename AccOf<T>::type;
+  if constexpr (kOp != kAvg) {
+    ReduceBlocks<T, kOp>(in, n_in, out, n_out, begin, end, Keep{});
+  } else if (std::is_floating_point_v<A> && (n_in & (n_in - 1)) == 0) {
+    // n a power of two: 1/n is exact, so x * (1/n) is the same rounding of the
+    // same real number as x / n (same bits, subnormals, infinities and NaNs
+    // included), and a multiply costs a fraction of a divide.
+    ReduceBlocks<T, kSum>(in, n_in, out, n_out, begin, end,
+                          MultiplyBy<A>{static_cast<A>(static_cast<A>(1) / static_cast<A>(n_in))});
+  } else {
+    ReduceBlocks<T, kSum>(in, n_in, out, n_out, begin, end, DivideBy<A>{static_cast<A>(n_in)});
+  }
+}
+
+template <typename T>
+void ReduceOp(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+              int64_t end, int op) {
+  if (begin >= end) return;
+  switch (op) {
+    case kSum: return ReduceTyped<T, kSum>(in, n_in, out, n_out, begin, end);
+    case kAvg: return ReduceTyped<T, kAvg>(in, n_in, out, n_out, begin, end);
+    default: return ReduceTyped<T, kMax>(in, n_in, out, n_out, begin, end);
+  }
+}
+
+}  // namespace
+
+bool ReduceCpu(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
+               int64_t end, nn::DType dtype, int op) {
+  // The dtype is checked even for an empty range, so that every rank of a
+  // collective rejects it (a rank whose slice is empty as well).
+  switch (dtype) {
+    case nn::DType::kFloat32: ReduceOp<float>(in, n_in, out, n_out, begin, end, op); return true;
+    case nn::DType::kFloat64: ReduceOp<double>(in, n_in, out, n_out, begin, end, op); return true;
+    case nn::DType::kBFloat16:
+      ReduceOp<nn::BFloat16>(in, n_in, out, n_out, begin, end, op);
+      return true;
+    case nn::DType::kInt64: ReduceOp<int64_t>(in, n_in, out, n_out, begin, end, op); return true;
+    default: return false;
+  }
+}
+
+}  // namespace tandem::dist::internal

@@ -1,0 +1,416 @@
+// The in-process communicator's fast paths against plain references: every
+// reduction bit-identical to a scalar loop over the ranks in order (rank 0 op
+// rank 1 op ...), for every op and dtype, at sizes that cross the loops' blocks
+// and do not divide by the world size; the split broadcast and all_gather on
+// large buffers; and the group's barrier waking promptly from every phase of its
+// wait (spin, sleep) on Cancel.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "spawn/inprocess_communicator.h"
+
+namespace tandem::dist {
+namespace {
+
+using nn::Tensor;
+
+template <typename Body>
+void RunRanks(int world, Body body) {
+  auto group = std::make_shared<InProcessGroup>(world);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        InProcessCommunicator comm(r, nn::Device::CPU(), group);
+        body(comm);
+        // A failed ASSERT returned early: release the ranks waiting for this one.
+        if (::testing::Test::HasFailure()) group->Cancel("a check failed on another rank");
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        group->Cancel(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Rank r's input at element i: magnitudes from 1e-3 to 1e7 and both signs, so a
+// different order of additions gives different bits. Max inputs also hold
+// signed zeros and (float types) NaNs, whose handling depends on operand order.
+float RawValue(int rank, int64_t i, bool for_max) {
+  if (for_max && i % 11 == 3) return (rank % 2 == 0) ? 0.0f : -0.0f;
+  if (for_max && i % 13 == 5 && rank == 1) return std::numeric_limits<float>::quiet_NaN();
+  const float sign = ((i + rank) % 3 == 0) ? -1.0f : 1.0f;
+  return sign * (1.0f / static_cast<float>(1 + i + 7 * rank) + 1e7f * static_cast<float>(i % 2) +
+                 0.37f * static_cast<float>(rank));
+}
+
+// Bytes of rank r's input tensor of n elements.
+std::vector<char> Input(nn::DType dtype, int rank, int64_t n, bool for_max) {
+  std::vector<char> bytes(static_cast<size_t>(n * nn::ElementSize(dtype)));
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = RawValue(rank, i, for_max);
+    switch (dtype) {
+      case nn::kFloat32: std::memcpy(&bytes[i * 4], &f, 4); break;
+      case nn::kFloat64: {
+        const double d = static_cast<double>(f) * (1.0 + 1e-9 * static_cast<double>(i % 5));
+        std::memcpy(&bytes[i * 8], &d, 8);
+        break;
+      }
+      case nn::kBFloat16: {
+        const uint16_t b = nn::BFloat16(f).bits;
+        std::memcpy(&bytes[i * 2], &b, 2);
+        break;
+      }
+      default: {
+        const int64_t v = (i * 7919 + rank * 104729) % 2001 - 1000;
+        std::memcpy(&bytes[i * 8], &v, 8);
+      }
+    }
+  }
+  return bytes;
+}
+
+template <typename T>
+T At(const std::vector<char>& bytes, int64_t i) {
+  T v;
+  std::memcpy(&v, &bytes[i * sizeof(T)], sizeof(T));
+  return v;
+}
+
+// The scalar loop of the reference: acc = x0; acc = acc op xk for k = 1..n-1;
+// avg divides by n at the end.
+template <typename A>
+A Fold(const A* xs, size_t n, ReduceOp op) {
+  A acc = xs[0];
+  for (size_t k = 1; k < n; ++k) {
+    const A v = xs[k];
+    acc = op == ReduceOp::kMax ? (v > acc ? v : acc) : static_cast<A>(acc + v);
+  }
+  if (op == ReduceOp::kAvg) acc = static_cast<A>(acc / static_cast<A>(n));
+  return acc;
+}
+
+// The expected bytes of elements [first, first + n) of the reduction of
+// inputs[0..world) (at most 8 ranks).
+std::vector<char> Expected(nn::DType dtype, const std::vector<std::vector<char>>& inputs,
+                           int64_t first, int64_t n, ReduceOp op) {
+  const int64_t size = nn::ElementSize(dtype);
+  const size_t world = inputs.size();
+  std::vector<char> out(static_cast<size_t>(n * size));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = first + i;
+    switch (dtype) {
+      case nn::kFloat32: {
+        float xs[8];
+        for (size_t k = 0; k < world; ++k) xs[k] = At<float>(inputs[k], j);
+        const float r = Fold(xs, world, op);
+        std::memcpy(&out[i * size], &r, size);
+        break;
+      }
+      case nn::kFloat64: {
+        double xs[8];
+        for (size_t k = 0; k < world; ++k) xs[k] = At<double>(inputs[k], j);
+        const double r = Fold(xs, world, op);
+        std::memcpy(&out[i * size], &r, size);
+        break;
+      }
+      case nn::kBFloat16: {
+        float xs[8];  // bfloat16 sums in float32, rounded once
+        for (size_t k = 0; k < world; ++k) {
+          nn::BFloat16 b;
+          b.bits = At<uint16_t>(inputs[k], j);
+          xs[k] = static_cast<float>(b);
+        }
+        const uint16_t r = nn::BFloat16(Fold(xs, world, op)).bits;
+        std::memcpy(&out[i * size], &r, size);
+        break;
+      }
+      default: {
+        int64_t xs[8];
+        for (size_t k = 0; k < world; ++k) xs[k] = At<int64_t>(inputs[k], j);
+        const int64_t r = Fold(xs, world, op);
+        std::memcpy(&out[i * size], &r, size);
+      }
+    }
+  }
+  return out;
+}
+
+Tensor FromBytes(const std::vector<char>& bytes, nn::Shape shape, nn::DType dtype) {
+  Tensor t = nn::empty(shape, {.dtype = dtype});
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::vector<char> Bytes(const Tensor& t) {
+  std::vector<char> out(static_cast<size_t>(t.nbytes()));
+  std::memcpy(out.data(), t.data_ptr(), out.size());
+  return out;
+}
+
+// Names the first differing element.
+std::string FirstDifference(const std::vector<char>& got, const std::vector<char>& want,
+                            int64_t element_size) {
+  for (size_t b = 0; b < got.size(); ++b) {
+    if (got[b] != want[b]) return "element " + std::to_string(b / element_size);
+  }
+  return "none";
+}
+
+class BitExactTest : public ::testing::TestWithParam<int> {};
+
+constexpr nn::DType kDTypes[] = {nn::kFloat32, nn::kFloat64, nn::kBFloat16, nn::kInt64};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
+// 1 element; fewer than the ranks' cache lines; across the loops' 8 KB blocks;
+// odd and not divisible by 2, 3 or 4.
+constexpr int64_t kSizes[] = {1, 7, 37, 1031, 2048 * 3 + 5};
+
+TEST_P(BitExactTest, AllReduceEqualsTheScalarLoopInRankOrder) {
+  const int world = GetParam();
+  for (nn::DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (int64_t n : kSizes) {
+        std::vector<std::vector<char>> inputs;
+        for (int r = 0; r < world; ++r) inputs.push_back(Input(dtype, r, n, op == ReduceOp::kMax));
+        const std::vector<char> want = Expected(dtype, inputs, 0, n, op);
+        RunRanks(world, [&](Communicator& comm) {
+          Tensor x = FromBytes(inputs[comm.rank()], {n}, dtype);
+          comm.all_reduce(x, op);
+          const std::vector<char> got = Bytes(x);
+          ASSERT_TRUE(got == want)
+              << nn::DTypeName(dtype) << " " << ReduceOpName(op) << " n=" << n << " rank "
+              << comm.rank() << ": first difference at "
+              << FirstDifference(got, want, nn::ElementSize(dtype));
+        });
+      }
+    }
+  }
+}
+
+TEST_P(BitExactTest, ReduceScatterEqualsTheScalarLoopInRankOrder) {
+  const int world = GetParam();
+  for (nn::DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{1031}}) {
+        const int64_t n = rows * 3 * world;  // input (world * rows, 3)
+        std::vector<std::vector<char>> inputs;
+        for (int r = 0; r < world; ++r) inputs.push_back(Input(dtype, r, n, op == ReduceOp::kMax));
+        RunRanks(world, [&](Communicator& comm) {
+          Tensor x = FromBytes(inputs[comm.rank()], {world * rows, 3}, dtype);
+          Tensor part = comm.reduce_scatter(x, op);
+          ASSERT_EQ(part.shape(), (nn::Shape{rows, 3}));
+          const std::vector<char> want = Expected(dtype, inputs, comm.rank() * rows * 3,
+                                                  rows * 3, op);
+          ASSERT_TRUE(Bytes(part) == want)
+              << nn::DTypeName(dtype) << " " << ReduceOpName(op) << " rows=" << rows;
+          ASSERT_TRUE(Bytes(x) == inputs[comm.rank()]) << "reduce_scatter changed its input";
+        });
+      }
+    }
+  }
+}
+
+TEST_P(BitExactTest, LargeBroadcastAndAllGatherCopyEveryByte) {
+  const int world = GetParam();
+  // Above the split-broadcast threshold (64 KB), odd, with a tail shorter than a line.
+  const int64_t n = 20011;
+  RunRanks(world, [&](Communicator& comm) {
+    for (int root = 0; root < world; ++root) {
+      Tensor x = FromBytes(Input(nn::kFloat32, comm.rank(), n, false), {n}, nn::kFloat32);
+      comm.broadcast(x, root);
+      ASSERT_TRUE(Bytes(x) == Input(nn::kFloat32, root, n, false)) << "root " << root;
+    }
+    const int64_t m = 5001;
+    Tensor mine = FromBytes(Input(nn::kFloat64, comm.rank(), m, false), {m}, nn::kFloat64);
+    Tensor all = comm.all_gather(mine);
+    ASSERT_EQ(all.shape(), (nn::Shape{world, m}));
+    const std::vector<char> got = Bytes(all);
+    for (int k = 0; k < world; ++k) {
+      const std::vector<char> want = Input(nn::kFloat64, k, m, false);
+      ASSERT_EQ(std::memcmp(got.data() + k * m * 8, want.data(), want.size()), 0) << "row " << k;
+    }
+  });
+}
+
+TEST_P(BitExactTest, ManySmallCollectivesInARow) {
+  // Back-to-back collectives with no work between them: a rank that runs ahead
+  // into the next collective must not disturb one still finishing the last.
+  const int world = GetParam();
+  RunRanks(world, [&](Communicator& comm) {
+    for (int round = 0; round < 200; ++round) {
+      Tensor x = nn::full({3}, static_cast<double>(comm.rank() + round));
+      comm.all_reduce(x, ReduceOp::kSum);
+      const double want = world * round + world * (world - 1) / 2.0;
+      for (double v : x.to_vector<double>()) ASSERT_EQ(v, want) << "round " << round;
+      Tensor y = nn::full({2}, static_cast<double>(comm.rank() == round % world ? round : -1));
+      comm.broadcast(y, round % world);
+      for (double v : y.to_vector<double>()) ASSERT_EQ(v, round);
+    }
+  });
+}
+
+TEST_P(BitExactTest, LargeCollectivesShareChunksAndStayExact) {
+  // Above 64 KB x 2 x world: the ranks claim 64 KB chunks from the group's
+  // counter. Several in a row, of different sizes and kinds, so that a rank whose
+  // idea of the counter's start drifted would reduce the wrong chunks.
+  const int world = GetParam();
+  struct Case {
+    nn::DType dtype;
+    ReduceOp op;
+    int64_t n;
+  };
+  const Case cases[] = {{nn::kFloat32, ReduceOp::kSum, 200003},
+                        {nn::kFloat64, ReduceOp::kAvg, 70001},
+                        {nn::kBFloat16, ReduceOp::kMax, 400009},
+                        {nn::kFloat32, ReduceOp::kAvg, 131072 + 17}};
+  std::vector<std::vector<std::vector<char>>> inputs;
+  std::vector<std::vector<char>> wants;
+  for (const Case& c : cases) {
+    inputs.emplace_back();
+    for (int r = 0; r < world; ++r) {
+      inputs.back().push_back(Input(c.dtype, r, c.n, c.op == ReduceOp::kMax));
+    }
+    wants.push_back(Expected(c.dtype, inputs.back(), 0, c.n, c.op));
+  }
+  const int64_t b = 300001;  // broadcast bytes (uint8), between the all_reduces
+  RunRanks(world, [&](Communicator& comm) {
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < std::size(cases); ++i) {
+        Tensor x = FromBytes(inputs[i][comm.rank()], {cases[i].n}, cases[i].dtype);
+        comm.all_reduce(x, cases[i].op);
+        const std::vector<char> got = Bytes(x);
+        ASSERT_TRUE(got == wants[i])
+            << "case " << i << " round " << round << " rank " << comm.rank() << ": first "
+            << "difference at " << FirstDifference(got, wants[i], nn::ElementSize(cases[i].dtype));
+        const int root = static_cast<int>(i) % world;
+        Tensor y = nn::full({b}, comm.rank() + 1.0, {.dtype = nn::kUInt8});
+        comm.broadcast(y, root);
+        const std::vector<char> sent = Bytes(y);
+        ASSERT_EQ(std::count(sent.begin(), sent.end(), static_cast<char>(root + 1)), b)
+            << "broadcast from " << root;
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, BitExactTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(InProcessGroupWaitTest, RankBarrierOrdersWritesAcrossManyRounds) {
+  const int world = 4;  // more ranks than this machine's cores: the sleep path runs
+  InProcessGroup group(world);
+  std::vector<int> marks(world, 0);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      for (int round = 1; round <= 500; ++round) {
+        marks[r] = round;
+        group.ArriveAndWait(r);
+        for (int k = 0; k < world; ++k) {
+          if (marks[k] != round) ++failures;
+        }
+        group.ArriveAndWait(r);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+// Waiters are cancelled after `delay`, which puts them in the spin (0, 10 us) or
+// the sleep (300 ms >> the 50 us spin) phase; each must throw soon after.
+void ExpectCancelWakes(std::chrono::microseconds delay, bool per_rank) {
+  const int world = 3;
+  InProcessGroup group(world);
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < world - 1; ++r) {
+    waiters.emplace_back([&, r] {
+      try {
+        if (per_rank) {
+          group.ArriveAndWait(r);
+        } else {
+          group.ArriveAndWait();
+        }
+      } catch (const CancelledError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 2 failed"), std::string::npos) << e.what();
+        ++cancelled;
+      }
+    });
+  }
+  std::this_thread::sleep_for(delay);
+  const auto start = std::chrono::steady_clock::now();
+  group.Cancel("rank 2 failed");
+  for (auto& t : waiters) t.join();
+  const double waited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(cancelled.load(), world - 1);
+  // Generous for a loaded machine; a missed wake-up would take the futex's
+  // 50 ms re-check at best, and hang without it.
+  EXPECT_LT(waited_s, 2.0) << "delay " << delay.count() << " us";
+  EXPECT_THROW(group.ArriveAndWait(0), CancelledError);
+  EXPECT_THROW(group.ArriveAndWait(), CancelledError);
+  EXPECT_TRUE(group.cancelled());
+}
+
+TEST(InProcessGroupWaitTest, CancelWakesSpinningAndSleepingWaiters) {
+  for (bool per_rank : {true, false}) {
+    for (int delay_us : {0, 10, 300'000}) {
+      ExpectCancelWakes(std::chrono::microseconds(delay_us), per_rank);
+    }
+  }
+}
+
+TEST(InProcessGroupWaitTest, SleepingWaiterWakesOnTheLastArrival) {
+  InProcessGroup group(2);
+  std::atomic<bool> passed{false};
+  std::thread waiter([&] {
+    group.ArriveAndWait(0);
+    passed = true;
+  });
+  // Long enough to be asleep in the kernel (the spin ends after 50 us).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(passed.load());
+  group.ArriveAndWait(1);
+  waiter.join();
+  EXPECT_TRUE(passed.load());
+}
+
+TEST(CommunicatorDTypeTest, UnsupportedDTypeIsAnErrorOnEveryRank) {
+  std::atomic<int> errors{0};
+  auto group = std::make_shared<InProcessGroup>(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      InProcessCommunicator comm(r, nn::Device::CPU(), group);
+      // 4 bytes: rank 0's 64-byte-aligned slice is empty, yet it must reject the dtype too.
+      Tensor x = nn::zeros({4}, {.dtype = nn::kUInt8});
+      try {
+        comm.all_reduce(x);
+      } catch (const CancelledError& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("uint8"), std::string::npos) << e.what();
+        ++errors;
+        group->Cancel(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 2);
+}
+
+}  // namespace
+}  // namespace tandem::dist
