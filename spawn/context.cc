@@ -8,13 +8,16 @@ thread_local Context* t_current = nullptr;
 }  // namespace
 
 Context::Context(int rank, int world_size, nn::Device device, Communicator* communicator,
-                 RankLogger logger, std::stop_token stop)
+                 RankLogger logger, std::stop_token stop, Placement placement)
     : rank_(rank),
       world_size_(world_size),
       device_(device),
       communicator_(communicator),
       logger_(logger),
-      stop_(std::move(stop)) {}
+      stop_(std::move(stop)),
+      placement_(std::move(placement)) {
+  if (placement_.local_rank < 0) placement_.local_rank = rank;
+}
 
 void Context::check_stop() const {
   if (stop_.stop_requested()) {
