@@ -251,6 +251,25 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.share_devices = flags.share_devices;
   options.log_dir = flags.log_dir;
   options.seed = flags.seed;
+  // Several processes (mpirun, srun): what every process must run with, or all
+  // stop before training with the value and the hosts that differ. Devices,
+  // loader workers, threads and paths may differ per host.
+  options.must_agree = {
+      {"program", flags.program},
+      {"--epochs", absl::StrCat(flags.epochs)},
+      {"--batch_size", absl::StrCat(flags.batch_size)},
+      {"--lr", absl::StrCat(flags.lr)},
+      {"--lr_schedule", flags.lr_schedule},
+      {"--optimizer", flags.optimizer},
+      {"--seed", absl::StrCat(flags.seed)},
+      {"--deterministic", flags.deterministic ? "true" : "false"},
+      {"--bf16", flags.bf16 ? "true" : "false"},
+      {"--resume", flags.resume ? "true" : "false"},
+      {"--max_steps_per_epoch", absl::StrCat(flags.max_steps_per_epoch)},
+      {"--train_limit", absl::StrCat(flags.train_limit)},
+      {"--test_limit", absl::StrCat(flags.test_limit)},
+      {"--stop_at_step", absl::StrCat(flags.stop_at_step)},
+  };
   return options;
 }
 

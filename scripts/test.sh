@@ -13,7 +13,7 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_CUDA=OFF -DT
   -DTANDEM_BUILD_APPS=OFF >/dev/null
 # Only the threaded tests are built under TSan (label tsan_ok): spawn and data.
 cmake --build build-tsan -j"$jobs" --target spawn_devices_test spawn_communicator_test \
-  spawn_logger_test spawn_test spawn_data_parallel_test spawn_checkpoint_test data_sampler_test \
+  spawn_logger_test spawn_test spawn_data_parallel_test spawn_checkpoint_test spawn_process_world_test data_sampler_test \
   data_loader_test
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   ctest --test-dir build-tsan -L tsan_ok --output-on-failure -j"$jobs"

@@ -7,9 +7,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "optim/adam.h"
 #include "spawn/checkpoint.h"
 #include "spawn/spawn.h"
 #include "tests/spawn/dp_models.h"
@@ -257,6 +259,56 @@ TEST_F(MpiTest, WorkerLogsAreNamedByGlobalRank) {
     EXPECT_NE(text.str().find(absl::StrCat("hello from ", rank)), std::string::npos)
         << "workerlog." << rank << ": " << text.str();
   }
+}
+
+// Each process has its own checkpoint directory (as on hosts without a shared
+// file system): rank 0 writes into process 0's, the load broadcasts its bytes,
+// and the resumed run ends with the bits of the uninterrupted one (weights,
+// Adam state, every rank's generator).
+TEST_F(MpiTest, CheckpointResumesBitIdenticallyWithoutASharedDirectory) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/mpi_ckpt_", getppid(), "_", LaunchedIndex());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/state.ckpt";
+  auto run = [&](int steps, bool load_first, bool save_at_end) {
+    return spawn(
+        [&](Context& ctx) {
+          LinearNet net;
+          DataParallel dp(net, ctx);
+          optim::Adam adam(dp.parameters(), {.lr = 1e-2});
+          int64_t step = 0;
+          TrainingState state{.model = &net, .optimizer = &adam, .step = &step};
+          if (load_first) {
+            const absl::Status s = LoadTrainingCheckpoint(ctx, path, state);
+            TANDEM_CHECK(s.ok(), "load: ", s.ToString());
+          }
+          for (int k = 0; k < steps; ++k, ++step) {
+            Tensor loss = nn::mse_loss(dp(nn::randn({4, 10})), nn::randn({4, 1}));
+            loss.backward();
+            adam.step();
+            adam.zero_grad();
+          }
+          if (save_at_end) {
+            const absl::Status s = SaveTrainingCheckpoint(ctx, path, state);
+            TANDEM_CHECK(s.ok(), "save: ", s.ToString());
+          }
+          std::vector<float> out = FlatParams(net);
+          out.push_back(static_cast<float>(step));
+          return out;
+        },
+        1, "cpu", Options());
+  };
+  auto straight = run(6, false, false);
+  auto first = run(3, false, true);
+  ASSERT_TRUE(straight.ok() && first.ok()) << straight.status() << first.status();
+  EXPECT_EQ(std::filesystem::exists(path), LaunchedIndex() == 0)
+      << "only global rank 0 writes: " << path;
+  auto resumed = run(3, true, false);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)[0], (*straight)[0]);
+  EXPECT_NE((*first)[0], (*straight)[0]);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
