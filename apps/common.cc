@@ -280,12 +280,24 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     absl::StrAppend(&devices, r ? " " : "", flags.devices[r].ToString());
   }
   const bool cpu = flags.devices.empty() || !flags.devices[0].is_cuda();
+  // Several processes (mpirun, srun): process 0 prints the header; spawn's own
+  // header then lists every process's host and devices and the global world.
+  const dist::LaunchInfo launch = dist::DetectLaunch();
+  if (launch.index != 0) return;
   rows.emplace_back("program", flags.program);
-  rows.emplace_back("world size", absl::StrCat(flags.world_size()));
+  if (launch.processes > 1) {
+    rows.emplace_back("processes", absl::StrCat(launch.processes, " (", launch.evidence,
+                                                "): spawn's header lists them"));
+    rows.emplace_back("ranks in process 0", absl::StrCat(flags.world_size()));
+  } else {
+    rows.emplace_back("world size", absl::StrCat(flags.world_size()));
+  }
   rows.emplace_back("devices (rank order)", devices);
   rows.emplace_back("visible GPUs", dist::DescribeVisibleGpus(nn::cuda_device_count()));
   rows.emplace_back("communicator",
-                    cpu || dist::HasSharedGpu(flags.devices) ? "in-process" : "nccl");
+                    launch.processes > 1 && cpu ? "hierarchical: in-process + MPI"
+                    : cpu || dist::HasSharedGpu(flags.devices) ? "in-process"
+                                                               : "nccl");
   for (const std::string& row : extra_rows) {
     const size_t colon = row.find('=');
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));

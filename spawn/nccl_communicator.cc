@@ -41,6 +41,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -332,6 +333,68 @@ void AbortNcclCommunicators(const std::vector<std::unique_ptr<Communicator>>& co
   for (const auto& c : comms) {
     if (auto* nccl = dynamic_cast<NcclCommunicator*>(c.get())) nccl->Abort();
   }
+}
+
+// --- Across processes -------------------------------------------------------------
+
+absl::StatusOr<std::string> NcclUniqueIdBytes() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("ncclGetUniqueId: ", NcclText(r, nullptr)));
+  }
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicatorsAcross(
+    const std::vector<nn::Device>& devices, const std::string& unique_id, int first_rank,
+    int world_size) {
+  const int n = static_cast<int>(devices.size());
+  if (unique_id.size() != sizeof(ncclUniqueId)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
+                                                   " bytes, expected ", sizeof(ncclUniqueId)));
+  }
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclSuccess;
+  ncclGroupStart();
+  for (int i = 0; i < n; ++i) {
+    cudaSetDevice(devices[i].index);
+    r = ncclCommInitRankConfig(&comms[i], world_size, id, first_rank + i, &config);
+    if (r != ncclSuccess && r != ncclInProgress) break;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = end;
+  if (r == ncclInProgress) r = ncclSuccess;
+  for (int i = 0; i < n && r == ncclSuccess; ++i) {
+    if (comms[i] != nullptr) r = WaitComm(comms[i], nullptr);
+  }
+  if (r != ncclSuccess) {
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) ncclCommAbort(c);
+    }
+    return absl::InternalError(absl::StrCat("NCCL init of global ranks ", first_rank, "..",
+                                            first_rank + n - 1, " of ", world_size, ": ",
+                                            NcclText(r, nullptr)));
+  }
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int i = 0; i < n; ++i) {
+    cudaSetDevice(devices[i].index);
+    cudaStream_t stream;
+    const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      for (int k = i; k < n; ++k) ncclCommAbort(comms[k]);
+      return absl::InternalError(absl::StrCat("cudaStreamCreate on cuda:", devices[i].index, ": ",
+                                              cudaGetErrorString(e)));
+    }
+    out.push_back(std::make_unique<NcclCommunicator>(first_rank + i, world_size, devices[i],
+                                                     comms[i], stream));
+  }
+  return out;
 }
 
 std::string CudaNcclVersions() {

@@ -5,13 +5,18 @@
 #include <cstdlib>
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spawn/internal/hierarchical_communicator.h"
+#include "nn/status_macros.h"
 #include "spawn/spawn.h"
+#if TANDEM_WITH_CUDA
+#include "spawn/internal/nccl.h"
+#endif
 
 namespace tandem::dist::internal {
 namespace {
@@ -89,6 +94,17 @@ LauncherEnv DetectLauncher() {
   }
   return {};
 }
+
+}  // namespace tandem::dist::internal
+
+namespace tandem::dist {
+LaunchInfo DetectLaunch() {
+  const internal::LauncherEnv env = internal::DetectLauncher();
+  return {.processes = env.size, .index = env.rank, .evidence = env.evidence};
+}
+}  // namespace tandem::dist
+
+namespace tandem::dist::internal {
 
 std::string SerializeProcessInfo(const ProcessInfo& info) {
   std::string out;
@@ -220,6 +236,28 @@ std::vector<std::unique_ptr<Communicator>> ProcessWorld::MakeCommunicators(
     comms.push_back(std::make_unique<HierarchicalCommunicator>(l, local_devices[l], exchange_));
   }
   return comms;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcclCommunicators(
+    const std::vector<nn::Device>& local_devices) {
+#if TANDEM_WITH_CUDA
+  std::string id(128, '\0');
+  if (process_index_ == 0) {
+    ASSIGN_OR_RETURN(id, NcclUniqueIdBytes());
+  }
+  // Every process learns the id's size from the build (the agreement checked it
+  // is the same build); process 0's bytes go to all.
+  std::unique_ptr<PendingOp> op = transport_->Broadcast(id.data(), static_cast<int64_t>(id.size()), 0);
+  try {
+    while (!op->Test()) std::this_thread::yield();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("spawn: broadcasting NCCL's unique id: ", e.what()));
+  }
+  return CreateNcclCommunicatorsAcross(local_devices, id, rank_offset_, world_size_);
+#else
+  (void)local_devices;
+  return absl::FailedPreconditionError("spawn: GPU ranks in a build without CUDA");
+#endif
 }
 
 void ProcessWorld::RankExited(int local_rank) {

@@ -217,7 +217,9 @@ void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
   line("world_size", absl::StrCat(procs ? procs->world_size() : devices.size()));
   line("gpus", absl::StrCat("\"", gpus, "\""));
   line("visible", DescribeVisibleGpus(visible_gpus));
-  line("communicator", CommunicatorKind(devices));
+  line("communicator", procs == nullptr   ? CommunicatorKind(devices)
+                       : devices[0].is_cpu() ? "hierarchical: in-process + MPI (CPU ranks)"
+                                             : "NCCL across processes");
 #if TANDEM_WITH_CUDA
   line("versions", CudaNcclVersions());
 #else
@@ -296,10 +298,13 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   std::vector<std::unique_ptr<Communicator>> comms;
   std::shared_ptr<InProcessGroup> group;
   const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
-  if (procs != nullptr) {
+  if (procs != nullptr && use_nccl) {
+    ASSIGN_OR_RETURN(comms, procs->MakeNcclCommunicators(devices));
+  } else if (procs != nullptr) {
     if (!devices[0].is_cpu()) {
       return absl::UnimplementedError(
-          "spawn: GPU ranks across processes are not supported yet (CPU ranks are: --gpus=cpu)");
+          "spawn: ranks sharing a GPU across processes are not supported (give each process "
+          "its own GPUs, or use CPU ranks)");
     }
     comms = procs->MakeCommunicators(devices);
   } else if (use_nccl) {

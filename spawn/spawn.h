@@ -62,6 +62,16 @@ enum class Processes {
   kOff,
 };
 
+// What the launcher's environment says about this process (no MPI call): how
+// many processes it started, this one's index, and the variables read
+// (docs/multiprocess.md); {1, 0, ""} when not started as one of several.
+struct LaunchInfo {
+  int processes = 1;
+  int index = 0;
+  std::string evidence;  // e.g. "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0"
+};
+LaunchInfo DetectLaunch();
+
 struct SpawnOptions {
   // Let several ranks share one GPU ("0,0"), through the in-process communicator.
   bool share_devices = false;

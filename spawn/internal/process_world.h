@@ -116,6 +116,12 @@ class ProcessWorld {
   std::vector<std::unique_ptr<Communicator>> MakeCommunicators(
       const std::vector<nn::Device>& local_devices);
 
+  // GPU ranks on distinct GPUs: this process's part of one NCCL communicator over
+  // every GPU rank of every process (process 0's unique id, broadcast through
+  // MPI; the local ranks initialised in one group). Built with CUDA only.
+  absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
+      const std::vector<nn::Device>& local_devices);
+
   // Rank threads call RankExited(local_rank) as their last act (any thread).
   void RankExited(int local_rank);
 

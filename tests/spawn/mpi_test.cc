@@ -311,5 +311,29 @@ TEST_F(MpiTest, CheckpointResumesBitIdenticallyWithoutASharedDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// GPU ranks across processes: one NCCL communicator over every process's GPU
+// (process p on cuda:p). Skips without a GPU per process.
+TEST_F(MpiTest, NcclAllReduceAcrossProcesses) {
+  const int processes = LaunchedProcesses();
+  if (nn::cuda_device_count() < processes) {
+    GTEST_SKIP() << "needs " << processes << " visible GPUs (one per process), have "
+                 << nn::cuda_device_count();
+  }
+  auto result = spawn(
+      [](Context& ctx) {
+        Tensor x = RankData(ctx.rank(), 1001, nn::kFloat32).to(ctx.device());
+        ctx.communicator().all_reduce(x, ReduceOp::kSum);
+        return std::make_pair(ctx.communicator().kind(), x.to(nn::Device()).to_vector<float>());
+      },
+      1, std::to_string(LaunchedIndex()), Options());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ((*result)[0].first, "nccl");
+  for (int64_t i = 0; i < 1001; ++i) {
+    double expected = 0;
+    for (int r = 0; r < processes; ++r) expected += RankData(r, 1001, nn::kFloat32).to_vector<float>()[i];
+    EXPECT_NEAR((*result)[0].second[i], expected, 1e-5 * std::max(1.0, std::fabs(expected)));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::dist
