@@ -10,6 +10,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -187,6 +188,10 @@ class MpiProcessWorld final : public ProcessWorld {
     std::cout.flush();
     std::cerr.flush();
     (void)status;  // already logged as the run's first error line
+    // mpirun forwards the processes' output asynchronously, and its abort
+    // banner could overtake the error line: give the line a moment to arrive,
+    // so the root cause stays the job's first error line.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);  // MPI_Abort does not return; keep the promise if it did
   }
