@@ -5,6 +5,7 @@
 // single-process spawn (SpawnOptions::processes = kOff).
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -309,6 +310,29 @@ TEST_F(MpiTest, CheckpointResumesBitIdenticallyWithoutASharedDirectory) {
   EXPECT_EQ((*resumed)[0], (*straight)[0]);
   EXPECT_NE((*first)[0], (*straight)[0]);
   std::filesystem::remove_all(dir);
+}
+
+// DataParallel's overlap depends on all_reduce_async returning at once while
+// the communication thread runs the MPI part: here process 1 joins 1 s late,
+// and process 0's call still returns at once (the default synchronous
+// implementation would block for that second); the result is right after wait().
+TEST_F(MpiTest, AsyncAllReduceDoesNotBlockTheRankWhileAPeerIsLate) {
+  auto result = spawn(
+      [](Context& ctx) {
+        if (ctx.process_index() == 1) ::usleep(1000 * 1000);
+        Tensor x = nn::full({1000}, static_cast<double>(ctx.rank() + 1), {.dtype = nn::kFloat32});
+        const auto start = std::chrono::steady_clock::now();
+        auto work = ctx.communicator().all_reduce_async(x);
+        const double call_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        work->wait();
+        return std::make_pair(call_s, static_cast<double>(x.to_vector<float>()[999]));
+      },
+      1, "cpu", Options());
+  ASSERT_TRUE(result.ok()) << result.status();
+  const int world = LaunchedProcesses();
+  EXPECT_EQ((*result)[0].second, world * (world + 1) / 2);
+  if (LaunchedIndex() == 0) EXPECT_LT((*result)[0].first, 0.5) << "all_reduce_async blocked";
 }
 
 // GPU ranks across processes: one NCCL communicator over every process's GPU
