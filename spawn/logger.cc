@@ -91,9 +91,12 @@ void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_vie
   const std::string line = absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text,
                                         "\n");
   std::lock_guard<std::mutex> lock(mutex_);
+  // Several processes (process_tag set): every error of every process reaches
+  // its console, prefixed with rank, host and pid.
   const bool to_console =
       rank == 0 || options_.all_ranks_to_console ||
-      (rank < 0 && (options_.first_process || level == LogLevel::kError));
+      (rank < 0 && (options_.first_process || level == LogLevel::kError)) ||
+      (level == LogLevel::kError && !options_.process_tag.empty());
   if (to_console) {
     std::ostream& console = options_.console != nullptr ? *options_.console : std::cerr;
     console << line;

@@ -73,7 +73,8 @@ struct LoggerOptions {
   // to Write are global; this process's files are workerlog.<first_rank + i>).
   int first_rank = 0;
   // Several processes: spawn's own lines reach the console only on the first
-  // process, except errors, which every process prints.
+  // process, except errors, which every process prints (so do its ranks' error
+  // lines when process_tag is set).
   bool first_process = true;
   // Several processes: "host h pid p", added to every line's prefix.
   std::string process_tag;

@@ -4,6 +4,7 @@
 #include "spawn/internal/process_world.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -167,6 +168,38 @@ TEST(SpawnProcessesTest, OffRunsAloneEvenUnderALauncher) {
                      options);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
   EXPECT_EQ(*ranks, (std::vector<int>{20, 21}));
+}
+
+// A later process's Logger: workerlog.<global rank>, only errors to the console,
+// every line tagged with host and pid.
+TEST(ProcessLoggerTest, GlobalRanksTagsAndConsoleRules) {
+  const std::string dir = ::testing::TempDir() + "/process_logger_test";
+  std::ostringstream console;
+  auto logger = Logger::Create(2, {.console = &console,
+                                   .log_dir = dir,
+                                   .first_rank = 2,
+                                   .first_process = false,
+                                   .process_tag = "host h, pid 7"});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  (*logger)->Write(LogLevel::kInfo, -1, nn::Device(), "header");
+  (*logger)->Write(LogLevel::kInfo, 2, nn::Device(), "info of rank 2");
+  (*logger)->Write(LogLevel::kError, 3, nn::Device(), "error of rank 3");
+  (*logger)->Write(LogLevel::kError, -1, nn::Device(), "first failure");
+  const std::string text = console.str();
+  EXPECT_EQ(text.find("header"), std::string::npos) << text;
+  EXPECT_EQ(text.find("info of rank 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 3 cpu host h, pid 7] ERROR: error of rank 3"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("spawn host h, pid 7] ERROR: first failure"), std::string::npos) << text;
+  logger->reset();
+  std::ifstream two(dir + "/workerlog.2"), three(dir + "/workerlog.3");
+  std::stringstream a, b;
+  a << two.rdbuf();
+  b << three.rdbuf();
+  EXPECT_NE(a.str().find("info of rank 2"), std::string::npos) << a.str();
+  EXPECT_NE(a.str().find("header"), std::string::npos) << a.str();
+  EXPECT_NE(b.str().find("error of rank 3"), std::string::npos) << b.str();
+  EXPECT_EQ(b.str().find("info of rank 2"), std::string::npos) << b.str();
 }
 
 }  // namespace
