@@ -288,7 +288,11 @@ HierarchicalCommunicator::HierarchicalCommunicator(int local_rank, nn::Device de
 }
 
 void HierarchicalCommunicator::PollCompleted() {
-  MarkCompleted(exchange_->completed_through(local_rank_));
+  // Nothing done yet: the rank may still be attaching its trace. Once a request
+  // is done, the acquire load orders this after the rank's Attach (the rank
+  // posted after attaching; the communication thread stored after taking it).
+  const uint64_t done = exchange_->completed_through(local_rank_);
+  if (done > 0) MarkCompleted(done);
 }
 
 void HierarchicalCommunicator::Run(const char* op, ReduceOp reduce, int root, const nn::Tensor& in,
