@@ -407,6 +407,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   result.steps = at.step;
   result.seconds = SecondsSince(start);
   result.samples_per_s = static_cast<double>(trained_samples) / std::max(train_seconds, 1e-9);
+  result.world_size = ctx.world_size();
+  result.process_index = ctx.process_index();
   return result;
 }
 
@@ -443,6 +445,7 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
       flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
   if (!results.ok()) return ExitStatusOf(flags, results.status());
   const TrainResult& r = results->front();
+  if (r.process_index != 0) return kExitOk;  // several processes: the first one reports
   if (r.epochs_done == 0) {
     std::cout << absl::StrFormat("summary: %s: nothing left to train (the checkpoint is at "
                                  "or past --epochs=%d); best test accuracy %.2f%%\n",
@@ -454,7 +457,7 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                    "summary: %s, %d rank(s), %d epoch(s) run (%d steps in all): best test "
                    "accuracy %.2f%%, final %.2f%%, final train loss %.4f, time %s (%.1f s), "
                    "%.0f samples/s\n",
-                   data.name, flags.world_size(), r.epochs_done, r.steps, 100 * r.best_accuracy,
+                   data.name, r.world_size, r.epochs_done, r.steps, 100 * r.best_accuracy,
                    100 * r.final_accuracy, r.final_loss, FormatDuration(SecondsSince(start)),
                    SecondsSince(start), r.samples_per_s)
             << std::flush;

@@ -301,6 +301,27 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.log_dir = flags.log_dir;
   options.seed = flags.seed;
   options.stop_signal_source = &ProgramStopSignals();
+  // Several processes (mpirun, srun): what every process must run with, or all
+  // stop before training with the value and the hosts that differ. Devices,
+  // loader workers, threads and paths may differ per host.
+  options.must_agree = {
+      {"program", flags.program},
+      {"--epochs", absl::StrCat(flags.epochs)},
+      {"--batch_size", absl::StrCat(flags.batch_size)},
+      {"--lr", absl::StrCat(flags.lr)},
+      {"--lr_schedule", flags.lr_schedule},
+      {"--optimizer", flags.optimizer},
+      {"--seed", absl::StrCat(flags.seed)},
+      {"--deterministic", flags.deterministic ? "true" : "false"},
+      {"--bf16", flags.bf16 ? "true" : "false"},
+      {"--resume", flags.resume ? "true" : "false"},
+      {"--max_steps_per_epoch", absl::StrCat(flags.max_steps_per_epoch)},
+      {"--train_limit", absl::StrCat(flags.train_limit)},
+      {"--test_limit", absl::StrCat(flags.test_limit)},
+      {"--stop_at_step", absl::StrCat(flags.stop_at_step)},
+      {"--checkpoint_every_steps", absl::StrCat(flags.checkpoint_every_steps)},
+      {"--checkpoint_every_minutes", absl::StrCat(flags.checkpoint_every_minutes)},
+  };
   return options;
 }
 
@@ -311,12 +332,24 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     absl::StrAppend(&devices, r ? " " : "", flags.devices[r].ToString());
   }
   const bool cpu = flags.devices.empty() || !flags.devices[0].is_cuda();
+  // Several processes (mpirun, srun): process 0 prints the header; spawn's own
+  // header then lists every process's host and devices and the global world.
+  const dist::LaunchInfo launch = dist::DetectLaunch();
+  if (launch.index != 0) return;
   rows.emplace_back("program", flags.program);
-  rows.emplace_back("world size", absl::StrCat(flags.world_size()));
+  if (launch.processes > 1) {
+    rows.emplace_back("processes", absl::StrCat(launch.processes, " (", launch.evidence,
+                                                "): spawn's header lists them"));
+    rows.emplace_back("ranks in process 0", absl::StrCat(flags.world_size()));
+  } else {
+    rows.emplace_back("world size", absl::StrCat(flags.world_size()));
+  }
   rows.emplace_back("devices (rank order)", devices);
   rows.emplace_back("visible GPUs", dist::DescribeVisibleGpus(nn::cuda_device_count()));
   rows.emplace_back("communicator",
-                    cpu || dist::HasSharedGpu(flags.devices) ? "in-process" : "nccl");
+                    launch.processes > 1 && cpu ? "hierarchical: in-process + MPI"
+                    : cpu || dist::HasSharedGpu(flags.devices) ? "in-process"
+                                                               : "nccl");
   for (const std::string& row : extra_rows) {
     const size_t colon = row.find('=');
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));

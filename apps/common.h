@@ -119,7 +119,8 @@ void ValidateOrExit(RunFlags& flags, const Validation& validation);
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
                                                 std::vector<nn::Tensor> params, double lr);
 
-// spawn options of a run: log_dir, seed.
+// spawn options of a run: log_dir, seed, and the flags every process of a
+// multi-process job must agree on (SpawnOptions::must_agree).
 dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags);
 
 // dist::CheckpointManager options of --checkpoint_dir, --keep_checkpoints,
@@ -150,6 +151,8 @@ struct TrainResult {
   int epochs_done = 0;
   double seconds = 0;         // wall time of this process's part of the run
   double samples_per_s = 0;   // global training samples per second of this process
+  int world_size = 0;         // global ranks (every process of an mpirun/srun job)
+  int process_index = 0;      // this process in such a job (0: the one that prints the summary)
 };
 
 // Trains the model that make_model() builds (on ctx.device(); called once per

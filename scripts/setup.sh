@@ -3,9 +3,11 @@
 # As root it runs apt-get; otherwise it prints the exact command to run and fails.
 # The CUDA toolkit (with cuDNN and NCCL) is not a Debian package: when it is at
 # /usr/local/cuda the build uses it (TANDEM_CUDA=AUTO), otherwise it builds CPU-only.
+# OpenMPI (openmpi-bin, libopenmpi-dev) starts and connects the processes of a
+# multi-process job (TANDEM_MPI=AUTO builds that layer when it is installed).
 set -euo pipefail
 packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+          libopenblas-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -2,7 +2,11 @@
 // gathered on every rank, written by rank 0, loaded by every rank.
 #include "spawn/checkpoint.h"
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -117,9 +121,10 @@ absl::Status Wrap(const absl::Status& status, const std::string& path, const cha
 // objects are loaded in order (model, optimizer, schedule, sampler, step,
 // generator).
 absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& state,
-                       const LoadOptions& options) {
+                       const LoadOptions& options, const absl::StatusOr<nn::Checkpoint>& file) {
   RETURN_IF_ERROR(CheckPointers(state));
-  ASSIGN_OR_RETURN(const nn::Checkpoint ck, nn::LoadCheckpoint(path));
+  RETURN_IF_ERROR(file.status());
+  const nn::Checkpoint& ck = *file;
   if (!ck.metadata.contains(kVersionKey)) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": missing entry \"", kVersionKey,
                                             "\": not a training-state checkpoint"));
@@ -251,7 +256,55 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
   return absl::OkStatus();
 }
 
+// Several processes: rank 0 reads the file, every rank parses rank 0's bytes.
+// One process: every rank reads the file itself.
+absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& path) {
+  if (ctx.process_count() == 1) return nn::LoadCheckpoint(path);
+  Communicator& comm = ctx.communicator();
+  std::string bytes;
+  absl::Status status;
+  if (ctx.rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    if (!in) {
+      status = absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot read it on host ",
+                                                ctx.host(), ": ", std::strerror(errno)));
+    } else {
+      bytes = buffer.str();
+    }
+  }
+  nn::Tensor header = nn::from_vector<int64_t>(
+      {static_cast<int64_t>(status.code()), static_cast<int64_t>(bytes.size())}, {2},
+      {.dtype = nn::kInt64, .device = ctx.device()});
+  comm.broadcast(header, 0);
+  const std::vector<int64_t> h = header.to_vector<int64_t>();
+  if (h[0] != 0) {
+    if (ctx.rank() == 0) return status;
+    return absl::Status(static_cast<absl::StatusCode>(h[0]),
+                        absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's "
+                                     "error names the cause)"));
+  }
+  nn::Tensor data = nn::empty({h[1]}, {.dtype = nn::kUInt8, .device = ctx.device()});
+  if (ctx.rank() == 0 && h[1] > 0) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  comm.broadcast(data, 0);
+  bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(h[1]));
+  return nn::ParseCheckpoint(bytes, path);
+}
+
 }  // namespace
+
+std::string BroadcastString(Context& ctx, const std::string& value) {
+  Communicator& comm = ctx.communicator();
+  nn::Tensor size = nn::from_vector<int64_t>({static_cast<int64_t>(value.size())}, {1},
+                                             {.dtype = nn::kInt64, .device = ctx.device()});
+  comm.broadcast(size, 0);
+  const int64_t n = size.to_vector<int64_t>()[0];
+  nn::Tensor data = nn::empty({n}, {.dtype = nn::kUInt8, .device = ctx.device()});
+  if (ctx.rank() == 0 && n > 0) std::memcpy(data.data_ptr(), value.data(), value.size());
+  comm.broadcast(data, 0);
+  return std::string(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
+}
 
 absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
                                     const TrainingState& state) {
@@ -297,7 +350,7 @@ absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, Train
                                     const LoadOptions& options) {
   absl::Status status;
   try {
-    status = LoadLocal(ctx, path, state, options);
+    status = LoadLocal(ctx, path, state, options, ReadCheckpoint(ctx, path));
   } catch (const std::exception& e) {
     status = absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
   }

@@ -120,10 +120,16 @@ absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
 // rank 0 only: the caller shares rank 0's outcome with the other ranks.
 absl::StatusOr<std::string> SnapshotTrainingCheckpoint(Context& ctx, const std::string& path,
                                                        const TrainingState& state);
+// Rank 0's `value` on every rank (every rank calls it; the others' `value` is
+// ignored), e.g. the newest checkpoint's path when only rank 0's host has the
+// checkpoint directory.
+std::string BroadcastString(Context& ctx, const std::string& value);
 
 // Loads `path` into the objects of `state` and replaces state.extra with the
 // file's app entries. Every rank calls it; a rank whose own load succeeded
-// returns an error naming the first rank that failed, if one did.
+// returns an error naming the first rank that failed, if one did. In a job of
+// several processes only rank 0 reads the file and its bytes are broadcast, so
+// the checkpoint directory need not be shared between hosts.
 absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
                                     const LoadOptions& options = {});
 

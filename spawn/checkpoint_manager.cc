@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -72,6 +73,11 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
     : ctx_(ctx), options_(std::move(options)), last_save_(Clock::now()) {
   const absl::Status valid = Validate(options_);
   TANDEM_CHECK(valid.ok(), valid.ToString());
+  // The save step of a timed checkpoint is agreed within one process (spawn/signals.h).
+  TANDEM_CHECK(ctx_.process_count() == 1 || options_.every_minutes == 0,
+               "checkpoints every ", options_.every_minutes, " minutes are not supported in a "
+               "job of ", ctx_.process_count(), " processes yet (the save step is agreed within "
+               "one process); use checkpoints every N steps");
   if (ctx_.rank() != 0) return;
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);
@@ -118,7 +124,14 @@ std::string CheckpointManager::PathFor(const std::string& dir, int64_t step) {
 
 absl::StatusOr<std::string> CheckpointManager::Restore(TrainingState& state,
                                                         const LoadOptions& options) {
-  const std::vector<std::string> files = List(options_.dir);
+  std::vector<std::string> files = List(options_.dir);
+  if (ctx_.process_count() > 1) {
+    // Rank 0's listing on every rank: the directory need not be shared between
+    // hosts (LoadTrainingCheckpoint's rank 0 reads the file and broadcasts it).
+    files = absl::StrSplit(BroadcastString(ctx_, ctx_.rank() == 0 ? absl::StrJoin(files, "\n")
+                                                                  : std::string()),
+                           '\n', absl::SkipEmpty());
+  }
   absl::Status newest_error;
   for (const std::string& path : files) {
     const absl::Status status = LoadTrainingCheckpoint(ctx_, path, state, options);

@@ -9,7 +9,7 @@ thread_local Context* t_current = nullptr;
 }  // namespace
 
 Context::Context(int rank, int world_size, nn::Device device, Communicator* communicator,
-                 RankLogger logger, std::stop_token stop,
+                 RankLogger logger, std::stop_token stop, Placement placement,
                  internal::StepAgreement* agreement)
     : rank_(rank),
       world_size_(world_size),
@@ -17,11 +17,16 @@ Context::Context(int rank, int world_size, nn::Device device, Communicator* comm
       communicator_(communicator),
       logger_(logger),
       stop_(std::move(stop)),
-      agreement_(agreement) {}
+      placement_(std::move(placement)),
+      agreement_(agreement) {
+  if (placement_.local_rank < 0) placement_.local_rank = rank;
+}
 
 StepDecision Context::AtStepBoundary(int64_t step, bool propose_save) {
   if (agreement_ == nullptr) return {};
-  const internal::StepAgreement::Decision d = agreement_->AtBoundary(rank_, step, propose_save);
+  // The agreement is per process: its ranks are this process's local ranks.
+  const internal::StepAgreement::Decision d =
+      agreement_->AtBoundary(placement_.local_rank, step, propose_save);
   return {.stop = d.stop, .save = d.save};
 }
 

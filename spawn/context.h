@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <stop_token>
+#include <string>
 
 #include "nn/device.h"
 #include "spawn/communicator.h"
@@ -34,16 +35,31 @@ struct StepDecision {
   bool save = false;  // a save proposed by some rank is due at this step (every rank)
 };
 
+// Where a rank runs in a job of several processes (one process: the defaults).
+struct Placement {
+  int local_rank = -1;     // rank within this process; -1: the same as the rank
+  int process_index = 0;   // this process among the job's (launcher order)
+  int process_count = 1;
+  std::string host;        // empty: this machine's name is not needed (one process)
+};
+
 class Context {
  public:
   Context(int rank, int world_size, nn::Device device, Communicator* communicator,
-          RankLogger logger, std::stop_token stop,
+          RankLogger logger, std::stop_token stop, Placement placement = {},
           internal::StepAgreement* agreement = nullptr);
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  // Global: process order, then local order; world_size() counts every process's ranks.
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // This rank among its process's ranks (== rank() in a single-process run).
+  int local_rank() const { return placement_.local_rank; }
+  int process_index() const { return placement_.process_index; }
+  int process_count() const { return placement_.process_count; }
+  // Host name of this process ("" in a single-process run).
+  const std::string& host() const { return placement_.host; }
   nn::Device device() const { return device_; }
   Communicator& communicator() const { return *communicator_; }
   const RankLogger& log() const { return logger_; }
@@ -69,6 +85,7 @@ class Context {
   Communicator* communicator_;
   RankLogger logger_;
   std::stop_token stop_;
+  Placement placement_;
   internal::StepAgreement* agreement_;
 };
 

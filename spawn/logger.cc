@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<Logger>> Logger::Create(int world_size, LoggerOpt
           absl::StrCat("log_dir \"", dir, "\" cannot be created: ", std::strerror(errno)));
     }
     for (int r = 0; r < world_size; ++r) {
-      const std::string path = absl::StrCat(dir, "/workerlog.", r);
+      const std::string path =
+          absl::StrCat(dir, "/workerlog.", logger->options_.first_rank + r);
       auto file = std::make_unique<std::ofstream>(path, std::ios::out | std::ios::trunc);
       if (!*file) {
         return absl::InvalidArgumentError(
@@ -84,19 +85,27 @@ absl::StatusOr<std::unique_ptr<Logger>> Logger::Create(int world_size, LoggerOpt
 }
 
 void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
-  const std::string who =
+  std::string who =
       rank < 0 ? std::string("spawn") : absl::StrCat("rank ", rank, " ", device.ToString());
+  if (!options_.process_tag.empty()) absl::StrAppend(&who, " ", options_.process_tag);
   const std::string line = absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text,
                                         "\n");
   std::lock_guard<std::mutex> lock(mutex_);
-  if (rank <= 0 || options_.all_ranks_to_console) {
+  // Several processes (process_tag set): every error of every process reaches
+  // its console, prefixed with rank, host and pid.
+  const bool to_console =
+      rank == 0 || options_.all_ranks_to_console ||
+      (rank < 0 && (options_.first_process || level == LogLevel::kError)) ||
+      (level == LogLevel::kError && !options_.process_tag.empty());
+  if (to_console) {
     std::ostream& console = options_.console != nullptr ? *options_.console : std::cerr;
     console << line;
     console.flush();
   }
-  if (rank >= 0 && rank < static_cast<int>(files_.size())) {
-    *files_[rank] << line;
-    files_[rank]->flush();
+  const int index = rank - options_.first_rank;
+  if (rank >= 0 && index >= 0 && index < static_cast<int>(files_.size())) {
+    *files_[index] << line;
+    files_[index]->flush();
   } else if (rank < 0) {
     for (auto& file : files_) {
       *file << line;

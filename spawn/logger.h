@@ -69,6 +69,15 @@ struct LoggerOptions {
   // When not empty, rank r's lines also go to log_dir/workerlog.<r> (the folder is
   // created if missing).
   std::string log_dir;
+  // Several processes: the global rank of this process's first rank (ranks passed
+  // to Write are global; this process's files are workerlog.<first_rank + i>).
+  int first_rank = 0;
+  // Several processes: spawn's own lines reach the console only on the first
+  // process, except errors, which every process prints (so do its ranks' error
+  // lines when process_tag is set).
+  bool first_process = true;
+  // Several processes: "host h pid p", added to every line's prefix.
+  std::string process_tag;
 };
 
 class Logger;
@@ -93,11 +102,13 @@ class RankLogger {
 
 class Logger {
  public:
-  // Opens log_dir/workerlog.0 .. workerlog.<world_size-1> when log_dir is set.
+  // Opens log_dir/workerlog.<first_rank> .. workerlog.<first_rank + world_size-1>
+  // when log_dir is set (world_size: this process's ranks).
   static absl::StatusOr<std::unique_ptr<Logger>> Create(int world_size, LoggerOptions options);
   ~Logger();
 
-  // rank -1: spawn's own lines. device is printed after the rank.
+  // rank -1: spawn's own lines, else a global rank of this process. device is
+  // printed after the rank.
   void Write(LogLevel level, int rank, nn::Device device, absl::string_view text);
   RankLogger ForRank(int rank, nn::Device device) { return RankLogger(this, rank, device); }
 

@@ -63,6 +63,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -355,29 +356,27 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
-    const std::vector<nn::Device>& devices) {
+namespace {
+
+// Makes the communicators of global ranks first_rank .. first_rank + n - 1 (rank
+// first_rank + i on devices[i]) of a world of world_size, from one unique id, in
+// one group on the calling thread, which keeps its device. `what` names them in
+// errors.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitCommunicators(
+    const std::vector<nn::Device>& devices, const ncclUniqueId& id, int first_rank,
+    int world_size, const std::string& what) {
   const int n = static_cast<int>(devices.size());
   setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-  auto describe = [&] {
-    std::string text;
-    for (const nn::Device& d : devices) absl::StrAppend(&text, text.empty() ? "" : ",", d.index);
-    return text;
-  };
-  ncclUniqueId id;
-  ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) {
-    return absl::InternalError(absl::StrCat("ncclGetUniqueId: ", NcclText(r, nullptr)));
-  }
   std::vector<ncclComm_t> comms(n, nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;  // see the file comment: no asynchronous group path per collective
+  ncclResult_t r = ncclSuccess;
   ncclGroupStart();
   for (int i = 0; i < n; ++i) {
     // NCCL reads the current device at this call; the scope gives spawn's thread
     // its own device back afterwards (point 2 of issue 17).
     nn::internal::CudaDeviceScope on_device(devices[i]);
-    r = ncclCommInitRankConfig(&comms[i], n, id, i, &config);
+    r = ncclCommInitRankConfig(&comms[i], world_size, id, first_rank + i, &config);
     if (r != ncclSuccess) break;
   }
   const ncclResult_t end = ncclGroupEnd();  // blocking: returns when every init is done
@@ -386,8 +385,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
     for (ncclComm_t c : comms) {
       if (c != nullptr) ncclCommAbort(c);
     }
-    return absl::InternalError(absl::StrCat("NCCL init over GPUs ", describe(), ": ",
-                                            NcclText(r, nullptr)));
+    return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", NcclText(r, nullptr)));
   }
   std::vector<std::unique_ptr<Communicator>> out;
   for (int i = 0; i < n; ++i) {
@@ -400,9 +398,51 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
       return absl::InternalError(absl::StrCat("cudaStreamCreate on cuda:", devices[i].index, ": ",
                                               cudaGetErrorString(e)));
     }
-    out.push_back(std::make_unique<NcclCommunicator>(i, n, devices[i], comms[i], stream));
+    out.push_back(std::make_unique<NcclCommunicator>(first_rank + i, world_size, devices[i],
+                                                     comms[i], stream));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
+    const std::vector<nn::Device>& devices) {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("ncclGetUniqueId: ", NcclText(r, nullptr)));
+  }
+  std::string gpus;
+  for (const nn::Device& d : devices) absl::StrAppend(&gpus, gpus.empty() ? "" : ",", d.index);
+  const int n = static_cast<int>(devices.size());
+  return InitCommunicators(devices, id, 0, n, absl::StrCat("GPUs ", gpus));
+}
+
+// --- Across processes -------------------------------------------------------------
+
+absl::StatusOr<std::string> NcclUniqueIdBytes() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) {
+    return absl::InternalError(absl::StrCat("ncclGetUniqueId: ", NcclText(r, nullptr)));
+  }
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicatorsAcross(
+    const std::vector<nn::Device>& devices, const std::string& unique_id, int first_rank,
+    int world_size) {
+  if (unique_id.size() != sizeof(ncclUniqueId)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
+                                                   " bytes, expected ", sizeof(ncclUniqueId)));
+  }
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  const int n = static_cast<int>(devices.size());
+  return InitCommunicators(devices, id, first_rank, world_size,
+                           absl::StrCat("global ranks ", first_rank, "..", first_rank + n - 1,
+                                        " of ", world_size));
 }
 
 std::string CudaNcclVersions() {

@@ -4,8 +4,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include "nn/status_macros.h"
 #include "spawn/inprocess_communicator.h"
 #include "spawn/signals.h"
+#include "spawn/internal/process_world.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/nccl.h"
 #endif
@@ -88,8 +91,11 @@ enum class RankState : int { kRunning, kFinished, kFailed };
 class Run {
  public:
   Run(std::vector<nn::Device> devices, Logger* logger, std::shared_ptr<InProcessGroup> group,
-      const std::vector<std::unique_ptr<Communicator>>* comms)
-      : devices_(std::move(devices)),
+      const std::vector<std::unique_ptr<Communicator>>* comms, int rank_offset = 0,
+      std::string where = "")
+      : rank_offset_(rank_offset),
+        where_(std::move(where)),
+        devices_(std::move(devices)),
         logger_(logger),
         group_(std::move(group)),
         comms_(comms),
@@ -104,7 +110,9 @@ class Run {
   int world_size() const { return static_cast<int>(devices_.size()); }
 
   std::string RankName(int rank) const {
-    return absl::StrCat("rank ", rank, " (", devices_[rank].ToString(), ")");
+    // Several processes: the global rank, and where it runs.
+    return absl::StrCat("rank ", rank_offset_ + rank, " (", devices_[rank].ToString(),
+                        where_.empty() ? "" : ", ", where_, ")");
   }
 
   // Records a failure. The first one wins and stops the run; later ones are
@@ -260,6 +268,8 @@ class Run {
 
   std::string first_message() const { return std::string(first_.message()); }
 
+  const int rank_offset_;
+  const std::string where_;
   const std::vector<nn::Device> devices_;
   Logger* logger_;
   std::shared_ptr<InProcessGroup> group_;
@@ -284,15 +294,18 @@ std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
 }
 
 void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
-                    const SpawnOptions& options, absl::string_view gpus, int visible_gpus) {
+                    const SpawnOptions& options, absl::string_view gpus, int visible_gpus,
+                    const ProcessWorld* procs) {
   auto line = [&](absl::string_view key, absl::string_view value) {
     logger.Write(LogLevel::kInfo, -1, nn::Device(), absl::StrFormat("  %-16s %s", key, value));
   };
   logger.Write(LogLevel::kInfo, -1, nn::Device(), "distributed environment");
-  line("world_size", absl::StrCat(devices.size()));
+  line("world_size", absl::StrCat(procs ? procs->world_size() : devices.size()));
   line("gpus", absl::StrCat("\"", gpus, "\""));
   line("visible", DescribeVisibleGpus(visible_gpus));
-  line("communicator", CommunicatorKind(devices));
+  line("communicator", procs == nullptr   ? CommunicatorKind(devices)
+                       : devices[0].is_cpu() ? "hierarchical: in-process + MPI (CPU ranks)"
+                                             : "NCCL across processes");
 #if TANDEM_WITH_CUDA
   line("versions", CudaNcclVersions());
 #else
@@ -301,13 +314,40 @@ void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
   line("timeout_s", absl::StrCat(options.timeout_s));
   line("seed", absl::StrCat(options.seed));
   line("log_dir", options.log_dir.empty() ? "(none)" : options.log_dir);
-  for (size_t r = 0; r < devices.size(); ++r) {
-    line(absl::StrCat("rank ", r), devices[r].ToString());
+  if (procs != nullptr) {
+    for (const auto& [key, value] : procs->Describe()) line(key, value);
+  } else {
+    for (size_t r = 0; r < devices.size(); ++r) {
+      line(absl::StrCat("rank ", r), devices[r].ToString());
+    }
   }
   if (devices[0].is_cpu() && gpus.empty()) {
     logger.Write(LogLevel::kWarning, -1, nn::Device(),
                  "no GPU is visible: running on CPU ranks");
   }
+}
+
+// More rank threads than one process runs (a typo such as --nprocs=100000) is
+// an error before any thread starts.
+constexpr int kMaxRanksPerProcess = 1024;
+
+absl::Status CheckRankCount(int ranks) {
+  if (ranks > kMaxRanksPerProcess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spawn: ", ranks, " ranks in one process: at most ", kMaxRanksPerProcess,
+        " rank threads per process (check nprocs / --nprocs; use several processes for more)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StartThread(std::vector<std::thread>& threads, const std::function<void()>& main) {
+  try {
+    threads.emplace_back(main);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("could not start its thread (", threads.size(), " running): ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -334,18 +374,35 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   const int visible_gpus = nn::cuda_device_count();
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
                    SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
-  const int world = static_cast<int>(devices.size());
+  const int world = static_cast<int>(devices.size());  // this process's ranks
+  RETURN_IF_ERROR(CheckRankCount(world));
+  // Several processes (mpirun, srun): agree with the others, or stop here.
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
+  const int rank_offset = procs ? procs->rank_offset() : 0;
+  const int global_world = procs ? procs->world_size() : world;
   ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger,
                    Logger::Create(world, {.console = options.console,
                                           .all_ranks_to_console = options.log_all_ranks,
-                                          .log_dir = options.log_dir}));
-  LogEnvironment(*logger, devices, options, gpus, visible_gpus);
+                                          .log_dir = options.log_dir,
+                                          .first_rank = rank_offset,
+                                          .first_process = !procs || procs->process_index() == 0,
+                                          .process_tag = procs ? procs->Where() : ""}));
+  LogEnvironment(*logger, devices, options, gpus, visible_gpus, procs.get());
 
   std::vector<std::unique_ptr<Communicator>> comms;
   std::shared_ptr<InProcessGroup> group;
   const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
   if (hooks.make_communicators) {
     ASSIGN_OR_RETURN(comms, hooks.make_communicators(devices));
+  } else if (procs != nullptr && use_nccl) {
+    ASSIGN_OR_RETURN(comms, procs->MakeNcclCommunicators(devices));
+  } else if (procs != nullptr) {
+    if (!devices[0].is_cpu()) {
+      return absl::UnimplementedError(
+          "spawn: ranks sharing a GPU across processes are not supported (give each process "
+          "its own GPUs, or use CPU ranks)");
+    }
+    comms = procs->MakeCommunicators(devices);
   } else if (use_nccl) {
 #if TANDEM_WITH_CUDA
     ASSIGN_OR_RETURN(comms, CreateNcclCommunicators(devices));
@@ -360,23 +417,27 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   }
 
   on_world_size(world);
-  Run run(devices, logger.get(), group, &comms);
+  Run run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
   SigintScope sigint(options.handle_sigint, hooks.exit_process);
-  StopSignalScope stop_signals(options.stop_signals);
+  // The graceful stop (stop_signals) agrees on a step within this process only:
+  // across processes the signals keep their default action and the launcher ends
+  // the job (issue 16's cross-process agreement is not built yet).
+  StopSignalScope stop_signals(procs != nullptr ? std::vector<int>{} : options.stop_signals);
   StepAgreement agreement(world,
-                          options.stop_signal_source != nullptr ? options.stop_signal_source
-                                                                : &stop_signals,
+                          procs != nullptr                          ? nullptr
+                          : options.stop_signal_source != nullptr ? options.stop_signal_source
+                                                                  : &stop_signals,
                           options.stop_grace_s);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;
   threads.reserve(world);
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
+    auto rank_main = [&, r] {
       // Nothing escapes this thread: every outcome is reported to `run`.
       try {
         nn::DeviceGuard device_guard(devices[r]);
-        nn::manual_seed(options.seed, static_cast<uint64_t>(r));
+        nn::manual_seed(options.seed, static_cast<uint64_t>(rank_offset + r));
         comms[r]->Attach(run.stop_token(), run.trace(r));
         // Host waits on the GPU (item(), to(cpu), Synchronize...) end with the stop.
         nn::ScopedInterruptCheck interrupt([&run] {
@@ -384,8 +445,13 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
             throw CancelledError("host wait on the device abandoned: the run is stopping");
           }
         });
-        Context ctx(r, world, devices[r], comms[r].get(), logger->ForRank(r, devices[r]),
-                    run.stop_token(), &agreement);
+        Context ctx(rank_offset + r, global_world, devices[r], comms[r].get(),
+                    logger->ForRank(rank_offset + r, devices[r]), run.stop_token(),
+                    {.local_rank = r,
+                     .process_index = procs ? procs->process_index() : 0,
+                     .process_count = procs ? procs->process_count() : 1,
+                     .host = procs ? procs->host() : ""},
+                    &agreement);
         CurrentContextGuard current(&ctx);
         absl::Status status = body(ctx);
         if (!status.ok()) {
@@ -406,17 +472,34 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                                                      " threw an exception of unknown type")),
                  false);
       }
+      if (procs) procs->RankExited(r);
       run.Finish(r);
       run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
-    });
+    };
+    // A thread the system cannot start is a failure like any other, not std::terminate.
+    absl::Status started = StartThread(threads, rank_main);
+    if (!started.ok()) {
+      run.Fail(-1, absl::Status(started.code(), absl::StrCat("spawn: ", run.RankName(r), ": ",
+                                                              started.message())), false);
+      for (int u = r; u < world; ++u) {
+        if (procs) procs->RankExited(u);
+        run.Finish(u);
+      }
+      break;
+    }
   }
   std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
+  // Several processes: this thread is the process's MPI thread until every rank exited.
+  if (procs) procs->Serve(run.stop_token());
   for (std::thread& t : threads) t.join();
   watchdog.join();
 
   absl::Status status = run.result();
   comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
   if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
+  // Several processes: the other processes may wait in a collective for this
+  // one; the error line is written, now the launcher ends them all.
+  if (procs && !status.ok()) procs->Abort(status);
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
   if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
   return status;

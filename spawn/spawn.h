@@ -7,7 +7,8 @@
 //
 // fn(dist::Context&, Args...) may return void, absl::Status, a value R or
 // absl::StatusOr<R>; spawn returns absl::Status for the first two and
-// absl::StatusOr<std::vector<R>> (one value per rank) for the others. Each rank
+// absl::StatusOr<std::vector<R>> (one value per rank of this process, in local
+// rank order) for the others. Each rank
 // gets its own copy of `args`.
 //
 // Devices come from `gpus` and `nprocs` (spawn/devices.h); a bad string is an
@@ -65,6 +66,27 @@
 
 namespace tandem::dist {
 
+// Whether spawn joins the other processes of a job (docs/multiprocess.md).
+enum class Processes {
+  // Join when an MPI launcher started this process as one of several
+  // (OMPI_COMM_WORLD_SIZE, PMIX_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS > 1).
+  kAuto,
+  // Always initialise MPI (a world of 1 without a launcher runs as one process).
+  kOn,
+  // Never: every process is its own job, even under a launcher.
+  kOff,
+};
+
+// What the launcher's environment says about this process (no MPI call): how
+// many processes it started, this one's index, and the variables read
+// (docs/multiprocess.md); {1, 0, ""} when not started as one of several.
+struct LaunchInfo {
+  int processes = 1;
+  int index = 0;
+  std::string evidence;  // e.g. "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0"
+};
+LaunchInfo DetectLaunch();
+
 struct SpawnOptions {
   // Let several ranks share one GPU ("0,0"), through the in-process communicator.
   bool share_devices = false;
@@ -92,12 +114,23 @@ struct SpawnOptions {
   // Count stop signals from this scope's start instead of the run's (not
   // owned; see StopSignalScope): a program makes one first thing in main.
   const StopSignalScope* stop_signal_source = nullptr;
+  // Several processes (mpirun, srun): see Processes. With several, global rank =
+  // process order, then local order; the thread calling spawn is the process's
+  // MPI thread while the ranks run, and every later multi-process spawn must be
+  // called from that same thread.
+  Processes processes = Processes::kAuto;
+  // (name, value) pairs every process must agree on before anything runs, e.g.
+  // {"--batch_size", "64"}; a difference ends every process with an error naming
+  // the value, the hosts and the processes. timeout_s, seed, share_devices and the
+  // tandem build are always compared. Ignored in a single-process run.
+  std::vector<std::pair<std::string, std::string>> must_agree;
 };
 
 namespace internal {
 
-// Runs body on every rank. on_world_size is called once, before the rank threads
-// start, with the number of ranks.
+// Runs body on every rank of this process. on_world_size is called once, before
+// the rank threads start, with the number of ranks of this process (indexed by
+// Context::local_rank()).
 absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                       const std::function<void(int world_size)>& on_world_size,
                       const std::function<absl::Status(Context&)>& body);
@@ -156,14 +189,14 @@ auto spawn(Fn&& fn, std::tuple<Args...> args, int nprocs = -1, absl::string_view
     using V = typename internal::SpawnValue<R>::type;
     std::vector<std::optional<V>> values;
     absl::Status status = internal::RunSpawn(
-        gpus, nprocs, options, [&](int world) { values.resize(world); },
+        gpus, nprocs, options, [&](int local_ranks) { values.resize(local_ranks); },
         [&](Context& ctx) -> absl::Status {
           if constexpr (internal::IsStatusOr<R>::value) {
             R result = call(ctx);
             if (!result.ok()) return result.status();
-            values[ctx.rank()].emplace(std::move(result).value());
+            values[ctx.local_rank()].emplace(std::move(result).value());
           } else {
-            values[ctx.rank()].emplace(call(ctx));
+            values[ctx.local_rank()].emplace(call(ctx));
           }
           return absl::OkStatus();
         });

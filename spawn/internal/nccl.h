@@ -28,6 +28,19 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
 // "NCCL 2.28.3, CUDA runtime 13.0, driver 13.0".
 std::string CudaNcclVersions();
 
+// --- Across processes (spawn/internal/process_world.h) ---------------------------
+// A fresh ncclUniqueId as bytes (process 0 makes it; MPI broadcasts it).
+absl::StatusOr<std::string> NcclUniqueIdBytes();
+// This process's communicators of a world of world_size GPU ranks spread over
+// several processes: local rank i is global rank first_rank + i. Every process
+// calls it with the same id; the local ranks are initialised in one group,
+// blocking, as CreateNcclCommunicators does (so the call returns when every
+// process has joined: a process that never does holds the others here, before
+// the watchdog runs; the launcher ends the job when that process exits).
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicatorsAcross(
+    const std::vector<nn::Device>& devices, const std::string& unique_id, int first_rank,
+    int world_size);
+
 }  // namespace tandem::dist::internal
 
 #endif  // TANDEM_SPAWN_INTERNAL_NCCL_H_

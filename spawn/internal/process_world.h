@@ -1,0 +1,180 @@
+// Several processes, one job (internal to spawn/; mpi.h never appears here).
+//
+// When a program is started as P processes by an MPI launcher (mpirun, srun
+// --mpi=pmix), spawn joins them into one world: each process runs one thread per
+// local device, global rank = process order, then local order. The thread that
+// called spawn is the process's communication thread: it alone talks to MPI
+// (MPI_THREAD_FUNNELED) while the rank threads run.
+//
+// Pieces:
+//  - DetectLauncher(): what the environment says (no MPI call).
+//  - JoinProcesses(): decides single vs multi-process, initialises MPI on first
+//    use, exchanges every process's host, pid, devices, build and the options
+//    that must agree, and fails on a disagreement (every process reaches the
+//    same verdict from the same gathered data).
+//  - ProcessWorld: the joined world of one spawn run. Serve() is the
+//    communication thread's loop; MakeCommunicators() gives the CPU ranks their
+//    hierarchical communicators (spawn/hierarchical_communicator.h).
+#ifndef TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
+#define TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
+
+#include <cstdint>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nn/device.h"
+#include "spawn/communicator.h"
+
+namespace tandem::dist {
+struct SpawnOptions;
+}
+
+namespace tandem::dist::internal {
+
+// What the launcher's environment variables say about this process.
+struct LauncherEnv {
+  int size = 1;           // processes the launcher started (1: none or a single one)
+  int rank = 0;           // this process's index among them
+  std::string evidence;   // e.g. "OMPI_COMM_WORLD_SIZE=2"; empty when not launched
+};
+
+// Reads, in this order: OMPI_COMM_WORLD_SIZE/OMPI_COMM_WORLD_RANK (OpenMPI's
+// mpirun), PMIX_SIZE/PMIX_RANK (PMIx launchers), PMI_SIZE/PMI_RANK (MPICH
+// hydra, Slurm PMI2), SLURM_STEP_NUM_TASKS/SLURM_PROCID (inside an srun step,
+// not an sbatch script). The first pair present wins.
+LauncherEnv DetectLauncher();
+
+// One process's record, as every process sees it after the agreement.
+struct ProcessInfo {
+  std::string host;
+  int64_t pid = 0;
+  std::vector<std::string> devices;  // this process's ranks' devices ("cpu", "cuda:0")
+  std::vector<std::string> gpu_ids;  // physical GPU of each CUDA rank (CUDA_VISIBLE_DEVICES applied)
+  std::string build;                 // tandem version and backends
+  // Options and program flags that must agree: (name, value).
+  std::vector<std::pair<std::string, std::string>> agreed;
+};
+
+// Non-blocking operation between processes; Test() advances and reports it.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual bool Test() = 0;
+};
+
+// Byte-level collectives between the processes of one run, started by the
+// communication thread only. Counts and offsets are bytes. Buffers must stay
+// alive and untouched until Test() returned true.
+class ProcessTransport {
+ public:
+  virtual ~ProcessTransport() = default;
+  virtual int process_index() const = 0;
+  virtual int process_count() const = 0;
+  // recv holds every process's block in process order (offsets: running sum of
+  // counts); this process's block is already in place (MPI_IN_PLACE).
+  virtual std::unique_ptr<PendingOp> AllGatherInPlace(void* recv,
+                                                      const std::vector<int64_t>& counts) = 0;
+  // Sends send[send_offsets[q], +send_counts[q]) to process q and receives process
+  // q's block into recv[recv_offsets[q], +recv_counts[q]).
+  virtual std::unique_ptr<PendingOp> AllToAll(const void* send,
+                                              const std::vector<int64_t>& send_counts,
+                                              void* recv,
+                                              const std::vector<int64_t>& recv_counts) = 0;
+  virtual std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root_process) = 0;
+  virtual std::unique_ptr<PendingOp> Barrier() = 0;
+};
+
+class HierarchicalExchange;
+
+// The processes of one spawn run.
+class ProcessWorld {
+ public:
+  virtual ~ProcessWorld();
+
+  int process_index() const { return process_index_; }
+  int process_count() const { return static_cast<int>(processes_.size()); }
+  const std::string& host() const { return processes_[process_index_].host; }
+  int64_t pid() const { return processes_[process_index_].pid; }
+  // Global rank of this process's local rank 0, and of the whole world.
+  int rank_offset() const { return rank_offset_; }
+  int world_size() const { return world_size_; }
+  const std::vector<ProcessInfo>& processes() const { return processes_; }
+  // "host h, pid p"
+  std::string Where() const;
+  // The spawn header's lines: every process's host, pid, ranks and devices.
+  std::vector<std::pair<std::string, std::string>> Describe() const;
+
+  // The CPU ranks' communicators (local_devices.size() of them), hierarchical:
+  // in-process step, one transport collective per process on Serve's thread,
+  // in-process step back. Call once, before Serve.
+  std::vector<std::unique_ptr<Communicator>> MakeCommunicators(
+      const std::vector<nn::Device>& local_devices);
+
+  // GPU ranks on distinct GPUs: this process's part of one NCCL communicator over
+  // every GPU rank of every process (process 0's unique id, broadcast through
+  // MPI; the local ranks initialised in one group). Built with CUDA only.
+  absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
+      const std::vector<nn::Device>& local_devices);
+
+  // Rank threads call RankExited(local_rank) as their last act (any thread).
+  void RankExited(int local_rank);
+
+  // The communication thread's loop, on the thread that called spawn: runs the
+  // ranks' cross-process collectives until every local rank exited. When `stop`
+  // is requested, requests waiting or in flight are cancelled (their ranks throw
+  // CancelledError) and the transport is left unusable: the run then must end
+  // with Abort().
+  void Serve(std::stop_token stop);
+
+  // Ends every process of the job after a failure: the caller has logged the
+  // error line; this flushes and makes the launcher stop the other processes
+  // (MPI_Abort). Never returns.
+  [[noreturn]] virtual void Abort(const absl::Status& status) = 0;
+
+ protected:
+  ProcessWorld(int process_index, std::vector<ProcessInfo> processes,
+               std::unique_ptr<ProcessTransport> transport);
+
+ private:
+  int process_index_;
+  std::vector<ProcessInfo> processes_;
+  int rank_offset_ = 0;
+  int world_size_ = 0;
+  std::unique_ptr<ProcessTransport> transport_;
+  std::shared_ptr<HierarchicalExchange> exchange_;
+};
+
+// Returns nullptr for a single-process run, or the joined world. Errors: started
+// as several processes but built without MPI (or MPI sees a world of 1): the
+// singleton trap; options or flags that differ between processes (the message
+// names the value, the hosts and the processes); one GPU claimed by two
+// processes of a host (unless share_devices). Every process returns the same
+// verdict.
+absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
+    const SpawnOptions& options, const std::vector<nn::Device>& local_devices,
+    absl::string_view gpus);
+
+// Pure helpers, tested without MPI.
+// The record's wire form and back.
+std::string SerializeProcessInfo(const ProcessInfo& info);
+absl::StatusOr<ProcessInfo> ParseProcessInfo(absl::string_view bytes);
+// The agreement check over every process's record (process order).
+absl::Status CheckAgreement(const std::vector<ProcessInfo>& processes, bool share_devices);
+
+#if TANDEM_WITH_MPI
+// mpi_world.cc: MPI_Init_thread(FUNNELED) once per process, then the world of
+// this run (MPI_COMM_WORLD duplicated). `mine` is this process's record.
+absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinMpiWorld(const LauncherEnv& launcher,
+                                                           const ProcessInfo& mine,
+                                                           bool share_devices);
+#endif
+
+}  // namespace tandem::dist::internal
+
+#endif  // TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_

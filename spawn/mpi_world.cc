@@ -1,0 +1,245 @@
+// The MPI side of spawn's multi-process layer: the only file that includes mpi.h.
+//
+// MPI is initialised once per process with MPI_THREAD_FUNNELED by the first spawn
+// that joins a world, on that thread; every later MPI call comes from the same
+// thread (spawn's caller, the communication thread while ranks run). MPI_Finalize
+// runs at exit. Each run works on its own duplicate of MPI_COMM_WORLD, with
+// MPI_ERRORS_RETURN so that an MPI error becomes a message, not an abort.
+// The C API only: OpenMPI would otherwise pull in its deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "nn/error.h"
+#include "nn/status_macros.h"
+#include "spawn/internal/process_world.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+std::once_flag g_init_once;
+std::thread::id g_mpi_thread;
+std::string g_init_error;
+
+std::string MpiError(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void InitOnce() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) {
+      g_init_error = absl::StrCat("MPI_Init_thread failed: ", MpiError(rc));
+      return;
+    }
+    if (provided < MPI_THREAD_FUNNELED) {
+      g_init_error = absl::StrCat("MPI provides thread level ", provided,
+                                  ", spawn needs MPI_THREAD_FUNNELED");
+      return;
+    }
+    std::atexit(FinalizeAtExit);
+  }
+  g_mpi_thread = std::this_thread::get_id();
+}
+
+int Int(int64_t bytes) {
+  TANDEM_CHECK(bytes >= 0 && bytes <= INT32_MAX, "cross-process message of ", bytes,
+               " bytes: over MPI's int count limit (2 GiB); use smaller buckets");
+  return static_cast<int>(bytes);
+}
+
+void Check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) Fail(what, " failed: ", MpiError(rc));
+}
+
+class MpiOp final : public PendingOp {
+ public:
+  MpiOp(MPI_Request request, const char* what, std::vector<int> keep_a = {},
+        std::vector<int> keep_b = {}, std::vector<int> keep_c = {}, std::vector<int> keep_d = {})
+      : request_(request), what_(what), a_(std::move(keep_a)), b_(std::move(keep_b)),
+        c_(std::move(keep_c)), d_(std::move(keep_d)) {}
+  ~MpiOp() override {
+    // Only a cancelled run leaves an operation unfinished; the job is aborted next.
+    if (request_ != MPI_REQUEST_NULL) MPI_Request_free(&request_);
+  }
+  bool Test() override {
+    int flag = 0;
+    Check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), what_);
+    return flag != 0;
+  }
+
+ private:
+  MPI_Request request_;
+  const char* what_;
+  std::vector<int> a_, b_, c_, d_;  // counts/displacements the request reads until done
+};
+
+class MpiTransport final : public ProcessTransport {
+ public:
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &index_);
+    MPI_Comm_size(comm_, &count_);
+  }
+  ~MpiTransport() override { MPI_Comm_free(&comm_); }
+  int process_index() const override { return index_; }
+  int process_count() const override { return count_; }
+
+  std::unique_ptr<PendingOp> AllGatherInPlace(void* recv,
+                                              const std::vector<int64_t>& counts) override {
+    std::vector<int> c, d;
+    Displacements(counts, &c, &d);
+    MPI_Request request;
+    Check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, c.data(), d.data(), MPI_BYTE, comm_,
+                          &request),
+          "MPI_Iallgatherv");
+    return std::make_unique<MpiOp>(request, "MPI_Iallgatherv", std::move(c), std::move(d));
+  }
+  std::unique_ptr<PendingOp> AllToAll(const void* send, const std::vector<int64_t>& send_counts,
+                                      void* recv,
+                                      const std::vector<int64_t>& recv_counts) override {
+    std::vector<int> sc, sd, rc, rd;
+    Displacements(send_counts, &sc, &sd);
+    Displacements(recv_counts, &rc, &rd);
+    MPI_Request request;
+    Check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
+                         MPI_BYTE, comm_, &request),
+          "MPI_Ialltoallv");
+    return std::make_unique<MpiOp>(request, "MPI_Ialltoallv", std::move(sc), std::move(sd),
+                                   std::move(rc), std::move(rd));
+  }
+  std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root) override {
+    MPI_Request request;
+    Check(MPI_Ibcast(data, Int(bytes), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+    return std::make_unique<MpiOp>(request, "MPI_Ibcast");
+  }
+  std::unique_ptr<PendingOp> Barrier() override {
+    MPI_Request request;
+    Check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    return std::make_unique<MpiOp>(request, "MPI_Ibarrier");
+  }
+
+  // Blocking all-gather of one string per process (before any rank runs).
+  absl::StatusOr<std::vector<std::string>> GatherStrings(const std::string& mine) {
+    int length = Int(static_cast<int64_t>(mine.size()));
+    std::vector<int> lengths(count_);
+    int rc = MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_);
+    if (rc != MPI_SUCCESS) return absl::InternalError(absl::StrCat("MPI_Allgather: ", MpiError(rc)));
+    std::vector<int> offsets(count_);
+    int64_t total = 0;
+    for (int p = 0; p < count_; ++p) {
+      offsets[p] = Int(total);
+      total += lengths[p];
+    }
+    std::string all(static_cast<size_t>(total), '\0');
+    rc = MPI_Allgatherv(mine.data(), length, MPI_BYTE, all.data(), lengths.data(), offsets.data(),
+                        MPI_BYTE, comm_);
+    if (rc != MPI_SUCCESS) {
+      return absl::InternalError(absl::StrCat("MPI_Allgatherv: ", MpiError(rc)));
+    }
+    std::vector<std::string> out;
+    for (int p = 0; p < count_; ++p) out.push_back(all.substr(offsets[p], lengths[p]));
+    return out;
+  }
+
+ private:
+  static void Displacements(const std::vector<int64_t>& counts, std::vector<int>* c,
+                            std::vector<int>* d) {
+    int64_t offset = 0;
+    for (int64_t count : counts) {
+      c->push_back(Int(count));
+      d->push_back(Int(offset));
+      offset += count;
+    }
+  }
+
+  MPI_Comm comm_;
+  int index_ = 0;
+  int count_ = 1;
+};
+
+class MpiProcessWorld final : public ProcessWorld {
+ public:
+  MpiProcessWorld(int index, std::vector<ProcessInfo> processes,
+                  std::unique_ptr<ProcessTransport> transport)
+      : ProcessWorld(index, std::move(processes), std::move(transport)) {}
+
+  [[noreturn]] void Abort(const absl::Status& status) override {
+    std::fflush(stdout);
+    std::cout.flush();
+    std::cerr.flush();
+    (void)status;  // already logged as the run's first error line
+    // mpirun forwards the processes' output asynchronously, and its abort
+    // banner could overtake the error line: give the line a moment to arrive,
+    // so the root cause stays the job's first error line.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; keep the promise if it did
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinMpiWorld(const LauncherEnv& launcher,
+                                                           const ProcessInfo& mine,
+                                                           bool share_devices) {
+  std::call_once(g_init_once, InitOnce);
+  if (!g_init_error.empty()) return absl::InternalError(absl::StrCat("spawn: ", g_init_error));
+  if (std::this_thread::get_id() != g_mpi_thread) {
+    return absl::FailedPreconditionError(
+        "spawn: a multi-process run must be started from the thread that started the first one "
+        "(MPI_THREAD_FUNNELED: only that thread talks to MPI)");
+  }
+  int size = 1, index = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &index);
+  if (size == 1) {
+    if (launcher.size > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spawn: the launcher started ", launcher.size, " processes (", launcher.evidence,
+          ") but MPI sees a world of 1: the launcher did not connect them (srun without "
+          "--mpi=pmix? an mpirun of another MPI?); the copies would train ", launcher.size,
+          " unrelated models"));
+    }
+    return std::unique_ptr<ProcessWorld>();  // processes = kOn without a launcher: one process
+  }
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  auto transport = std::make_unique<MpiTransport>(comm);
+  ASSIGN_OR_RETURN(std::vector<std::string> records,
+                   transport->GatherStrings(SerializeProcessInfo(mine)));
+  std::vector<ProcessInfo> processes;
+  for (size_t p = 0; p < records.size(); ++p) {
+    absl::StatusOr<ProcessInfo> info = ParseProcessInfo(records[p]);
+    if (!info.ok()) {
+      return absl::Status(info.status().code(),
+                          absl::StrCat("spawn: process ", p, "'s ", info.status().message()));
+    }
+    processes.push_back(*std::move(info));
+  }
+  RETURN_IF_ERROR(CheckAgreement(processes, share_devices));
+  return std::unique_ptr<ProcessWorld>(
+      new MpiProcessWorld(index, std::move(processes), std::move(transport)));
+}
+
+}  // namespace tandem::dist::internal

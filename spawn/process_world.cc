@@ -1,0 +1,321 @@
+#include "spawn/internal/process_world.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "spawn/internal/hierarchical_communicator.h"
+#include "nn/status_macros.h"
+#include "spawn/spawn.h"
+#if TANDEM_WITH_CUDA
+#include "spawn/internal/nccl.h"
+#endif
+
+namespace tandem::dist::internal {
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// "name=value" evidence for the first (size, rank) variable pair present.
+LauncherEnv FromPair(const char* size_var, const char* rank_var) {
+  LauncherEnv env;
+  const std::string size = Env(size_var);
+  int parsed = 0;
+  if (size.empty() || !absl::SimpleAtoi(size, &parsed) || parsed < 1) return env;
+  env.size = parsed;
+  int rank = 0;
+  if (absl::SimpleAtoi(Env(rank_var), &rank) && rank >= 0) env.rank = rank;
+  env.evidence = absl::StrCat(size_var, "=", size, " ", rank_var, "=", Env(rank_var));
+  return env;
+}
+
+void Put(std::string* out, absl::string_view field) { absl::StrAppend(out, field.size(), ":", field); }
+
+// Reads one length-prefixed field from *in; false when malformed.
+bool Take(absl::string_view* in, std::string* field) {
+  const size_t colon = in->find(':');
+  size_t length = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(in->substr(0, colon), &length) ||
+      in->size() - colon - 1 < length) {
+    return false;
+  }
+  *field = std::string(in->substr(colon + 1, length));
+  in->remove_prefix(colon + 1 + length);
+  return true;
+}
+
+std::string Where(const std::vector<ProcessInfo>& processes, size_t p) {
+  return absl::StrCat("host ", processes[p].host, " (process ", p, ")");
+}
+
+// "name: v0 on host a (process 0), v1 on host b (process 1)", at most 8 entries.
+std::string Disagreement(absl::string_view name, const std::vector<ProcessInfo>& processes,
+                         const std::vector<std::string>& values) {
+  std::string text = absl::StrCat(name, ":");
+  for (size_t p = 0; p < values.size() && p < 8; ++p) {
+    absl::StrAppend(&text, p ? ", " : " ", values[p], " on ", Where(processes, p));
+  }
+  if (values.size() > 8) absl::StrAppend(&text, ", ... (", values.size(), " processes)");
+  return text;
+}
+
+bool AllEqual(const std::vector<std::string>& values) {
+  for (const std::string& v : values) {
+    if (v != values[0]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+LauncherEnv DetectLauncher() {
+  for (const auto& [size_var, rank_var] :
+       {std::pair{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
+        std::pair{"PMIX_SIZE", "PMIX_RANK"}, std::pair{"PMI_SIZE", "PMI_RANK"},
+        std::pair{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"}}) {
+    LauncherEnv env = FromPair(size_var, rank_var);
+    if (!env.evidence.empty()) return env;
+  }
+  return {};
+}
+
+}  // namespace tandem::dist::internal
+
+namespace tandem::dist {
+LaunchInfo DetectLaunch() {
+  const internal::LauncherEnv env = internal::DetectLauncher();
+  return {.processes = env.size, .index = env.rank, .evidence = env.evidence};
+}
+}  // namespace tandem::dist
+
+namespace tandem::dist::internal {
+
+std::string SerializeProcessInfo(const ProcessInfo& info) {
+  std::string out;
+  Put(&out, info.host);
+  Put(&out, absl::StrCat(info.pid));
+  Put(&out, absl::StrJoin(info.devices, ","));
+  Put(&out, absl::StrJoin(info.gpu_ids, ","));
+  Put(&out, info.build);
+  Put(&out, absl::StrCat(info.agreed.size()));
+  for (const auto& [name, value] : info.agreed) {
+    Put(&out, name);
+    Put(&out, value);
+  }
+  return out;
+}
+
+absl::StatusOr<ProcessInfo> ParseProcessInfo(absl::string_view bytes) {
+  ProcessInfo info;
+  std::string pid, devices, gpu_ids, count;
+  size_t agreed = 0;
+  const absl::Status bad = absl::DataLossError(absl::StrCat(
+      "process record of ", bytes.size(), " bytes is malformed (another build of tandem?)"));
+  if (!Take(&bytes, &info.host) || !Take(&bytes, &pid) || !Take(&bytes, &devices) ||
+      !Take(&bytes, &gpu_ids) || !Take(&bytes, &info.build) || !Take(&bytes, &count) ||
+      !absl::SimpleAtoi(pid, &info.pid) || !absl::SimpleAtoi(count, &agreed)) {
+    return bad;
+  }
+  if (!devices.empty()) info.devices = absl::StrSplit(devices, ',');
+  if (!gpu_ids.empty()) info.gpu_ids = absl::StrSplit(gpu_ids, ',');
+  for (size_t i = 0; i < agreed; ++i) {
+    std::string name, value;
+    if (!Take(&bytes, &name) || !Take(&bytes, &value)) return bad;
+    info.agreed.emplace_back(std::move(name), std::move(value));
+  }
+  if (!bytes.empty()) return bad;
+  return info;
+}
+
+absl::Status CheckAgreement(const std::vector<ProcessInfo>& processes, bool share_devices) {
+  auto column = [&](auto get) {
+    std::vector<std::string> values;
+    for (const ProcessInfo& p : processes) values.push_back(get(p));
+    return values;
+  };
+  std::vector<std::string> errors;
+  const std::vector<std::string> builds = column([](const ProcessInfo& p) { return p.build; });
+  if (!AllEqual(builds)) errors.push_back(Disagreement("tandem build", processes, builds));
+  // Every name any process set, in first-seen order.
+  std::vector<std::string> names;
+  for (const ProcessInfo& p : processes) {
+    for (const auto& [name, value] : p.agreed) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  for (const std::string& name : names) {
+    const std::vector<std::string> values = column([&](const ProcessInfo& p) {
+      for (const auto& [n, v] : p.agreed) {
+        if (n == name) return v;
+      }
+      return std::string("(not set)");
+    });
+    if (!AllEqual(values)) errors.push_back(Disagreement(name, processes, values));
+  }
+  const std::vector<std::string> kinds = column([](const ProcessInfo& p) {
+    return std::string(!p.devices.empty() && p.devices[0] == "cpu" ? "CPU ranks" : "GPU ranks");
+  });
+  if (!AllEqual(kinds)) errors.push_back(Disagreement("device kind", processes, kinds));
+  if (!share_devices) {
+    std::map<std::pair<std::string, std::string>, size_t> owner;  // (host, gpu) -> process
+    for (size_t p = 0; p < processes.size(); ++p) {
+      for (const std::string& gpu : processes[p].gpu_ids) {
+        auto [it, fresh] = owner.emplace(std::pair{processes[p].host, gpu}, p);
+        if (!fresh && it->second != p) {
+          errors.push_back(absl::StrCat("GPU ", gpu, " of host ", processes[p].host,
+                                        " is claimed by process ", it->second, " and process ", p,
+                                        " (give each process its own --gpus, or share_devices)"));
+        }
+      }
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the processes of this job disagree: ", absl::StrJoin(errors, "; ")));
+}
+
+// --- ProcessWorld ---------------------------------------------------------------------
+
+ProcessWorld::ProcessWorld(int process_index, std::vector<ProcessInfo> processes,
+                           std::unique_ptr<ProcessTransport> transport)
+    : process_index_(process_index),
+      processes_(std::move(processes)),
+      transport_(std::move(transport)) {
+  for (int p = 0; p < static_cast<int>(processes_.size()); ++p) {
+    if (p < process_index_) rank_offset_ += static_cast<int>(processes_[p].devices.size());
+    world_size_ += static_cast<int>(processes_[p].devices.size());
+  }
+}
+
+ProcessWorld::~ProcessWorld() = default;
+
+std::string ProcessWorld::Where() const { return absl::StrCat("host ", host(), ", pid ", pid()); }
+
+std::vector<std::pair<std::string, std::string>> ProcessWorld::Describe() const {
+  std::vector<std::pair<std::string, std::string>> lines;
+  lines.emplace_back("processes", absl::StrCat(processes_.size(), " (this is process ",
+                                               process_index_, ", through MPI)"));
+  int first = 0;
+  for (size_t p = 0; p < processes_.size(); ++p) {
+    const ProcessInfo& info = processes_[p];
+    const int count = static_cast<int>(info.devices.size());
+    lines.emplace_back(absl::StrCat("process ", p),
+                       absl::StrCat("host ", info.host, ", pid ", info.pid, ": rank",
+                                    count > 1 ? "s " : " ", first,
+                                    count > 1 ? absl::StrCat("..", first + count - 1) : "", " on ",
+                                    absl::StrJoin(info.devices, " ")));
+    first += count;
+  }
+  return lines;
+}
+
+std::vector<std::unique_ptr<Communicator>> ProcessWorld::MakeCommunicators(
+    const std::vector<nn::Device>& local_devices) {
+  std::vector<int> ranks_per_process;
+  for (const ProcessInfo& p : processes_) ranks_per_process.push_back(static_cast<int>(p.devices.size()));
+  exchange_ = std::make_shared<HierarchicalExchange>(process_index_, std::move(ranks_per_process),
+                                                     transport_.get());
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int l = 0; l < static_cast<int>(local_devices.size()); ++l) {
+    comms.push_back(std::make_unique<HierarchicalCommunicator>(l, local_devices[l], exchange_));
+  }
+  return comms;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcclCommunicators(
+    const std::vector<nn::Device>& local_devices) {
+#if TANDEM_WITH_CUDA
+  std::string id(128, '\0');
+  if (process_index_ == 0) {
+    ASSIGN_OR_RETURN(id, NcclUniqueIdBytes());
+  }
+  // Every process learns the id's size from the build (the agreement checked it
+  // is the same build); process 0's bytes go to all.
+  std::unique_ptr<PendingOp> op = transport_->Broadcast(id.data(), static_cast<int64_t>(id.size()), 0);
+  try {
+    while (!op->Test()) std::this_thread::yield();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("spawn: broadcasting NCCL's unique id: ", e.what()));
+  }
+  return CreateNcclCommunicatorsAcross(local_devices, id, rank_offset_, world_size_);
+#else
+  (void)local_devices;
+  return absl::FailedPreconditionError("spawn: GPU ranks in a build without CUDA");
+#endif
+}
+
+void ProcessWorld::RankExited(int local_rank) {
+  if (exchange_) exchange_->RankExited(local_rank);
+}
+
+void ProcessWorld::Serve(std::stop_token stop) {
+  if (exchange_) exchange_->Serve(std::move(stop));
+}
+
+absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
+    const SpawnOptions& options, const std::vector<nn::Device>& local_devices,
+    absl::string_view gpus) {
+  const LauncherEnv launcher = DetectLauncher();
+  const bool join = options.processes == Processes::kOn ||
+                    (options.processes == Processes::kAuto && launcher.size > 1);
+  if (!join) return std::unique_ptr<ProcessWorld>();
+#if !TANDEM_WITH_MPI
+  (void)local_devices;
+  (void)gpus;
+  if (launcher.size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spawn: this process was started by a launcher as process ", launcher.rank, " of ",
+        launcher.size, " (", launcher.evidence, "), but tandem was built without MPI "
+        "(TANDEM_MPI=OFF or MPI not found): the ", launcher.size, " copies would train ",
+        launcher.size, " unrelated models. Install openmpi-bin and libopenmpi-dev and rebuild "
+        "(TANDEM_MPI=AUTO or ON), or set SpawnOptions::processes = Processes::kOff to run "
+        "independent copies on purpose"));
+  }
+  return absl::FailedPreconditionError(
+      "spawn: SpawnOptions::processes is kOn but tandem was built without MPI (TANDEM_MPI=OFF "
+      "or MPI not found)");
+#else
+  ProcessInfo mine;
+  mine.host = HostName();
+  mine.pid = ::getpid();
+  const std::vector<std::string> visible = [] {
+    const std::string env = Env("CUDA_VISIBLE_DEVICES");
+    return env.empty() ? std::vector<std::string>() : absl::StrSplit(env, ',');
+  }();
+  for (const nn::Device& d : local_devices) {
+    mine.devices.push_back(d.ToString());
+    if (d.is_cuda()) {
+      const int index = d.index;
+      mine.gpu_ids.push_back(index >= 0 && index < static_cast<int>(visible.size())
+                                 ? visible[index]
+                                 : absl::StrCat(index));
+    }
+  }
+  mine.build = absl::StrCat("tandem ", TANDEM_VERSION, " (CUDA ",
+                            nn::cuda_built() ? "on" : "off", ", MPI on)");
+  mine.agreed = {{"SpawnOptions::timeout_s", absl::StrCat(options.timeout_s)},
+                 {"SpawnOptions::seed", absl::StrCat(options.seed)},
+                 {"SpawnOptions::share_devices", options.share_devices ? "true" : "false"}};
+  for (const auto& entry : options.must_agree) mine.agreed.push_back(entry);
+  (void)gpus;
+  return JoinMpiWorld(launcher, mine, options.share_devices);
+#endif
+}
+
+}  // namespace tandem::dist::internal
