@@ -31,8 +31,9 @@ root="$(pwd -P)"
 build=build-gpu
 jobs="${JOBS:-$(nproc)}"
 
+# TANDEM_MPI=OFF: the GPU machine runs one process and has no OpenMPI to load.
 cmake -S . -B "$build" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON >/dev/null
+  -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON -DTANDEM_MPI=OFF >/dev/null
 cmake --build "$build" -j"$jobs"
 
 # The gpu-labelled test binaries (relative to build-gpu), from CTest.
