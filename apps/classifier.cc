@@ -138,7 +138,8 @@ class Progress {
 
 // Test accuracy: each rank evaluates the contiguous shard [n r / W, n (r+1) / W)
 // of the test set; correct and total counts are summed over the ranks.
-double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test, bool bf16) {
+double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test,
+                const data::Transform* batch_transform, bool bf16) {
   nn::NoGradGuard no_grad;
   model.eval();
   const int64_t n = test.size();
@@ -155,6 +156,10 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
       indices.push_back(j);
     }
     data::Batch batch = data::Collate(examples, indices);
+    if (batch_transform != nullptr) {
+      nn::Generator unused{};
+      batch.data = (*batch_transform)(batch.data, unused);
+    }
     nn::Tensor logits;
     {
       nn::AutocastGuard autocast(bf16 ? nn::kBFloat16 : nn::kFloat32);
@@ -271,7 +276,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   data::DataLoader loader(data.train, sampler,
                           {.num_workers = flags.num_workers,
                            .prefetch = std::max(2, 2 * flags.num_workers),
-                           .device = ctx.device()});
+                           .device = ctx.device(),
+                           .batch_transform = data.batch_transform});
   Progression at;
   if (flags.resume) {
     if (std::optional<Progression> loaded =
@@ -349,7 +355,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
     const double epoch_loss = loss_sum.item();
-    const double accuracy = Evaluate(ctx, *model, *data.test, flags.bf16);
+    const double accuracy = Evaluate(ctx, *model, *data.test, data.batch_transform.get(), flags.bf16);
     at.epoch = epoch + 1;
     at.best_accuracy = std::max(at.best_accuracy, accuracy);
     const double rate = static_cast<double>(k * global_batch) / std::max(epoch_train_s, 1e-9);

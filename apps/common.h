@@ -118,8 +118,13 @@ int ExitStatusOf(const RunFlags& flags, const absl::Status& status);
 // --- Classifier training -------------------------------------------------------
 
 struct ClassifierData {
-  std::shared_ptr<const data::Dataset> train;  // examples: float (C, H, W), int64 label
+  // Examples: images (C, H, W) in their stored dtype (uint8 for the real
+  // datasets, so they stay in memory at 1 byte a pixel), int64 labels.
+  std::shared_ptr<const data::Dataset> train;
   std::shared_ptr<const data::Dataset> test;
+  // Turns a collated batch (B, C, H, W) of those images into the model's float
+  // input (data::ToFloatNormalize); applied per batch in training and evaluation.
+  std::shared_ptr<const data::Transform> batch_transform;
   std::string name;  // "Fashion-MNIST", "CIFAR-10 (synthetic)": used in every report
 };
 

@@ -10,12 +10,14 @@
 // the common flags and the exit statuses.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "apps/common.h"
 #include "apps/models.h"
 #include "data/readers.h"
+#include "data/transforms.h"
 #include "nn/nn.h"
 
 ABSL_FLAG(int, epochs, 2, "Passes over the training set.");
@@ -38,14 +40,13 @@ namespace {
 namespace nn = ::tandem::nn;
 namespace apps = ::tandem::apps;
 
-// Images scaled to [0, 1], then standardised with the Fashion-MNIST mean and
-// standard deviation of the training images.
+// Images as stored (uint8 (N, 1, 28, 28)): the loader scales each batch to
+// [0, 1] and standardises it with the Fashion-MNIST mean and standard deviation
+// of the training images (kBatchTransform).
 std::shared_ptr<const tandem::data::Dataset> Load(const apps::RunFlags& flags, bool train) {
-  absl::StatusOr<tandem::data::TensorDataset> set =
-      tandem::data::LoadMnist(flags.data_dir, train, /*as_float=*/true);
+  absl::StatusOr<tandem::data::TensorDataset> set = tandem::data::LoadMnist(flags.data_dir, train);
   if (!set.ok()) apps::FlagErrorExit(flags, absl::StrCat("--data_dir: ", set.status().message()));
-  nn::Tensor images = (set->data() - 0.2860) / 0.3530;
-  return std::make_shared<tandem::data::TensorDataset>(images, set->targets());
+  return std::make_shared<tandem::data::TensorDataset>(*std::move(set));
 }
 
 }  // namespace
@@ -66,6 +67,8 @@ int main(int argc, char** argv) {
   const bool fashion = flags.data_dir.find("fashion") != std::string::npos;
   apps::ClassifierData data{.train = Load(flags, true),
                             .test = Load(flags, false),
+                            .batch_transform = std::make_shared<tandem::data::ToFloatNormalize>(
+                                1.0 / 255, std::vector<double>{0.2860}, std::vector<double>{0.3530}),
                             .name = fashion ? "Fashion-MNIST" : "MNIST-format"};
   return apps::RunClassifier(flags, data, apps::MakeLeNet,
                              {absl::StrCat("data dir=", flags.data_dir),
