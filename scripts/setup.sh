@@ -5,7 +5,7 @@
 # /usr/local/cuda the build uses it (TANDEM_CUDA=AUTO), otherwise it builds CPU-only.
 set -euo pipefail
 packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+          libopenblas-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
