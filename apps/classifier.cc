@@ -145,7 +145,10 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
   const int64_t n = test.size();
   const int64_t begin = n * ctx.rank() / ctx.world_size();
   const int64_t end = n * (ctx.rank() + 1) / ctx.world_size();
-  constexpr int64_t kBatch = 500;
+  // 100 images a batch: the activations of 500 (LeNet: 31 MB per conv output,
+  // kept in the host allocator's cache afterwards) raised train_mnist's peak RSS
+  // from 130 MB to 290 MB per rank, for no faster evaluation.
+  constexpr int64_t kBatch = 100;
   // Summed on the device: one host read per evaluation, not one per batch.
   nn::Tensor correct = nn::zeros({}, {.device = ctx.device()});
   for (int64_t i = begin; i < end; i += kBatch) {

@@ -22,7 +22,9 @@
 
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
-          "Examples per step on each rank (the global batch is batch_size x ranks).");
+          "Examples per step on each rank (the global batch is batch_size x ranks). Unset in "
+          "the default run without GPUs (one CPU rank per core, see --gpus): 32 in all, "
+          "split over the ranks.");
 ABSL_FLAG(double, lr, 1e-3, "Learning rate (the peak one with --lr_schedule=cosine).");
 ABSL_FLAG(std::string, lr_schedule, "constant",
           "constant | cosine (lr * (1 + cos(pi * step / total steps)) / 2, per step).");
@@ -90,7 +92,8 @@ int main(int argc, char** argv) {
   flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
-  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional});
+  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
+                               .rank_per_core = true});
   const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
   const int64_t synthetic_test = absl::GetFlag(FLAGS_synthetic_test_size);
   if (synthetic_train < 1 || synthetic_test < 1) {
