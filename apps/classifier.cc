@@ -140,13 +140,17 @@ class Progress {
 
 // Test accuracy: each rank evaluates the contiguous shard [n r / W, n (r+1) / W)
 // of the test set; correct and total counts are summed over the ranks.
-double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test, bool bf16) {
+double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test,
+                const data::Transform* batch_transform, bool bf16) {
   nn::NoGradGuard no_grad;
   model.eval();
   const int64_t n = test.size();
   const int64_t begin = n * ctx.rank() / ctx.world_size();
   const int64_t end = n * (ctx.rank() + 1) / ctx.world_size();
-  constexpr int64_t kBatch = 500;
+  // 100 images a batch: the activations of 500 (LeNet: 31 MB per conv output,
+  // kept in the host allocator's cache afterwards) raised train_mnist's peak RSS
+  // from 130 MB to 290 MB per rank, for no faster evaluation.
+  constexpr int64_t kBatch = 100;
   // Summed on the device: one host read per evaluation, not one per batch.
   nn::Tensor correct = nn::zeros({}, {.device = ctx.device()});
   for (int64_t i = begin; i < end; i += kBatch) {
@@ -157,6 +161,10 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
       indices.push_back(j);
     }
     data::Batch batch = data::Collate(examples, indices);
+    if (batch_transform != nullptr) {
+      nn::Generator unused{};
+      batch.data = (*batch_transform)(batch.data, unused);
+    }
     nn::Tensor logits;
     {
       nn::AutocastGuard autocast(bf16 ? nn::kBFloat16 : nn::kFloat32);
@@ -266,7 +274,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   data::DataLoader loader(data.train, sampler,
                           {.num_workers = flags.num_workers,
                            .prefetch = std::max(2, 2 * flags.num_workers),
-                           .device = ctx.device()});
+                           .device = ctx.device(),
+                           .batch_transform = data.batch_transform});
   std::optional<dist::CheckpointManager> checkpoints;
   if (!flags.checkpoint_dir.empty()) checkpoints.emplace(ctx, CheckpointOptions(flags));
   Progression at;
@@ -372,7 +381,8 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
     const double epoch_loss = loss_sum.item();
-    const double accuracy = Evaluate(ctx, *model, *data.test, flags.bf16);
+    const double accuracy =
+        Evaluate(ctx, *model, *data.test, data.batch_transform.get(), flags.bf16);
     at.epoch = epoch + 1;
     at.best_accuracy = std::max(at.best_accuracy, accuracy);
     const double rate =

@@ -25,18 +25,23 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "apps/flag_check.h"
 #include "nn/error.h"
+#include "nn/ops/conv.h"
 #include "nn/ops/matmul.h"
 #include "optim/adagrad.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 
 ABSL_FLAG(std::string, gpus, "",
-          "Devices of the run: \"\" = every visible GPU (CPU ranks when none is visible), "
-          "\"cpu\" = CPU ranks, \"0,1,3\" = those CUDA ordinals (rank i on the i-th).");
+          "Devices of the run: \"\" = every visible GPU (CPU ranks when none is visible: with "
+          "--nprocs unset, train_mnist and train_cifar10 then run one rank per core and split "
+          "the default batch over them), \"cpu\" = CPU ranks, \"0,1,3\" = those CUDA ordinals "
+          "(rank i on the i-th).");
 ABSL_FLAG(int, nprocs, -1,
-          "Number of ranks: -1 = one per listed device (1 for CPU ranks); N = the first N "
+          "Number of ranks: -1 = one per listed device (1 for --gpus=cpu; one per usable core "
+          "for the classifier programs' default run without GPUs, see --gpus); N = the first N "
           "listed devices, or N CPU ranks with --gpus=cpu.");
 ABSL_FLAG(bool, share_devices, false,
           "Allow one GPU to be listed twice (--gpus=0,0): those ranks share it through the "
@@ -44,9 +49,10 @@ ABSL_FLAG(bool, share_devices, false,
 ABSL_FLAG(uint64_t, seed, 0,
           "Random seed: model initialisation (the same on every rank), data order and "
           "rank r's generator stream r.");
-ABSL_FLAG(int, num_workers, 1,
-          "DataLoader worker threads per rank (0: the rank thread builds each batch). The "
-          "batch order does not depend on it.");
+ABSL_FLAG(int, num_workers, 0,
+          "DataLoader worker threads per rank (0: the rank thread builds each batch, enough for "
+          "these programs' in-memory datasets, and no core is held for loading). The batch "
+          "order does not depend on it.");
 ABSL_FLAG(std::string, log_dir, "",
           "When set, rank r also writes its log lines to <log_dir>/workerlog.r.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -84,9 +90,10 @@ ABSL_FLAG(bool, bf16, false,
           "operands with float32 accumulation; parameters, gradients, the all-reduce and the "
           "optimizer stay float32. On the CPU it is emulated (slower than float32).");
 ABSL_FLAG(int, cpu_threads, 0,
-          "Threads OpenBLAS uses per CPU GEMM when the ranks run on the CPU (one pool for the "
-          "process). 0: usable cores minus the loader workers of all ranks, divided by the ranks, at "
-          "least 1 (so workers and GEMM threads do not oversubscribe the cores).");
+          "Threads of each CPU GEMM (OpenBLAS, one pool for the process) and each CPU "
+          "convolution (oneDNN, a team per rank) when the ranks run on the CPU. 0: usable cores "
+          "minus the loader workers of all ranks, divided by the ranks, at least 1 (so workers, "
+          "ranks and kernel threads do not oversubscribe the cores).");
 ABSL_FLAG(int64_t, log_every, 100,
           "Steps between the plain progress lines when the output is not a terminal.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -111,6 +118,19 @@ const dist::StopSignalScope& ProgramStopSignals() {
 // As early as the program's static initialisation (before main): the window
 // in which SIGTERM still kills the process is its loading only.
 [[maybe_unused]] const bool kStopSignalsInstalled = (ProgramStopSignals(), true);
+
+// Whether argv sets flag `name` (--name=v, -name=v, --name v), before any "--".
+bool OnCommandLine(int argc, char** argv, absl::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      if (!absl::ConsumePrefix(&arg, "-")) continue;
+    }
+    if (arg.substr(0, arg.find('=')) == name) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -154,6 +174,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
   return flags;
 }
 
@@ -265,6 +286,24 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
                                       devices.status().message()));
   }
   flags.devices = *std::move(devices);
+  if (v.rank_per_core && flags.gpus.empty() && flags.nprocs == -1 && flags.devices.size() == 1 &&
+      flags.devices[0].is_cpu()) {
+    const bool batch_given = flags.batch_size_given;
+    int64_t ranks = std::max<int64_t>(1, UsableCores() / (1 + flags.num_workers));
+    if (!batch_given) {
+      ranks = std::min<int64_t>(ranks, flags.batch_size);
+      while (ranks > 1 && flags.batch_size % ranks != 0) --ranks;
+    }
+    if (ranks > 1) {
+      absl::StatusOr<std::vector<nn::Device>> cpu_ranks =
+          dist::SelectDevices("cpu", static_cast<int>(ranks), flags.share_devices);
+      TANDEM_CHECK(cpu_ranks.ok(), "choosing ", ranks, " CPU ranks: ", cpu_ranks.status().ToString());
+      flags.devices = *std::move(cpu_ranks);
+      flags.gpus = "cpu";
+      flags.nprocs = static_cast<int>(ranks);
+      if (!batch_given) flags.batch_size /= static_cast<int>(ranks);
+    }
+  }
   nn::set_allow_tf32(!flags.deterministic);
   if (!flags.devices.empty() && flags.devices[0].is_cpu()) {
     if (flags.cpu_threads == 0) {
@@ -355,7 +394,11 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));
   }
   rows.emplace_back("seed", absl::StrCat(flags.seed));
-  if (cpu) rows.emplace_back("CPU GEMM threads", absl::StrCat(nn::cpu_blas_threads(), " (OpenBLAS)"));
+  if (cpu) {
+    rows.emplace_back("CPU kernel threads",
+                      absl::StrCat(nn::cpu_blas_threads(), " per rank (float32 GEMM and conv: ",
+                                   nn::cpu_conv_backend(), ")"));
+  }
   rows.emplace_back("precision", flags.bf16 ? "bfloat16 autocast (float32 parameters)"
                                  : flags.deterministic ? "float32"
                                                        : "float32 (TF32 allowed on CUDA)");

@@ -61,14 +61,14 @@ struct RunFlags {
   int nprocs = -1;
   bool share_devices = false;
   uint64_t seed = 0;
-  int num_workers = 1;
+  int num_workers = 0;
   std::string log_dir;
   std::string checkpoint_dir;
   bool resume = false;
   std::string metrics;
   bool deterministic = true;
   bool bf16 = false;  // forward + loss under nn::AutocastGuard(kBFloat16)
-  int cpu_threads = 0;  // OpenBLAS threads on CPU ranks; 0: automatic (ValidateOrExit sets it)
+  int cpu_threads = 0;  // OpenBLAS / oneDNN threads on CPU ranks; 0: automatic (ValidateOrExit sets it)
   int64_t log_every = 100;
   int64_t max_steps_per_epoch = 0;  // 0: whole epochs
   int64_t train_limit = 0;          // 0: the whole training set
@@ -80,6 +80,9 @@ struct RunFlags {
   // Per-program flags (copied in by the program's main).
   int epochs = 1;
   int batch_size = 1;  // per rank
+  // --batch_size was on the command line (not from a --flagfile): set by
+  // ParseFlagsOrExit, read by ValidateOrExit's rank_per_core.
+  bool batch_size_given = false;
   double lr = 1e-3;
   // "constant", or "cosine": lr * (1 + cos(pi * step / total_steps)) / 2, set
   // before every step from the global step count (so a resumed run continues it).
@@ -103,6 +106,13 @@ struct Validation {
   // "required": --data_dir must name a directory; "optional": an empty
   // --data_dir is allowed, a non-empty one must name a directory; "unused".
   enum class DataDir { kRequired, kOptional, kUnused } data_dir = DataDir::kUnused;
+  // The default run on a machine without GPUs (--gpus and --nprocs unset, no GPU
+  // visible): one CPU rank per usable core (cores / (1 + num_workers)), each
+  // with one kernel thread, instead of one rank with every core's threads
+  // (measured faster: docs/benchmarks.md). Without --batch_size on the command
+  // line the per-rank batch becomes batch_size / ranks (ranks lowered until it
+  // divides), so the global batch, and with it the job, stay the default's.
+  bool rank_per_core = false;
 };
 
 // Checks every value (optimizer name, gpus/nprocs against the visible GPUs,
@@ -137,8 +147,13 @@ int ExitStatusOf(const RunFlags& flags, const absl::Status& status);
 // --- Classifier training -------------------------------------------------------
 
 struct ClassifierData {
-  std::shared_ptr<const data::Dataset> train;  // examples: float (C, H, W), int64 label
+  // Examples: images (C, H, W) in their stored dtype (uint8 for the real
+  // datasets, so they stay in memory at 1 byte a pixel), int64 labels.
+  std::shared_ptr<const data::Dataset> train;
   std::shared_ptr<const data::Dataset> test;
+  // Turns a collated batch (B, C, H, W) of those images into the model's float
+  // input (data::ToFloatNormalize); applied per batch in training and evaluation.
+  std::shared_ptr<const data::Transform> batch_transform;
   std::string name;  // "Fashion-MNIST", "CIFAR-10 (synthetic)": used in every report
 };
 

@@ -17,11 +17,14 @@
 #include "apps/common.h"
 #include "apps/models.h"
 #include "data/readers.h"
+#include "data/transforms.h"
 #include "nn/nn.h"
 
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
-          "Examples per step on each rank (the global batch is batch_size x ranks).");
+          "Examples per step on each rank (the global batch is batch_size x ranks). Unset in "
+          "the default run without GPUs (one CPU rank per core, see --gpus): 32 in all, "
+          "split over the ranks.");
 ABSL_FLAG(double, lr, 1e-3, "Learning rate (the peak one with --lr_schedule=cosine).");
 ABSL_FLAG(std::string, lr_schedule, "constant",
           "constant | cosine (lr * (1 + cos(pi * step / total steps)) / 2, per step).");
@@ -42,16 +45,17 @@ namespace nn = ::tandem::nn;
 namespace apps = ::tandem::apps;
 namespace data = ::tandem::data;
 
-// Per-channel standardisation with the CIFAR-10 training statistics.
-nn::Tensor Standardise(const nn::Tensor& images) {
-  nn::Tensor mean = nn::from_vector<float>({0.4914f, 0.4822f, 0.4465f}, {1, 3, 1, 1});
-  nn::Tensor std = nn::from_vector<float>({0.2470f, 0.2435f, 0.2616f}, {1, 3, 1, 1});
-  return (images - mean) / std;
+// Per-channel standardisation with the CIFAR-10 training statistics, applied
+// per batch by the loader; `scale` 1/255 for the stored bytes, 1 for the
+// generated float images.
+std::shared_ptr<const data::Transform> Standardise(double scale) {
+  return std::make_shared<data::ToFloatNormalize>(scale, std::vector<double>{0.4914, 0.4822, 0.4465},
+                                                  std::vector<double>{0.2470, 0.2435, 0.2616});
 }
 
 // `n` images of 10 classes: class c is pattern[c] (uniform in [0, 1), drawn
 // once from seed) blended with per-image uniform noise; label i % 10.
-// Deterministic in (seed, stream).
+// Deterministic in (seed, stream). Float images in [0, 1) (not yet standardised).
 data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
   nn::manual_seed(seed, 1000);
   nn::Tensor patterns = nn::rand({10, 3, 32, 32});
@@ -70,7 +74,7 @@ data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
       out[i * kImage + j] = 0.5f * pattern[j] + 0.5f * z[i * kImage + j];
     }
   }
-  return data::TensorDataset(Standardise(images), nn::from_vector<int64_t>(labels, {n},
+  return data::TensorDataset(images, nn::from_vector<int64_t>(labels, {n},
                                                                           {.dtype = nn::DType::kInt64}));
 }
 
@@ -88,7 +92,8 @@ int main(int argc, char** argv) {
   flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
-  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional});
+  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
+                               .rank_per_core = true});
   const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
   const int64_t synthetic_test = absl::GetFlag(FLAGS_synthetic_test_size);
   if (synthetic_train < 1 || synthetic_test < 1) {
@@ -100,13 +105,14 @@ int main(int argc, char** argv) {
   if (flags.data_dir.empty()) {
     why_synthetic = "no --data_dir given";
   } else {
-    absl::StatusOr<data::TensorDataset> train = data::LoadCifar10(flags.data_dir, true, true);
+    // uint8 images as stored, converted per batch.
+    absl::StatusOr<data::TensorDataset> train = data::LoadCifar10(flags.data_dir, true);
     absl::StatusOr<data::TensorDataset> test =
-        train.ok() ? data::LoadCifar10(flags.data_dir, false, true) : train.status();
+        train.ok() ? data::LoadCifar10(flags.data_dir, false) : train.status();
     if (train.ok() && test.ok()) {
-      set.train = std::make_shared<data::TensorDataset>(Standardise(train->data()),
-                                                        train->targets());
-      set.test = std::make_shared<data::TensorDataset>(Standardise(test->data()), test->targets());
+      set.train = std::make_shared<data::TensorDataset>(*std::move(train));
+      set.test = std::make_shared<data::TensorDataset>(*std::move(test));
+      set.batch_transform = Standardise(1.0 / 255);
       set.name = "CIFAR-10";
     } else {
       why_synthetic = absl::StrCat("no usable CIFAR-10 files in ", flags.data_dir, " (",
@@ -118,6 +124,7 @@ int main(int argc, char** argv) {
               << ": training on a generated CIFAR-shaped dataset (synthetic)\n";
     set.train = std::make_shared<data::TensorDataset>(Synthetic(synthetic_train, flags.seed, 1));
     set.test = std::make_shared<data::TensorDataset>(Synthetic(synthetic_test, flags.seed, 2));
+    set.batch_transform = Standardise(1.0);
     set.name = "CIFAR-10 (synthetic)";
   }
   return apps::RunClassifier(flags, set, apps::MakeConvNet,

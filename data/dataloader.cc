@@ -84,6 +84,11 @@ DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices) const 
     }
     current = -1;
     result.batch = Collate(examples, indices, pin_);
+    if (options_.batch_transform) {
+      nn::Generator unused{};
+      result.batch->data = (*options_.batch_transform)(result.batch->data, unused);
+      if (pin_) result.batch->data = result.batch->data.pin_memory();
+    }
   } catch (const std::exception& e) {
     // Collate names the sample itself; a dataset error gets the index here.
     result.error = std::make_exception_ptr(Error(

@@ -71,6 +71,12 @@ struct DataLoaderOptions {
   int prefetch = 2;  // batches in flight; raised to num_workers when smaller
   bool pin_memory = false;  // see the file comment
   std::optional<nn::Device> device;  // unset: batches stay on the host
+  // Applied to each collated batch.data (B, ...) on the host, where the batch is
+  // built (a worker, or the caller with num_workers = 0), before the device copy:
+  // e.g. data::ToFloatNormalize, so a dataset kept in uint8 is converted per
+  // batch. Must be deterministic (it gets a generator it should not draw from).
+  // With pin_memory its result is moved to pinned memory if it is not there.
+  std::shared_ptr<const Transform> batch_transform;
 };
 
 // Stacks examples into a batch (see the file comment), in pinned host memory

@@ -1,8 +1,10 @@
 #include "data/transforms.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "nn/error.h"
+#include "nn/ops/elementwise.h"
 
 namespace tandem::data {
 namespace {
@@ -11,6 +13,16 @@ namespace {
 double Uniform(nn::Generator& generator) {
   const uint64_t offset = generator.Advance(1);
   return nn::UniformFromBits(nn::PhiloxAt(generator.seed, generator.stream, offset, 0).out[0]);
+}
+
+// An element as double (bfloat16 through its float value).
+template <typename T>
+double Widen(T v) {
+  if constexpr (std::is_same_v<T, nn::BFloat16>) {
+    return static_cast<double>(static_cast<float>(v));
+  } else {
+    return static_cast<double>(v);
+  }
 }
 
 void CheckImage(const nn::Tensor& x, const char* op) {
@@ -54,6 +66,56 @@ nn::Tensor Normalize::operator()(const nn::Tensor& x, nn::Generator&) const {
       const double mean = mean_[c], inv_std = 1.0 / std_[c];
       for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i) {
         out[i] = static_cast<scalar_t>((in[i] - mean) * inv_std);
+      }
+    }
+  });
+  return y;
+}
+
+ToFloatNormalize::ToFloatNormalize(double scale, std::vector<double> mean,
+                                   std::vector<double> std)
+    : scale_(scale), mean_(std::move(mean)), std_(std::move(std)) {
+  TANDEM_CHECK(mean_.size() == std_.size() && !mean_.empty(), "ToFloatNormalize: ", mean_.size(),
+               " means but ", std_.size(), " standard deviations");
+  for (double s : std_) {
+    TANDEM_CHECK(s > 0, "ToFloatNormalize: standard deviation ", s, " must be > 0");
+  }
+}
+
+nn::Tensor ToFloatNormalize::operator()(const nn::Tensor& x, nn::Generator&) const {
+  const int64_t channels = static_cast<int64_t>(mean_.size());
+  TANDEM_CHECK(x.defined() && (x.dim() == 3 || x.dim() == 4) &&
+                   x.size(x.dim() - 3) == channels,
+               "ToFloatNormalize: expects (C, H, W) or (B, C, H, W) with C = ", channels,
+               " but got ", x.defined() ? x.ToString() : "undefined");
+  nn::NoGradGuard no_grad;
+  if (!x.device().is_cpu()) {
+    // A batch already on its device: per-channel scale and shift as two
+    // broadcast ops there, (x * a[c] + b[c]) with a = scale / std, b = -mean / std.
+    std::vector<float> a(channels), b(channels);
+    for (int64_t c = 0; c < channels; ++c) {
+      a[c] = static_cast<float>(scale_ / std_[c]);
+      b[c] = static_cast<float>(-mean_[c] / std_[c]);
+    }
+    nn::Shape per_channel(x.dim(), 1);
+    per_channel[x.dim() - 3] = channels;
+    const nn::TensorOptions on_x{.dtype = nn::kFloat32, .device = x.device()};
+    return x.to(nn::kFloat32) * nn::from_vector<float>(a, per_channel, on_x) +
+           nn::from_vector<float>(b, per_channel, on_x);
+  }
+  nn::Tensor y = nn::empty(x.shape(), {.dtype = nn::kFloat32, .device = nn::Device::CPU()});
+  const int64_t plane = x.size(x.dim() - 2) * x.size(x.dim() - 1);
+  const int64_t images = x.dim() == 4 ? x.size(0) : 1;
+  float* out = y.data<float>();
+  TANDEM_DISPATCH_ALL(x.dtype(), [&]<typename scalar_t>() {
+    const scalar_t* src = x.data<scalar_t>();
+    for (int64_t s = 0; s < images; ++s) {
+      for (int64_t c = 0; c < channels; ++c) {
+        const double a = scale_ / std_[c], b = -mean_[c] / std_[c];
+        const int64_t base = (s * channels + c) * plane;
+        for (int64_t i = base; i < base + plane; ++i) {
+          out[i] = static_cast<float>(Widen(src[i]) * a + b);
+        }
       }
     }
   });

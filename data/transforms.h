@@ -55,6 +55,26 @@ class Normalize : public Transform {
   std::vector<double> std_;
 };
 
+// ToFloat(scale) then Normalize(mean, std) in one pass, for a sample (C, H, W)
+// or a batch (B, C, H, W) (channels are dimension dim() - 3; dim() must be 3 or
+// 4): y = (x * scale - mean[c]) / std[c] as float32, computed in double and
+// rounded once. x: any dtype (uint8 images with scale 1/255 are what
+// torchvision's ToTensor + Normalize do). The only allocation is y, so a
+// dataset kept in uint8 is converted per batch without float temporaries.
+// Host tensors run one fused loop; a device tensor (a batch already on a GPU)
+// goes through nn ops on its device. Throws tandem::Error on a channel-count
+// mismatch, a std <= 0, or a dimension count other than 3 or 4.
+class ToFloatNormalize : public Transform {
+ public:
+  ToFloatNormalize(double scale, std::vector<double> mean, std::vector<double> std);
+  nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override;
+
+ private:
+  double scale_;
+  std::vector<double> mean_;
+  std::vector<double> std_;
+};
+
 // Pads x: (C, H, W) with `padding` zeros on each side, then crops (C, height,
 // width) at a uniformly drawn offset. Any dtype.
 class RandomCrop : public Transform {

@@ -32,8 +32,10 @@ build=build-gpu
 jobs="${JOBS:-$(nproc)}"
 
 # TANDEM_MPI=OFF: the GPU machine runs one process and has no OpenMPI to load.
+# TANDEM_DNNL=OFF: nor oneDNN; the CPU side of the GPU tests (their reference)
+# then runs the im2col + OpenBLAS convolutions.
 cmake -S . -B "$build" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON -DTANDEM_MPI=OFF >/dev/null
+  -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON -DTANDEM_MPI=OFF -DTANDEM_DNNL=OFF >/dev/null
 cmake --build "$build" -j"$jobs"
 
 # The gpu-labelled test binaries (relative to build-gpu), from CTest.

@@ -7,7 +7,7 @@
 # multi-process job (TANDEM_MPI=AUTO builds that layer when it is installed).
 set -euo pipefail
 packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev)
+          libopenblas-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,9 +1,12 @@
-// 2-D convolution. CPU: im2col + OpenBLAS gemm (conv_cpu.cc); CUDA: cuDNN with the
-// algorithm chosen once per shape and cached (conv_cuda.cc).
+// 2-D convolution. CPU: float32 on oneDNN where tandem is built with it
+// (conv_dnnl.cc; primitives cached per shape and thread), else and for float64 /
+// bfloat16 im2col + OpenBLAS gemm (conv_cpu.cc); CUDA: cuDNN with the algorithm
+// chosen once per shape and cached (conv_cuda.cc).
 #ifndef TANDEM_NN_OPS_CONV_H_
 #define TANDEM_NN_OPS_CONV_H_
 
 #include <array>
+#include <string>
 
 #include "nn/tensor.h"
 
@@ -25,6 +28,11 @@ struct Conv2dParams {
 // are cast to bfloat16 first and the result is bfloat16.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});
+
+// What float32 CPU convolutions (and GEMMs) run on in this build, for reports:
+// "oneDNN <version>" (libdnnl, when tandem is built with it) or "im2col +
+// OpenBLAS". float64 and bfloat16 CPU convolutions always take im2col + OpenBLAS.
+std::string cpu_conv_backend();
 
 }  // namespace tandem::nn
 

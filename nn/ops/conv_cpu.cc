@@ -2,8 +2,10 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
+#include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
@@ -166,7 +168,39 @@ void IntoBFloat16(const Tensor& out, Kernel&& kernel) {
   out.detach().copy_(out32);
 }
 
+std::atomic<CpuConvPath> cpu_conv_path{CpuConvPath::kAuto};
+
 }  // namespace
+
+void SetCpuConvPath(CpuConvPath path) { cpu_conv_path.store(path, std::memory_order_relaxed); }
+CpuConvPath GetCpuConvPath() { return cpu_conv_path.load(std::memory_order_relaxed); }
+
+bool CpuConvUsesDnnl() {
+#if TANDEM_WITH_DNNL
+  return GetCpuConvPath() != CpuConvPath::kIm2col;
+#else
+  TANDEM_CHECK(GetCpuConvPath() == CpuConvPath::kAuto || GetCpuConvPath() == CpuConvPath::kIm2col,
+               "conv2d: the oneDNN path was asked for but tandem was built without oneDNN "
+               "(TANDEM_DNNL=OFF or libdnnl-dev missing)");
+  return false;
+#endif
+}
+
+}  // namespace tandem::nn::ops::internal
+
+namespace tandem::nn {
+
+std::string cpu_conv_backend() {
+#if TANDEM_WITH_DNNL
+  return ops::internal::DnnlVersion();
+#else
+  return "im2col + OpenBLAS";
+#endif
+}
+
+}  // namespace tandem::nn
+
+namespace tandem::nn::ops::internal {
 
 // Each kernel works on chunks of ChunkImages images: the chunk's im2col columns
 // side by side in one (taps, chunk * positions) matrix and one GEMM per chunk
@@ -176,6 +210,11 @@ void IntoBFloat16(const Tensor& out, Kernel&& kernel) {
 
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y) {
+#if TANDEM_WITH_DNNL
+  if (x.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+    return Conv2dForwardDnnl(x, weight, bias, g, y);
+  }
+#endif
   if (x.dtype() == kBFloat16) {
     return IntoBFloat16(y, [&](const Tensor& y32) {
       Conv2dForwardCpu(Float32Of(x), Float32Of(weight), Float32Of(bias), g, y32);
@@ -232,6 +271,11 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx) {
+#if TANDEM_WITH_DNNL
+  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+    return Conv2dBackwardDataDnnl(dy, weight, g, dx);
+  }
+#endif
   if (dy.dtype() == kBFloat16) {
     return IntoBFloat16(dx, [&](const Tensor& dx32) {
       Conv2dBackwardDataCpu(Float32Of(dy), Float32Of(weight), g, dx32);
@@ -267,6 +311,11 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
 
 void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                              const Tensor& dweight) {
+#if TANDEM_WITH_DNNL
+  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+    return Conv2dBackwardFilterDnnl(dy, x, g, dweight);
+  }
+#endif
   if (dy.dtype() == kBFloat16) {
     return IntoBFloat16(dweight, [&](const Tensor& dw32) {
       Conv2dBackwardFilterCpu(Float32Of(dy), Float32Of(x), g, dw32);

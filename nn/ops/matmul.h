@@ -31,11 +31,13 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// Threads OpenBLAS may use for one CPU matmul / convolution GEMM. Process-wide:
-// OpenBLAS has one thread pool, shared by every rank's thread (concurrent callers
-// queue on it). n >= 1, else tandem::Error naming n. Without a call, OpenBLAS's
-// own default (OPENBLAS_NUM_THREADS, else one per core). Needs the pthreads build
-// of OpenBLAS (Debian's default libopenblas0-pthread): an OpenMP build keeps one
+// Threads of one CPU matmul / convolution. Process-wide: OpenBLAS has one thread
+// pool, shared by every rank's thread (concurrent callers queue on it); with
+// oneDNN (TANDEM_WITH_DNNL: float32 GEMMs and convolutions) each calling thread
+// runs its own OpenMP team, sized to this count at each call. n >= 1, else
+// tandem::Error naming n. Without a call, OpenBLAS's own default
+// (OPENBLAS_NUM_THREADS, else one per core). Needs the pthreads build of
+// OpenBLAS (Debian's default libopenblas0-pthread): an OpenMP build keeps one
 // count per calling thread, which this call does not set for other threads.
 void set_cpu_blas_threads(int n);
 int cpu_blas_threads();

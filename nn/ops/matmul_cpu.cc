@@ -1,9 +1,13 @@
-// CPU kernels of the matmul family: OpenBLAS cblas_sgemm / cblas_dgemm.
+// CPU kernels of the matmul family: float32 GEMMs on oneDNN's dnnl_sgemm where
+// tandem is built with it (one OpenMP thread team per rank, the same runtime as
+// the oneDNN convolutions, so no second pool spins beside it), else OpenBLAS
+// cblas_sgemm; float64 on OpenBLAS cblas_dgemm.
 // bfloat16 has no GEMM here: its operands (bf16-exact values) are widened to
 // float32 buffers, multiplied with sgemm (float32 accumulation), bias and relu
 // applied in float32, and each result rounded to bfloat16 once.
 #include <cblas.h>
 
+#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -29,11 +33,33 @@ void RoundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
 
 }  // namespace
 
+namespace {
+std::atomic<CpuGemmPath> cpu_gemm_path{CpuGemmPath::kAuto};
+}  // namespace
+
+void SetCpuGemmPath(CpuGemmPath path) { cpu_gemm_path.store(path, std::memory_order_relaxed); }
+
+bool CpuGemmUsesDnnl() {
+  const CpuGemmPath path = cpu_gemm_path.load(std::memory_order_relaxed);
+#if TANDEM_WITH_DNNL
+  return path != CpuGemmPath::kOpenBlas;
+#else
+  TANDEM_CHECK(path != CpuGemmPath::kDnnl,
+               "gemm: the oneDNN path was asked for but tandem was built without oneDNN");
+  return false;
+#endif
+}
+
 template <>
 void GemmRaw<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                     int64_t ldc) {
   if (m == 0 || n == 0) return;
+#if TANDEM_WITH_DNNL
+  if (k > 0 && CpuGemmUsesDnnl()) {
+    return SgemmDnnl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+#endif
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, ToBlasInt(m, "m"), ToBlasInt(n, "n"),
               ToBlasInt(k, "k"), alpha, a, ToBlasInt(lda, "lda"), b, ToBlasInt(ldb, "ldb"), beta,

@@ -85,7 +85,7 @@ TEST(TrainLinear, PrintsEveryStepOnOneCpuRank) {
 TEST(TrainLinear, RunsOnTwoCpuRanks) {
   RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu --nprocs=2 --steps=5 --cpu_threads=3");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find(": 3 (OpenBLAS)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CPU kernel threads   : 3 per rank"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step:4 loss:"), std::string::npos) << r.output;
   // Only rank 0 prints the steps.
   int count = 0;
@@ -141,6 +141,36 @@ TEST(TrainMnist, TwoCpuRanksShowGlobalBatch) {
   EXPECT_NE(r.output.find("summary: Fashion-MNIST, 2 rank(s), 1 epoch(s) run (4 steps"),
             std::string::npos)
       << r.output;
+}
+
+// The default run without GPUs: one CPU rank per usable core (as many as divide
+// the default batch), the batch of 64 split over them; an explicit --batch_size
+// stays per rank; --gpus=cpu keeps one rank (SmokeRunWritesMetrics).
+TEST(TrainMnist, DefaultCpuRunTakesARankPerCoreAndKeepsTheGlobalBatch) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string limits = "--epochs=1 --max_steps_per_epoch=2 --test_limit=100";
+  RunResult r = RunProgram(TRAIN_MNIST, limits);
+  ASSERT_EQ(r.status, 0) << r.output;
+  if (r.output.find("communicator         : nccl") != std::string::npos ||
+      r.output.find("cuda:") != std::string::npos) {
+    GTEST_SKIP() << "a GPU is visible: the default run uses it";
+  }
+  const size_t at = r.output.find("world size");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int ranks = std::stoi(r.output.substr(r.output.find(':', at) + 1));
+  ASSERT_GE(ranks, 1) << r.output;
+  EXPECT_EQ(64 % ranks, 0) << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat(64 / ranks, " per rank, 64 global")), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat("summary: Fashion-MNIST, ", ranks, " rank(s)")),
+            std::string::npos)
+      << r.output;
+
+  RunResult given = RunProgram(TRAIN_MNIST, limits + " --batch_size=16");
+  ASSERT_EQ(given.status, 0) << given.output;
+  EXPECT_NE(given.output.find(absl::StrCat("16 per rank, ", 16 * ranks, " global")),
+            std::string::npos)
+      << given.output;
 }
 
 TEST(TrainCifar10, SyntheticSmokeRunSaysSynthetic) {

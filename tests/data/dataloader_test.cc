@@ -206,6 +206,57 @@ TEST(DataLoaderTest, CollateIntoPinnedMemoryNeedsAGpu) {
   EXPECT_FALSE(Collate(examples, {0, 1}).data.is_pinned());
 }
 
+// The fused per-batch conversion equals ToFloat then Normalize, per channel, on
+// a sample (C, H, W) and a batch (B, C, H, W), and the loader applies it to each
+// collated batch of a uint8 dataset.
+TEST(TransformTest, FusedToFloatNormalizeMatchesTheTwoStepsOnBatches) {
+  nn::Generator gen{};
+  std::vector<uint8_t> pixels(3 * 2 * 2 * 2);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 37 % 256);
+  const nn::Tensor batch = nn::from_vector(pixels, {3, 2, 2, 2});  // (B, C, H, W), C = 2
+  const ToFloatNormalize fused(1.0 / 255, {0.25, 0.5}, {0.5, 0.125});
+  const nn::Tensor y = fused(batch, gen);
+  EXPECT_EQ(y.dtype(), nn::kFloat32);
+  EXPECT_EQ(y.shape(), batch.shape());
+  const std::vector<float> got = y.to_vector<float>();
+  for (int64_t s = 0; s < 3; ++s) {
+    const nn::Tensor two_steps =
+        Normalize({0.25, 0.5}, {0.5, 0.125})(ToFloat(1.0 / 255)(batch[s], gen), gen);
+    const std::vector<float> want = two_steps.to_vector<float>();
+    const std::vector<float> sample = fused(batch[s], gen).to_vector<float>();
+    for (int64_t i = 0; i < 8; ++i) {
+      EXPECT_NEAR(got[s * 8 + i], want[i], 1e-5) << "batch " << s << " element " << i;
+      EXPECT_EQ(sample[i], got[s * 8 + i]);
+    }
+  }
+  // Channel 1 of sample 0, pixel 0 = byte 4 * 37 = 148: (148/255 - 0.5) / 0.125.
+  EXPECT_FLOAT_EQ(got[4], static_cast<float>((148.0 / 255 - 0.5) / 0.125));
+  EXPECT_THROW(fused(nn::from_vector(pixels, {1, 3, 2, 2, 2}), gen), Error);  // 5 dims
+  EXPECT_THROW(fused(nn::from_vector(pixels, {4, 3, 2, 1}), gen), Error);     // C = 3
+  EXPECT_THROW(ToFloatNormalize(1, {0.5}, {0.0}), Error);
+  EXPECT_THROW(ToFloatNormalize(1, {0.5, 0.5}, {1}), Error);
+
+  // Through the loader, with and without workers: uint8 rows in, float batches out.
+  auto dataset = std::make_shared<TensorDataset>(
+      batch, nn::from_vector(std::vector<int64_t>{0, 1, 2}, {3}, {.dtype = nn::kInt64}));
+  for (int workers : {0, 2}) {
+    auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(3), 2,
+                                                        /*drop_last=*/false);
+    DataLoader loader(dataset, sampler,
+                      {.num_workers = workers,
+                       .batch_transform = std::make_shared<ToFloatNormalize>(
+                           1.0 / 255, std::vector<double>{0.25, 0.5},
+                           std::vector<double>{0.5, 0.125})});
+    std::vector<float> all;
+    for (const Batch& b : loader) {
+      EXPECT_EQ(b.data.dtype(), nn::kFloat32);
+      const std::vector<float> v = b.data.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    EXPECT_EQ(all, got) << workers << " workers";
+  }
+}
+
 TEST(TransformTest, ToFloatNormalizeCropFlip) {
   nn::Generator gen{.seed = 1};
   nn::Tensor bytes = nn::from_vector(std::vector<uint8_t>{0, 51, 102, 255}, {1, 2, 2});

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
 #include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
@@ -179,6 +182,82 @@ TEST(ConvTest, Float32MatchesFloat64) {
   const auto want = conv2d(x, w, Tensor(), p).to_vector<double>();
   const auto got = conv2d(x.to(kFloat32), w.to(kFloat32), Tensor(), p).to_vector<double>();
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+// float32 on each CPU path (oneDNN where built, im2col + OpenBLAS) against the
+// float64 result, for output and every gradient, across stride / padding /
+// dilation and the models' shapes; at 1 and 2 threads each path repeats its
+// own bits exactly.
+TEST(ConvTest, EachFloat32CpuPathMatchesFloat64AndRepeatsBitForBit) {
+  using ops::internal::CpuConvPath;
+  const int threads = cpu_blas_threads();
+  struct Restore {
+    int threads;
+    ~Restore() {
+      set_cpu_blas_threads(threads);
+      ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+    }
+  } restore{threads};
+  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (ops::internal::CpuConvUsesDnnl()) {
+    paths.push_back(CpuConvPath::kDnnl);
+    paths.push_back(CpuConvPath::kDnnlBlocked);
+  }
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+  };
+  std::vector<Case> shapes = {{{3, 20, 14, 14}, {20, 20, 5, 5}, {.padding = {2, 2}}},
+                               {{5, 1, 28, 28}, {20, 1, 5, 5}, {.padding = {2, 2}}},
+                               {{4, 32, 15, 15}, {64, 32, 3, 3}, {}}};
+  for (const Conv2dParams& p : Variants()) shapes.push_back({{2, 3, 7, 6}, {4, 3, 3, 2}, p});
+  manual_seed(21);
+  for (const Case& shape : shapes) {
+    Tensor x = randn(shape.x, {.dtype = kFloat64}).set_requires_grad(true);
+    Tensor w = randn(shape.w, {.dtype = kFloat64}).set_requires_grad(true);
+    Tensor b = randn({shape.w[0]}, {.dtype = kFloat64}).set_requires_grad(true);
+    Tensor y = conv2d(x, w, b, shape.p);
+    Tensor dy = randn(y.shape(), {.dtype = kFloat64});
+    y.backward(dy);
+    const std::vector<std::vector<double>> want = {
+        y.to_vector<double>(), x.grad().to_vector<double>(), w.grad().to_vector<double>(),
+        b.grad().to_vector<double>()};
+    for (CpuConvPath path : paths) {
+      ops::internal::SetCpuConvPath(path);
+      for (int t : {1, 2}) {
+        set_cpu_blas_threads(t);
+        std::vector<std::vector<float>> first;
+        for (int run = 0; run < 2; ++run) {
+          Tensor x32 = x.detach().to(kFloat32).set_requires_grad(true);
+          Tensor w32 = w.detach().to(kFloat32).set_requires_grad(true);
+          Tensor b32 = b.detach().to(kFloat32).set_requires_grad(true);
+          Tensor y32 = conv2d(x32, w32, b32, shape.p);
+          y32.backward(dy.to(kFloat32));
+          std::vector<std::vector<float>> got = {
+              y32.to_vector<float>(), x32.grad().to_vector<float>(),
+              w32.grad().to_vector<float>(), b32.grad().to_vector<float>()};
+          const std::string where = absl::StrCat(
+              "path ", static_cast<int>(path), " (1 im2col, 2 oneDNN, 3 oneDNN blocked), ", t,
+              " thread(s), x ", ShapeToString(shape.x), ", weight ", ShapeToString(shape.w));
+          if (run == 1) {
+            for (size_t k = 0; k < got.size(); ++k) {
+              EXPECT_EQ(got[k], first[k]) << "output/gradient " << k << " not repeated, " << where;
+            }
+            continue;
+          }
+          for (size_t k = 0; k < got.size(); ++k) {
+            ASSERT_EQ(got[k].size(), want[k].size());
+            for (size_t i = 0; i < got[k].size(); ++i) {
+              ASSERT_NEAR(got[k][i], want[k][i], 2e-4 * (1 + std::abs(want[k][i])))
+                  << "output/gradient " << k << " element " << i << ", " << where;
+            }
+          }
+          first = std::move(got);
+        }
+      }
+    }
+  }
 }
 
 TEST(ConvTest, OutputShapeFollowsTheFormula) {

@@ -25,13 +25,19 @@
 // wall time, launches included. Two untimed warm-up steps first choose the
 // cuBLASLt / cuDNN algorithms and fill the memory pool. Times are real (wall)
 // time; items/s is samples/s. TF32 stays off (the library's default).
-// CPU matmuls use OpenBLAS with its default threads (OPENBLAS_NUM_THREADS sets them).
+// CPU matmuls use OpenBLAS with its default threads (OPENBLAS_NUM_THREADS sets them);
+// float32 CPU convs run on oneDNN (same thread count, blocked layouts) where
+// tandem is built with it, and each float32 conv case then also has an "/im2col"
+// row (the im2col + OpenBLAS kernels) and a "/dnnl_plain" row (oneDNN on NCHW)
+// on the same case (compare them interleaved with
+// --benchmark_enable_random_interleaving=true --benchmark_repetitions=N).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/device.h"
@@ -39,6 +45,8 @@
 #include "nn/ops/conv.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"
 #include "nn/random.h"
@@ -155,7 +163,14 @@ void Sync(Device device) {
 #endif
 }
 
-void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t batch) {
+using ops::internal::CpuConvPath;
+
+void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t batch,
+             CpuConvPath path) {
+  ops::internal::SetCpuConvPath(path);
+  // The im2col rows are the kernels before oneDNN: OpenBLAS GEMMs too.
+  ops::internal::SetCpuGemmPath(path == CpuConvPath::kIm2col ? ops::internal::CpuGemmPath::kOpenBlas
+                                                             : ops::internal::CpuGemmPath::kAuto);
   DeviceGuard guard(device);
   manual_seed(1);
   StepFn step = make(batch);
@@ -168,6 +183,21 @@ void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t ba
   state.SetItemsProcessed(state.iterations() * batch);
 }
 
+// The float32 CPU conv implementations to compare: the build's default, and
+// with oneDNN built, im2col + OpenBLAS as well ("/im2col" rows; the default
+// rows then run on oneDNN). --benchmark_enable_random_interleaving=true
+// alternates them run by run.
+// `float32_conv`: the case is a float32 convolution (else: one default row).
+std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool float32_conv) {
+  std::vector<std::pair<std::string, CpuConvPath>> paths = {{"", CpuConvPath::kAuto}};
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (float32_conv && device.is_cpu() && ops::internal::CpuConvUsesDnnl()) {
+    paths.emplace_back("/im2col", CpuConvPath::kIm2col);
+    paths.emplace_back("/dnnl_plain", CpuConvPath::kDnnl);
+  }
+  return paths;
+}
+
 void Register(Device device) {
   struct Case {
     const char* name;
@@ -178,12 +208,15 @@ void Register(Device device) {
                         {"Conv32x64k3", Conv32x64k3},
                         {"CrossEntropy10", CrossEntropy10}};
   for (const Case& c : cases) {
+    const bool conv = std::string(c.name) != "CrossEntropy10";  // Linear: "/im2col" = OpenBLAS
     for (int64_t batch : {64, 512}) {
-      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
-                               "/batch:" + std::to_string(batch);
-      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      for (const auto& [suffix, path] : ConvPaths(device, conv)) {
+        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
+                                 "/batch:" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   const Case convs[] = {{"LeNetConv2", LeNetConv2},
@@ -192,12 +225,15 @@ void Register(Device device) {
                         {"CifarConv3", CifarConv3},
                         {"LeNetConv2F64", LeNetConv2F64}};
   for (const Case& c : convs) {
+    const bool f64 = std::string(c.name).find("F64") != std::string::npos;
     for (int64_t batch : {32, 128, 512}) {
-      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
-                               "/batch:" + std::to_string(batch);
-      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      for (const auto& [suffix, path] : ConvPaths(device, !f64)) {
+        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
+                                 "/batch:" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   const Case pools[] = {{"MaxPool20x28", MaxPool20x28},
@@ -208,7 +244,8 @@ void Register(Device device) {
     for (int64_t batch : {32, 128}) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
                                "/batch:" + std::to_string(batch);
-      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch)
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch,
+                                   CpuConvPath::kAuto)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -6,6 +6,7 @@
 #define TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "nn/ops/conv.h"
 #include "nn/tensor.h"
@@ -32,6 +33,31 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
                              const Tensor& dweight);
 // dbias (o) = dy summed over n, oh, ow.
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias);
+
+// The float32 CPU implementation (float64 and bfloat16 always take im2col +
+// OpenBLAS). kAuto: oneDNN in its preferred (blocked) layouts where tandem is
+// built with it (TANDEM_WITH_DNNL), else im2col. kDnnl: oneDNN on the plain
+// NCHW / OIHW layouts; kDnnlBlocked: oneDNN in blocked layouts, reordered from
+// and to ours inside each call (what kAuto picks). Process-wide, atomic; for
+// tests and benchmarks that compare them (a call mid-step changes the kernels
+// of the following calls only).
+enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked };
+void SetCpuConvPath(CpuConvPath path);
+CpuConvPath GetCpuConvPath();
+// True when float32 CPU convolutions run on oneDNN now.
+bool CpuConvUsesDnnl();
+
+#if TANDEM_WITH_DNNL
+// "oneDNN <major>.<minor>.<patch>" of the loaded library.
+std::string DnnlVersion();
+// conv_dnnl.cc: float32 only, the contracts of the Cpu kernels above.
+void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dGeometry& g, const Tensor& y);
+void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
+                            const Tensor& dx);
+void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                              const Tensor& dweight);
+#endif
 
 #if TANDEM_WITH_CUDA
 void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -21,6 +21,22 @@ template <typename T>
 void GemmRaw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
+// Where GemmRaw<float> runs: kAuto = oneDNN's dnnl_sgemm where tandem is built
+// with it (TANDEM_WITH_DNNL), else OpenBLAS. float64 always runs on OpenBLAS.
+// Process-wide, atomic; for tests and benchmarks that compare them.
+enum class CpuGemmPath { kAuto, kOpenBlas, kDnnl };
+void SetCpuGemmPath(CpuGemmPath path);
+// True when GemmRaw<float> runs on oneDNN now.
+bool CpuGemmUsesDnnl();
+
+#if TANDEM_WITH_DNNL
+// GemmRaw<float>'s contract on dnnl_sgemm (conv_dnnl.cc), with the calling
+// thread's OpenMP team at nn::cpu_blas_threads() threads. k > 0.
+void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+#endif
+
 // out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype (float32,
 // float64 or bfloat16) and device. Shapes are checked by the caller. bfloat16:
 // products accumulate in float32 (CPU: sgemm on the widened operands; CUDA:

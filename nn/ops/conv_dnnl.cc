@@ -1,0 +1,282 @@
+// float32 CPU convolution on oneDNN (Debian's libdnnl, OpenMP runtime): forward,
+// backward data and backward weights, one primitive per shape cached per thread;
+// and the float32 GEMM of the matmul family (dnnl_sgemm), so that every float32
+// CPU kernel with threads runs on one runtime (OpenMP), never beside a spinning
+// OpenBLAS pool.
+// By default the primitives run in the layouts oneDNN prefers (blocked, e.g.
+// nChw16c), with our NCHW / OIHW tensors reordered to them and back inside each
+// call; CpuConvPath::kDnnl keeps the plain layouts instead (for comparison).
+// Built only with TANDEM_WITH_DNNL; conv_cpu.cc calls it for float32 and keeps
+// im2col + OpenBLAS for float64 and bfloat16 (oneDNN 2.6 has no float64
+// convolution).
+//
+// Threads: oneDNN's OpenMP runtime keeps one thread count per calling thread; each
+// call sets the calling thread's count to nn::cpu_blas_threads() (the count the
+// programs choose for OpenBLAS), so a rank thread and OpenBLAS's pool use the
+// same number of cores and the ranks' OpenMP teams do not grow past it.
+// Determinism: the primitives are chosen from the shape, the ISA and the thread
+// count (all in the cache key) and oneDNN 2.6's CPU convolutions split work
+// statically over the threads, so the same inputs and thread count give the
+// same bits (tests/nn/conv_test.cc checks it run to run).
+#include <omp.h>
+
+#include <cstring>
+#include <dnnl.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "nn/error.h"
+#include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/matmul.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using DataType = memory::data_type;
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// The calling thread's stream (oneDNN CPU streams are in-order and cheap; one
+// per thread keeps rank threads independent).
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+// Sets the calling thread's OpenMP team size to the process's CPU thread count.
+int UseThreads() {
+  const int threads = std::max(1, cpu_blas_threads());
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  return threads;
+}
+
+enum class Kind { kForward, kBackwardData, kBackwardWeights };
+
+struct Key {
+  Kind kind;
+  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw;
+  bool bias;
+  bool blocked;
+  int threads;
+  auto Tie() const {
+    return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, bias, blocked,
+                    threads);
+  }
+  bool operator<(const Key& other) const { return Tie() < other.Tie(); }
+};
+
+Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, bool blocked, int threads) {
+  const auto& p = g.params;
+  return {kind,         g.n,          g.c,           g.h,           g.w,  g.o,     g.kh,
+          g.kw,         g.oh,         g.ow,          p.stride[0],   p.stride[1],   p.padding[0],
+          p.padding[1], p.dilation[0], p.dilation[1], bias,         blocked, threads};
+}
+
+// A primitive with the layouts it wants for its arguments; where those differ
+// from the plain NCHW / OIHW ones of our tensors, the arguments are reordered
+// inside the call.
+struct Entry {
+  dnnl::primitive primitive;
+  memory::desc scratchpad;
+  // Per argument (DNNL_ARG_*): the primitive's layout; plain layouts are the
+  // user's tensors themselves.
+  std::map<int, memory::desc> want;
+};
+
+struct Descs {
+  memory::desc src, weights, bias, dst;
+  memory::dims strides, dilates, padding;
+};
+
+Descs DescsOf(const Conv2dGeometry& g, bool bias, Tag activation_tag, Tag weight_tag) {
+  const auto& p = g.params;
+  Descs d;
+  d.src = memory::desc({g.n, g.c, g.h, g.w}, DataType::f32, activation_tag);
+  d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, DataType::f32, weight_tag);
+  if (bias) d.bias = memory::desc({g.o}, DataType::f32, Tag::x);
+  d.dst = memory::desc({g.n, g.o, g.oh, g.ow}, DataType::f32, activation_tag);
+  d.strides = {p.stride[0], p.stride[1]};
+  d.dilates = {p.dilation[0] - 1, p.dilation[1] - 1};  // oneDNN counts the gaps
+  d.padding = {p.padding[0], p.padding[1]};
+  return d;
+}
+
+dnnl::primitive_attr Attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, bool bias,
+                                                      Tag activation_tag, Tag weight_tag) {
+  const Descs d = DescsOf(g, bias, activation_tag, weight_tag);
+  const dnnl::convolution_forward::desc desc =
+      bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                             dnnl::algorithm::convolution_direct, d.src,
+                                             d.weights, d.bias, d.dst, d.strides, d.dilates,
+                                             d.padding, d.padding)
+           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                             dnnl::algorithm::convolution_direct, d.src,
+                                             d.weights, d.dst, d.strides, d.dilates, d.padding,
+                                             d.padding);
+  return dnnl::convolution_forward::primitive_desc(desc, Attr(), Engine());
+}
+
+// The layouts the primitives see: with key.blocked oneDNN picks them (blocked
+// ones, reordered to and from ours inside each call); else plain NCHW / OIHW.
+Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
+  const Tag act = key.blocked ? Tag::any : Tag::nchw;
+  const Tag wei = key.blocked ? Tag::any : Tag::oihw;
+  const Descs d = DescsOf(g, key.bias, act, wei);
+  Entry e;
+  switch (key.kind) {
+    case Kind::kForward: {
+      const auto pd = ForwardDesc(g, key.bias, act, wei);
+      e.primitive = dnnl::convolution_forward(pd);
+      e.scratchpad = pd.scratchpad_desc();
+      e.want[DNNL_ARG_SRC] = pd.src_desc();
+      e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
+      e.want[DNNL_ARG_DST] = pd.dst_desc();
+      if (key.bias) e.want[DNNL_ARG_BIAS] = pd.bias_desc();
+      break;
+    }
+    case Kind::kBackwardData: {
+      const auto hint = ForwardDesc(g, false, act, wei);
+      const dnnl::convolution_backward_data::desc desc(
+          dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
+          d.padding, d.padding);
+      const dnnl::convolution_backward_data::primitive_desc pd(desc, Attr(), Engine(), hint);
+      e.primitive = dnnl::convolution_backward_data(pd);
+      e.scratchpad = pd.scratchpad_desc();
+      e.want[DNNL_ARG_DIFF_SRC] = pd.diff_src_desc();
+      e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
+      e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+      break;
+    }
+    case Kind::kBackwardWeights: {
+      const auto hint = ForwardDesc(g, false, act, wei);
+      const dnnl::convolution_backward_weights::desc desc(
+          dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
+          d.padding, d.padding);
+      const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
+      e.primitive = dnnl::convolution_backward_weights(pd);
+      e.scratchpad = pd.scratchpad_desc();
+      e.want[DNNL_ARG_SRC] = pd.src_desc();
+      e.want[DNNL_ARG_DIFF_WEIGHTS] = pd.diff_weights_desc();
+      e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+      break;
+    }
+  }
+  return e;
+}
+
+// The calling thread's primitives by shape (as the cuDNN algorithm cache, but
+// per thread: no lock on the hot path, and a rank thread's thread count is its own).
+const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias) {
+  thread_local std::map<Key, Entry> cache;
+  // kAuto takes the blocked layouts: measured faster than plain NCHW (oneDNN's
+  // gemm:jit) and than im2col + OpenBLAS on every conv of the apps' models
+  // (docs/benchmarks.md, "CPU convolutions on oneDNN").
+  const bool blocked = GetCpuConvPath() != CpuConvPath::kDnnl;
+  const Key key = KeyOf(kind, g, bias, blocked, UseThreads());
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
+  return it->second;
+}
+
+// A float32 host buffer of `desc`'s size from the host allocator's cache.
+Tensor Buffer(const memory::desc& desc) {
+  const int64_t bytes = static_cast<int64_t>(desc.get_size());
+  return empty({(bytes + 3) / 4}, {.dtype = kFloat32, .device = Device::CPU()});
+}
+
+// Runs `e` on plain tensors: inputs in `in` and outputs in `out` (argument ->
+// tensor, with its plain desc), reordering any whose layout the primitive wants
+// otherwise.
+void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tensor*>>& in,
+         const std::map<int, std::pair<memory::desc, const Tensor*>>& out) {
+  dnnl::stream& stream = Stream();
+  std::unordered_map<int, memory> args;
+  std::vector<Tensor> keep;  // blocked copies alive until the primitive ran
+  std::vector<std::pair<memory, memory>> copy_back;
+  auto bind = [&](int arg, const memory::desc& plain, const Tensor& t, bool is_output) {
+    memory user(plain, Engine(), t.data_ptr());
+    const memory::desc& want = e.want.at(arg);
+    if (want == plain) {
+      args.emplace(arg, user);
+      return;
+    }
+    keep.push_back(Buffer(want));
+    memory blocked(want, Engine(), keep.back().data_ptr());
+    if (is_output) {
+      copy_back.emplace_back(blocked, user);
+    } else {
+      dnnl::reorder(user, blocked).execute(stream, user, blocked);
+    }
+    args.emplace(arg, blocked);
+  };
+  for (const auto& [arg, value] : in) bind(arg, value.first, *value.second, false);
+  for (const auto& [arg, value] : out) bind(arg, value.first, *value.second, true);
+  Tensor scratch = Buffer(e.scratchpad);
+  args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, Engine(), scratch.data_ptr()));
+  e.primitive.execute(stream, args);
+  for (auto& [from, to] : copy_back) dnnl::reorder(from, to).execute(stream, from, to);
+  stream.wait();
+}
+
+}  // namespace
+
+void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  UseThreads();
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
+                                          alpha, a, lda, b, ldb, beta, c, ldc);
+  TANDEM_CHECK(status == dnnl_success, "gemm: dnnl_sgemm failed with status ",
+               static_cast<int>(status), " for m ", m, ", n ", n, ", k ", k, ", lda ", lda,
+               ", ldb ", ldb, ", ldc ", ldc);
+}
+
+std::string DnnlVersion() {
+  const dnnl_version_t* v = dnnl_version();
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
+}
+
+void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dGeometry& g, const Tensor& y) {
+  const bool has_bias = bias.defined();
+  const Entry& e = Lookup(Kind::kForward, g, has_bias);
+  const Descs d = DescsOf(g, has_bias, Tag::nchw, Tag::oihw);
+  std::map<int, std::pair<memory::desc, const Tensor*>> in = {
+      {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
+  if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
+  Run(e, in, {{DNNL_ARG_DST, {d.dst, &y}}});
+}
+
+void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
+                            const Tensor& dx) {
+  const Entry& e = Lookup(Kind::kBackwardData, g, false);
+  const Descs d = DescsOf(g, false, Tag::nchw, Tag::oihw);
+  Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
+      {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}});
+}
+
+void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                              const Tensor& dweight) {
+  const Entry& e = Lookup(Kind::kBackwardWeights, g, false);
+  const Descs d = DescsOf(g, false, Tag::nchw, Tag::oihw);
+  Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}},
+      {{DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}});
+}
+
+}  // namespace tandem::nn::ops::internal

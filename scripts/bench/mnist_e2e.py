@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""train_mnist against its PyTorch twin (torch_mnist.py), end to end (issue 13).
+
+Runs `train_mnist` (its defaults unless --tandem_args says otherwise) and
+`torch_mnist.py --threads=<cores>` --runs times each, alternating them (tandem,
+torch, tandem, ...) so that a change in the machine's load hits both alike. Each
+run is wrapped in /usr/bin/time for its wall time and peak RSS; accuracy comes
+from each program's summary line. Prints each run, then the medians and the
+speedup (torch time / tandem time). Exit status 0 when every run succeeded, 1
+otherwise, 2 on a bad argument.
+
+    python3 scripts/bench/mnist_e2e.py --train_mnist=build-cpu/apps/train_mnist --runs=5
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd, env=None):
+    """(wall_s, peak_rss_mb, accuracy_percent) of one run, or raises RuntimeError."""
+    timed = ["/usr/bin/time", "-f", "TIME %e %M"] + cmd
+    proc = subprocess.run(timed, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    m = re.search(r"^TIME ([0-9.]+) ([0-9]+)$", proc.stderr, re.M)
+    if not m:
+        raise RuntimeError(f"{' '.join(cmd)}: no /usr/bin/time line in its stderr")
+    wall_s, rss_mb = float(m.group(1)), int(m.group(2)) / 1024.0
+    # tandem: "summary: ...: best test accuracy A%, final F%, ..."; torch: "accuracy A%".
+    acc = re.search(r"final ([0-9.]+)%", proc.stdout) or re.search(r"accuracy ([0-9.]+)%",
+                                                                   proc.stdout)
+    if not acc:
+        raise RuntimeError(f"{' '.join(cmd)}: no accuracy in its output:\n{proc.stdout[-2000:]}")
+    return wall_s, rss_mb, float(acc.group(1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train_mnist", default="build-cpu/apps/train_mnist")
+    parser.add_argument("--python", default="/usr/bin/python3", help="a Python with torch")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="torch.set_num_threads (default: every core)")
+    parser.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--tandem_args", default="",
+                        help="extra train_mnist flags, space-separated (default: none)")
+    args = parser.parse_args()
+    if args.runs < 1 or args.threads < 1:
+        print("mnist_e2e.py: --runs and --threads must be >= 1", file=sys.stderr)
+        return 2
+    if not os.access(args.train_mnist, os.X_OK):
+        print(f"mnist_e2e.py: --train_mnist {args.train_mnist}: not an executable", file=sys.stderr)
+        return 2
+    tandem_cmd = [args.train_mnist, f"--data_dir={args.data_dir}"] + args.tandem_args.split()
+    torch_cmd = [args.python, os.path.join(HERE, "torch_mnist.py"), f"--threads={args.threads}",
+                 f"--data_dir={args.data_dir}"]
+    results = {"tandem": [], "torch": []}
+    try:
+        for i in range(args.runs):
+            for name, cmd in (("tandem", tandem_cmd), ("torch", torch_cmd)):
+                wall, rss, acc = run(cmd)
+                results[name].append((wall, rss, acc))
+                print(f"run {i + 1}/{args.runs} {name:6s}: {wall:7.2f} s  peak RSS {rss:6.0f} MB  "
+                      f"accuracy {acc:.2f}%", flush=True)
+    except RuntimeError as e:
+        print(f"mnist_e2e.py: {e}", file=sys.stderr)
+        return 1
+    med = {k: tuple(statistics.median(r[j] for r in v) for j in range(3))
+           for k, v in results.items()}
+    print(f"\nmedians of {args.runs} runs ({os.cpu_count()} cores; torch threads {args.threads}; "
+          f"train_mnist {' '.join(tandem_cmd[1:])}):")
+    print(f"  {'':8s} {'time s':>8s} {'peak RSS MB':>12s} {'accuracy %':>11s}")
+    for k in ("tandem", "torch"):
+        print(f"  {k:8s} {med[k][0]:8.2f} {med[k][1]:12.0f} {med[k][2]:11.2f}")
+    print(f"  speedup (torch time / tandem time): {med['torch'][0] / med['tandem'][0]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
