@@ -245,6 +245,7 @@ class NcclCommunicator final : public Communicator {
       const cudaError_t q = cudaEventQuery(done_);
       if (q == cudaSuccess) return true;
       if (q != cudaErrorNotReady) TANDEM_CHECK_CUDA(q, device());
+      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
       ThrowIfStopping("barrier");
       AbortGuard::Use use(guard_);
       if (use.aborted()) ThrowAborted("barrier");
@@ -328,7 +329,13 @@ class NcclCommunicator final : public Communicator {
   void DrainCompletedLocked() {
     while (!inflight_.empty()) {
       auto [sequence, event] = inflight_.front();
-      if (cudaEventQuery(event) != cudaSuccess) break;  // not yet (or failed: stays stuck)
+      if (cudaEventQuery(event) != cudaSuccess) {
+        // Not yet (or failed: stays stuck). Cleared: this runs on the rank
+        // thread too (WaitForInflightRoom), whose next launch check must not
+        // see "not ready" (a failure resurfaces at the next stream query).
+        cudaGetLastError();
+        break;
+      }
       spare_events_.push_back(event);
       inflight_.pop_front();
       MarkCompleted(sequence);

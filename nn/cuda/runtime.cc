@@ -299,7 +299,10 @@ void HostWait(cudaError_t (*query)(void*), cudaError_t (*block)(void*), void* wh
   }
   WaitUntil([&] {
     const cudaError_t status = query(what);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
+      return false;
+    }
     CheckCuda(status, call, device);
     return true;
   });
