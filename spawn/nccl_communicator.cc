@@ -122,8 +122,15 @@ class NcclWork final : public Work {
  public:
   NcclWork(cudaEvent_t done, nn::Device device) : done_(done), device_(device) {}
   ~NcclWork() override {
-    // Destructors must not throw: a failing wait is reported by the next checked call.
-    if (!waited_) cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+    // Destructors must not throw: a failing wait is reported by the next checked
+    // call. ThreadStream throws when the destroying thread has no stream on the
+    // device yet and none can be made (a broken context): not std::terminate.
+    if (!waited_) {
+      try {
+        cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+      } catch (...) {
+      }
+    }
     cudaEventDestroy(done_);
   }
   void wait() override {
