@@ -62,6 +62,8 @@
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
+#include <strings.h>  // strcasecmp
+
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -372,6 +374,19 @@ class NcclCommunicator final : public Communicator {
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
     const std::vector<nn::Device>& devices) {
   const int n = static_cast<int>(devices.size());
+  // NCCL_LAUNCH_MODE=GROUP makes every launch of an intra-process communicator
+  // spin in a barrier with the other ranks' launches (group.cc, doLaunches ->
+  // ncclCommIntraBarrierIn/Out), which no abort flag ends: a rank inside an
+  // enqueue (under its AbortGuard) would wait for good for a peer that failed
+  // before the collective, and the watchdog's abort would wait for that rank.
+  // That breaks condition (2) of the file comment; only PARALLEL (the default) works.
+  if (const char* mode = std::getenv("NCCL_LAUNCH_MODE");
+      mode != nullptr && strcasecmp(mode, "GROUP") == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL_LAUNCH_MODE=", mode, " is not supported by spawn: its launches wait for every "
+        "rank's launch in a barrier that an abort cannot end, so one failing rank would hang "
+        "the run; unset it or set NCCL_LAUNCH_MODE=PARALLEL"));
+  }
   setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   auto describe = [&] {
     std::string text;
