@@ -1,6 +1,7 @@
 #include "data/dataloader.h"
 
 #include <cstring>
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "nn/error.h"
@@ -106,23 +107,17 @@ void DataLoader::WorkerLoop() {
   // cudaEventQuery); with the loader's device current it never creates a
   // context on GPU 0, the runtime's default. Its current_device() stays the
   // CPU, so datasets still make host tensors.
+  // If selecting the device fails, every batch this worker takes fails with the
+  // reason: a worker that left after one batch would leave the later batches
+  // of the queue to no one (every worker fails alike), and next() would wait
+  // for them for good.
+  std::exception_ptr device_error;
   if (pin_) {
     try {
       nn::SetThreadCudaDevice(*options_.device);
     } catch (const std::exception& e) {
-      // Reported in place of the first batch this worker takes.
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (stop_) return;
-      Task task = std::move(tasks_.front());
-      tasks_.pop_front();
-      Result result;
-      result.error = std::make_exception_ptr(Error(
+      device_error = std::make_exception_ptr(Error(
           absl::StrCat("DataLoader: worker on ", options_.device->ToString(), ": ", e.what())));
-      results_.emplace(task.sequence, std::move(result));
-      lock.unlock();
-      result_cv_.notify_all();
-      return;
     }
   }
   while (true) {
@@ -134,7 +129,12 @@ void DataLoader::WorkerLoop() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
-    Result result = Build(task.indices);
+    Result result;
+    if (device_error) {
+      result.error = device_error;
+    } else {
+      result = Build(task.indices);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;

@@ -28,7 +28,7 @@
 // the loader's device for the CUDA runtime first (nn::SetThreadCudaDevice:
 // their current_device() stays the CPU), so that they never create a context
 // on GPU 0 when the loader's device is another GPU; if selecting it fails, the
-// batch the worker takes fails with the reason.
+// batches that worker takes fail with the reason.
 //
 // Errors: an exception while loading or collating sample i (in a worker or in the
 // caller) is rethrown from next() as tandem::Error "DataLoader: sample i: <message>"

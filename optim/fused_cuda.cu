@@ -148,7 +148,10 @@ void WaitOnHost(cudaEvent_t event, nn::Device device) {
   }
   nn::internal::WaitUntil([&] {
     const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
+      return false;
+    }
     TANDEM_CHECK_CUDA(status, device);
     return true;
   });

@@ -54,13 +54,18 @@ void Launch(const std::vector<const void*>& in, const std::vector<void*>& out, i
 
 void* CreateEvent(nn::Device device) {
   cudaEvent_t event;
-  TANDEM_CHECK_CUDA(cudaSetDevice(device.index), device);
+  // The event belongs to the device current at creation; the caller's device
+  // is restored (issue 17, point 2).
+  nn::internal::CudaDeviceScope current(device);
   TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device);
   return event;
 }
 
 void DestroyEvent(void* event, nn::Device device) {
-  (void)device;
+  // Called by ~InProcessCommunicator on spawn's thread, which may never have
+  // selected a device: with the event's device current, the runtime does not
+  // make a context on GPU 0 for the call (issue 17, point 6).
+  nn::internal::CudaDeviceScope current(device, std::nothrow);
   cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }
 

@@ -5,8 +5,9 @@
 // Creation: spawn's thread makes every rank's communicator at once, before any
 // rank thread starts, the way ncclCommInitAll does (one unique id, one
 // ncclCommInitRankConfig per device inside ncclGroupStart/End). NCCL_RUNTIME_CONNECT
-// is set to 0 first (unless the user set it) so every connection is made during
-// init: a later collective never waits on a peer's connection set-up.
+// is set to 0 first (a user's 1 is refused, as is NCCL_LAUNCH_MODE=GROUP) so every
+// connection is made during init: a later collective never waits on a peer's
+// connection set-up inside a call that the abort cannot end.
 //
 // Blocking communicators (config.blocking = 1). In NCCL 2.28 a collective on a
 // non-blocking communicator always takes the asynchronous group path
@@ -62,10 +63,13 @@
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
+#include <strings.h>  // strcasecmp
+
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -123,8 +127,15 @@ class NcclWork final : public Work {
  public:
   NcclWork(cudaEvent_t done, nn::Device device) : done_(done), device_(device) {}
   ~NcclWork() override {
-    // Destructors must not throw: a failing wait is reported by the next checked call.
-    if (!waited_) cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+    // Destructors must not throw: a failing wait is reported by the next checked
+    // call. ThreadStream throws when the destroying thread has no stream on the
+    // device yet and none can be made (a broken context): not std::terminate.
+    if (!waited_) {
+      try {
+        cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+      } catch (...) {
+      }
+    }
     cudaEventDestroy(done_);
   }
   void wait() override {
@@ -246,6 +257,7 @@ class NcclCommunicator final : public Communicator {
       const cudaError_t q = cudaEventQuery(done_);
       if (q == cudaSuccess) return true;
       if (q != cudaErrorNotReady) TANDEM_CHECK_CUDA(q, device());
+      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
       ThrowIfStopping("barrier");
       AbortGuard::Use use(guard_);
       if (use.aborted()) ThrowAborted("barrier");
@@ -329,7 +341,13 @@ class NcclCommunicator final : public Communicator {
   void DrainCompletedLocked() {
     while (!inflight_.empty()) {
       auto [sequence, event] = inflight_.front();
-      if (cudaEventQuery(event) != cudaSuccess) break;  // not yet (or failed: stays stuck)
+      if (cudaEventQuery(event) != cudaSuccess) {
+        // Not yet (or failed: stays stuck). Cleared: this runs on the rank
+        // thread too (WaitForInflightRoom), whose next launch check must not
+        // see "not ready" (a failure resurfaces at the next stream query).
+        cudaGetLastError();
+        break;
+      }
       spare_events_.push_back(event);
       inflight_.pop_front();
       MarkCompleted(sequence);
@@ -366,7 +384,31 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitCommunicators(
     const std::vector<nn::Device>& devices, const ncclUniqueId& id, int first_rank,
     int world_size, const std::string& what) {
   const int n = static_cast<int>(devices.size());
-  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  // NCCL_LAUNCH_MODE=GROUP makes every launch of an intra-process communicator
+  // spin in a barrier with the other ranks' launches (group.cc, doLaunches ->
+  // ncclCommIntraBarrierIn/Out), which no abort flag ends: a rank inside an
+  // enqueue (under its AbortGuard) would wait for good for a peer that failed
+  // before the collective, and the watchdog's abort would wait for that rank.
+  // That breaks condition (2) of the file comment; only PARALLEL (the default) works.
+  if (const char* mode = std::getenv("NCCL_LAUNCH_MODE");
+      mode != nullptr && strcasecmp(mode, "GROUP") == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL_LAUNCH_MODE=", mode, " is not supported by spawn: its launches wait for every "
+        "rank's launch in a barrier that an abort cannot end, so one failing rank would hang "
+        "the run; unset it or set NCCL_LAUNCH_MODE=PARALLEL"));
+  }
+  // Lazy connection (NCCL_RUNTIME_CONNECT=1) would make a rank's first collective
+  // wait, inside its guarded enqueue, for its peers' connection set-up: a peer
+  // that failed first would hold it there, and the abort behind it (the same
+  // shape as NCCL_LAUNCH_MODE=GROUP above). Every connection is made at init.
+  if (const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
+      connect != nullptr && std::string(connect) != "0") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL_RUNTIME_CONNECT=", connect, " is not supported by spawn: a collective would set "
+        "up its connections inside a call that an abort cannot interrupt, so one failing rank "
+        "could hang the run; unset it or set NCCL_RUNTIME_CONNECT=0"));
+  }
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/1);
   std::vector<ncclComm_t> comms(n, nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;  // see the file comment: no asynchronous group path per collective

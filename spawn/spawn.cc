@@ -169,12 +169,19 @@ class Run {
   // on a stream behind a collective that a failed peer never joined would not
   // join); ends a run whose collective takes longer than timeout_s; and, once
   // stopped, reports ranks that have not returned timeout_s later.
+  //
+  // A run whose ranks all returned is still watched while a collective of one
+  // of them has not completed (ranks that issued different numbers of
+  // collectives, say uneven batches per rank): its stream waits for good, and
+  // the thread's teardown (cudnnDestroy) or the communicators' destruction
+  // would then block spawn forever. The timeout reports it and the abort ends it.
   void Watch(double timeout_s, uint64_t sigint_at_start, StepAgreement& agreement) {
     const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
     const auto poll = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
     std::unique_lock<std::mutex> lock(mutex_);
-    while (finished_ < world_size() || (stop_.stop_requested() && !aborted_)) {
+    while (finished_ < world_size() || (stop_.stop_requested() && !aborted_) ||
+           (!stop_.stop_requested() && AnyCollectiveInFlight())) {
       if (!stop_.stop_requested() || aborted_) cv_.wait_for(lock, poll);
       lock.unlock();
       if (g_sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
@@ -209,6 +216,16 @@ class Run {
   }
 
  private:
+  // True when a rank has entered a collective that is not complete yet.
+  bool AnyCollectiveInFlight() const {
+    for (const CollectiveTrace& t : traces_) {
+      if (t.entered.load(std::memory_order_acquire) > t.completed.load(std::memory_order_acquire)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   // A stopped run whose rank threads have not all returned timeout_s after the
   // stop: those ranks are in code that reaches neither a collective nor a
   // stop-aware wait nor check_stop(). Threads are not killed; say once which

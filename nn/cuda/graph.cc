@@ -73,23 +73,21 @@ thread_local CaptureState* t_capture = nullptr;
 // checked call.
 void ReleaseNow(GraphMemory& memory) {
   if (memory.chunks.empty() && memory.pool_frees.empty()) return;
-  int previous = -1;
-  cudaGetDevice(&previous);
-  cudaSetDevice(memory.device.index);
-  cudaDeviceSynchronize();
-  for (void* chunk : memory.chunks) cudaFree(chunk);
-  // Each released pool block on its own device, once that device is idle (a
-  // tensor of another device may have died on the capturing thread): a free
-  // ordered on the legacy stream of an idle device takes effect at once.
-  for (const auto& [ptr, device] : memory.pool_frees) {
-    if (device.index != memory.device.index) {
-      cudaSetDevice(device.index);
-      cudaDeviceSynchronize();
+  {
+    // The caller's device is restored (CudaDeviceScope: never to GPU 0 for a
+    // thread that had no context, which cudaGetDevice reports as 0).
+    internal::CudaDeviceScope on_graph_device(memory.device, std::nothrow);
+    cudaDeviceSynchronize();
+    for (void* chunk : memory.chunks) cudaFree(chunk);
+    // Each released pool block on its own device, once that device is idle (a
+    // tensor of another device may have died on the capturing thread): a free
+    // ordered on the legacy stream of an idle device takes effect at once.
+    for (const auto& [ptr, device] : memory.pool_frees) {
+      internal::CudaDeviceScope on_device(device, std::nothrow);
+      if (device.index != memory.device.index) cudaDeviceSynchronize();
+      cudaFreeAsync(ptr, nullptr);
     }
-    cudaFreeAsync(ptr, nullptr);
-    cudaSetDevice(memory.device.index);
   }
-  if (previous >= 0) cudaSetDevice(previous);
   memory.chunks.clear();
   memory.pool_frees.clear();
 }

@@ -254,7 +254,12 @@ namespace {
 
 // Keeps freed memory in the device's pool instead of returning it to the driver
 // at each synchronisation, so a training step never reaches cudaMalloc.
+// Every allocation asks: after the first, one atomic load, no lock shared by
+// the rank threads.
 void ConfigurePoolOnce(Device device) {
+  static std::atomic<bool> configured[kMaxDevices];
+  const bool indexed = device.index >= 0 && device.index < kMaxDevices;
+  if (indexed && configured[device.index].load(std::memory_order_acquire)) return;
   static std::mutex mu;
   static std::unordered_map<int, bool> done;
   std::lock_guard<std::mutex> lock(mu);
@@ -265,6 +270,7 @@ void ConfigurePoolOnce(Device device) {
   CheckCuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
         "cudaMemPoolSetAttribute", device);
   done[device.index] = true;
+  if (indexed) configured[device.index].store(true, std::memory_order_release);
 }
 
 }  // namespace
@@ -299,7 +305,10 @@ void HostWait(cudaError_t (*query)(void*), cudaError_t (*block)(void*), void* wh
   }
   WaitUntil([&] {
     const cudaError_t status = query(what);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
+      return false;
+    }
     CheckCuda(status, call, device);
     return true;
   });

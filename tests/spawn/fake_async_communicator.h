@@ -243,6 +243,17 @@ class FakeAsyncCommunicator final : public Communicator {
 
   bool aborted() const { return guard_.aborted(); }
 
+  // Watchdog thread, as NcclCommunicator's: marks the asynchronous collectives
+  // the device has completed complete in the trace, in order (a synchronous
+  // one is marked when it returns). Aborted ones stay incomplete.
+  void PollCompleted() override {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    for (const auto& op : ops_) {
+      if (!op->done.load(std::memory_order_acquire)) break;
+      MarkCompleted(op->sequence);
+    }
+  }
+
  protected:
   void AllReduceImpl(nn::Tensor& x, ReduceOp op) override {
     if (x.dtype() != nn::kFloat32) {

@@ -188,6 +188,38 @@ TEST_F(ShutdownTest, CleanRunIsNotAborted) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(group_->abort_calls(r), 0);
 }
 
+// Ranks that return after issuing different numbers of collectives (uneven
+// batches per rank, say): rank 0's last all-reduce never completes, and once
+// every rank has returned its thread's teardown (a device sync, as
+// cudnnDestroy's) would wait for it for good. The watchdog keeps watching while
+// a collective is in flight: its timeout names it and the abort ends the sync.
+TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsTimedOut) {
+  options_.timeout_s = 1;
+  std::atomic<int> aborted_at_start{-1}, synced{-1};
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::ones({4});
+    ctx.communicator().all_reduce(x);
+    if (ctx.rank() == 0) {
+      // Destroyed after the probe (thread-locals go in reverse order): the
+      // handle is dropped unwaited at thread exit, no host wait in fn.
+      thread_local std::shared_ptr<Work> extra;
+      thread_local TeardownProbe probe;
+      probe.comm = &Fake(ctx);
+      probe.aborted_at_start = &aborted_at_start;
+      probe.synced = &synced;
+      extra = ctx.communicator().all_reduce_async(x);  // rank 1 never joins it
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("rank 0 (cpu): waiting in all_reduce_async #2"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(synced.load(), 1) << "the teardown's device sync did not end";
+  EXPECT_EQ(group_->abort_calls(0), 1);
+  EXPECT_LT(seconds_, 15.0);
+}
+
 // Rank 0 writes a checkpoint for longer than timeout_s while rank 1 waits in a
 // collective: the watchdog's timeout ends the run instead of a hang, and rank
 // 1's wait ends with the stop.
