@@ -78,7 +78,9 @@ CudaDeviceScope::CudaDeviceScope(Device device, std::nothrow_t) noexcept {
 }
 
 CudaDeviceScope::~CudaDeviceScope() {
-  if (previous_ >= 0) cudaSetDevice(previous_);  // must not throw; the next check reports
+  // Must not throw. A failed restore is cleared from the thread's last error, so
+  // that the next launch check does not blame an unrelated kernel for it.
+  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 namespace {
@@ -484,6 +486,13 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
   CudaDeviceScope current(stream_device);
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     if (dst_device != src_device) {
+      // An event wait across devices and a pool-access change have no place in
+      // a captured graph: say so rather than break the capture (review finding).
+      TANDEM_CHECK(!Capturing(stream, stream_device) &&
+                       !Capturing(ThreadStream(src_device), src_device),
+                   "copy from ", src_device.ToString(), " to ", dst_device.ToString(),
+                   " cannot be captured in a CUDA graph: copy between GPUs outside the "
+                   "captured step");
       // The source was produced on this thread's stream of its device (ordered
       // after the source's owner by Tensor::data_ptr()): the destination's
       // stream waits for it. A plain cudaMemcpyAsync between two devices' pool
