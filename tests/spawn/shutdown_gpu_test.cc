@@ -18,7 +18,8 @@
 #include "nn/ops/reduce.h"
 #include "spawn/spawn.h"
 #if TANDEM_WITH_CUDA
-#include <cuda.h>
+#include <cuda.h>  // driver types only
+#include <cuda_runtime_api.h>
 #endif
 
 namespace tandem::dist {
@@ -137,17 +138,37 @@ TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
 }
 
 #if TANDEM_WITH_CUDA
+// A driver function through the runtime (null if the driver lacks it): the test
+// does not link libcuda, so its binary loads, and ctest lists its tests, on a
+// machine without a GPU driver.
+template <typename Fn>
+Fn DriverEntry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
 // Point 6 (the watchdog): a run on GPU 1 must not create a context on GPU 0.
 // The watchdog polls the communicators' events and aborts them; before the fix
 // it did so with the thread's default device, GPU 0.
 TEST(ShutdownGpuTest, RunOnGpuOneCreatesNoContextOnGpuZero) {
   if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+  const auto device_get = DriverEntry<CUresult (*)(CUdevice*, int)>("cuDeviceGet");
+  const auto primary_state =
+      DriverEntry<CUresult (*)(CUdevice, unsigned*, int*)>("cuDevicePrimaryCtxGetState");
+  ASSERT_NE(device_get, nullptr);
+  ASSERT_NE(primary_state, nullptr);
   CUdevice zero;
-  ASSERT_EQ(cuDeviceGet(&zero, 0), CUDA_SUCCESS);
+  ASSERT_EQ(device_get(&zero, 0), CUDA_SUCCESS);
   unsigned flags = 0;
   int active = 0;
-  ASSERT_EQ(cuDevicePrimaryCtxGetState(zero, &flags, &active), CUDA_SUCCESS);
+  ASSERT_EQ(primary_state(zero, &flags, &active), CUDA_SUCCESS);
   if (active) GTEST_SKIP() << "GPU 0 already has a context in this process (run alone, as ctest does)";
   // A run that stops: the watchdog polls and aborts on GPU 1 only.
   SpawnOptions options{.timeout_s = 0.5};
@@ -159,7 +180,7 @@ TEST(ShutdownGpuTest, RunOnGpuOneCreatesNoContextOnGpuZero) {
     throw std::runtime_error("stop the run: the watchdog aborts");
   }, 1, "1", options);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-  ASSERT_EQ(cuDevicePrimaryCtxGetState(zero, &flags, &active), CUDA_SUCCESS);
+  ASSERT_EQ(primary_state(zero, &flags, &active), CUDA_SUCCESS);
   EXPECT_EQ(active, 0) << "something in the run created a context on GPU 0";
 }
 #endif
