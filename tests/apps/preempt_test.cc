@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -149,8 +150,8 @@ void ExpectSameLosses(const std::string& reference, const std::string& resumed) 
   EXPECT_GT(compared, 0);
 }
 
-constexpr int kLinearSteps = 3000;
-constexpr int kEvery = 150;
+constexpr int kLinearSteps = 6000;
+constexpr int kEvery = 300;
 const std::string kLinearArgs =
     absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --steps=", kLinearSteps,
                  " --checkpoint_every_steps=", kEvery, " --keep_checkpoints=3 --checkpoint_dir=");
@@ -159,10 +160,33 @@ std::string FinalCheckpoint(const std::string& dir) {
   return absl::StrCat(dir, "/step-", kLinearSteps, ".ckpt");
 }
 
+// Waits (at most timeout_s) until `path` exists; returns whether it does.
+bool AwaitFile(const std::string& path, double timeout_s) {
+  const Clock::time_point start = Clock::now();
+  while (!std::filesystem::exists(path)) {
+    if (Seconds(Clock::now() - start) > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return true;
+}
+
 TEST(TrainLinearPreempt, SigtermAtRandomMomentsThenResumeEndsBitForBit) {
   const std::string base = TempDir("t");
-  const Finished ref = RunToEnd(TRAIN_LINEAR, kLinearArgs + base + "/ref", base + "/ref.out");
+  // The reference run, timed from its first periodic checkpoint (training under
+  // way: the program's load time, which varies with the build, is left out).
+  Clock::time_point first_checkpoint;
+  Finished ref;
+  {
+    const std::string dir = base + "/ref";
+    const Clock::time_point start = Clock::now();
+    Child c(TRAIN_LINEAR, kLinearArgs + dir, base + "/ref.out");
+    ASSERT_TRUE(AwaitFile(absl::StrCat(dir, "/step-", kEvery, ".ckpt"), 60));
+    first_checkpoint = Clock::now();
+    const int status = c.Wait();
+    ref = {status, c.Output(), Seconds(Clock::now() - start)};
+  }
   ASSERT_EQ(ref.status, 0) << ref.output;
+  const double train_window_s = std::max(0.05, Seconds(Clock::now() - first_checkpoint));
   const std::string expected = TrainedState(FinalCheckpoint(base + "/ref"));
   ASSERT_FALSE(expected.empty());
   std::mt19937 rng(20261124);
@@ -172,9 +196,11 @@ TEST(TrainLinearPreempt, SigtermAtRandomMomentsThenResumeEndsBitForBit) {
     const std::string dir = absl::StrCat(base, "/", trial);
     // Odd trials: every write takes 100 ms more, so a stop often finds one in flight.
     const bool slow_writes = trial % 2 == 1;
+    // A random moment of the training, measured from its first checkpoint.
     const double delay_s =
-        0.05 + std::uniform_real_distribution<double>(0, std::max(0.1, 0.9 * ref.seconds))(rng);
+        std::uniform_real_distribution<double>(0, 0.7 * train_window_s)(rng);
     Child c(TRAIN_LINEAR, kLinearArgs + dir, dir + ".out", slow_writes ? "100" : "");
+    AwaitFile(absl::StrCat(dir, "/step-", kEvery, ".ckpt"), 60);
     std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
     c.Signal(SIGTERM);
     const Clock::time_point signalled = Clock::now();
@@ -200,7 +226,7 @@ TEST(TrainLinearPreempt, SigtermAtRandomMomentsThenResumeEndsBitForBit) {
           << out;
       in_flight += out.find(" in flight") != std::string::npos;
     }
-    std::cerr << "trial " << trial << ": SIGTERM after " << delay_s << " s, exit " << status
+    std::cerr << "trial " << trial << ": SIGTERM " << delay_s << " s after the first checkpoint, exit " << status
               << " " << exit_s << " s after the signal" << (slow_writes ? " (slow writes)" : "")
               << "\n";
     const Finished resumed = RunToEnd(TRAIN_LINEAR, kLinearArgs + dir + " --resume", dir + ".resumed");
