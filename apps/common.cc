@@ -23,6 +23,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
@@ -92,8 +93,9 @@ ABSL_FLAG(bool, bf16, false,
 ABSL_FLAG(int, cpu_threads, 0,
           "Threads of each CPU GEMM (OpenBLAS, one pool for the process) and each CPU "
           "convolution (oneDNN, a team per rank) when the ranks run on the CPU. 0: usable cores "
-          "minus the loader workers of all ranks, divided by the ranks, at least 1 (so workers, "
-          "ranks and kernel threads do not oversubscribe the cores).");
+          "(this process's share, when a launcher runs several on the host) minus the loader "
+          "workers of all ranks, divided by the ranks, at least 1 (so workers, ranks, "
+          "processes and kernel threads do not oversubscribe the cores).");
 ABSL_FLAG(int64_t, log_every, 100,
           "Steps between the plain progress lines when the output is not a terminal.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -182,11 +184,25 @@ namespace {
 
 // The cores this process may run on (its CPU affinity, which containers and
 // taskset narrow), else what the hardware reports.
+// Processes of this job on this host, as the launcher says (mpirun, PMIx, MPICH);
+// 1 when not started by one.
+int64_t LocalProcesses() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    int64_t n = 0;
+    const char* value = std::getenv(name);
+    if (value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) return n;
+  }
+  return 1;
+}
+
+// This process's share of the cores of its CPU affinity (containers, taskset):
+// processes of one job on one host (mpirun --bind-to none) split them.
 int64_t UsableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-  return std::max(1u, std::thread::hardware_concurrency());
+  int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cores = CPU_COUNT(&set);
+  return std::max<int64_t>(1, cores / LocalProcesses());
 }
 
 }  // namespace

@@ -82,6 +82,16 @@ TEST(TrainLinear, PrintsEveryStepOnOneCpuRank) {
   EXPECT_EQ(r.output.find("step:20 "), std::string::npos) << r.output;
 }
 
+// Several processes of one job on a host (mpirun --bind-to none) split its cores:
+// --cpu_threads's default counts this process's share (MPI_LOCALNRANKS, MPICH's
+// name; OpenMPI's is OMPI_COMM_WORLD_LOCAL_SIZE), so they do not oversubscribe.
+TEST(TrainLinear, DefaultCpuThreadsShareTheHostWithTheLaunchersOtherProcesses) {
+  RunResult r = RunProgram(absl::StrCat("MPI_LOCALNRANKS=4096 ", TRAIN_LINEAR),
+                           "--gpus=cpu --nprocs=1 --steps=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("CPU kernel threads   : 1 per rank"), std::string::npos) << r.output;
+}
+
 TEST(TrainLinear, RunsOnTwoCpuRanks) {
   RunResult r = RunProgram(TRAIN_LINEAR, "--gpus=cpu --nprocs=2 --steps=5 --cpu_threads=3");
   ASSERT_EQ(r.status, 0) << r.output;
