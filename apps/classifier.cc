@@ -231,7 +231,7 @@ std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags&
                             .step = &at.step};
   const absl::StatusOr<std::string> path =
       checkpoints.Restore(state, {.expect = {{"program", flags.program}}});
-  TANDEM_CHECK(path.ok(), "--resume: ", path.status().ToString());
+  dist::ThrowIfError(path.status(), "--resume: ");
   if (path->empty()) {
     ctx.log().Info("--resume: no checkpoint in {}; starting from the beginning",
                    flags.checkpoint_dir);
@@ -361,7 +361,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                    ctx.communicator().all_gather(loss_sum).to_vector<float>(),
                    at.elapsed_s + SecondsSince(start));
         });
-        TANDEM_CHECK(saved.ok(), "saving a checkpoint: ", saved.ToString());
+        dist::ThrowIfError(saved, "saving a checkpoint: ");
       } else if (ctx.AtStepBoundary(at.step).stop) {
         progress.Clear();
         throw dist::StoppedError(
@@ -405,13 +405,13 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       loader.set_state({.epoch = at.epoch, .position = 0});
       SetExtra(state, flags, data, at, 0, {}, wall_s);
       const absl::Status saved = checkpoints->Save(state);
-      TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
+      dist::ThrowIfError(saved, "saving the checkpoint: ");
     }
     ++result.epochs_done;
   }
   if (checkpoints) {
     const absl::Status written = checkpoints->Finish();
-    TANDEM_CHECK(written.ok(), "saving the checkpoint: ", written.ToString());
+    dist::ThrowIfError(written, "saving the checkpoint: ");
   }
   result.best_accuracy = at.best_accuracy;
   result.steps = at.step;

@@ -59,7 +59,7 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     if (flags.resume) {
       const absl::StatusOr<std::string> from =
           checkpoints->Restore(state, {.expect = {{"program", flags.program}}});
-      TANDEM_CHECK(from.ok(), "--resume: ", from.status().ToString());
+      dist::ThrowIfError(from.status(), "--resume: ");
       if (ctx.rank() == 0 && !from->empty()) ctx.log().Info("resumed from {} at step {}", *from, step);
     }
     state.extra["program"] = flags.program;
@@ -80,7 +80,7 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     ++step;
     if (checkpoints) {
       const absl::Status saved = checkpoints->AtStepBoundary(state);  // may throw StoppedError
-      TANDEM_CHECK(saved.ok(), "saving a checkpoint: ", saved.ToString());
+      dist::ThrowIfError(saved, "saving a checkpoint: ");
     } else if (ctx.AtStepBoundary(step).stop) {
       throw dist::StoppedError(absl::StrCat("stopped at step ", step, " (stop signal)"), step);
     }
@@ -91,7 +91,7 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
             ? absl::OkStatus()  // a periodic save wrote this step already
             : checkpoints->Save(state);
     if (saved.ok()) saved = checkpoints->Finish();
-    TANDEM_CHECK(saved.ok(), "saving the checkpoint: ", saved.ToString());
+    dist::ThrowIfError(saved, "saving the checkpoint: ");
   }
 }
 

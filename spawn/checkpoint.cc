@@ -281,9 +281,10 @@ absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& p
   const std::vector<int64_t> h = header.to_vector<int64_t>();
   if (h[0] != 0) {
     if (ctx.rank() == 0) return status;
-    return absl::Status(static_cast<absl::StatusCode>(h[0]),
-                        absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's "
-                                     "error names the cause)"));
+    return MarkPeerFailure(absl::Status(
+        static_cast<absl::StatusCode>(h[0]),
+        absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's error names the "
+                     "cause)")));
   }
   nn::Tensor data = nn::empty({h[1]}, {.dtype = nn::kUInt8, .device = ctx.device()});
   if (ctx.rank() == 0 && h[1] > 0) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
@@ -327,9 +328,10 @@ absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
   comm.broadcast(code, 0);
   const auto root_code = static_cast<absl::StatusCode>(code.to_vector<int64_t>()[0]);
   if (ctx.rank() == 0 || root_code == absl::StatusCode::kOk) return status;
-  return absl::Status(root_code, absl::StrCat("checkpoint ", path,
-                                              ": rank 0 could not write it (rank 0's error "
-                                              "names the cause)"));
+  return MarkPeerFailure(absl::Status(root_code,
+                                      absl::StrCat("checkpoint ", path,
+                                                   ": rank 0 could not write it (rank 0's error "
+                                                   "names the cause)")));
 }
 
 absl::StatusOr<std::string> SnapshotTrainingCheckpoint(Context& ctx, const std::string& path,

@@ -165,9 +165,9 @@ absl::Status CheckpointManager::Share(const absl::Status& status, const std::str
   ctx_.communicator().broadcast(code, 0);
   const auto root = static_cast<absl::StatusCode>(code.to_vector<int64_t>()[0]);
   if (ctx_.rank() == 0 || root == absl::StatusCode::kOk) return status;
-  return absl::Status(root, absl::StrCat("checkpoint ", path,
-                                         ": rank 0 could not save it (rank 0's error names "
-                                         "the cause)"));
+  return MarkPeerFailure(absl::Status(root, absl::StrCat("checkpoint ", path,
+                                                        ": rank 0 could not save it (rank 0's "
+                                                        "error names the cause)")));
 }
 
 absl::Status CheckpointManager::Save(const TrainingState& state) {

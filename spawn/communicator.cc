@@ -2,9 +2,30 @@
 
 #include <chrono>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::dist {
+
+namespace {
+constexpr char kPeerFailure[] = "tandem.dist/peer-failure";
+}  // namespace
+
+absl::Status MarkPeerFailure(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kPeerFailure, absl::Cord("1"));
+  return status;
+}
+
+bool IsPeerFailure(const absl::Status& status) {
+  return status.GetPayload(kPeerFailure).has_value();
+}
+
+void ThrowIfError(const absl::Status& status, const std::string& context) {
+  if (status.ok()) return;
+  const std::string what = absl::StrCat(context, status.ToString(absl::StatusToStringMode::kWithNoExtraData));
+  if (IsPeerFailure(status)) throw PeerFailedError(what);
+  throw Error(what);
+}
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {

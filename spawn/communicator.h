@@ -41,6 +41,7 @@
 #include <stop_token>
 #include <string>
 
+#include "absl/status/status.h"
 #include "nn/error.h"
 #include "nn/tensor.h"
 
@@ -54,6 +55,21 @@ class CancelledError : public Error {
  public:
   explicit CancelledError(const std::string& what) : Error(what) {}
 };
+
+// Thrown by a rank whose failure is another rank's (e.g. "rank 0 could not write
+// the checkpoint"): spawn returns that rank's own error as the run's cause when it
+// comes, even if this one came first.
+class PeerFailedError : public Error {
+ public:
+  explicit PeerFailedError(const std::string& what) : Error(what) {}
+};
+
+// A status that reports another rank's failure (MarkPeerFailure adds a payload),
+// and ThrowIfError, which turns a non-OK status into PeerFailedError for such a
+// status and tandem::Error otherwise, its message prefixed by `context`.
+absl::Status MarkPeerFailure(absl::Status status);
+bool IsPeerFailure(const absl::Status& status);
+void ThrowIfError(const absl::Status& status, const std::string& context);
 
 // The handle of an asynchronous collective. It keeps the collective's tensor
 // (its storage) alive until the work is done, so dropping the tensor before

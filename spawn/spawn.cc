@@ -117,27 +117,35 @@ class Run {
 
   // Records a failure. The first one wins and stops the run; later ones are
   // logged as consequences. `cancelled`: the rank only noticed the stop.
-  void Fail(int rank, absl::Status status, bool cancelled) {
+  // `peer`: the failure reports another rank's (PeerFailedError); a later failure
+  // of that rank's own (neither cancelled nor peer) replaces it as the run's cause.
+  void Fail(int rank, absl::Status status, bool cancelled, bool peer = false) {
     if (rank >= 0) states_[rank].store(RankState::kFailed);
     bool first = false;
+    bool replaced = false;
+    std::string message(status.message());
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (first_.ok()) {
+      if (first_.ok() || (first_is_peer_ && !cancelled && !peer)) {
+        replaced = !first_.ok();
         first_ = std::move(status);
+        first_is_peer_ = peer;
         first = true;
       }
     }
-    if (first) {
-      logger_->Write(LogLevel::kError, -1, nn::Device(), first_message());
+    if (replaced) {
+      logger_->Write(LogLevel::kError, -1, nn::Device(), absl::StrCat("the cause: ", message));
+    } else if (first) {
+      logger_->Write(LogLevel::kError, -1, nn::Device(), message);
       stop_.request_stop();
-      if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", first_message()));
+      if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", message));
       std::lock_guard<std::mutex> lock(mutex_);
       cv_.notify_all();  // the watchdog aborts the communicators now
     } else {
       logger_->Write(LogLevel::kError, rank, rank >= 0 ? devices_[rank] : nn::Device(),
                      absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
                                             : "failed after the first failure (consequence): ",
-                                  status.message()));
+                                  message));
     }
   }
 
@@ -283,7 +291,6 @@ class Run {
     Fail(-1, absl::DeadlineExceededError(text), false);
   }
 
-  std::string first_message() const { return std::string(first_.message()); }
 
   const int rank_offset_;
   const std::string where_;
@@ -297,6 +304,7 @@ class Run {
   std::mutex mutex_;
   std::condition_variable cv_;
   absl::Status first_;
+  bool first_is_peer_ = false;  // first_ reports another rank's failure
   int finished_ = 0;
   bool aborted_ = false;  // the communicators were aborted (guarded by mutex_)
   // Watchdog thread only.
@@ -479,6 +487,9 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
         }
       } catch (const StoppedError&) {  // the agreed stop: not a failure
         agreement.RankStopped(r);
+      } catch (const PeerFailedError& e) {
+        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), ": ", e.what())), false,
+                 /*peer=*/true);
       } catch (const CancelledError& e) {
         run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
       } catch (const std::exception& e) {

@@ -25,7 +25,10 @@
 // against the stop flag (nn/interrupt.h) and throws CancelledError; a rank
 // thread's CUDA teardown at exit runs after the abort. spawn joins every thread
 // and returns a Status naming the rank, its device and the original message;
-// the other ranks' errors are logged as consequences.
+// the other ranks' errors are logged as consequences. A rank that throws
+// dist::PeerFailedError reports another rank's failure (dist::ThrowIfError on
+// a status the checkpoint functions marked so): when that rank's own error
+// follows, it is the one returned, even though the report came first.
 // A watchdog ends a run whose collective has not completed within timeout_s with
 // DeadlineExceeded, listing each rank's last collective (sequence number, op)
 // (a rank-0 checkpoint write longer than timeout_s while the others wait in a

@@ -123,6 +123,40 @@ TEST_F(SpawnTest, SeedsDifferPerRankAndRepeat) {
   EXPECT_NE((*a)[0], (*a)[1]);
 }
 
+// Issue 12, point 9: rank 1 reports rank 0's failure (as a checkpoint save does:
+// "rank 0 could not write it") before rank 0 reports its own; spawn returns the
+// cause, not the consequence.
+TEST_F(SpawnTest, APeersOwnFailureReplacesAPeerFailureThatCameFirst) {
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        if (ctx.rank() == 1) {
+          ThrowIfError(MarkPeerFailure(absl::ResourceExhaustedError(
+                           "checkpoint c: rank 0 could not write it")),
+                       "saving: ");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        throw std::runtime_error("writing c: No space left on device");
+      },
+      2, "cpu", options_);
+  Expect(s, absl::StatusCode::kInternal, {"rank 0", "No space left on device"});
+  EXPECT_TRUE(Logged("the cause: ")) << console_.str();
+  ExpectFast();
+}
+
+TEST(ThrowIfErrorTest, PeerFailuresThrowPeerFailedError) {
+  EXPECT_NO_THROW(ThrowIfError(absl::OkStatus(), "x: "));
+  EXPECT_THROW(ThrowIfError(MarkPeerFailure(absl::InternalError("a")), "x: "), PeerFailedError);
+  try {
+    ThrowIfError(absl::InternalError("b"), "x: ");
+    FAIL() << "no throw";
+  } catch (const PeerFailedError&) {
+    FAIL() << "a plain error is not a peer failure";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x: INTERNAL: b"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(IsPeerFailure(MarkPeerFailure(absl::OkStatus())));
+}
+
 TEST_F(SpawnTest, BadGpusIsAnErrorBeforeAnyRankRuns) {
   std::atomic<int> calls{0};
   absl::Status s = spawn([&](Context&) { ++calls; }, -1, "0,,1", options_);
