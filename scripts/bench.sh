@@ -14,12 +14,7 @@ build="${BUILD:-build}"
 if [ -f "$build/CMakeCache.txt" ]; then
   cmake --build "$build" --target tandem_bench -j"${JOBS:-2}" >/dev/null
 fi
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    if "$candidate" -c 'import torch' 2>/dev/null; then python="$candidate"; break; fi
-  done
-fi
+source scripts/torch_python.sh torch
 if [ -z "$python" ]; then
   echo "bench.sh: no Python that can import torch (tried python3, /usr/bin/python3); set PYTHON" >&2
   exit 2

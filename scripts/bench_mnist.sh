@@ -15,12 +15,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   exit 2
 fi
 cmake --build "$build" --target train_mnist -j"${JOBS:-2}" >/dev/null
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    if "$candidate" -c 'import torch' 2>/dev/null; then python="$candidate"; break; fi
-  done
-fi
+source scripts/torch_python.sh torch
 if [ -z "$python" ]; then
   echo "bench_mnist.sh: no Python that can import torch (tried python3, /usr/bin/python3); set PYTHON" >&2
   exit 2

@@ -23,12 +23,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 tests/spawn/mpirun.sh -np "$np" "$build/apps/mpi_allreduce_bench" "$min_bytes" "$max_bytes" \
   "$reps" >"$out/tandem.csv" 2>"$out/tandem.err" || { cat "$out/tandem.err" >&2; exit 1; }
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    if "$candidate" -c 'import torch.distributed' 2>/dev/null; then python="$candidate"; break; fi
-  done
-fi
+source scripts/torch_python.sh torch.distributed
 if [ -n "$python" ]; then
   tests/spawn/mpirun.sh -np "$np" "$python" scripts/bench/torch_allreduce.py "$min_bytes" \
     "$max_bytes" "$reps" >"$out/torch.csv" 2>"$out/torch.err" ||
