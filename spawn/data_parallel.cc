@@ -183,7 +183,8 @@ void DataParallel::OnGradReady(int i) {
       DataParallel* dp;
       ~PassEnd() { dp->DropUnwaitedWork(); }
     };
-    auto pass_end = std::make_shared<PassEnd>(PassEnd{this});
+    // (made in place: a PassEnd temporary would run its destructor right here)
+    const std::shared_ptr<PassEnd> pass_end(new PassEnd{this});
     nn::autograd::QueueCallback([this, pass_end] { FinishBackward(); });
   }
   Slot& s = params_[i];
