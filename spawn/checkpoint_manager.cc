@@ -73,11 +73,6 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
     : ctx_(ctx), options_(std::move(options)), last_save_(Clock::now()) {
   const absl::Status valid = Validate(options_);
   TANDEM_CHECK(valid.ok(), valid.ToString());
-  // The save step of a timed checkpoint is agreed within one process (spawn/signals.h).
-  TANDEM_CHECK(ctx_.process_count() == 1 || options_.every_minutes == 0,
-               "checkpoints every ", options_.every_minutes, " minutes are not supported in a "
-               "job of ", ctx_.process_count(), " processes yet (the save step is agreed within "
-               "one process); use checkpoints every N steps");
   if (ctx_.rank() != 0) return;
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);

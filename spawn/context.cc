@@ -26,7 +26,7 @@ StepDecision Context::AtStepBoundary(int64_t step, bool propose_save) {
   if (agreement_ == nullptr) return {};
   // The agreement is per process: its ranks are this process's local ranks.
   const internal::StepAgreement::Decision d =
-      agreement_->AtBoundary(placement_.local_rank, step, propose_save);
+      agreement_->AtBoundary(placement_.local_rank, step, propose_save, stop_);
   return {.stop = d.stop, .save = d.save};
 }
 

@@ -116,13 +116,26 @@ void HierarchicalExchange::CancelLocked(const std::string& reason) {
   rank_cv_.notify_all();
 }
 
-void HierarchicalExchange::Serve(std::stop_token stop) {
+void HierarchicalExchange::Serve(std::stop_token stop, ControlPlane* control) {
   std::stop_callback wake(stop, [this] { comm_cv_.notify_all(); });
+  control_ = control;
   std::unique_lock<std::mutex> lock(mutex_);
-  while (exited_ < local_size()) {
+  // Without rounds the loop ends when the local ranks exited; with them, when a
+  // round says every process's ranks did (the processes end together).
+  bool rounds = control != nullptr;
+  while (rounds || exited_ < local_size()) {
+    std::chrono::microseconds wait(5000);
     if (stop.stop_requested()) {
       CancelLocked("the run is stopping");
+      rounds = false;  // the job ends with Abort: no more rounds
     } else {
+      if (rounds) {
+        lock.unlock();
+        rounds = control->Tick();
+        wait = control->NextWait();
+        lock.lock();
+        if (!rounds) continue;
+      }
       bool ready = true;
       for (const auto& queue : queues_) ready = ready && !queue.empty();
       if (ready) {
@@ -154,17 +167,21 @@ void HierarchicalExchange::Serve(std::stop_token stop) {
         continue;
       }
     }
-    comm_cv_.wait_for(lock, std::chrono::milliseconds(5));
+    comm_cv_.wait_for(lock, wait);
   }
+  control_ = nullptr;
 }
 
 bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
   // MPI progresses inside MPI_Test: poll hot for small messages (~100 us),
   // then give the core away more and more (rank threads may be computing).
+  // The agreement's rounds go on meanwhile: a peer process may hold its ranks
+  // (and so this collective) until a round completes.
   int spins = 0;
   while (!op->Test()) {
     if (stop.stop_requested()) return false;
     ++spins;
+    if (control_ != nullptr && spins % 64 == 0) control_->Tick();
     if (spins < 1000) continue;
     if (spins < 2000) {
       std::this_thread::yield();

@@ -21,6 +21,7 @@
 #include "nn/error.h"
 #include "nn/status_macros.h"
 #include "spawn/internal/process_world.h"
+#include "spawn/signals.h"
 
 namespace tandem::dist::internal {
 namespace {
@@ -99,8 +100,13 @@ class MpiTransport final : public ProcessTransport {
   explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm_, &index_);
     MPI_Comm_size(comm_, &count_);
+    MPI_Comm_dup(comm_, &control_);
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
   }
-  ~MpiTransport() override { MPI_Comm_free(&comm_); }
+  ~MpiTransport() override {
+    MPI_Comm_free(&control_);
+    MPI_Comm_free(&comm_);
+  }
   int process_index() const override { return index_; }
   int process_count() const override { return count_; }
 
@@ -138,6 +144,13 @@ class MpiTransport final : public ProcessTransport {
     return std::make_unique<MpiOp>(request, "MPI_Ibarrier");
   }
 
+  std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) override {
+    MPI_Request request;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_INT64_T, MPI_MAX, control_, &request),
+          "MPI_Iallreduce (step agreement)");
+    return std::make_unique<MpiOp>(request, "MPI_Iallreduce (step agreement)");
+  }
+
   // Blocking all-gather of one string per process (before any rank runs).
   absl::StatusOr<std::vector<std::string>> GatherStrings(const std::string& mine) {
     int length = Int(static_cast<int64_t>(mine.size()));
@@ -173,6 +186,7 @@ class MpiTransport final : public ProcessTransport {
   }
 
   MPI_Comm comm_;
+  MPI_Comm control_;  // the step agreement's rounds, apart from the ranks' traffic
   int index_ = 0;
   int count_ = 1;
 };
@@ -187,13 +201,16 @@ class MpiProcessWorld final : public ProcessWorld {
     std::fflush(stdout);
     std::cout.flush();
     std::cerr.flush();
-    (void)status;  // already logged as the run's first error line
+    // The status is already logged as the run's first error line.
     // mpirun forwards the processes' output asynchronously, and its abort
     // banner could overtake the error line: give the line a moment to arrive,
     // so the root cause stays the job's first error line.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; keep the promise if it did
+    // 75 (EX_TEMPFAIL): stopped before any step boundary, nothing to lose (the
+    // programs' "stopped, resumable" status); 1: a failure.
+    const int code = IsStopped(status) ? 75 : 1;
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; keep the promise if it did
   }
 };
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -13,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "spawn/internal/hierarchical_communicator.h"
 #include "nn/status_macros.h"
+#include "spawn/signals.h"
 #include "spawn/spawn.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/internal/nccl.h"
@@ -197,6 +199,7 @@ ProcessWorld::ProcessWorld(int process_index, std::vector<ProcessInfo> processes
     : process_index_(process_index),
       processes_(std::move(processes)),
       transport_(std::move(transport)) {
+  local_ranks_ = static_cast<int>(processes_[process_index_].devices.size());
   for (int p = 0; p < static_cast<int>(processes_.size()); ++p) {
     if (p < process_index_) rank_offset_ += static_cast<int>(processes_[p].devices.size());
     world_size_ += static_cast<int>(processes_[p].devices.size());
@@ -261,11 +264,62 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcc
 }
 
 void ProcessWorld::RankExited(int local_rank) {
+  exited_.fetch_add(1, std::memory_order_acq_rel);
   if (exchange_) exchange_->RankExited(local_rank);
 }
 
-void ProcessWorld::Serve(std::stop_token stop) {
-  if (exchange_) exchange_->Serve(std::move(stop));
+void ProcessWorld::Serve(std::stop_token stop, StepAgreement* agreement) {
+  std::optional<ControlPlane> control;
+  if (agreement != nullptr) {
+    control.emplace(transport_.get(), agreement,
+                    [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); });
+  }
+  if (exchange_) {
+    exchange_->Serve(std::move(stop), control ? &*control : nullptr);
+    return;
+  }
+  // GPU ranks (NCCL carries their traffic): only the rounds, until every process's
+  // ranks exited; on a stop, once the local ranks exited.
+  while (true) {
+    if (stop.stop_requested() || !control) {
+      if (exited_.load(std::memory_order_acquire) >= local_ranks_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (!control->Tick()) return;
+    std::this_thread::sleep_for(control->NextWait());
+  }
+}
+
+// --- ControlPlane -----------------------------------------------------------------------
+
+ControlPlane::ControlPlane(ProcessTransport* transport, StepAgreement* agreement,
+                           std::function<int()> running)
+    : transport_(transport), agreement_(agreement), running_(std::move(running)) {}
+
+bool ControlPlane::Tick() {
+  if (finished_) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (op_ != nullptr) {
+    if (!op_->Test()) return true;
+    op_.reset();
+    agreement_->ApplyRound({.stop_code = buffer_[0], .save_wanted = buffer_[1],
+                            .arrived = buffer_[2]});
+    if (buffer_[3] == 0) {  // no process has a running rank: this was the last round
+      finished_ = true;
+      return false;
+    }
+    next_round_ = now + kRoundPeriod;
+  }
+  // Processes whose ranks all exited keep the cadence: the last process to
+  // finish starts the final round at once, and the others join it within a period.
+  const bool running = running_() > 0;
+  urgent_ = agreement_->Urgent();
+  if (!urgent_ && now < next_round_) return true;
+  const StepAgreement::Round mine = agreement_->LocalRound();
+  buffer_ = {mine.stop_code, mine.save_wanted, mine.arrived, running ? 1 : 0};
+  op_ = transport_->ControlAllReduceMax(buffer_.data(), static_cast<int>(buffer_.size()));
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(

@@ -1,14 +1,4 @@
 // Stop signals and the step-boundary agreement (see signals.h).
-//
-// Several processes (mpirun, issue 12): the agreement above relies on every
-// rank reading the same mutex-protected state. Across processes the target has
-// to be exchanged: each process's communication thread (the MPI one) would
-// reduce, once per step boundary of its local ranks or on a timer, the pair
-// (stop requested, max passed step) with MPI_Allreduce(MAX) over processes and
-// publish target = global max passed + 2 to its local StepAgreement (one step
-// more than in-process, for the exchange's own latency); every process then
-// stops its ranks at that step. That costs no collective on the ranks' streams
-// (no device sync in the step). Not built here: this file is single-process.
 #include "spawn/signals.h"
 
 #include <algorithm>
@@ -16,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -119,28 +110,45 @@ absl::Status StoppedStatus(const std::string& reason, std::optional<int64_t> ste
   return status;
 }
 
-StepAgreement::StepAgreement(int world_size, const StopSignalScope* signals, double grace_s)
+StepAgreement::StepAgreement(int world_size, const StopSignalScope* signals, double grace_s,
+                             bool cross_process)
     : world_size_(world_size),
       signals_(signals),
       grace_s_(grace_s),
+      cross_process_(cross_process),
       passed_(world_size, kNone),
-      stopped_(world_size, false) {}
+      stopped_(world_size, false),
+      decided_(world_size, kNone) {}
 
-void StepAgreement::NoteSignalsLocked() {
-  if (stop_requested_ || signals_ == nullptr) return;
-  if (const int s = signals_->Received(); s != 0) {
-    stop_requested_ = true;
-    stop_reason_ = SignalName(s);
-    stop_seen_ = Clock::now();
-  }
-}
-
-void StepAgreement::RequestStop(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void StepAgreement::RequestStopLocked(const std::string& reason) {
   if (stop_requested_) return;
   stop_requested_ = true;
   stop_reason_ = reason;
   stop_seen_ = Clock::now();
+}
+
+void StepAgreement::NoteSignalsLocked() {
+  if (signals_ == nullptr) return;
+  if (cross_process_) {
+    // A round spreads it to every process first.
+    if (local_stop_code_ != 0 || stop_requested_) return;
+    if (const int s = signals_->Received(); s != 0) {
+      local_stop_code_ = s;
+      local_reason_ = SignalName(s);
+    }
+    return;
+  }
+  if (stop_requested_) return;
+  if (const int s = signals_->Received(); s != 0) RequestStopLocked(SignalName(s));
+}
+
+void StepAgreement::RequestStop(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!cross_process_) return RequestStopLocked(reason);
+  if (local_stop_code_ == 0 && !stop_requested_) {
+    local_stop_code_ = kStopRequestCode;
+    local_reason_ = reason;
+  }
 }
 
 int64_t StepAgreement::TargetLocked(int rank, int64_t step) const {
@@ -151,9 +159,19 @@ int64_t StepAgreement::TargetLocked(int rank, int64_t step) const {
   return target;
 }
 
-StepAgreement::Decision StepAgreement::AtBoundary(int rank, int64_t step, bool propose_save) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void StepAgreement::PruneSaveTargetsLocked(const std::vector<int64_t>& decided) {
+  const int64_t oldest = *std::min_element(decided.begin(), decided.end());
+  if (oldest == kNone) return;
+  while (!save_targets_.empty() && *save_targets_.begin() <= oldest) {
+    save_targets_.erase(save_targets_.begin());
+  }
+}
+
+StepAgreement::Decision StepAgreement::AtBoundary(int rank, int64_t step, bool propose_save,
+                                                  std::stop_token stop) {
+  std::unique_lock<std::mutex> lock(mutex_);
   NoteSignalsLocked();
+  if (cross_process_) return CrossProcessBoundary(lock, rank, step, propose_save, stop);
   Decision decision;
   if (escalated_) {  // the run is being cancelled: the next collective throws
     passed_[rank] = step;
@@ -168,14 +186,105 @@ StepAgreement::Decision StepAgreement::AtBoundary(int rank, int64_t step, bool p
   decision.stop = stop_target_ != kNone && step >= stop_target_;
   decision.save = save_targets_.contains(step);
   passed_[rank] = step;
-  // Targets every rank has passed can go.
-  const int64_t oldest = *std::min_element(passed_.begin(), passed_.end());
-  if (oldest != kNone) {
-    while (!save_targets_.empty() && *save_targets_.begin() <= oldest) {
-      save_targets_.erase(save_targets_.begin());
+  PruneSaveTargetsLocked(passed_);  // targets every rank has passed can go
+  return decision;
+}
+
+StepAgreement::Decision StepAgreement::CrossProcessBoundary(std::unique_lock<std::mutex>& lock,
+                                                            int rank, int64_t step,
+                                                            bool propose_save,
+                                                            const std::stop_token& stop) {
+  Decision decision;
+  if (propose_save && phase_ == Phase::kIdle) {
+    // One pending save at a time: a proposal while one is due is the same one.
+    const bool pending = !save_targets_.empty() && *save_targets_.rbegin() >= step;
+    if (!pending) local_save_wanted_ = true;
+  }
+  // Reported before waiting: a held rank's step is what bounds the target.
+  passed_[rank] = step;
+  const auto held = [this] {
+    return phase_ == Phase::kHoldForSave || phase_ == Phase::kHoldForStop;
+  };
+  if (held() && !escalated_) {
+    released_.wait(lock, stop, [&] { return !held() || escalated_; });
+    if (stop.stop_requested()) {
+      throw CancelledError(
+          absl::StrCat("held at the boundary of step ", step, ": the run is stopping"));
     }
   }
+  if (escalated_) return decision;  // the run is being cancelled: the next collective throws
+  decision.stop = stop_target_ != kNone && step >= stop_target_;
+  decision.save = save_targets_.contains(step);
+  // Not passed_: a rank released from the hold may not have read its decision yet.
+  decided_[rank] = step;
+  PruneSaveTargetsLocked(decided_);
   return decision;
+}
+
+StepAgreement::Round StepAgreement::LocalRound() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoteSignalsLocked();
+  Round round;
+  round.stop_code = stop_requested_ ? 0 : local_stop_code_;
+  round.save_wanted = local_save_wanted_ ? 1 : 0;
+  round.arrived = *std::max_element(passed_.begin(), passed_.end());
+  return round;
+}
+
+bool StepAgreement::Urgent() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NoteSignalsLocked();
+  return phase_ == Phase::kHoldForSave || phase_ == Phase::kHoldForStop ||
+         (local_stop_code_ != 0 && !stop_requested_) || local_save_wanted_;
+}
+
+void StepAgreement::ApplyRound(const Round& all) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (escalated_ || phase_ == Phase::kStopAgreed) return;
+  const bool stop = all.stop_code != 0;
+  if (stop && !stop_requested_) {
+    std::string reason = local_reason_;
+    if (local_stop_code_ == 0) {
+      reason = all.stop_code == kStopRequestCode
+                   ? std::string("a stop request on another process")
+                   : absl::StrCat(SignalName(static_cast<int>(all.stop_code)),
+                                  " on another process");
+    }
+    RequestStopLocked(reason);
+  }
+  switch (phase_) {
+    case Phase::kIdle:
+      // Hold the ranks; the next round's contributions are taken under the hold.
+      if (stop) {
+        phase_ = Phase::kHoldForStop;
+      } else if (all.save_wanted != 0) {
+        phase_ = Phase::kHoldForSave;
+        local_save_wanted_ = false;
+      }
+      return;
+    case Phase::kHoldForSave:
+    case Phase::kHoldForStop:
+      // Every rank is at or before its next boundary, and none passed a
+      // boundary it has not reported: all.arrived + 1 is reached by all, passed by none.
+      if (all.arrived == kNone) {
+        // No rank of any process reached a boundary: nothing to agree on.
+        escalated_ = true;
+        pending_ = StoppedStatus(stop_reason_, std::nullopt,
+                                 " before any rank reached a step boundary "
+                                 "(dist::Context::AtStepBoundary): every rank was cancelled, "
+                                 "nothing trained since the start of the run is lost");
+      } else if (stop || phase_ == Phase::kHoldForStop) {
+        stop_target_ = all.arrived + 1;
+        phase_ = Phase::kStopAgreed;
+      } else {
+        save_targets_.insert(all.arrived + 1);
+        phase_ = Phase::kIdle;
+      }
+      released_.notify_all();
+      return;
+    case Phase::kStopAgreed:
+      return;
+  }
 }
 
 void StepAgreement::RankStopped(int rank) {
@@ -186,8 +295,9 @@ void StepAgreement::RankStopped(int rank) {
 absl::Status StepAgreement::Poll() {
   std::lock_guard<std::mutex> lock(mutex_);
   NoteSignalsLocked();
+  if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
   if (!stop_requested_ || escalated_) return absl::OkStatus();
-  const bool any_boundary =
+  const bool any_boundary = cross_process_ ||
       std::any_of(passed_.begin(), passed_.end(), [](int64_t p) { return p != kNone; });
   if (!any_boundary && stop_target_ == kNone) {
     escalated_ = true;
@@ -199,6 +309,7 @@ absl::Status StepAgreement::Poll() {
   const double waited_s = std::chrono::duration<double>(Clock::now() - stop_seen_).count();
   if (waited_s < grace_s_) return absl::OkStatus();
   escalated_ = true;
+  released_.notify_all();
   std::string text = absl::StrCat("stop (", stop_reason_, ") not completed within ", grace_s_,
                                   " s (SpawnOptions::stop_grace_s): agreed stop step ",
                                   stop_target_ == kNone ? std::string("none yet")

@@ -43,20 +43,34 @@
 // any rank still wins. Ctrl-C (SIGINT) is not a stop signal: it stops at once
 // without an agreed step (see SpawnOptions::handle_sigint).
 //
-// Scope: one process. Several processes (mpirun) need the target exchanged
-// between processes as well; see the notes in signals.cc.
+// Several processes (mpirun, srun): the target must be the same in every
+// process, and ranks of different processes share no memory. There the
+// agreement runs in rounds on the processes' communication threads (spawn's
+// caller, the MPI thread): every ~10 ms, and at once while something is
+// pending, each process contributes (stop signal seen, save wanted, the
+// largest step its ranks arrived at, ranks still running) to an all-reduce
+// (MAX) of its own, apart from the ranks' traffic. A round that reports a stop
+// (or a save) makes every process HOLD its ranks at their next boundary; the
+// next round's largest arrived step M then bounds every rank (none can pass a
+// boundary it has not reported while held), and every process sets the target
+// to M + 1 and releases its ranks. The hold lasts two rounds (about a
+// millisecond on one host), once per stop or save, never on ordinary steps.
+// A signal sent to any one process stops them all; the other processes name
+// the signal from the round ("SIGTERM on another process").
 //
 // Thread-safety: the signal handlers only bump atomic counters
-// (async-signal-safe); StepAgreement is called from the rank threads and the
-// watchdog under one mutex.
+// (async-signal-safe); StepAgreement is called from the rank threads, the
+// watchdog and the communication thread under one mutex.
 #ifndef TANDEM_SPAWN_SIGNALS_H_
 #define TANDEM_SPAWN_SIGNALS_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -117,14 +131,19 @@ namespace internal {
 class StepAgreement {
  public:
   // `signals` may be null (no stop signals: only RequestStop stops).
-  StepAgreement(int world_size, const StopSignalScope* signals, double grace_s);
+  // `cross_process`: this process is one of several; ApplyRound, driven by the
+  // communication thread, decides the targets (see the file comment).
+  StepAgreement(int world_size, const StopSignalScope* signals, double grace_s,
+                bool cross_process = false);
 
   struct Decision {
     bool stop = false;  // stop (after saving) at this step
     bool save = false;  // a save agreed on through propose_save is due at this step
   };
-  // Rank `rank` is at the boundary after step `step`.
-  Decision AtBoundary(int rank, int64_t step, bool propose_save);
+  // Local rank `rank` is at the boundary after step `step`. Across processes it
+  // may wait here (briefly, while a round decides a target); `stop` ends that
+  // wait with CancelledError.
+  Decision AtBoundary(int rank, int64_t step, bool propose_save, std::stop_token stop = {});
   // Asks for a stop as a stop signal would (tests, or a program's own reason).
   void RequestStop(const std::string& reason);
   // Rank `rank` threw StoppedError.
@@ -136,19 +155,43 @@ class StepAgreement {
   // After every rank returned: the IsStopped status when a rank stopped, else OK.
   absl::Status Outcome();
 
+  // Several processes: one round of the exchange. The communication thread
+  // takes LocalRound(), reduces every field with MAX over the processes, and
+  // hands the result to ApplyRound().
+  static constexpr int64_t kNone = INT64_MIN;
+  static constexpr int64_t kStopRequestCode = 1000;  // RequestStop (signals are < NSIG)
+  struct Round {
+    int64_t stop_code = 0;    // a stop signal's number, kStopRequestCode, or 0
+    int64_t save_wanted = 0;  // 1: a rank proposed a save
+    int64_t arrived = kNone;  // the largest step a local rank arrived at
+  };
+  Round LocalRound();
+  void ApplyRound(const Round& all);
+  // Something waits for a round: the communication thread should start one now.
+  bool Urgent();
+
  private:
   using Clock = std::chrono::steady_clock;
-  static constexpr int64_t kNone = INT64_MIN;
+  enum class Phase { kIdle, kHoldForSave, kHoldForStop, kStopAgreed };
   // Notes a pending signal. Caller holds mutex_.
   void NoteSignalsLocked();
+  // Marks the stop as requested (once). Caller holds mutex_.
+  void RequestStopLocked(const std::string& reason);
   // The smallest step no rank other than `rank` has passed, at least `step`.
   int64_t TargetLocked(int rank, int64_t step) const;
+  // Drops the save targets at or before every rank's step in `decided` (the
+  // last step each rank got its decision for). Caller holds mutex_.
+  void PruneSaveTargetsLocked(const std::vector<int64_t>& decided);
+  Decision CrossProcessBoundary(std::unique_lock<std::mutex>& lock, int rank, int64_t step,
+                                bool propose_save, const std::stop_token& stop);
 
   const int world_size_;
   const StopSignalScope* signals_;
   const double grace_s_;
+  const bool cross_process_;
   std::mutex mutex_;
-  std::vector<int64_t> passed_;  // last boundary step each rank passed, kNone before the first
+  std::vector<int64_t> passed_;  // last boundary step each rank passed (across processes:
+                                 // arrived at), kNone before the first
   std::vector<bool> stopped_;
   bool stop_requested_ = false;
   std::string stop_reason_;  // "SIGTERM"
@@ -156,6 +199,14 @@ class StepAgreement {
   int64_t stop_target_ = kNone;
   std::set<int64_t> save_targets_;
   bool escalated_ = false;
+  // Across processes only.
+  std::vector<int64_t> decided_;  // the last step each rank got its decision for
+  int64_t local_stop_code_ = 0;  // noted here, not yet in a round's result
+  std::string local_reason_;
+  bool local_save_wanted_ = false;
+  Phase phase_ = Phase::kIdle;
+  std::condition_variable_any released_;  // ranks held at a boundary wait here
+  absl::Status pending_;                  // for Poll: a stop before any boundary
 };
 
 // The IsStopped status.

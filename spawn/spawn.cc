@@ -444,15 +444,14 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   on_world_size(world);
   Run run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
   SigintScope sigint(options.handle_sigint, hooks.exit_process);
-  // The graceful stop (stop_signals) agrees on a step within this process only:
-  // across processes the signals keep their default action and the launcher ends
-  // the job (issue 16's cross-process agreement is not built yet).
-  StopSignalScope stop_signals(procs != nullptr ? std::vector<int>{} : options.stop_signals);
+  // The graceful stop (stop_signals): the ranks agree on the step at which they
+  // stop; across processes through the communication thread's rounds
+  // (spawn/signals.h), so a signal to any one process stops the whole job.
+  StopSignalScope stop_signals(options.stop_signals);
   StepAgreement agreement(world,
-                          procs != nullptr                          ? nullptr
-                          : options.stop_signal_source != nullptr ? options.stop_signal_source
-                                                                  : &stop_signals,
-                          options.stop_grace_s);
+                          options.stop_signal_source != nullptr ? options.stop_signal_source
+                                                                : &stop_signals,
+                          options.stop_grace_s, /*cross_process=*/procs != nullptr);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
   std::vector<std::thread> threads;
@@ -518,7 +517,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   }
   std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
   // Several processes: this thread is the process's MPI thread until every rank exited.
-  if (procs) procs->Serve(run.stop_token());
+  if (procs) procs->Serve(run.stop_token(), &agreement);
   for (std::thread& t : threads) t.join();
   watchdog.join();
 
@@ -526,8 +525,10 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
   if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
   // Several processes: the other processes may wait in a collective for this
-  // one; the error line is written, now the launcher ends them all.
-  if (procs && !status.ok()) procs->Abort(status);
+  // one; the error line is written, now the launcher ends them all. An agreed
+  // stop at a step is no failure: every process stopped at that step, saved,
+  // and returns it (Serve's last round ended them together).
+  if (procs && !status.ok() && !StoppedAtStep(status).has_value()) procs->Abort(status);
   if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
   if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
   return status;

@@ -39,7 +39,8 @@
 // after the stop the watchdog logs which ranks spawn still waits for, and a
 // second Ctrl-C exits the process at once with status 130 (128 + SIGINT).
 // SIGTERM and SIGUSR1 (stop_signals) stop every rank at one agreed step after it
-// saved, see spawn/signals.h and spawn/checkpoint_manager.h.
+// saved, see spawn/signals.h and spawn/checkpoint_manager.h; across processes
+// (mpirun, srun) a stop signal sent to any one process stops every process.
 //
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a
 // rank thread.

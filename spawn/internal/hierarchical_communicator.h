@@ -76,8 +76,10 @@ class HierarchicalExchange {
     return completed_[local_rank].load(std::memory_order_acquire);
   }
 
-  // Communication thread: runs until every local rank exited.
-  void Serve(std::stop_token stop);
+  // Communication thread: runs until every local rank exited or, with `control`
+  // (may be null), until its rounds say every process's ranks exited. Ticks
+  // `control` throughout, also while a collective is in flight.
+  void Serve(std::stop_token stop, ControlPlane* control);
 
  private:
   // Runs one collective (every local rank's request). Returns false when the
@@ -95,6 +97,7 @@ class HierarchicalExchange {
   int rank_offset_ = 0;
   int world_size_ = 0;
   ProcessTransport* transport_;
+  ControlPlane* control_ = nullptr;  // during Serve, communication thread only
 
   std::mutex mutex_;
   std::condition_variable rank_cv_;

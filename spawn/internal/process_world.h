@@ -18,7 +18,11 @@
 #ifndef TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 #define TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -88,6 +92,39 @@ class ProcessTransport {
                                               const std::vector<int64_t>& recv_counts) = 0;
   virtual std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root_process) = 0;
   virtual std::unique_ptr<PendingOp> Barrier() = 0;
+  // data[0..n) = the element-wise maximum over the processes, on a channel of
+  // its own (the control plane: it never waits behind the ranks' traffic).
+  virtual std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) = 0;
+};
+
+class StepAgreement;
+
+// The communication thread's share of the step agreement across processes
+// (spawn/signals.h): rounds of ControlAllReduceMax over (stop signal, save
+// wanted, largest arrived step, ranks running), one at a time, every
+// kRoundPeriod or at once when the agreement is Urgent().
+class ControlPlane {
+ public:
+  static constexpr std::chrono::milliseconds kRoundPeriod{10};
+  // running(): this process's rank threads that have not exited.
+  ControlPlane(ProcessTransport* transport, StepAgreement* agreement, std::function<int()> running);
+  // Advances the round in flight, applies a finished one, starts the next one
+  // when due. False once a round said that no process has a running rank (the
+  // last round: every process ends at the same one).
+  bool Tick();
+  // How long the caller may sleep before the next Tick.
+  std::chrono::microseconds NextWait() const { return urgent_ ? std::chrono::microseconds(100)
+                                                              : std::chrono::microseconds(2000); }
+
+ private:
+  ProcessTransport* transport_;
+  StepAgreement* agreement_;
+  std::function<int()> running_;
+  std::array<int64_t, 4> buffer_{};
+  std::unique_ptr<PendingOp> op_;
+  std::chrono::steady_clock::time_point next_round_{};
+  bool urgent_ = false;
+  bool finished_ = false;
 };
 
 class HierarchicalExchange;
@@ -126,15 +163,18 @@ class ProcessWorld {
   void RankExited(int local_rank);
 
   // The communication thread's loop, on the thread that called spawn: runs the
-  // ranks' cross-process collectives until every local rank exited. When `stop`
-  // is requested, requests waiting or in flight are cancelled (their ranks throw
-  // CancelledError) and the transport is left unusable: the run then must end
+  // ranks' cross-process collectives and the step agreement's rounds
+  // (`agreement`, may be null: no rounds) until every rank of every process
+  // exited. When `stop` is requested, requests waiting or in flight are
+  // cancelled (their ranks throw CancelledError), the loop ends once the local
+  // ranks exited, and the transport is left unusable: the run then must end
   // with Abort().
-  void Serve(std::stop_token stop);
+  void Serve(std::stop_token stop, StepAgreement* agreement);
 
   // Ends every process of the job after a failure: the caller has logged the
   // error line; this flushes and makes the launcher stop the other processes
-  // (MPI_Abort). Never returns.
+  // (MPI_Abort with exit code 1, or 75 (EX_TEMPFAIL) when `status` IsStopped:
+  // a stop before any step boundary, resumable). Never returns.
   [[noreturn]] virtual void Abort(const absl::Status& status) = 0;
 
  protected:
@@ -148,6 +188,8 @@ class ProcessWorld {
   int world_size_ = 0;
   std::unique_ptr<ProcessTransport> transport_;
   std::shared_ptr<HierarchicalExchange> exchange_;
+  int local_ranks_ = 0;
+  std::atomic<int> exited_{0};
 };
 
 // Returns nullptr for a single-process run, or the joined world. Errors: started

@@ -92,6 +92,7 @@ class Child {
     }
   }
   void Signal(int sig) const { ::kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
   // stdout, then stderr.
   std::string Output() const { return ReadFile(out_path_) + ReadFile(out_path_ + ".err"); }
 
@@ -380,5 +381,109 @@ TEST(TrainMnistPreempt, SigtermMidEpochThenResumeEndsBitForBit) {
   EXPECT_EQ(TrainedState(dir + "/step-30.ckpt"), TrainedState(base + "/ref/step-30.ckpt"));
   EXPECT_FALSE(TrainedState(base + "/ref/step-30.ckpt").empty());
 }
+
+#ifdef TANDEM_MPIRUN
+// The processes whose parent is `parent`, by pid.
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+    const std::string stat = ReadFile(entry.path().string() + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+    pid_t ppid = 0;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent) {
+      out.push_back(pid);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Every "stopped by ... at step S" of an output, as S.
+std::vector<int64_t> StoppedSteps(const std::string& output) {
+  std::vector<int64_t> steps;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (line.rfind("train_linear: stopped by ", 0) != 0) continue;
+    const size_t at = line.find(" at step ");
+    int64_t s = 0;
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + 9);
+    if (absl::SimpleAtoi(rest.substr(0, rest.find(':')), &s)) steps.push_back(s);
+  }
+  return steps;
+}
+
+// Several processes (mpirun -np 2, one CPU rank each): a stop signal sent to ONE
+// process (SIGTERM, as a node's own kill would be) or SIGUSR1 sent to mpirun
+// (which forwards it to every process) stops every process at one step after the
+// save, mpirun exits 75, and --resume ends with the uninterrupted run's state, bit
+// for bit. (mpirun's own SIGTERM is not forwarded: OpenMPI 4.1 kills the job, see
+// docs/preemption.md.)
+TEST(TrainLinearPreemptMpi, StopSignalToOneProcessStopsTheJobThenResumeEndsBitForBit) {
+  constexpr int kSteps = 30000, kEveryMpi = 2000;
+  const std::string base = TempDir("mpi");
+  const std::string args =
+      absl::StrCat("-np 2 ", TRAIN_LINEAR, " --gpus=cpu --nprocs=1 --seed=3 --steps=", kSteps,
+                   " --checkpoint_every_steps=", kEveryMpi, " --keep_checkpoints=3 --checkpoint_dir=");
+  auto final_state = [&](const std::string& dir) {
+    return TrainedState(absl::StrCat(dir, "/step-", kSteps, ".ckpt"));
+  };
+  Clock::time_point first_checkpoint;
+  Finished ref;
+  {
+    const Clock::time_point start = Clock::now();
+    Child c(TANDEM_MPIRUN, args + base + "/ref", base + "/ref.out");
+    ASSERT_TRUE(AwaitFile(absl::StrCat(base, "/ref/step-", kEveryMpi, ".ckpt"), 60));
+    first_checkpoint = Clock::now();
+    const int status = c.Wait();
+    ref = {status, c.Output(), Seconds(Clock::now() - start)};
+  }
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const double window_s = Seconds(Clock::now() - first_checkpoint);
+  const std::string expected = final_state(base + "/ref");
+  ASSERT_FALSE(expected.empty());
+  std::mt19937 rng(20261125);
+  int stopped = 0;
+  for (int trial = 0; trial < 3; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const std::string dir = absl::StrCat(base, "/", trial);
+    Child c(TANDEM_MPIRUN, args + dir, dir + ".out");
+    AwaitFile(absl::StrCat(dir, "/step-", kEveryMpi, ".ckpt"), 60);
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(std::uniform_real_distribution<double>(0, 0.5 * window_s)(rng)));
+    const std::vector<pid_t> processes = ChildrenOf(c.pid());
+    ASSERT_EQ(processes.size(), 2u);
+    const int signal = trial < 2 ? SIGTERM : SIGUSR1;
+    ::kill(trial < 2 ? processes[trial] : c.pid(), signal);
+    const Clock::time_point signalled = Clock::now();
+    const int status = c.Wait(60);
+    const double exit_s = Seconds(Clock::now() - signalled);
+    const std::string out = c.Output();
+    std::cerr << "mpirun trial " << trial << ": " << (trial < 2 ? "SIGTERM to one process" : "SIGUSR1 to mpirun")
+              << ", exit " << status << " " << exit_s << " s after the signal\n";
+    EXPECT_LT(exit_s, 10.0) << out;
+    ASSERT_TRUE(status == 75 || status == 0) << status << "\n" << out;
+    if (status == 75) {
+      ++stopped;
+      // Both processes stopped, at the same step.
+      const std::vector<int64_t> steps = StoppedSteps(out);
+      ASSERT_EQ(steps.size(), 2u) << out;
+      EXPECT_EQ(steps[0], steps[1]) << out;
+      if (signal == SIGTERM) {
+        EXPECT_NE(out.find("stopped by SIGTERM on another process at step"), std::string::npos) << out;
+      }
+    }
+    const Finished resumed = RunToEnd(TANDEM_MPIRUN, args + dir + " --resume", dir + ".resumed");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    EXPECT_EQ(final_state(dir), expected);
+    if (status == 75) ExpectSameLosses(ref.output, resumed.output);
+  }
+  EXPECT_GE(stopped, 2);
+}
+#endif  // TANDEM_MPIRUN
 
 }  // namespace

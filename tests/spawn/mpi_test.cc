@@ -3,17 +3,20 @@
 // Every process runs every test in the same order; each test's spawn joins all
 // processes into one world. References are computed in each process by a
 // single-process spawn (SpawnOptions::processes = kOff).
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "gtest/gtest.h"
 #include "optim/adam.h"
 #include "spawn/checkpoint.h"
+#include "spawn/signals.h"
 #include "spawn/spawn.h"
 #include "tests/spawn/dp_models.h"
 
@@ -310,6 +313,73 @@ TEST_F(MpiTest, CheckpointResumesBitIdenticallyWithoutASharedDirectory) {
   EXPECT_EQ((*resumed)[0], (*straight)[0]);
   EXPECT_NE((*first)[0], (*straight)[0]);
   std::filesystem::remove_all(dir);
+}
+
+// The graceful stop across processes (spawn/signals.h): SIGTERM raised in one
+// process stops every rank of every process at one step boundary, after which
+// collectives still work (a save's would); spawn returns IsStopped with that
+// step in every process, and the others name the signal of the one that got
+// it. A save proposed by global rank 0 falls on one step everywhere too.
+TEST_F(MpiTest, StopSignalToOneProcessStopsEveryProcessAtOneStep) {
+  const int processes = LaunchedProcesses();
+  for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const int sender = trial % processes;
+    const int64_t at = 1 + 3 * trial;  // steps after the save
+    std::vector<int64_t> stopped(2, -1), saved(2, -1);
+    bool sent = false;
+    const absl::Status s = spawn(
+        [&](Context& ctx) {
+          std::mt19937 jitter(static_cast<uint32_t>(trial * 100 + ctx.rank()));
+          for (int64_t step = 1; step < 1000000; ++step) {
+            Tensor x = nn::ones({4});
+            ctx.communicator().all_reduce(x, ReduceOp::kSum);
+            ::usleep(jitter() % 1500);
+            // After the save (a stop would pre-empt a save not yet agreed on).
+            if (ctx.process_index() == sender && ctx.local_rank() == 0 && saved[0] >= 0 &&
+                !sent) {
+              sent = step >= saved[0] + at;
+              if (sent) ::kill(::getpid(), SIGTERM);
+            }
+            const StepDecision d =
+                ctx.AtStepBoundary(step, ctx.rank() == 0 && step >= 3 && saved[0] < 0);
+            if (d.save && saved[ctx.local_rank()] < 0) saved[ctx.local_rank()] = step;
+            if (d.stop) {
+              stopped[ctx.local_rank()] = step;
+              Tensor y = nn::ones({4});
+              ctx.communicator().all_reduce(y, ReduceOp::kSum);  // the save's collectives
+              TANDEM_CHECK(y.to_vector<float>()[0] == ctx.world_size(), "after the stop");
+              throw StoppedError("stopped", step);
+            }
+          }
+        },
+        2, "cpu", Options());
+    ASSERT_TRUE(IsStopped(s)) << s;
+    ASSERT_TRUE(StoppedAtStep(s).has_value()) << s;
+    EXPECT_EQ(stopped[0], *StoppedAtStep(s));
+    EXPECT_EQ(stopped[1], *StoppedAtStep(s));
+    EXPECT_GT(stopped[0], saved[0]);
+    EXPECT_EQ(saved[0], saved[1]);
+    EXPECT_GE(saved[0], 3);
+    const std::string reason =
+        LaunchedIndex() == sender ? "stopped by SIGTERM at step" : "SIGTERM on another process";
+    EXPECT_NE(s.message().find(reason), std::string::npos) << s;
+    // The same steps in every process: max == min over the processes.
+    auto across = spawn(
+        [&](Context& ctx) {
+          Tensor v = nn::from_vector<double>(
+              {static_cast<double>(stopped[0]), -static_cast<double>(stopped[0]),
+               static_cast<double>(saved[0]), -static_cast<double>(saved[0])},
+              {4}, {.dtype = nn::kFloat64});
+          ctx.communicator().all_reduce(v, ReduceOp::kMax);
+          return v.to_vector<double>();
+        },
+        1, "cpu", Options());
+    ASSERT_TRUE(across.ok()) << across.status();
+    const std::vector<double>& m = (*across)[0];
+    EXPECT_EQ(m[0], -m[1]) << "the processes stopped at different steps";
+    EXPECT_EQ(m[2], -m[3]) << "the processes saved at different steps";
+  }
 }
 
 // DataParallel's overlap depends on all_reduce_async returning at once while

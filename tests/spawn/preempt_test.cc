@@ -6,10 +6,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -99,6 +103,147 @@ TEST(StepAgreement, GracePeriodEndsAStopThatIsNotReached) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("agreed stop step 4"), std::string::npos) << s;
   EXPECT_NE(s.message().find("rank 1: last boundary at step 3"), std::string::npos) << s;
+}
+
+// --- Across processes, without MPI: the communication threads' rounds -------------
+//
+// P agreements in cross-process mode (one per simulated process), L rank threads
+// each, coupled by a barrier per step as a data-parallel step's all-reduce
+// couples them. One driver thread plays every process's communication thread:
+// for each process in turn (random order, random pauses) it applies the last
+// round's result and takes the process's contribution to the next round, then
+// reduces the contributions with MAX: a process can be a round behind another,
+// as with MPI_Iallreduce.
+class SimulatedJob {
+ public:
+  SimulatedJob(int processes, int ranks_per_process, uint32_t seed)
+      : processes_(processes), local_(ranks_per_process), rng_(seed) {
+    for (int p = 0; p < processes; ++p) {
+      agreements_.push_back(std::make_unique<StepAgreement>(local_, nullptr, 60, true));
+    }
+  }
+  StepAgreement& at(int p) { return *agreements_[p]; }
+  // Runs rounds until done() (called between rounds) says so.
+  void Drive(const std::function<bool()>& done) {
+    StepAgreement::Round result;  // the last round's MAX, applied by each process in turn
+    bool have_result = false;
+    std::vector<int> order(processes_);
+    for (int p = 0; p < processes_; ++p) order[p] = p;
+    while (!done()) {
+      std::shuffle(order.begin(), order.end(), rng_);
+      StepAgreement::Round next;
+      next.arrived = StepAgreement::kNone;
+      for (int p : order) {
+        if (have_result) agreements_[p]->ApplyRound(result);
+        const StepAgreement::Round mine = agreements_[p]->LocalRound();
+        next.stop_code = std::max(next.stop_code, mine.stop_code);
+        next.save_wanted = std::max(next.save_wanted, mine.save_wanted);
+        next.arrived = std::max(next.arrived, mine.arrived);
+        std::this_thread::sleep_for(std::chrono::microseconds(rng_() % 300));
+      }
+      result = next;
+      have_result = true;
+    }
+  }
+
+ private:
+  const int processes_;
+  const int local_;
+  std::mt19937 rng_;
+  std::vector<std::unique_ptr<StepAgreement>> agreements_;
+};
+
+TEST(CrossProcessAgreement, EveryRankOfEveryProcessStopsAndSavesAtOneStep) {
+  std::mt19937 rng(777);
+  for (int trial = 0; trial < 8; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const int processes = 2 + trial % 2;
+    const int local = 1 + trial % 3;
+    const int world = processes * local;
+    const int stopper = static_cast<int>(rng() % processes);
+    const int64_t stop_at = 20 + rng() % 40;
+    const int64_t propose_from = 5 + rng() % 10;  // global rank 0 proposes saves from here
+    const uint32_t seed = rng();
+    SimulatedJob job(processes, local, seed);
+    std::barrier step_barrier(world);
+    std::vector<int64_t> stopped_at(world, -1);
+    std::vector<std::vector<int64_t>> saves(world);
+    std::atomic<int> finished{0};
+    std::vector<std::thread> ranks;
+    for (int g = 0; g < world; ++g) {
+      ranks.emplace_back([&, g] {
+        const int p = g / local, l = g % local;
+        std::mt19937 jitter(seed + g);
+        for (int64_t step = 1; step < 100000; ++step) {
+          step_barrier.arrive_and_wait();  // the step's all-reduce
+          std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 400));
+          if (p == stopper && l == 0 && step == stop_at) job.at(p).RequestStop("SIGTERM");
+          const bool propose = g == 0 && step >= propose_from && saves[0].size() < 3;
+          const StepAgreement::Decision d = job.at(p).AtBoundary(l, step, propose);
+          if (d.save) saves[g].push_back(step);
+          if (d.stop) {
+            stopped_at[g] = step;
+            break;
+          }
+        }
+        step_barrier.arrive_and_drop();
+        finished.fetch_add(1);
+      });
+    }
+    job.Drive([&] { return finished.load() == world; });
+    for (std::thread& t : ranks) t.join();
+    for (int g = 0; g < world; ++g) {
+      EXPECT_EQ(stopped_at[g], stopped_at[0]) << "global rank " << g;
+      EXPECT_EQ(saves[g], saves[0]) << "global rank " << g;
+    }
+    EXPECT_GT(stopped_at[0], stop_at);  // the stop is agreed at a later boundary
+    EXPECT_FALSE(saves[0].empty());
+    for (int p = 0; p < processes; ++p) {
+      for (int l = 0; l < local; ++l) job.at(p).RankStopped(l);
+      const absl::Status outcome = job.at(p).Outcome();
+      EXPECT_EQ(StoppedAtStep(outcome), stopped_at[0]) << outcome;
+      // The other processes name the signal of the one that got it.
+      const std::string reason = p == stopper ? "stopped by SIGTERM at step"
+                                              : "stopped by a stop request on another process";
+      EXPECT_NE(outcome.message().find(reason), std::string::npos) << outcome;
+    }
+  }
+}
+
+TEST(CrossProcessAgreement, StopBeforeAnyBoundaryOfAnyProcessCancelsWithoutAStep) {
+  SimulatedJob job(2, 2, 1);
+  job.at(1).RequestStop("SIGTERM");
+  int rounds = 0;
+  job.Drive([&] { return ++rounds > 3; });
+  for (int p = 0; p < 2; ++p) {
+    const absl::Status s = job.at(p).Poll();
+    EXPECT_TRUE(IsStopped(s)) << s;
+    EXPECT_EQ(StoppedAtStep(s), std::nullopt) << s;
+    EXPECT_TRUE(job.at(p).Poll().ok());  // once
+    // A rank arriving now is not told to stop at a step: the run is being cancelled.
+    EXPECT_FALSE(job.at(p).AtBoundary(0, 1, false).stop);
+  }
+}
+
+TEST(CrossProcessAgreement, HeldRankLeavesOnTheRunsStop) {
+  SimulatedJob job(2, 1, 2);
+  job.at(0).AtBoundary(0, 1, false);
+  job.at(0).RequestStop("SIGTERM");
+  // One round: process 0 now holds its ranks at their next boundary.
+  StepAgreement::Round round = job.at(0).LocalRound();
+  round.arrived = std::max(round.arrived, job.at(1).LocalRound().arrived);
+  job.at(0).ApplyRound(round);
+  std::stop_source stop;
+  std::atomic<bool> left{false};
+  std::thread rank([&] {
+    EXPECT_THROW(job.at(0).AtBoundary(0, 2, false, stop.get_token()), CancelledError);
+    left = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(left.load());  // held: no round decided the target yet
+  stop.request_stop();
+  rank.join();
+  EXPECT_TRUE(left.load());
 }
 
 // --- Under spawn, with real signals ---------------------------------------------
