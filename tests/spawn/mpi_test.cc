@@ -14,8 +14,10 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "nn/status_macros.h"
 #include "optim/adam.h"
 #include "spawn/checkpoint.h"
+#include "spawn/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
 #include "tests/spawn/dp_models.h"
@@ -380,6 +382,42 @@ TEST_F(MpiTest, StopSignalToOneProcessStopsEveryProcessAtOneStep) {
     EXPECT_EQ(m[0], -m[1]) << "the processes stopped at different steps";
     EXPECT_EQ(m[2], -m[3]) << "the processes saved at different steps";
   }
+}
+
+// Timed checkpoints (CheckpointManager every_minutes: global rank 0's clock
+// proposes) across processes: every rank of every process saves at one step; a
+// rank saving at another step would pair the snapshot's collectives with a
+// training step's and fail the run.
+TEST_F(MpiTest, TimedCheckpointsSaveAtOneStepInEveryProcess) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/mpi_timed_", getppid(), "_", LaunchedIndex());
+  std::filesystem::remove_all(dir);
+  SpawnOptions options = Options();
+  options.timeout_s = 20;
+  const absl::Status s = spawn(
+      [&](Context& ctx) -> absl::Status {
+        LinearNet net;
+        DataParallel dp(net, ctx);
+        optim::Adam adam(dp.parameters(), {.lr = 1e-2});
+        int64_t step = 0;
+        TrainingState state{.model = &net, .optimizer = &adam, .step = &step};
+        CheckpointManager m(ctx, {.dir = dir, .every_minutes = 0.02 / 60});  // 20 ms
+        std::mt19937 jitter(static_cast<uint32_t>(ctx.rank()));
+        for (int i = 0; i < 60; ++i) {
+          Tensor loss = nn::mse_loss(dp(nn::randn({4, 10})), nn::randn({4, 1}));
+          loss.backward();
+          adam.step();
+          adam.zero_grad();
+          ++step;
+          ::usleep(jitter() % 3000);
+          RETURN_IF_ERROR(m.AtStepBoundary(state));
+        }
+        return m.Finish();
+      },
+      2, "cpu", options);
+  ASSERT_TRUE(s.ok()) << s << console_.str();
+  if (LaunchedIndex() == 0) EXPECT_GE(CheckpointManager::List(dir).size(), 2u) << console_.str();
+  std::filesystem::remove_all(dir);
 }
 
 // DataParallel's overlap depends on all_reduce_async returning at once while
