@@ -484,6 +484,49 @@ TEST(TrainLinearPreemptMpi, StopSignalToOneProcessStopsTheJobThenResumeEndsBitFo
   }
   EXPECT_GE(stopped, 2);
 }
+// Ctrl-C to mpirun (a terminal's SIGINT reaches mpirun only: OpenMPI puts each
+// process in a process group of its own): mpirun sends the processes SIGTERM a
+// second later, every process stops at one step with its checkpoint written and
+// complete, and --resume finishes the run. mpirun itself exits 1 (its own status
+// for a job it was told to end), within a few seconds.
+TEST(TrainMnistPreemptMpi, CtrlCToMpirunStopsEveryProcessWithItsCheckpoint) {
+  if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  }
+  const std::string dir = TempDir("ctrlc");
+  const std::string args = absl::StrCat(
+      "-np 2 ", TRAIN_MNIST, " --gpus=cpu --nprocs=1 --epochs=1 --train_limit=32000 ",
+      "--test_limit=200 --seed=7 --checkpoint_every_steps=4 --keep_checkpoints=3 ",
+      "--log_every=100000 --checkpoint_dir=", dir);
+  Child c(TANDEM_MPIRUN, args, dir + ".out");
+  ASSERT_TRUE(AwaitFile(dir + "/step-8.ckpt", 120));
+  c.Signal(SIGINT);
+  const Clock::time_point signalled = Clock::now();
+  const int status = c.Wait(60);
+  const double exit_s = Seconds(Clock::now() - signalled);
+  const std::string out = c.Output();
+  std::cerr << "Ctrl-C to mpirun: exit " << status << " " << exit_s << " s after the signal\n";
+  EXPECT_LT(exit_s, 10.0) << out;
+  EXPECT_NE(status, 0) << out;
+  // Both processes stopped at one step, which has its checkpoint.
+  std::vector<int64_t> steps;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (line.rfind("train_mnist: stopped by SIGTERM", 0) != 0) continue;
+    const size_t at = line.find(" at step ");
+    absl::string_view rest = line.substr(at + 9);
+    int64_t step = 0;
+    if (at != absl::string_view::npos && absl::SimpleAtoi(rest.substr(0, rest.find(':')), &step)) {
+      steps.push_back(step);
+    }
+  }
+  ASSERT_EQ(steps.size(), 2u) << out;
+  EXPECT_EQ(steps[0], steps[1]) << out;
+  EXPECT_FALSE(TrainedState(absl::StrCat(dir, "/step-", steps[0], ".ckpt")).empty());
+  const Finished resumed = RunToEnd(TANDEM_MPIRUN, args + " --resume", dir + ".resumed");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(absl::StrCat("step-", steps[0], ".ckpt")), std::string::npos)
+      << resumed.output;
+}
 #endif  // TANDEM_MPIRUN
 
 }  // namespace
