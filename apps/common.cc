@@ -450,21 +450,24 @@ dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags) {
 int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {
   if (status.ok()) return kExitOk;
   const std::string message = absl::StrReplaceAll(status.message(), {{"\n", " "}});
+  // One write per line: under mpirun the processes' stderr is forwarded in the
+  // chunks each write makes, and piecewise writes interleave between processes.
+  auto line = [](const std::string& text) { std::cerr << text << std::flush; };
   if (dist::IsStopped(status)) {
     if (flags.checkpoint_dir.empty()) {
-      std::cerr << flags.program << ": stopped: " << message
-                << " (no --checkpoint_dir: nothing saved)\n";
+      line(absl::StrCat(flags.program, ": stopped: ", message,
+                        " (no --checkpoint_dir: nothing saved)\n"));
       return kExitStopped;
     }
-    std::cerr << flags.program << ": " << message << "; run again with --resume "
-              << "--checkpoint_dir=" << flags.checkpoint_dir << " to continue\n";
+    line(absl::StrCat(flags.program, ": ", message, "; run again with --resume --checkpoint_dir=",
+                      flags.checkpoint_dir, " to continue\n"));
     return kExitStoppedResumable;
   }
   if (status.code() == absl::StatusCode::kCancelled) {
-    std::cerr << flags.program << ": stopped: " << message << "\n";
+    line(absl::StrCat(flags.program, ": stopped: ", message, "\n"));
     return kExitStopped;
   }
-  std::cerr << flags.program << ": error: " << message << "\n";
+  line(absl::StrCat(flags.program, ": error: ", message, "\n"));
   return kExitFailure;
 }
 

@@ -38,6 +38,11 @@ void Fold(const std::vector<const void*>& in, void* out, int64_t n, nn::DType dt
   }
 }
 
+// Two processes, messages up to this size: MPI's all-reduce (measured faster
+// than the all-to-all + all-gather below up to 16 MB, slower at 64 MB on one
+// host, scripts/bench_mpi.sh).
+constexpr int64_t kMpiAllReduceMaxBytes = 32 << 20;
+
 // Element range [begin, end) of n owned by process q of P.
 std::pair<int64_t, int64_t> Slice(int64_t n, int q, int processes) {
   return {n * q / processes, n * (q + 1) / processes};
@@ -131,10 +136,10 @@ void HierarchicalExchange::Serve(std::stop_token stop, ControlPlane* control) {
     } else {
       if (rounds) {
         lock.unlock();
-        rounds = control->Tick();
+        rounds = control->Tick(stop);
         wait = control->NextWait();
         lock.lock();
-        if (!rounds) continue;
+        if (!rounds) continue;  // the last round, or a failed one (the run then stops)
       }
       bool ready = true;
       for (const auto& queue : queues_) ready = ready && !queue.empty();
@@ -173,20 +178,26 @@ void HierarchicalExchange::Serve(std::stop_token stop, ControlPlane* control) {
 }
 
 bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
-  // MPI progresses inside MPI_Test: poll hot for small messages (~100 us),
-  // then give the core away more and more (rank threads may be computing).
+  // MPI progresses inside MPI_Test only (a non-blocking collective's fragments
+  // move when it is tested): poll hot, yielding the core to threads that compute
+  // (DataParallel's backward) but never sleeping while the collective moves;
+  // sleeping between tests halved the bandwidth of 16-64 MB messages. A peer
+  // that has not come for 100 ms is late, not slow: then sleep 50 us between
+  // tests, so that a stuck job does not burn a core until the watchdog fires.
   // The agreement's rounds go on meanwhile: a peer process may hold its ranks
   // (and so this collective) until a round completes.
-  int spins = 0;
-  while (!op->Test()) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  bool late = false;
+  for (uint64_t spins = 1; !op->Test(); ++spins) {
     if (stop.stop_requested()) return false;
-    ++spins;
-    if (control_ != nullptr && spins % 64 == 0) control_->Tick();
+    if (control_ != nullptr && spins % 64 == 0) control_->Tick(stop);
     if (spins < 1000) continue;
-    if (spins < 2000) {
-      std::this_thread::yield();
+    if (!late && spins % 1024 == 0) late = Clock::now() - start > std::chrono::milliseconds(100);
+    if (late) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::yield();
     }
   }
   return true;
@@ -202,6 +213,22 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
     partial_.resize(static_cast<size_t>(n * es));
     Fold(inputs, partial_.data(), n, dtype, op == ReduceOp::kMax ? op : ReduceOp::kSum, 0);
     partial = partial_.data();
+  }
+  if (processes == 2 && n * es <= kMpiAllReduceMaxBytes) {
+    // Two processes: the cross-process step is one two-operand sum (or max),
+    // commutative in IEEE arithmetic, so MPI's own all-reduce cannot change the
+    // bits of the tree below (partial_0 + partial_1), and it is faster.
+    if (result != partial) std::memcpy(result, partial, static_cast<size_t>(n * es));
+    if (!Poll(transport_->AllReduceInPlace(result, n, dtype,
+                                           op == ReduceOp::kMax ? op : ReduceOp::kSum).get(),
+              stop)) {
+      return false;
+    }
+    if (op == ReduceOp::kAvg) {
+      const std::vector<const void*> one = {result};
+      Fold(one, result, n, dtype, op, world_size_);  // the tree's final division, in place
+    }
+    return true;
   }
   const auto [begin, end] = Slice(n, process_index_, processes);
   std::vector<int64_t> send_counts(processes), recv_counts(processes, (end - begin) * es);

@@ -144,6 +144,22 @@ class MpiTransport final : public ProcessTransport {
     return std::make_unique<MpiOp>(request, "MPI_Ibarrier");
   }
 
+  std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
+                                              ReduceOp op) override {
+    MPI_Datatype type = MPI_FLOAT;
+    switch (dtype) {
+      case nn::DType::kFloat32: type = MPI_FLOAT; break;
+      case nn::DType::kFloat64: type = MPI_DOUBLE; break;
+      case nn::DType::kInt64: type = MPI_INT64_T; break;
+      default: Fail("MPI all_reduce: dtype ", nn::DTypeName(dtype), " is not supported");
+    }
+    TANDEM_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax, "MPI all_reduce: sum or max only");
+    MPI_Request request;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data, Int(count), type,
+                         op == ReduceOp::kMax ? MPI_MAX : MPI_SUM, comm_, &request),
+          "MPI_Iallreduce");
+    return std::make_unique<MpiOp>(request, "MPI_Iallreduce");
+  }
   std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) override {
     MPI_Request request;
     Check(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_INT64_T, MPI_MAX, control_, &request),

@@ -268,37 +268,62 @@ void ProcessWorld::RankExited(int local_rank) {
   if (exchange_) exchange_->RankExited(local_rank);
 }
 
-void ProcessWorld::Serve(std::stop_token stop, StepAgreement* agreement) {
-  std::optional<ControlPlane> control;
+void ProcessWorld::Serve(std::stop_token stop, StepAgreement* agreement,
+                         std::function<void(absl::Status)> fail) {
   if (agreement != nullptr) {
-    control.emplace(transport_.get(), agreement,
-                    [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); });
+    control_ = std::make_unique<ControlPlane>(
+        transport_.get(), agreement,
+        [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); }, std::move(fail));
   }
   if (exchange_) {
-    exchange_->Serve(std::move(stop), control ? &*control : nullptr);
+    exchange_->Serve(std::move(stop), control_.get());
     return;
   }
   // GPU ranks (NCCL carries their traffic): only the rounds, until every process's
   // ranks exited; on a stop, once the local ranks exited.
   while (true) {
-    if (stop.stop_requested() || !control) {
+    if (stop.stop_requested() || !control_) {
       if (exited_.load(std::memory_order_acquire) >= local_ranks_) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    if (!control->Tick()) return;
-    std::this_thread::sleep_for(control->NextWait());
+    if (!control_->Tick(stop)) {
+      if (stop.stop_requested()) continue;  // a round failed: wait for the ranks to leave
+      return;
+    }
+    std::this_thread::sleep_for(control_->NextWait());
   }
 }
 
 // --- ControlPlane -----------------------------------------------------------------------
 
 ControlPlane::ControlPlane(ProcessTransport* transport, StepAgreement* agreement,
-                           std::function<int()> running)
-    : transport_(transport), agreement_(agreement), running_(std::move(running)) {}
+                           std::function<int()> running, std::function<void(absl::Status)> fail)
+    : transport_(transport),
+      agreement_(agreement),
+      running_(std::move(running)),
+      fail_(std::move(fail)) {}
 
-bool ControlPlane::Tick() {
+ControlPlane::~ControlPlane() {
+  // Freeing an active non-blocking collective's request is erroneous MPI; the
+  // job is being aborted, so the request (and this object's buffer) is left.
+  if (op_ != nullptr) (void)op_.release();
+}
+
+bool ControlPlane::Tick(const std::stop_token& stop) {
   if (finished_) return false;
+  try {
+    return TickOrThrow(stop);
+  } catch (const std::exception& e) {
+    finished_ = true;
+    (void)op_.release();  // in an unknown state: left to MPI (the job aborts)
+    fail_(absl::InternalError(absl::StrCat("spawn: the step agreement's round between processes "
+                                           "failed: ", e.what())));
+    return false;
+  }
+}
+
+bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   const auto now = std::chrono::steady_clock::now();
   if (op_ != nullptr) {
     if (!op_->Test()) return true;
@@ -311,9 +336,13 @@ bool ControlPlane::Tick() {
     }
     next_round_ = now + kRoundPeriod;
   }
+  // Ranks first, then the stop: a failing rank requests the stop before it
+  // exits, so a process that is failing never reports "no running rank" (which
+  // could let the others finish the last round and return before its Abort).
+  const bool running = running_() > 0;
+  if (stop.stop_requested()) return true;
   // Processes whose ranks all exited keep the cadence: the last process to
   // finish starts the final round at once, and the others join it within a period.
-  const bool running = running_() > 0;
   urgent_ = agreement_->Urgent();
   if (!urgent_ && now < next_round_) return true;
   const StepAgreement::Round mine = agreement_->LocalRound();

@@ -235,7 +235,8 @@ bool StepAgreement::Urgent() {
   std::lock_guard<std::mutex> lock(mutex_);
   NoteSignalsLocked();
   return phase_ == Phase::kHoldForSave || phase_ == Phase::kHoldForStop ||
-         (local_stop_code_ != 0 && !stop_requested_) || local_save_wanted_;
+         (local_stop_code_ != 0 && !stop_requested_) ||
+         (local_save_wanted_ && phase_ == Phase::kIdle);
 }
 
 void StepAgreement::ApplyRound(const Round& all) {
@@ -257,8 +258,10 @@ void StepAgreement::ApplyRound(const Round& all) {
       // Hold the ranks; the next round's contributions are taken under the hold.
       if (stop) {
         phase_ = Phase::kHoldForStop;
+        local_save_wanted_ = false;  // the stop saves
       } else if (all.save_wanted != 0) {
         phase_ = Phase::kHoldForSave;
+        hold_since_ = Clock::now();
         local_save_wanted_ = false;
       }
       return;
@@ -296,7 +299,19 @@ absl::Status StepAgreement::Poll() {
   std::lock_guard<std::mutex> lock(mutex_);
   NoteSignalsLocked();
   if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
-  if (!stop_requested_ || escalated_) return absl::OkStatus();
+  if (escalated_) return absl::OkStatus();
+  if (phase_ == Phase::kHoldForSave &&
+      std::chrono::duration<double>(Clock::now() - hold_since_).count() > grace_s_) {
+    // The round that sets the save step never completed: another process
+    // stopped taking part in the rounds without ending the job.
+    escalated_ = true;
+    released_.notify_all();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "a save agreed between processes was not scheduled within ", grace_s_,
+        " s (SpawnOptions::stop_grace_s): another process stopped taking part in the step "
+        "agreement's rounds; this process's ranks were held at their step boundaries"));
+  }
+  if (!stop_requested_) return absl::OkStatus();
   const bool any_boundary = cross_process_ ||
       std::any_of(passed_.begin(), passed_.end(), [](int64_t p) { return p != kNone; });
   if (!any_boundary && stop_target_ == kNone) {

@@ -206,6 +206,7 @@ class StepAgreement {
   bool local_save_wanted_ = false;
   Phase phase_ = Phase::kIdle;
   std::condition_variable_any released_;  // ranks held at a boundary wait here
+  Clock::time_point hold_since_;          // when kHoldForSave began
   absl::Status pending_;                  // for Poll: a stop before any boundary
 };
 

@@ -517,7 +517,10 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   }
   std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
   // Several processes: this thread is the process's MPI thread until every rank exited.
-  if (procs) procs->Serve(run.stop_token(), &agreement);
+  if (procs) {
+    procs->Serve(run.stop_token(), &agreement,
+                 [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); });
+  }
   for (std::thread& t : threads) t.join();
   watchdog.join();
 

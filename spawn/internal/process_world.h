@@ -92,6 +92,10 @@ class ProcessTransport {
                                               const std::vector<int64_t>& recv_counts) = 0;
   virtual std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root_process) = 0;
   virtual std::unique_ptr<PendingOp> Barrier() = 0;
+  // data[0..count) = the element-wise sum (kSum) or maximum (kMax) over the
+  // processes, in place. float32, float64, int64.
+  virtual std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
+                                                      ReduceOp op) = 0;
   // data[0..n) = the element-wise maximum over the processes, on a channel of
   // its own (the control plane: it never waits behind the ranks' traffic).
   virtual std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) = 0;
@@ -106,20 +110,28 @@ class StepAgreement;
 class ControlPlane {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
-  // running(): this process's rank threads that have not exited.
-  ControlPlane(ProcessTransport* transport, StepAgreement* agreement, std::function<int()> running);
+  // running(): this process's rank threads that have not exited. fail(): ends
+  // the run with a transport error of a round (called at most once).
+  ControlPlane(ProcessTransport* transport, StepAgreement* agreement, std::function<int()> running,
+               std::function<void(absl::Status)> fail);
+  // A round still in flight (only on the way to Abort) is left to MPI, not freed.
+  ~ControlPlane();
   // Advances the round in flight, applies a finished one, starts the next one
-  // when due. False once a round said that no process has a running rank (the
-  // last round: every process ends at the same one).
-  bool Tick();
+  // when due (none once `stop` is requested: the job is ending with Abort). False
+  // once a round said that no process has a running rank (the last round: every
+  // process ends at the same one), or after a transport error (reported to fail).
+  bool Tick(const std::stop_token& stop);
   // How long the caller may sleep before the next Tick.
   std::chrono::microseconds NextWait() const { return urgent_ ? std::chrono::microseconds(100)
                                                               : std::chrono::microseconds(2000); }
 
  private:
+  bool TickOrThrow(const std::stop_token& stop);
+
   ProcessTransport* transport_;
   StepAgreement* agreement_;
   std::function<int()> running_;
+  std::function<void(absl::Status)> fail_;
   std::array<int64_t, 4> buffer_{};
   std::unique_ptr<PendingOp> op_;
   std::chrono::steady_clock::time_point next_round_{};
@@ -169,7 +181,9 @@ class ProcessWorld {
   // cancelled (their ranks throw CancelledError), the loop ends once the local
   // ranks exited, and the transport is left unusable: the run then must end
   // with Abort().
-  void Serve(std::stop_token stop, StepAgreement* agreement);
+  // A round's transport error is reported through `fail` (which must stop the run).
+  void Serve(std::stop_token stop, StepAgreement* agreement,
+             std::function<void(absl::Status)> fail);
 
   // Ends every process of the job after a failure: the caller has logged the
   // error line; this flushes and makes the launcher stop the other processes
@@ -190,6 +204,9 @@ class ProcessWorld {
   std::shared_ptr<HierarchicalExchange> exchange_;
   int local_ranks_ = 0;
   std::atomic<int> exited_{0};
+  // Outlives Serve: on the way to Abort a round may still be in flight, its
+  // buffer in use by MPI.
+  std::unique_ptr<ControlPlane> control_;
 };
 
 // Returns nullptr for a single-process run, or the joined world. Errors: started

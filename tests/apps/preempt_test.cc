@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <algorithm>
@@ -403,16 +404,20 @@ std::vector<pid_t> ChildrenOf(pid_t parent) {
   return out;
 }
 
-// Every "stopped by ... at step S" of an output, as S.
-std::vector<int64_t> StoppedSteps(const std::string& output) {
+// S of every "<program>: stopped by ... at step S" in an output. Searched in the
+// whole text, not line by line: mpirun forwards the processes' stderr in chunks
+// that can interleave two processes' lines.
+std::vector<int64_t> StoppedSteps(const std::string& output, const std::string& program) {
   std::vector<int64_t> steps;
-  for (absl::string_view line : absl::StrSplit(output, '\n')) {
-    if (line.rfind("train_linear: stopped by ", 0) != 0) continue;
-    const size_t at = line.find(" at step ");
+  const std::string prefix = program + ": stopped by ";
+  for (size_t at = output.find(prefix); at != std::string::npos;
+       at = output.find(prefix, at + 1)) {
+    const size_t step_at = output.find(" at step ", at);
+    if (step_at == std::string::npos) break;
+    size_t end = step_at + 9;
+    while (end < output.size() && std::isdigit(static_cast<unsigned char>(output[end]))) ++end;
     int64_t s = 0;
-    if (at == absl::string_view::npos) continue;
-    absl::string_view rest = line.substr(at + 9);
-    if (absl::SimpleAtoi(rest.substr(0, rest.find(':')), &s)) steps.push_back(s);
+    if (absl::SimpleAtoi(output.substr(step_at + 9, end - step_at - 9), &s)) steps.push_back(s);
   }
   return steps;
 }
@@ -470,7 +475,7 @@ TEST(TrainLinearPreemptMpi, StopSignalToOneProcessStopsTheJobThenResumeEndsBitFo
     if (status == 75) {
       ++stopped;
       // Both processes stopped, at the same step.
-      const std::vector<int64_t> steps = StoppedSteps(out);
+      const std::vector<int64_t> steps = StoppedSteps(out, "train_linear");
       ASSERT_EQ(steps.size(), 2u) << out;
       EXPECT_EQ(steps[0], steps[1]) << out;
       if (signal == SIGTERM) {
@@ -509,16 +514,7 @@ TEST(TrainMnistPreemptMpi, CtrlCToMpirunStopsEveryProcessWithItsCheckpoint) {
   EXPECT_LT(exit_s, 10.0) << out;
   EXPECT_NE(status, 0) << out;
   // Both processes stopped at one step, which has its checkpoint.
-  std::vector<int64_t> steps;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (line.rfind("train_mnist: stopped by SIGTERM", 0) != 0) continue;
-    const size_t at = line.find(" at step ");
-    absl::string_view rest = line.substr(at + 9);
-    int64_t step = 0;
-    if (at != absl::string_view::npos && absl::SimpleAtoi(rest.substr(0, rest.find(':')), &step)) {
-      steps.push_back(step);
-    }
-  }
+  const std::vector<int64_t> steps = StoppedSteps(out, "train_mnist");
   ASSERT_EQ(steps.size(), 2u) << out;
   EXPECT_EQ(steps[0], steps[1]) << out;
   EXPECT_FALSE(TrainedState(absl::StrCat(dir, "/step-", steps[0], ".ckpt")).empty());
