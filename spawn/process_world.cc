@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -10,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spawn/internal/hierarchical_communicator.h"
@@ -268,12 +271,16 @@ void ProcessWorld::RankExited(int local_rank) {
   if (exchange_) exchange_->RankExited(local_rank);
 }
 
-void ProcessWorld::Serve(std::stop_token stop, StepAgreement* agreement,
-                         std::function<void(absl::Status)> fail) {
-  if (agreement != nullptr) {
+void ProcessWorld::Serve(std::stop_token stop, ServeHooks hooks) {
+  if (hooks.agreement != nullptr) {
     control_ = std::make_unique<ControlPlane>(
-        transport_.get(), agreement,
-        [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); }, std::move(fail));
+        transport_.get(), std::move(hooks),
+        [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); },
+        [this](const std::vector<int64_t>& entered) {
+          std::lock_guard<std::mutex> lock(progress_mutex_);
+          progress_.at = std::chrono::steady_clock::now();
+          progress_.entered = entered;
+        });
   }
   if (exchange_) {
     exchange_->Serve(std::move(stop), control_.get());
@@ -295,19 +302,99 @@ void ProcessWorld::Serve(std::stop_token stop, StepAgreement* agreement,
   }
 }
 
+namespace {
+
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T' stopped, ...), or 0 when
+// there is no such process (or no /proc).
+char ProcessState(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // the command name may hold spaces
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
+}
+
+}  // namespace
+
+std::string ProcessWorld::DescribeProgress(uint64_t waiting_for) const {
+  ProcessProgress progress;
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    progress = progress_;
+  }
+  const auto name = [&](size_t p, int first) {
+    const int count = static_cast<int>(processes_[p].devices.size());
+    return absl::StrCat("process ", p, " (host ", processes_[p].host, ", pid ", processes_[p].pid,
+                        ", rank", count > 1 ? absl::StrCat("s ", first, "..", first + count - 1)
+                                            : absl::StrCat(" ", first),
+                        ")");
+  };
+  std::string text;
+  const bool rounds = progress.entered.size() == processes_.size();
+  const double age_s =
+      rounds ? std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.at).count()
+             : 0;
+  if (!rounds) {
+    text = " no exchange between the processes (step-agreement round) has completed yet";
+  } else {
+    text = absl::StrFormat(" the processes' last exchange (a step-agreement round) completed "
+                           "%.2f s ago", age_s);
+  }
+  if (!rounds || age_s > 1.0) {
+    // Rounds stalled: a process does not take part. Processes of this host can
+    // be looked at directly.
+    absl::StrAppend(&text, ": a process stopped responding");
+    int first = 0;
+    for (size_t p = 0; p < processes_.size(); ++p) {
+      if (static_cast<int>(p) != process_index_ && processes_[p].host == host()) {
+        const char state = ProcessState(processes_[p].pid);
+        if (state == 'T' || state == 't') {
+          absl::StrAppend(&text, "; ", name(p, first), " is stopped (SIGSTOP or a debugger)");
+        } else if (state == 0 || state == 'Z' || state == 'X') {
+          absl::StrAppend(&text, "; ", name(p, first), " has exited");
+        } else if (state == 'D') {
+          absl::StrAppend(&text, "; ", name(p, first), " waits in the kernel (I/O)");
+        }
+      }
+      first += static_cast<int>(processes_[p].devices.size());
+    }
+  }
+  if (!rounds) return text;
+  // Who had not entered the collective at the last round (when that says anything).
+  std::string late;
+  bool all_same = true;
+  int first = 0;
+  for (size_t p = 0; p < processes_.size(); ++p) {
+    all_same = all_same && progress.entered[p] == progress.entered[0];
+    if (progress.entered[p] < static_cast<int64_t>(waiting_for)) {
+      absl::StrAppend(&late, late.empty() ? "" : ", ", name(p, first), " at #",
+                      progress.entered[p]);
+    }
+    first += static_cast<int>(processes_[p].devices.size());
+  }
+  if (!late.empty() && !all_same) {
+    absl::StrAppend(&text, "; at that exchange not yet at #", waiting_for, ": ", late);
+  }
+  return text;
+}
+
 // --- ControlPlane -----------------------------------------------------------------------
 
-ControlPlane::ControlPlane(ProcessTransport* transport, StepAgreement* agreement,
-                           std::function<int()> running, std::function<void(absl::Status)> fail)
+ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
+                           std::function<int()> running,
+                           std::function<void(const std::vector<int64_t>&)> progress)
     : transport_(transport),
-      agreement_(agreement),
+      hooks_(std::move(hooks)),
       running_(std::move(running)),
-      fail_(std::move(fail)) {}
+      progress_(std::move(progress)),
+      buffer_(kFixed + transport->process_count(), 0) {}
 
 ControlPlane::~ControlPlane() {
   // Freeing an active non-blocking collective's request is erroneous MPI; the
-  // job is being aborted, so the request (and this object's buffer) is left.
-  if (op_ != nullptr) (void)op_.release();
+  // job is being aborted, so the request (and its buffer) is left.
+  if (op_ != nullptr) {
+    (void)op_.release();
+    new std::vector<int64_t>(std::move(buffer_));  // leaked on purpose: MPI may still write
+  }
 }
 
 bool ControlPlane::Tick(const std::stop_token& stop) {
@@ -316,9 +403,12 @@ bool ControlPlane::Tick(const std::stop_token& stop) {
     return TickOrThrow(stop);
   } catch (const std::exception& e) {
     finished_ = true;
-    (void)op_.release();  // in an unknown state: left to MPI (the job aborts)
-    fail_(absl::InternalError(absl::StrCat("spawn: the step agreement's round between processes "
-                                           "failed: ", e.what())));
+    if (op_ != nullptr) {  // in an unknown state: left to MPI (the job aborts)
+      (void)op_.release();
+      new std::vector<int64_t>(std::move(buffer_));
+    }
+    hooks_.fail(absl::InternalError(absl::StrCat(
+        "spawn: the step agreement's round between processes failed: ", e.what())));
     return false;
   }
 }
@@ -328,8 +418,9 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   if (op_ != nullptr) {
     if (!op_->Test()) return true;
     op_.reset();
-    agreement_->ApplyRound({.stop_code = buffer_[0], .save_wanted = buffer_[1],
-                            .arrived = buffer_[2]});
+    hooks_.agreement->ApplyRound({.stop_code = buffer_[0], .save_wanted = buffer_[1],
+                                  .arrived = buffer_[2]});
+    progress_(std::vector<int64_t>(buffer_.begin() + kFixed, buffer_.end()));
     if (buffer_[3] == 0) {  // no process has a running rank: this was the last round
       finished_ = true;
       return false;
@@ -343,10 +434,16 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   if (stop.stop_requested()) return true;
   // Processes whose ranks all exited keep the cadence: the last process to
   // finish starts the final round at once, and the others join it within a period.
-  urgent_ = agreement_->Urgent();
+  urgent_ = hooks_.agreement->Urgent();
   if (!urgent_ && now < next_round_) return true;
-  const StepAgreement::Round mine = agreement_->LocalRound();
-  buffer_ = {mine.stop_code, mine.save_wanted, mine.arrived, running ? 1 : 0};
+  const StepAgreement::Round mine = hooks_.agreement->LocalRound();
+  std::fill(buffer_.begin(), buffer_.end(), INT64_MIN);
+  buffer_[0] = mine.stop_code;
+  buffer_[1] = mine.save_wanted;
+  buffer_[2] = mine.arrived;
+  buffer_[3] = running ? 1 : 0;
+  buffer_[kFixed + transport_->process_index()] =
+      hooks_.collectives_entered ? static_cast<int64_t>(hooks_.collectives_entered()) : 0;
   op_ = transport_->ControlAllReduceMax(buffer_.data(), static_cast<int>(buffer_.size()));
   return true;
 }

@@ -107,6 +107,19 @@ class Run {
   std::stop_token stop_token() const { return stop_.get_token(); }
   bool stop_requested() const { return stop_.stop_requested(); }
   CollectiveTrace* trace(int rank) { return &traces_[rank]; }
+  // The fewest collectives one of this process's ranks has entered (any thread).
+  uint64_t FewestCollectivesEntered() const {
+    uint64_t fewest = UINT64_MAX;
+    for (const CollectiveTrace& t : traces_) {
+      fewest = std::min(fewest, t.entered.load(std::memory_order_acquire));
+    }
+    return fewest == UINT64_MAX ? 0 : fewest;
+  }
+  // Several processes: the watchdog's timeout message ends with what this says
+  // about the other processes (ProcessWorld::DescribeProgress). Set before Watch.
+  void set_describe_remote(std::function<std::string(uint64_t)> describe) {
+    describe_remote_ = std::move(describe);
+  }
   int world_size() const { return static_cast<int>(devices_.size()); }
 
   std::string RankName(int rank) const {
@@ -288,6 +301,17 @@ class Run {
                                                            : " (running)",
                       r + 1 < world_size() ? ";" : "");
     }
+    if (describe_remote_) {
+      // The collective the stuck ranks wait in: which processes had not entered it.
+      uint64_t waiting_for = 0;
+      for (const CollectiveTrace& t : traces_) {
+        const uint64_t entered = t.entered.load(std::memory_order_acquire);
+        if (entered > t.completed.load(std::memory_order_acquire)) {
+          waiting_for = std::max(waiting_for, entered);
+        }
+      }
+      absl::StrAppend(&text, ";", describe_remote_(waiting_for));
+    }
     Fail(-1, absl::DeadlineExceededError(text), false);
   }
 
@@ -310,6 +334,7 @@ class Run {
   // Watchdog thread only.
   int64_t stopped_ns_ = 0;
   bool straggler_reported_ = false;
+  std::function<std::string(uint64_t)> describe_remote_;
 };
 
 std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
@@ -515,11 +540,17 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
       break;
     }
   }
+  if (procs) {
+    run.set_describe_remote(
+        [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
+  }
   std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
   // Several processes: this thread is the process's MPI thread until every rank exited.
   if (procs) {
-    procs->Serve(run.stop_token(), &agreement,
-                 [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); });
+    procs->Serve(run.stop_token(),
+                 {.agreement = &agreement,
+                  .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
+                  .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
   }
   for (std::thread& t : threads) t.join();
   watchdog.join();

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <string>
 #include <utility>
@@ -103,17 +104,31 @@ class ProcessTransport {
 
 class StepAgreement;
 
+// What the communication thread's loop needs from spawn.
+struct ServeHooks {
+  StepAgreement* agreement = nullptr;            // null: no rounds
+  std::function<void(absl::Status)> fail;        // ends the run (a round's transport error)
+  std::function<uint64_t()> collectives_entered;  // fewest collectives a local rank entered
+};
+
+// Every process's progress as of the last completed round (for the watchdog).
+struct ProcessProgress {
+  std::chrono::steady_clock::time_point at{};  // when that round completed; {} before the first
+  std::vector<int64_t> entered;               // per process: fewest collectives a rank entered
+};
+
 // The communication thread's share of the step agreement across processes
 // (spawn/signals.h): rounds of ControlAllReduceMax over (stop signal, save
-// wanted, largest arrived step, ranks running), one at a time, every
+// wanted, largest arrived step, ranks running, then one slot per process: the
+// fewest collectives one of its ranks entered), one at a time, every
 // kRoundPeriod or at once when the agreement is Urgent().
 class ControlPlane {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
-  // running(): this process's rank threads that have not exited. fail(): ends
-  // the run with a transport error of a round (called at most once).
-  ControlPlane(ProcessTransport* transport, StepAgreement* agreement, std::function<int()> running,
-               std::function<void(absl::Status)> fail);
+  // running(): this process's rank threads that have not exited. progress(): told
+  // every completed round's per-process slots.
+  ControlPlane(ProcessTransport* transport, ServeHooks hooks, std::function<int()> running,
+               std::function<void(const std::vector<int64_t>&)> progress);
   // A round still in flight (only on the way to Abort) is left to MPI, not freed.
   ~ControlPlane();
   // Advances the round in flight, applies a finished one, starts the next one
@@ -126,13 +141,14 @@ class ControlPlane {
                                                               : std::chrono::microseconds(2000); }
 
  private:
+  static constexpr int kFixed = 4;  // slots before the per-process ones
   bool TickOrThrow(const std::stop_token& stop);
 
   ProcessTransport* transport_;
-  StepAgreement* agreement_;
+  ServeHooks hooks_;
   std::function<int()> running_;
-  std::function<void(absl::Status)> fail_;
-  std::array<int64_t, 4> buffer_{};
+  std::function<void(const std::vector<int64_t>&)> progress_;
+  std::vector<int64_t> buffer_;
   std::unique_ptr<PendingOp> op_;
   std::chrono::steady_clock::time_point next_round_{};
   bool urgent_ = false;
@@ -181,9 +197,13 @@ class ProcessWorld {
   // cancelled (their ranks throw CancelledError), the loop ends once the local
   // ranks exited, and the transport is left unusable: the run then must end
   // with Abort().
-  // A round's transport error is reported through `fail` (which must stop the run).
-  void Serve(std::stop_token stop, StepAgreement* agreement,
-             std::function<void(absl::Status)> fail);
+  // A round's transport error is reported through hooks.fail (which must stop the run).
+  void Serve(std::stop_token stop, ServeHooks hooks);
+
+  // For the watchdog (any thread), when this process's ranks have waited in
+  // collective #`waiting_for` too long: which processes had not entered it at
+  // the last round, and how long ago rounds last completed ("" without rounds).
+  std::string DescribeProgress(uint64_t waiting_for) const;
 
   // Ends every process of the job after a failure: the caller has logged the
   // error line; this flushes and makes the launcher stop the other processes
@@ -207,6 +227,8 @@ class ProcessWorld {
   // Outlives Serve: on the way to Abort a round may still be in flight, its
   // buffer in use by MPI.
   std::unique_ptr<ControlPlane> control_;
+  mutable std::mutex progress_mutex_;
+  ProcessProgress progress_;  // guarded by progress_mutex_
 };
 
 // Returns nullptr for a single-process run, or the joined world. Errors: started
