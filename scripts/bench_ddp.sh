@@ -61,4 +61,17 @@ for (model, batch), sides in sorted(runs.items(), key=lambda kv: (kv[0][0] != "m
     g = statistics.median(us for us, _ in sides["torch_ddp"]) / 1e3
     diff = max(abs(a - b) for a, b in zip(sides["tandem"][0][1], sides["torch_ddp"][0][1]))
     print(f"| {model} | {batch} | {t:.2f} | {g:.2f} | {g / t:.2f}x | {diff:.1e} |")
+overlap = {}
+for line in open(sys.argv[1]):
+    f = line.strip().split(",")
+    if f[0] == "tandem_overlap":
+        overlap.setdefault((f[1], int(f[2])), []).append([float(v) for v in f[4:8]])
+if overlap:
+    print()
+    print("tandem: bucket all-reduces overlapped with backward vs reduced after it (same buckets)")
+    print("| model | global batch | overlapped (ms) | after backward (ms) | no reduction (ms) | reduction hidden |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (model, batch), rows in sorted(overlap.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0])):
+        o, s, c, h = (statistics.median(r[i] for r in rows) for i in range(4))
+        print(f"| {model} | {batch} | {o / 1e3:.2f} | {s / 1e3:.2f} | {c / 1e3:.2f} | {h:.0%} |")
 PY

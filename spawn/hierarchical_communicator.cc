@@ -43,6 +43,24 @@ void Fold(const std::vector<const void*>& in, void* out, int64_t n, nn::DType dt
 // host, scripts/bench_mpi.sh).
 constexpr int64_t kMpiAllReduceMaxBytes = 32 << 20;
 
+// x[i] = x[i] / divisor: Fold's kAvg division on its own, in a loop the compiler
+// vectorises (the same IEEE division per element, so the same bits).
+template <typename T>
+void DivideTyped(T* __restrict x, int64_t n, T divisor) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(x[i] / divisor);
+}
+
+void DivideInPlace(void* x, int64_t n, nn::DType dtype, int divisor) {
+  switch (dtype) {
+    case nn::DType::kFloat32: return DivideTyped(static_cast<float*>(x), n, static_cast<float>(divisor));
+    case nn::DType::kFloat64: return DivideTyped(static_cast<double*>(x), n, static_cast<double>(divisor));
+    case nn::DType::kInt64: return DivideTyped(static_cast<int64_t*>(x), n, static_cast<int64_t>(divisor));
+    default:
+      Fail("cross-process reduction: dtype ", nn::DTypeName(dtype),
+           " is not supported (float32, float64, int64)");
+  }
+}
+
 // Element range [begin, end) of n owned by process q of P.
 std::pair<int64_t, int64_t> Slice(int64_t n, int q, int processes) {
   return {n * q / processes, n * (q + 1) / processes};
@@ -88,7 +106,11 @@ std::shared_ptr<HierarchicalExchange::Request> HierarchicalExchange::Post(int lo
 
 void HierarchicalExchange::Wait(const Request& request) {
   std::unique_lock<std::mutex> lock(mutex_);
-  rank_cv_.wait(lock, [&] { return request.done; });
+  if (!request.done) {
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    rank_cv_.wait(lock, [&] { return request.done; });
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
   if (request.cancelled) {
     throw CancelledError(absl::StrCat(request.op, " #", request.sequence,
                                       " across processes cancelled: ", request.error));
@@ -179,11 +201,14 @@ void HierarchicalExchange::Serve(std::stop_token stop, ControlPlane* control) {
 
 bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
   // MPI progresses inside MPI_Test only (a non-blocking collective's fragments
-  // move when it is tested): poll hot, yielding the core to threads that compute
-  // (DataParallel's backward) but never sleeping while the collective moves;
-  // sleeping between tests halved the bandwidth of 16-64 MB messages. A peer
-  // that has not come for 100 ms is late, not slow: then sleep 50 us between
-  // tests, so that a stuck job does not burn a core until the watchdog fires.
+  // move when it is tested). While every local rank waits for a collective
+  // (nothing else to run), poll hot with a yield: sleeping between tests halved
+  // the bandwidth of 16-64 MB messages. While a rank computes (DataParallel's
+  // backward, the bucket's all-reduce overlapping it), test every 50 us and
+  // sleep in between: spinning took the core from the backward it should hide
+  // under (measured: overlapped steps slower than reducing after backward). A
+  // peer that has not come for 100 ms is late, not slow: then sleep 50 us as
+  // well, so that a stuck job does not burn a core until the watchdog fires.
   // The agreement's rounds go on meanwhile: a peer process may hold its ranks
   // (and so this collective) until a round completes.
   using Clock = std::chrono::steady_clock;
@@ -194,7 +219,7 @@ bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
     if (control_ != nullptr && spins % 64 == 0) control_->Tick(stop);
     if (spins < 1000) continue;
     if (!late && spins % 1024 == 0) late = Clock::now() - start > std::chrono::milliseconds(100);
-    if (late) {
+    if (late || waiting_.load(std::memory_order_relaxed) < local_size()) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     } else {
       std::this_thread::yield();
@@ -224,10 +249,7 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
               stop)) {
       return false;
     }
-    if (op == ReduceOp::kAvg) {
-      const std::vector<const void*> one = {result};
-      Fold(one, result, n, dtype, op, world_size_);  // the tree's final division, in place
-    }
+    if (op == ReduceOp::kAvg) DivideInPlace(result, n, dtype, world_size_);  // the tree's last step
     return true;
   }
   const auto [begin, end] = Slice(n, process_index_, processes);

@@ -24,6 +24,11 @@
 //     all-reduce already makes every step wait for the slowest rank).
 // Global rank 0 prints one CSV line per cell on stdout:
 //   impl,model,global_batch,world,median_us,min_us,max_us,loss_1,...,loss_10
+// and with --overlap (default) a second one, timed the same way:
+//   tandem_overlap,model,global_batch,world,overlapped_us,sync_us,compute_us,hidden
+// sync: the same buckets all-reduced after backward; compute: no reduction;
+// hidden = (sync - overlapped) / (sync - compute), the fraction of the
+// reduction's time that overlapping with backward took off the step.
 //
 // Exit statuses: 0 ok, 1 a failure, 2 a bad flag value (one line naming it).
 #include <algorithm>
@@ -59,6 +64,10 @@ ABSL_FLAG(int, steps, 20, "Timed steps per repetition (>= 1).");
 ABSL_FLAG(int, repetitions, 5, "Repetitions per cell (>= 1); the median is reported.");
 ABSL_FLAG(int, threads, 1, "OpenBLAS/oneDNN threads of this process (>= 1).");
 ABSL_FLAG(int, nprocs, 1, "CPU ranks in this process.");
+ABSL_FLAG(bool, overlap, true,
+          "Also time each cell with the gradients reduced after backward (synchronously, "
+          "the same buckets) and without any reduction, and print the fraction of the "
+          "reduction hidden under backward.");
 
 namespace tandem::apps {
 namespace {
@@ -97,8 +106,13 @@ struct Cell {
   std::vector<double> losses;
 };
 
-Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch,
-             const std::string& dir) {
+// kOverlap: DataParallel as users run it (bucket all-reduces during backward).
+// kSync: the same buckets reduced after backward (apply_collective_grads).
+// kCompute: no reduction at all (the ranks' models drift apart: timing only).
+enum class Mode { kOverlap, kSync, kCompute };
+
+Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch, const std::string& dir,
+             Mode mode) {
   const int world = ctx.world_size(), rank = ctx.rank();
   const int64_t local = global_batch / world;
   std::shared_ptr<nn::Module> model = spec.make();
@@ -127,24 +141,31 @@ Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch,
     xs.push_back(images->slice(begin, begin + local).clone());
     ys.push_back(labels->slice(begin, begin + local).clone());
   }
-  dist::DataParallel dp(*model, ctx);
+  dist::DataParallel dp(*model, ctx, {.reduce_in_backward = mode == Mode::kOverlap});
   optim::SGD sgd(dp.parameters(), optim::SGDOptions{.lr = kSgdLr});
   int64_t step = 0;
   auto train = [&] {
     sgd.zero_grad();
     nn::Tensor loss = nn::cross_entropy(dp(xs[step % kDataBatches]), ys[step % kDataBatches]);
-    loss.backward();
+    if (mode == Mode::kSync) {
+      dp.scale_loss(loss).backward();
+      dp.apply_collective_grads();
+    } else {
+      loss.backward();
+    }
     sgd.step();
     ++step;
     return loss;
   };
   Cell cell;
   cell.world = world;
-  std::vector<double> local_losses;
-  for (int64_t i = 0; i < kLossSteps; ++i) local_losses.push_back(train().item());
-  nn::Tensor mean = nn::from_vector<double>(local_losses, {kLossSteps}, {.dtype = nn::kFloat64});
-  ctx.communicator().all_reduce(mean, dist::ReduceOp::kAvg);
-  cell.losses = mean.to_vector<double>();
+  if (mode == Mode::kOverlap) {
+    std::vector<double> local_losses;
+    for (int64_t i = 0; i < kLossSteps; ++i) local_losses.push_back(train().item());
+    nn::Tensor mean = nn::from_vector<double>(local_losses, {kLossSteps}, {.dtype = nn::kFloat64});
+    ctx.communicator().all_reduce(mean, dist::ReduceOp::kAvg);
+    cell.losses = mean.to_vector<double>();
+  }
   std::vector<double> times;
   const int steps = absl::GetFlag(FLAGS_steps);
   for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
@@ -199,24 +220,44 @@ int Main(int argc, char** argv) {
     options.timeout_s = 600;
     for (const Model& model : models) {
       for (int64_t batch : batches) {
-        auto cells = dist::spawn(
-            [&](dist::Context& ctx) {
-              TANDEM_CHECK(batch % ctx.world_size() == 0, "--batch_sizes: ", batch,
-                           " is not a multiple of the world size ", ctx.world_size());
-              return RunCell(ctx, model, batch, dir);
-            },
-            absl::GetFlag(FLAGS_nprocs), "cpu", options);
-        if (!cells.ok()) {
-          std::cerr << "tandem_ddp_bench: " << model.name << " batch " << batch << ": "
-                    << cells.status() << "\n";
-          return 1;
+        auto run = [&](Mode mode) -> std::optional<Cell> {
+          auto cells = dist::spawn(
+              [&](dist::Context& ctx) {
+                TANDEM_CHECK(batch % ctx.world_size() == 0, "--batch_sizes: ", batch,
+                             " is not a multiple of the world size ", ctx.world_size());
+                return RunCell(ctx, model, batch, dir, mode);
+              },
+              absl::GetFlag(FLAGS_nprocs), "cpu", options);
+          if (!cells.ok()) {
+            std::cerr << "tandem_ddp_bench: " << model.name << " batch " << batch << ": "
+                      << cells.status() << "\n";
+            return std::nullopt;
+          }
+          return (*cells)[0];
+        };
+        const std::optional<Cell> c = run(Mode::kOverlap);
+        if (!c) return 1;
+        const bool report = dist::DetectLaunch().index == 0;  // global rank 0 reports
+        if (report) {
+          std::string line = absl::StrFormat("tandem,%s,%d,%d,%.1f,%.1f,%.1f", model.name, batch,
+                                             c->world, c->median_us, c->min_us, c->max_us);
+          for (double l : c->losses) absl::StrAppendFormat(&line, ",%.7g", l);
+          std::cout << line << std::endl;
         }
-        if (dist::DetectLaunch().index != 0) continue;  // global rank 0 reports
-        const Cell& c = (*cells)[0];
-        std::string line = absl::StrFormat("tandem,%s,%d,%d,%.1f,%.1f,%.1f", model.name, batch,
-                                           c.world, c.median_us, c.min_us, c.max_us);
-        for (double l : c.losses) absl::StrAppendFormat(&line, ",%.7g", l);
-        std::cout << line << std::endl;
+        if (!absl::GetFlag(FLAGS_overlap)) continue;
+        const std::optional<Cell> sync = run(Mode::kSync);
+        const std::optional<Cell> compute = run(Mode::kCompute);
+        if (!sync || !compute) return 1;
+        // The reduction's cost is sync - compute; what overlapping saved of it is
+        // sync - overlapped.
+        const double comm_us = sync->median_us - compute->median_us;
+        const double hidden = comm_us > 0 ? (sync->median_us - c->median_us) / comm_us : 0;
+        if (report) {
+          std::cout << absl::StrFormat("tandem_overlap,%s,%d,%d,%.1f,%.1f,%.1f,%.3f", model.name,
+                                       batch, c->world, c->median_us, sync->median_us,
+                                       compute->median_us, hidden)
+                    << std::endl;
+        }
       }
     }
     return 0;

@@ -98,6 +98,7 @@ class HierarchicalExchange {
   int world_size_ = 0;
   ProcessTransport* transport_;
   ControlPlane* control_ = nullptr;  // during Serve, communication thread only
+  std::atomic<int> waiting_{0};      // local ranks blocked in Wait
 
   std::mutex mutex_;
   std::condition_variable rank_cv_;
