@@ -41,14 +41,15 @@ for path in sys.argv[1:3]:
         for r in csv.DictReader(line for line in f if "," in line):
             rows.setdefault(int(r["bytes"]), {})[r["impl"]] = (float(r["us_per_call"]), float(r["algbw_GBps"]))
 print(f"all_reduce float32 sum, {sys.argv[3]} processes x 1 CPU rank, median us per call (GB/s)")
-print("| bytes | MPI_Allreduce | tandem | torch gloo | tandem / MPI (bandwidth) |")
-print("|---:|---:|---:|---:|---:|")
+print("| bytes | MPI_Allreduce | MPI_Iallreduce + MPI_Test | tandem | torch gloo | tandem / MPI_Allreduce | tandem / MPI_Iallreduce |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
 def cell(v):
     return f"{v[0]:.1f} ({v[1]:.2f})" if v else "-"
 for b in sorted(rows):
     r = rows[b]
-    m, t, g = r.get("mpi"), r.get("tandem"), r.get("torch_gloo")
+    m, nb, t, g = r.get("mpi"), r.get("mpi_nonblocking"), r.get("tandem"), r.get("torch_gloo")
     ratio = f"{m[0] / t[0]:.2f}x" if m and t else "-"
+    nb_ratio = f"{nb[0] / t[0]:.2f}x" if nb and t else "-"
     size = f"{b // 1024} KB" if b < 1 << 20 else f"{b >> 20} MB"
-    print(f"| {size} | {cell(m)} | {cell(t)} | {cell(g)} | {ratio} |")
+    print(f"| {size} | {cell(m)} | {cell(nb)} | {cell(t)} | {cell(g)} | {ratio} | {nb_ratio} |")
 PY
