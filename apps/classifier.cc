@@ -297,6 +297,10 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   MetricsWriter metrics(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
   Progress progress(ctx, flags);
   const int64_t redraw_every = progress.tty() ? 5 : flags.log_every;
+  // --tensorboard_dir: rank 0 writes; every rank takes part in the step-time
+  // gather every log_every steps (the flag is the same on every rank).
+  std::unique_ptr<dist::SummaryWriter> tensorboard = OpenTensorBoard(ctx, flags);
+  const bool tb_on = !flags.tensorboard_dir.empty();
 
   TrainResult result;
   result.best_accuracy = at.best_accuracy;
@@ -319,6 +323,9 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       resume_mid_epoch = false;
     }
     const int64_t first_k = k;
+    nn::Tensor tb_sum = nn::zeros({1}, {.device = ctx.device()});
+    int64_t tb_window = 0;
+    Clock::time_point tb_window_start = Clock::now();
     for (; k < steps_per_epoch; ++k) {
       ctx.check_stop();
       std::optional<data::Batch> batch = loader.next();
@@ -343,6 +350,34 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
         loss_sum.add_(value);
         window_sum.add_(value);
         ++window;
+        if (tb_on) {
+          tb_sum.add_(value);
+          ++tb_window;
+        }
+      }
+      if (tb_on && ((k + 1) % flags.log_every == 0 || k + 1 == steps_per_epoch)) {
+        // Every rank: its mean loss and step time over the window, gathered.
+        const double step_ms = SecondsSince(tb_window_start) * 1e3 / static_cast<double>(tb_window);
+        nn::Tensor mine = nn::from_vector<double>(
+            {static_cast<double>(tb_sum.item()) / static_cast<double>(tb_window), step_ms}, {2},
+            {.dtype = nn::kFloat64, .device = ctx.device()});
+        const std::vector<double> all = ctx.communicator().all_gather(mine).to_vector<double>();
+        if (tensorboard) {
+          double loss_mean = 0;
+          for (int r = 0; r < ctx.world_size(); ++r) loss_mean += all[2 * r] / ctx.world_size();
+          tensorboard->AddScalar("train/loss", loss_mean, at.step);
+          tensorboard->AddScalar("train/learning_rate", optimizer->lr(), at.step);
+          tensorboard->AddScalar(
+              "train/samples_per_s",
+              static_cast<double>(tb_window * global_batch) / std::max(SecondsSince(tb_window_start), 1e-9),
+              at.step);
+          for (int r = 0; r < ctx.world_size(); ++r) {
+            tensorboard->AddScalar(absl::StrCat("step_time_ms/rank_", r), all[2 * r + 1], at.step);
+          }
+        }
+        tb_sum.zero_();
+        tb_window = 0;
+        tb_window_start = Clock::now();
       }
       if (ctx.rank() == 0 && ((k + 1) % redraw_every == 0 || k + 1 == steps_per_epoch)) {
         const double elapsed = SecondsSince(epoch_start);
@@ -398,6 +433,12 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                      FormatDuration(wall_s));
     }
     metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s);
+    if (tensorboard) {
+      tensorboard->AddScalar("epoch/train_loss", epoch_loss, at.step);
+      tensorboard->AddScalar("epoch/test_accuracy", accuracy, at.step);
+      tensorboard->AddScalar("epoch/samples_per_s", rate, at.step);
+      dist::ThrowIfError(tensorboard->Flush(), "--tensorboard_dir: ");
+    }
     result.final_accuracy = accuracy;
     result.final_loss = epoch_loss;
     if (checkpoints) {

@@ -82,6 +82,11 @@ ABSL_FLAG(std::string, metrics, "",
           "Metrics file, one row per epoch (dataset, epoch, step, loss, accuracy, samples/s, "
           "wall time): CSV when it ends in .csv, JSON lines when it ends in .jsonl. Appended "
           "to with --resume, replaced otherwise.");
+ABSL_FLAG(std::string, tensorboard_dir, "",
+          "Write TensorBoard scalars here (global rank 0: an events.out.tfevents.* file, "
+          "open with `tensorboard --logdir DIR`): training loss, learning rate, samples/s and "
+          "each rank's step time every --log_every steps; loss, test accuracy and samples/s "
+          "per epoch. Empty: off (nothing is recorded).");
 ABSL_FLAG(bool, deterministic, true,
           "Keep float32 matmuls/convolutions exact (TF32 off). --nodeterministic lets CUDA "
           "use TF32 tensor cores. CPU runs with the same flags are reproducible either way.");
@@ -165,6 +170,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   flags.resume = absl::GetFlag(FLAGS_resume);
   flags.metrics = absl::GetFlag(FLAGS_metrics);
+  flags.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
   flags.deterministic = absl::GetFlag(FLAGS_deterministic);
   flags.bf16 = absl::GetFlag(FLAGS_bf16);
   flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
@@ -445,6 +451,15 @@ dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags) {
     options.write_delay_s = std::atof(delay) / 1000;
   }
   return options;
+}
+
+std::unique_ptr<dist::SummaryWriter> OpenTensorBoard(const dist::Context& ctx,
+                                                     const RunFlags& flags) {
+  if (flags.tensorboard_dir.empty() || ctx.rank() != 0) return nullptr;
+  absl::StatusOr<std::unique_ptr<dist::SummaryWriter>> writer =
+      dist::SummaryWriter::Open(flags.tensorboard_dir);
+  TANDEM_CHECK(writer.ok(), "--tensorboard_dir: ", writer.status().message());
+  return *std::move(writer);
 }
 
 int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {

@@ -39,6 +39,7 @@
 #include "optim/optimizer.h"
 #include "spawn/checkpoint_manager.h"
 #include "spawn/spawn.h"
+#include "spawn/summary_writer.h"
 
 namespace tandem::apps {
 
@@ -66,6 +67,7 @@ struct RunFlags {
   std::string checkpoint_dir;
   bool resume = false;
   std::string metrics;
+  std::string tensorboard_dir;  // "" : no TensorBoard event file
   bool deterministic = true;
   bool bf16 = false;  // forward + loss under nn::AutocastGuard(kBFloat16)
   int cpu_threads = 0;  // OpenBLAS / oneDNN threads on CPU ranks; 0: automatic (ValidateOrExit sets it)
@@ -136,6 +138,12 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags);
 // dist::CheckpointManager options of --checkpoint_dir, --keep_checkpoints,
 // --checkpoint_every_steps, --checkpoint_every_minutes.
 dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags);
+
+// --tensorboard_dir: global rank 0's event-file writer; null on the other ranks
+// and without the flag. Throws tandem::Error naming the directory when it cannot
+// be created (the run then fails on rank 0 with that line).
+std::unique_ptr<dist::SummaryWriter> OpenTensorBoard(const dist::Context& ctx,
+                                                     const RunFlags& flags);
 
 // The distributed-environment table printed at start (several lines, to stderr).
 void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows);

@@ -64,6 +64,7 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     }
     state.extra["program"] = flags.program;
   }
+  std::unique_ptr<dist::SummaryWriter> tensorboard = apps::OpenTensorBoard(ctx, flags);
   while (step < steps) {
     ctx.check_stop();
     nn::Tensor x = nn::randn({flags.batch_size, 10});
@@ -76,7 +77,14 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     optimizer->zero_grad();
     loss.backward();
     optimizer->step();
-    if (ctx.rank() == 0) std::cout << "step:" << step << " loss:" << loss.item() << std::endl;
+    if (ctx.rank() == 0) {
+      const double value = loss.item();
+      std::cout << "step:" << step << " loss:" << value << std::endl;
+      if (tensorboard) {
+        tensorboard->AddScalar("train/loss", value, step + 1);
+        tensorboard->AddScalar("train/learning_rate", optimizer->lr(), step + 1);
+      }
+    }
     ++step;
     if (checkpoints) {
       const absl::Status saved = checkpoints->AtStepBoundary(state);  // may throw StoppedError

@@ -122,6 +122,39 @@ TEST(TrainMnist, SmokeRunWritesMetrics) {
   EXPECT_EQ(lines[2].rfind("Fashion-MNIST,2,10,", 0), 0u) << lines[2];
 }
 
+// --tensorboard_dir on two CPU ranks: one event file (rank 0's), decoded by the
+// independent reader (tests/spawn/read_tfevents.py, python3-protobuf): the
+// training scalars every --log_every steps, each rank's step time, the epoch's.
+TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string python =
+      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  if (std::system((python + " -c 'import google.protobuf' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
+  }
+  const std::string dir = TempDir("tb") + "/tb";
+  RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --nprocs=2 --epochs=1 "
+                                                     "--train_limit=640 "
+                                                     "--test_limit=200 --log_every=3 "
+                                                     "--tensorboard_dir=", dir));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].find("events.out.tfevents."), std::string::npos) << files[0];
+  RunResult decoded = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR,
+                                                      "/tests/spawn/read_tfevents.py ", files[0]));
+  ASSERT_EQ(decoded.status, 0) << decoded.output;
+  for (const std::string& expected :
+       {"scalar 3 train/loss ", "scalar 3 train/learning_rate ", "scalar 3 train/samples_per_s ",
+        "scalar 3 step_time_ms/rank_0 ", "scalar 3 step_time_ms/rank_1 ", "scalar 5 train/loss ",
+        "scalar 5 epoch/train_loss ", "scalar 5 epoch/test_accuracy ",
+        "scalar 5 epoch/samples_per_s "}) {
+    EXPECT_NE(decoded.output.find(expected), std::string::npos) << expected << "\n"
+                                                                << decoded.output;
+  }
+}
+
 // --bf16 trains under autocast on two CPU ranks and still learns: 40 Adam steps of
 // batch 2 x 32 take the LeNet from 10% (chance) to well above half right.
 TEST(TrainMnist, Bf16AutocastLearnsOnTwoCpuRanks) {
