@@ -260,8 +260,10 @@ std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags&
 }  // namespace
 
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
-                            const std::function<std::shared_ptr<nn::Module>()>& make_model) {
+                            const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                            dist::TraceRecorder* trace) {
   const Clock::time_point start = Clock::now();
+  ctx.set_trace(trace);
   std::shared_ptr<nn::Module> model = make_model();
   dist::DataParallel dp(*model, ctx);
   std::unique_ptr<optim::Optimizer> optimizer =
@@ -328,7 +330,12 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     Clock::time_point tb_window_start = Clock::now();
     for (; k < steps_per_epoch; ++k) {
       ctx.check_stop();
-      std::optional<data::Batch> batch = loader.next();
+      if (trace != nullptr) trace->BeginStep(ctx.rank(), at.step);
+      std::optional<data::Batch> batch;
+      {
+        dist::TraceSpan span(ctx, "data");
+        batch = loader.next();
+      }
       if (!batch) break;
       if (cosine) {
         optimizer->set_lr(flags.lr * 0.5 *
@@ -337,12 +344,19 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       }
       nn::Tensor loss;
       {
+        dist::TraceSpan span(ctx, "forward");
         nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
         loss = loss_fn(dp(batch->data), batch->target);
       }
-      optimizer->zero_grad();
-      loss.backward();
-      optimizer->step();
+      {
+        dist::TraceSpan span(ctx, "backward");
+        optimizer->zero_grad();
+        loss.backward();
+      }
+      {
+        dist::TraceSpan span(ctx, "optimizer");
+        optimizer->step();
+      }
       ++at.step;
       {
         nn::NoGradGuard no_grad;
@@ -390,6 +404,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       }
       // Periodic checkpoints and stop signals: every rank, every step.
       if (checkpoints) {
+        dist::TraceSpan span(ctx, "checkpoint");
         const absl::Status saved = checkpoints->AtStepBoundary(state, [&](dist::TrainingState& s) {
           progress.Clear();
           SetExtra(s, flags, data, at, k + 1,
@@ -416,8 +431,11 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
     const double epoch_loss = loss_sum.item();
-    const double accuracy =
-        Evaluate(ctx, *model, *data.test, data.batch_transform.get(), flags.bf16);
+    double accuracy = 0;
+    {
+      dist::TraceSpan span(ctx, "evaluate");
+      accuracy = Evaluate(ctx, *model, *data.test, data.batch_transform.get(), flags.bf16);
+    }
     at.epoch = epoch + 1;
     at.best_accuracy = std::max(at.best_accuracy, accuracy);
     const double rate =
@@ -453,6 +471,10 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   if (checkpoints) {
     const absl::Status written = checkpoints->Finish();
     dist::ThrowIfError(written, "saving the checkpoint: ");
+  }
+  if (trace != nullptr) {
+    dist::ThrowIfError(dist::WriteTrace(ctx, *trace, flags.trace), "");
+    if (ctx.rank() == 0) ctx.log().Info("trace of steps {} written to {}", flags.trace_steps, flags.trace);
   }
   result.best_accuracy = at.best_accuracy;
   result.steps = at.step;
@@ -490,9 +512,18 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                        : std::string())};
   rows.insert(rows.end(), extra_rows.begin(), extra_rows.end());
   PrintEnvironment(flags, rows);
+  // --trace: one recorder for this process's ranks (each its own track).
+  std::optional<dist::TraceRecorder> trace;
+  if (!flags.trace.empty()) {
+    dist::TraceRecorder::Window window;
+    (void)dist::ParseTraceWindow(flags.trace_steps, &window);  // validated with the flags
+    trace.emplace(window);
+  }
   const Clock::time_point start = Clock::now();
   absl::StatusOr<std::vector<TrainResult>> results = dist::spawn(
-      [&](dist::Context& ctx) { return TrainClassifier(ctx, flags, data, make_model); },
+      [&](dist::Context& ctx) {
+        return TrainClassifier(ctx, flags, data, make_model, trace ? &*trace : nullptr);
+      },
       flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
   if (!results.ok()) return ExitStatusOf(flags, results.status());
   const TrainResult& r = results->front();

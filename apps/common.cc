@@ -87,6 +87,15 @@ ABSL_FLAG(std::string, tensorboard_dir, "",
           "open with `tensorboard --logdir DIR`): training loss, learning rate, samples/s and "
           "each rank's step time every --log_every steps; loss, test accuracy and samples/s "
           "per epoch. Empty: off (nothing is recorded).");
+ABSL_FLAG(std::string, trace, "",
+          "Write a Chrome trace-event JSON file here (global rank 0; opens in Perfetto, "
+          "ui.perfetto.dev, and chrome://tracing): one track per rank (grouped by process "
+          "and host under mpirun) with spans for data wait, forward, backward, each bucket's "
+          "all-reduce (bytes), the optimizer step, checkpoints and evaluation, for the steps "
+          "of --trace_steps. Empty: off (nothing is recorded).");
+ABSL_FLAG(std::string, trace_steps, "0:",
+          "The steps --trace records: K:N (N steps from global step K) or K: (from K on). "
+          "Keep N small: every step adds a few hundred bytes per rank.");
 ABSL_FLAG(bool, deterministic, true,
           "Keep float32 matmuls/convolutions exact (TF32 off). --nodeterministic lets CUDA "
           "use TF32 tensor cores. CPU runs with the same flags are reproducible either way.");
@@ -171,6 +180,8 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.resume = absl::GetFlag(FLAGS_resume);
   flags.metrics = absl::GetFlag(FLAGS_metrics);
   flags.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard_dir);
+  flags.trace = absl::GetFlag(FLAGS_trace);
+  flags.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   flags.deterministic = absl::GetFlag(FLAGS_deterministic);
   flags.bf16 = absl::GetFlag(FLAGS_bf16);
   flags.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
@@ -277,6 +288,11 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (!(flags.checkpoint_every_minutes >= 0)) {
     FlagErrorExit(flags, absl::StrCat("--checkpoint_every_minutes ", flags.checkpoint_every_minutes,
                                       ": must be >= 0"));
+  }
+  {
+    dist::TraceRecorder::Window window;
+    const absl::Status parsed = dist::ParseTraceWindow(flags.trace_steps, &window);
+    if (!parsed.ok()) FlagErrorExit(flags, std::string(parsed.message()));
   }
   if (flags.checkpoint_dir.empty()) {
     for (const auto& [name, set] : std::vector<std::pair<const char*, bool>>{

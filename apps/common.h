@@ -40,6 +40,7 @@
 #include "spawn/checkpoint_manager.h"
 #include "spawn/spawn.h"
 #include "spawn/summary_writer.h"
+#include "spawn/trace.h"
 
 namespace tandem::apps {
 
@@ -68,6 +69,8 @@ struct RunFlags {
   bool resume = false;
   std::string metrics;
   std::string tensorboard_dir;  // "" : no TensorBoard event file
+  std::string trace;            // "" : no Chrome trace
+  std::string trace_steps = "0:"; // the --trace window, "K:N" or "K:"
   bool deterministic = true;
   bool bf16 = false;  // forward + loss under nn::AutocastGuard(kBFloat16)
   int cpu_threads = 0;  // OpenBLAS / oneDNN threads on CPU ranks; 0: automatic (ValidateOrExit sets it)
@@ -196,7 +199,8 @@ struct TrainResult {
 // --stop_at_step, dist::StoppedError after a stop signal (every rank at the
 // same step, after the checkpoint is complete).
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
-                            const std::function<std::shared_ptr<nn::Module>()>& make_model);
+                            const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                            dist::TraceRecorder* trace = nullptr);
 
 // Runs TrainClassifier on every rank through dist::spawn, prints the final summary
 // (best test accuracy, time, samples/s) and returns the exit status.

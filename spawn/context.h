@@ -25,6 +25,8 @@
 
 namespace tandem::dist {
 
+class TraceRecorder;
+
 namespace internal {
 class StepAgreement;
 }  // namespace internal
@@ -78,6 +80,11 @@ class Context {
   // never stops or saves. CheckpointManager::AtStepBoundary calls it for you.
   StepDecision AtStepBoundary(int64_t step, bool propose_save = false);
 
+  // The run's trace recorder (spawn/trace.h), or null: spans (TraceSpan,
+  // DataParallel's buckets) go to it. Not owned; set by the training function.
+  TraceRecorder* trace() const { return trace_; }
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+
  private:
   int rank_;
   int world_size_;
@@ -87,6 +94,7 @@ class Context {
   std::stop_token stop_;
   Placement placement_;
   internal::StepAgreement* agreement_;
+  TraceRecorder* trace_ = nullptr;
 };
 
 // The Context of the calling rank thread. Throws tandem::Error when called from a

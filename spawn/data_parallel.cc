@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "nn/autograd.h"
 #include "nn/ops/elementwise.h"
+#include "spawn/trace.h"
 
 namespace tandem::dist {
 namespace {
@@ -202,6 +203,7 @@ void DataParallel::LaunchReadyBuckets() {
     if (options_.on_bucket_launch) {
       options_.on_bucket_launch(next_bucket_, static_cast<int>(b.params.size()));
     }
+    if (ctx_.trace() != nullptr) b.launched = std::chrono::steady_clock::now();
     b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
     ++next_bucket_;
   }
@@ -226,8 +228,17 @@ void DataParallel::FinishBackward() {
                "' got no gradient in this backward pass; use them in the loss or set "
                "DataParallelOptions::find_unused_parameters");
   LaunchReadyBuckets();
-  for (Bucket& b : buckets_) {
+  TraceRecorder* trace = ctx_.trace();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     if (b.work) b.work->wait();
+    if (b.work && trace != nullptr) {
+      // From the launch in backward to the end of this wait: the part before
+      // backward's end overlapped it.
+      trace->Span(ctx_.rank(), "all_reduce bucket", b.launched, std::chrono::steady_clock::now(),
+                  absl::StrCat("\"bucket\": ", i, ", \"bytes\": ", b.buffer.nbytes(),
+                               ", \"params\": ", b.params.size()));
+    }
     b.work.reset();
   }
 }

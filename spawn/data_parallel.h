@@ -42,6 +42,7 @@
 #ifndef TANDEM_SPAWN_DATA_PARALLEL_H_
 #define TANDEM_SPAWN_DATA_PARALLEL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -115,6 +116,7 @@ class DataParallel {
     nn::Tensor buffer;                 // flat, all of the bucket's gradients
     std::vector<int> params;           // indices into params_
     int pending = 0;                   // gradients not yet final in this pass
+    std::chrono::steady_clock::time_point launched;  // for the trace (spawn/trace.h)
     // The bucket's all-reduce in flight. Declared last: destroyed first, so the
     // buffer outlives it (see Work's contract on unwaited handles).
     std::shared_ptr<Work> work;

@@ -155,6 +155,37 @@ TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   }
 }
 
+// --trace on two CPU ranks (and under mpirun, two processes): a Chrome
+// trace-event file that tests/apps/check_trace.py accepts: named rank and process
+// tracks, the step's spans on every rank, bucket all-reduces that start inside
+// backward (overlapping it), only the --trace_steps window.
+void ExpectValidTrace(const std::string& launcher, int processes, int ranks_per_process) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string path = TempDir(absl::StrCat("trace", processes)) + "/t.json";
+  RunResult r = RunProgram(launcher + TRAIN_MNIST,
+                           absl::StrCat("--gpus=cpu --nprocs=", ranks_per_process,
+                                        " --epochs=1 --train_limit=1280 --test_limit=200 "
+                                        "--trace=", path, " --trace_steps=2:4"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string python =
+      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  RunResult check = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR, "/tests/apps/check_trace.py ",
+                                                    path, " ", processes * ranks_per_process, " ",
+                                                    processes, " 4"));
+  EXPECT_EQ(check.status, 0) << check.output;
+  // The window: 4 steps, so 4 forward spans per rank.
+  RunResult count = RunProgram("grep", absl::StrCat("-c '\"name\": \"forward\"' ", path));
+  EXPECT_EQ(std::atoi(count.output.c_str()), 4 * processes * ranks_per_process) << count.output;
+}
+
+TEST(TrainMnist, TraceOfTwoRanksIsAValidTraceEventFile) { ExpectValidTrace("", 1, 2); }
+
+#ifdef TANDEM_MPIRUN
+TEST(TrainMnist, TraceOfTwoProcessesHasATrackPerRankAndProcess) {
+  ExpectValidTrace(absl::StrCat(TANDEM_MPIRUN, " -np 2 "), 2, 1);
+}
+#endif
+
 // --bf16 trains under autocast on two CPU ranks and still learns: 40 Adam steps of
 // batch 2 x 32 take the LeNet from 10% (chance) to well above half right.
 TEST(TrainMnist, Bf16AutocastLearnsOnTwoCpuRanks) {

@@ -1,0 +1,197 @@
+#include "spawn/trace.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spawn/context.h"
+
+namespace tandem::dist {
+namespace {
+
+// Microseconds of the steady clock since its epoch (boot on Linux): the same
+// origin for every process of a host, so their tracks line up.
+int64_t Micros(TraceRecorder::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+// A JSON string literal's body: quotes, backslashes and control characters escaped.
+std::string Escape(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Every rank's string, in rank order (two all_gathers: the lengths, then the
+// bytes padded to the longest).
+std::vector<std::string> AllGatherStrings(Context& ctx, const std::string& mine) {
+  Communicator& comm = ctx.communicator();
+  const nn::Tensor length = nn::from_vector<int64_t>(
+      {static_cast<int64_t>(mine.size())}, {1}, {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> lengths = comm.all_gather(length).to_vector<int64_t>();
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+  nn::Tensor bytes = nn::zeros({longest}, {.dtype = nn::kUInt8});
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  const nn::Tensor all = comm.all_gather(bytes.to(ctx.device())).to(nn::Device::CPU());
+  std::vector<std::string> out;
+  const char* data = static_cast<const char*>(all.data_ptr());
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    out.emplace_back(data + r * longest, static_cast<size_t>(lengths[r]));
+  }
+  return out;
+}
+
+}  // namespace
+
+TraceRecorder::TraceRecorder(Window window) : window_(window) {}
+
+TraceRecorder::Rank& TraceRecorder::At(int rank) {
+  std::lock_guard<std::mutex> lock(ranks_mutex_);
+  for (auto& [r, state] : ranks_) {
+    if (r == rank) return *state;
+  }
+  ranks_.emplace_back(rank, std::make_unique<Rank>());
+  return *ranks_.back().second;
+}
+
+const TraceRecorder::Rank* TraceRecorder::Find(int rank) const {
+  std::lock_guard<std::mutex> lock(ranks_mutex_);
+  for (const auto& [r, state] : ranks_) {
+    if (r == rank) return state.get();
+  }
+  return nullptr;
+}
+
+void TraceRecorder::BeginStep(int rank, int64_t step) {
+  const bool inside = step >= window_.first_step &&
+                      (window_.steps == INT64_MAX || step - window_.first_step < window_.steps);
+  At(rank).recording.store(inside, std::memory_order_relaxed);
+}
+
+bool TraceRecorder::recording(int rank) const {
+  const Rank* r = Find(rank);
+  return r != nullptr && r->recording.load(std::memory_order_relaxed);
+}
+
+void TraceRecorder::Span(int rank, absl::string_view name, Clock::time_point start,
+                         Clock::time_point end, const std::string& args) {
+  Rank& r = At(rank);
+  if (!r.recording.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  absl::StrAppendFormat(&r.events, "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
+                                   "\"pid\": PID, \"tid\": %d%s}",
+                        r.events.empty() ? "" : ",\n", Escape(name), Micros(start),
+                        std::max<int64_t>(0, Micros(end) - Micros(start)), rank,
+                        args.empty() ? "" : absl::StrCat(", \"args\": {", args, "}"));
+}
+
+std::string TraceRecorder::EventsJson(int process_index) const {
+  std::string out;
+  std::lock_guard<std::mutex> lock(ranks_mutex_);
+  for (const auto& [rank, state] : ranks_) {
+    std::lock_guard<std::mutex> rank_lock(state->mutex);
+    if (state->events.empty()) continue;
+    if (!out.empty()) out += ",\n";
+    out += state->events;
+  }
+  // The process id is known only now (one recorder may outlive a run).
+  std::string pid = absl::StrCat(process_index);
+  std::string replaced;
+  for (size_t at = 0;;) {
+    const size_t next = out.find("\"pid\": PID", at);
+    replaced.append(out, at, next == std::string::npos ? std::string::npos : next - at);
+    if (next == std::string::npos) break;
+    absl::StrAppend(&replaced, "\"pid\": ", pid);
+    at = next + std::strlen("\"pid\": PID");
+  }
+  return replaced;
+}
+
+TraceSpan::TraceSpan(const Context& ctx, const char* name, std::string args)
+    : recorder_(ctx.trace()), rank_(ctx.rank()), name_(name), args_(std::move(args)) {
+  if (recorder_ != nullptr && !recorder_->recording(rank_)) recorder_ = nullptr;
+  if (recorder_ != nullptr) start_ = TraceRecorder::Clock::now();
+}
+
+TraceSpan::~TraceSpan() {
+  if (recorder_ != nullptr) recorder_->Span(rank_, name_, start_, TraceRecorder::Clock::now(), args_);
+}
+
+absl::Status WriteTrace(Context& ctx, const TraceRecorder& trace, const std::string& path) {
+  // Every rank has stopped recording before local rank 0 reads its process's recorder.
+  ctx.communicator().barrier();
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
+  std::string mine;
+  {
+    // This rank's events only: a recorder shared by local ranks holds them all,
+    // and local rank 0 sends them for its process (the others send nothing).
+    if (ctx.local_rank() == 0) mine = trace.EventsJson(ctx.process_index());
+    const std::string names = absl::StrFormat(
+        "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
+        "\"rank %d (%s)\"}}",
+        ctx.process_index(), ctx.rank(), ctx.rank(), Escape(ctx.device().ToString()));
+    mine = mine.empty() ? names : absl::StrCat(names, ",\n", mine);
+    if (ctx.local_rank() == 0) {
+      mine = absl::StrCat(
+          absl::StrFormat("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
+                          "{\"name\": \"process %d (host %s, pid %d)\"}}",
+                          ctx.process_index(), ctx.process_index(), Escape(host), ::getpid()),
+          ",\n", mine);
+    }
+  }
+  const std::vector<std::string> all = AllGatherStrings(ctx, mine);
+  if (ctx.rank() != 0) return absl::OkStatus();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return absl::InvalidArgumentError(absl::StrCat("--trace \"", path, "\": cannot create ", tmp));
+    out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+    bool first = true;
+    for (const std::string& part : all) {
+      if (part.empty()) continue;
+      out << (first ? "" : ",\n") << part;
+      first = false;
+    }
+    out << "\n]}\n";
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat("--trace \"", path, "\": write failed"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("--trace \"", path, "\": rename failed: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTraceWindow(absl::string_view text, TraceRecorder::Window* window) {
+  const size_t colon = text.find(':');
+  int64_t first = 0, steps = INT64_MAX;
+  const absl::string_view a = text.substr(0, colon);
+  const absl::string_view b = colon == absl::string_view::npos ? "" : text.substr(colon + 1);
+  const bool ok = colon != absl::string_view::npos && absl::SimpleAtoi(a, &first) && first >= 0 &&
+                  (b.empty() || (absl::SimpleAtoi(b, &steps) && steps >= 1));
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--trace_steps \"", text, "\": expected K:N (N steps from step K, K >= 0, N >= 1) or K:"));
+  }
+  *window = {.first_step = first, .steps = steps};
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,109 @@
+// Where the time of a training step goes: a Chrome trace-event file (JSON; opens
+// in Perfetto, ui.perfetto.dev, and in chrome://tracing), one track per rank,
+// grouped by process (host and pid) under mpirun.
+//
+//   dist::TraceRecorder trace({.first_step = 10, .steps = 5});  // steps 10..14
+//   ... in each rank (spawn):
+//   ctx.set_trace(&trace);                  // DataParallel records its buckets
+//   trace.BeginStep(ctx.rank(), step);      // before each step's work
+//   { dist::TraceSpan s(ctx, "forward"); ... }
+//   ...
+//   absl::Status s = dist::WriteTrace(ctx, trace, "trace.json");  // every rank; rank 0 writes
+//
+// Spans are host time (steady clock, microseconds): on a GPU they show when the
+// host issued the work, not when the device ran it (device spans from CUDA
+// events are not recorded). DataParallel adds one span per bucket all-reduce,
+// from its launch in backward to the end of its wait, with the bucket's bytes:
+// a span that starts before the backward span ends is communication overlapping
+// backward.
+//
+// Outside the window nothing is recorded (one branch per span); without a
+// recorder (ctx.trace() null) nothing at all.
+// Thread-safety: a rank's spans are recorded by its own thread (and the threads
+// it hands work to) under a per-rank mutex; WriteTrace is collective.
+#ifndef TANDEM_SPAWN_TRACE_H_
+#define TANDEM_SPAWN_TRACE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::dist {
+
+class Context;
+
+// The steps a TraceRecorder records.
+struct TraceWindow {
+  int64_t first_step = 0;     // the first step recorded
+  int64_t steps = INT64_MAX;  // how many
+};
+
+class TraceRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Window = TraceWindow;
+  // One recorder serves every rank of a process (each has its own track).
+  explicit TraceRecorder(Window window = {});
+
+  // Rank `rank` (global) starts step `step`: spans are recorded while the step
+  // is inside the window.
+  void BeginStep(int rank, int64_t step);
+  bool recording(int rank) const;
+  // A complete span on the rank's track. args: the body of a JSON object
+  // ("\"bytes\": 4096") or empty.
+  void Span(int rank, absl::string_view name, Clock::time_point start, Clock::time_point end,
+            const std::string& args = "");
+
+  // This process's events as JSON array elements (comma-separated, no brackets),
+  // with pid = process_index and tid = rank.
+  std::string EventsJson(int process_index) const;
+
+ private:
+  struct Rank {
+    mutable std::mutex mutex;
+    std::atomic<bool> recording{false};
+    std::string events;  // JSON objects, comma-separated
+  };
+  Rank& At(int rank);
+  const Rank* Find(int rank) const;
+
+  const Window window_;
+  mutable std::mutex ranks_mutex_;
+  std::vector<std::pair<int, std::unique_ptr<Rank>>> ranks_;
+};
+
+// RAII span on ctx's recorder (nothing without one, or outside the window).
+class TraceSpan {
+ public:
+  TraceSpan(const Context& ctx, const char* name, std::string args = "");
+  ~TraceSpan();
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+ private:
+  TraceRecorder* recorder_;
+  int rank_;
+  const char* name_;
+  std::string args_;
+  TraceRecorder::Clock::time_point start_;
+};
+
+// Collective: every rank of the run calls it; global rank 0 writes `path` with
+// every process's events and the track names ("process p (host h, pid n)",
+// "rank r (device)"). Steady clocks of different hosts are not aligned: a
+// multi-host trace shows each host's timeline from its own origin.
+absl::Status WriteTrace(Context& ctx, const TraceRecorder& trace, const std::string& path);
+
+// "K:N" (steps K..K+N-1) or "K:" (from K on); errors name the value.
+absl::Status ParseTraceWindow(absl::string_view text, TraceRecorder::Window* window);
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_TRACE_H_
