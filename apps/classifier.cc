@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "apps/common.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
@@ -65,6 +68,57 @@ class PrefixDataset : public data::Dataset {
   std::shared_ptr<const data::Dataset> base_;
   int64_t n_;
 };
+
+// The end of an epoch, every rank: each rank's median step time, median busy
+// time (the step minus its time in collectives: the ranks of a data-parallel
+// step wait for each other, so their step times are alike and the busy time is
+// what tells a slow rank) and time in collectives, gathered; rank 0 logs them,
+// the share of the gradients' all-reduce that ran behind backward, and the
+// slowest rank by busy time when it is more than 10% slower than the median rank.
+void LogStragglers(dist::Context& ctx, int epoch, std::vector<double> step_ms,
+                   std::vector<double> busy_ms, double waited_s,
+                   const dist::DataParallel::OverlapStats& now,
+                   const dist::DataParallel::OverlapStats& before) {
+  auto median_of = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  nn::Tensor mine = nn::from_vector<double>(
+      {median_of(step_ms), median_of(busy_ms), waited_s, now.comm_s - before.comm_s,
+       now.hidden_s - before.hidden_s},
+      {5}, {.dtype = nn::kFloat64, .device = ctx.device()});
+  const std::vector<double> all = ctx.communicator().all_gather(mine).to_vector<double>();
+  if (ctx.rank() != 0) return;
+  constexpr int kFields = 5;
+  const int world = ctx.world_size();
+  std::string ranks;
+  double comm = 0, hidden = 0;
+  std::vector<double> busy;
+  for (int r = 0; r < world; ++r) {
+    const double* f = &all[kFields * r];
+    absl::StrAppendFormat(&ranks, "%srank %d %.1f ms/step (%.1f ms busy), %.2f s in collectives",
+                          r ? "; " : "", r, f[0], f[1], f[2]);
+    comm += f[3];
+    hidden += f[4];
+    busy.push_back(f[1]);
+  }
+  // The median rank (the mean of the middle two for an even count).
+  std::vector<double> sorted = busy;
+  std::sort(sorted.begin(), sorted.end());
+  const double mid = world % 2 ? sorted[world / 2] : (sorted[world / 2 - 1] + sorted[world / 2]) / 2;
+  const int slowest = static_cast<int>(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  std::string straggler = "no straggler (every rank's busy time within 10% of the median)";
+  if (world > 1 && mid > 0 && busy[slowest] > 1.1 * mid) {
+    straggler = absl::StrFormat("straggler: rank %d, busy %.0f%% longer than the median rank",
+                                slowest, (busy[slowest] / mid - 1) * 100);
+  }
+  ctx.log().Info("epoch {} ranks: {}; gradient all-reduce hidden under backward: {}; {}", epoch,
+                 ranks,
+                 comm > 0 ? absl::StrFormat("%.0f%% of %.2f s", 100 * hidden / comm, comm)
+                          : std::string("none (no reduction timed)"),
+                 straggler);
+}
 
 // Rows of --metrics (rank 0 only).
 class MetricsWriter {
@@ -303,6 +357,16 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   // gather every log_every steps (the flag is the same on every rank).
   std::unique_ptr<dist::SummaryWriter> tensorboard = OpenTensorBoard(ctx, flags);
   const bool tb_on = !flags.tensorboard_dir.empty();
+  // For the test of the straggler report: TANDEM_TEST_SLOW_RANK=R:MS makes rank R
+  // sleep MS milliseconds in every step.
+  int slow_ms = 0;
+  if (const char* slow = std::getenv("TANDEM_TEST_SLOW_RANK")) {
+    const std::vector<std::string> parts = absl::StrSplit(slow, ':');
+    int rank = -1;
+    if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &rank) && rank == ctx.rank()) {
+      (void)absl::SimpleAtoi(parts[1], &slow_ms);
+    }
+  }
 
   TrainResult result;
   result.best_accuracy = at.best_accuracy;
@@ -325,11 +389,17 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
       resume_mid_epoch = false;
     }
     const int64_t first_k = k;
+    // The epoch's straggler and overlap summary (every rank takes part).
+    std::vector<double> step_ms, busy_ms;  // busy: the step minus its time in collectives
+    const double waited_at_start = ctx.communicator().waited_seconds();
+    const dist::DataParallel::OverlapStats overlap_at_start = dp.overlap_stats();
     nn::Tensor tb_sum = nn::zeros({1}, {.device = ctx.device()});
     int64_t tb_window = 0;
     Clock::time_point tb_window_start = Clock::now();
     for (; k < steps_per_epoch; ++k) {
       ctx.check_stop();
+      const Clock::time_point step_start = Clock::now();
+      const double waited_before_step = ctx.communicator().waited_seconds();
       if (trace != nullptr) trace->BeginStep(ctx.rank(), at.step);
       std::optional<data::Batch> batch;
       {
@@ -357,6 +427,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
         dist::TraceSpan span(ctx, "optimizer");
         optimizer->step();
       }
+      if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
       ++at.step;
       {
         nn::NoGradGuard no_grad;
@@ -418,6 +489,9 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
             absl::StrCat("stopped at step ", at.step, " (stop signal; no --checkpoint_dir)"),
             at.step);
       }
+      step_ms.push_back(SecondsSince(step_start) * 1e3);
+      busy_ms.push_back(step_ms.back() -
+                        (ctx.communicator().waited_seconds() - waited_before_step) * 1e3);
       if (flags.stop_at_step > 0 && at.step == flags.stop_at_step) {
         progress.Clear();
         throw dist::CancelledError(
@@ -431,6 +505,9 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
     ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
     const double epoch_loss = loss_sum.item();
+    LogStragglers(ctx, epoch + 1, step_ms, busy_ms,
+                  ctx.communicator().waited_seconds() - waited_at_start,
+                  dp.overlap_stats(), overlap_at_start);
     double accuracy = 0;
     {
       dist::TraceSpan span(ctx, "evaluate");

@@ -56,27 +56,36 @@ class DoneWork final : public Work {
 // collective, or waits for it) has gone.
 class TensorHoldingWork final : public Work {
  public:
-  TensorHoldingWork(std::shared_ptr<Work> work, nn::Tensor tensor)
-      : work_(std::move(work)), tensor_(std::move(tensor)) {}
+  TensorHoldingWork(std::shared_ptr<Work> work, nn::Tensor tensor, Communicator* comm)
+      : work_(std::move(work)), tensor_(std::move(tensor)), comm_(comm) {}
   ~TensorHoldingWork() override {
     work_.reset();
     tensor_ = nn::Tensor();
   }
   void wait() override {
+    const auto start = std::chrono::steady_clock::now();
     work_->wait();
     tensor_ = nn::Tensor();
+    comm_->AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start).count());
   }
 
  private:
   std::shared_ptr<Work> work_;
   nn::Tensor tensor_;
+  Communicator* comm_;  // outlives the handles of its collectives (a run's)
 };
 }  // namespace
 
 // Marks a synchronous collective complete when it returns normally.
 class Communicator::Scope {
  public:
-  Scope(Communicator* comm, const char* op) : comm_(comm), sequence_(comm->Enter(op)) {}
+  Scope(Communicator* comm, const char* op)
+      : comm_(comm), sequence_(comm->Enter(op)), start_(std::chrono::steady_clock::now()) {}
+  ~Scope() {
+    comm_->AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start_).count());
+  }
   void Done() {
     if (comm_->CompletesOnReturn()) comm_->MarkCompleted(sequence_);
   }
@@ -84,6 +93,7 @@ class Communicator::Scope {
  private:
   Communicator* comm_;
   uint64_t sequence_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 Communicator::Communicator(int rank, int world_size, nn::Device device)
@@ -127,7 +137,11 @@ void Communicator::all_reduce(nn::Tensor& x, ReduceOp op) {
 std::shared_ptr<Work> Communicator::all_reduce_async(nn::Tensor& x, ReduceOp op) {
   nn::CheckDefined(x, "all_reduce_async", "x");
   Enter("all_reduce_async");
-  return std::make_shared<TensorHoldingWork>(AllReduceAsyncImpl(x, op), x);
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<Work> work = AllReduceAsyncImpl(x, op);  // a synchronous one waits here
+  AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - start).count());
+  return std::make_shared<TensorHoldingWork>(std::move(work), x, this);
 }
 
 std::shared_ptr<Work> Communicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) {

@@ -136,6 +136,12 @@ class Communicator {
   // Returns when every rank has called barrier.
   void barrier();
 
+  // Host seconds this rank has spent inside collectives and in wait() of
+  // asynchronous ones since the communicator was made (any thread may read it).
+  // On GPU ranks a collective returns once queued: this is host time, not device time.
+  double waited_seconds() const { return waited_ns_.load(std::memory_order_relaxed) * 1e-9; }
+  void AddWaited(int64_t ns) { waited_ns_.fetch_add(ns, std::memory_order_relaxed); }
+
   // spawn attaches the run's stop token and this rank's trace before fn starts.
   void Attach(std::stop_token stop, internal::CollectiveTrace* trace);
   bool stop_requested() const { return stop_.stop_requested(); }
@@ -184,6 +190,7 @@ class Communicator {
   internal::CollectiveTrace own_trace_;
   internal::CollectiveTrace* trace_ = &own_trace_;
   uint64_t sequence_ = 0;
+  std::atomic<int64_t> waited_ns_{0};
 };
 
 }  // namespace tandem::dist

@@ -203,8 +203,9 @@ void DataParallel::LaunchReadyBuckets() {
     if (options_.on_bucket_launch) {
       options_.on_bucket_launch(next_bucket_, static_cast<int>(b.params.size()));
     }
-    if (ctx_.trace() != nullptr) b.launched = std::chrono::steady_clock::now();
+    b.launched = std::chrono::steady_clock::now();
     b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+    b.returned = std::chrono::steady_clock::now();
     ++next_bucket_;
   }
 }
@@ -228,10 +229,17 @@ void DataParallel::FinishBackward() {
                "' got no gradient in this backward pass; use them in the loss or set "
                "DataParallelOptions::find_unused_parameters");
   LaunchReadyBuckets();
+  const auto backward_end = std::chrono::steady_clock::now();
   TraceRecorder* trace = ctx_.trace();
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
-    if (b.work) b.work->wait();
+    if (b.work) {
+      b.work->wait();
+      const auto done = std::chrono::steady_clock::now();
+      overlap_.comm_s += std::chrono::duration<double>(done - b.launched).count();
+      overlap_.hidden_s += std::max(
+          0.0, std::chrono::duration<double>(std::min(done, backward_end) - b.returned).count());
+    }
     if (b.work && trace != nullptr) {
       // From the launch in backward to the end of this wait: the part before
       // backward's end overlapped it.

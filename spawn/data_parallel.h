@@ -111,12 +111,24 @@ class DataParallel {
   nn::Tensor scale_loss(const nn::Tensor& loss) const;
   void apply_collective_grads();
 
+  // How much of the gradients' all-reduce ran behind backward, summed over every
+  // pass so far (host time): comm_s, from each bucket's launch to the end of its
+  // wait; hidden_s, the part of that between the launch call's return and the end
+  // of backward (a communicator whose all_reduce_async runs the collective inside
+  // the call hides nothing).
+  struct OverlapStats {
+    double comm_s = 0;
+    double hidden_s = 0;
+  };
+  OverlapStats overlap_stats() const { return overlap_; }
+
  private:
   struct Bucket {
     nn::Tensor buffer;                 // flat, all of the bucket's gradients
     std::vector<int> params;           // indices into params_
     int pending = 0;                   // gradients not yet final in this pass
-    std::chrono::steady_clock::time_point launched;  // for the trace (spawn/trace.h)
+    std::chrono::steady_clock::time_point launched;  // the all_reduce_async call began
+    std::chrono::steady_clock::time_point returned;  // ... and returned
     // The bucket's all-reduce in flight. Declared last: destroyed first, so the
     // buffer outlives it (see Work's contract on unwaited handles).
     std::shared_ptr<Work> work;
@@ -148,6 +160,7 @@ class DataParallel {
   bool sync_ = true;
   bool pass_started_ = false;
   int next_bucket_ = 0;
+  OverlapStats overlap_;
 };
 
 }  // namespace tandem::dist

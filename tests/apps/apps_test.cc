@@ -186,6 +186,23 @@ TEST(TrainMnist, TraceOfTwoProcessesHasATrackPerRankAndProcess) {
 }
 #endif
 
+// The end-of-epoch summary: each rank's step and busy time; a rank made slow
+// (test hook TANDEM_TEST_SLOW_RANK=1:40: 40 ms more per step) is named, a run
+// without one says so.
+TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string args = "--gpus=cpu --nprocs=2 --epochs=1 --train_limit=1280 --test_limit=200";
+  RunResult slow = RunProgram("TANDEM_TEST_SLOW_RANK=1:40 " + std::string(TRAIN_MNIST), args);
+  ASSERT_EQ(slow.status, 0) << slow.output;
+  EXPECT_NE(slow.output.find("epoch 1 ranks: rank 0 "), std::string::npos) << slow.output;
+  EXPECT_NE(slow.output.find("straggler: rank 1, busy "), std::string::npos) << slow.output;
+  EXPECT_NE(slow.output.find("gradient all-reduce hidden under backward: "), std::string::npos)
+      << slow.output;
+  RunResult even = RunProgram(TRAIN_MNIST, args);
+  ASSERT_EQ(even.status, 0) << even.output;
+  EXPECT_EQ(even.output.find("straggler: rank"), std::string::npos) << even.output;
+}
+
 // --bf16 trains under autocast on two CPU ranks and still learns: 40 Adam steps of
 // batch 2 x 32 take the LeNet from 10% (chance) to well above half right.
 TEST(TrainMnist, Bf16AutocastLearnsOnTwoCpuRanks) {
