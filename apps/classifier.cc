@@ -130,20 +130,20 @@ class MetricsWriter {
                        std::filesystem::file_size(path) == 0;
     out_.open(path, fresh ? std::ios::trunc : std::ios::app);
     TANDEM_CHECK(out_.good(), "--metrics: cannot open \"", path, "\" for writing");
-    if (fresh && !jsonl_) out_ << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s\n";
+    if (fresh && !jsonl_) out_ << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr\n";
     out_.flush();
   }
   void Row(const std::string& dataset, int epoch, int64_t step, double loss, double accuracy,
-           double samples_per_s, double wall_s) {
+           double samples_per_s, double wall_s, double lr) {
     if (path_.empty()) return;
     if (jsonl_) {
       out_ << absl::StrFormat(
           "{\"dataset\": \"%s\", \"epoch\": %d, \"step\": %d, \"loss\": %.6f, \"accuracy\": %.6f, "
-          "\"samples_per_s\": %.1f, \"wall_s\": %.3f}\n",
-          dataset, epoch, step, loss, accuracy, samples_per_s, wall_s);
+          "\"samples_per_s\": %.1f, \"wall_s\": %.3f, \"lr\": %.6g}\n",
+          dataset, epoch, step, loss, accuracy, samples_per_s, wall_s, lr);
     } else {
-      out_ << absl::StrFormat("%s,%d,%d,%.6f,%.6f,%.1f,%.3f\n", dataset, epoch, step, loss,
-                              accuracy, samples_per_s, wall_s);
+      out_ << absl::StrFormat("%s,%d,%d,%.6f,%.6f,%.1f,%.3f,%.6g\n", dataset, epoch, step, loss,
+                              accuracy, samples_per_s, wall_s, lr);
     }
     out_.flush();
     TANDEM_CHECK(out_.good(), "--metrics: writing \"", path_, "\" failed");
@@ -527,7 +527,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
                      absl::StrFormat("%.0f", rate), FormatDuration(SecondsSince(epoch_start)),
                      FormatDuration(wall_s));
     }
-    metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s);
+    metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s, optimizer->lr());
     if (tensorboard) {
       tensorboard->AddScalar("epoch/train_loss", epoch_loss, at.step);
       tensorboard->AddScalar("epoch/test_accuracy", accuracy, at.step);

@@ -80,7 +80,8 @@ ABSL_FLAG(int, keep_checkpoints, 0,
           "file to fall back on when the newest is damaged.");
 ABSL_FLAG(std::string, metrics, "",
           "Metrics file, one row per epoch (dataset, epoch, step, loss, accuracy, samples/s, "
-          "wall time): CSV when it ends in .csv, JSON lines when it ends in .jsonl. Appended "
+          "wall time, learning rate): CSV when it ends in .csv, JSON lines when it ends in "
+          ".jsonl (scripts/plot_metrics.py draws it). Appended "
           "to with --resume, replaced otherwise.");
 ABSL_FLAG(std::string, tensorboard_dir, "",
           "Write TensorBoard scalars here (global rank 0: an events.out.tfevents.* file, "

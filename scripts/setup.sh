@@ -5,11 +5,12 @@
 # /usr/local/cuda the build uses it (TANDEM_CUDA=AUTO), otherwise it builds CPU-only.
 # OpenMPI (openmpi-bin, libopenmpi-dev) starts and connects the processes of a
 # multi-process job (TANDEM_MPI=AUTO builds that layer when it is installed).
-# python3-protobuf: the tests' independent reader of TensorBoard event files.
+# python3-protobuf: the tests' independent reader of TensorBoard event files;
+# python3-matplotlib: scripts/plot_metrics.py.
 set -euo pipefail
 packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenblas-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev
-          python3 python3-protobuf)
+          python3 python3-protobuf python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

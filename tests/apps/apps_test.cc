@@ -117,7 +117,7 @@ TEST(TrainMnist, SmokeRunWritesMetrics) {
   EXPECT_NE(r.output.find("epoch 1/2 step 2/5 loss"), std::string::npos) << r.output;
   std::vector<std::string> lines = ReadLines(metrics);
   ASSERT_EQ(lines.size(), 3u) << r.output;
-  EXPECT_EQ(lines[0], "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s");
+  EXPECT_EQ(lines[0], "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr");
   EXPECT_EQ(lines[1].rfind("Fashion-MNIST,1,5,", 0), 0u) << lines[1];
   EXPECT_EQ(lines[2].rfind("Fashion-MNIST,2,10,", 0), 0u) << lines[2];
 }
@@ -201,6 +201,38 @@ TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
   RunResult even = RunProgram(TRAIN_MNIST, args);
   ASSERT_EQ(even.status, 0) << even.output;
   EXPECT_EQ(even.output.find("straggler: rank"), std::string::npos) << even.output;
+}
+
+// scripts/plot_metrics.py draws a --metrics file (CSV and JSON lines) into a PNG;
+// a file that is not one is exit status 2 with the reason.
+TEST(PlotMetrics, DrawsCsvAndJsonLinesAndRejectsOtherFiles) {
+  const std::string python =
+      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  if (std::system((python + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "python3 with matplotlib (python3-matplotlib) missing";
+  }
+  const std::string dir = TempDir("plot");
+  {
+    std::ofstream csv(dir + "/m.csv");
+    csv << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr\n"
+           "Fashion-MNIST,1,469,0.61,0.84,6000.0,9.1,0.0015\n"
+           "Fashion-MNIST,2,938,0.38,0.87,6100.0,18.0,0.0005\n";
+    std::ofstream jsonl(dir + "/m.jsonl");
+    jsonl << "{\"dataset\": \"x\", \"epoch\": 1, \"step\": 5, \"loss\": 2.0, \"accuracy\": 0.5, "
+             "\"samples_per_s\": 1.0, \"wall_s\": 1.0}\n";
+    std::ofstream bad(dir + "/bad.csv");
+    bad << "a,b\n1,2\n";
+  }
+  const std::string script = absl::StrCat(python, " ", PROJECT_SOURCE_DIR, "/scripts/plot_metrics.py ");
+  RunResult r = RunProgram(script, absl::StrCat(dir, "/m.csv ", dir, "/m.jsonl ", dir, "/m.png"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream png(dir + "/m.png", std::ios::binary);
+  char magic[8] = {};
+  png.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  RunResult bad = RunProgram(script, absl::StrCat(dir, "/bad.csv ", dir, "/bad.png"));
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("is it a --metrics file?"), std::string::npos) << bad.output;
 }
 
 // --bf16 trains under autocast on two CPU ranks and still learns: 40 Adam steps of
