@@ -104,10 +104,10 @@ const std::shared_ptr<Module>& SequentialImpl::operator[](int64_t i) const {
 
 // --- Losses --------------------------------------------------------------------------
 Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
-  return mse_loss(pred, target);
+  return mse_loss(pred, target, reduction);
 }
 Tensor CrossEntropyLossImpl::forward(const Tensor& logits, const Tensor& labels) {
-  return cross_entropy(logits, labels);
+  return cross_entropy(logits, labels, reduction);
 }
 
 }  // namespace tandem::nn

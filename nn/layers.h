@@ -12,6 +12,7 @@
 
 #include "nn/module.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/loss.h"  // Reduction
 #include "nn/ops/pool.h"
 #include "nn/tensor.h"
 
@@ -153,19 +154,26 @@ class Sequential : public ModuleHolder<SequentialImpl> {
       : ModuleHolder(std::make_shared<SequentialImpl>(modules)) {}
 };
 
-// Losses: loss_fn(pred, target) -> 0-dim mean loss. No parameters.
+// Losses: loss_fn(pred, target) -> the loss reduced by `reduction` (0-dim mean
+// by default; `nn::MSELoss loss_fn(nn::Reduction::kSum)` sums). No parameters.
 // pred, target: same shapes (see mse_loss).
 class MSELossImpl : public Module {
  public:
+  explicit MSELossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
   using Module::forward;
   Tensor forward(const Tensor& pred, const Tensor& target);
+
+  Reduction reduction;
 };
 TANDEM_MODULE(MSELoss);
 // logits: (N, C) float; labels: (N) int64 (see cross_entropy).
 class CrossEntropyLossImpl : public Module {
  public:
+  explicit CrossEntropyLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
   using Module::forward;
   Tensor forward(const Tensor& logits, const Tensor& labels);
+
+  Reduction reduction;
 };
 TANDEM_MODULE(CrossEntropyLoss);
 

@@ -1,6 +1,9 @@
 #include "spawn/context.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "nn/ops/index.h"
 #include "spawn/signals.h"
 
 namespace tandem::dist {
@@ -34,6 +37,38 @@ void Context::check_stop() const {
   if (stop_.stop_requested()) {
     throw CancelledError(absl::StrCat("rank ", rank_, ": stopped at a step boundary"));
   }
+}
+
+nn::Tensor Context::split(const nn::Tensor& x, int64_t dim) const {
+  TANDEM_CHECK(x.defined(), "Context::split: the tensor is undefined");
+  const int64_t ndim = x.dim();
+  TANDEM_CHECK(ndim >= 1, "Context::split: a 0-dim tensor has no dim to split (dim ", dim, ")");
+  TANDEM_CHECK(dim >= -ndim && dim < ndim, "Context::split: dim ", dim,
+               " is out of range for a tensor of shape ", nn::ShapeToString(x.shape()),
+               " (expected ", -ndim, "..", ndim - 1, ")");
+  if (dim < 0) dim += ndim;
+  const int64_t n = x.size(dim);
+  if (n == 0) return x;  // nothing to share out: every rank gets the empty x
+  // DistributedBatchSampler(n, per_rank, N, rank, no shuffle).Batch(0): positions
+  // (rank * per_rank + j) mod n.
+  const int64_t per_rank = (n + world_size_ - 1) / world_size_;
+  const int64_t first = rank_ * per_rank;
+  if (dim == 0 && first + per_rank <= n) return x.slice(first, first + per_rank);
+  nn::Shape out_shape = x.shape();
+  out_shape[dim] = per_rank;
+  int64_t outer = 1, inner = 1;  // x as (outer, n, inner)
+  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
+  for (int64_t d = dim + 1; d < ndim; ++d) inner *= x.size(d);
+  if (outer == 0 || inner == 0) return nn::empty(out_shape, {.dtype = x.dtype(), .device = x.device()});
+  // Rows of the (outer * n, inner) view, outer block by outer block.
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(outer * per_rank));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < per_rank; ++j) rows.push_back(o * n + (first + j) % n);
+  }
+  const nn::Tensor indices =
+      nn::from_vector(rows, {outer * per_rank}, {.dtype = nn::kInt64, .device = x.device()});
+  return nn::index_select(x.reshape({outer * n, inner}), indices).reshape(out_shape);
 }
 
 Context& current() {

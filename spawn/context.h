@@ -20,6 +20,7 @@
 #include <string>
 
 #include "nn/device.h"
+#include "nn/tensor.h"
 #include "spawn/communicator.h"
 #include "spawn/logger.h"
 
@@ -84,6 +85,24 @@ class Context {
   // DataParallel's buckets) go to it. Not owned; set by the training function.
   TraceRecorder* trace() const { return trace_; }
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
+
+  // SBP-style data parallelism (OneFlow's split(0) for the data, the model
+  // broadcast by DataParallel): every rank holds the same global tensor `x` and
+  // split gives this rank's part of it, so the user writes the single-device
+  // loop with `dp(ctx.split(x))`. The rows follow DistributedBatchSampler's rule
+  // exactly (data/sampler.h, no shuffle, one global batch): with n = x.size(dim)
+  // and N = world_size(), every rank gets ceil(n / N) rows, rank r the positions
+  // r*ceil(n/N) ... in order, wrapping around to the start of `dim` where n is not a
+  // multiple of N (so the last ranks' parts repeat the first rows, as the
+  // sampler pads its last global batch). Where N divides n the parts are disjoint
+  // and N ranks averaging gradients train exactly as one rank on `x` (a mean loss).
+  //   x: any shape with at least one dim, any dtype, on any device; dim: negative
+  //   counts from the end. Returns: x's shape with size(dim) = ceil(n / N) (0 for
+  //   n = 0); a view of x for dim 0 without wrap, else a copy (index_select).
+  //   Differentiable with respect to a float x. No collective: each rank cuts its
+  //   own part (a copy uploads its row indices from the host).
+  // Throws tandem::Error naming the dim and the shape on a bad dim or a 0-dim x.
+  nn::Tensor split(const nn::Tensor& x, int64_t dim = 0) const;
 
  private:
   int rank_;

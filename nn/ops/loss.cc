@@ -24,9 +24,26 @@ void CheckClassification(const Tensor& logits, const Tensor& labels, const char*
   CheckSameDevice(logits, labels, op);
 }
 
+// A Reduction outside the enum (a cast from a bad integer) is an error, not UB.
+void CheckReduction(Reduction reduction, const char* op) {
+  TANDEM_CHECK(reduction == Reduction::kNone || reduction == Reduction::kMean ||
+                   reduction == Reduction::kSum,
+               op, ": unknown reduction ", static_cast<int>(reduction),
+               " (expected kNone, kMean or kSum)");
+}
+
 }  // namespace
 
-Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in) {
+std::string_view ReductionName(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone: return "none";
+    case Reduction::kMean: return "mean";
+    case Reduction::kSum: return "sum";
+  }
+  return "unknown";
+}
+
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduction) {
   // Under autocast a bfloat16 input becomes float32 (precision-sensitive reduction).
   const Tensor pred = ops::internal::AutocastFloat32(pred_in);
   const Tensor target = ops::internal::AutocastFloat32(target_in);
@@ -36,24 +53,31 @@ Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in) {
   TANDEM_CHECK(pred.shape() == target.shape(), "mse_loss: pred of shape ",
                ShapeToString(pred.shape()), " and target of shape ",
                ShapeToString(target.shape()), " differ");
+  CheckReduction(reduction, "mse_loss");
   Tensor diff = sub(pred, target);
-  return mean(mul(diff, diff));
+  Tensor squared = mul(diff, diff);
+  if (reduction == Reduction::kNone) return squared;
+  return reduction == Reduction::kSum ? sum(squared) : mean(squared);
 }
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction reduction) {
   const Tensor logits = ops::internal::AutocastFloat32(logits_in);
   CheckClassification(logits, labels, "cross_entropy");
+  CheckReduction(reduction, "cross_entropy");
   TANDEM_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
                "cross_entropy: logits of shape ", ShapeToString(logits.shape()), " are empty");
   const TensorOptions options{.dtype = logits.dtype(), .device = logits.device()};
   Tensor lse = empty({logits.size(0)}, options);
-  Tensor loss = empty({}, options);
-  TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyForward, logits, labels, lse, loss);
+  // kNone: one loss per sample; otherwise 0-dim.
+  Tensor loss = reduction == Reduction::kNone ? empty({logits.size(0)}, options)
+                                              : empty({}, options);
+  TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyForward, logits, labels, lse, loss,
+                   reduction);
   return autograd::Record("cross_entropy", {logits}, loss,
-                          [logits = logits.detach(), labels, lse](const Tensor& g) {
+                          [logits = logits.detach(), labels, lse, reduction](const Tensor& g) {
     Tensor dlogits = empty_like(logits);
     TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyBackward, logits, labels, lse, g,
-                     dlogits);
+                     dlogits, reduction);
     return std::vector<Tensor>{dlogits};
   });
 }

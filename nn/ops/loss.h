@@ -3,17 +3,28 @@
 #ifndef TANDEM_NN_OPS_LOSS_H_
 #define TANDEM_NN_OPS_LOSS_H_
 
+#include <string_view>
+
 #include "nn/tensor.h"
 
 namespace tandem::nn {
 
-// Mean over all elements of (pred - target)^2; same shapes -> 0-dim.
-Tensor mse_loss(const Tensor& pred, const Tensor& target);
+// How a loss combines its per-element (mse_loss) or per-sample (cross_entropy)
+// terms, as PyTorch's `reduction=`: kNone keeps them (no reduction), kMean
+// averages them into a 0-dim tensor (the default), kSum adds them into one.
+enum class Reduction { kNone, kMean, kSum };
+std::string_view ReductionName(Reduction reduction);  // "none", "mean", "sum"
 
-// logits: (N, C) float; labels: (N) int64 in [0, C) -> 0-dim mean of
-// -log_softmax(logits)[i, labels[i]]. A label out of range is an error naming it
-// (checked on the host for CPU tensors; CUDA kernels trap it without a sync).
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+// (pred - target)^2 per element, reduced by `reduction`: kNone -> pred's shape,
+// kMean / kSum -> 0-dim. pred, target: same shapes (no broadcasting).
+Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction = Reduction::kMean);
+
+// logits: (N, C) float; labels: (N) int64 in [0, C). The per-sample loss
+// -log_softmax(logits)[i, labels[i]], reduced by `reduction`: kNone -> (N),
+// kMean / kSum -> 0-dim. A label out of range is an error naming it (checked on
+// the host for CPU tensors; on CUDA a deferred device error, see loss_cuda.cu).
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                     Reduction reduction = Reduction::kMean);
 
 // Fraction of rows whose argmax equals the label -> 0-dim float32 (no host sync
 // on CUDA until item()). Not differentiable.

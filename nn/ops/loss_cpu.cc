@@ -7,7 +7,7 @@
 namespace tandem::nn::ops::internal {
 
 void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                            const Tensor& loss) {
+                            const Tensor& loss, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t* pl = labels.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
@@ -18,6 +18,7 @@ void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Te
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
     const T* px = logits.data<T>();
     T* plse = lse.data<T>();
+    T* ploss = loss.data<T>();
     double total = 0;
     for (int64_t i = 0; i < n; ++i) {
       const T* row = px + i * c;
@@ -27,22 +28,28 @@ void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Te
       for (int64_t j = 0; j < c; ++j) sum_exp += std::exp(static_cast<double>(row[j] - max_value));
       const double row_lse = static_cast<double>(max_value) + std::log(sum_exp);
       plse[i] = static_cast<T>(row_lse);
-      total += row_lse - static_cast<double>(row[pl[i]]);
+      const double row_loss = row_lse - static_cast<double>(row[pl[i]]);
+      if (reduction == Reduction::kNone) ploss[i] = static_cast<T>(row_loss);
+      total += row_loss;
     }
-    *loss.data<T>() = static_cast<T>(total / static_cast<double>(n));
+    if (reduction == Reduction::kMean) *ploss = static_cast<T>(total / static_cast<double>(n));
+    if (reduction == Reduction::kSum) *ploss = static_cast<T>(total);
   });
 }
 
 void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& g, const Tensor& dlogits) {
+                             const Tensor& g, const Tensor& dlogits, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t* pl = labels.data<int64_t>();
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
     const T* px = logits.data<T>();
     const T* plse = lse.data<T>();
     T* pd = dlogits.data<T>();
-    const T scale = *g.data<T>() / static_cast<T>(n);
+    const T* pg = g.data<T>();
+    // kMean and kSum: one 0-dim upstream gradient; kNone: one per row.
+    const T uniform_scale = reduction == Reduction::kMean ? pg[0] / static_cast<T>(n) : pg[0];
     for (int64_t i = 0; i < n; ++i) {
+      const T scale = reduction == Reduction::kNone ? pg[i] : uniform_scale;
       for (int64_t j = 0; j < c; ++j) {
         const T p = static_cast<T>(std::exp(static_cast<double>(px[i * c + j] - plse[i])));
         pd[i * c + j] = scale * (j == pl[i] ? p - T(1) : p);

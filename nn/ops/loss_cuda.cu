@@ -1,6 +1,7 @@
 // CUDA kernels of the loss family. cross_entropy: one fused kernel computes, per
 // row, the log-sum-exp (saved) and the NLL term; a deterministic two-pass sum
-// (reduce family) takes the mean. Backward: one elementwise kernel. No host sync:
+// (reduce family) takes the mean or the sum (reduction kNone keeps the per-row
+// losses). Backward: one elementwise kernel. No host sync:
 // the upstream gradient is read on the device, and a bad target is a deferred
 // device error (nn/internal/device_error.h): the kernel reports the first one,
 // gives that sample a NaN loss (so the mean is NaN) and goes on; the host raises
@@ -56,14 +57,19 @@ __global__ void CrossEntropyForwardKernel(const T* logits, const int64_t* labels
   }
 }
 
+// The upstream gradient's scale per row: g / N (kMean), g (kSum), g[i] (kNone).
 template <typename T>
 __global__ void CrossEntropyBackwardKernel(const T* logits, const int64_t* labels, const T* lse,
-                                           const T* g, T* dlogits, int64_t n, int64_t c) {
+                                           const T* g, T* dlogits, int64_t n, int64_t c,
+                                           Reduction reduction) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= n * c) return;
   const int64_t i = k / c, j = k % c;
   const T p = MathExp(logits[k] - lse[i]);
-  dlogits[k] = *g / static_cast<T>(n) * (j == labels[i] ? p - T(1) : p);
+  const T scale = reduction == Reduction::kMean ? *g / static_cast<T>(n)
+                  : reduction == Reduction::kSum ? *g
+                                                 : g[i];
+  dlogits[k] = scale * (j == labels[i] ? p - T(1) : p);
 }
 
 template <typename T>
@@ -82,27 +88,31 @@ __global__ void AccuracyRowKernel(const T* logits, const int64_t* labels, float*
 }  // namespace
 
 void CrossEntropyForwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& loss) {
+                             const Tensor& loss, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
   cudaStream_t stream = nn::internal::ThreadStream(logits.device());
-  Tensor row_loss = empty({n}, {.dtype = logits.dtype(), .device = logits.device()});
+  // kNone: the kernel writes the per-sample losses straight into `loss` (N).
+  Tensor row_loss = reduction == Reduction::kNone
+                        ? loss
+                        : empty({n}, {.dtype = logits.dtype(), .device = logits.device()});
   nn::internal::DeviceErrorWord* error = nn::internal::DeviceErrorSlot(logits.device());
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
     CrossEntropyForwardKernel<T><<<n < kMaxGrid ? n : kMaxGrid, RowThreads(c), 0, stream>>>(
         logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), row_loss.data<T>(), n, c, error);
   });
   TANDEM_CHECK_LAUNCH("CrossEntropyForwardKernel", logits.device());
-  SumAllCuda(row_loss, loss, 1.0 / static_cast<double>(n));
+  if (reduction == Reduction::kNone) return;
+  SumAllCuda(row_loss, loss, reduction == Reduction::kMean ? 1.0 / static_cast<double>(n) : 1.0);
 }
 
 void CrossEntropyBackwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& g, const Tensor& dlogits) {
+                              const Tensor& g, const Tensor& dlogits, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
   cudaStream_t stream = nn::internal::ThreadStream(logits.device());
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
     CrossEntropyBackwardKernel<T><<<Blocks(n * c), kThreads, 0, stream>>>(
         logits.data<T>(), labels.data<int64_t>(), lse.data<T>(), g.data<T>(), dlogits.data<T>(),
-        n, c);
+        n, c, reduction);
   });
   TANDEM_CHECK_LAUNCH("CrossEntropyBackwardKernel", logits.device());
 }

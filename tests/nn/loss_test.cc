@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "nn/layers.h"
 #include "nn/ops/elementwise.h"
+#include "nn/ops/reduce.h"
 #include "nn/ops/softmax.h"
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
@@ -20,6 +23,23 @@ TEST(LossTest, MseValue) {
   Tensor t = from_vector(std::vector<float>{0, 2, 5, 4}, {2, 2});
   EXPECT_FLOAT_EQ(mse_loss(p, t).item<float>(), 5.0f / 4.0f);
   EXPECT_EQ(mse_loss(p, t).dim(), 0);
+}
+
+// The three reductions against the closed form; kMean stays the default.
+TEST(LossTest, MseReductions) {
+  Tensor p = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  Tensor t = from_vector(std::vector<float>{0, 2, 5, 4}, {2, 2});
+  Tensor none = mse_loss(p, t, Reduction::kNone);
+  EXPECT_EQ(none.shape(), (Shape{2, 2}));
+  EXPECT_EQ(none.to_vector<float>(), (std::vector<float>{1, 0, 4, 0}));
+  Tensor total = mse_loss(p, t, Reduction::kSum);
+  EXPECT_EQ(total.dim(), 0);
+  EXPECT_FLOAT_EQ(total.item<float>(), 5.0f);
+  EXPECT_EQ(mse_loss(p, t, Reduction::kMean).item<float>(), mse_loss(p, t).item<float>());
+  EXPECT_EQ(MSELoss(Reduction::kSum)(p, t).item<float>(), 5.0f);
+  EXPECT_EQ(MSELoss()(p, t).item<float>(), mse_loss(p, t).item<float>());
+  EXPECT_EQ(ReductionName(Reduction::kSum), "sum");
+  EXPECT_THROW(mse_loss(p, t, static_cast<Reduction>(7)), Error);
 }
 
 TEST(LossTest, MseRefusesDifferentShapes) {
@@ -54,6 +74,81 @@ TEST(LossTest, CrossEntropyMatchesLogSoftmaxAndIsStable) {
   const double loss = cross_entropy(logits, labels).item();
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_NEAR(loss, expected / 5, 1e-9);
+}
+
+// Per-sample losses against log_softmax; sum and mean are their sum and mean.
+TEST(LossTest, CrossEntropyReductions) {
+  const std::vector<double> lv = {1.0, 2.0, 0.5,     //
+                                  -1.0, 0.0, 3.0,    //
+                                  0.25, 0.25, 0.25,  //
+                                  4.0, -2.0, 1.0};
+  Tensor logits = from_vector(lv, {4, 3}, {.dtype = kFloat64});
+  Tensor labels = from_vector(std::vector<int64_t>{1, 0, 2, 0}, {4});
+  std::vector<double> expected(4);
+  double expected_sum = 0;
+  for (int i = 0; i < 4; ++i) {
+    const double* row = &lv[static_cast<size_t>(3 * i)];
+    const int64_t label = labels.to_vector<int64_t>()[static_cast<size_t>(i)];
+    const double lse = std::log(std::exp(row[0]) + std::exp(row[1]) + std::exp(row[2]));
+    expected[static_cast<size_t>(i)] = lse - row[label];
+    expected_sum += expected[static_cast<size_t>(i)];
+  }
+  Tensor none = cross_entropy(logits, labels, Reduction::kNone);
+  ASSERT_EQ(none.shape(), (Shape{4}));
+  const std::vector<double> got = none.to_vector<double>();
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], expected[i], 1e-12) << i;
+  Tensor total = cross_entropy(logits, labels, Reduction::kSum);
+  EXPECT_EQ(total.dim(), 0);
+  EXPECT_NEAR(total.item(), expected_sum, 1e-12);
+  EXPECT_NEAR(cross_entropy(logits, labels).item(), expected_sum / 4, 1e-12);
+  EXPECT_EQ(cross_entropy(logits, labels, Reduction::kMean).item(),
+            cross_entropy(logits, labels).item());
+  EXPECT_EQ(CrossEntropyLoss(Reduction::kSum)(logits, labels).item(), total.item());
+  EXPECT_EQ(CrossEntropyLoss(Reduction::kNone)(logits, labels).shape(), (Shape{4}));
+  EXPECT_THROW(cross_entropy(logits, labels, static_cast<Reduction>(-1)), Error);
+}
+
+// The default (kMean) is bit for bit what it was before reductions existed: the
+// float32 reference below is the kernel's algorithm as it stood (row sums in
+// double, the mean rounded once; backward scaled by g / N in float).
+TEST(LossTest, CrossEntropyMeanKeepsItsBits) {
+  manual_seed(44);
+  const int64_t n = 7, c = 5;
+  Tensor logits = randn({n, c});
+  logits.mul_(3.0);
+  const std::vector<int64_t> lv = {0, 4, 1, 2, 3, 3, 0};
+  Tensor labels = from_vector(lv, {n});
+  const std::vector<float> x = logits.to_vector<float>();
+  std::vector<float> lse(n);
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = &x[static_cast<size_t>(i * c)];
+    float m = row[0];
+    for (int64_t j = 1; j < c; ++j) m = std::max(m, row[j]);
+    double sum_exp = 0;
+    for (int64_t j = 0; j < c; ++j) sum_exp += std::exp(static_cast<double>(row[j] - m));
+    const double row_lse = static_cast<double>(m) + std::log(sum_exp);
+    lse[i] = static_cast<float>(row_lse);
+    total += row_lse - static_cast<double>(row[lv[i]]);
+  }
+  Tensor leaf = logits.clone().set_requires_grad(true);
+  Tensor loss = cross_entropy(leaf, labels);
+  EXPECT_EQ(loss.item<float>(), static_cast<float>(total / static_cast<double>(n)));
+  const float g = 1.7f;
+  loss.backward(scalar_tensor(g));
+  const std::vector<float> grad = leaf.grad().to_vector<float>();
+  const float scale = g / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      const size_t k = static_cast<size_t>(i * c + j);
+      const float p = static_cast<float>(std::exp(static_cast<double>(x[k] - lse[i])));
+      EXPECT_EQ(grad[k], scale * (j == lv[i] ? p - 1.0f : p)) << i << "," << j;
+    }
+  }
+  // mse_loss's default is mean() of the squared differences, as before.
+  Tensor p = randn({5, 3}), t = randn({5, 3});
+  Tensor d = p - t;
+  EXPECT_EQ(mse_loss(p, t).item<float>(), mean(d * d).item<float>());
 }
 
 TEST(LossTest, CrossEntropyLabelOutOfRangeNamesItAndC) {
@@ -100,6 +195,29 @@ TEST(LossGradTest, CrossEntropy) {
   // Upstream gradient other than 1: the loss scaled inside the graph.
   EXPECT_TRUE(GradCheck([&](const auto& in) { return cross_entropy(in[0], labels) * 3.0; },
                         {RandomInput({6, 5})}));
+}
+
+TEST(LossGradTest, MseReductions) {
+  manual_seed(45);
+  for (Reduction r : {Reduction::kNone, Reduction::kMean, Reduction::kSum}) {
+    EXPECT_TRUE(GradCheck([r](const auto& in) { return mse_loss(in[0], in[1], r); },
+                          {RandomInput({3, 4}), RandomInput({3, 4})}))
+        << ReductionName(r);
+  }
+}
+
+TEST(LossGradTest, CrossEntropyReductions) {
+  manual_seed(46);
+  Tensor labels = from_vector(std::vector<int64_t>{2, 0, 4, 4, 1, 3}, {6});
+  for (Reduction r : {Reduction::kNone, Reduction::kMean, Reduction::kSum}) {
+    // kNone: GradCheck weighs each sample's loss differently (a non-uniform g).
+    EXPECT_TRUE(GradCheck([&](const auto& in) { return cross_entropy(in[0], labels, r); },
+                          {RandomInput({6, 5}, 2.0)}))
+        << ReductionName(r);
+    EXPECT_TRUE(GradCheck([&](const auto& in) { return cross_entropy(in[0], labels, r) * 3.0; },
+                          {RandomInput({6, 5})}))
+        << ReductionName(r) << " scaled";
+  }
 }
 
 }  // namespace

@@ -133,6 +133,21 @@ TEST(Ops2GpuTest, LossParity) {
   }, {wide}, 1e-5, "cross_entropy wide");
   CheckParity([](const auto& in) { return mse_loss(in[0], in[1]).reshape({1}); },
               {randn({9, 4}), randn({9, 4})}, 1e-5, "mse_loss");
+  for (Reduction r : {Reduction::kNone, Reduction::kSum}) {
+    const std::string name(ReductionName(r));
+    CheckParity([&](const auto& in) {
+      Tensor l = cross_entropy(in[0], in[0].is_cuda() ? labels_gpu : labels_cpu, r);
+      return l.reshape({l.numel()});
+    }, {logits}, 1e-5, "cross_entropy " + name);
+    CheckParity([&](const auto& in) {
+      Tensor l = cross_entropy(in[0], from_vector(wl, {5}, {.device = in[0].device()}), r);
+      return l.reshape({l.numel()});
+    }, {wide}, 1e-5, "cross_entropy wide " + name);
+    CheckParity([r](const auto& in) {
+      Tensor l = mse_loss(in[0], in[1], r);
+      return l.reshape({l.numel()});
+    }, {randn({9, 4}), randn({9, 4})}, 1e-5, "mse_loss " + name);
+  }
   EXPECT_FLOAT_EQ(accuracy(logits, labels_cpu).item<float>(),
                   accuracy(logits.to(kGpu), labels_gpu).item<float>());
   EXPECT_EQ(accuracy(logits.to(kGpu), labels_gpu).device(), kGpu);

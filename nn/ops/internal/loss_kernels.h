@@ -5,26 +5,29 @@
 
 #include <cstdint>
 
+#include "nn/ops/loss.h"  // Reduction
 #include "nn/tensor.h"
 
 namespace tandem::nn::ops::internal {
 
 // Fused log-softmax + NLL: lse[i] = logsumexp(logits[i, :]) (saved for backward),
-// loss (0-dim) = mean_i (lse[i] - logits[i, labels[i]]). A label outside [0, C)
-// throws (CPU) or traps the kernel after printing it (CUDA).
+// l[i] = lse[i] - logits[i, labels[i]]; loss = l (kNone, shape (N)), mean_i l[i]
+// (kMean, 0-dim) or sum_i l[i] (kSum, 0-dim). A label outside [0, C) throws (CPU)
+// or is a deferred device error (CUDA, see loss_cuda.cu).
 void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                            const Tensor& loss);
-// dlogits[i, c] = g / N * (exp(logits[i, c] - lse[i]) - [c == labels[i]]), with g the
-// 0-dim upstream gradient (read on the device, no sync).
+                            const Tensor& loss, Reduction reduction);
+// dlogits[i, c] = s_i * (exp(logits[i, c] - lse[i]) - [c == labels[i]]) with, for
+// the upstream gradient g (read on the device, no sync): s_i = g / N (kMean, g
+// 0-dim), g (kSum, g 0-dim) or g[i] (kNone, g of shape (N)).
 void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& g, const Tensor& dlogits);
+                             const Tensor& g, const Tensor& dlogits, Reduction reduction);
 // out (0-dim float32) = fraction of rows whose first argmax equals the label.
 void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out);
 #if TANDEM_WITH_CUDA
 void CrossEntropyForwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                             const Tensor& loss);
+                             const Tensor& loss, Reduction reduction);
 void CrossEntropyBackwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
-                              const Tensor& g, const Tensor& dlogits);
+                              const Tensor& g, const Tensor& dlogits, Reduction reduction);
 void AccuracyCuda(const Tensor& logits, const Tensor& labels, const Tensor& out);
 #endif
 
