@@ -40,10 +40,18 @@ Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int
   TANDEM_CHECK(in_channels > 0 && out_channels > 0 && kernel[0] > 0 && kernel[1] > 0, "Conv2d(",
                in_channels, ", ", out_channels, ", kernel (", kernel[0], ", ", kernel[1],
                ")): channel counts and kernel sizes must be positive");
-  const double fan_in = static_cast<double>(in_channels * kernel[0] * kernel[1]);
+  const int64_t groups = params.groups;
+  TANDEM_CHECK(groups >= 1, "Conv2d(", in_channels, ", ", out_channels, "): groups must be >= 1, got ",
+               groups);
+  TANDEM_CHECK(in_channels % groups == 0, "Conv2d(", in_channels, ", ", out_channels,
+               "): in_channels ", in_channels, " is not divisible by groups ", groups);
+  TANDEM_CHECK(out_channels % groups == 0, "Conv2d(", in_channels, ", ", out_channels,
+               "): out_channels ", out_channels, " is not divisible by groups ", groups);
+  const int64_t group_in = in_channels / groups;
+  const double fan_in = static_cast<double>(group_in * kernel[0] * kernel[1]);
   const double bound = 1.0 / std::sqrt(fan_in);
   weight = register_parameter(
-      "weight", UniformParameter({out_channels, in_channels, kernel[0], kernel[1]}, bound));
+      "weight", UniformParameter({out_channels, group_in, kernel[0], kernel[1]}, bound));
   if (bias) this->bias = register_parameter("bias", UniformParameter({out_channels}, bound));
 }
 

