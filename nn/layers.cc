@@ -60,7 +60,16 @@ Tensor Conv2dImpl::forward(const Tensor& x) { return conv2d(x, weight, bias, par
 // --- Pooling and activations ---------------------------------------------------------
 Tensor MaxPool2dImpl::forward(const Tensor& x) { return max_pool2d(x, params); }
 Tensor AvgPool2dImpl::forward(const Tensor& x) { return avg_pool2d(x, params); }
+AdaptiveAvgPool2dImpl::AdaptiveAvgPool2dImpl(std::array<int64_t, 2> output_size)
+    : output_size(output_size) {
+  TANDEM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, "AdaptiveAvgPool2d({", output_size[0],
+               ", ", output_size[1], "}): the output size must be >= 1");
+}
+Tensor AdaptiveAvgPool2dImpl::forward(const Tensor& x) {
+  return adaptive_avg_pool2d(x, output_size);
+}
 Tensor ReLUImpl::forward(const Tensor& x) { return relu(x); }
+Tensor ReLU6Impl::forward(const Tensor& x) { return relu6(x); }
 Tensor SigmoidImpl::forward(const Tensor& x) { return sigmoid(x); }
 Tensor TanhImpl::forward(const Tensor& x) { return tanh(x); }
 

@@ -3,6 +3,7 @@
 // Label gpu; skipped with a reason when no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -82,6 +83,39 @@ TEST_F(MobileNetOpsGpuTest, GroupedAndDepthwiseConv2d) {
                    {randn(c.x, o), randn(c.w, o), randn({c.w[0]}, o)}, tol, c.name);
       ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], Tensor(), c.p); },
                    {randn(c.x, o), randn(c.w, o)}, tol, c.name + ", no bias");
+    }
+  }
+}
+
+TEST_F(MobileNetOpsGpuTest, Relu6) {
+  manual_seed(52);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const TensorOptions o{.dtype = dtype};
+    // randn * 4: values on both sides of 0 and of 6; none exactly at a kink.
+    ExpectParity([](const auto& in) { return relu6(in[0] * 4.0); }, {randn({7, 300}, o)}, 0.0,
+                 std::string("relu6 ") + DTypeName(dtype));
+  }
+}
+
+TEST_F(MobileNetOpsGpuTest, AdaptiveAvgPool2d) {
+  manual_seed(53);
+  struct Case {
+    Shape x;
+    std::array<int64_t, 2> out;
+  };
+  const std::vector<Case> cases = {{{4, 1280, 1, 1}, {1, 1}},  // MobileNetV2 at 32x32
+                                   {{3, 7, 6, 5}, {1, 1}},
+                                   {{2, 3, 7, 5}, {3, 2}},
+                                   {{2, 3, 6, 6}, {4, 4}},
+                                   {{1, 2, 3, 4}, {5, 6}}};
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+    // The kernels sum in the CPU's order; bfloat16 rounds each result once.
+    const double tol = dtype == kFloat64 ? 1e-13 : dtype == kFloat32 ? 1e-6 : 1e-2;
+    const TensorOptions o{.dtype = dtype};
+    for (const Case& c : cases) {
+      ExpectParity([&](const auto& in) { return adaptive_avg_pool2d(in[0], c.out); },
+                   {randn(c.x, o)}, tol,
+                   "adaptive_avg_pool2d " + ShapeToString(c.x) + " " + DTypeName(dtype));
     }
   }
 }
