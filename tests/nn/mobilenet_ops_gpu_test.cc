@@ -28,6 +28,12 @@ class MobileNetOpsGpuTest : public ::testing::Test {
   }
 };
 
+// Standard normal values in `dtype` (randn has no bfloat16: rounded from float32).
+Tensor RandnOf(const Shape& shape, DType dtype) {
+  if (dtype != kBFloat16) return randn(shape, {.dtype = dtype});
+  return randn(shape).to(kBFloat16);
+}
+
 // Runs f on CPU copies and on CUDA copies of `inputs` (all requiring grad), with
 // the same output gradient, and compares outputs and every input's gradient.
 void ExpectParity(const std::function<Tensor(const std::vector<Tensor>&)>& f,
@@ -42,7 +48,7 @@ void ExpectParity(const std::function<Tensor(const std::vector<Tensor>&)>& f,
   Tensor gpu_out = f(gpu_in);
   ASSERT_TRUE(gpu_out.is_cuda()) << what;
   ASSERT_EQ(cpu_out.shape(), gpu_out.shape()) << what;
-  Tensor grad = randn(cpu_out.shape(), {.dtype = cpu_out.dtype()});
+  Tensor grad = RandnOf(cpu_out.shape(), cpu_out.dtype());
   cpu_out.backward(grad);
   gpu_out.backward(grad.to(gpu));
   auto expect_near = [&](const Tensor& want, const Tensor& got, const std::string& which) {
@@ -77,22 +83,22 @@ TEST_F(MobileNetOpsGpuTest, GroupedAndDepthwiseConv2d) {
   };
   for (DType dtype : {kFloat32, kFloat64}) {
     const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
-    const TensorOptions o{.dtype = dtype};
     for (const Case& c : cases) {
       ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], in[2], c.p); },
-                   {randn(c.x, o), randn(c.w, o), randn({c.w[0]}, o)}, tol, c.name);
+                   {RandnOf(c.x, dtype), RandnOf(c.w, dtype), RandnOf({c.w[0]}, dtype)}, tol,
+                   c.name);
       ExpectParity([&](const auto& in) { return conv2d(in[0], in[1], Tensor(), c.p); },
-                   {randn(c.x, o), randn(c.w, o)}, tol, c.name + ", no bias");
+                   {RandnOf(c.x, dtype), RandnOf(c.w, dtype)}, tol, c.name + ", no bias");
     }
   }
 }
 
 TEST_F(MobileNetOpsGpuTest, Relu6) {
   manual_seed(52);
-  for (DType dtype : {kFloat32, kFloat64}) {
-    const TensorOptions o{.dtype = dtype};
-    // randn * 4: values on both sides of 0 and of 6; none exactly at a kink.
-    ExpectParity([](const auto& in) { return relu6(in[0] * 4.0); }, {randn({7, 300}, o)}, 0.0,
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+    // One operation per element, the same on both devices: equal bits. randn * 4:
+    // values on both sides of 0 and of 6, none exactly at a kink.
+    ExpectParity([](const auto& in) { return relu6(in[0] * 4.0); }, {RandnOf({7, 300}, dtype)}, 0.0,
                  std::string("relu6 ") + DTypeName(dtype));
   }
 }
@@ -111,10 +117,9 @@ TEST_F(MobileNetOpsGpuTest, AdaptiveAvgPool2d) {
   for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
     // The kernels sum in the CPU's order; bfloat16 rounds each result once.
     const double tol = dtype == kFloat64 ? 1e-13 : dtype == kFloat32 ? 1e-6 : 1e-2;
-    const TensorOptions o{.dtype = dtype};
     for (const Case& c : cases) {
       ExpectParity([&](const auto& in) { return adaptive_avg_pool2d(in[0], c.out); },
-                   {randn(c.x, o)}, tol,
+                   {RandnOf(c.x, dtype)}, tol,
                    "adaptive_avg_pool2d " + ShapeToString(c.x) + " " + DTypeName(dtype));
     }
   }
