@@ -161,6 +161,32 @@ TEST(ConvGroupsTest, Float64MatchesPerGroupConvolutions) {
   }
 }
 
+// A batch of 41 images spans several of the im2col kernels' chunks of images
+// (5 images of 100 KiB float64 columns per group at one OpenBLAS thread), the
+// last one a single image: grouped, it still matches the per-group reference.
+TEST(ConvGroupsTest, BatchAcrossChunksMatchesPerGroupConvolutions) {
+  const int threads = cpu_blas_threads();
+  set_cpu_blas_threads(1);
+  struct Restore {
+    int threads;
+    ~Restore() { set_cpu_blas_threads(threads); }
+  } restore{threads};
+  manual_seed(46);
+  for (const Conv2dParams& p : {Conv2dParams{.groups = 2}, Conv2dParams{.padding = {1, 1}, .groups = 2}}) {
+    Tensor x = randn({41, 4, 28, 30}, {.dtype = kFloat64});
+    Tensor w = randn({6, 2, 3, 3}, {.dtype = kFloat64});
+    Tensor b = randn({6}, {.dtype = kFloat64});
+    Tensor dy = randn(conv2d(x, w, b, p).shape(), {.dtype = kFloat64});
+    const Result got = RunGrouped(x, w, b, dy, p, kFloat64);
+    const Result want = RunPerGroup(x, w, b, dy, p);
+    const std::string where = absl::StrCat("padding ", p.padding[0]);
+    ExpectNear(got.y, want.y, 1e-12, where + ": output");
+    ExpectNear(got.dx, want.dx, 1e-12, where + ": dx");
+    ExpectNear(got.dw, want.dw, 1e-11, where + ": dweight");
+    ExpectNear(got.db, want.db, 1e-11, where + ": dbias");
+  }
+}
+
 // float32 on each CPU path (oneDNN blocked and plain where built, im2col +
 // OpenBLAS) against the float64 per-group reference; each path repeats its own
 // bits at 1 and 2 threads.
