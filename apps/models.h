@@ -26,6 +26,21 @@ std::shared_ptr<nn::Module> MakeLeNet();
 // 30 -> 15 -> 13 -> 6 -> 4.
 std::shared_ptr<nn::Module> MakeConvNet();
 
+// MobileNetV2 as torchvision defines it (torchvision.models.mobilenet_v2, width
+// 1.0) with num_classes 10: conv3x3 32 stride 2 + BN + ReLU6, the 17 inverted
+// residual blocks (t, c, n, s) = (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2),
+// (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1) (1x1 expansion
+// + BN + ReLU6 when t != 1, depthwise 3x3 + BN + ReLU6, 1x1 projection + BN,
+// plus x where stride 1 and channels in == out), conv1x1 1280 + BN + ReLU6,
+// adaptive average pool to 1x1, flatten, Dropout(0.2), Linear(1280, 10).
+// Convolutions have no bias. Input (N, 3, 32, 32) as torchvision takes it, no
+// change to the strides: 32 -> 16 -> 8 -> 4 -> 2 -> 1 before the pool.
+// Parameter names are torchvision's ("features.1.conv.0.0.weight",
+// "classifier.1.bias", ...), 2,236,682 parameters; init as torchvision:
+// convolutions kaiming-normal (fan_out), BatchNorm ones / zeros, the Linear
+// normal(0, 0.01) with a zero bias.
+std::shared_ptr<nn::Module> MakeMobileNetV2();
+
 }  // namespace tandem::apps
 
 #endif  // TANDEM_APPS_MODELS_H_

@@ -40,10 +40,18 @@ Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int
   TANDEM_CHECK(in_channels > 0 && out_channels > 0 && kernel[0] > 0 && kernel[1] > 0, "Conv2d(",
                in_channels, ", ", out_channels, ", kernel (", kernel[0], ", ", kernel[1],
                ")): channel counts and kernel sizes must be positive");
-  const double fan_in = static_cast<double>(in_channels * kernel[0] * kernel[1]);
+  const int64_t groups = params.groups;
+  TANDEM_CHECK(groups >= 1, "Conv2d(", in_channels, ", ", out_channels, "): groups must be >= 1, got ",
+               groups);
+  TANDEM_CHECK(in_channels % groups == 0, "Conv2d(", in_channels, ", ", out_channels,
+               "): in_channels ", in_channels, " is not divisible by groups ", groups);
+  TANDEM_CHECK(out_channels % groups == 0, "Conv2d(", in_channels, ", ", out_channels,
+               "): out_channels ", out_channels, " is not divisible by groups ", groups);
+  const int64_t group_in = in_channels / groups;
+  const double fan_in = static_cast<double>(group_in * kernel[0] * kernel[1]);
   const double bound = 1.0 / std::sqrt(fan_in);
   weight = register_parameter(
-      "weight", UniformParameter({out_channels, in_channels, kernel[0], kernel[1]}, bound));
+      "weight", UniformParameter({out_channels, group_in, kernel[0], kernel[1]}, bound));
   if (bias) this->bias = register_parameter("bias", UniformParameter({out_channels}, bound));
 }
 
@@ -52,7 +60,16 @@ Tensor Conv2dImpl::forward(const Tensor& x) { return conv2d(x, weight, bias, par
 // --- Pooling and activations ---------------------------------------------------------
 Tensor MaxPool2dImpl::forward(const Tensor& x) { return max_pool2d(x, params); }
 Tensor AvgPool2dImpl::forward(const Tensor& x) { return avg_pool2d(x, params); }
+AdaptiveAvgPool2dImpl::AdaptiveAvgPool2dImpl(std::array<int64_t, 2> output_size)
+    : output_size(output_size) {
+  TANDEM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, "AdaptiveAvgPool2d({", output_size[0],
+               ", ", output_size[1], "}): the output size must be >= 1");
+}
+Tensor AdaptiveAvgPool2dImpl::forward(const Tensor& x) {
+  return adaptive_avg_pool2d(x, output_size);
+}
 Tensor ReLUImpl::forward(const Tensor& x) { return relu(x); }
+Tensor ReLU6Impl::forward(const Tensor& x) { return relu6(x); }
 Tensor SigmoidImpl::forward(const Tensor& x) { return sigmoid(x); }
 Tensor TanhImpl::forward(const Tensor& x) { return tanh(x); }
 

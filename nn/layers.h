@@ -31,8 +31,9 @@ class LinearImpl : public Module {
 };
 TANDEM_MODULE(Linear);
 
-// x: (N, in, H, W) -> (N, out, OH, OW) (see conv2d). weight: (out, in, KH, KW);
-// bias: (out). Init uniform in +-1/sqrt(in * KH * KW), as PyTorch.
+// x: (N, in, H, W) -> (N, out, OH, OW) (see conv2d). weight: (out, in / G, KH, KW)
+// with G = params.groups (in and out multiples of G; G == in: depthwise);
+// bias: (out). Init uniform in +-1/sqrt(in / G * KH * KW), as PyTorch.
 class Conv2dImpl : public Module {
  public:
   Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int64_t, 2> kernel,
@@ -81,12 +82,33 @@ class AvgPool2d : public ModuleHolder<AvgPool2dImpl> {
   AvgPool2d(const Pool2dParams& params) : ModuleHolder(std::make_shared<AvgPool2dImpl>(params)) {}
 };
 
+// x: (N, C, H, W) -> (N, C, OH, OW) for output_size (OH, OW) (see
+// adaptive_avg_pool2d); AdaptiveAvgPool2d({1, 1}) is the global average pool.
+class AdaptiveAvgPool2dImpl : public Module {
+ public:
+  explicit AdaptiveAvgPool2dImpl(std::array<int64_t, 2> output_size);
+  Tensor forward(const Tensor& x) override;
+  std::array<int64_t, 2> output_size;
+};
+class AdaptiveAvgPool2d : public ModuleHolder<AdaptiveAvgPool2dImpl> {
+ public:
+  using ModuleHolder<AdaptiveAvgPool2dImpl>::ModuleHolder;
+  // Spelled out so that `AdaptiveAvgPool2d({1, 1})` compiles.
+  AdaptiveAvgPool2d(std::array<int64_t, 2> output_size)
+      : ModuleHolder(std::make_shared<AdaptiveAvgPool2dImpl>(output_size)) {}
+};
+
 // Activations: any shape, elementwise.
 class ReLUImpl : public Module {
  public:
   Tensor forward(const Tensor& x) override;
 };
 TANDEM_MODULE(ReLU);
+class ReLU6Impl : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+TANDEM_MODULE(ReLU6);
 class SigmoidImpl : public Module {
  public:
   Tensor forward(const Tensor& x) override;

@@ -25,14 +25,27 @@ Conv2dGeometry CheckConv2d(const Tensor& x, const Tensor& weight, const Tensor& 
   TANDEM_CHECK(IsFloating(x.dtype()), kOp, ": expected float32, float64 or bfloat16 tensors, got ",
                x.ToString());
   CheckDim(x, 4, kOp, "x (N, C, H, W)");
-  CheckDim(weight, 4, kOp, "weight (O, C, KH, KW)");
+  CheckDim(weight, 4, kOp, "weight (O, C / groups, KH, KW)");
   Conv2dGeometry g;
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
   g.params = params;
-  TANDEM_CHECK(g.c == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ", g.c,
-               " channels but weight ", ShapeToString(weight.shape()), " expects ",
-               weight.size(1));
+  const int64_t groups = params.groups;
+  TANDEM_CHECK(groups >= 1, kOp, ": groups must be >= 1, got ", groups);
+  TANDEM_CHECK(g.c % groups == 0, kOp, ": in_channels ", g.c, " of x ", ShapeToString(x.shape()),
+               " is not divisible by groups ", groups);
+  TANDEM_CHECK(g.o % groups == 0, kOp, ": out_channels ", g.o, " of weight ",
+               ShapeToString(weight.shape()), " is not divisible by groups ", groups);
+  if (groups == 1) {
+    TANDEM_CHECK(g.c == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ", g.c,
+                 " channels but weight ", ShapeToString(weight.shape()), " expects ",
+                 weight.size(1));
+  } else {
+    TANDEM_CHECK(g.c / groups == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ",
+                 g.c, " channels, ", g.c / groups, " per group for groups ", groups,
+                 ", but weight ", ShapeToString(weight.shape()), " expects ", weight.size(1),
+                 " per group");
+  }
   TANDEM_CHECK(g.c > 0 && g.o > 0 && g.kh > 0 && g.kw > 0, kOp, ": empty channels or kernel: x ",
                ShapeToString(x.shape()), ", weight ", ShapeToString(weight.shape()));
   for (int d = 0; d < 2; ++d) {

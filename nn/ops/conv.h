@@ -1,7 +1,9 @@
-// 2-D convolution. CPU: float32 on oneDNN where tandem is built with it
-// (conv_dnnl.cc; primitives cached per shape and thread), else and for float64 /
-// bfloat16 im2col + OpenBLAS gemm (conv_cpu.cc); CUDA: cuDNN with the algorithm
-// chosen once per shape and cached (conv_cuda.cc).
+// 2-D convolution, grouped and depthwise included. CPU: float32 on oneDNN where
+// tandem is built with it (conv_dnnl.cc; primitives cached per shape and thread;
+// grouped weights as oneDNN's goihw, depthwise on its depthwise kernels), else and
+// for float64 / bfloat16 im2col + OpenBLAS gemm, one GEMM per group (conv_cpu.cc);
+// CUDA: cuDNN with the group count on the convolution descriptor and the
+// algorithm chosen once per shape and cached (conv_cuda.cc).
 #ifndef TANDEM_NN_OPS_CONV_H_
 #define TANDEM_NN_OPS_CONV_H_
 
@@ -16,10 +18,15 @@ struct Conv2dParams {
   std::array<int64_t, 2> stride{1, 1};    // (h, w)
   std::array<int64_t, 2> padding{0, 0};   // zeros on each side, (h, w)
   std::array<int64_t, 2> dilation{1, 1};  // (h, w)
+  // Channels split into `groups` independent convolutions: input channels
+  // [k C/G, (k+1) C/G) meet weight rows [k O/G, (k+1) O/G) only. groups == C
+  // (and O a multiple of C) is the depthwise convolution.
+  int64_t groups = 1;
 };
 
-// x: (N, C, H, W), weight: (O, C, KH, KW), bias: (O) or undefined
-// -> (N, O, OH, OW) with OH = (H + 2 ph - dh (KH - 1) - 1) / sh + 1 (likewise OW).
+// x: (N, C, H, W), weight: (O, C / G, KH, KW) with G = params.groups, bias: (O)
+// or undefined -> (N, O, OH, OW) with OH = (H + 2 ph - dh (KH - 1) - 1) / sh + 1
+// (likewise OW). C and O must be multiples of G.
 // Supported dtypes: float32, float64, bfloat16, one dtype for all operands.
 // bfloat16: products accumulate in float32 and the result is rounded to bfloat16
 // once (CPU: the float32 kernels on the bfloat16 values; CUDA: cuDNN with

@@ -1,4 +1,5 @@
-// CPU kernels of the conv family: im2col + OpenBLAS gemm, per chunk of samples.
+// CPU kernels of the conv family: im2col + OpenBLAS gemm, per chunk of samples
+// and (grouped convolutions) per group.
 #include <cblas.h>
 
 #include <algorithm>
@@ -136,6 +137,17 @@ constexpr int64_t kColBytesPerThread = int64_t{512} << 10;
 // order of dweight, depends on the shapes and OpenBLAS's thread count only.
 int64_t ColBytes() { return kColBytesPerThread * std::max(1, openblas_get_num_threads()); }
 
+// The geometry of one group of a grouped convolution: c / groups input and
+// o / groups output channels, groups 1. g itself when groups is 1. Im2Col and
+// Col2Im take it with x / dx pointing at the group's first channel.
+Conv2dGeometry OneGroup(const Conv2dGeometry& g) {
+  Conv2dGeometry one = g;
+  one.c = g.c / g.params.groups;
+  one.o = g.o / g.params.groups;
+  one.params.groups = 1;
+  return one;
+}
+
 // Images per chunk: as many as keep the chunk's column matrix
 // (taps, chunk * positions) within ColBytes() (at least one, at most n).
 int64_t ChunkImages(const Conv2dGeometry& g, int64_t elem_bytes) {
@@ -220,9 +232,13 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
       Conv2dForwardCpu(Float32Of(x), Float32Of(weight), Float32Of(bias), g, y32);
     });
   }
-  const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
+  // Per group k: y[:, k og : (k+1) og] = weight[k og : (k+1) og] im2col(x[:, k cg : (k+1) cg]),
+  // one GEMM per group and chunk (og, cg: the group's output / input channels).
+  const Conv2dGeometry one = OneGroup(g);
+  const int64_t groups = g.params.groups, og = one.o, cg = one.c;
+  const int64_t taps = one.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(x.dtype(), "conv2d", [&]<typename T>() {
-    const int64_t chunk = ChunkImages(g, sizeof(T));
+    const int64_t chunk = ChunkImages(one, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
@@ -234,14 +250,14 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     T* py = y.data<T>();
     for (int64_t first = 0; first < g.n; first += chunk) {
       const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
-      for (int64_t s = 0; s < count; ++s) {
-        Im2Col(px + (first + s) * g.c * g.h * g.w, g, cols + s * positions, ld);
-      }
       T* y_first = py + first * g.o * positions;
       if (count == 1) {
-        // y[first] (o, positions) = weight (o, taps) cols (taps, positions).
-        GemmRaw<T>(false, false, g.o, positions, taps, T(1), pw, taps, cols, positions, T(0),
-                   y_first, positions);
+        // y[first] (o, positions) = weight (o, taps) cols (taps, positions), by group.
+        for (int64_t k = 0; k < groups; ++k) {
+          Im2Col(px + (first * g.c + k * cg) * g.h * g.w, one, cols, ld);
+          GemmRaw<T>(false, false, og, positions, taps, T(1), pw + k * og * taps, taps, cols,
+                     positions, T(0), y_first + k * og * positions, positions);
+        }
         if (pb == nullptr) continue;
         for (int64_t oc = 0; oc < g.o; ++oc) {
           T* plane = y_first + oc * positions;
@@ -252,7 +268,13 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
       // out (o, count * positions) = weight (o, taps) cols (taps, count * positions),
       // then y[first + s] (o, positions) = out[:, s] (+ bias).
       T* out = out_buffer.data<T>();
-      GemmRaw<T>(false, false, g.o, ld, taps, T(1), pw, taps, cols, ld, T(0), out, ld);
+      for (int64_t k = 0; k < groups; ++k) {
+        for (int64_t s = 0; s < count; ++s) {
+          Im2Col(px + ((first + s) * g.c + k * cg) * g.h * g.w, one, cols + s * positions, ld);
+        }
+        GemmRaw<T>(false, false, og, ld, taps, T(1), pw + k * og * taps, taps, cols, ld, T(0),
+                   out + k * og * ld, ld);
+      }
       for (int64_t s = 0; s < count; ++s) {
         for (int64_t oc = 0; oc < g.o; ++oc) {
           const T* in = out + oc * ld + s * positions;
@@ -281,9 +303,11 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
       Conv2dBackwardDataCpu(Float32Of(dy), Float32Of(weight), g, dx32);
     });
   }
-  const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
+  const Conv2dGeometry one = OneGroup(g);
+  const int64_t groups = g.params.groups, og = one.o, cg = one.c;
+  const int64_t taps = one.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_data", [&]<typename T>() {
-    const int64_t chunk = ChunkImages(g, sizeof(T));
+    const int64_t chunk = ChunkImages(one, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
@@ -300,10 +324,13 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
         GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
         dy_chunk = dy_buffer.data<T>();
       }
-      // dcols (taps, count * positions) = weight^T (taps, o) dy (o, count * positions).
-      GemmRaw<T>(true, false, taps, ld, g.o, T(1), pw, taps, dy_chunk, ld, T(0), cols, ld);
-      for (int64_t s = 0; s < count; ++s) {
-        Col2Im(cols + s * positions, ld, g, pdx + (first + s) * g.c * g.h * g.w);
+      // Per group: dcols (taps, count * positions) = weight^T (taps, og) dy (og, count * positions).
+      for (int64_t k = 0; k < groups; ++k) {
+        GemmRaw<T>(true, false, taps, ld, og, T(1), pw + k * og * taps, taps,
+                   dy_chunk + k * og * ld, ld, T(0), cols, ld);
+        for (int64_t s = 0; s < count; ++s) {
+          Col2Im(cols + s * positions, ld, one, pdx + ((first + s) * g.c + k * cg) * g.h * g.w);
+        }
       }
     }
   });
@@ -321,9 +348,11 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
       Conv2dBackwardFilterCpu(Float32Of(dy), Float32Of(x), g, dw32);
     });
   }
-  const int64_t taps = g.c * g.kh * g.kw, positions = g.oh * g.ow;
+  const Conv2dGeometry one = OneGroup(g);
+  const int64_t groups = g.params.groups, og = one.o, cg = one.c;
+  const int64_t taps = one.c * g.kh * g.kw, positions = g.oh * g.ow;
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "conv2d_backward_filter", [&]<typename T>() {
-    const int64_t chunk = ChunkImages(g, sizeof(T));
+    const int64_t chunk = ChunkImages(one, sizeof(T));
     // From the host allocator's cache: no fresh pages (and their faults) per call.
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
@@ -334,17 +363,19 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
     T* pdw = dweight.data<T>();
     for (int64_t first = 0; first < g.n; first += chunk) {
       const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
-      for (int64_t s = 0; s < count; ++s) {
-        Im2Col(px + (first + s) * g.c * g.h * g.w, g, cols + s * positions, ld);
-      }
       const T* dy_chunk = pdy + first * g.o * positions;
       if (count > 1) {
         GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
         dy_chunk = dy_buffer.data<T>();
       }
-      // dweight (o, taps) (+)= dy (o, count * positions) cols^T (count * positions, taps).
-      GemmRaw<T>(false, true, g.o, taps, ld, T(1), dy_chunk, ld, cols, ld,
-                 first == 0 ? T(0) : T(1), pdw, taps);
+      for (int64_t k = 0; k < groups; ++k) {
+        for (int64_t s = 0; s < count; ++s) {
+          Im2Col(px + ((first + s) * g.c + k * cg) * g.h * g.w, one, cols + s * positions, ld);
+        }
+        // dweight (og, taps) (+)= dy (og, count * positions) cols^T (count * positions, taps).
+        GemmRaw<T>(false, true, og, taps, ld, T(1), dy_chunk + k * og * ld, ld, cols, ld,
+                   first == 0 ? T(0) : T(1), pdw + k * og * taps, taps);
+      }
     }
   });
 }

@@ -32,9 +32,10 @@ constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
 std::string Describe(const Conv2dGeometry& g, DType dtype) {
   const auto& p = g.params;
   return absl::StrCat("conv2d x (", g.n, ", ", g.c, ", ", g.h, ", ", g.w, "), weight (", g.o, ", ",
-                      g.c, ", ", g.kh, ", ", g.kw, "), stride (", p.stride[0], ", ", p.stride[1],
-                      "), padding (", p.padding[0], ", ", p.padding[1], "), dilation (",
-                      p.dilation[0], ", ", p.dilation[1], "), ", DTypeName(dtype));
+                      g.c / p.groups, ", ", g.kh, ", ", g.kw, "), stride (", p.stride[0], ", ",
+                      p.stride[1], "), padding (", p.padding[0], ", ", p.padding[1],
+                      "), dilation (", p.dilation[0], ", ", p.dilation[1], "), groups ", p.groups,
+                      ", ", DTypeName(dtype));
 }
 
 // The math type the heuristics are asked under: float32 without TF32 is limited
@@ -62,7 +63,8 @@ class ConvDescriptors {
         y_(dtype, g.n, g.o, g.oh, g.ow, device, "conv2d") {
     const cudnnDataType_t type = CudnnDataType(dtype, "conv2d");
     const auto& p = g.params;
-    const int filter[4] = {CudnnInt(g.o, "conv2d"), CudnnInt(g.c, "conv2d"),
+    // The filter is (O, C / groups, KH, KW); the group count is the convolution's.
+    const int filter[4] = {CudnnInt(g.o, "conv2d"), CudnnInt(g.c / p.groups, "conv2d"),
                            CudnnInt(g.kh, "conv2d"), CudnnInt(g.kw, "conv2d")};
     const int conv[6] = {CudnnInt(p.padding[0], "conv2d"),  CudnnInt(p.padding[1], "conv2d"),
                          CudnnInt(p.stride[0], "conv2d"),   CudnnInt(p.stride[1], "conv2d"),
@@ -81,6 +83,10 @@ class ConvDescriptors {
                                                        conv[4], conv[5], CUDNN_CROSS_CORRELATION,
                                                        ComputeType(dtype)),
                        device, what);
+    if (p.groups != 1) {
+      TANDEM_CHECK_CUDNN(cudnnSetConvolutionGroupCount(conv_.get(), CudnnInt(p.groups, "conv2d")),
+                         device, what);
+    }
     // TF32 only when allowed (set_allow_tf32); FMA math keeps float32 exact-ish.
     // Each call then sets the math type of the algorithm it runs (SetMathType).
     const bool tf32 = dtype == kFloat32 && AllowTf32();
@@ -120,15 +126,16 @@ struct ConvAlgos {
   size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
 };
 
-// (device, dtype, tf32, n, c, h, w, o, kh, kw, stride h/w, padding h/w, dilation h/w).
+// (device, dtype, tf32, n, c, h, w, o, kh, kw, stride h/w, padding h/w, dilation h/w,
+// groups).
 using AlgoKey = std::tuple<int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 AlgoKey KeyOf(const Conv2dGeometry& g, DType dtype, Device device) {
   const auto& p = g.params;
   return {device.index, static_cast<int>(dtype), dtype == kFloat32 && AllowTf32(), g.n, g.c, g.h,
           g.w, g.o, g.kh, g.kw, p.stride[0], p.stride[1], p.padding[0], p.padding[1],
-          p.dilation[0], p.dilation[1]};
+          p.dilation[0], p.dilation[1], p.groups};
 }
 
 // The first heuristic result that succeeded, fits the workspace limit, never

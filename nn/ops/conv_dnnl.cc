@@ -3,6 +3,9 @@
 // and the float32 GEMM of the matmul family (dnnl_sgemm), so that every float32
 // CPU kernel with threads runs on one runtime (OpenMP), never beside a spinning
 // OpenBLAS pool.
+// Grouped convolutions pass oneDNN 5-D grouped weights (our (O, C / G, KH, KW)
+// tensor is its goihw layout as it is); groups == channels runs on oneDNN's
+// depthwise kernels (jit dw in the blocked layouts).
 // By default the primitives run in the layouts oneDNN prefers (blocked, e.g.
 // nChw16c), with our NCHW / OIHW tensors reordered to them and back inside each
 // call; CpuConvPath::kDnnl keeps the plain layouts instead (for comparison).
@@ -63,22 +66,23 @@ enum class Kind { kForward, kBackwardData, kBackwardWeights };
 
 struct Key {
   Kind kind;
-  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw;
+  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
   bool blocked;
   int threads;
   auto Tie() const {
-    return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, bias, blocked,
-                    threads);
+    return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, bias,
+                    blocked, threads);
   }
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
 Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, bool blocked, int threads) {
   const auto& p = g.params;
-  return {kind,         g.n,          g.c,           g.h,           g.w,  g.o,     g.kh,
-          g.kw,         g.oh,         g.ow,          p.stride[0],   p.stride[1],   p.padding[0],
-          p.padding[1], p.dilation[0], p.dilation[1], bias,         blocked, threads};
+  return {kind,         g.n,           g.c,           g.h,         g.w,         g.o,
+          g.kh,         g.kw,          g.oh,          g.ow,        p.stride[0], p.stride[1],
+          p.padding[0], p.padding[1],  p.dilation[0], p.dilation[1], p.groups,  bias,
+          blocked,      threads};
 }
 
 // A primitive with the layouts it wants for its arguments; where those differ
@@ -97,11 +101,23 @@ struct Descs {
   memory::dims strides, dilates, padding;
 };
 
+// The plain layout of our weight tensor (O, C / G, KH, KW): OIHW, or for a
+// grouped convolution the same bytes as oneDNN's 5-D (G, O / G, C / G, KH, KW) GOIHW.
+Tag PlainWeightTag(const Conv2dGeometry& g) {
+  return g.params.groups == 1 ? Tag::oihw : Tag::goihw;
+}
+
+// weight_tag: Tag::any or PlainWeightTag(g).
 Descs DescsOf(const Conv2dGeometry& g, bool bias, Tag activation_tag, Tag weight_tag) {
   const auto& p = g.params;
   Descs d;
   d.src = memory::desc({g.n, g.c, g.h, g.w}, DataType::f32, activation_tag);
-  d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, DataType::f32, weight_tag);
+  if (p.groups == 1) {
+    d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, DataType::f32, weight_tag);
+  } else {
+    d.weights = memory::desc({p.groups, g.o / p.groups, g.c / p.groups, g.kh, g.kw},
+                             DataType::f32, weight_tag);
+  }
   if (bias) d.bias = memory::desc({g.o}, DataType::f32, Tag::x);
   d.dst = memory::desc({g.n, g.o, g.oh, g.ow}, DataType::f32, activation_tag);
   d.strides = {p.stride[0], p.stride[1]};
@@ -135,7 +151,7 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
 // ones, reordered to and from ours inside each call); else plain NCHW / OIHW.
 Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   const Tag act = key.blocked ? Tag::any : Tag::nchw;
-  const Tag wei = key.blocked ? Tag::any : Tag::oihw;
+  const Tag wei = key.blocked ? Tag::any : PlainWeightTag(g);
   const Descs d = DescsOf(g, key.bias, act, wei);
   Entry e;
   switch (key.kind) {
@@ -256,7 +272,7 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
                        const Conv2dGeometry& g, const Tensor& y) {
   const bool has_bias = bias.defined();
   const Entry& e = Lookup(Kind::kForward, g, has_bias);
-  const Descs d = DescsOf(g, has_bias, Tag::nchw, Tag::oihw);
+  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
   std::map<int, std::pair<memory::desc, const Tensor*>> in = {
       {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
   if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
@@ -266,7 +282,7 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
 void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                             const Tensor& dx) {
   const Entry& e = Lookup(Kind::kBackwardData, g, false);
-  const Descs d = DescsOf(g, false, Tag::nchw, Tag::oihw);
+  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
   Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
       {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}});
 }
@@ -274,7 +290,7 @@ void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2d
 void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight) {
   const Entry& e = Lookup(Kind::kBackwardWeights, g, false);
-  const Descs d = DescsOf(g, false, Tag::nchw, Tag::oihw);
+  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
   Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}},
       {{DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}});
 }

@@ -145,6 +145,14 @@ Tensor relu(const Tensor& x) {
   });
 }
 
+Tensor relu6(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kRelu6, x, "relu6");
+  return autograd::Record("relu6", {x}, out, [y = out.detach()](const Tensor& g) {
+    // At x == 0 and x == 6 the subgradient 0 is used (as PyTorch's hardtanh).
+    return std::vector<Tensor>{Binary(BinaryOp::kRelu6Backward, g, y, "relu6_backward")};
+  });
+}
+
 Tensor sigmoid(const Tensor& x) {
   Tensor out = Unary(UnaryOp::kSigmoid, x, "sigmoid");
   return autograd::Record("sigmoid", {x}, out, [y = out.detach()](const Tensor& g) {

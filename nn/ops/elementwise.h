@@ -29,6 +29,8 @@ Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 
 Tensor relu(const Tensor& x);
+// min(max(x, 0), 6) (MobileNetV2's activation); gradient 1 strictly inside (0, 6).
+Tensor relu6(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 

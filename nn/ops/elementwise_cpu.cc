@@ -66,6 +66,8 @@ void BinaryLoop(BinaryOp op, const T* pa, const T* pb, int64_t b_step, T* po, in
       return BinaryLoop<BinaryOp::kSigmoidBackward, T>(pa, pb, b_step, po, n);
     case BinaryOp::kTanhBackward:
       return BinaryLoop<BinaryOp::kTanhBackward, T>(pa, pb, b_step, po, n);
+    case BinaryOp::kRelu6Backward:
+      return BinaryLoop<BinaryOp::kRelu6Backward, T>(pa, pb, b_step, po, n);
   }
 }
 }  // namespace
@@ -122,6 +124,7 @@ void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double 
       case UnaryOp::kRelu: return UnaryLoop<UnaryOp::kRelu, T>(px, po, n, a, b);
       case UnaryOp::kSigmoid: return UnaryLoop<UnaryOp::kSigmoid, T>(px, po, n, a, b);
       case UnaryOp::kTanh: return UnaryLoop<UnaryOp::kTanh, T>(px, po, n, a, b);
+      case UnaryOp::kRelu6: return UnaryLoop<UnaryOp::kRelu6, T>(px, po, n, a, b);
     }
   });
 }

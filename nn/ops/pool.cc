@@ -78,4 +78,30 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
       });
 }
 
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  constexpr const char* kOp = "adaptive_avg_pool2d";
+  CheckDefined(x, kOp, "x");
+  TANDEM_CHECK(IsFloating(x.dtype()), kOp, ": expected a float32, float64 or bfloat16 tensor, got ",
+               x.ToString());
+  CheckDim(x, 4, kOp, "x (N, C, H, W)");
+  TANDEM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, kOp, ": output size ",
+               PairToString(output_size), " must be >= 1");
+  TANDEM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, kOp, ": x ", ShapeToString(x.shape()),
+               " has an empty plane; every output cell needs at least one input");
+  Pool2dGeometry g;
+  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.oh = output_size[0], g.ow = output_size[1];
+  const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+  Tensor y = empty({g.n, g.c, g.oh, g.ow}, options);
+  if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::AdaptiveAvgPool2dForward, x, g, y);
+  return autograd::Record("adaptive_avg_pool2d", {x}, y,
+                          [g, shape = x.shape(), options](const Tensor& dy) {
+                            Tensor dx = empty(shape, options);
+                            if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
+                            TANDEM_ON_DEVICE(dy, ops::internal::AdaptiveAvgPool2dBackward, dy, g,
+                                             dx);
+                            return std::vector<Tensor>{dx};
+                          });
+}
+
 }  // namespace tandem::nn

@@ -1,4 +1,5 @@
-// 2-D pooling. CPU: pool_cpu.cc; CUDA: cuDNN (pool_cuda.cc).
+// 2-D pooling. CPU: pool_cpu.cc; CUDA: cuDNN (pool_cuda.cc); adaptive average
+// pooling: our own kernels (pool_cpu.cc, pool_adaptive_cuda.cu).
 #ifndef TANDEM_NN_OPS_POOL_H_
 #define TANDEM_NN_OPS_POOL_H_
 
@@ -22,6 +23,15 @@ struct Pool2dParams {
 // deterministic max pooling chooses (untested for ties).
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& params = {});
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params = {});
+
+// x: (N, C, H, W) -> (N, C, OH, OW) for output_size (OH, OW), each >= 1: output
+// cell (oy, ox) is the mean of rows [floor(oy H / OH), ceil((oy + 1) H / OH)) and
+// columns [floor(ox W / OW), ceil((ox + 1) W / OW)) (PyTorch's
+// adaptive_avg_pool2d; windows may overlap when OH does not divide H). (1, 1) is
+// the global average of each plane. H and W >= 1. dtypes: float32, float64,
+// bfloat16 (sums in float32, each result rounded once). Deterministic on both
+// devices: backward gathers each dx element's contributions in a fixed order.
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
 
 }  // namespace tandem::nn
 

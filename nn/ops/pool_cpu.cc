@@ -357,4 +357,58 @@ void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tenso
   });
 }
 
+void AdaptiveAvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
+  const int64_t planes = g.n * g.c;
+  TANDEM_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* plane = px + p * g.h * g.w;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        const int64_t y0 = AdaptiveStart(oy, g.h, g.oh), y1 = AdaptiveEnd(oy, g.h, g.oh);
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const int64_t x0 = AdaptiveStart(ox, g.w, g.ow), x1 = AdaptiveEnd(ox, g.w, g.ow);
+          Acc<T> sum = Acc<T>(0);
+          for (int64_t iy = y0; iy < y1; ++iy) {
+            for (int64_t ix = x0; ix < x1; ++ix) sum += static_cast<Acc<T>>(plane[iy * g.w + ix]);
+          }
+          py[(p * g.oh + oy) * g.ow + ox] = T(sum / static_cast<Acc<T>>((y1 - y0) * (x1 - x0)));
+        }
+      }
+    }
+  });
+}
+
+void AdaptiveAvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
+  const int64_t planes = g.n * g.c;
+  TANDEM_DISPATCH_FLOATING(dy.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    // Gathered per dx element, in the order the CUDA kernel uses: same sums.
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* dplane = pdy + p * g.oh * g.ow;
+      for (int64_t iy = 0; iy < g.h; ++iy) {
+        const int64_t oy0 = AdaptiveFirstOutput(iy, g.h, g.oh);
+        const int64_t oy1 = AdaptiveLastOutput(iy, g.h, g.oh);
+        for (int64_t ix = 0; ix < g.w; ++ix) {
+          const int64_t ox0 = AdaptiveFirstOutput(ix, g.w, g.ow);
+          const int64_t ox1 = AdaptiveLastOutput(ix, g.w, g.ow);
+          Acc<T> sum = Acc<T>(0);
+          for (int64_t oy = oy0; oy < oy1; ++oy) {
+            const int64_t y0 = AdaptiveStart(oy, g.h, g.oh), y1 = AdaptiveEnd(oy, g.h, g.oh);
+            if (iy < y0 || iy >= y1) continue;
+            for (int64_t ox = ox0; ox < ox1; ++ox) {
+              const int64_t x0 = AdaptiveStart(ox, g.w, g.ow), x1 = AdaptiveEnd(ox, g.w, g.ow);
+              if (ix < x0 || ix >= x1) continue;
+              sum += static_cast<Acc<T>>(dplane[oy * g.ow + ox]) /
+                     static_cast<Acc<T>>((y1 - y0) * (x1 - x0));
+            }
+          }
+          pdx[(p * g.h + iy) * g.w + ix] = T(sum);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace tandem::nn::ops::internal

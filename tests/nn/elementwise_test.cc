@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "nn/layers.h"
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
 
@@ -79,6 +80,33 @@ TEST(ElementwiseGradTest, ReluAwayFromTheKink) {
   Tensor z = zeros({1}, {.dtype = kFloat64, .requires_grad = true});
   relu(z).backward();
   EXPECT_EQ(z.grad().item(), 0.0);
+}
+
+TEST(ElementwiseTest, Relu6ClampsToZeroSix) {
+  const std::vector<double> v = {-3.0, -0.0, 0.25, 5.5, 6.0, 7.5};
+  const std::vector<double> want = {0.0, 0.0, 0.25, 5.5, 6.0, 6.0};
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+    Tensor x = from_vector(v, {2, 3}).to(dtype);
+    Tensor y = relu6(x);
+    EXPECT_EQ(y.dtype(), dtype);
+    EXPECT_EQ(y.to_vector<double>(), want) << DTypeName(dtype);
+    EXPECT_EQ(ReLU6()(x).to_vector<double>(), want) << DTypeName(dtype);
+  }
+  EXPECT_THROW(relu6(zeros({2}, {.dtype = kInt64})), Error);
+}
+
+TEST(ElementwiseGradTest, Relu6AwayFromTheKinks) {
+  // Values at least 0.1 from 0 and from 6, on both sides of each kink.
+  std::vector<double> v = {-1.0, -0.1, 0.1, 0.7, 3.0, 5.9, 6.1, 8.0};
+  Tensor x = from_vector(v, {2, 4}, {.requires_grad = true});
+  EXPECT_TRUE(GradCheck([](const auto& in) { return relu6(in[0]); }, {x}));
+  manual_seed(4);
+  EXPECT_TRUE(GradCheck([](const auto& in) { return relu6(in[0] * 4.0) * 2.0; },
+                        {RandomInput({3, 5}, 2.0)}));
+  // At exactly 0 and 6 the subgradient 0 is used (PyTorch's hardtanh backward).
+  Tensor k = from_vector(std::vector<double>{0.0, 6.0}, {2}, {.requires_grad = true});
+  relu6(k).backward(ones({2}, {.dtype = kFloat64}));
+  EXPECT_EQ(k.grad().to_vector<double>(), (std::vector<double>{0.0, 0.0}));
 }
 
 TEST(ElementwiseGradTest, SharedInputGetsBothContributions) {

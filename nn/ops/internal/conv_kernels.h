@@ -17,9 +17,9 @@ namespace tandem::nn::ops::internal {
 // algorithm cache (with dtype and device).
 struct Conv2dGeometry {
   int64_t n = 0, c = 0, h = 0, w = 0;  // x: (n, c, h, w)
-  int64_t o = 0, kh = 0, kw = 0;       // weight: (o, c, kh, kw)
+  int64_t o = 0, kh = 0, kw = 0;       // weight: (o, c / params.groups, kh, kw)
   int64_t oh = 0, ow = 0;              // y: (n, o, oh, ow)
-  Conv2dParams params;
+  Conv2dParams params;                 // params.groups divides c and o
 };
 
 // y = conv(x, weight) + bias (bias undefined: none).

@@ -12,9 +12,11 @@
 namespace tandem::nn::ops::internal {
 
 // out = f(a, b). The *Backward ops take (a = grad of output, b = saved output).
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kReluBackward, kSigmoidBackward, kTanhBackward };
+enum class BinaryOp {
+  kAdd, kSub, kMul, kDiv, kReluBackward, kRelu6Backward, kSigmoidBackward, kTanhBackward
+};
 // out = f(x; s).
-enum class UnaryOp { kAffine, kRDiv, kPow, kExp, kLog, kRelu, kSigmoid, kTanh };
+enum class UnaryOp { kAffine, kRDiv, kPow, kExp, kLog, kRelu, kRelu6, kSigmoid, kTanh };
 
 // How a and b index into the output: strides in elements per output dim, 0 where
 // that operand is broadcast. Up to kMaxDims dims.
@@ -40,6 +42,8 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
     case BinaryOp::kReluBackward: return b > T(0) ? a : T(0);
     case BinaryOp::kSigmoidBackward: return a * b * (T(1) - b);
     case BinaryOp::kTanhBackward: return a * (T(1) - b * b);
+    // Saved output strictly inside (0, 6) <=> input inside (0, 6).
+    case BinaryOp::kRelu6Backward: return b > T(0) && b < T(6) ? a : T(0);
   }
   return T(0);
 }
@@ -71,6 +75,7 @@ TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s0, T s1) {
     case UnaryOp::kExp: return MathExp(x);
     case UnaryOp::kLog: return MathLog(x);
     case UnaryOp::kRelu: return x > T(0) ? x : T(0);
+    case UnaryOp::kRelu6: return x > T(0) ? (x < T(6) ? x : T(6)) : T(0);
     case UnaryOp::kSigmoid: return T(1) / (T(1) + MathExp(-x));
     case UnaryOp::kTanh: return MathTanh(x);
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "nn/random.h"  // TANDEM_HOST_DEVICE
 #include "nn/tensor.h"
 
 namespace tandem::nn::ops::internal {
@@ -32,7 +33,32 @@ void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indice
 void AvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
 void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 
+// Adaptive average pooling (n, c, h, w and oh, ow of the geometry; kernel, stride
+// and padding unused). Output index o of `out` outputs over `in` inputs reads
+// inputs [AdaptiveStart, AdaptiveEnd); input i is read by the outputs
+// [AdaptiveFirstOutput, AdaptiveLastOutput) (a superset: check the window).
+TANDEM_HOST_DEVICE int64_t AdaptiveStart(int64_t o, int64_t in, int64_t out) {
+  return (o * in) / out;
+}
+TANDEM_HOST_DEVICE int64_t AdaptiveEnd(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+TANDEM_HOST_DEVICE int64_t AdaptiveFirstOutput(int64_t i, int64_t in, int64_t out) {
+  return (i * out) / in;
+}
+TANDEM_HOST_DEVICE int64_t AdaptiveLastOutput(int64_t i, int64_t in, int64_t out) {
+  const int64_t last = ((i + 1) * out + in - 1) / in;
+  return last < out ? last : out;
+}
+// y (n, c, oh, ow) = window means; dx (overwritten) = for each x element, the sum
+// over the windows holding it of dy / window size, in increasing (oy, ox).
+void AdaptiveAvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
+void AdaptiveAvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
+
 #if TANDEM_WITH_CUDA
+// pool_adaptive_cuda.cu: float32, float64 and bfloat16, the CPU's arithmetic.
+void AdaptiveAvgPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
+void AdaptiveAvgPool2dBackwardCuda(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 void MaxPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
                           const Tensor& indices);
 void MaxPool2dBackwardCuda(const Tensor& x, const Tensor& y, const Tensor& indices,
