@@ -115,8 +115,9 @@ void LogStragglers(dist::Context& ctx, int epoch, std::vector<double> step_ms,
   }
   ctx.log().Info("epoch {} ranks: {}; gradient all-reduce hidden under backward: {}; {}", epoch,
                  ranks,
-                 comm > 0 ? absl::StrFormat("%.0f%% of %.2f s", 100 * hidden / comm, comm)
-                          : std::string("none (no reduction timed)"),
+                 ctx.device().is_cuda() ? std::string("not measured on GPU ranks (device time)")
+                 : comm > 0 ? absl::StrFormat("%.0f%% of %.2f s", 100 * hidden / comm, comm)
+                            : std::string("none (no reduction timed)"),
                  straggler);
 }
 

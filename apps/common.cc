@@ -399,7 +399,13 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--stop_at_step", absl::StrCat(flags.stop_at_step)},
       {"--checkpoint_every_steps", absl::StrCat(flags.checkpoint_every_steps)},
       {"--checkpoint_every_minutes", absl::StrCat(flags.checkpoint_every_minutes)},
+      // Every rank takes part in the gathers of TensorBoard's step times and of the trace.
+      {"--tensorboard_dir", flags.tensorboard_dir.empty() ? "(off)" : "(on)"},
+      {"--log_every", absl::StrCat(flags.log_every)},
+      {"--trace", flags.trace.empty() ? "(off)" : "(on)"},
+      {"--trace_steps", flags.trace_steps},
   };
+  for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;
 }
 

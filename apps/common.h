@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,6 +84,8 @@ struct RunFlags {
   double checkpoint_every_minutes = 0;  // 0: off
   int keep_checkpoints = 0;             // 0: keep all
   // Per-program flags (copied in by the program's main).
+  // The program's own flags that every process of a job must agree on.
+  std::vector<std::pair<std::string, std::string>> program_agreed;
   int epochs = 1;
   int batch_size = 1;  // per rank
   // --batch_size was on the command line (not from a --flagfile): set by

@@ -55,7 +55,7 @@ class InvertedResidual : public nn::Module {
 
 class MobileNetV2 : public nn::Module {
  public:
-  explicit MobileNetV2(int64_t num_classes) {
+  MobileNetV2(int64_t num_classes, double dropout) {
     // (expand ratio t, channels c, blocks n, first stride s), width 1.0: every
     // channel count is already a multiple of 8 (torchvision's _make_divisible).
     struct Stage {
@@ -82,7 +82,7 @@ class MobileNetV2 : public nn::Module {
       fc->weight.detach().copy_(nn::mul_scalar(nn::randn(fc->weight.shape()), 0.01));
       fc->bias.detach().fill_(0.0);
     }
-    classifier_ = register_module("classifier", nn::Sequential({nn::Dropout(0.2), fc}));
+    classifier_ = register_module("classifier", nn::Sequential({nn::Dropout(dropout), fc}));
   }
   nn::Tensor forward(const nn::Tensor& x) override {
     return classifier_(nn::adaptive_avg_pool2d(features_(x), {1, 1}).flatten(1));
@@ -115,6 +115,8 @@ std::shared_ptr<nn::Module> MakeConvNet() {
       .ptr();
 }
 
-std::shared_ptr<nn::Module> MakeMobileNetV2() { return std::make_shared<MobileNetV2>(10); }
+std::shared_ptr<nn::Module> MakeMobileNetV2(double dropout) {
+  return std::make_shared<MobileNetV2>(10, dropout);
+}
 
 }  // namespace tandem::apps

@@ -38,8 +38,9 @@ std::shared_ptr<nn::Module> MakeConvNet();
 // Parameter names are torchvision's ("features.1.conv.0.0.weight",
 // "classifier.1.bias", ...), 2,236,682 parameters; init as torchvision:
 // convolutions kaiming-normal (fan_out), BatchNorm ones / zeros, the Linear
-// normal(0, 0.01) with a zero bias.
-std::shared_ptr<nn::Module> MakeMobileNetV2();
+// normal(0, 0.01) with a zero bias. `dropout`: the classifier's Dropout p (the
+// benchmark's loss comparison with PyTorch uses 0: masks are not shared).
+std::shared_ptr<nn::Module> MakeMobileNetV2(double dropout = 0.2);
 
 }  // namespace tandem::apps
 

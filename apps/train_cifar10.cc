@@ -1,5 +1,7 @@
-// train_cifar10: the ConvNet of the data-parallel quick start on CIFAR-10
-// binary files (data_batch_1..5.bin, test_batch.bin in --data_dir). Without
+// train_cifar10: the ConvNet of the data-parallel quick start (--model=convnet)
+// or torchvision's MobileNetV2 (--model=mobilenet_v2, OneFlow's DDP example:
+// width 1.0, 10 classes; use --optimizer=sgd --lr=1e-3 --batch_size=64 as OneFlow
+// does) on CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin in --data_dir). Without
 // real files it says so and trains on a generated CIFAR-shaped dataset
 // (3x32x32 images, 10 classes, each class a fixed random pattern plus noise),
 // labelled "synthetic" in the environment table, every log line, the metrics
@@ -7,6 +9,8 @@
 //
 //   train_cifar10 --data_dir=/data/cifar-10-batches-bin
 //   train_cifar10 --epochs=1 --max_steps_per_epoch=20      # synthetic, a smoke run
+//   train_cifar10 --model=mobilenet_v2 --gpus=cpu --nprocs=2 --optimizer=sgd --batch_size=64
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +24,9 @@
 #include "data/transforms.h"
 #include "nn/nn.h"
 
+ABSL_FLAG(std::string, model, "convnet",
+          "convnet (the quick start's ConvNet) or mobilenet_v2 (torchvision's MobileNetV2, "
+          "width 1.0, 10 classes, classifier Dropout(0.2) + Linear(1280, 10)).");
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
           "Examples per step on each rank (the global batch is batch_size x ranks). Unset in "
@@ -83,7 +90,8 @@ data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
 int main(int argc, char** argv) {
   apps::RunFlags flags = apps::ParseFlagsOrExit(
       argc, argv,
-      "Trains the ConvNet of the data-parallel quick start on CIFAR-10 (binary version, "
+      "Trains the ConvNet of the data-parallel quick start (or MobileNetV2, --model) on "
+      "CIFAR-10 (binary version, "
       "--data_dir), or on a generated CIFAR-shaped dataset reported as synthetic when there "
       "are no real files.\n\nUsage: train_cifar10 [--flag=value ...]");
   flags.epochs = absl::GetFlag(FLAGS_epochs);
@@ -92,6 +100,12 @@ int main(int argc, char** argv) {
   flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (model != "convnet" && model != "mobilenet_v2") {
+    apps::FlagErrorExit(flags, absl::StrCat("--model \"", model,
+                                            "\": not a model (convnet, mobilenet_v2)"));
+  }
+  flags.program_agreed.emplace_back("--model", model);
   apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
                                .rank_per_core = true});
   const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
@@ -127,9 +141,15 @@ int main(int argc, char** argv) {
     set.batch_transform = Standardise(1.0);
     set.name = "CIFAR-10 (synthetic)";
   }
-  return apps::RunClassifier(flags, set, apps::MakeConvNet,
-                             {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)"
-                                                                               : flags.data_dir),
-                              "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "
-                              "maxpool2, conv3x3(64)+ReLU, fc(1024->64)+ReLU, fc(64->10)"});
+  const bool mobilenet = model == "mobilenet_v2";
+  return apps::RunClassifier(
+      flags, set,
+      mobilenet ? std::function<std::shared_ptr<nn::Module>()>([] { return apps::MakeMobileNetV2(); })
+                : std::function<std::shared_ptr<nn::Module>()>(apps::MakeConvNet),
+      {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)" : flags.data_dir),
+       mobilenet ? "model=MobileNetV2 (torchvision's, width 1.0): 17 inverted residual blocks, "
+                   "depthwise convolutions, ReLU6, BatchNorm; Dropout(0.2) + fc(1280->10); "
+                   "2,236,682 parameters"
+                 : "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "
+                   "maxpool2, conv3x3(64)+ReLU, fc(1024->64)+ReLU, fc(64->10)"});
 }

@@ -142,6 +142,12 @@ class Communicator {
   double waited_seconds() const { return waited_ns_.load(std::memory_order_relaxed) * 1e-9; }
   void AddWaited(int64_t ns) { waited_ns_.fetch_add(ns, std::memory_order_relaxed); }
 
+  // True when all_reduce_async returns before the collective is done and it then
+  // runs on another host thread while the caller computes (the cross-process
+  // communicator); false when it runs inside the call (the in-process one) or on
+  // a device stream (NCCL: overlap there is device time, not host time).
+  virtual bool overlaps_all_reduce_on_host() const { return false; }
+
   // spawn attaches the run's stop token and this rank's trace before fn starts.
   void Attach(std::stop_token stop, internal::CollectiveTrace* trace);
   bool stop_requested() const { return stop_.stop_requested(); }

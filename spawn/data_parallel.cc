@@ -234,11 +234,22 @@ void DataParallel::FinishBackward() {
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     if (b.work) {
+      const auto wait_start = std::chrono::steady_clock::now();
       b.work->wait();
       const auto done = std::chrono::steady_clock::now();
-      overlap_.comm_s += std::chrono::duration<double>(done - b.launched).count();
-      overlap_.hidden_s += std::max(
-          0.0, std::chrono::duration<double>(std::min(done, backward_end) - b.returned).count());
+      // Exposed: the rank was blocked by it (inside the launch call, in the wait).
+      // Hidden: it ran on another thread while backward went on (when the
+      // communicator does that), from the launch call's return to the end of
+      // backward or of the work, whichever came first.
+      const double exposed = std::chrono::duration<double>(b.returned - b.launched).count() +
+                             std::chrono::duration<double>(done - wait_start).count();
+      const double hidden =
+          ctx_.communicator().overlaps_all_reduce_on_host()
+              ? std::max(0.0, std::chrono::duration<double>(std::min(done, backward_end) -
+                                                            b.returned).count())
+              : 0.0;
+      overlap_.comm_s += exposed + hidden;
+      overlap_.hidden_s += hidden;
     }
     if (b.work && trace != nullptr) {
       // From the launch in backward to the end of this wait: the part before

@@ -112,10 +112,12 @@ class DataParallel {
   void apply_collective_grads();
 
   // How much of the gradients' all-reduce ran behind backward, summed over every
-  // pass so far (host time): comm_s, from each bucket's launch to the end of its
-  // wait; hidden_s, the part of that between the launch call's return and the end
-  // of backward (a communicator whose all_reduce_async runs the collective inside
-  // the call hides nothing).
+  // pass so far (host time). Per bucket, exposed = the time the rank was blocked
+  // by it (inside the all_reduce_async call, in its wait); hidden = when the
+  // communicator runs it on another host thread (overlaps_all_reduce_on_host),
+  // the time from the call's return to the end of backward or of the work,
+  // whichever came first; comm_s = exposed + hidden. The in-process communicator
+  // runs it inside the call: nothing hidden. NCCL: not measured on the host.
   struct OverlapStats {
     double comm_s = 0;
     double hidden_s = 0;

@@ -68,7 +68,7 @@ char* openblas_get_config(void);
 ABSL_FLAG(std::string, device, "cpu", "Where to run: cpu, cuda or cuda:N.");
 ABSL_FLAG(std::string, models, "mlp,lenet,convnet",
           "Comma-separated models: mlp (784-512-10), lenet (train_mnist's), convnet "
-          "(train_cifar10's).");
+          "(train_cifar10's), mobilenet_v2 (train_cifar10 --model=mobilenet_v2's, dropout 0).");
 ABSL_FLAG(std::string, batch_sizes, "32,128,512", "Comma-separated batch sizes (each >= 1).");
 ABSL_FLAG(std::string, optimizers, "sgd,adam",
           "Comma-separated optimizers: sgd (plain, lr 0.01) and/or adam (lr 1e-3, betas "
@@ -144,6 +144,9 @@ const std::vector<ModelSpec>& AllModels() {
       {"convnet", apps::MakeConvNet, {3, 32, 32},
        "conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, maxpool2, conv3x3(64)+ReLU, "
        "fc(1024->64)+ReLU, fc(64->10)"},
+      {"mobilenet_v2", [] { return apps::MakeMobileNetV2(/*dropout=*/0.0); }, {3, 32, 32},
+       "torchvision's MobileNetV2 (width 1.0, 10 classes, BatchNorm in training mode), "
+       "classifier Dropout p=0 so that both sides compute the same losses"},
   };
   return *models;
 }
@@ -206,7 +209,7 @@ Config ParseConfig() {
     }
     if (found == nullptr) {
       FlagError(absl::StrCat("--models=", models_text, ": unknown model \"", name,
-                             "\" (mlp, lenet, convnet)"));
+                             "\" (mlp, lenet, convnet, mobilenet_v2)"));
     }
     c.models.push_back(found);
   }

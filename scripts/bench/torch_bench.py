@@ -73,6 +73,11 @@ def make_model(name):
         return nn.Sequential(nn.Conv2d(1, 20, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(20, 20, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(20 * 7 * 7, 10))
+    if name == "mobilenet_v2":
+        # torchvision's definition; tandem's apps::MakeMobileNetV2 uses its names.
+        # Dropout 0: the loss comparison cannot share dropout masks.
+        import torchvision
+        return torchvision.models.mobilenet_v2(num_classes=10, dropout=0.0)
     if name == "convnet":
         return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -173,8 +178,13 @@ def run_cell(args, device, name, model, initial, images, labels, batch, opt_name
             "optimizer": opt_name, "device": str(device), "tf32": args.tf32, "bf16": args.bf16,
             "graph": mode == "reduce-overhead", "graph_nodes": None, "skipped": None}
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(initial[name])
+        # Parameters and buffers (BatchNorm's running statistics): every cell
+        # starts from the exchanged state, as tandem_bench's does.
+        for name, t in model.state_dict().items():
+            if name in initial:
+                t.copy_(initial[name])
+            elif name.endswith("num_batches_tracked"):
+                t.zero_()
     for p in model.parameters():
         p.grad = None
     model.train()
@@ -364,7 +374,10 @@ def main(argv):
         entry = manifest["models"][name]
         model = make_model(name).to(device)
         initial = {p["name"]: read_raw(args.import_dir, p).to(device) for p in entry["params"]}
-        own = dict(model.named_parameters())
+        # tandem's state is the parameters and the buffers; torch's BatchNorm also
+        # counts its batches (num_batches_tracked), which tandem does not keep.
+        own = {k: v for k, v in model.state_dict().items()
+               if not k.endswith("num_batches_tracked")}
         if set(own) != set(initial):
             raise ValueError(f"{name}: parameters {sorted(own)} vs manifest {sorted(initial)}")
         for key, t in initial.items():

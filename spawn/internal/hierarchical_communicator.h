@@ -116,6 +116,7 @@ class HierarchicalCommunicator final : public Communicator {
   HierarchicalCommunicator(int local_rank, nn::Device device,
                            std::shared_ptr<HierarchicalExchange> exchange);
   std::string kind() const override { return "hierarchical (in-process + MPI)"; }
+  bool overlaps_all_reduce_on_host() const override { return true; }
   void PollCompleted() override;
 
  protected:
