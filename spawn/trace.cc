@@ -12,6 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "spawn/context.h"
+#if TANDEM_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "nn/cuda/context.h"
+#endif
 
 namespace tandem::dist {
 namespace {
@@ -124,17 +129,100 @@ std::string TraceRecorder::EventsJson(int process_index) const {
 }
 
 TraceSpan::TraceSpan(const Context& ctx, const char* name, std::string args)
-    : recorder_(ctx.trace()), rank_(ctx.rank()), name_(name), args_(std::move(args)) {
+    : recorder_(ctx.trace()), rank_(ctx.rank()), name_(name), args_(std::move(args)),
+      device_(ctx.device()) {
   if (recorder_ != nullptr && !recorder_->recording(rank_)) recorder_ = nullptr;
-  if (recorder_ != nullptr) start_ = TraceRecorder::Clock::now();
+  if (recorder_ == nullptr) return;
+  start_ = TraceRecorder::Clock::now();
+#if TANDEM_WITH_CUDA
+  if (device_.is_cuda()) {
+    cudaEvent_t event = nullptr;
+    nn::internal::CudaDeviceScope scope(device_);
+    if (cudaEventCreate(&event) == cudaSuccess &&
+        cudaEventRecord(event, nn::internal::ThreadStream(device_)) == cudaSuccess) {
+      device_start_ = event;
+    } else if (event != nullptr) {
+      cudaEventDestroy(event);
+    }
+  }
+#endif
 }
 
 TraceSpan::~TraceSpan() {
-  if (recorder_ != nullptr) recorder_->Span(rank_, name_, start_, TraceRecorder::Clock::now(), args_);
+  if (recorder_ == nullptr) return;
+  recorder_->Span(rank_, name_, start_, TraceRecorder::Clock::now(), args_);
+#if TANDEM_WITH_CUDA
+  if (device_start_ != nullptr) {
+    cudaEvent_t end = nullptr;
+    nn::internal::CudaDeviceScope scope(device_, std::nothrow);
+    if (cudaEventCreate(&end) == cudaSuccess &&
+        cudaEventRecord(end, nn::internal::ThreadStream(device_)) == cudaSuccess) {
+      recorder_->DeviceSpan(rank_, name_, device_start_, end);
+    } else {
+      cudaEventDestroy(static_cast<cudaEvent_t>(device_start_));
+      if (end != nullptr) cudaEventDestroy(end);
+    }
+  }
+#endif
 }
 
-absl::Status WriteTrace(Context& ctx, const TraceRecorder& trace, const std::string& path) {
-  // Every rank has stopped recording before local rank 0 reads its process's recorder.
+void TraceRecorder::DeviceSpan(int rank, absl::string_view name, void* start_event,
+                               void* end_event) {
+  Rank& r = At(rank);
+  std::lock_guard<std::mutex> lock(r.mutex);
+#if TANDEM_WITH_CUDA
+  if (r.reference == nullptr) {
+    // The device's origin: an event the host waits for once, so that its device
+    // time is (about) the host time right after the wait. One host sync per run,
+    // at the first traced span.
+    cudaEvent_t reference = nullptr;
+    if (cudaEventCreate(&reference) == cudaSuccess &&
+        cudaEventRecord(reference, nullptr) == cudaSuccess &&
+        cudaEventSynchronize(reference) == cudaSuccess) {
+      r.reference = reference;
+      r.reference_us = Micros(Clock::now());
+    } else if (reference != nullptr) {
+      cudaEventDestroy(reference);
+    }
+  }
+#endif
+  r.device_spans.push_back({std::string(name), start_event, end_event});
+}
+
+void TraceRecorder::ResolveDeviceSpans(int rank) {
+  Rank& r = At(rank);
+  std::lock_guard<std::mutex> lock(r.mutex);
+#if TANDEM_WITH_CUDA
+  for (const PendingDeviceSpan& span : r.device_spans) {
+    auto start = static_cast<cudaEvent_t>(span.start);
+    auto end = static_cast<cudaEvent_t>(span.end);
+    float from_ms = 0, to_ms = 0;
+    if (r.reference != nullptr && cudaEventSynchronize(end) == cudaSuccess &&
+        cudaEventElapsedTime(&from_ms, static_cast<cudaEvent_t>(r.reference), start) == cudaSuccess &&
+        cudaEventElapsedTime(&to_ms, static_cast<cudaEvent_t>(r.reference), end) == cudaSuccess) {
+      // The reference is recorded after the first span: earlier events have
+      // negative offsets from it, which is fine.
+      absl::StrAppendFormat(&r.events,
+                            "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
+                            "\"pid\": PID, \"tid\": %d}",
+                            r.events.empty() ? "" : ",\n", Escape(span.name),
+                            r.reference_us + static_cast<int64_t>(from_ms * 1000),
+                            std::max<int64_t>(0, static_cast<int64_t>((to_ms - from_ms) * 1000)),
+                            kDeviceTrack + rank);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+  }
+  if (r.reference != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(r.reference));
+  r.reference = nullptr;
+#endif
+  r.device_spans.clear();
+}
+
+absl::Status WriteTrace(Context& ctx, TraceRecorder& trace, const std::string& path) {
+  // Every rank has stopped recording (and turned its device spans into events)
+  // before local rank 0 reads its process's recorder.
+  trace.ResolveDeviceSpans(ctx.rank());
   ctx.communicator().barrier();
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
@@ -143,10 +231,17 @@ absl::Status WriteTrace(Context& ctx, const TraceRecorder& trace, const std::str
     // This rank's events only: a recorder shared by local ranks holds them all,
     // and local rank 0 sends them for its process (the others send nothing).
     if (ctx.local_rank() == 0) mine = trace.EventsJson(ctx.process_index());
-    const std::string names = absl::StrFormat(
+    std::string names = absl::StrFormat(
         "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
         "\"rank %d (%s)\"}}",
         ctx.process_index(), ctx.rank(), ctx.rank(), Escape(ctx.device().ToString()));
+    if (ctx.device().is_cuda()) {
+      absl::StrAppendFormat(&names,
+                            ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
+                            "\"args\": {\"name\": \"rank %d (%s) stream\"}}",
+                            ctx.process_index(), TraceRecorder::kDeviceTrack + ctx.rank(),
+                            ctx.rank(), Escape(ctx.device().ToString()));
+    }
     mine = mine.empty() ? names : absl::StrCat(names, ",\n", mine);
     if (ctx.local_rank() == 0) {
       mine = absl::StrCat(

@@ -11,8 +11,12 @@
 //   absl::Status s = dist::WriteTrace(ctx, trace, "trace.json");  // every rank; rank 0 writes
 //
 // Spans are host time (steady clock, microseconds): on a GPU they show when the
-// host issued the work, not when the device ran it (device spans from CUDA
-// events are not recorded). DataParallel adds one span per bucket all-reduce,
+// host issued the work. On a CUDA rank each TraceSpan also records a pair of
+// CUDA events on the rank's stream, and WriteTrace places those device spans on
+// a second track per rank ("rank R (cuda:N) stream"), aligned with the host
+// timeline through a reference event synchronised once, at the first span.
+// (Written and compiled; not run: no GPU has been lent.) DataParallel adds one
+// span per bucket all-reduce,
 // from its launch in backward to the end of its wait, with the bucket's bytes:
 // a span that starts before the backward span ends is communication overlapping
 // backward.
@@ -34,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "nn/device.h"
 
 namespace tandem::dist {
 
@@ -62,14 +67,29 @@ class TraceRecorder {
             const std::string& args = "");
 
   // This process's events as JSON array elements (comma-separated, no brackets),
-  // with pid = process_index and tid = rank.
+  // with pid = process_index and tid = rank (device spans: kDeviceTrack + rank).
   std::string EventsJson(int process_index) const;
 
+  // CUDA ranks: a device span's events (cudaEvent_t, recorded by TraceSpan).
+  void DeviceSpan(int rank, absl::string_view name, void* start_event, void* end_event);
+  // Turns the rank's recorded device spans into events (waits for them on the
+  // device). Called by WriteTrace on each rank's own thread. Without CUDA: nothing.
+  void ResolveDeviceSpans(int rank);
+  static constexpr int kDeviceTrack = 1'000'000;
+
  private:
+  struct PendingDeviceSpan {
+    std::string name;
+    void* start = nullptr;  // cudaEvent_t
+    void* end = nullptr;
+  };
   struct Rank {
     mutable std::mutex mutex;
     std::atomic<bool> recording{false};
     std::string events;  // JSON objects, comma-separated
+    std::vector<PendingDeviceSpan> device_spans;
+    void* reference = nullptr;      // cudaEvent_t synchronised once: the device's origin
+    int64_t reference_us = 0;       // host steady-clock microseconds at it
   };
   Rank& At(int rank);
   const Rank* Find(int rank) const;
@@ -93,13 +113,15 @@ class TraceSpan {
   const char* name_;
   std::string args_;
   TraceRecorder::Clock::time_point start_;
+  nn::Device device_;             // the rank's device
+  void* device_start_ = nullptr;  // cudaEvent_t on a CUDA rank, else null
 };
 
 // Collective: every rank of the run calls it; global rank 0 writes `path` with
 // every process's events and the track names ("process p (host h, pid n)",
 // "rank r (device)"). Steady clocks of different hosts are not aligned: a
 // multi-host trace shows each host's timeline from its own origin.
-absl::Status WriteTrace(Context& ctx, const TraceRecorder& trace, const std::string& path);
+absl::Status WriteTrace(Context& ctx, TraceRecorder& trace, const std::string& path);
 
 // "K:N" (steps K..K+N-1) or "K:" (from K on); errors name the value.
 absl::Status ParseTraceWindow(absl::string_view text, TraceRecorder::Window* window);

@@ -46,6 +46,8 @@ def main(path, ranks, processes, steps):
             if not isinstance(e.get(key), (int, float)) or e[key] < 0:
                 fail(f"complete event with a bad {key}: {e}")
         spans.setdefault(e["tid"], []).append(e)
+    # Device tracks of CUDA ranks (tid 1000000 + rank) come on top of the rank tracks.
+    thread_names = {t: n for t, n in thread_names.items() if t < 1000000}
     if sorted(thread_names) != list(range(ranks)):
         fail(f"named tracks {sorted(thread_names)}, expected ranks 0..{ranks - 1}")
     if len(process_names) != processes:
