@@ -63,6 +63,10 @@ def main():
     state, images, labels = load(import_dir)
     res = {d: run(state, images, labels, getattr(torch, d), batch, steps)
            for d in ("float32", "float64")}
+    # torch float32 against itself with other conv kernels (mkldnn off: its
+    # native/THNN ones): the same arithmetic up to rounding.
+    with torch.backends.mkldnn.flags(enabled=False):
+        other32 = run(state, images, labels, torch.float32, batch, steps)[0]
     tandem = {}
     for d in ("float32", "float64"):
         path = prefix + d
@@ -78,7 +82,8 @@ def main():
         if os.path.exists(log):
             losses = [float(l.split()[3]) for l in open(log) if l.startswith("step ")]
         tandem[d] = (losses, g)
-    print("losses (step: torch32 torch64 tandem32 tandem64 | rel t32-t64 torch, tan32-torch32, tan64-torch64)")
+    print("losses (step: torch32 torch64 tandem32 tandem64 | relative differences: "
+          "torch32-torch64, tandem32-torch32, tandem64-torch64, torch32 mkldnn off-on)")
     for s in range(steps):
         t32, t64 = res["float32"][0][s], res["float64"][0][s]
         a32 = tandem.get("float32", ([], None))[0]
@@ -86,7 +91,8 @@ def main():
         a32 = a32[s] if s < len(a32) else float("nan")
         a64 = a64[s] if s < len(a64) else float("nan")
         print(f"{s}: {t32:.9f} {t64:.12f} {a32:.9f} {a64:.12f} | "
-              f"{abs(t32 - t64) / t64:.2e} {abs(a32 - t32) / t32:.2e} {abs(a64 - t64) / t64:.2e}")
+              f"{abs(t32 - t64) / t64:.2e} {abs(a32 - t32) / t32:.2e} {abs(a64 - t64) / t64:.2e} "
+              f"{abs(other32[s] - t32) / t32:.2e}")
     print("gradients, relative L2 error per tensor: torch32 vs torch64 | tandem32 vs torch64 | "
           "tandem64 vs torch64 | tandem32 vs torch32")
     worst = []
