@@ -5,7 +5,9 @@
 // dtype), then runs STEPS plain-SGD steps (lr 0.01, batches cycled as
 // tandem_bench does) and prints the losses. scripts/bench/mnv2_grads.py does the
 // same with torchvision and compares.
-//   mnv2_grad_dump IMPORT_DIR OUT_DIR {float32|float64} [BATCH] [STEPS]
+// With ACT=silu every ReLU6 is replaced by SiLU (x * sigmoid(x), smooth), as
+// scripts/bench/mnv2_grads.py --silu does on the torch side.
+//   mnv2_grad_dump IMPORT_DIR OUT_DIR {float32|float64} [BATCH] [STEPS] [relu6|silu]
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -36,6 +38,27 @@ void ToFloat64InPlace(const nn::Tensor& t) {
   t.impl()->dtype = nn::kFloat64;
 }
 
+// x * sigmoid(x): a smooth stand-in for ReLU6 (no kinks).
+class SiLUImpl : public nn::Module {
+ public:
+  nn::Tensor forward(const nn::Tensor& x) override { return nn::mul(x, nn::sigmoid(x)); }
+};
+
+// Replaces every ReLU6 inside a Sequential of `m`'s subtree by SiLU. A diagnostic's
+// shortcut: Sequential has no setter, so the slot is overwritten through its
+// accessor (the vector element itself is not const); ReLU6 has no parameters, so
+// the registered children (traversal only) may keep the old module.
+void ReplaceRelu6(nn::Module& m) {
+  if (auto* seq = dynamic_cast<nn::SequentialImpl*>(&m)) {
+    for (int64_t i = 0; i < seq->size(); ++i) {
+      if (dynamic_cast<nn::ReLU6Impl*>((*seq)[i].get()) != nullptr) {
+        const_cast<std::shared_ptr<nn::Module>&>((*seq)[i]) = std::make_shared<SiLUImpl>();
+      }
+    }
+  }
+  for (const auto& [name, child] : m.named_children()) ReplaceRelu6(*child);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,6 +67,8 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 4 ? std::atoll(argv[4]) : 32;
   const int64_t steps = argc > 5 ? std::atoll(argv[5]) : 10;
   const bool f64 = dtype_name == "float64";
+  const std::string act = argc > 6 ? argv[6] : "relu6";
+  if (act != "relu6" && act != "silu") Die("ACT must be relu6 or silu");
   if (!f64 && dtype_name != "float32") Die("dtype must be float32 or float64");
   nn::set_cpu_blas_threads(1);
 
@@ -67,6 +92,7 @@ int main(int argc, char** argv) {
     for (const nn::Tensor& p : model->parameters()) ToFloat64InPlace(p);
     for (const nn::Tensor& b : model->buffers()) ToFloat64InPlace(b);
   }
+  if (act == "silu") ReplaceRelu6(*model);
   model->train();
   std::filesystem::create_directories(out_dir);
 

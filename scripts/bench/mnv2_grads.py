@@ -6,7 +6,9 @@ compares with build/apps/mnv2_grad_dump's output.
   /usr/bin/python3 scripts/bench/mnv2_grads.py IMPORT_DIR TANDEM_OUT_PREFIX [BATCH] [STEPS]
 
 TANDEM_OUT_PREFIX: mnv2_grad_dump's OUT_DIR without the dtype, e.g. /tmp/g/tandem_
-for /tmp/g/tandem_float32 and /tmp/g/tandem_float64 (missing ones are skipped).
+for /tmp/g/tandem_float32 and /tmp/g/tandem_float64 (missing ones are skipped), with
+its stdout in /tmp/g/tandem_float32.txt etc. With --silu every ReLU6 is replaced by
+SiLU (run mnv2_grad_dump with ACT=silu then).
 """
 import json
 import os
@@ -31,9 +33,19 @@ def load(import_dir):
     return state, raw(entry["images"]), raw(entry["labels"])
 
 
+SILU = "--silu" in sys.argv
+if SILU:
+    sys.argv.remove("--silu")
+
+
 def run(state, images, labels, dtype, batch, steps):
     model = torchvision.models.mobilenet_v2(num_classes=10, dropout=0.0)
     model.load_state_dict(state, strict=False)
+    if SILU:
+        for mod in list(model.modules()):
+            for name, child in list(mod.named_children()):
+                if isinstance(child, torch.nn.ReLU6):
+                    setattr(mod, name, torch.nn.SiLU())
     model = model.to(dtype).train()
     images = images.to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
