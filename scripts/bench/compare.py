@@ -8,7 +8,8 @@ For each device of --devices (default "cpu,cuda:0"):
   2. torch_bench.py --import_dir=WORK/D --device=D --json=WORK/D/torch.json ...
      with the same models, batches, optimizers, steps, repetitions and threads
      (eager, torch.compile, torch.compile(mode="reduce-overhead"));
-  3. compares the first 10 losses of every cell and mode with tandem's and FAILS
+  3. compares the first 10 losses of every cell and mode with tandem's (only the
+     first for FIRST_LOSS_ONLY models, see there) and FAILS
      (exit 1, every mismatch printed) when they disagree beyond the tolerance
      |torch - tandem| <= rtol * |tandem| + 1e-5, rtol (see tolerance()):
        float32 eager: SGD 1e-4, Adam 1e-3; torch.compile modes 1e-3;
@@ -132,6 +133,14 @@ def tolerance(mode, optimizer, tf32, bf16=False):
     return rtol, 1e-5
 
 
+# Models whose float32 training trajectories part after the first step in any two
+# implementations (PyTorch with mkldnn on vs off too): MobileNetV2's ReLU6 kinks turn
+# one rounding-level flip into a 1e-2 gradient change (docs/benchmarks.md). Only the
+# first loss is compared for them; their gradients are checked in float64 by
+# scripts/bench/mnv2_grads.py.
+FIRST_LOSS_ONLY = {"mobilenet_v2"}
+
+
 def compare_losses(tandem_cells, torch_cells, tf32, bf16=False):
     """Mismatch messages (empty when every compared loss agrees) and a count."""
     mismatches, compared = [], 0
@@ -145,6 +154,8 @@ def compare_losses(tandem_cells, torch_cells, tf32, bf16=False):
             continue
         rtol, atol = tolerance(c["mode"], c["optimizer"], tf32, bf16)
         a, b = ref["losses"], c["losses"]
+        if c["model"] in FIRST_LOSS_ONLY:
+            a, b = a[:1], b[:1]
         if len(a) != len(b):
             mismatches.append(f"{cell_key(c)} {c['mode']}: {len(a)} tandem losses, {len(b)} torch")
             continue
