@@ -95,10 +95,17 @@ void LogStragglers(dist::Context& ctx, int epoch, std::vector<double> step_ms,
   std::string ranks;
   double comm = 0, hidden = 0;
   std::vector<double> busy;
+  // GPU ranks: collectives return once queued, so busy time is host time and
+  // says nothing about a slow device.
+  const bool gpu = ctx.device().is_cuda();
   for (int r = 0; r < world; ++r) {
     const double* f = &all[kFields * r];
-    absl::StrAppendFormat(&ranks, "%srank %d %.1f ms/step (%.1f ms busy), %.2f s in collectives",
-                          r ? "; " : "", r, f[0], f[1], f[2]);
+    if (gpu) {
+      absl::StrAppendFormat(&ranks, "%srank %d %.1f ms/step", r ? "; " : "", r, f[0]);
+    } else {
+      absl::StrAppendFormat(&ranks, "%srank %d %.1f ms/step (%.1f ms busy), %.2f s in collectives",
+                            r ? "; " : "", r, f[0], f[1], f[2]);
+    }
     comm += f[3];
     hidden += f[4];
     busy.push_back(f[1]);
@@ -108,8 +115,9 @@ void LogStragglers(dist::Context& ctx, int epoch, std::vector<double> step_ms,
   std::sort(sorted.begin(), sorted.end());
   const double mid = world % 2 ? sorted[world / 2] : (sorted[world / 2 - 1] + sorted[world / 2]) / 2;
   const int slowest = static_cast<int>(std::max_element(busy.begin(), busy.end()) - busy.begin());
-  std::string straggler = "no straggler (every rank's busy time within 10% of the median)";
-  if (world > 1 && mid > 0 && busy[slowest] > 1.1 * mid) {
+  std::string straggler = gpu ? "stragglers not measured on GPU ranks (host time)"
+                              : "no straggler (every rank's busy time within 10% of the median)";
+  if (!gpu && world > 1 && mid > 0 && busy[slowest] > 1.1 * mid) {
     straggler = absl::StrFormat("straggler: rank %d, busy %.0f%% longer than the median rank",
                                 slowest, (busy[slowest] / mid - 1) * 100);
   }
@@ -314,9 +322,40 @@ std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags&
 
 }  // namespace
 
+namespace {
+TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
+                                const ClassifierData& data,
+                                const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                                dist::TraceRecorder* trace);
+}  // namespace
+
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
                             const std::function<std::shared_ptr<nn::Module>()>& make_model,
                             dist::TraceRecorder* trace) {
+  try {
+    return TrainClassifierImpl(ctx, flags, data, make_model, trace);
+  } catch (const dist::StoppedError&) {
+    // The agreed stop (a stop signal): every rank throws here at the same step,
+    // after the save, and collectives still work: the trace of the steps so far.
+    if (trace != nullptr) {
+      const absl::Status written = dist::WriteTrace(ctx, *trace, flags.trace);
+      if (ctx.rank() == 0) {
+        if (written.ok()) {
+          ctx.log().Info("trace of the steps run written to {}", flags.trace);
+        } else {
+          ctx.log().Warning("--trace: {}", written.message());
+        }
+      }
+    }
+    throw;
+  }
+}
+
+namespace {
+TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
+                                const ClassifierData& data,
+                                const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                                dist::TraceRecorder* trace) {
   const Clock::time_point start = Clock::now();
   ctx.set_trace(trace);
   std::shared_ptr<nn::Module> model = make_model();
@@ -562,6 +601,7 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
   result.process_index = ctx.process_index();
   return result;
 }
+}  // namespace
 
 int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                   const std::function<std::shared_ptr<nn::Module>()>& make_model,

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -94,9 +95,10 @@ ABSL_FLAG(std::string, trace, "",
           "and host under mpirun) with spans for data wait, forward, backward, each bucket's "
           "all-reduce (bytes), the optimizer step, checkpoints and evaluation, for the steps "
           "of --trace_steps. Empty: off (nothing is recorded).");
-ABSL_FLAG(std::string, trace_steps, "0:",
-          "The steps --trace records: K:N (N steps from global step K) or K: (from K on). "
-          "Keep N small: every step adds a few hundred bytes per rank.");
+ABSL_FLAG(std::string, trace_steps, "10:20",
+          "The steps --trace records: K:N (N steps from global step K) or K: (every step "
+          "from K on: the file and the memory grow with the run). Every step adds a few "
+          "hundred bytes per rank.");
 ABSL_FLAG(bool, deterministic, true,
           "Keep float32 matmuls/convolutions exact (TF32 off). --nodeterministic lets CUDA "
           "use TF32 tensor cores. CPU runs with the same flags are reproducible either way.");
@@ -301,6 +303,16 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
              {"--checkpoint_every_minutes", flags.checkpoint_every_minutes > 0},
              {"--keep_checkpoints", flags.keep_checkpoints > 0}}) {
       if (set) FlagErrorExit(flags, absl::StrCat(name, " needs --checkpoint_dir (where to write)"));
+    }
+  }
+  if (!flags.tensorboard_dir.empty()) {
+    // Made here, before any rank runs: a directory rank 0 could not create would
+    // otherwise fail rank 0 alone while the others wait in a collective.
+    std::error_code ec;
+    std::filesystem::create_directories(flags.tensorboard_dir, ec);
+    if (ec) {
+      FlagErrorExit(flags, absl::StrCat("--tensorboard_dir \"", flags.tensorboard_dir,
+                                        "\": cannot create it: ", ec.message()));
     }
   }
   if (!flags.metrics.empty() && !absl::EndsWith(flags.metrics, ".csv") &&

@@ -62,6 +62,9 @@ class TensorHoldingWork final : public Work {
     work_.reset();
     tensor_ = nn::Tensor();
   }
+  std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
+    return work_ ? work_->finished_at() : std::nullopt;
+  }
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
     work_->wait();

@@ -36,8 +36,10 @@
 #define TANDEM_SPAWN_COMMUNICATOR_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 
@@ -89,6 +91,12 @@ class Work {
   // calling thread's compute stream wait for the collective (no host wait).
   // Throws like the collective itself.
   virtual void wait() = 0;
+  // After wait(): when the collective finished on the host, for implementations
+  // that run it on another thread (the cross-process communicator); nullopt when
+  // unknown (it ran inside the call, or on a device stream).
+  virtual std::optional<std::chrono::steady_clock::time_point> finished_at() const {
+    return std::nullopt;
+  }
 };
 
 namespace internal {
@@ -141,12 +149,6 @@ class Communicator {
   // On GPU ranks a collective returns once queued: this is host time, not device time.
   double waited_seconds() const { return waited_ns_.load(std::memory_order_relaxed) * 1e-9; }
   void AddWaited(int64_t ns) { waited_ns_.fetch_add(ns, std::memory_order_relaxed); }
-
-  // True when all_reduce_async returns before the collective is done and it then
-  // runs on another host thread while the caller computes (the cross-process
-  // communicator); false when it runs inside the call (the in-process one) or on
-  // a device stream (NCCL: overlap there is device time, not host time).
-  virtual bool overlaps_all_reduce_on_host() const { return false; }
 
   // spawn attaches the run's stop token and this rank's trace before fn starts.
   void Attach(std::stop_token stop, internal::CollectiveTrace* trace);

@@ -231,30 +231,35 @@ void DataParallel::FinishBackward() {
   LaunchReadyBuckets();
   const auto backward_end = std::chrono::steady_clock::now();
   TraceRecorder* trace = ctx_.trace();
+  const bool tracing = trace != nullptr && trace->recording(ctx_.rank());
+  // The buckets run one after another on the communication thread: a bucket's
+  // work starts at its launch or when the previous one finished, whichever is later.
+  std::chrono::steady_clock::time_point previous_finished{};
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
-    if (b.work) {
-      const auto wait_start = std::chrono::steady_clock::now();
-      b.work->wait();
-      const auto done = std::chrono::steady_clock::now();
-      // Exposed: the rank was blocked by it (inside the launch call, in the wait).
-      // Hidden: it ran on another thread while backward went on (when the
-      // communicator does that), from the launch call's return to the end of
-      // backward or of the work, whichever came first.
-      const double exposed = std::chrono::duration<double>(b.returned - b.launched).count() +
-                             std::chrono::duration<double>(done - wait_start).count();
-      const double hidden =
-          ctx_.communicator().overlaps_all_reduce_on_host()
-              ? std::max(0.0, std::chrono::duration<double>(std::min(done, backward_end) -
-                                                            b.returned).count())
-              : 0.0;
-      overlap_.comm_s += exposed + hidden;
-      overlap_.hidden_s += hidden;
+    if (!b.work) continue;
+    const auto wait_start = std::chrono::steady_clock::now();
+    b.work->wait();
+    const auto done = std::chrono::steady_clock::now();
+    // Exposed: the rank was blocked by it (inside the launch call, in the wait).
+    // Hidden: the part of its run on another thread (when the communicator
+    // reports when it finished) that lay before the end of backward.
+    const std::optional<std::chrono::steady_clock::time_point> finished = b.work->finished_at();
+    const double exposed = std::chrono::duration<double>(b.returned - b.launched).count() +
+                           std::chrono::duration<double>(done - wait_start).count();
+    double hidden = 0;
+    if (finished) {
+      const auto began = std::max(b.returned, previous_finished);
+      hidden = std::max(
+          0.0, std::chrono::duration<double>(std::min(*finished, backward_end) - began).count());
+      previous_finished = *finished;
     }
-    if (b.work && trace != nullptr) {
-      // From the launch in backward to the end of this wait: the part before
-      // backward's end overlapped it.
-      trace->Span(ctx_.rank(), "all_reduce bucket", b.launched, std::chrono::steady_clock::now(),
+    overlap_.comm_s += exposed + hidden;
+    overlap_.hidden_s += hidden;
+    if (tracing) {
+      // From the launch in backward to when it finished (or, not known, to the
+      // end of its wait).
+      trace->Span(ctx_.rank(), "all_reduce bucket", b.launched, finished ? *finished : done,
                   absl::StrCat("\"bucket\": ", i, ", \"bytes\": ", b.buffer.nbytes(),
                                ", \"params\": ", b.params.size()));
     }

@@ -114,10 +114,11 @@ class DataParallel {
   // How much of the gradients' all-reduce ran behind backward, summed over every
   // pass so far (host time). Per bucket, exposed = the time the rank was blocked
   // by it (inside the all_reduce_async call, in its wait); hidden = when the
-  // communicator runs it on another host thread (overlaps_all_reduce_on_host),
-  // the time from the call's return to the end of backward or of the work,
-  // whichever came first; comm_s = exposed + hidden. The in-process communicator
-  // runs it inside the call: nothing hidden. NCCL: not measured on the host.
+  // communicator runs it on another thread and reports when it finished
+  // (Work::finished_at: the cross-process communicator), the part of its run
+  // (from its launch, or the previous bucket's end, to its end) before the end of
+  // backward; comm_s = exposed + hidden. The in-process communicator runs it
+  // inside the call (nothing hidden); NCCL: not measured on the host.
   struct OverlapStats {
     double comm_s = 0;
     double hidden_s = 0;

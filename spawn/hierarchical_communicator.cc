@@ -181,7 +181,9 @@ void HierarchicalExchange::Serve(std::stop_token stop, ControlPlane* control) {
           finished = true;
         }
         lock.lock();
+        const auto finished_at = std::chrono::steady_clock::now();
         for (size_t l = 0; l < batch.size(); ++l) {
+          batch[l]->finished = finished_at;
           batch[l]->done = true;
           batch[l]->cancelled = !finished;
           batch[l]->error = finished ? error : "the run is stopping";
@@ -381,11 +383,18 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllReduceAsyncImpl(nn::Tensor& x
     void wait() override {
       comm_->exchange_->Wait(*request_);
       comm_->MarkCompleted(request_->sequence);
+      waited_ = true;
+    }
+    std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
+      // Written under the exchange's mutex before done; Wait read done under it.
+      if (!waited_) return std::nullopt;
+      return request_->finished;
     }
 
    private:
     HierarchicalCommunicator* comm_;
     std::shared_ptr<HierarchicalExchange::Request> request_;
+    bool waited_ = false;
   };
   auto request = exchange_->Post(
       local_rank_, {.op = "all_reduce", .reduce = op, .root = 0, .in = x, .out = x,

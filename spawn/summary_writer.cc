@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -116,9 +117,13 @@ absl::StatusOr<std::unique_ptr<SummaryWriter>> SummaryWriter::Open(const std::st
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "localhost");
   const double now = internal::Now();
+  // A counter keeps two writers of one process and second apart; "x" never
+  // truncates an existing file.
+  static std::atomic<int> opened{0};
   std::string path = absl::StrCat(dir, "/events.out.tfevents.", static_cast<int64_t>(now), ".",
-                                  host, ".", ::getpid(), suffix.empty() ? "" : ".", suffix);
-  std::FILE* file = std::fopen(path.c_str(), "wb");
+                                  host, ".", ::getpid(), ".", opened.fetch_add(1),
+                                  suffix.empty() ? "" : ".", suffix);
+  std::FILE* file = std::fopen(path.c_str(), "wbx");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("TensorBoard event file \"", path, "\": cannot create it: ", std::strerror(errno)));
@@ -150,7 +155,7 @@ void SummaryWriter::AppendRecordLocked(const std::string& event) {
 
 void SummaryWriter::AddScalar(absl::string_view tag, double value, int64_t step, double wall_time) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (file_ == nullptr) return;
+  if (file_ == nullptr || !error_.ok()) return;  // after a write error: Flush reports it
   AppendRecordLocked(internal::ScalarEvent(tag, static_cast<float>(value), step,
                                            wall_time < 0 ? internal::Now() : wall_time));
   if (pending_records_ >= 64) (void)FlushLocked();
@@ -159,10 +164,12 @@ void SummaryWriter::AddScalar(absl::string_view tag, double value, int64_t step,
 absl::Status SummaryWriter::FlushLocked() {
   if (!error_.ok() || file_ == nullptr) return error_;
   if (!pending_.empty()) {
+    errno = 0;
     if (std::fwrite(pending_.data(), 1, pending_.size(), file_) != pending_.size() ||
         std::fflush(file_) != 0) {
-      error_ = absl::InternalError(
-          absl::StrCat("TensorBoard event file \"", path_, "\": write failed: ", std::strerror(errno)));
+      error_ = absl::InternalError(absl::StrCat("TensorBoard event file \"", path_,
+                                                "\": write failed: ",
+                                                errno ? std::strerror(errno) : "short write"));
     }
     pending_.clear();
     pending_records_ = 0;

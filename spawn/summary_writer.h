@@ -5,7 +5,8 @@
 //   tb->AddScalar("train/loss", loss, step);
 //   ... tensorboard --logdir runs
 //
-// The file: DIR/events.out.tfevents.<seconds>.<host>.<pid>[.<suffix>], a
+// The file: DIR/events.out.tfevents.<seconds>.<host>.<pid>.<n>[.<suffix>] (n counts
+// this process's writers; never an existing file), a
 // sequence of TFRecords (uint64 length, masked CRC32C of the length, the bytes,
 // masked CRC32C of the bytes; little-endian), each a serialised tensorflow.Event:
 // first {wall_time, file_version: "brain.Event:2"}, then one per scalar

@@ -136,29 +136,42 @@ TraceSpan::TraceSpan(const Context& ctx, const char* name, std::string args)
   start_ = TraceRecorder::Clock::now();
 #if TANDEM_WITH_CUDA
   if (device_.is_cuda()) {
+    // Never throws: a span that cannot get its events records host time only.
     cudaEvent_t event = nullptr;
-    nn::internal::CudaDeviceScope scope(device_);
-    if (cudaEventCreate(&event) == cudaSuccess &&
-        cudaEventRecord(event, nn::internal::ThreadStream(device_)) == cudaSuccess) {
-      device_start_ = event;
-    } else if (event != nullptr) {
-      cudaEventDestroy(event);
+    nn::internal::CudaDeviceScope scope(device_, std::nothrow);
+    try {
+      if (cudaEventCreate(&event) == cudaSuccess &&
+          cudaEventRecord(event, nn::internal::ThreadStream(device_)) == cudaSuccess) {
+        device_start_ = event;
+        event = nullptr;
+      }
+    } catch (const std::exception&) {  // ThreadStream could not make a stream
     }
+    if (event != nullptr) cudaEventDestroy(event);
   }
 #endif
 }
 
 TraceSpan::~TraceSpan() {
   if (recorder_ == nullptr) return;
-  recorder_->Span(rank_, name_, start_, TraceRecorder::Clock::now(), args_);
+  try {
+    recorder_->Span(rank_, name_, start_, TraceRecorder::Clock::now(), args_);
+  } catch (const std::exception&) {  // out of memory for the text: the span is lost
+  }
 #if TANDEM_WITH_CUDA
   if (device_start_ != nullptr) {
     cudaEvent_t end = nullptr;
     nn::internal::CudaDeviceScope scope(device_, std::nothrow);
-    if (cudaEventCreate(&end) == cudaSuccess &&
-        cudaEventRecord(end, nn::internal::ThreadStream(device_)) == cudaSuccess) {
-      recorder_->DeviceSpan(rank_, name_, device_start_, end);
-    } else {
+    bool kept = false;
+    try {
+      if (cudaEventCreate(&end) == cudaSuccess &&
+          cudaEventRecord(end, nn::internal::ThreadStream(device_)) == cudaSuccess) {
+        recorder_->DeviceSpan(rank_, device_, name_, device_start_, end);
+        kept = true;
+      }
+    } catch (const std::exception&) {
+    }
+    if (!kept) {
       cudaEventDestroy(static_cast<cudaEvent_t>(device_start_));
       if (end != nullptr) cudaEventDestroy(end);
     }
@@ -166,25 +179,29 @@ TraceSpan::~TraceSpan() {
 #endif
 }
 
-void TraceRecorder::DeviceSpan(int rank, absl::string_view name, void* start_event,
-                               void* end_event) {
+void TraceRecorder::DeviceSpan(int rank, nn::Device device, absl::string_view name,
+                               void* start_event, void* end_event) {
   Rank& r = At(rank);
   std::lock_guard<std::mutex> lock(r.mutex);
 #if TANDEM_WITH_CUDA
-  if (r.reference == nullptr) {
-    // The device's origin: an event the host waits for once, so that its device
-    // time is (about) the host time right after the wait. One host sync per run,
-    // at the first traced span.
+  if (r.reference == nullptr && !r.reference_failed) {
+    // The device's origin: an event on the rank's stream that the host waits for
+    // once, so that its device time is (about) the host time right after the wait.
+    // One host sync per run, at the first traced span; a failure is not retried.
     cudaEvent_t reference = nullptr;
+    nn::internal::CudaDeviceScope scope(device, std::nothrow);
     if (cudaEventCreate(&reference) == cudaSuccess &&
-        cudaEventRecord(reference, nullptr) == cudaSuccess &&
+        cudaEventRecord(reference, nn::internal::ThreadStream(device)) == cudaSuccess &&
         cudaEventSynchronize(reference) == cudaSuccess) {
       r.reference = reference;
       r.reference_us = Micros(Clock::now());
-    } else if (reference != nullptr) {
-      cudaEventDestroy(reference);
+    } else {
+      r.reference_failed = true;
+      if (reference != nullptr) cudaEventDestroy(reference);
     }
   }
+#else
+  (void)device;
 #endif
   r.device_spans.push_back({std::string(name), start_event, end_event});
 }
@@ -196,27 +213,46 @@ void TraceRecorder::ResolveDeviceSpans(int rank) {
   for (const PendingDeviceSpan& span : r.device_spans) {
     auto start = static_cast<cudaEvent_t>(span.start);
     auto end = static_cast<cudaEvent_t>(span.end);
-    float from_ms = 0, to_ms = 0;
+    float offset_ms = 0, duration_ms = 0;
+    // The offset from the reference (the reference is recorded after the first
+    // span: earlier events have negative offsets, which is fine); the duration
+    // from the span's own pair, so that it keeps full float precision however
+    // long after the reference the span ran.
     if (r.reference != nullptr && cudaEventSynchronize(end) == cudaSuccess &&
-        cudaEventElapsedTime(&from_ms, static_cast<cudaEvent_t>(r.reference), start) == cudaSuccess &&
-        cudaEventElapsedTime(&to_ms, static_cast<cudaEvent_t>(r.reference), end) == cudaSuccess) {
-      // The reference is recorded after the first span: earlier events have
-      // negative offsets from it, which is fine.
+        cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(r.reference), start) ==
+            cudaSuccess &&
+        cudaEventElapsedTime(&duration_ms, start, end) == cudaSuccess) {
       absl::StrAppendFormat(&r.events,
                             "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
                             "\"pid\": PID, \"tid\": %d}",
                             r.events.empty() ? "" : ",\n", Escape(span.name),
-                            r.reference_us + static_cast<int64_t>(from_ms * 1000),
-                            std::max<int64_t>(0, static_cast<int64_t>((to_ms - from_ms) * 1000)),
+                            r.reference_us + static_cast<int64_t>(offset_ms * 1000.0),
+                            std::max<int64_t>(0, static_cast<int64_t>(duration_ms * 1000.0)),
                             kDeviceTrack + rank);
     }
-    cudaEventDestroy(start);
-    cudaEventDestroy(end);
+  }
+#endif
+  ReleaseDeviceSpansLocked(r);
+}
+
+void TraceRecorder::ReleaseDeviceSpansLocked(Rank& r) {
+#if TANDEM_WITH_CUDA
+  for (const PendingDeviceSpan& span : r.device_spans) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(span.start));
+    cudaEventDestroy(static_cast<cudaEvent_t>(span.end));
   }
   if (r.reference != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(r.reference));
-  r.reference = nullptr;
 #endif
+  r.reference = nullptr;
   r.device_spans.clear();
+}
+
+TraceRecorder::~TraceRecorder() {
+  // A run that ended without WriteTrace (a failure) leaves its events here.
+  for (auto& [rank, state] : ranks_) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    ReleaseDeviceSpansLocked(*state);
+  }
 }
 
 absl::Status WriteTrace(Context& ctx, TraceRecorder& trace, const std::string& path) {

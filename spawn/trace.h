@@ -21,8 +21,9 @@
 // a span that starts before the backward span ends is communication overlapping
 // backward.
 //
-// Outside the window nothing is recorded (one branch per span); without a
-// recorder (ctx.trace() null) nothing at all.
+// Outside the window nothing is recorded (a lookup of the rank's state under a
+// mutex per span); without a recorder (ctx.trace() null) nothing at all (a null
+// check). The default window of the programs' --trace_steps is bounded (10:20).
 // Thread-safety: a rank's spans are recorded by its own thread (and the threads
 // it hands work to) under a per-rank mutex; WriteTrace is collective.
 #ifndef TANDEM_SPAWN_TRACE_H_
@@ -70,12 +71,12 @@ class TraceRecorder {
   // with pid = process_index and tid = rank (device spans: kDeviceTrack + rank).
   std::string EventsJson(int process_index) const;
 
-  // CUDA ranks: a device span's events (cudaEvent_t, recorded by TraceSpan).
-  void DeviceSpan(int rank, absl::string_view name, void* start_event, void* end_event);
   // Turns the rank's recorded device spans into events (waits for them on the
   // device). Called by WriteTrace on each rank's own thread. Without CUDA: nothing.
   void ResolveDeviceSpans(int rank);
   static constexpr int kDeviceTrack = 1'000'000;
+
+  ~TraceRecorder();  // releases the CUDA events of spans never written
 
  private:
   struct PendingDeviceSpan {
@@ -90,7 +91,14 @@ class TraceRecorder {
     std::vector<PendingDeviceSpan> device_spans;
     void* reference = nullptr;      // cudaEvent_t synchronised once: the device's origin
     int64_t reference_us = 0;       // host steady-clock microseconds at it
+    bool reference_failed = false;  // not retried (each try is a host sync)
   };
+  friend class TraceSpan;
+  // CUDA ranks: a device span's events (cudaEvent_t, recorded by TraceSpan on the
+  // rank's stream of `device`).
+  void DeviceSpan(int rank, nn::Device device, absl::string_view name, void* start_event,
+                  void* end_event);
+  void ReleaseDeviceSpansLocked(Rank& r);
   Rank& At(int rank);
   const Rank* Find(int rank) const;
 

@@ -30,6 +30,7 @@
 #define TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -55,6 +56,7 @@ class HierarchicalExchange {
     // Set by the communication thread under the exchange's mutex.
     bool done = false;
     bool cancelled = false;
+    std::chrono::steady_clock::time_point finished;  // when done was set
     std::string error;
   };
 
@@ -116,7 +118,6 @@ class HierarchicalCommunicator final : public Communicator {
   HierarchicalCommunicator(int local_rank, nn::Device device,
                            std::shared_ptr<HierarchicalExchange> exchange);
   std::string kind() const override { return "hierarchical (in-process + MPI)"; }
-  bool overlaps_all_reduce_on_host() const override { return true; }
   void PollCompleted() override;
 
  protected:
