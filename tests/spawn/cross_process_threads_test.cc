@@ -1,0 +1,242 @@
+// The cross-process layer without MPI, under ThreadSanitizer (label tsan_ok):
+// P "processes" in one process, each with its HierarchicalExchange, its
+// communication thread (Serve with a ControlPlane and a cross-process
+// StepAgreement) and L rank threads, joined by an in-memory ProcessTransport
+// whose operations complete when every process has started them (in order, per
+// channel), as MPI's non-blocking collectives do. The MPI tests (label mpi) run
+// the same code between real processes, but not under TSan.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/tensor.h"
+#include "spawn/internal/hierarchical_communicator.h"
+#include "spawn/internal/process_world.h"
+#include "spawn/signals.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+// The processes' meeting point: operation k of a channel completes when all P
+// processes have started it; each then fills its own output from the inputs.
+class Hub {
+ public:
+  explicit Hub(int processes) : processes_(processes) {}
+  int processes() const { return processes_; }
+
+  struct Op {
+    std::vector<std::string> inputs;  // per process
+    int started = 0;
+  };
+  // Process p starts its next operation of `channel` with `input`; returns its index.
+  int64_t Start(int channel, int p, std::string input) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t k = next_[{channel, p}]++;
+    Op& op = ops_[{channel, k}];
+    if (op.inputs.empty()) op.inputs.resize(processes_);
+    op.inputs[p] = std::move(input);
+    ++op.started;
+    return k;
+  }
+  // Every process's input once all started, else null.
+  std::optional<std::vector<std::string>> Inputs(int channel, int64_t k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Op& op = ops_.at({channel, k});
+    if (op.started < processes_) return std::nullopt;
+    return op.inputs;
+  }
+
+ private:
+  const int processes_;
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, int64_t> next_;
+  std::map<std::pair<int, int64_t>, Op> ops_;
+};
+
+class HubOp final : public PendingOp {
+ public:
+  using Finish = std::function<void(const std::vector<std::string>&)>;
+  HubOp(Hub* hub, int channel, int64_t k, Finish finish)
+      : hub_(hub), channel_(channel), k_(k), finish_(std::move(finish)) {}
+  bool Test() override {
+    if (done_) return true;
+    std::optional<std::vector<std::string>> inputs = hub_->Inputs(channel_, k_);
+    if (!inputs) return false;
+    finish_(*inputs);
+    done_ = true;
+    return true;
+  }
+
+ private:
+  Hub* hub_;
+  int channel_;
+  int64_t k_;
+  Finish finish_;
+  bool done_ = false;
+};
+
+std::string Bytes(const void* p, int64_t n) { return std::string(static_cast<const char*>(p), n); }
+
+class HubTransport final : public ProcessTransport {
+ public:
+  static constexpr int kData = 0, kControl = 1;
+  HubTransport(Hub* hub, int index) : hub_(hub), index_(index) {}
+  int process_index() const override { return index_; }
+  int process_count() const override { return hub_->processes(); }
+
+  std::unique_ptr<PendingOp> AllGatherInPlace(void* recv, const std::vector<int64_t>& counts) override {
+    std::vector<int64_t> offsets = Offsets(counts);
+    const int64_t k = hub_->Start(kData, index_, Bytes(static_cast<char*>(recv) + offsets[index_], counts[index_]));
+    return Make(kData, k, [=](const std::vector<std::string>& in) {
+      for (int q = 0; q < process_count(); ++q) {
+        std::memcpy(static_cast<char*>(recv) + offsets[q], in[q].data(), in[q].size());
+      }
+    });
+  }
+  std::unique_ptr<PendingOp> AllToAll(const void* send, const std::vector<int64_t>& send_counts,
+                                      void* recv, const std::vector<int64_t>& recv_counts) override {
+    const int64_t k = hub_->Start(kData, index_, Bytes(send, Total(send_counts)));
+    const std::vector<int64_t> recv_offsets = Offsets(recv_counts);
+    return Make(kData, k, [=, me = index_](const std::vector<std::string>& in) {
+      // Process q's send buffer holds, at its offset for `me`, the block for me;
+      // every process uses the same slicing, so q's offsets equal mine.
+      for (int q = 0; q < process_count(); ++q) {
+        const std::vector<int64_t> theirs = Offsets(send_counts);  // same element slicing
+        std::memcpy(static_cast<char*>(recv) + recv_offsets[q], in[q].data() + theirs[me],
+                    static_cast<size_t>(recv_counts[q]));
+      }
+    });
+  }
+  std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root) override {
+    const int64_t k = hub_->Start(kData, index_, Bytes(data, bytes));
+    return Make(kData, k, [=](const std::vector<std::string>& in) {
+      std::memcpy(data, in[root].data(), static_cast<size_t>(bytes));
+    });
+  }
+  std::unique_ptr<PendingOp> Barrier() override {
+    const int64_t k = hub_->Start(kData, index_, "");
+    return Make(kData, k, [](const std::vector<std::string>&) {});
+  }
+  std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
+                                              ReduceOp op) override {
+    EXPECT_EQ(dtype, nn::kFloat32);
+    const int64_t k = hub_->Start(kData, index_, Bytes(data, count * 4));
+    return Make(kData, k, [=](const std::vector<std::string>& in) {
+      float* out = static_cast<float*>(data);
+      for (int64_t i = 0; i < count; ++i) {
+        float acc = reinterpret_cast<const float*>(in[0].data())[i];
+        for (size_t q = 1; q < in.size(); ++q) {
+          const float v = reinterpret_cast<const float*>(in[q].data())[i];
+          acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+        }
+        out[i] = acc;
+      }
+    });
+  }
+  std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) override {
+    const int64_t k = hub_->Start(kControl, index_, Bytes(data, n * 8));
+    return Make(kControl, k, [=](const std::vector<std::string>& in) {
+      for (int i = 0; i < n; ++i) {
+        int64_t m = INT64_MIN;
+        for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);
+        data[i] = m;
+      }
+    });
+  }
+
+ private:
+  static std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
+    std::vector<int64_t> offsets;
+    int64_t at = 0;
+    for (int64_t c : counts) {
+      offsets.push_back(at);
+      at += c;
+    }
+    return offsets;
+  }
+  static int64_t Total(const std::vector<int64_t>& counts) {
+    int64_t t = 0;
+    for (int64_t c : counts) t += c;
+    return t;
+  }
+  std::unique_ptr<PendingOp> Make(int channel, int64_t k, HubOp::Finish finish) {
+    return std::make_unique<HubOp>(hub_, channel, k, std::move(finish));
+  }
+  Hub* hub_;
+  int index_;
+};
+
+// P processes x L ranks: every step an all_reduce of each rank's global index +
+// 1 (checked: the sum over the world), then the step boundary; a stop requested
+// by one process's rank at `stop_at` must stop every rank at one later step.
+void RunJob(int processes, int local, int64_t stop_at, int stopper) {
+  Hub hub(processes);
+  std::vector<int> ranks_per_process(processes, local);
+  const int world = processes * local;
+  std::vector<std::unique_ptr<HubTransport>> transports;
+  std::vector<std::shared_ptr<HierarchicalExchange>> exchanges;
+  std::vector<std::unique_ptr<StepAgreement>> agreements;
+  std::vector<std::unique_ptr<std::atomic<int>>> running;
+  for (int p = 0; p < processes; ++p) {
+    transports.push_back(std::make_unique<HubTransport>(&hub, p));
+    exchanges.push_back(std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+    agreements.push_back(std::make_unique<StepAgreement>(local, nullptr, 60, true));
+    running.push_back(std::make_unique<std::atomic<int>>(local));
+  }
+  std::vector<int64_t> stopped_at(world, -1);
+  std::vector<std::thread> threads;
+  std::stop_source never;
+  for (int p = 0; p < processes; ++p) {
+    threads.emplace_back([&, p] {  // the communication thread
+      ControlPlane control(
+          transports[p].get(),
+          {.agreement = agreements[p].get(),
+           .fail = [](absl::Status s) { ADD_FAILURE() << s; },
+           .collectives_entered = [] { return uint64_t{0}; }},
+          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {});
+      exchanges[p]->Serve(never.get_token(), &control);
+    });
+    for (int l = 0; l < local; ++l) {
+      threads.emplace_back([&, p, l] {
+        const int global = p * local + l;
+        HierarchicalCommunicator comm(l, nn::Device::CPU(), exchanges[p]);
+        for (int64_t step = 1; step < 100000; ++step) {
+          nn::Tensor x = nn::full({3}, static_cast<double>(global + 1), {.dtype = nn::kFloat32});
+          comm.all_reduce(x, ReduceOp::kSum);
+          EXPECT_EQ(x.to_vector<float>()[2], world * (world + 1) / 2.0f);
+          if (p == stopper && l == 0 && step == stop_at) agreements[p]->RequestStop("test");
+          if (agreements[p]->AtBoundary(l, step, false).stop) {
+            stopped_at[global] = step;
+            nn::Tensor y = nn::ones({2});
+            comm.all_reduce(y, ReduceOp::kSum);  // the save's collectives still work
+            EXPECT_EQ(y.to_vector<float>()[0], static_cast<float>(world));
+            break;
+          }
+        }
+        exchanges[p]->RankExited(l);
+        running[p]->fetch_sub(1);
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (int g = 0; g < world; ++g) {
+    EXPECT_EQ(stopped_at[g], stopped_at[0]) << "global rank " << g;
+  }
+  EXPECT_GT(stopped_at[0], stop_at);
+}
+
+TEST(CrossProcessThreads, TwoProcessesStopTogether) { RunJob(2, 2, 20, 1); }
+TEST(CrossProcessThreads, ThreeProcessesStopTogether) { RunJob(3, 1, 15, 2); }
+
+}  // namespace
+}  // namespace tandem::dist::internal
