@@ -396,6 +396,9 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
   // --tensorboard_dir: rank 0 writes; every rank takes part in the step-time
   // gather every log_every steps (the flag is the same on every rank).
   std::unique_ptr<dist::SummaryWriter> tensorboard = OpenTensorBoard(ctx, flags);
+  // A resumed run repeats the steps after its checkpoint: TensorBoard drops the
+  // earlier file's events from here on.
+  if (tensorboard && flags.resume && at.step > 0) tensorboard->AddSessionStart(at.step);
   const bool tb_on = !flags.tensorboard_dir.empty();
   // For the test of the straggler report: TANDEM_TEST_SLOW_RANK=R:MS makes rank R
   // sleep MS milliseconds in every step.

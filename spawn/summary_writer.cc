@@ -53,7 +53,9 @@ void PutBytes(std::string* out, int field, absl::string_view bytes) {
 // tensorflow.Event fields: wall_time 1 (double), step 2 (int64), file_version 3
 // (string), summary 5 (Summary). Summary: value 1 (repeated Value). Value: tag 1
 // (string), simple_value 2 (float).
-constexpr int kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;
+constexpr int kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5,
+              kEventSessionLog = 7;
+constexpr int kSessionLogStatus = 1, kSessionLogStart = 1;  // SessionLog.status, START
 constexpr int kSummaryValue = 1, kValueTag = 1, kValueSimpleValue = 2;
 
 std::string VersionEvent(double wall_time) {
@@ -101,6 +103,16 @@ std::string ScalarEvent(absl::string_view tag, float value, int64_t step, double
   PutDouble(&event, kEventWallTime, wall_time);
   PutInt64(&event, kEventStep, step);
   PutBytes(&event, kEventSummary, summary);
+  return event;
+}
+
+std::string SessionStartEvent(int64_t step, double wall_time) {
+  std::string log;
+  PutInt64(&log, kSessionLogStatus, kSessionLogStart);
+  std::string event;
+  PutDouble(&event, kEventWallTime, wall_time);
+  PutInt64(&event, kEventStep, step);
+  PutBytes(&event, kEventSessionLog, log);
   return event;
 }
 
@@ -159,6 +171,13 @@ void SummaryWriter::AddScalar(absl::string_view tag, double value, int64_t step,
   AppendRecordLocked(internal::ScalarEvent(tag, static_cast<float>(value), step,
                                            wall_time < 0 ? internal::Now() : wall_time));
   if (pending_records_ >= 64) (void)FlushLocked();
+}
+
+void SummaryWriter::AddSessionStart(int64_t step, double wall_time) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (file_ == nullptr || !error_.ok()) return;
+  AppendRecordLocked(
+      internal::SessionStartEvent(step, wall_time < 0 ? internal::Now() : wall_time));
 }
 
 absl::Status SummaryWriter::FlushLocked() {

@@ -50,6 +50,10 @@ class SummaryWriter {
   // One scalar (stored as a float, as TensorBoard's simple_value is) at `step`;
   // wall_time: seconds since the epoch, the current time when negative.
   void AddScalar(absl::string_view tag, double value, int64_t step, double wall_time = -1);
+  // A SessionLog START event at `step`: TensorBoard then drops the events of
+  // earlier files with steps >= step (a run resumed from a checkpoint at `step`
+  // repeats them).
+  void AddSessionStart(int64_t step, double wall_time = -1);
   // Writes the buffered records; the first error is kept and returned again.
   absl::Status Flush();
   // Flushes and closes; later calls do nothing.
@@ -74,8 +78,10 @@ namespace internal {
 // CRC32C (Castagnoli), and TFRecord's masked form of it. Exposed for the tests.
 uint32_t Crc32c(absl::string_view data);
 uint32_t MaskedCrc32c(absl::string_view data);
-// The serialised tensorflow.Event of one scalar (the test's known answer).
+// The serialised tensorflow.Event of one scalar (the test's known answer), and of
+// a SessionLog START.
 std::string ScalarEvent(absl::string_view tag, float value, int64_t step, double wall_time);
+std::string SessionStartEvent(int64_t step, double wall_time);
 }  // namespace internal
 
 }  // namespace tandem::dist

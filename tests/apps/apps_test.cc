@@ -155,6 +155,34 @@ TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   }
 }
 
+// A run resumed with --tensorboard_dir starts its new event file with a
+// SessionLog START at the checkpoint's step, so that TensorBoard drops the first
+// file's events from that step on.
+TEST(TrainMnist, ResumedRunMarksASessionStartForTensorBoard) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string python =
+      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  if (std::system((python + " -c 'import google.protobuf' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
+  }
+  const std::string dir = TempDir("tbresume");
+  const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --train_limit=1280 --test_limit=200 "
+                                        "--checkpoint_dir=", dir, "/ck --tensorboard_dir=", dir, "/tb");
+  ASSERT_EQ(RunProgram(TRAIN_MNIST, args + " --epochs=1").status, 0);
+  RunResult resumed = RunProgram(TRAIN_MNIST, args + " --epochs=2 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tb")) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 2u);
+  int starts = 0;
+  for (const std::string& f : files) {
+    RunResult d = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR, "/tests/spawn/read_tfevents.py ", f));
+    ASSERT_EQ(d.status, 0) << d.output;
+    if (d.output.find("session_log 10 status 1") != std::string::npos) ++starts;
+  }
+  EXPECT_EQ(starts, 1);  // the resumed run's file, at the checkpoint's step 10
+}
+
 // --trace on two CPU ranks (and under mpirun, two processes): a Chrome
 // trace-event file that tests/apps/check_trace.py accepts: named rank and process
 // tracks, the step's spans on every rank, bucket all-reduces that start inside

@@ -9,6 +9,7 @@ from TensorFlow's event.proto / summary.proto field numbers. Prints one line per
 event:
     version <wall_time> <file_version>
     scalar <step> <tag> <simple_value> <wall_time>
+    session_log <step> status <status>           (1: START)
 and exits 1 with a message on the first malformed record.
 
     python3 tests/spawn/read_tfevents.py DIR/events.out.tfevents....
@@ -49,6 +50,10 @@ def event_class():
     event.field.add(name="file_version", number=3, type=T.TYPE_STRING, label=T.LABEL_OPTIONAL)
     event.field.add(name="summary", number=5, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL,
                     type_name=".tensorflow.Summary")
+    session = f.message_type.add(name="SessionLog")
+    session.field.add(name="status", number=1, type=T.TYPE_INT32, label=T.LABEL_OPTIONAL)
+    event.field.add(name="session_log", number=7, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL,
+                    type_name=".tensorflow.SessionLog")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
     descriptor = pool.FindMessageTypeByName("tensorflow.Event")
@@ -80,6 +85,8 @@ def main(path):
         event.ParseFromString(body)
         if event.file_version:
             print(f"version {event.wall_time:.3f} {event.file_version}")
+        if event.HasField("session_log"):
+            print(f"session_log {event.step} status {event.session_log.status}")
         for v in event.summary.value:
             print(f"scalar {event.step} {v.tag} {v.simple_value!r} {event.wall_time:.3f}")
         offset += 16 + length

@@ -87,11 +87,14 @@ TEST(SummaryWriter, FileDecodesWithAnIndependentReader) {
       (*tb)->AddScalar("train/lr", 1e-3, step, 1000.0 + step);
     }
     (*tb)->AddScalar("negative/step", -7.25, -3, 5.0);
+    (*tb)->AddSessionStart(42, 6.0);
     ASSERT_TRUE((*tb)->Close().ok());
   }
-  const Decoded d = Decode(path);
+  Decoded d = Decode(path);
   ASSERT_EQ(d.status, 0) << absl::StrJoin(d.lines, "\n");
-  ASSERT_EQ(d.lines.size(), 1u + 200u + 1u) << absl::StrJoin(d.lines, "\n");
+  ASSERT_EQ(d.lines.size(), 1u + 200u + 1u + 1u) << absl::StrJoin(d.lines, "\n");
+  EXPECT_EQ(d.lines.back(), "session_log 42 status 1");
+  d.lines.pop_back();
   EXPECT_EQ(d.lines[0].rfind("version ", 0), 0u) << d.lines[0];
   EXPECT_NE(d.lines[0].find("brain.Event:2"), std::string::npos);
   EXPECT_EQ(d.lines[1], "scalar 0 train/loss 2.5 1000.000");
