@@ -123,7 +123,7 @@ void LogStragglers(dist::Context& ctx, int epoch, std::vector<double> step_ms,
   }
   ctx.log().Info("epoch {} ranks: {}; gradient all-reduce hidden under backward: {}; {}", epoch,
                  ranks,
-                 ctx.device().is_cuda() ? std::string("not measured on GPU ranks (device time)")
+                 gpu ? std::string("not measured on GPU ranks (device time)")
                  : comm > 0 ? absl::StrFormat("%.0f%% of %.2f s", 100 * hidden / comm, comm)
                             : std::string("none (no reduction timed)"),
                  straggler);
@@ -434,6 +434,8 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
     const int64_t first_k = k;
     // The epoch's straggler and overlap summary (every rank takes part).
     std::vector<double> step_ms, busy_ms;  // busy: the step minus its time in collectives
+    step_ms.reserve(static_cast<size_t>(steps_per_epoch - k));  // no allocation in a step
+    busy_ms.reserve(static_cast<size_t>(steps_per_epoch - k));
     const double waited_at_start = ctx.communicator().waited_seconds();
     const dist::DataParallel::OverlapStats overlap_at_start = dp.overlap_stats();
     nn::Tensor tb_sum = nn::zeros({1}, {.device = ctx.device()});
@@ -635,11 +637,7 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
   PrintEnvironment(flags, rows);
   // --trace: one recorder for this process's ranks (each its own track).
   std::optional<dist::TraceRecorder> trace;
-  if (!flags.trace.empty()) {
-    dist::TraceRecorder::Window window;
-    (void)dist::ParseTraceWindow(flags.trace_steps, &window);  // validated with the flags
-    trace.emplace(window);
-  }
+  if (!flags.trace.empty()) trace.emplace(flags.trace_window);
   const Clock::time_point start = Clock::now();
   absl::StatusOr<std::vector<TrainResult>> results = dist::spawn(
       [&](dist::Context& ctx) {

@@ -292,10 +292,9 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--checkpoint_every_minutes ", flags.checkpoint_every_minutes,
                                       ": must be >= 0"));
   }
-  {
-    dist::TraceRecorder::Window window;
-    const absl::Status parsed = dist::ParseTraceWindow(flags.trace_steps, &window);
-    if (!parsed.ok()) FlagErrorExit(flags, std::string(parsed.message()));
+  if (const absl::Status parsed = dist::ParseTraceWindow(flags.trace_steps, &flags.trace_window);
+      !parsed.ok()) {
+    FlagErrorExit(flags, std::string(parsed.message()));
   }
   if (flags.checkpoint_dir.empty()) {
     for (const auto& [name, set] : std::vector<std::pair<const char*, bool>>{

@@ -72,6 +72,7 @@ struct RunFlags {
   std::string tensorboard_dir;  // "" : no TensorBoard event file
   std::string trace;            // "" : no Chrome trace
   std::string trace_steps = "10:20";  // the --trace window, "K:N" or "K:"
+  dist::TraceWindow trace_window;      // trace_steps parsed (ValidateOrExit)
   bool deterministic = true;
   bool bf16 = false;  // forward + loss under nn::AutocastGuard(kBFloat16)
   int cpu_threads = 0;  // OpenBLAS / oneDNN threads on CPU ranks; 0: automatic (ValidateOrExit sets it)

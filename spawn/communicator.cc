@@ -69,8 +69,7 @@ class TensorHoldingWork final : public Work {
     const auto start = std::chrono::steady_clock::now();
     work_->wait();
     tensor_ = nn::Tensor();
-    comm_->AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start).count());
+    comm_->AddWaitedSince(start);
   }
 
  private:
@@ -85,10 +84,7 @@ class Communicator::Scope {
  public:
   Scope(Communicator* comm, const char* op)
       : comm_(comm), sequence_(comm->Enter(op)), start_(std::chrono::steady_clock::now()) {}
-  ~Scope() {
-    comm_->AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - start_).count());
-  }
+  ~Scope() { comm_->AddWaitedSince(start_); }
   void Done() {
     if (comm_->CompletesOnReturn()) comm_->MarkCompleted(sequence_);
   }
@@ -142,8 +138,7 @@ std::shared_ptr<Work> Communicator::all_reduce_async(nn::Tensor& x, ReduceOp op)
   Enter("all_reduce_async");
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<Work> work = AllReduceAsyncImpl(x, op);  // a synchronous one waits here
-  AddWaited(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::steady_clock::now() - start).count());
+  AddWaitedSince(start);
   return std::make_shared<TensorHoldingWork>(std::move(work), x, this);
 }
 

@@ -148,7 +148,12 @@ class Communicator {
   // asynchronous ones since the communicator was made (any thread may read it).
   // On GPU ranks a collective returns once queued: this is host time, not device time.
   double waited_seconds() const { return waited_ns_.load(std::memory_order_relaxed) * 1e-9; }
-  void AddWaited(int64_t ns) { waited_ns_.fetch_add(ns, std::memory_order_relaxed); }
+  // Adds the time from `start` to now to waited_seconds().
+  void AddWaitedSince(std::chrono::steady_clock::time_point start) {
+    waited_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - start).count(),
+                         std::memory_order_relaxed);
+  }
 
   // spawn attaches the run's stop token and this rank's trace before fn starts.
   void Attach(std::stop_token stop, internal::CollectiveTrace* trace);

@@ -2,12 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <algorithm>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -388,13 +387,14 @@ ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
       progress_(std::move(progress)),
       buffer_(kFixed + transport->process_count(), 0) {}
 
-ControlPlane::~ControlPlane() {
+ControlPlane::~ControlPlane() { AbandonRound(); }
+
+void ControlPlane::AbandonRound() {
   // Freeing an active non-blocking collective's request is erroneous MPI; the
   // job is being aborted, so the request (and its buffer) is left.
-  if (op_ != nullptr) {
-    (void)op_.release();
-    new std::vector<int64_t>(std::move(buffer_));  // leaked on purpose: MPI may still write
-  }
+  if (op_ == nullptr) return;
+  (void)op_.release();
+  new std::vector<int64_t>(std::move(buffer_));  // leaked on purpose: MPI may still write
 }
 
 bool ControlPlane::Tick(const std::stop_token& stop) {
@@ -403,10 +403,7 @@ bool ControlPlane::Tick(const std::stop_token& stop) {
     return TickOrThrow(stop);
   } catch (const std::exception& e) {
     finished_ = true;
-    if (op_ != nullptr) {  // in an unknown state: left to MPI (the job aborts)
-      (void)op_.release();
-      new std::vector<int64_t>(std::move(buffer_));
-    }
+    AbandonRound();  // in an unknown state: left to MPI (the job aborts)
     hooks_.fail(absl::InternalError(absl::StrCat(
         "spawn: the step agreement's round between processes failed: ", e.what())));
     return false;

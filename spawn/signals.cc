@@ -159,6 +159,11 @@ int64_t StepAgreement::TargetLocked(int rank, int64_t step) const {
   return target;
 }
 
+bool StepAgreement::SaveDueLocked(int64_t step) const {
+  // One pending save at a time: a proposal while one is due is the same one.
+  return !save_targets_.empty() && *save_targets_.rbegin() >= step;
+}
+
 void StepAgreement::PruneSaveTargetsLocked(const std::vector<int64_t>& decided) {
   const int64_t oldest = *std::min_element(decided.begin(), decided.end());
   if (oldest == kNone) return;
@@ -178,11 +183,7 @@ StepAgreement::Decision StepAgreement::AtBoundary(int rank, int64_t step, bool p
     return decision;
   }
   if (stop_requested_ && stop_target_ == kNone) stop_target_ = TargetLocked(rank, step);
-  if (propose_save) {
-    // One pending save at a time: a proposal while one is due is the same one.
-    const bool pending = !save_targets_.empty() && *save_targets_.rbegin() >= step;
-    if (!pending) save_targets_.insert(TargetLocked(rank, step));
-  }
+  if (propose_save && !SaveDueLocked(step)) save_targets_.insert(TargetLocked(rank, step));
   decision.stop = stop_target_ != kNone && step >= stop_target_;
   decision.save = save_targets_.contains(step);
   passed_[rank] = step;
@@ -195,11 +196,7 @@ StepAgreement::Decision StepAgreement::CrossProcessBoundary(std::unique_lock<std
                                                             bool propose_save,
                                                             const std::stop_token& stop) {
   Decision decision;
-  if (propose_save && phase_ == Phase::kIdle) {
-    // One pending save at a time: a proposal while one is due is the same one.
-    const bool pending = !save_targets_.empty() && *save_targets_.rbegin() >= step;
-    if (!pending) local_save_wanted_ = true;
-  }
+  if (propose_save && phase_ == Phase::kIdle && !SaveDueLocked(step)) local_save_wanted_ = true;
   // Reported before waiting: a held rank's step is what bounds the target.
   passed_[rank] = step;
   const auto held = [this] {

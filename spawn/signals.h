@@ -179,6 +179,8 @@ class StepAgreement {
   void RequestStopLocked(const std::string& reason);
   // The smallest step no rank other than `rank` has passed, at least `step`.
   int64_t TargetLocked(int rank, int64_t step) const;
+  // A save target at or after `step` is already set. Caller holds mutex_.
+  bool SaveDueLocked(int64_t step) const;
   // Drops the save targets at or before every rank's step in `decided` (the
   // last step each rank got its decision for). Caller holds mutex_.
   void PruneSaveTargetsLocked(const std::vector<int64_t>& decided);

@@ -93,27 +93,30 @@ uint32_t MaskedCrc32c(absl::string_view data) {
   return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
 }
 
+namespace {
+// An Event at `step` whose oneof `what` is message field `field` = `message`.
+std::string StepEvent(double wall_time, int64_t step, int field, absl::string_view message) {
+  std::string event;
+  PutDouble(&event, kEventWallTime, wall_time);
+  PutInt64(&event, kEventStep, step);
+  PutBytes(&event, field, message);
+  return event;
+}
+}  // namespace
+
 std::string ScalarEvent(absl::string_view tag, float value, int64_t step, double wall_time) {
   std::string item;
   PutBytes(&item, kValueTag, tag);
   PutFloat(&item, kValueSimpleValue, value);
   std::string summary;
   PutBytes(&summary, kSummaryValue, item);
-  std::string event;
-  PutDouble(&event, kEventWallTime, wall_time);
-  PutInt64(&event, kEventStep, step);
-  PutBytes(&event, kEventSummary, summary);
-  return event;
+  return StepEvent(wall_time, step, kEventSummary, summary);
 }
 
 std::string SessionStartEvent(int64_t step, double wall_time) {
   std::string log;
   PutInt64(&log, kSessionLogStatus, kSessionLogStart);
-  std::string event;
-  PutDouble(&event, kEventWallTime, wall_time);
-  PutInt64(&event, kEventStep, step);
-  PutBytes(&event, kEventSessionLog, log);
-  return event;
+  return StepEvent(wall_time, step, kEventSessionLog, log);
 }
 
 }  // namespace internal
@@ -166,18 +169,19 @@ void SummaryWriter::AppendRecordLocked(const std::string& event) {
 }
 
 void SummaryWriter::AddScalar(absl::string_view tag, double value, int64_t step, double wall_time) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (file_ == nullptr || !error_.ok()) return;  // after a write error: Flush reports it
-  AppendRecordLocked(internal::ScalarEvent(tag, static_cast<float>(value), step,
-                                           wall_time < 0 ? internal::Now() : wall_time));
-  if (pending_records_ >= 64) (void)FlushLocked();
+  AddEvent(internal::ScalarEvent(tag, static_cast<float>(value), step,
+                                 wall_time < 0 ? internal::Now() : wall_time));
 }
 
 void SummaryWriter::AddSessionStart(int64_t step, double wall_time) {
+  AddEvent(internal::SessionStartEvent(step, wall_time < 0 ? internal::Now() : wall_time));
+}
+
+void SummaryWriter::AddEvent(const std::string& event) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (file_ == nullptr || !error_.ok()) return;
-  AppendRecordLocked(
-      internal::SessionStartEvent(step, wall_time < 0 ? internal::Now() : wall_time));
+  if (file_ == nullptr || !error_.ok()) return;  // after a write error: Flush reports it
+  AppendRecordLocked(event);
+  if (pending_records_ >= 64) (void)FlushLocked();
 }
 
 absl::Status SummaryWriter::FlushLocked() {

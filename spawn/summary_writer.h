@@ -63,6 +63,8 @@ class SummaryWriter {
 
  private:
   SummaryWriter(std::string path, std::FILE* file);
+  // Appends one serialised Event (flushing every 64); nothing after a write error.
+  void AddEvent(const std::string& event);
   void AppendRecordLocked(const std::string& event);
   absl::Status FlushLocked();
 

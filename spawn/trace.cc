@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "spawn/context.h"
 #if TANDEM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -62,6 +63,18 @@ std::vector<std::string> AllGatherStrings(Context& ctx, const std::string& mine)
   return out;
 }
 
+// Appends one complete ("X") event to a track's comma-separated events; the
+// process id is left as PID until EventsJson knows it.
+void AppendCompleteEvent(std::string* events, absl::string_view name, int64_t ts_us,
+                         int64_t dur_us, int tid, const std::string& args) {
+  absl::StrAppendFormat(events,
+                        "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
+                        "\"pid\": PID, \"tid\": %d%s}",
+                        events->empty() ? "" : ",\n", Escape(name), ts_us,
+                        std::max<int64_t>(0, dur_us), tid,
+                        args.empty() ? "" : absl::StrCat(", \"args\": {", args, "}"));
+}
+
 }  // namespace
 
 TraceRecorder::TraceRecorder(Window window) : window_(window) {}
@@ -99,11 +112,7 @@ void TraceRecorder::Span(int rank, absl::string_view name, Clock::time_point sta
   Rank& r = At(rank);
   if (!r.recording.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(r.mutex);
-  absl::StrAppendFormat(&r.events, "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
-                                   "\"pid\": PID, \"tid\": %d%s}",
-                        r.events.empty() ? "" : ",\n", Escape(name), Micros(start),
-                        std::max<int64_t>(0, Micros(end) - Micros(start)), rank,
-                        args.empty() ? "" : absl::StrCat(", \"args\": {", args, "}"));
+  AppendCompleteEvent(&r.events, name, Micros(start), Micros(end) - Micros(start), rank, args);
 }
 
 std::string TraceRecorder::EventsJson(int process_index) const {
@@ -116,16 +125,7 @@ std::string TraceRecorder::EventsJson(int process_index) const {
     out += state->events;
   }
   // The process id is known only now (one recorder may outlive a run).
-  std::string pid = absl::StrCat(process_index);
-  std::string replaced;
-  for (size_t at = 0;;) {
-    const size_t next = out.find("\"pid\": PID", at);
-    replaced.append(out, at, next == std::string::npos ? std::string::npos : next - at);
-    if (next == std::string::npos) break;
-    absl::StrAppend(&replaced, "\"pid\": ", pid);
-    at = next + std::strlen("\"pid\": PID");
-  }
-  return replaced;
+  return absl::StrReplaceAll(out, {{"\"pid\": PID", absl::StrCat("\"pid\": ", process_index)}});
 }
 
 TraceSpan::TraceSpan(const Context& ctx, const char* name, std::string args)
@@ -222,13 +222,9 @@ void TraceRecorder::ResolveDeviceSpans(int rank) {
         cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(r.reference), start) ==
             cudaSuccess &&
         cudaEventElapsedTime(&duration_ms, start, end) == cudaSuccess) {
-      absl::StrAppendFormat(&r.events,
-                            "%s{\"name\": \"%s\", \"ph\": \"X\", \"ts\": %d, \"dur\": %d, "
-                            "\"pid\": PID, \"tid\": %d}",
-                            r.events.empty() ? "" : ",\n", Escape(span.name),
-                            r.reference_us + static_cast<int64_t>(offset_ms * 1000.0),
-                            std::max<int64_t>(0, static_cast<int64_t>(duration_ms * 1000.0)),
-                            kDeviceTrack + rank);
+      AppendCompleteEvent(&r.events, span.name,
+                          r.reference_us + static_cast<int64_t>(offset_ms * 1000.0),
+                          static_cast<int64_t>(duration_ms * 1000.0), kDeviceTrack + rank, "");
     }
   }
 #endif

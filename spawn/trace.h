@@ -16,9 +16,9 @@
 // a second track per rank ("rank R (cuda:N) stream"), aligned with the host
 // timeline through a reference event synchronised once, at the first span.
 // (Written and compiled; not run: no GPU has been lent.) DataParallel adds one
-// span per bucket all-reduce,
-// from its launch in backward to the end of its wait, with the bucket's bytes:
-// a span that starts before the backward span ends is communication overlapping
+// span per bucket all-reduce, with the bucket's bytes, from its launch in
+// backward to when it finished (Work::finished_at; the end of its wait where the
+// communicator does not say): the part before the backward span ends overlapped
 // backward.
 //
 // Outside the window nothing is recorded (a lookup of the rank's state under a

@@ -327,17 +327,6 @@ nn::StateDict Snapshot(const nn::Module& model) {
   return copy;
 }
 
-absl::Status ImportWeights(const ModelSpec& spec, const std::string& dir, nn::Module& model) {
-  nn::StateDict state;
-  for (const auto& [name, tensor] : model.state_dict()) {
-    absl::StatusOr<nn::Tensor> t = apps::bench::ReadRawTensor(
-        absl::StrCat(dir, "/", spec.name, "/", name, ".bin"), tensor.shape(), tensor.dtype());
-    if (!t.ok()) return t.status();
-    state.emplace_back(name, *t);
-  }
-  return model.load_state_dict(state);
-}
-
 absl::Status ExportModel(const ModelSpec& spec, const std::string& dir, const nn::Module& model,
                          const Data& data) {
   const std::string base = absl::StrCat(dir, "/", spec.name);
@@ -664,7 +653,7 @@ int Run(const Config& config) {
     if (config.import_dir.empty()) {
       data = MakeData(*spec, n, config.seed, config.device);
     } else {
-      Check(ImportWeights(*spec, config.import_dir, *model));
+      Check(apps::bench::ReadModelState(config.import_dir, spec->name, *model));
       absl::StatusOr<Data> imported = ImportData(*spec, config.import_dir, n, config.device);
       Check(imported.status());
       data = *imported;

@@ -116,14 +116,7 @@ Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch, const 
   const int world = ctx.world_size(), rank = ctx.rank();
   const int64_t local = global_batch / world;
   std::shared_ptr<nn::Module> model = spec.make();
-  nn::StateDict state;
-  for (const auto& [name, tensor] : model->state_dict()) {
-    absl::StatusOr<nn::Tensor> t = bench::ReadRawTensor(
-        absl::StrCat(dir, "/", spec.name, "/", name, ".bin"), tensor.shape(), tensor.dtype());
-    Check(t.status());
-    state.emplace_back(name, *t);
-  }
-  Check(model->load_state_dict(state));
+  Check(bench::ReadModelState(dir, spec.name, *model));
   absl::StatusOr<nn::Tensor> images =
       bench::ReadRawRows(absl::StrCat(dir, "/", spec.name, "/images.bin"), spec.input, nn::kFloat32);
   Check(images.status());

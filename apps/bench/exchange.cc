@@ -81,4 +81,16 @@ absl::StatusOr<nn::Tensor> ReadRawRows(const std::string& path, const nn::Shape&
   return ReadRawTensor(path, shape, dtype);
 }
 
+absl::Status ReadModelState(const std::string& dir, const std::string& model_name,
+                            nn::Module& model) {
+  nn::StateDict state;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    absl::StatusOr<nn::Tensor> t = ReadRawTensor(
+        absl::StrCat(dir, "/", model_name, "/", name, ".bin"), tensor.shape(), tensor.dtype());
+    if (!t.ok()) return t.status();
+    state.emplace_back(name, *t);
+  }
+  return model.load_state_dict(state);
+}
+
 }  // namespace tandem::apps::bench

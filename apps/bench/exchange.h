@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nn/module.h"
 #include "nn/tensor.h"
 
 namespace tandem::apps::bench {
@@ -37,6 +38,12 @@ absl::StatusOr<nn::Tensor> ReadRawTensor(const std::string& path, const nn::Shap
 // the file size, which must be a positive multiple of one row's bytes.
 absl::StatusOr<nn::Tensor> ReadRawRows(const std::string& path, const nn::Shape& row_shape,
                                        nn::DType dtype);
+
+// Loads every entry of `model`'s state (parameters and buffers) from
+// dir/<model_name>/<entry name>.bin, in the entry's shape and dtype (the files
+// tandem_bench --export_dir writes). Errors name the file.
+absl::Status ReadModelState(const std::string& dir, const std::string& model_name,
+                            nn::Module& model);
 
 }  // namespace tandem::apps::bench
 

@@ -73,14 +73,9 @@ int main(int argc, char** argv) {
   nn::set_cpu_blas_threads(1);
 
   std::shared_ptr<nn::Module> model = apps::MakeMobileNetV2(/*dropout=*/0.0);
-  nn::StateDict state;
-  for (const auto& [name, tensor] : model->state_dict()) {
-    auto t = apps::bench::ReadRawTensor(absl::StrCat(import_dir, "/mobilenet_v2/", name, ".bin"),
-                                        tensor.shape(), tensor.dtype());
-    if (!t.ok()) Die(t.status().ToString());
-    state.emplace_back(name, *t);
+  if (auto s = apps::bench::ReadModelState(import_dir, "mobilenet_v2", *model); !s.ok()) {
+    Die(s.ToString());
   }
-  if (auto s = model->load_state_dict(state); !s.ok()) Die(s.ToString());
   auto images = apps::bench::ReadRawRows(import_dir + "/mobilenet_v2/images.bin", {3, 32, 32},
                                          nn::kFloat32);
   if (!images.ok()) Die(images.status().ToString());

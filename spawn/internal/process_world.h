@@ -18,7 +18,6 @@
 #ifndef TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 #define TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -143,6 +142,8 @@ class ControlPlane {
  private:
   static constexpr int kFixed = 4;  // slots before the per-process ones
   bool TickOrThrow(const std::stop_token& stop);
+  // Leaves a round still in flight to MPI (request and buffer not freed).
+  void AbandonRound();
 
   ProcessTransport* transport_;
   ServeHooks hooks_;

@@ -97,7 +97,7 @@ class HubTransport final : public ProcessTransport {
   std::unique_ptr<PendingOp> AllGatherInPlace(void* recv, const std::vector<int64_t>& counts) override {
     std::vector<int64_t> offsets = Offsets(counts);
     const int64_t k = hub_->Start(kData, index_, Bytes(static_cast<char*>(recv) + offsets[index_], counts[index_]));
-    return Make(kData, k, [=](const std::vector<std::string>& in) {
+    return Make(kData, k, [=, this](const std::vector<std::string>& in) {
       for (int q = 0; q < process_count(); ++q) {
         std::memcpy(static_cast<char*>(recv) + offsets[q], in[q].data(), in[q].size());
       }
@@ -107,7 +107,7 @@ class HubTransport final : public ProcessTransport {
                                       void* recv, const std::vector<int64_t>& recv_counts) override {
     const int64_t k = hub_->Start(kData, index_, Bytes(send, Total(send_counts)));
     const std::vector<int64_t> recv_offsets = Offsets(recv_counts);
-    return Make(kData, k, [=, me = index_](const std::vector<std::string>& in) {
+    return Make(kData, k, [=, this, me = index_](const std::vector<std::string>& in) {
       // Process q's send buffer holds, at its offset for `me`, the block for me;
       // every process uses the same slicing, so q's offsets equal mine.
       for (int q = 0; q < process_count(); ++q) {
