@@ -182,6 +182,10 @@ class FakeGroup {
       for (const auto& op : ops) std::copy(result.begin(), result.end(), op->data);
     }
     completed_.fetch_add(1);
+    // Unpinned before the ops are marked done: a waiter that wakes on done and
+    // drops the last handle must see the storage go (it did not always when the
+    // pins outlived the marking).
+    pinned.clear();
     for (const auto& op : ops) {
       if (!op->aborted.load()) op->done.store(true, std::memory_order_release);
     }
