@@ -35,7 +35,14 @@ class SpawnTest : public ::testing::Test {
     start_ = std::chrono::steady_clock::now();
     options_.console = &console_;
   }
+  // pthread_join returns once the kernel clears the thread's tid, which is before
+  // the task leaves /proc/self/task; give a joined thread a moment to be reaped (a
+  // thread that really outlives spawn stays listed).
   void TearDown() override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (ThreadCount() != threads_before_ && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_EQ(ThreadCount(), threads_before_) << "a thread outlived spawn";
   }
   // Faults must be over quickly.
