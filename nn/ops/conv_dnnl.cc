@@ -7,8 +7,9 @@
 // tensor is its goihw layout as it is); groups == channels runs on oneDNN's
 // depthwise kernels (jit dw in the blocked layouts).
 // By default the primitives run in the layouts oneDNN prefers (blocked, e.g.
-// nChw16c), with our NCHW / OIHW tensors reordered to them and back inside each
-// call; CpuConvPath::kDnnl keeps the plain layouts instead (for comparison).
+// nChw16c) or, where channel counts are off the 16-channel block, channels-last
+// (AutoLayout), with our NCHW / OIHW tensors reordered to them and back inside
+// each call; CpuConvPath::kDnnl keeps the plain layouts instead (for comparison).
 // Built only with TANDEM_WITH_DNNL; conv_cpu.cc calls it for float32 and keeps
 // im2col + OpenBLAS for float64 and bfloat16 (oneDNN 2.6 has no float64
 // convolution).
@@ -64,25 +65,30 @@ int UseThreads() {
 
 enum class Kind { kForward, kBackwardData, kBackwardWeights };
 
+// The activation layout the primitives run in: plain NCHW (our tensors' own),
+// oneDNN's choice (blocked, e.g. nChw16c) or channels-last NHWC; weights are in
+// oneDNN's choice for the latter two.
+enum class Layout { kPlain, kBlocked, kNhwc };
+
 struct Key {
   Kind kind;
   int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
-  bool blocked;
+  Layout layout;
   int threads;
   auto Tie() const {
     return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, bias,
-                    blocked, threads);
+                    layout, threads);
   }
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
-Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, bool blocked, int threads) {
+Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, Layout layout, int threads) {
   const auto& p = g.params;
   return {kind,         g.n,           g.c,           g.h,         g.w,         g.o,
           g.kh,         g.kw,          g.oh,          g.ow,        p.stride[0], p.stride[1],
           p.padding[0], p.padding[1],  p.dilation[0], p.dilation[1], p.groups,  bias,
-          blocked,      threads};
+          layout,       threads};
 }
 
 // A primitive with the layouts it wants for its arguments; where those differ
@@ -147,11 +153,13 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
   return dnnl::convolution_forward::primitive_desc(desc, Attr(), Engine());
 }
 
-// The layouts the primitives see: with key.blocked oneDNN picks them (blocked
-// ones, reordered to and from ours inside each call); else plain NCHW / OIHW.
+// The layouts the primitives see (key.layout), reordered to and from ours inside
+// each call where they are not plain NCHW / OIHW.
 Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
-  const Tag act = key.blocked ? Tag::any : Tag::nchw;
-  const Tag wei = key.blocked ? Tag::any : PlainWeightTag(g);
+  const Tag act = key.layout == Layout::kPlain    ? Tag::nchw
+                  : key.layout == Layout::kNhwc   ? Tag::nhwc
+                                                  : Tag::any;
+  const Tag wei = key.layout == Layout::kPlain ? PlainWeightTag(g) : Tag::any;
   const Descs d = DescsOf(g, key.bias, act, wei);
   Entry e;
   switch (key.kind) {
@@ -195,15 +203,30 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   return e;
 }
 
+// kAuto's layout for a shape. The blocked layouts pad channels to multiples of
+// 16 (AVX-512): 20 -> 32 channels on both sides makes LeNet's second conv do
+// 2.56x the useful work, and channels-last runs it 1.5x faster (nn_ops_bench,
+// docs/benchmarks.md). Channels-last where an ungrouped conv has a channel
+// count off the block on both sides of a real (C >= 8) input; the blocked
+// layouts everywhere else: they measured faster on every 16-multiple shape and on
+// the first convs (C = 1, 3), whose input oneDNN keeps plain.
+Layout AutoLayout(const Conv2dGeometry& g) {
+  const bool off_block = g.c % 16 != 0 || g.o % 16 != 0;
+  return g.params.groups == 1 && g.c >= 8 && off_block ? Layout::kNhwc : Layout::kBlocked;
+}
+
 // The calling thread's primitives by shape (as the cuDNN algorithm cache, but
 // per thread: no lock on the hot path, and a rank thread's thread count is its own).
 const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias) {
   thread_local std::map<Key, Entry> cache;
-  // kAuto takes the blocked layouts: measured faster than plain NCHW (oneDNN's
-  // gemm:jit) and than im2col + OpenBLAS on every conv of the apps' models
-  // (docs/benchmarks.md, "CPU convolutions on oneDNN").
-  const bool blocked = GetCpuConvPath() != CpuConvPath::kDnnl;
-  const Key key = KeyOf(kind, g, bias, blocked, UseThreads());
+  // kAuto: AutoLayout; plain NCHW (oneDNN's gemm:jit) and im2col + OpenBLAS
+  // measured slower on every conv of the apps' models (docs/benchmarks.md).
+  const CpuConvPath path = GetCpuConvPath();
+  const Layout layout = path == CpuConvPath::kDnnl          ? Layout::kPlain
+                        : path == CpuConvPath::kDnnlNhwc    ? Layout::kNhwc
+                        : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
+                                                            : AutoLayout(g);
+  const Key key = KeyOf(kind, g, bias, layout, UseThreads());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
   return it->second;

@@ -205,6 +205,7 @@ TEST(ConvGroupsTest, EachFloat32CpuPathMatchesReferenceAndRepeats) {
   if (ops::internal::CpuConvUsesDnnl()) {
     paths.push_back(CpuConvPath::kDnnl);
     paths.push_back(CpuConvPath::kDnnlBlocked);
+    paths.push_back(CpuConvPath::kDnnlNhwc);
   }
   manual_seed(42);
   for (const Case& c : Cases()) {

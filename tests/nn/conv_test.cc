@@ -203,6 +203,7 @@ TEST(ConvTest, EachFloat32CpuPathMatchesFloat64AndRepeatsBitForBit) {
   if (ops::internal::CpuConvUsesDnnl()) {
     paths.push_back(CpuConvPath::kDnnl);
     paths.push_back(CpuConvPath::kDnnlBlocked);
+    paths.push_back(CpuConvPath::kDnnlNhwc);
   }
   struct Case {
     Shape x, w;

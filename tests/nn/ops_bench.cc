@@ -194,6 +194,8 @@ std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool f
   if (float32_conv && device.is_cpu() && ops::internal::CpuConvUsesDnnl()) {
     paths.emplace_back("/im2col", CpuConvPath::kIm2col);
     paths.emplace_back("/dnnl_plain", CpuConvPath::kDnnl);
+    paths.emplace_back("/dnnl_nhwc", CpuConvPath::kDnnlNhwc);
+    paths.emplace_back("/dnnl_blocked", CpuConvPath::kDnnlBlocked);
   }
   return paths;
 }

@@ -35,13 +35,14 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias);
 
 // The float32 CPU implementation (float64 and bfloat16 always take im2col +
-// OpenBLAS). kAuto: oneDNN in its preferred (blocked) layouts where tandem is
-// built with it (TANDEM_WITH_DNNL), else im2col. kDnnl: oneDNN on the plain
-// NCHW / OIHW layouts; kDnnlBlocked: oneDNN in blocked layouts, reordered from
-// and to ours inside each call (what kAuto picks). Process-wide, atomic; for
+// OpenBLAS). kAuto: oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in
+// blocked or channels-last layouts chosen by shape (conv_dnnl.cc, AutoLayout),
+// else im2col. kDnnl: oneDNN on the plain NCHW / OIHW layouts; kDnnlBlocked and
+// kDnnlNhwc: oneDNN in blocked / channels-last layouts for every shape,
+// reordered from and to ours inside each call. Process-wide, atomic; for
 // tests and benchmarks that compare them (a call mid-step changes the kernels
 // of the following calls only).
-enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked };
+enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked, kDnnlNhwc };
 void SetCpuConvPath(CpuConvPath path);
 CpuConvPath GetCpuConvPath();
 // True when float32 CPU convolutions run on oneDNN now.
