@@ -31,6 +31,10 @@ constexpr int64_t kSplitBroadcastBytes = int64_t{64} << 10;
 // splitting it in fixed slices: whichever ranks run do the work.
 constexpr int64_t kShareChunkBytes = int64_t{64} << 10;
 constexpr int64_t kShareMinChunks = 2;
+// InProcessGroupOptions::staged_bytes when automatic, with at most as many ranks
+// as CPUs and with more.
+constexpr int64_t kStagedBytes = int64_t{1} << 10;
+constexpr int64_t kStagedBytesOversubscribed = int64_t{4} << 10;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -131,7 +135,7 @@ std::pair<int64_t, int64_t> Chunk(int64_t n, int part, int parts, int64_t elemen
 
 // --- InProcessGroup ---------------------------------------------------------------
 
-InProcessGroup::InProcessGroup(int world_size)
+InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
     : world_size_(world_size),
       slots_(new PaddedSlot[std::max(world_size, 1)]),
       arrived_(new PaddedCounter[std::max(world_size, 1)]) {
@@ -140,6 +144,9 @@ InProcessGroup::InProcessGroup(int world_size)
   // ranks than CPUs it takes the CPU from a rank that has yet to arrive.
   const bool oversubscribed = world_size > UsableCpus();
   max_spin_ns_ = oversubscribed ? 2'000 : 50'000;
+  staged_bytes_ = options.staged_bytes >= 0 ? options.staged_bytes
+                  : oversubscribed          ? kStagedBytesOversubscribed
+                                            : kStagedBytes;
   shared_spin_ns_ = max_spin_ns_;
   for (int r = 0; r < world_size; ++r) arrived_[r].spin_ns = max_spin_ns_;
 }
@@ -218,14 +225,22 @@ void InProcessGroup::ArriveAndWait(int rank) {
   mine.cpu.store(cpu, std::memory_order_relaxed);
   const uint64_t n = mine.value.load(std::memory_order_relaxed) + 1;
   mine.value.store(n, std::memory_order_seq_cst);
-  WakeSleepers();
+  auto all_arrived = [&](std::memory_order order) {
+    for (int k = 0; k < world_size_; ++k) {
+      if (arrived_[k].value.load(order) < n) return false;
+    }
+    return true;
+  };
+  // Only the arrival that completes the barrier wakes the sleepers: the last
+  // rank to store its counter (in the seq_cst order) sees every other counter
+  // and then every sleeper that counted itself in before missing that store (see
+  // Wait). An earlier arrival's wake would only send sleepers back to sleep.
+  if (all_arrived(std::memory_order_seq_cst)) {
+    WakeSleepers();
+    return;
+  }
   Wait(
-      [&](std::memory_order order) {
-        for (int k = 0; k < world_size_; ++k) {
-          if (arrived_[k].value.load(order) < n) return false;
-        }
-        return true;
-      },
+      all_arrived,
       [&] {
         // A rank still missing that last ran on this CPU cannot arrive while we spin.
         for (int k = 0; k < world_size_; ++k) {
@@ -268,15 +283,16 @@ void InProcessCommunicator::CheckDevice(const nn::Tensor& t, const char* op) con
                "'s device ", device().ToString());
 }
 
-void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv,
-                                    int arg) {
+int InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv,
+                                   int arg) {
   // The rendezvous is on the host: recorded into a graph it would never happen
   // again at replay (and the other ranks would wait for a capture to finish).
   TANDEM_CHECK(!nn::CudaGraph::IsCapturing(), "in-process communicator cannot be captured in a "
                "CUDA graph (", op, " #", sequence(), " on rank ", rank(), ", ",
                device().ToString(), "): its ranks meet on the host; use NCCL (ranks on distinct "
                "GPUs) to capture a step with collectives, or run this step eagerly");
-  InProcessGroup::Slot& s = group_->slot(rank());
+  const int parity = group_->parity(rank());
+  InProcessGroup::Slot& s = group_->slot(rank(), parity);
   s.op = op;
   s.sequence = sequence();
   s.numel = send != nullptr ? send->numel() : 0;
@@ -295,9 +311,9 @@ void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::
   group_->ArriveAndWait(rank());
   // Every rank makes the same comparison over the same slots, so either all
   // ranks throw here or none does.
-  const InProcessGroup::Slot& first = group_->slot(0);
+  const InProcessGroup::Slot& first = group_->slot(0, parity);
   for (int k = 1; k < world_size(); ++k) {
-    const InProcessGroup::Slot& other = group_->slot(k);
+    const InProcessGroup::Slot& other = group_->slot(k, parity);
     const bool same = (other.op == first.op || std::strcmp(other.op, first.op) == 0) &&
                       other.numel == first.numel && other.dtype == first.dtype &&
                       other.arg == first.arg && other.sequence == first.sequence;
@@ -312,10 +328,15 @@ void InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::
 #if TANDEM_WITH_CUDA
   if (device().is_cuda()) {
     std::vector<void*> events;
-    for (int k = 0; k < world_size(); ++k) events.push_back(group_->slot(k).event);
+    for (int k = 0; k < world_size(); ++k) events.push_back(group_->slot(k, parity).event);
     internal::WaitEvents(events, device());
   }
 #endif
+  return parity;
+}
+
+bool InProcessCommunicator::Staged(int64_t bytes) const {
+  return !device().is_cuda() && group_->staged_bytes() > 0 && bytes <= group_->staged_bytes();
 }
 
 // Reduce-scatter and all-gather in one pass: rank r reduces its slice of every
@@ -344,44 +365,64 @@ bool InProcessCommunicator::SharesWork(int64_t bytes) const {
 // by one rank (ranks in order) and written straight into every rank's buffer, so
 // each element is read once and written once per rank. Small: rank r does slice
 // r; large (CPU): the ranks claim 64 KB chunks until none is left. Who reduces a
-// piece does not change any bit.
+// piece does not change any bit. Staged (small, CPU): every rank reduces every
+// rank's staged copy into its own buffer, in the same order: the same bits.
 void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
   CheckDevice(x, "all_reduce");
-  Publish("all_reduce", &x, &x, static_cast<int>(op));
+  const nn::DType dtype = x.dtype();
+  if (Staged(x.nbytes())) {
+    const int parity = group_->parity(rank());
+    Copy(group_->staging(rank(), parity), x.data_ptr(), x.nbytes(), device());
+    Publish("all_reduce", &x, &x, static_cast<int>(op));
+    PtrList in;
+    for (int k = 0; k < world_size(); ++k) in.push_back(group_->staging(k, parity));
+    // An unsupported dtype throws on every rank (here, even for 0 elements).
+    ReduceSlice(in, {x.data_ptr()}, 0, x.numel(), dtype, op, device(), "all_reduce");
+    return;
+  }
+  const int parity = Publish("all_reduce", &x, &x, static_cast<int>(op));
   // One rank's sum or max is its own x: nothing to do (avg still divides).
   if (world_size() > 1 || op == ReduceOp::kAvg) {
     PtrList in;
     MutPtrList out;
     for (int k = 0; k < world_size(); ++k) {
-      in.push_back(group_->slot(k).send);
-      out.push_back(group_->slot(k).recv);
+      in.push_back(group_->slot(k, parity).send);
+      out.push_back(group_->slot(k, parity).recv);
     }
-    const int64_t element = nn::ElementSize(x.dtype());
+    const int64_t element = nn::ElementSize(dtype);
     // An unsupported dtype throws here on every rank, before any claim.
-    ReduceSlice(in, out, 0, 0, x.dtype(), op, device(), "all_reduce");
+    ReduceSlice(in, out, 0, 0, dtype, op, device(), "all_reduce");
     if (SharesWork(x.nbytes())) {
       ShareWork(x.numel(), kShareChunkBytes / element, [&](int64_t begin, int64_t end) {
-        ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+        ReduceSlice(in, out, begin, end, dtype, op, device(), "all_reduce");
       });
     } else {
       const auto [begin, end] = Chunk(x.numel(), rank(), world_size(), element);
-      ReduceSlice(in, out, begin, end, x.dtype(), op, device(), "all_reduce");
+      ReduceSlice(in, out, begin, end, dtype, op, device(), "all_reduce");
     }
   }
   Finish();
 }
 
-// Small: every receiver copies root's buffer. Large: every rank, root included,
-// copies parts of every receiver's buffer (claimed chunks on the CPU).
+// Small: every receiver copies root's buffer (staged, CPU: root's staged copy).
+// Large: every rank, root included, copies parts of every receiver's buffer
+// (claimed chunks on the CPU).
 void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
   CheckDevice(x, "broadcast");
-  Publish("broadcast", &x, &x, root);
-  const char* src = static_cast<const char*>(group_->slot(root).send);
   const int64_t bytes = x.nbytes();
+  if (Staged(bytes)) {
+    const int parity = group_->parity(rank());
+    if (rank() == root) Copy(group_->staging(rank(), parity), x.data_ptr(), bytes, device());
+    Publish("broadcast", &x, &x, root);
+    if (rank() != root) Copy(x.data_ptr(), group_->staging(root, parity), bytes, device());
+    return;
+  }
+  const int parity = Publish("broadcast", &x, &x, root);
+  const char* src = static_cast<const char*>(group_->slot(root, parity).send);
   auto copy_part = [&](int64_t begin, int64_t end) {
     for (int k = 0; k < world_size(); ++k) {
       if (k == root) continue;
-      char* dst = static_cast<char*>(group_->slot(k).recv);
+      char* dst = static_cast<char*>(group_->slot(k, parity).recv);
       Copy(dst + begin, src + begin, end - begin, device());
     }
   };
@@ -396,48 +437,66 @@ void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
   Finish();
 }
 
-// Every rank copies every rank's input into its own output (reads spread over
-// the ranks; each output written once, by the rank that reads it next).
+// Every rank copies every rank's input (or staged copy) into its own output
+// (reads spread over the ranks; each output written once, by the rank that
+// reads it next).
 void InProcessCommunicator::AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) {
   CheckDevice(input, "all_gather");
-  Publish("all_gather", &input, &output, 0);
+  const int64_t bytes = input.nbytes();
+  const bool staged = Staged(bytes);
+  const int next_parity = group_->parity(rank());
+  if (staged) Copy(group_->staging(rank(), next_parity), input.data_ptr(), bytes, device());
+  const int parity = Publish("all_gather", &input, &output, 0);
   char* dst = static_cast<char*>(output.data_ptr());
   for (int k = 0; k < world_size(); ++k) {
-    Copy(dst + k * input.nbytes(), group_->slot(k).send, input.nbytes(), device());
+    const void* src = staged ? group_->staging(k, parity) : group_->slot(k, parity).send;
+    Copy(dst + k * bytes, src, bytes, device());
   }
-  Finish();
+  if (!staged) Finish();
 }
 
 void InProcessCommunicator::ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output,
                                               ReduceOp op) {
   CheckDevice(input, "reduce_scatter");
-  Publish("reduce_scatter", &input, &output, static_cast<int>(op));
+  const bool staged = Staged(input.nbytes());
+  const int next_parity = group_->parity(rank());
+  if (staged) {
+    Copy(group_->staging(rank(), next_parity), input.data_ptr(), input.nbytes(), device());
+  }
+  const int parity = Publish("reduce_scatter", &input, &output, static_cast<int>(op));
   const int64_t offset_bytes = rank() * output.nbytes();
   PtrList in;
   for (int k = 0; k < world_size(); ++k) {
-    in.push_back(static_cast<const char*>(group_->slot(k).send) + offset_bytes);
+    const char* src = staged ? group_->staging(k, parity)
+                             : static_cast<const char*>(group_->slot(k, parity).send);
+    in.push_back(src + offset_bytes);
   }
   ReduceSlice(in, {output.data_ptr()}, 0, output.numel(), input.dtype(), op, device(),
               "reduce_scatter");
-  Finish();
+  if (!staged) Finish();
 }
 
+// CPU: one meeting (the slots alternate halves, so nothing needs a second one).
 void InProcessCommunicator::BarrierImpl() {
   Publish("barrier", nullptr, nullptr, 0);
-  Finish();
+  if (device().is_cuda()) Finish();
 }
 
 // The closing half of every collective: nobody returns (and reuses or frees a
 // buffer) while another rank may still read or write it.
 void InProcessCommunicator::Finish() {
+  const int parity = group_->parity(rank());
 #if TANDEM_WITH_CUDA
-  if (device().is_cuda()) internal::RecordEvent(event_, device());
+  if (device().is_cuda()) {
+    internal::RecordEvent(event_, device());
+    group_->slot(rank(), parity).event = event_;
+  }
 #endif
   group_->ArriveAndWait(rank());
 #if TANDEM_WITH_CUDA
   if (device().is_cuda()) {
     std::vector<void*> events;
-    for (int k = 0; k < world_size(); ++k) events.push_back(group_->slot(k).event);
+    for (int k = 0; k < world_size(); ++k) events.push_back(group_->slot(k, parity).event);
     internal::WaitEvents(events, device());
   }
 #endif

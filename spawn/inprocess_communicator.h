@@ -3,11 +3,18 @@
 // each rank reduces its own slice of everyone's buffers, adding ranks in the order
 // 0, 1, ..., so the result has the same bits on every rank and every run.
 //
-// Every collective is two barriers on the group: the ranks publish their buffers
-// and meet (each then checks that all called the same collective), do their
-// share of the copying or reducing straight between the published buffers, and
-// meet again before any returns (so no buffer is reused while another rank still
-// reads it).
+// A collective is two barriers on the group: the ranks publish their buffers and
+// meet (each then checks that all called the same collective), do their share of
+// the copying or reducing straight between the published buffers, and meet again
+// before any returns (so no buffer is reused while another rank still reads it).
+// Small CPU collectives (at most InProcessGroup::staged_bytes() per rank) and the
+// CPU barrier meet once: each rank copies its input into its staging buffer in the
+// group, meets the others, and reads every rank's staging buffer into its own
+// output (all_reduce: every rank reduces all of them, ranks in order, so the bits
+// are the same). The staging buffers and the published slots alternate between
+// two halves by barrier parity, so a rank that runs into the next collective
+// never overwrites what another rank still reads: a rank writes a half again only
+// after the next barrier, which every rank reaches after it is done reading.
 //
 // CPU tensors: vectorised loops on the calling thread, through the inputs in
 // blocks that stay in L1 (spawn/internal/inprocess_reduce.h); all_reduce is a
@@ -37,12 +44,25 @@
 
 namespace tandem::dist {
 
+struct InProcessGroupOptions {
+  // Collectives of at most this many bytes per rank on CPU ranks meet once,
+  // through staging buffers (see the top of this file). -1: automatic: 1 KB, or
+  // 4 KB when the group has more ranks than the process has CPUs (then every
+  // meeting costs sleeps and context switches; measured in docs/benchmarks.md,
+  // beyond these sizes the extra copy and each rank reducing everything cost
+  // more than the second meeting saves). 0: never. Each rank that uses the
+  // staging buffers allocates 2 x staged_bytes once.
+  int64_t staged_bytes = -1;
+};
+
 // State shared by the ranks of one run. Thread-safe.
 //
 // Waiting (both barriers below): a waiter first spins on the flags it waits for
 // with a pause instruction (no system call, so a hand-over between two running
 // ranks costs about one cache-line transfer), then sleeps in the kernel (a futex
-// on Linux) until an arriving rank or Cancel wakes it. The spin is bounded: at
+// on Linux) until the arrival that completes the barrier or Cancel wakes it (an
+// arrival that leaves ranks missing wakes nobody: with more ranks than CPUs,
+// every needless wake is a context switch). The spin is bounded: at
 // most 50 us (2 us when the group has more ranks than the process has CPUs), less
 // after waits that outlasted it, and none while a rank it waits for last arrived
 // on the waiter's own CPU (that rank cannot run until the waiter sleeps). So
@@ -52,7 +72,7 @@ namespace tandem::dist {
 // phases at once.
 class InProcessGroup {
  public:
-  explicit InProcessGroup(int world_size);
+  explicit InProcessGroup(int world_size, InProcessGroupOptions options = {});
   ~InProcessGroup();
   InProcessGroup(const InProcessGroup&) = delete;
   InProcessGroup& operator=(const InProcessGroup&) = delete;
@@ -75,8 +95,8 @@ class InProcessGroup {
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // What each rank published for the collective running now. Rank r writes
-  // slot(r) before the first barrier of a collective; all read after it; nobody
-  // writes again before the collective's last barrier.
+  // slot(r, parity(r)) before a barrier; all read it after that barrier and
+  // before the next; r writes that half again only after the next barrier.
   struct Slot {
     const char* op = "";
     uint64_t sequence = 0;
@@ -88,7 +108,24 @@ class InProcessGroup {
     void* recv = nullptr;
     void* event = nullptr;  // CUDA: an event recorded after this rank's inputs are ready
   };
-  Slot& slot(int rank) { return slots_[rank].slot; }
+  Slot& slot(int rank, int parity) { return slots_[rank].slot[parity]; }
+  // The parity (0 or 1) of the next barrier (ArriveAndWait(rank)) of rank `rank`:
+  // which half of its slot and staging buffer it fills before that barrier. The
+  // same on every rank at a given barrier. Call from rank's thread only.
+  int parity(int rank) const {
+    return static_cast<int>((arrived_[rank].value.load(std::memory_order_relaxed) + 1) & 1);
+  }
+
+  // Bytes per rank up to which CPU collectives go through staging buffers (0: never).
+  int64_t staged_bytes() const { return staged_bytes_; }
+  // Half `parity` of rank `rank`'s staging buffer (staged_bytes() bytes). Rank
+  // `rank` allocates its buffer on its first call (not per collective), before
+  // the barrier after which others read it.
+  char* staging(int rank, int parity) {
+    PaddedSlot& s = slots_[rank];
+    if (s.staging == nullptr) s.staging.reset(new char[2 * static_cast<size_t>(staged_bytes_)]);
+    return s.staging.get() + parity * staged_bytes_;
+  }
 
   // Work sharing inside a collective: the next value of a counter shared by the
   // ranks (0, 1, 2, ... over the group's life). The in-process communicator
@@ -103,7 +140,8 @@ class InProcessGroup {
     int64_t spin_ns = 0;       // ArriveAndWait(rank): the rank's own spin budget (its thread only)
   };
   struct alignas(64) PaddedSlot {
-    Slot slot;
+    Slot slot[2];
+    std::unique_ptr<char[]> staging;
   };
 
   // Returns once done(order) holds: spins for up to *spin_ns while
@@ -119,6 +157,7 @@ class InProcessGroup {
   [[noreturn]] void ThrowCancelled() const;
 
   const int world_size_;
+  int64_t staged_bytes_;
   int64_t max_spin_ns_;       // the longest spin of Wait before it sleeps
   int64_t shared_spin_ns_;    // ArriveAndWait()'s spin budget, guarded by mutex_
   std::unique_ptr<PaddedSlot[]> slots_;
@@ -149,7 +188,11 @@ class InProcessCommunicator final : public Communicator {
  private:
   // Publishes this rank's slot, waits for all, and checks that every rank called
   // the same collective with the same sizes (throws tandem::Error naming both).
-  void Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv, int arg);
+  // Returns the barrier's parity: the half of the slots and staging buffers to read.
+  int Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv, int arg);
+  // Whether a collective of `bytes` per rank meets once, through the staging
+  // buffers. The same on every rank for the same collective and sizes.
+  bool Staged(int64_t bytes) const;
   // Second half of every collective: waits until no rank still reads or writes
   // another's buffer.
   void Finish();

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,8 +25,8 @@ namespace {
 using nn::Tensor;
 
 template <typename Body>
-void RunRanks(int world, Body body) {
-  auto group = std::make_shared<InProcessGroup>(world);
+void RunRanks(int world, Body body, InProcessGroupOptions options = {}) {
+  auto group = std::make_shared<InProcessGroup>(world, options);
   std::vector<std::thread> threads;
   std::vector<std::string> errors(world);
   for (int r = 0; r < world; ++r) {
@@ -169,7 +170,14 @@ std::string FirstDifference(const std::vector<char>& got, const std::vector<char
   return "none";
 }
 
-class BitExactTest : public ::testing::TestWithParam<int> {};
+// Parameters: the world size, and the group's staged_bytes: -1 automatic, 0
+// (every collective meets twice, reading the ranks' buffers directly) or 1 MB
+// (every CPU collective of these tests meets once, through staging buffers).
+class BitExactTest : public ::testing::TestWithParam<std::tuple<int, int64_t>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  InProcessGroupOptions options() const { return {.staged_bytes = std::get<1>(GetParam())}; }
+};
 
 constexpr nn::DType kDTypes[] = {nn::kFloat32, nn::kFloat64, nn::kBFloat16, nn::kInt64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
@@ -178,7 +186,7 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 constexpr int64_t kSizes[] = {1, 7, 37, 1031, 2048 * 3 + 5};
 
 TEST_P(BitExactTest, AllReduceEqualsTheScalarLoopInRankOrder) {
-  const int world = GetParam();
+  const int world = this->world();
   for (nn::DType dtype : kDTypes) {
     for (ReduceOp op : kOps) {
       for (int64_t n : kSizes) {
@@ -193,14 +201,14 @@ TEST_P(BitExactTest, AllReduceEqualsTheScalarLoopInRankOrder) {
               << nn::DTypeName(dtype) << " " << ReduceOpName(op) << " n=" << n << " rank "
               << comm.rank() << ": first difference at "
               << FirstDifference(got, want, nn::ElementSize(dtype));
-        });
+        }, options());
       }
     }
   }
 }
 
 TEST_P(BitExactTest, ReduceScatterEqualsTheScalarLoopInRankOrder) {
-  const int world = GetParam();
+  const int world = this->world();
   for (nn::DType dtype : kDTypes) {
     for (ReduceOp op : kOps) {
       for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{1031}}) {
@@ -216,14 +224,14 @@ TEST_P(BitExactTest, ReduceScatterEqualsTheScalarLoopInRankOrder) {
           ASSERT_TRUE(Bytes(part) == want)
               << nn::DTypeName(dtype) << " " << ReduceOpName(op) << " rows=" << rows;
           ASSERT_TRUE(Bytes(x) == inputs[comm.rank()]) << "reduce_scatter changed its input";
-        });
+        }, options());
       }
     }
   }
 }
 
 TEST_P(BitExactTest, LargeBroadcastAndAllGatherCopyEveryByte) {
-  const int world = GetParam();
+  const int world = this->world();
   // Above the split-broadcast threshold (64 KB), odd, with a tail shorter than a line.
   const int64_t n = 20011;
   RunRanks(world, [&](Communicator& comm) {
@@ -241,13 +249,13 @@ TEST_P(BitExactTest, LargeBroadcastAndAllGatherCopyEveryByte) {
       const std::vector<char> want = Input(nn::kFloat64, k, m, false);
       ASSERT_EQ(std::memcmp(got.data() + k * m * 8, want.data(), want.size()), 0) << "row " << k;
     }
-  });
+  }, options());
 }
 
 TEST_P(BitExactTest, ManySmallCollectivesInARow) {
   // Back-to-back collectives with no work between them: a rank that runs ahead
   // into the next collective must not disturb one still finishing the last.
-  const int world = GetParam();
+  const int world = this->world();
   RunRanks(world, [&](Communicator& comm) {
     for (int round = 0; round < 200; ++round) {
       Tensor x = nn::full({3}, static_cast<double>(comm.rank() + round));
@@ -258,14 +266,14 @@ TEST_P(BitExactTest, ManySmallCollectivesInARow) {
       comm.broadcast(y, round % world);
       for (double v : y.to_vector<double>()) ASSERT_EQ(v, round);
     }
-  });
+  }, options());
 }
 
 TEST_P(BitExactTest, LargeCollectivesShareChunksAndStayExact) {
   // Above 64 KB x 2 x world: the ranks claim 64 KB chunks from the group's
   // counter. Several in a row, of different sizes and kinds, so that a rank whose
   // idea of the counter's start drifted would reduce the wrong chunks.
-  const int world = GetParam();
+  const int world = this->world();
   struct Case {
     nn::DType dtype;
     ReduceOp op;
@@ -302,10 +310,44 @@ TEST_P(BitExactTest, LargeCollectivesShareChunksAndStayExact) {
             << "broadcast from " << root;
       }
     }
-  });
+  }, options());
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, BitExactTest, ::testing::Values(1, 2, 3, 4));
+TEST_P(BitExactTest, StagedAndDirectCollectivesInterleave) {
+  // Staged collectives (one meeting) between direct ones (two) and barriers: the
+  // halves of the slots and staging buffers follow the barrier count, whatever
+  // mix of collectives ran before. Every collective checks its result.
+  const int world = this->world();
+  RunRanks(world, [&](Communicator& comm) {
+    const int r = comm.rank();
+    for (int round = 0; round < 60; ++round) {
+      const int64_t n = (round % 3 == 0) ? 5 : (round % 3 == 1) ? 300 : 3000;  // 20 B .. 12 KB
+      Tensor x = nn::full({n}, static_cast<double>(r + round), {.dtype = nn::kFloat32});
+      comm.all_reduce(x, ReduceOp::kSum);
+      const float want = static_cast<float>(world * round + world * (world - 1) / 2);
+      for (float v : x.to_vector<float>()) ASSERT_EQ(v, want) << "round " << round << " n " << n;
+      if (round % 4 == 0) comm.barrier();
+      Tensor rows = nn::full({world, n}, static_cast<double>(r + 1), {.dtype = nn::kFloat32});
+      Tensor part = comm.reduce_scatter(rows, ReduceOp::kMax);
+      for (float v : part.to_vector<float>()) ASSERT_EQ(v, static_cast<float>(world));
+      Tensor mine = nn::full({n}, static_cast<double>(r * 1000 + round), {.dtype = nn::kFloat32});
+      const std::vector<float> all = comm.all_gather(mine).to_vector<float>();
+      for (int k = 0; k < world; ++k) {
+        ASSERT_EQ(all[k * n], static_cast<float>(k * 1000 + round)) << "row " << k;
+        ASSERT_EQ(all[k * n + n - 1], static_cast<float>(k * 1000 + round)) << "row " << k;
+      }
+      const int root = round % world;
+      Tensor y = nn::full({n}, static_cast<double>(r == root ? round : -1), {.dtype = nn::kFloat32});
+      comm.broadcast(y, root);
+      for (float v : y.to_vector<float>()) ASSERT_EQ(v, static_cast<float>(round));
+    }
+  }, {.staged_bytes = std::get<1>(GetParam()) == -1 ? 4096 : std::get<1>(GetParam())});
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, BitExactTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(int64_t{-1}, int64_t{0},
+                                                              int64_t{1} << 20)));
 
 TEST(InProcessGroupWaitTest, RankBarrierOrdersWritesAcrossManyRounds) {
   const int world = 4;  // more ranks than this machine's cores: the sleep path runs
@@ -386,6 +428,61 @@ TEST(InProcessGroupWaitTest, SleepingWaiterWakesOnTheLastArrival) {
   group.ArriveAndWait(1);
   waiter.join();
   EXPECT_TRUE(passed.load());
+}
+
+// Ranks 0 .. world-2 run a collective that rank world-1 never completes; the
+// group is cancelled while they wait in `phase` and each must throw
+// CancelledError soon after. phase: "staged" (the one meeting of a staged
+// all_reduce), "publish" or "finish" (the first or the second meeting of a
+// direct one; for "finish" the test thread plays rank world-1 through the first
+// meeting by publishing a matching slot, then stays away).
+void ExpectCancelReleases(const std::string& phase) {
+  const int world = 3;
+  const int64_t n = phase == "staged" ? 16 : 100'000;
+  auto group = std::make_shared<InProcessGroup>(world, InProcessGroupOptions{.staged_bytes = 1024});
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world - 1; ++r) {
+    ranks.emplace_back([&, r] {
+      InProcessCommunicator comm(r, nn::Device::CPU(), group);
+      Tensor x = nn::full({n}, 1.0, {.dtype = nn::kFloat32});
+      try {
+        comm.all_reduce(x);
+        ADD_FAILURE() << phase << ": rank " << r << " returned";
+      } catch (const CancelledError& e) {
+        EXPECT_NE(std::string(e.what()).find("stopped"), std::string::npos) << e.what();
+        ++cancelled;
+      }
+    });
+  }
+  std::vector<float> absent(static_cast<size_t>(n), 1.0f);
+  if (phase == "finish") {
+    const int last = world - 1;
+    InProcessGroup::Slot& s = group->slot(last, group->parity(last));
+    s.op = "all_reduce";
+    s.sequence = 1;
+    s.numel = n;
+    s.dtype = nn::kFloat32;
+    s.arg = static_cast<int>(ReduceOp::kSum);
+    s.device = nn::Device::CPU();
+    s.send = absent.data();
+    s.recv = absent.data();
+    group->ArriveAndWait(last);
+  }
+  // Long enough that the waiters sleep in the kernel.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cancelled.load(), 0) << phase;
+  const auto start = std::chrono::steady_clock::now();
+  group->Cancel("stopped by the test");
+  for (auto& t : ranks) t.join();
+  const double waited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(cancelled.load(), world - 1) << phase;
+  EXPECT_LT(waited_s, 2.0) << phase;
+}
+
+TEST(InProcessCommunicatorCancelTest, CancelReleasesRanksInEveryMeeting) {
+  for (const char* phase : {"staged", "publish", "finish"}) ExpectCancelReleases(phase);
 }
 
 TEST(CommunicatorDTypeTest, UnsupportedDTypeIsAnErrorOnEveryRank) {
