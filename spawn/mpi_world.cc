@@ -22,6 +22,7 @@
 #include "nn/status_macros.h"
 #include "spawn/internal/process_world.h"
 #include "spawn/signals.h"
+#include "spawn/spawn.h"
 
 namespace tandem::dist::internal {
 namespace {
@@ -47,6 +48,7 @@ void InitOnce() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    PrepareMpiInit();
     int provided = 0;
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) {

@@ -130,6 +130,13 @@ struct SpawnOptions {
   std::vector<std::pair<std::string, std::string>> must_agree;
 };
 
+// MPI settings spawn applies before it initializes MPI itself (tuning of
+// OpenMPI's non-blocking collectives that tandem's cross-process collectives
+// rely on; spawn/mpi_world.cc says which and why). A program that calls
+// MPI_Init before spawn should call this first. Values already in the
+// environment are kept. Nothing in a build without MPI.
+void PrepareMpiInit();
+
 namespace internal {
 
 // Runs body on every rank of this process. on_world_size is called once, before

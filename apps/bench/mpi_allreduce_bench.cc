@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   const int64_t max_bytes = argc > 2 ? std::atoll(argv[2]) : 64 << 20;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 5;
   int provided = 0;
+  dist::PrepareMpiInit();  // the tuning spawn applies when it initializes MPI
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
