@@ -92,26 +92,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       // dx needs only the weight and dweight only x: keep just what backward reads.
       [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(), x_shape = x.shape(),
        w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy) {
-        Tensor dx, dw, db;
-        if (gx) {
-          dx = empty(x_shape, like_x);
-          if (g.n > 0) TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardData, dy, w, g, dx);
-        }
-        if (gw) {
-          dw = empty(w_shape, like_x);
-          if (g.n > 0) {
-            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardFilter, dy, x, g, dw);
-          } else {
-            dw.fill_(0.0);
-          }
-        }
-        if (gb) {
-          db = empty({g.o}, like_x);
-          if (g.n > 0) {
-            TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackwardBias, dy, db);
-          } else {
-            db.fill_(0.0);
-          }
+        Tensor dx = gx ? empty(x_shape, like_x) : Tensor();
+        Tensor dw = gw ? empty(w_shape, like_x) : Tensor();
+        Tensor db = gb ? empty({g.o}, like_x) : Tensor();
+        if (g.n > 0) {
+          TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackward, dy, x, w, g, dx, dw, db);
+        } else {  // an empty batch: zero gradients (dx is empty)
+          if (gw) dw.fill_(0.0);
+          if (gb) db.fill_(0.0);
         }
         return std::vector<Tensor>{dx, dw, db};
       });

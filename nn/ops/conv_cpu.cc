@@ -380,6 +380,19 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
   });
 }
 
+void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                       const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                       const Tensor& dbias) {
+#if TANDEM_WITH_DNNL
+  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+    return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias);
+  }
+#endif
+  if (dx.defined()) Conv2dBackwardDataCpu(dy, weight, g, dx);
+  if (dweight.defined()) Conv2dBackwardFilterCpu(dy, x, g, dweight);
+  if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);
+}
+
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {
   if (dy.dtype() == kBFloat16) {
     return IntoBFloat16(dbias,

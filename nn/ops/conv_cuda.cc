@@ -313,6 +313,14 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
                      device, Describe(g, dy.dtype()) + " (backward filter)");
 }
 
+void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias) {
+  if (dx.defined()) Conv2dBackwardDataCuda(dy, weight, g, dx);
+  if (dweight.defined()) Conv2dBackwardFilterCuda(dy, x, g, dweight);
+  if (dbias.defined()) Conv2dBackwardBiasCuda(dy, dbias);
+}
+
 void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
   if (dy.dtype() == kBFloat16) return ConvBiasGradBFloat16Cuda(dy, dbias);
   const Device device = dy.device();

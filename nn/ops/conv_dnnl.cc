@@ -187,16 +187,22 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
       break;
     }
     case Kind::kBackwardWeights: {
-      const auto hint = ForwardDesc(g, false, act, wei);
-      const dnnl::convolution_backward_weights::desc desc(
-          dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-          d.padding, d.padding);
+      // key.bias: the bias gradient in the same pass over dy.
+      const auto hint = ForwardDesc(g, key.bias, act, wei);
+      const dnnl::convolution_backward_weights::desc desc =
+          key.bias ? dnnl::convolution_backward_weights::desc(
+                         dnnl::algorithm::convolution_direct, d.src, d.weights, d.bias, d.dst,
+                         d.strides, d.dilates, d.padding, d.padding)
+                   : dnnl::convolution_backward_weights::desc(
+                         dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
+                         d.dilates, d.padding, d.padding);
       const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
       e.primitive = dnnl::convolution_backward_weights(pd);
       e.scratchpad = pd.scratchpad_desc();
       e.want[DNNL_ARG_SRC] = pd.src_desc();
       e.want[DNNL_ARG_DIFF_WEIGHTS] = pd.diff_weights_desc();
       e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+      if (key.bias) e.want[DNNL_ARG_DIFF_BIAS] = pd.diff_bias_desc();
       break;
     }
   }
@@ -238,14 +244,22 @@ Tensor Buffer(const memory::desc& desc) {
   return empty({(bytes + 3) / 4}, {.dtype = kFloat32, .device = Device::CPU()});
 }
 
+// Inputs reordered to a primitive's layout, kept for the next primitive of the
+// same call that wants the same input in the same layout (the two backward
+// primitives both read dy): one reorder instead of two.
+struct Reordered {
+  std::vector<std::tuple<const void*, memory::desc, memory>> inputs;
+  std::vector<Tensor> keep;  // the reordered copies, alive until the call ends
+};
+
 // Runs `e` on plain tensors: inputs in `in` and outputs in `out` (argument ->
 // tensor, with its plain desc), reordering any whose layout the primitive wants
-// otherwise.
+// otherwise (inputs found in `reordered` are not reordered again).
 void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tensor*>>& in,
-         const std::map<int, std::pair<memory::desc, const Tensor*>>& out) {
+         const std::map<int, std::pair<memory::desc, const Tensor*>>& out,
+         Reordered& reordered) {
   dnnl::stream& stream = Stream();
   std::unordered_map<int, memory> args;
-  std::vector<Tensor> keep;  // blocked copies alive until the primitive ran
   std::vector<std::pair<memory, memory>> copy_back;
   auto bind = [&](int arg, const memory::desc& plain, const Tensor& t, bool is_output) {
     memory user(plain, Engine(), t.data_ptr());
@@ -254,12 +268,21 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
       args.emplace(arg, user);
       return;
     }
-    keep.push_back(Buffer(want));
-    memory blocked(want, Engine(), keep.back().data_ptr());
+    if (!is_output) {
+      for (const auto& [data, desc, copy] : reordered.inputs) {
+        if (data == t.data_ptr() && desc == want) {
+          args.emplace(arg, copy);
+          return;
+        }
+      }
+    }
+    reordered.keep.push_back(Buffer(want));
+    memory blocked(want, Engine(), reordered.keep.back().data_ptr());
     if (is_output) {
       copy_back.emplace_back(blocked, user);
     } else {
       dnnl::reorder(user, blocked).execute(stream, user, blocked);
+      reordered.inputs.emplace_back(t.data_ptr(), want, blocked);
     }
     args.emplace(arg, blocked);
   };
@@ -270,6 +293,12 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
   e.primitive.execute(stream, args);
   for (auto& [from, to] : copy_back) dnnl::reorder(from, to).execute(stream, from, to);
   stream.wait();
+}
+
+void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tensor*>>& in,
+         const std::map<int, std::pair<memory::desc, const Tensor*>>& out) {
+  Reordered reordered;
+  Run(e, in, out, reordered);
 }
 
 }  // namespace
@@ -316,6 +345,27 @@ void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeo
   const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
   Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}},
       {{DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}});
+}
+
+void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias) {
+  const bool bias_here = dbias.defined() && dweight.defined();
+  const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g));
+  Reordered reordered;  // dy, reordered once for both primitives where they agree
+  if (dx.defined()) {
+    const Entry& e = Lookup(Kind::kBackwardData, g, false);
+    Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
+        {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}}, reordered);
+  }
+  if (dweight.defined()) {
+    const Entry& e = Lookup(Kind::kBackwardWeights, g, bias_here);
+    std::map<int, std::pair<memory::desc, const Tensor*>> out = {
+        {DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}};
+    if (bias_here) out[DNNL_ARG_DIFF_BIAS] = {d.bias, &dbias};
+    Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
+  }
+  if (dbias.defined() && !bias_here) Conv2dBackwardBiasCpu(dy, dbias);
 }
 
 }  // namespace tandem::nn::ops::internal

@@ -33,6 +33,13 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
                              const Tensor& dweight);
 // dbias (o) = dy summed over n, oh, ow.
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias);
+// All three gradients of one call: each of dx, dweight, dbias that is defined is
+// overwritten as above (x is read only for dweight, weight only for dx). The
+// oneDNN path reorders dy once for both primitives and sums dbias inside the
+// dweight pass; the others run the three kernels above.
+void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                       const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                       const Tensor& dbias);
 
 // The float32 CPU implementation (float64 and bfloat16 always take im2col +
 // OpenBLAS). kAuto: oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in
@@ -58,6 +65,9 @@ void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2d
                             const Tensor& dx);
 void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight);
+void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias);
 #endif
 
 #if TANDEM_WITH_CUDA
@@ -68,6 +78,10 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
 void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight);
 void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias);
+// Conv2dBackwardCpu's contract: the three kernels above, for the defined ones.
+void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias);
 // bfloat16 bias kernels (conv_bf16_cuda.cu), float32 arithmetic, one rounding:
 // y (n, o, oh, ow) += bias (o), and dbias (o) = dy (n, o, oh, ow) summed over
 // n, oh, ow in float32 in a fixed order (deterministic).
