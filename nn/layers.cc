@@ -56,6 +56,7 @@ Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int
 }
 
 Tensor Conv2dImpl::forward(const Tensor& x) { return conv2d(x, weight, bias, params); }
+Tensor Conv2dImpl::forward_relu(const Tensor& x) { return conv2d_relu(x, weight, bias, params); }
 
 // --- Pooling and activations ---------------------------------------------------------
 Tensor MaxPool2dImpl::forward(const Tensor& x) { return max_pool2d(x, params); }
@@ -109,7 +110,16 @@ void SequentialImpl::push_back(const AnyModule& module) {
 
 Tensor SequentialImpl::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& m : modules_) y = m->forward(y);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    auto* conv = dynamic_cast<Conv2dImpl*>(modules_[i].get());
+    if (conv != nullptr && i + 1 < modules_.size() &&
+        dynamic_cast<ReLUImpl*>(modules_[i + 1].get()) != nullptr) {
+      y = conv->forward_relu(y);
+      ++i;
+      continue;
+    }
+    y = modules_[i]->forward(y);
+  }
   return y;
 }
 

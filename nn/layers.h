@@ -42,6 +42,9 @@ class Conv2dImpl : public Module {
              const Conv2dParams& params = {}, bool bias = true)
       : Conv2dImpl(in_channels, out_channels, {kernel, kernel}, params, bias) {}
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) as one op (conv2d_relu): what Sequential runs for a Conv2d
+  // followed by a ReLU.
+  Tensor forward_relu(const Tensor& x);
 
   Conv2dParams params;
   Tensor weight, bias;
@@ -155,7 +158,8 @@ class BatchNorm2dImpl : public Module {
 TANDEM_MODULE(BatchNorm2d);
 
 // Chains its children: forward(x) = m_k(...m_1(m_0(x))). Children are named
-// "0", "1", ... in order.
+// "0", "1", ... in order. A Conv2d directly followed by a ReLU runs as one fused
+// op (Conv2dImpl::forward_relu: the same values and gradients, one pass fewer).
 class SequentialImpl : public Module {
  public:
   SequentialImpl() = default;

@@ -5,6 +5,7 @@
 #include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/elementwise_kernels.h"
 
 namespace tandem::nn {
 namespace {
@@ -75,8 +76,13 @@ Conv2dGeometry CheckConv2d(const Tensor& x, const Tensor& weight, const Tensor& 
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
-              const Conv2dParams& params) {
+namespace {
+
+// conv2d, and with relu conv2d_relu: the forward kernels apply max(y, 0) as
+// they finish y, and backward masks dy with y > 0 (relu's own rule) before the
+// convolution's gradients.
+Tensor Conv2dOp(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                const Conv2dParams& params, bool relu) {
   // Under autocast float32 operands become bfloat16 (differentiable casts).
   const Tensor x = ops::internal::AutocastLower(x_in);
   const Tensor weight = ops::internal::AutocastLower(weight_in);
@@ -84,14 +90,26 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
   const TensorOptions like_x{.dtype = x.dtype(), .device = x.device()};
   Tensor y = empty({g.n, g.o, g.oh, g.ow}, like_x);
-  if (g.n > 0) TANDEM_ON_DEVICE(x, ops::internal::Conv2dForward, x, weight, bias, g, y);
+  if (g.n > 0) {
+    TANDEM_ON_DEVICE(x, ops::internal::Conv2dForward, x, weight, bias, g, y, relu);
+  }
   const bool gx = x.requires_grad(), gw = weight.requires_grad();
   const bool gb = bias.defined() && bias.requires_grad();
   return autograd::Record(
-      "conv2d", {x, weight, bias}, y,
-      // dx needs only the weight and dweight only x: keep just what backward reads.
-      [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(), x_shape = x.shape(),
-       w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy) {
+      relu ? "conv2d_relu" : "conv2d", {x, weight, bias}, y,
+      // dx needs only the weight and dweight only x: keep just what backward reads
+      // (and y for relu's mask).
+      [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(),
+       y_kept = relu ? y.detach() : Tensor(), x_shape = x.shape(), w_shape = weight.shape(), g,
+       gx, gw, gb, like_x](const Tensor& dy_in) {
+        Tensor dy = dy_in;
+        if (y_kept.defined()) {  // relu: at y == 0 the subgradient 0, as relu()
+          dy = empty_like(dy_in);
+          const auto plan =
+              ops::internal::PlanBroadcast(dy_in.shape(), y_kept.shape(), "conv2d_relu");
+          TANDEM_ON_DEVICE(dy_in, ops::internal::Binary, ops::internal::BinaryOp::kReluBackward,
+                           dy_in, y_kept, dy, plan);
+        }
         Tensor dx = gx ? empty(x_shape, like_x) : Tensor();
         Tensor dw = gw ? empty(w_shape, like_x) : Tensor();
         Tensor db = gb ? empty({g.o}, like_x) : Tensor();
@@ -103,6 +121,18 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
         }
         return std::vector<Tensor>{dx, dw, db};
       });
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dParams& params) {
+  return Conv2dOp(x, weight, bias, params, /*relu=*/false);
+}
+
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const Conv2dParams& params) {
+  return Conv2dOp(x, weight, bias, params, /*relu=*/true);
 }
 
 }  // namespace tandem::nn

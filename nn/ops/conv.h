@@ -36,6 +36,14 @@ struct Conv2dParams {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               const Conv2dParams& params = {});
 
+// relu(conv2d(x, weight, bias, params)) as one op, with the same values and
+// gradients bit for bit (the gradient at 0 is 0, as relu's). On the CPU's
+// float32 oneDNN path the ReLU is a post-op of the convolution (no pass of its
+// own over y); elsewhere relu's kernel runs in place on y. nn::Sequential uses it
+// for a Conv2d followed by a ReLU.
+Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                   const Conv2dParams& params = {});
+
 // What float32 CPU convolutions (and GEMMs) run on in this build, for reports:
 // "oneDNN <version>" (libdnnl, when tandem is built with it) or "im2col +
 // OpenBLAS". float64 and bfloat16 CPU convolutions always take im2col + OpenBLAS.

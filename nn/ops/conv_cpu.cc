@@ -8,6 +8,7 @@
 
 #include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -221,12 +222,16 @@ namespace tandem::nn::ops::internal {
 // Results are deterministic: same inputs and OpenBLAS thread count, same bits.
 
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                      const Conv2dGeometry& g, const Tensor& y) {
+                      const Conv2dGeometry& g, const Tensor& y, bool relu) {
 #if TANDEM_WITH_DNNL
   if (x.dtype() == kFloat32 && CpuConvUsesDnnl()) {
-    return Conv2dForwardDnnl(x, weight, bias, g, y);
+    return Conv2dForwardDnnl(x, weight, bias, g, y, relu);
   }
 #endif
+  if (relu) {  // im2col: the convolution, then relu's own kernel in place
+    Conv2dForwardCpu(x, weight, bias, g, y, false);
+    return UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+  }
   if (x.dtype() == kBFloat16) {
     return IntoBFloat16(y, [&](const Tensor& y32) {
       Conv2dForwardCpu(Float32Of(x), Float32Of(weight), Float32Of(bias), g, y32);

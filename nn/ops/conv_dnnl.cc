@@ -34,6 +34,7 @@
 
 #include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/matmul.h"
 
@@ -74,21 +75,23 @@ struct Key {
   Kind kind;
   int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
+  bool relu;  // forward: max(y, 0) as a post-op
   Layout layout;
   int threads;
   auto Tie() const {
     return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, bias,
-                    layout, threads);
+                    relu, layout, threads);
   }
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
-Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, Layout layout, int threads) {
+Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, bool relu, Layout layout,
+          int threads) {
   const auto& p = g.params;
   return {kind,         g.n,           g.c,           g.h,         g.w,         g.o,
           g.kh,         g.kw,          g.oh,          g.ow,        p.stride[0], p.stride[1],
           p.padding[0], p.padding[1],  p.dilation[0], p.dilation[1], p.groups,  bias,
-          layout,       threads};
+          relu,         layout,        threads};
 }
 
 // A primitive with the layouts it wants for its arguments; where those differ
@@ -132,14 +135,22 @@ Descs DescsOf(const Conv2dGeometry& g, bool bias, Tag activation_tag, Tag weight
   return d;
 }
 
-dnnl::primitive_attr Attr() {
+// relu: max(y, 0) applied by the primitive as it writes y (eltwise_relu with
+// alpha 0: negative -> +0, the bits of relu()'s kernel; conv_test checks it).
+dnnl::primitive_attr Attr(bool relu = false) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
   return attr;
 }
 
 dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, bool bias,
-                                                      Tag activation_tag, Tag weight_tag) {
+                                                      Tag activation_tag, Tag weight_tag,
+                                                      bool relu = false) {
   const Descs d = DescsOf(g, bias, activation_tag, weight_tag);
   const dnnl::convolution_forward::desc desc =
       bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
@@ -150,7 +161,7 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
                                              dnnl::algorithm::convolution_direct, d.src,
                                              d.weights, d.dst, d.strides, d.dilates, d.padding,
                                              d.padding);
-  return dnnl::convolution_forward::primitive_desc(desc, Attr(), Engine());
+  return dnnl::convolution_forward::primitive_desc(desc, Attr(relu), Engine());
 }
 
 // The layouts the primitives see (key.layout), reordered to and from ours inside
@@ -164,7 +175,7 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   Entry e;
   switch (key.kind) {
     case Kind::kForward: {
-      const auto pd = ForwardDesc(g, key.bias, act, wei);
+      const auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
       e.primitive = dnnl::convolution_forward(pd);
       e.scratchpad = pd.scratchpad_desc();
       e.want[DNNL_ARG_SRC] = pd.src_desc();
@@ -223,7 +234,7 @@ Layout AutoLayout(const Conv2dGeometry& g) {
 
 // The calling thread's primitives by shape (as the cuDNN algorithm cache, but
 // per thread: no lock on the hot path, and a rank thread's thread count is its own).
-const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias) {
+const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias, bool relu = false) {
   thread_local std::map<Key, Entry> cache;
   // kAuto: AutoLayout; plain NCHW (oneDNN's gemm:jit) and im2col + OpenBLAS
   // measured slower on every conv of the apps' models (docs/benchmarks.md).
@@ -232,7 +243,7 @@ const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias) {
                         : path == CpuConvPath::kDnnlNhwc    ? Layout::kNhwc
                         : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
                                                             : AutoLayout(g);
-  const Key key = KeyOf(kind, g, bias, layout, UseThreads());
+  const Key key = KeyOf(kind, g, bias, relu, layout, UseThreads());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
   return it->second;
@@ -321,9 +332,15 @@ std::string DnnlVersion() {
 }
 
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y) {
+                       const Conv2dGeometry& g, const Tensor& y, bool relu) {
+  if (relu && GetCpuConvPath() == CpuConvPath::kDnnl) {
+    // The plain layouts (gemm:jit, a comparison path) give other bits with the
+    // post-op than relu() after them (conv_test's ConvReluTest): unfused there.
+    Conv2dForwardDnnl(x, weight, bias, g, y, false);
+    return UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+  }
   const bool has_bias = bias.defined();
-  const Entry& e = Lookup(Kind::kForward, g, has_bias);
+  const Entry& e = Lookup(Kind::kForward, g, has_bias, relu);
   const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
   std::map<int, std::pair<memory::desc, const Tensor*>> in = {
       {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};

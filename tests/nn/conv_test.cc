@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nn/layers.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
 #include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
@@ -319,6 +323,98 @@ TEST(ConvGradTest, WithoutBiasAndOneByOneKernel) {
   EXPECT_TRUE(GradCheck([](const auto& in) { return conv2d(in[0], in[1], in[2], {.padding = {1, 1}}); },
                         {RandomInput({1, 2, 5, 5}, 1.0, false), RandomInput({2, 2, 3, 3}),
                          RandomInput({2})}));
+}
+
+// conv2d_relu is relu(conv2d(...)) bit for bit, values and gradients, on every
+// CPU path and dtype (the oneDNN post-op included: negative -> +0, never -0).
+TEST(ConvReluTest, FusedEqualsReluOfConvBitForBit) {
+  using ops::internal::CpuConvPath;
+  struct Restore {
+    ~Restore() { ops::internal::SetCpuConvPath(CpuConvPath::kAuto); }
+  } restore;
+  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (ops::internal::CpuConvUsesDnnl()) {
+    paths.insert(paths.end(), {CpuConvPath::kAuto, CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked,
+                               CpuConvPath::kDnnlNhwc});
+  }
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+  };
+  const std::vector<Case> cases = {{{3, 20, 14, 14}, {20, 20, 5, 5}, {.padding = {2, 2}}},
+                                   {{5, 1, 28, 28}, {20, 1, 5, 5}, {.padding = {2, 2}}},
+                                   {{2, 8, 9, 9}, {16, 4, 3, 3}, {.stride = {2, 2}, .groups = 2}}};
+  manual_seed(23);
+  for (const Case& c : cases) {
+    for (DType dtype : {kFloat32, kFloat64, kBFloat16}) {
+      const Tensor x0 = randn(c.x).to(dtype);
+      Tensor w0 = randn(c.w).to(dtype);
+      // A zero output channel with a negative bias: exact zeros and negatives at once.
+      Tensor b0 = randn({c.w[0]}).to(dtype);
+      const Tensor dy0 = randn(conv2d(x0, w0, b0, c.p).shape()).to(dtype);
+      for (CpuConvPath path : paths) {
+        ops::internal::SetCpuConvPath(path);
+        auto run = [&](bool fused) {
+          Tensor x = x0.detach().set_requires_grad(true);
+          Tensor w = w0.detach().set_requires_grad(true);
+          Tensor b = b0.detach().set_requires_grad(true);
+          Tensor y = fused ? conv2d_relu(x, w, b, c.p) : relu(conv2d(x, w, b, c.p));
+          y.backward(dy0);
+          return std::vector<Tensor>{y, x.grad(), w.grad(), b.grad()};
+        };
+        const std::vector<Tensor> fused = run(true), plain = run(false);
+        for (size_t k = 0; k < fused.size(); ++k) {
+          const Tensor& f = fused[k];
+          const Tensor& u = plain[k];
+          ASSERT_EQ(f.shape(), u.shape());
+          EXPECT_EQ(std::memcmp(f.data_ptr(), u.data_ptr(), f.numel() * ElementSize(dtype)), 0)
+              << "output/gradient " << k << " differs: path " << static_cast<int>(path) << ", "
+              << DTypeName(dtype) << ", x " << ShapeToString(c.x) << ", weight "
+              << ShapeToString(c.w);
+        }
+        // The ReLU did something: some outputs are zero, some positive.
+        const std::vector<double> y = fused[0].to(kFloat64).to_vector<double>();
+        EXPECT_GT(std::count(y.begin(), y.end(), 0.0), 0);
+        EXPECT_GT(std::count_if(y.begin(), y.end(), [](double v) { return v > 0; }), 0);
+      }
+    }
+  }
+}
+
+TEST(ConvReluTest, GradCheck) {
+  manual_seed(15);
+  for (const Conv2dParams& p : Variants()) {
+    EXPECT_TRUE(GradCheck([&](const auto& in) { return conv2d_relu(in[0], in[1], in[2], p); },
+                          {RandomInput({2, 2, 6, 5}), RandomInput({3, 2, 3, 2}), RandomInput({3})}))
+        << "stride " << p.stride[0] << "," << p.stride[1] << " padding " << p.padding[0] << ","
+        << p.padding[1];
+  }
+}
+
+// Sequential runs Conv2d + ReLU as conv2d_relu: the same bits as the modules
+// one by one, forward and backward.
+TEST(ConvReluTest, SequentialFusesConvThenReluWithTheSameBits) {
+  manual_seed(16);
+  Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2),
+                  Conv2d(20, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2), Flatten(),
+                  Linear(20 * 7 * 7, 10)});
+  const Tensor x = randn({6, 1, 28, 28});
+  Tensor fused = net->forward(x);
+  const Tensor dy = randn(fused.shape());
+  fused.backward(dy);
+  std::vector<std::vector<float>> grads;
+  for (const Tensor& p : net->parameters()) grads.push_back(p.grad().to_vector<float>());
+  net->zero_grad();
+  Tensor y = x;  // the children one by one: no fusion
+  for (int64_t i = 0; i < net->size(); ++i) y = (*net)[i]->forward(y);
+  y.backward(dy);
+  EXPECT_EQ(fused.to_vector<float>(), y.to_vector<float>());
+  size_t k = 0;
+  for (const Tensor& p : net->parameters()) {
+    EXPECT_EQ(p.grad().to_vector<float>(), grads[k]) << "parameter " << k;
+    ++k;
+  }
 }
 
 }  // namespace

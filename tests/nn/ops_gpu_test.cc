@@ -1,4 +1,4 @@
-// CPU vs CUDA parity of matmul / linear / linear_relu, conv2d and pooling,
+// CPU vs CUDA parity of matmul / linear / linear_relu, conv2d, conv2d_relu and pooling,
 // forward and backward. Label gpu; skipped with a reason when no GPU is visible.
 #include <gtest/gtest.h>
 
@@ -104,6 +104,11 @@ TEST_F(OpsGpuTest, Conv2dVariants) {
     // LeNet's first layer.
     ExpectParity([](const auto& in) { return conv2d(in[0], in[1], in[2], {.padding = {2, 2}}); },
                  {randn({8, 1, 28, 28}, o), randn({20, 1, 5, 5}, o), randn({20}, o)}, tol);
+    // conv2d_relu: the fused op (relu's kernel in place on the GPU, a oneDNN post-op on the CPU).
+    for (const Conv2dParams& p : variants) {
+      ExpectParity([&](const auto& in) { return conv2d_relu(in[0], in[1], in[2], p); },
+                   {randn({4, 3, 12, 11}, o), randn({5, 3, 3, 3}, o), randn({5}, o)}, tol);
+    }
   }
 }
 

@@ -22,9 +22,11 @@ struct Conv2dGeometry {
   Conv2dParams params;                 // params.groups divides c and o
 };
 
-// y = conv(x, weight) + bias (bias undefined: none).
+// y = conv(x, weight) + bias (bias undefined: none); relu: y = max(y, 0) after
+// the bias, with the bits of relu() on the unfused result (oneDNN: a post-op of
+// the primitive; the other paths: in place after the convolution).
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                      const Conv2dGeometry& g, const Tensor& y);
+                      const Conv2dGeometry& g, const Tensor& y, bool relu = false);
 // dx = gradient of x from dy (overwritten, not accumulated).
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx);
@@ -60,7 +62,7 @@ bool CpuConvUsesDnnl();
 std::string DnnlVersion();
 // conv_dnnl.cc: float32 only, the contracts of the Cpu kernels above.
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y);
+                       const Conv2dGeometry& g, const Tensor& y, bool relu = false);
 void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                             const Tensor& dx);
 void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
@@ -72,7 +74,7 @@ void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
 
 #if TANDEM_WITH_CUDA
 void Conv2dForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y);
+                       const Conv2dGeometry& g, const Tensor& y, bool relu = false);
 void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                             const Tensor& dx);
 void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
