@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <typeinfo>
 
 #include "nn/ops/batch_norm.h"
 #include "nn/ops/dropout.h"
@@ -111,10 +112,11 @@ void SequentialImpl::push_back(const AnyModule& module) {
 Tensor SequentialImpl::forward(const Tensor& x) {
   Tensor y = x;
   for (size_t i = 0; i < modules_.size(); ++i) {
-    auto* conv = dynamic_cast<Conv2dImpl*>(modules_[i].get());
-    if (conv != nullptr && i + 1 < modules_.size() &&
-        dynamic_cast<ReLUImpl*>(modules_[i + 1].get()) != nullptr) {
-      y = conv->forward_relu(y);
+    // Exact types only: a subclass may override forward.
+    const Module& m = *modules_[i];
+    if (typeid(m) == typeid(Conv2dImpl) && i + 1 < modules_.size() &&
+        typeid(*modules_[i + 1]) == typeid(ReLUImpl)) {
+      y = static_cast<Conv2dImpl&>(*modules_[i]).forward_relu(y);
       ++i;
       continue;
     }

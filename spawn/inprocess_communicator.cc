@@ -147,6 +147,8 @@ InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
   staged_bytes_ = options.staged_bytes >= 0 ? options.staged_bytes
                   : oversubscribed          ? kStagedBytesOversubscribed
                                             : kStagedBytes;
+  // Both halves of a staging buffer aligned for any element type (and a cache line).
+  staged_bytes_ = (staged_bytes_ + 63) / 64 * 64;
   shared_spin_ns_ = max_spin_ns_;
   for (int r = 0; r < world_size; ++r) arrived_[r].spin_ns = max_spin_ns_;
 }

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "nn/error.h"
@@ -278,3 +279,36 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinMpiWorld(const LauncherEnv& la
 }
 
 }  // namespace tandem::dist::internal
+
+namespace tandem::dist {
+
+// OpenMPI's non-blocking all-reduce (coll/libnbc) picks its binomial tree
+// (reduce to one process, then broadcast) for every in-place call and for fewer
+// than 4 processes: the hierarchical exchange's two-process all_reduce
+// (spawn/hierarchical_communicator.cc) is both. Its reduce-scatter + all-gather
+// (Rabenseifner, algorithm 3) measured faster at every size from 1 KB to 16 MB
+// on 2 processes and faster than the blocking MPI_Allreduce from 1 MB up
+// (scripts/bench_mpi.sh; docs/multiprocess.md, "Benchmark"). With 2 processes
+// each element is one IEEE addition, commutative, so the bits do not change.
+// Only for exactly 2 processes (the only case where MPI_Iallreduce carries
+// data; with more, the control plane's small rounds keep libnbc's choice), and
+// only on Open MPI 4.1.2 or later: where algorithm 3 cannot run (count below the
+// process count's power of two) libnbc takes its ring, which gave wrong in-place
+// results before 4.1.2 (open-mpi/ompi#9385). The environment outranks
+// OpenMPI's parameter files; a value already in the environment (the user's,
+// or mpirun -mca's) is kept. setenv: call before other threads start.
+void PrepareMpiInit() {
+#if defined(OPEN_MPI)
+  if (internal::DetectLauncher().size != 2) return;
+  if (OMPI_MAJOR_VERSION < 4 || (OMPI_MAJOR_VERSION == 4 && OMPI_MINOR_VERSION < 1)) return;
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(version, &length);  // allowed before MPI_Init
+  int major = 0, minor = 0, release = 0;
+  if (std::sscanf(version, "Open MPI v%d.%d.%d", &major, &minor, &release) != 3) return;
+  if (std::make_tuple(major, minor, release) < std::make_tuple(4, 1, 2)) return;
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+#endif
+}
+
+}  // namespace tandem::dist

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -571,23 +570,8 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
 
 }  // namespace tandem::dist::internal
 
+#if !TANDEM_WITH_MPI
 namespace tandem::dist {
-
-void PrepareMpiInit() {
-#if TANDEM_WITH_MPI
-  // OpenMPI's non-blocking all-reduce (coll/libnbc) picks its binomial tree
-  // (reduce to one process, then broadcast) for every in-place call and for
-  // fewer than 4 processes: the hierarchical exchange's two-process all_reduce
-  // (spawn/hierarchical_communicator.cc) is both. Its reduce-scatter +
-  // all-gather (Rabenseifner, algorithm 3) measured faster at every size from
-  // 1 KB to 16 MB on 2 processes, and faster than the blocking MPI_Allreduce
-  // from 1 MB up (scripts/bench_mpi.sh, docs/benchmarks.md "Cross-process
-  // all_reduce"). With 2 processes the sum is one IEEE addition, commutative,
-  // so the bits do not change; with more, the exchange does not call
-  // MPI_Iallreduce. Other MPIs ignore OMPI_MCA_ variables. A value already set
-  // (the environment, or mpirun -mca, which passes it the same way) is kept.
-  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
-#endif
-}
-
+void PrepareMpiInit() {}  // spawn/mpi_world.cc: the MPI build's
 }  // namespace tandem::dist
+#endif

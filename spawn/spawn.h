@@ -131,9 +131,10 @@ struct SpawnOptions {
 };
 
 // MPI settings spawn applies before it initializes MPI itself (tuning of
-// OpenMPI's non-blocking collectives that tandem's cross-process collectives
-// rely on; spawn/mpi_world.cc says which and why). A program that calls
-// MPI_Init before spawn should call this first. Values already in the
+// OpenMPI's non-blocking all-reduce for two processes, which tandem's
+// cross-process all_reduce uses; spawn/mpi_world.cc says which, when and why).
+// A program that calls MPI_Init itself before spawn should call this first,
+// before it starts other threads (it may setenv). Values already in the
 // environment are kept. Nothing in a build without MPI.
 void PrepareMpiInit();
 

@@ -37,10 +37,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
               const Conv2dParams& params = {});
 
 // relu(conv2d(x, weight, bias, params)) as one op, with the same values and
-// gradients bit for bit (the gradient at 0 is 0, as relu's). On the CPU's
-// float32 oneDNN path the ReLU is a post-op of the convolution (no pass of its
-// own over y); elsewhere relu's kernel runs in place on y. nn::Sequential uses it
-// for a Conv2d followed by a ReLU.
+// gradients bit for bit (the gradient at 0 is 0, as relu's). Where the CPU's
+// float32 convolution runs on a oneDNN JIT kernel the ReLU is its post-op (no
+// pass of its own over y); elsewhere (oneDNN's gemm kernels, im2col, CUDA)
+// relu's kernel runs in place on y. nn::Sequential uses it for a Conv2d followed
+// by a ReLU.
 Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                    const Conv2dParams& params = {});
 

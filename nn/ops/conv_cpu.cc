@@ -221,10 +221,12 @@ namespace tandem::nn::ops::internal {
 // with its threads than without, on the per-image sizes of small convs).
 // Results are deterministic: same inputs and OpenBLAS thread count, same bits.
 
+// oneDNN takes float32 convolutions with a non-empty input; an empty one (H or W
+// 0, the output all padding) takes im2col, whose windows see only zeros.
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y, bool relu) {
 #if TANDEM_WITH_DNNL
-  if (x.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+  if (x.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dForwardDnnl(x, weight, bias, g, y, relu);
   }
 #endif
@@ -299,7 +301,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx) {
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardDataDnnl(dy, weight, g, dx);
   }
 #endif
@@ -344,7 +346,7 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
 void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                              const Tensor& dweight) {
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardFilterDnnl(dy, x, g, dweight);
   }
 #endif
@@ -389,7 +391,7 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                        const Tensor& dbias) {
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && CpuConvUsesDnnl()) {
+  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias);
   }
 #endif

@@ -31,6 +31,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
@@ -103,6 +104,9 @@ struct Entry {
   // Per argument (DNNL_ARG_*): the primitive's layout; plain layouts are the
   // user's tensors themselves.
   std::map<int, memory::desc> want;
+  // Forward with relu asked: whether the primitive applies it (a post-op of a
+  // JIT kernel); else Conv2dForwardDnnl runs relu's kernel after it.
+  bool relu_inside = false;
 };
 
 struct Descs {
@@ -175,7 +179,15 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   Entry e;
   switch (key.kind) {
     case Kind::kForward: {
-      const auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
+      auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
+      // The JIT kernels clamp with max(y, 0): negative -> +0, the bits of
+      // relu()'s kernel. oneDNN's gemm and reference kernels compute y > 0 ? y :
+      // 0 * y (-0 for negatives; they differ on the plain layouts here): those
+      // run without the post-op.
+      const std::string impl = pd.impl_info_str();
+      e.relu_inside = key.relu && impl.find("gemm") == std::string::npos &&
+                      impl.find("ref") == std::string::npos;  // e.g. "x64:gemm:jit", "ref:any"
+      if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, false);
       e.primitive = dnnl::convolution_forward(pd);
       e.scratchpad = pd.scratchpad_desc();
       e.want[DNNL_ARG_SRC] = pd.src_desc();
@@ -224,7 +236,7 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
 // 16 (AVX-512): 20 -> 32 channels on both sides makes LeNet's second conv do
 // 2.56x the useful work, and channels-last runs it 1.5x faster (nn_ops_bench,
 // docs/benchmarks.md). Channels-last where an ungrouped conv has a channel
-// count off the block on both sides of a real (C >= 8) input; the blocked
+// count off the block on either side and a real (C >= 8) input; the blocked
 // layouts everywhere else: they measured faster on every 16-multiple shape and on
 // the first convs (C = 1, 3), whose input oneDNN keeps plain.
 Layout AutoLayout(const Conv2dGeometry& g) {
@@ -333,12 +345,6 @@ std::string DnnlVersion() {
 
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y, bool relu) {
-  if (relu && GetCpuConvPath() == CpuConvPath::kDnnl) {
-    // The plain layouts (gemm:jit, a comparison path) give other bits with the
-    // post-op than relu() after them (conv_test's ConvReluTest): unfused there.
-    Conv2dForwardDnnl(x, weight, bias, g, y, false);
-    return UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
-  }
   const bool has_bias = bias.defined();
   const Entry& e = Lookup(Kind::kForward, g, has_bias, relu);
   const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
@@ -346,6 +352,7 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
       {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
   if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
   Run(e, in, {{DNNL_ARG_DST, {d.dst, &y}}});
+  if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
 
 void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,

@@ -382,6 +382,44 @@ TEST(ConvReluTest, FusedEqualsReluOfConvBitForBit) {
   }
 }
 
+// H == 0 with padding: every window is padding, so y is the bias, dweight 0 and
+// dbias the sum of dy, on every CPU path.
+TEST(ConvTest, EmptyInputWithPaddingGivesTheBiasOnEveryPath) {
+  using ops::internal::CpuConvPath;
+  struct Restore {
+    ~Restore() { ops::internal::SetCpuConvPath(CpuConvPath::kAuto); }
+  } restore;
+  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (ops::internal::CpuConvUsesDnnl()) {
+    paths.insert(paths.end(), {CpuConvPath::kAuto, CpuConvPath::kDnnlNhwc});
+  }
+  for (CpuConvPath path : paths) {
+    ops::internal::SetCpuConvPath(path);
+    for (bool fused : {false, true}) {
+      Tensor x = zeros({2, 3, 0, 4}).set_requires_grad(true);
+      Tensor w = ones({5, 3, 1, 1}).set_requires_grad(true);
+      Tensor b = from_vector<float>({1, -2, 3, -4, 5}, {5}).set_requires_grad(true);
+      Tensor y = fused ? conv2d_relu(x, w, b, {.padding = {1, 1}})
+                       : conv2d(x, w, b, {.padding = {1, 1}});
+      ASSERT_EQ(y.shape(), (Shape{2, 5, 2, 6})) << "path " << static_cast<int>(path);
+      const std::vector<float> v = y.to_vector<float>();
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        const float bias = b.to_vector<float>()[(i / 12) % 5];
+        ASSERT_EQ(v[i], fused ? std::max(bias, 0.0f) : bias) << "element " << i;
+      }
+      y.backward(ones(y.shape()));
+      EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(15, 0.0f));
+      const std::vector<float> db = b.grad().to_vector<float>();
+      for (int k = 0; k < 5; ++k) {
+        const bool masked = fused && b.to_vector<float>()[k] <= 0;
+        EXPECT_EQ(db[k], masked ? 0.0f : 24.0f) << "channel " << k << ", path "
+                                                << static_cast<int>(path);
+      }
+    }
+  }
+}
+
 TEST(ConvReluTest, GradCheck) {
   manual_seed(15);
   for (const Conv2dParams& p : Variants()) {

@@ -23,8 +23,8 @@ struct Conv2dGeometry {
 };
 
 // y = conv(x, weight) + bias (bias undefined: none); relu: y = max(y, 0) after
-// the bias, with the bits of relu() on the unfused result (oneDNN: a post-op of
-// the primitive; the other paths: in place after the convolution).
+// the bias, with the bits of relu() on the unfused result (oneDNN's JIT kernels:
+// a post-op of the primitive; the other kernels: in place after the convolution).
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y, bool relu = false);
 // dx = gradient of x from dy (overwritten, not accumulated).
