@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,6 +174,37 @@ TEST(PoolDnnlTest, Float64AndAutoStayOnOwnLoopsWhereChosen) {
     const double nan = std::nan("");
     Tensor x = from_vector(std::vector<double>{nan, 1, 2, 3}, {1, 1, 2, 2});
     EXPECT_TRUE(std::isnan(max_pool2d(x).to_vector<double>()[0]));
+  }
+}
+
+
+// Where oneDNN differs from our loops (documented in pool_dnnl.cc / pool_kernels.h):
+// it ignores NaN, also as a window's first element (ours keeps that one; PyTorch
+// propagates any NaN), and a window of only NaN gives -FLT_MAX with the gradient
+// on its first element. Signed zeros and ties follow ours.
+TEST(PoolDnnlTest, MaxPoolIgnoresNaNOnOneDnnl) {
+  Restore restore;
+  const float nan = std::nanf("");
+  struct Window {
+    std::vector<float> x;
+    float y;
+    int at;
+  };
+  const Window windows[] = {{{nan, 5, 6, 7}, 7, 3},
+                            {{1, nan, 2, nan}, 2, 2},
+                            {{nan, nan, nan, nan}, -std::numeric_limits<float>::max(), 0},
+                            {{-0.0f, 0.0f, 0.0f, -1}, -0.0f, 0}};
+  for (CpuPoolPath path : DnnlPaths()) {
+    ops::internal::SetCpuPoolPath(path);
+    for (const Window& w : windows) {
+      Tensor x = from_vector(w.x, {1, 1, 2, 2}, {.requires_grad = true});
+      Tensor y = max_pool2d(x);
+      y.backward(ones(y.shape()));
+      EXPECT_EQ(Bits(y.to_vector<float>()), Bits({w.y})) << static_cast<int>(path);
+      std::vector<float> want_dx(4, 0.0f);
+      want_dx[w.at] = 1.0f;
+      EXPECT_EQ(x.grad().to_vector<float>(), want_dx) << static_cast<int>(path);
+    }
   }
 }
 
