@@ -94,8 +94,8 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
   }
   return autograd::Record(
       "avg_pool2d", {x}, y,
-      [g, path, shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy) {
+      [g, path, shape = x.shape(),
+       options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](const Tensor& dy) {
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
         if (path != CpuPoolPath::kOwn) {

@@ -248,12 +248,17 @@ CpuPoolPath GetCpuPoolPath() { return cpu_pool_path.load(std::memory_order_relax
 
 bool CpuPoolDnnlBuilt() { return TANDEM_WITH_DNNL; }
 
-CpuPoolPath ResolveCpuPoolPath(const Pool2dGeometry& /*g*/, bool /*max*/) {
+CpuPoolPath ResolveCpuPoolPath(const Pool2dGeometry& /*g*/, bool max) {
   const CpuPoolPath path = GetCpuPoolPath();
 #if TANDEM_WITH_DNNL
-  // kAuto: our loops for every shape (see docs/benchmarks.md, "Pooling: own
-  // kernels vs oneDNN").
-  return path == CpuPoolPath::kAuto ? CpuPoolPath::kOwn : path;
+  // kAuto, by nn_ops_bench forward + backward on the models' 2x2/2 pools at
+  // batch 32-512, 1 and 2 threads (docs/benchmarks.md, "Pooling: own kernels vs
+  // oneDNN"): max pooling on our loops (the 2x2/2 fast path and the int64
+  // indices beat oneDNN 2.6 in every layout, 2-4x at 1 thread); average
+  // pooling on oneDNN in NCHW (our generic loops have no fast path: 1.5-2.3x
+  // slower). NHWC / blocked pay two reorders per call and won nowhere.
+  if (path != CpuPoolPath::kAuto) return path;
+  return max ? CpuPoolPath::kOwn : CpuPoolPath::kDnnl;
 #else
   TANDEM_CHECK(path == CpuPoolPath::kAuto || path == CpuPoolPath::kOwn,
                "pool2d: a oneDNN path was asked for but tandem was built without oneDNN "
