@@ -21,6 +21,7 @@
 // thread count (all in the cache key); oneDNN's pooling splits the outputs (and
 // for backward the dx planes) statically over the threads, so the same inputs
 // and thread count give the same bits (tested run to run).
+#include <algorithm>
 #include <dnnl.hpp>
 #include <map>
 #include <tuple>
