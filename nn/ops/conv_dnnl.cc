@@ -35,6 +35,7 @@
 
 #include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/dnnl_runtime.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/matmul.h"
@@ -325,6 +326,10 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
 }
 
 }  // namespace
+
+const dnnl::engine& DnnlEngine() { return Engine(); }
+dnnl::stream& DnnlStream() { return Stream(); }
+int DnnlUseThreads() { return UseThreads(); }
 
 void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

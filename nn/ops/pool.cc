@@ -8,6 +8,7 @@
 namespace tandem::nn {
 namespace {
 
+using ops::internal::CpuPoolPath;
 using ops::internal::Pool2dGeometry;
 
 std::string PairToString(const std::array<int64_t, 2>& v) {
@@ -40,25 +41,42 @@ Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const ch
   return g;
 }
 
+// The float32 CPU implementation for g (kOwn elsewhere: CUDA, other dtypes).
+CpuPoolPath CpuPathOf(const Tensor& x, const Pool2dGeometry& g, bool max) {
+  return !x.is_cuda() && x.dtype() == kFloat32 ? ops::internal::ResolveCpuPoolPath(g, max)
+                                             : CpuPoolPath::kOwn;
+}
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
   const Pool2dGeometry g = CheckPool2d(x, params, "max_pool2d");
   Tensor y = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
-  // The CPU and the bfloat16 CUDA kernels keep argmax positions for backward;
-  // cuDNN (float32 / float64 on CUDA) recomputes them from x and y.
+  // The CPU and the bfloat16 CUDA kernels keep argmax positions for backward,
+  // oneDNN its workspace; cuDNN (float32 / float64 on CUDA) recomputes them from
+  // x and y.
   const bool cudnn = x.is_cuda() && x.dtype() != kBFloat16;
-  Tensor indices;
-  if (!cudnn) indices = empty(y.shape(), {.dtype = kInt64, .device = x.device()});
-  if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::MaxPool2dForward, x, g, y, indices);
+  const CpuPoolPath path = CpuPathOf(x, g, true);
+  const bool dnnl = path != CpuPoolPath::kOwn;
+  Tensor indices;  // or oneDNN's workspace
+  if (dnnl) {
+    if (y.numel() > 0) indices = ops::internal::MaxPool2dForwardDnnl(x, g, path, y);
+  } else {
+    if (!cudnn) indices = empty(y.shape(), {.dtype = kInt64, .device = x.device()});
+    if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::MaxPool2dForward, x, g, y, indices);
+  }
   return autograd::Record(
       "max_pool2d", {x}, y,
-      [x = cudnn ? x.detach() : Tensor(), y = cudnn ? y.detach() : Tensor(), indices, g,
+      [x = cudnn ? x.detach() : Tensor(), y = cudnn ? y.detach() : Tensor(), indices, g, path,
        shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
           const Tensor& dy) {
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
-        TANDEM_ON_DEVICE(dy, ops::internal::MaxPool2dBackward, x, y, indices, dy, g, dx);
+        if (path != CpuPoolPath::kOwn) {
+          ops::internal::MaxPool2dBackwardDnnl(indices, dy, g, path, dx);
+        } else {
+          TANDEM_ON_DEVICE(dy, ops::internal::MaxPool2dBackward, x, y, indices, dy, g, dx);
+        }
         return std::vector<Tensor>{dx};
       });
 }
@@ -66,14 +84,25 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& params) {
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& params) {
   const Pool2dGeometry g = CheckPool2d(x, params, "avg_pool2d");
   Tensor y = empty({g.n, g.c, g.oh, g.ow}, {.dtype = x.dtype(), .device = x.device()});
-  if (y.numel() > 0) TANDEM_ON_DEVICE(x, ops::internal::AvgPool2dForward, x, g, y);
+  const CpuPoolPath path = CpuPathOf(x, g, false);
+  if (y.numel() > 0) {
+    if (path != CpuPoolPath::kOwn) {
+      ops::internal::AvgPool2dForwardDnnl(x, g, path, y);
+    } else {
+      TANDEM_ON_DEVICE(x, ops::internal::AvgPool2dForward, x, g, y);
+    }
+  }
   return autograd::Record(
       "avg_pool2d", {x}, y,
-      [g, shape = x.shape(), options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](
-          const Tensor& dy) {
+      [g, path, shape = x.shape(),
+       options = TensorOptions{.dtype = x.dtype(), .device = x.device()}](const Tensor& dy) {
         Tensor dx = empty(shape, options);
         if (dy.numel() == 0) return std::vector<Tensor>{dx.fill_(0.0)};
-        TANDEM_ON_DEVICE(dy, ops::internal::AvgPool2dBackward, dy, g, dx);
+        if (path != CpuPoolPath::kOwn) {
+          ops::internal::AvgPool2dBackwardDnnl(dy, g, path, dx);
+        } else {
+          TANDEM_ON_DEVICE(dy, ops::internal::AvgPool2dBackward, dy, g, dx);
+        }
         return std::vector<Tensor>{dx};
       });
 }

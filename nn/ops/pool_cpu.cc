@@ -2,6 +2,7 @@
 // compares and sums in float32 (Acc<T>) and rounds each result once; float32
 // and float64 compute in their own type.
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "nn/error.h"
 #include "nn/ops/internal/elementwise_kernels.h"  // Compute<T>
 #include "nn/ops/internal/pool_kernels.h"
 
@@ -237,7 +239,51 @@ void MaxPoolBackwardPlaneFast(const T* dy, const int64_t* idx, T* dx, const Pool
   std::fill(dx + g.oh * band, dx + g.h * g.w, T(0));
 }
 
+std::atomic<CpuPoolPath> cpu_pool_path{CpuPoolPath::kAuto};
+
 }  // namespace
+
+void SetCpuPoolPath(CpuPoolPath path) { cpu_pool_path.store(path, std::memory_order_relaxed); }
+CpuPoolPath GetCpuPoolPath() { return cpu_pool_path.load(std::memory_order_relaxed); }
+
+bool CpuPoolDnnlBuilt() { return TANDEM_WITH_DNNL; }
+
+CpuPoolPath ResolveCpuPoolPath(const Pool2dGeometry& /*g*/, bool max) {
+  const CpuPoolPath path = GetCpuPoolPath();
+#if TANDEM_WITH_DNNL
+  // kAuto, by nn_ops_bench forward + backward on the models' 2x2/2 pools at
+  // batch 32-512, 1 and 2 threads (docs/benchmarks.md, "Pooling: own kernels vs
+  // oneDNN"): max pooling on our loops (the 2x2/2 fast path and the int64
+  // indices beat oneDNN 2.6 in every layout, 2-4x at 1 thread); average
+  // pooling on oneDNN in NCHW (our generic loops have no fast path: 1.5-2.3x
+  // slower). NHWC / blocked pay two reorders per call and won nowhere.
+  if (path != CpuPoolPath::kAuto) return path;
+  return max ? CpuPoolPath::kOwn : CpuPoolPath::kDnnl;
+#else
+  TANDEM_CHECK(path == CpuPoolPath::kAuto || path == CpuPoolPath::kOwn,
+               "pool2d: a oneDNN path was asked for but tandem was built without oneDNN "
+               "(TANDEM_DNNL=OFF or libdnnl-dev missing)");
+  return CpuPoolPath::kOwn;
+#endif
+}
+
+#if !TANDEM_WITH_DNNL
+// Never called: ResolveCpuPoolPath returns kOwn in builds without oneDNN.
+Tensor MaxPool2dForwardDnnl(const Tensor&, const Pool2dGeometry&, CpuPoolPath, const Tensor&) {
+  TANDEM_CHECK(false, "max_pool2d: tandem was built without oneDNN");
+  return Tensor();
+}
+void MaxPool2dBackwardDnnl(const Tensor&, const Tensor&, const Pool2dGeometry&, CpuPoolPath,
+                           const Tensor&) {
+  TANDEM_CHECK(false, "max_pool2d: tandem was built without oneDNN");
+}
+void AvgPool2dForwardDnnl(const Tensor&, const Pool2dGeometry&, CpuPoolPath, const Tensor&) {
+  TANDEM_CHECK(false, "avg_pool2d: tandem was built without oneDNN");
+}
+void AvgPool2dBackwardDnnl(const Tensor&, const Pool2dGeometry&, CpuPoolPath, const Tensor&) {
+  TANDEM_CHECK(false, "avg_pool2d: tandem was built without oneDNN");
+}
+#endif
 
 void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
                          const Tensor& indices) {

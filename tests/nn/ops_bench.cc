@@ -19,6 +19,14 @@
 //   MaxPool64x30     64 channels of 30x30 (a ConvNet-sized pool)
 //   MaxPool64x30F64  MaxPool64x30 in float64
 //   Relu32x30        relu on 32 channels of 30x30 (ConvNet's first activation)
+// and, at batch 32, 128 and 512, the models' 2x2 pools (grad: x), each float32
+// pool with "/own", "/dnnl_plain", "/dnnl_nhwc" and "/dnnl_blocked" rows where
+// tandem is built with oneDNN (PoolPaths):
+//   MaxPoolLeNet1    20 channels, 28x28 -> 14x14 (LeNet)
+//   MaxPoolLeNet2    20 channels, 14x14 -> 7x7 (LeNet)
+//   MaxPoolCifar1    32 channels, 30x30 -> 15x15 (ConvNet)
+//   MaxPoolCifar2    64 channels, 13x13 -> 6x6 (ConvNet)
+//   AvgPoolLeNet1, AvgPoolCifar1  avg_pool2d on the LeNet1 / Cifar1 shapes
 // One iteration is forward, backward from a fixed output gradient (ones; the
 // loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
 // with a synchronisation of the thread's stream, so the time is the whole step's
@@ -47,6 +55,7 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/internal/pool_kernels.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"
 #include "nn/random.h"
@@ -132,6 +141,23 @@ StepFn MaxPool20x28(int64_t batch) { return MaxPoolStep(batch, 20, 28); }
 StepFn MaxPool64x30(int64_t batch) { return MaxPoolStep(batch, 64, 30); }
 StepFn MaxPool64x30F64(int64_t batch) { return MaxPoolStep(batch, 64, 30, kFloat64); }
 
+// max_pool2d (or avg_pool2d) 2x2 stride 2 on (batch, channels, hw, hw)
+// requiring grad: the pools of the apps' models (apps/models.cc).
+StepFn PoolStep(int64_t batch, int64_t channels, int64_t hw, bool max) {
+  Tensor x = randn({batch, channels, hw, hw}).set_requires_grad(true);
+  Tensor dy = ones({batch, channels, hw / 2, hw / 2});
+  return [x, dy, max]() mutable {
+    (max ? max_pool2d(x) : avg_pool2d(x)).backward(dy);
+    x.set_grad(Tensor());
+  };
+}
+StepFn MaxPoolLeNet1(int64_t batch) { return PoolStep(batch, 20, 28, true); }
+StepFn MaxPoolLeNet2(int64_t batch) { return PoolStep(batch, 20, 14, true); }
+StepFn MaxPoolCifar1(int64_t batch) { return PoolStep(batch, 32, 30, true); }
+StepFn MaxPoolCifar2(int64_t batch) { return PoolStep(batch, 64, 13, true); }
+StepFn AvgPoolLeNet1(int64_t batch) { return PoolStep(batch, 20, 28, false); }
+StepFn AvgPoolCifar1(int64_t batch) { return PoolStep(batch, 32, 30, false); }
+
 StepFn Relu32x30(int64_t batch) {
   Tensor x = randn({batch, 32, 30, 30}).set_requires_grad(true);
   Tensor dy = ones({batch, 32, 30, 30});
@@ -164,10 +190,12 @@ void Sync(Device device) {
 }
 
 using ops::internal::CpuConvPath;
+using ops::internal::CpuPoolPath;
 
 void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t batch,
-             CpuConvPath path) {
+             CpuConvPath path, CpuPoolPath pool_path) {
   ops::internal::SetCpuConvPath(path);
+  ops::internal::SetCpuPoolPath(pool_path);
   // The im2col rows are the kernels before oneDNN: OpenBLAS GEMMs too.
   ops::internal::SetCpuGemmPath(path == CpuConvPath::kIm2col ? ops::internal::CpuGemmPath::kOpenBlas
                                                              : ops::internal::CpuGemmPath::kAuto);
@@ -200,6 +228,21 @@ std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool f
   return paths;
 }
 
+// The float32 CPU pooling implementations to compare: the build's default
+// (kAuto) and, with oneDNN built, our loops ("/own") and oneDNN on NCHW
+// ("/dnnl_plain"), NHWC ("/dnnl_nhwc") and nChw16c ("/dnnl_blocked"), the
+// latter two reordered from and to NCHW inside each call.
+std::vector<std::pair<std::string, CpuPoolPath>> PoolPaths(Device device) {
+  std::vector<std::pair<std::string, CpuPoolPath>> paths = {{"", CpuPoolPath::kAuto}};
+  if (device.is_cpu() && ops::internal::CpuPoolDnnlBuilt()) {
+    paths.emplace_back("/own", CpuPoolPath::kOwn);
+    paths.emplace_back("/dnnl_plain", CpuPoolPath::kDnnl);
+    paths.emplace_back("/dnnl_nhwc", CpuPoolPath::kDnnlNhwc);
+    paths.emplace_back("/dnnl_blocked", CpuPoolPath::kDnnlBlocked);
+  }
+  return paths;
+}
+
 void Register(Device device) {
   struct Case {
     const char* name;
@@ -215,7 +258,8 @@ void Register(Device device) {
       for (const auto& [suffix, path] : ConvPaths(device, conv)) {
         const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
                                  "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path)
+        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
+                                     CpuPoolPath::kAuto)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
@@ -232,7 +276,23 @@ void Register(Device device) {
       for (const auto& [suffix, path] : ConvPaths(device, !f64)) {
         const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
                                  "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path)
+        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
+                                     CpuPoolPath::kAuto)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  const Case model_pools[] = {{"MaxPoolLeNet1", MaxPoolLeNet1}, {"MaxPoolLeNet2", MaxPoolLeNet2},
+                              {"MaxPoolCifar1", MaxPoolCifar1}, {"MaxPoolCifar2", MaxPoolCifar2},
+                              {"AvgPoolLeNet1", AvgPoolLeNet1}, {"AvgPoolCifar1", AvgPoolCifar1}};
+  for (const Case& c : model_pools) {
+    for (int64_t batch : {32, 128, 512}) {
+      for (const auto& [suffix, path] : PoolPaths(device)) {
+        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
+                                 "/batch:" + std::to_string(batch);
+        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch,
+                                     CpuConvPath::kAuto, path)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
@@ -247,7 +307,7 @@ void Register(Device device) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
                                "/batch:" + std::to_string(batch);
       benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch,
-                                   CpuConvPath::kAuto)
+                                   CpuConvPath::kAuto, CpuPoolPath::kAuto)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -55,6 +55,37 @@ TANDEM_HOST_DEVICE int64_t AdaptiveLastOutput(int64_t i, int64_t in, int64_t out
 void AdaptiveAvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);
 void AdaptiveAvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
 
+// The float32 CPU implementation of max_pool2d / avg_pool2d (float64 and
+// bfloat16 always run pool_cpu.cc's loops). kAuto: ResolveCpuPoolPath's choice
+// per shape, by measurement (docs/benchmarks.md); kOwn: pool_cpu.cc's loops;
+// kDnnl: oneDNN on our plain NCHW tensors; kDnnlBlocked / kDnnlNhwc: oneDNN in
+// nChw16c (nChw8c without AVX-512) / NHWC, reordered from and to ours inside
+// each call. Process-wide, atomic; for tests and benchmarks that compare them.
+// The oneDNN paths need a build with oneDNN (TANDEM_WITH_DNNL): elsewhere
+// asking for them is an error at the next pooling.
+enum class CpuPoolPath { kAuto, kOwn, kDnnl, kDnnlBlocked, kDnnlNhwc };
+void SetCpuPoolPath(CpuPoolPath path);
+CpuPoolPath GetCpuPoolPath();
+// The implementation (never kAuto) a float32 CPU max (`max`) or average
+// pooling of shape g runs on now.
+CpuPoolPath ResolveCpuPoolPath(const Pool2dGeometry& g, bool max);
+// True when tandem is built with oneDNN (the oneDNN paths can be asked for).
+bool CpuPoolDnnlBuilt();
+
+// pool_dnnl.cc: float32, `path` one of the oneDNN paths, the contracts of the
+// Cpu kernels above, except that max pooling keeps oneDNN's workspace (returned
+// by the forward, a uint8 buffer) for the backward instead of int64 indices;
+// backward takes the same g and path as the forward that made the workspace.
+// Max pooling ignores NaN (ours keeps a NaN that comes first in its window).
+Tensor MaxPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
+                            const Tensor& y);
+void MaxPool2dBackwardDnnl(const Tensor& workspace, const Tensor& dy, const Pool2dGeometry& g,
+                           CpuPoolPath path, const Tensor& dx);
+void AvgPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
+                          const Tensor& y);
+void AvgPool2dBackwardDnnl(const Tensor& dy, const Pool2dGeometry& g, CpuPoolPath path,
+                           const Tensor& dx);
+
 #if TANDEM_WITH_CUDA
 // pool_adaptive_cuda.cu: float32, float64 and bfloat16, the CPU's arithmetic.
 void AdaptiveAvgPool2dForwardCuda(const Tensor& x, const Pool2dGeometry& g, const Tensor& y);

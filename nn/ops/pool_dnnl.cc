@@ -1,0 +1,217 @@
+// float32 CPU max and average pooling on oneDNN (Debian's libdnnl 2.6, OpenMP
+// runtime), forward and backward, one primitive per shape cached per thread, as
+// conv_dnnl.cc does for convolutions (same engine, streams and thread count).
+// Max pooling runs forward_training and keeps oneDNN's workspace (the argmax's
+// offset inside each window, in the primitive's dst layout) for backward in
+// place of our int64 indices. CpuPoolPath picks the layout: plain NCHW (our
+// tensors as they are), or blocked (nChw16c / nChw8c) or channels-last (NHWC)
+// with our tensors reordered to it and back inside each call (for comparison:
+// a lone pooling between NCHW tensors pays two reorders for nothing).
+// Built only with TANDEM_WITH_DNNL; pool.cc calls it for float32 where
+// ResolveCpuPoolPath (pool_cpu.cc) says so.
+//
+// Semantics against pool_cpu.cc (tests/nn/pool_dnnl_test.cc): max pooling
+// compares with a strict '>' in row-major window order, so ties go to the first
+// maximum as ours do, and values and gradients are the same bits; padding is
+// -inf. NaN differs: oneDNN ignores NaN (a window of only NaN gives -FLT_MAX),
+// ours keeps a NaN that is a window's first element. Average pooling counts the
+// padding in the divisor (pooling_avg_include_padding), as ours does; its sums
+// may run in another order (float rounding).
+// Determinism: the implementation is chosen from the shape, the ISA and the
+// thread count (all in the cache key); oneDNN's pooling splits the outputs (and
+// for backward the dx planes) statically over the threads, so the same inputs
+// and thread count give the same bits (tested run to run).
+#include <algorithm>
+#include <dnnl.hpp>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "nn/error.h"
+#include "nn/ops/internal/dnnl_runtime.h"
+#include "nn/ops/internal/pool_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using DataType = memory::data_type;
+
+enum class Kind { kForward, kBackward };
+
+struct Key {
+  Kind kind;
+  bool max;
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+  CpuPoolPath path;
+  int threads;
+  auto Tie() const {
+    return std::tie(kind, max, n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, path, threads);
+  }
+  bool operator<(const Key& other) const { return Tie() < other.Tie(); }
+};
+
+// A primitive with the layouts it runs in (src / dst for forward, diff_src /
+// diff_dst for backward: x's and y's shapes) and its scratchpad and workspace.
+struct Entry {
+  dnnl::primitive primitive;
+  memory::desc x, y, scratchpad, workspace;
+};
+
+// The activation layout of `path` (kDnnl, kDnnlBlocked or kDnnlNhwc).
+Tag LayoutTag(CpuPoolPath path) {
+  if (path == CpuPoolPath::kDnnlNhwc) return Tag::nhwc;
+  if (path == CpuPoolPath::kDnnl) return Tag::nchw;
+  // The channel block of the ISA's vectors: 16 floats with AVX-512, else 8.
+  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? Tag::nChw16c : Tag::nChw8c;
+}
+
+memory::desc XDesc(const Pool2dGeometry& g, Tag tag) {
+  return memory::desc({g.n, g.c, g.h, g.w}, DataType::f32, tag);
+}
+memory::desc YDesc(const Pool2dGeometry& g, Tag tag) {
+  return memory::desc({g.n, g.c, g.oh, g.ow}, DataType::f32, tag);
+}
+
+dnnl::algorithm Algorithm(bool max) {
+  return max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding;
+}
+
+// Right padding: what the output size needs past the last window's end (pool.cc
+// sizes outputs with floor, so it never exceeds the left padding; oneDNN checks
+// (h + pl + pr - kh) / sh + 1 == oh).
+memory::dims PaddingRight(const Pool2dGeometry& g) {
+  return {std::max<int64_t>(0, (g.oh - 1) * g.sh + g.kh - g.h - g.ph),
+          std::max<int64_t>(0, (g.ow - 1) * g.sw + g.kw - g.w - g.pw)};
+}
+
+dnnl::primitive_attr Attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::pooling_forward::primitive_desc ForwardDesc(const Pool2dGeometry& g, bool max, Tag tag) {
+  const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_training, Algorithm(max),
+                                         XDesc(g, tag), YDesc(g, tag), {g.sh, g.sw},
+                                         {g.kh, g.kw}, {g.ph, g.pw}, PaddingRight(g));
+  return dnnl::pooling_forward::primitive_desc(desc, Attr(), DnnlEngine());
+}
+
+Entry MakeEntry(const Key& key, const Pool2dGeometry& g) {
+  const Tag tag = LayoutTag(key.path);
+  const auto forward = ForwardDesc(g, key.max, tag);
+  Entry e;
+  if (key.kind == Kind::kForward) {
+    e.primitive = dnnl::pooling_forward(forward);
+    e.x = forward.src_desc();
+    e.y = forward.dst_desc();
+    e.scratchpad = forward.scratchpad_desc();
+    e.workspace = forward.workspace_desc();
+    return e;
+  }
+  const dnnl::pooling_backward::desc desc(Algorithm(key.max), XDesc(g, tag), YDesc(g, tag),
+                                          {g.sh, g.sw}, {g.kh, g.kw}, {g.ph, g.pw},
+                                          PaddingRight(g));
+  const dnnl::pooling_backward::primitive_desc pd(desc, Attr(), DnnlEngine(), forward);
+  e.primitive = dnnl::pooling_backward(pd);
+  e.x = pd.diff_src_desc();
+  e.y = pd.diff_dst_desc();
+  e.scratchpad = pd.scratchpad_desc();
+  e.workspace = pd.workspace_desc();
+  return e;
+}
+
+// The calling thread's primitives by shape (no lock; a rank thread's thread
+// count is its own).
+const Entry& Lookup(Kind kind, bool max, const Pool2dGeometry& g, CpuPoolPath path) {
+  TANDEM_CHECK(path == CpuPoolPath::kDnnl || path == CpuPoolPath::kDnnlBlocked ||
+                   path == CpuPoolPath::kDnnlNhwc,
+               "pool2d: not a oneDNN path: ", static_cast<int>(path));
+  thread_local std::map<Key, Entry> cache;
+  const Key key{kind, max, g.n, g.c,  g.h,  g.w,  g.kh, g.kw,          g.sh,
+                g.sw, g.ph, g.pw, g.oh, g.ow, path, DnnlUseThreads()};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
+  return it->second;
+}
+
+// A host buffer of `desc`'s size from the host allocator's cache.
+Tensor Buffer(const memory::desc& desc) {
+  return empty({static_cast<int64_t>(desc.get_size())}, {.dtype = kUInt8, .device = Device::CPU()});
+}
+
+// Runs `e` with input `in` (x or dy) and output `out` (y or dx), plain NCHW
+// tensors with descs in_plain / out_plain, reordered where the primitive wants
+// another layout; `workspace` (may be undefined) is passed as it is.
+void Run(const Entry& e, const memory::desc& in_want, const Tensor& in,
+         const memory::desc& in_plain, const memory::desc& out_want, const Tensor& out,
+         const memory::desc& out_plain, const Tensor& workspace, int in_arg, int out_arg) {
+  dnnl::stream& stream = DnnlStream();
+  const dnnl::engine& engine = DnnlEngine();
+  memory in_user(in_plain, engine, in.data_ptr()), out_user(out_plain, engine, out.data_ptr());
+  memory in_mem = in_user, out_mem = out_user;
+  Tensor in_copy, out_copy;  // reordered copies, alive until the primitive ran
+  if (in_want != in_plain) {
+    in_copy = Buffer(in_want);
+    in_mem = memory(in_want, engine, in_copy.data_ptr());
+    dnnl::reorder(in_user, in_mem).execute(stream, in_user, in_mem);
+  }
+  if (out_want != out_plain) {
+    out_copy = Buffer(out_want);
+    out_mem = memory(out_want, engine, out_copy.data_ptr());
+  }
+  Tensor scratch = Buffer(e.scratchpad);
+  std::unordered_map<int, memory> args = {
+      {in_arg, in_mem},
+      {out_arg, out_mem},
+      {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.data_ptr())}};
+  if (workspace.defined()) {
+    args.emplace(DNNL_ARG_WORKSPACE, memory(e.workspace, engine, workspace.data_ptr()));
+  }
+  e.primitive.execute(stream, args);
+  if (out_copy.defined()) dnnl::reorder(out_mem, out_user).execute(stream, out_mem, out_user);
+  stream.wait();
+}
+
+Tensor Forward(bool max, const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
+               const Tensor& y) {
+  const Entry& e = Lookup(Kind::kForward, max, g, path);
+  Tensor workspace;
+  if (max) workspace = Buffer(e.workspace);
+  Run(e, e.x, x, XDesc(g, Tag::nchw), e.y, y, YDesc(g, Tag::nchw), workspace, DNNL_ARG_SRC,
+      DNNL_ARG_DST);
+  return workspace;
+}
+
+void Backward(bool max, const Tensor& workspace, const Tensor& dy, const Pool2dGeometry& g,
+              CpuPoolPath path, const Tensor& dx) {
+  const Entry& e = Lookup(Kind::kBackward, max, g, path);
+  Run(e, e.y, dy, YDesc(g, Tag::nchw), e.x, dx, XDesc(g, Tag::nchw), workspace,
+      DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC);
+}
+
+}  // namespace
+
+Tensor MaxPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
+                            const Tensor& y) {
+  return Forward(true, x, g, path, y);
+}
+
+void MaxPool2dBackwardDnnl(const Tensor& workspace, const Tensor& dy, const Pool2dGeometry& g,
+                           CpuPoolPath path, const Tensor& dx) {
+  Backward(true, workspace, dy, g, path, dx);
+}
+
+void AvgPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
+                          const Tensor& y) {
+  Forward(false, x, g, path, y);
+}
+
+void AvgPool2dBackwardDnnl(const Tensor& dy, const Pool2dGeometry& g, CpuPoolPath path,
+                           const Tensor& dx) {
+  Backward(false, Tensor(), dy, g, path, dx);
+}
+
+}  // namespace tandem::nn::ops::internal
