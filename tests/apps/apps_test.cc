@@ -226,8 +226,15 @@ TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
   EXPECT_NE(slow.output.find("straggler: rank 1, busy "), std::string::npos) << slow.output;
   EXPECT_NE(slow.output.find("gradient all-reduce hidden under backward: "), std::string::npos)
       << slow.output;
-  RunResult even = RunProgram(TRAIN_MNIST, args);
-  ASSERT_EQ(even.status, 0) << even.output;
+  // Without the hook no rank is named. On a loaded 2-core machine (ctest -j2) the
+  // scheduler can slow one rank by over 10% for a whole short run, so up to three
+  // runs; one that names nobody passes (a summary that always names one fails).
+  RunResult even;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    even = RunProgram(TRAIN_MNIST, args);
+    ASSERT_EQ(even.status, 0) << even.output;
+    if (even.output.find("straggler: rank") == std::string::npos) break;
+  }
   EXPECT_EQ(even.output.find("straggler: rank"), std::string::npos) << even.output;
 }
 
