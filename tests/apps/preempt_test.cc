@@ -457,9 +457,13 @@ TEST(TrainLinearPreemptMpi, StopSignalToOneProcessStopsTheJobThenResumeEndsBitFo
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     const std::string dir = absl::StrCat(base, "/", trial);
     Child c(TANDEM_MPIRUN, args + dir, dir + ".out");
-    AwaitFile(absl::StrCat(dir, "/step-", kEveryMpi, ".ckpt"), 60);
-    std::this_thread::sleep_for(
-        std::chrono::duration<double>(std::uniform_real_distribution<double>(0, 0.5 * window_s)(rng)));
+    // The moment: a random checkpoint in the first half of the run, then a random
+    // part of a checkpoint interval (timed on the run's own progress, not on the
+    // reference run's, whose speed under a loaded machine can differ by far).
+    const int64_t at = kEveryMpi * std::uniform_int_distribution<int64_t>(1, 7)(rng);
+    AwaitFile(absl::StrCat(dir, "/step-", at, ".ckpt"), 60);
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        std::uniform_real_distribution<double>(0, window_s * kEveryMpi / kSteps)(rng)));
     const std::vector<pid_t> processes = ChildrenOf(c.pid());
     if (processes.size() != 2) {  // the run ended before the signal (a loaded machine)
       ASSERT_EQ(c.Wait(60), 0) << c.Output();
