@@ -29,7 +29,9 @@ Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const ch
   TANDEM_CHECK(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1, op, ": kernel ",
                PairToString(params.kernel), " must be >= 1 and stride ",
                PairToString(params.stride), " >= 0 (0: the kernel)");
-  // At most half the kernel, so every window holds at least one real element.
+  // At most half the kernel, so every window of a non-empty input holds at least
+  // one real element. (H or W 0 with padding gives all-padding windows: avg 0, max
+  // 0 on tandem's loops, -FLT_MAX on an explicitly chosen oneDNN max path.)
   TANDEM_CHECK(g.ph >= 0 && g.pw >= 0 && 2 * g.ph <= g.kh && 2 * g.pw <= g.kw, op, ": padding ",
                PairToString(params.padding), " must be in [0, kernel / 2] for kernel ",
                PairToString(params.kernel));

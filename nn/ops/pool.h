@@ -1,5 +1,6 @@
 // 2-D pooling. CPU: pool_cpu.cc (float32 optionally on oneDNN, pool_dnnl.cc,
-// chosen per shape by measurement: CpuPoolPath in internal/pool_kernels.h); CUDA:
+// chosen per op by measurement: max on our loops, float32 avg on oneDNN NCHW;
+// CpuPoolPath in internal/pool_kernels.h); CUDA:
 // cuDNN (pool_cuda.cc); adaptive average pooling: our own kernels (pool_cpu.cc,
 // pool_adaptive_cuda.cu).
 #ifndef TANDEM_NN_OPS_POOL_H_

@@ -254,9 +254,10 @@ CpuPoolPath ResolveCpuPoolPath(const Pool2dGeometry& /*g*/, bool max) {
   // kAuto, by nn_ops_bench forward + backward on the models' 2x2/2 pools at
   // batch 32-512, 1 and 2 threads (docs/benchmarks.md, "Pooling: own kernels vs
   // oneDNN"): max pooling on our loops (the 2x2/2 fast path and the int64
-  // indices beat oneDNN 2.6 in every layout, 2-4x at 1 thread); average
-  // pooling on oneDNN in NCHW (our generic loops have no fast path: 1.5-2.3x
-  // slower). NHWC / blocked pay two reorders per call and won nowhere.
+  // indices beat oneDNN 2.6 in every layout, 1.2-3.8x); average pooling on
+  // oneDNN in NCHW (our generic loops have no fast path: 1.5-3.2x slower).
+  // NHWC / blocked pay two reorders per call and won no row beyond noise. Only
+  // 2x2/2 pools were measured; other shapes follow the same choice.
   if (path != CpuPoolPath::kAuto) return path;
   return max ? CpuPoolPath::kOwn : CpuPoolPath::kDnnl;
 #else

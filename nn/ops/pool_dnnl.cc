@@ -188,6 +188,15 @@ Tensor Forward(bool max, const Tensor& x, const Pool2dGeometry& g, CpuPoolPath p
 void Backward(bool max, const Tensor& workspace, const Tensor& dy, const Pool2dGeometry& g,
               CpuPoolPath path, const Tensor& dx) {
   const Entry& e = Lookup(Kind::kBackward, max, g, path);
+  // The forward's workspace must be the one this primitive reads (oneDNN 2.6 lays
+  // it out like y in every implementation, whatever the thread counts).
+  if (max) {
+    TANDEM_CHECK(workspace.numel() * ElementSize(workspace.dtype()) ==
+                     static_cast<int64_t>(e.workspace.get_size()),
+                 "max_pool2d backward: oneDNN workspace of ",
+                 workspace.numel() * ElementSize(workspace.dtype()), " bytes, the primitive wants ",
+                 e.workspace.get_size());
+  }
   Run(e, e.y, dy, YDesc(g, Tag::nchw), e.x, dx, XDesc(g, Tag::nchw), workspace,
       DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC);
 }

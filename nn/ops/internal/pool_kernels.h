@@ -57,7 +57,7 @@ void AdaptiveAvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, con
 
 // The float32 CPU implementation of max_pool2d / avg_pool2d (float64 and
 // bfloat16 always run pool_cpu.cc's loops). kAuto: ResolveCpuPoolPath's choice
-// per shape, by measurement (docs/benchmarks.md); kOwn: pool_cpu.cc's loops;
+// per op (max: kOwn, float32 avg: kDnnl), by measurement (docs/benchmarks.md); kOwn: pool_cpu.cc's loops;
 // kDnnl: oneDNN on our plain NCHW tensors; kDnnlBlocked / kDnnlNhwc: oneDNN in
 // nChw16c (nChw8c without AVX-512) / NHWC, reordered from and to ours inside
 // each call. Process-wide, atomic; for tests and benchmarks that compare them.
