@@ -360,22 +360,6 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
 
-void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
-                            const Tensor& dx) {
-  const Entry& e = Lookup(Kind::kBackwardData, g, false);
-  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
-  Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
-      {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}});
-}
-
-void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
-                              const Tensor& dweight) {
-  const Entry& e = Lookup(Kind::kBackwardWeights, g, false);
-  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
-  Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}},
-      {{DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}});
-}
-
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias) {
@@ -395,6 +379,18 @@ void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
     Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
   }
   if (dbias.defined() && !bias_here) Conv2dBackwardBiasCpu(dy, dbias);
+}
+
+// The single-gradient entry points (the bfloat16 path's float32 calls): the
+// combined call with the other gradients undefined.
+void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
+                            const Tensor& dx) {
+  Conv2dBackwardDnnl(dy, Tensor(), weight, g, dx, Tensor(), Tensor());
+}
+
+void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                              const Tensor& dweight) {
+  Conv2dBackwardDnnl(dy, x, Tensor(), g, Tensor(), dweight, Tensor());
 }
 
 }  // namespace tandem::nn::ops::internal

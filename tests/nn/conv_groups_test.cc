@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "nn/layers.h"
 #include "nn/ops/conv.h"
-#include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
-#include "nn/ops/matmul.h"                 // set_cpu_blas_threads
+#include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
+#include "tests/nn/cpu_conv_paths.h"
 #include "tests/nn/gradcheck.h"
 
 namespace tandem::nn {
@@ -192,21 +192,8 @@ TEST(ConvGroupsTest, BatchAcrossChunksMatchesPerGroupConvolutions) {
 // bits at 1 and 2 threads.
 TEST(ConvGroupsTest, EachFloat32CpuPathMatchesReferenceAndRepeats) {
   using ops::internal::CpuConvPath;
-  const int threads = cpu_blas_threads();
-  struct Restore {
-    int threads;
-    ~Restore() {
-      set_cpu_blas_threads(threads);
-      ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-    }
-  } restore{threads};
-  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
-  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-  if (ops::internal::CpuConvUsesDnnl()) {
-    paths.push_back(CpuConvPath::kDnnl);
-    paths.push_back(CpuConvPath::kDnnlBlocked);
-    paths.push_back(CpuConvPath::kDnnlNhwc);
-  }
+  const testing::RestoreCpuConv restore;
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare();
   manual_seed(42);
   for (const Case& c : Cases()) {
     Tensor x = randn(c.x, {.dtype = kFloat64});

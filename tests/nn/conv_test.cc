@@ -15,6 +15,7 @@
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
 #include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
+#include "tests/nn/cpu_conv_paths.h"
 #include "tests/nn/gradcheck.h"
 
 namespace tandem::nn {
@@ -194,21 +195,8 @@ TEST(ConvTest, Float32MatchesFloat64) {
 // own bits exactly.
 TEST(ConvTest, EachFloat32CpuPathMatchesFloat64AndRepeatsBitForBit) {
   using ops::internal::CpuConvPath;
-  const int threads = cpu_blas_threads();
-  struct Restore {
-    int threads;
-    ~Restore() {
-      set_cpu_blas_threads(threads);
-      ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-    }
-  } restore{threads};
-  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
-  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-  if (ops::internal::CpuConvUsesDnnl()) {
-    paths.push_back(CpuConvPath::kDnnl);
-    paths.push_back(CpuConvPath::kDnnlBlocked);
-    paths.push_back(CpuConvPath::kDnnlNhwc);
-  }
+  const testing::RestoreCpuConv restore;
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare();
   struct Case {
     Shape x, w;
     Conv2dParams p;
@@ -329,15 +317,8 @@ TEST(ConvGradTest, WithoutBiasAndOneByOneKernel) {
 // CPU path and dtype (the oneDNN post-op included: negative -> +0, never -0).
 TEST(ConvReluTest, FusedEqualsReluOfConvBitForBit) {
   using ops::internal::CpuConvPath;
-  struct Restore {
-    ~Restore() { ops::internal::SetCpuConvPath(CpuConvPath::kAuto); }
-  } restore;
-  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
-  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-  if (ops::internal::CpuConvUsesDnnl()) {
-    paths.insert(paths.end(), {CpuConvPath::kAuto, CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked,
-                               CpuConvPath::kDnnlNhwc});
-  }
+  const testing::RestoreCpuConv restore;
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare(/*with_auto=*/true);
   struct Case {
     Shape x, w;
     Conv2dParams p;
@@ -386,14 +367,8 @@ TEST(ConvReluTest, FusedEqualsReluOfConvBitForBit) {
 // dbias the sum of dy, on every CPU path.
 TEST(ConvTest, EmptyInputWithPaddingGivesTheBiasOnEveryPath) {
   using ops::internal::CpuConvPath;
-  struct Restore {
-    ~Restore() { ops::internal::SetCpuConvPath(CpuConvPath::kAuto); }
-  } restore;
-  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
-  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-  if (ops::internal::CpuConvUsesDnnl()) {
-    paths.insert(paths.end(), {CpuConvPath::kAuto, CpuConvPath::kDnnlNhwc});
-  }
+  const testing::RestoreCpuConv restore;
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare(/*with_auto=*/true);
   for (CpuConvPath path : paths) {
     ops::internal::SetCpuConvPath(path);
     for (bool fused : {false, true}) {

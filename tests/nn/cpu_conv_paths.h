@@ -1,0 +1,44 @@
+// The float32 CPU convolution paths the conv tests compare, and a guard that puts
+// the path switch and the CPU thread count back when a test ends.
+#ifndef TANDEM_TESTS_NN_CPU_CONV_PATHS_H_
+#define TANDEM_TESTS_NN_CPU_CONV_PATHS_H_
+
+#include <vector>
+
+#include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
+#include "nn/ops/matmul.h"                 // cpu_blas_threads
+
+namespace tandem::nn::testing {
+
+// Restores kAuto and the CPU thread count of the test's start on destruction.
+class RestoreCpuConv {
+ public:
+  RestoreCpuConv() = default;
+  RestoreCpuConv(const RestoreCpuConv&) = delete;
+  RestoreCpuConv& operator=(const RestoreCpuConv&) = delete;
+  ~RestoreCpuConv() {
+    set_cpu_blas_threads(threads_);
+    ops::internal::SetCpuConvPath(ops::internal::CpuConvPath::kAuto);
+  }
+
+ private:
+  int threads_ = cpu_blas_threads();
+};
+
+// im2col, then (when tandem is built with oneDNN) oneDNN on plain NCHW, blocked
+// and channels-last layouts, and with_auto: kAuto's choice too.
+inline std::vector<ops::internal::CpuConvPath> CpuConvPathsToCompare(bool with_auto = false) {
+  using ops::internal::CpuConvPath;
+  std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (ops::internal::CpuConvUsesDnnl()) {
+    if (with_auto) paths.push_back(CpuConvPath::kAuto);
+    paths.insert(paths.end(),
+                 {CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked, CpuConvPath::kDnnlNhwc});
+  }
+  return paths;
+}
+
+}  // namespace tandem::nn::testing
+
+#endif  // TANDEM_TESTS_NN_CPU_CONV_PATHS_H_
