@@ -65,8 +65,12 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 #endif
 }
 
-// The shortest spin budget of a wait (see InProcessGroup::Wait).
+// The shortest and longest spin budgets of a wait (see InProcessGroup::Wait).
 constexpr int64_t kMinSpinNs = 1'000;
+constexpr int64_t kMaxSpinNs = 50'000;
+// The longest a wait yields its CPU to missing ranks that last ran on it before
+// it sleeps (they compute for longer than a hand-over).
+constexpr int64_t kMaxYieldNs = 200'000;
 
 // The CPU the calling thread runs on now, or -1.
 int CurrentCpu() {
@@ -140,10 +144,8 @@ InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
       slots_(new PaddedSlot[std::max(world_size, 1)]),
       arrived_(new PaddedCounter[std::max(world_size, 1)]) {
   TANDEM_CHECK(world_size >= 1, "InProcessGroup: world size ", world_size);
-  // Spinning only pays while the rank we wait for runs on another CPU; with more
-  // ranks than CPUs it takes the CPU from a rank that has yet to arrive.
   const bool oversubscribed = world_size > UsableCpus();
-  max_spin_ns_ = oversubscribed ? 2'000 : 50'000;
+  max_spin_ns_ = kMaxSpinNs;
   staged_bytes_ = options.staged_bytes >= 0 ? options.staged_bytes
                   : oversubscribed          ? kStagedBytesOversubscribed
                                             : kStagedBytes;
@@ -157,22 +159,41 @@ InProcessGroup::~InProcessGroup() = default;
 
 template <typename Done, typename SpinUseless>
 void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns) {
-  // Spin: no system call while the others are about to arrive.
+  // Spin: no system call while the others are about to arrive. A rank still
+  // missing that last ran on this CPU cannot arrive while we spin: we yield the
+  // CPU to it instead (a same-CPU hand-over costs about a microsecond, where a
+  // sleep costs a wake-up and, when both ranks of a CPU sleep, an idle CPU to
+  // wake). Only the spinning counts against the budget: while a missing rank of
+  // this CPU runs (it computes, it copies its share) the waiter spends no CPU,
+  // up to kMaxYieldNs of yields; then it sleeps.
   const int64_t start_ns = internal::SteadyNowNs();
   const int64_t budget_ns = *spin_ns;
+  int64_t yielded_ns = 0;
+  bool spun_out = false;
   for (uint32_t i = 0;; ++i) {
     if (done(std::memory_order_acquire)) {
       *spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
       return;
     }
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
-    if (i % 64 == 0 &&
-        (spin_useless() || (i > 0 && internal::SteadyNowNs() - start_ns > budget_ns))) {
-      break;
+    if (i % 64 == 0) {
+      const int64_t now_ns = internal::SteadyNowNs();
+      if (now_ns - start_ns - yielded_ns > budget_ns) {
+        spun_out = true;
+        break;
+      }
+      if (spin_useless()) {
+        if (yielded_ns > kMaxYieldNs) break;
+        sched_yield();
+        yielded_ns += internal::SteadyNowNs() - now_ns;
+        i = 63;  // next: check the budget and the missing ranks again at once
+        continue;
+      }
     }
     CpuRelax();
   }
-  *spin_ns = std::max(kMinSpinNs, budget_ns / 2);
+  // Only a wait the spin budget ended shortens it (halved, see the header).
+  if (spun_out) *spin_ns = std::max(kMinSpinNs, budget_ns / 2);
   // Sleep. Against a lost wake-up: an arriving rank stores its flag, then reads
   // sleepers_; a waiter counts itself in sleepers_, then reads the flags (all
   // seq_cst), so one of the two sees the other. The ticket is read before either,

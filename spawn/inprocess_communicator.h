@@ -61,15 +61,18 @@ struct InProcessGroupOptions {
 // with a pause instruction (no system call, so a hand-over between two running
 // ranks costs about one cache-line transfer), then sleeps in the kernel (a futex
 // on Linux) until the arrival that completes the barrier or Cancel wakes it (an
-// arrival that leaves ranks missing wakes nobody: with more ranks than CPUs,
-// every needless wake is a context switch). The spin is bounded: at
-// most 50 us (2 us when the group has more ranks than the process has CPUs), less
-// after waits that outlasted it, and none while a rank it waits for last arrived
-// on the waiter's own CPU (that rank cannot run until the waiter sleeps). So
-// oversubscribed runs do not burn the cores the other ranks need. (No
-// sched_yield phase: on a busy machine a yield hands the core to another process
-// for a whole time slice, where a sleeper is woken at once.) Cancel wakes both
-// phases at once.
+// arrival that leaves ranks missing wakes nobody: every needless wake is a
+// context switch). The spin is bounded: at most 50 us, less after waits that
+// outlasted it. While a rank it waits for last arrived on the waiter's own CPU
+// (that rank cannot arrive while the waiter holds the CPU), the waiter does not
+// spin but yields the CPU to it (sched_yield), for up to 200 us in all, before
+// it sleeps: with more ranks than CPUs every meeting needs both ranks of a CPU
+// to run, and a yield hands the CPU over in about a microsecond where a sleep
+// costs a wake-up and, once every rank of a CPU sleeps, an idle CPU to wake
+// (about 30 us on a VM: 4 ranks on 2 CPUs, 1 KB all_reduce 30 -> 2.7 us,
+// docs/benchmarks.md). Yielding keeps the waiter runnable, so the scheduler also
+// sees two busy ranks on one CPU and can move one to an idle CPU. Cancel wakes
+// every phase at once.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size, InProcessGroupOptions options = {});
@@ -144,12 +147,12 @@ class InProcessGroup {
     std::unique_ptr<char[]> staging;
   };
 
-  // Returns once done(order) holds: spins for up to *spin_ns while
-  // !spin_useless(), then sleeps; throws CancelledError when the group is
-  // cancelled first. Adapts *spin_ns: doubled (up to max_spin_ns_) after a wait
-  // that the spin ended, halved after one that had to sleep, so a rank whose
-  // waits keep outlasting the spin (its peers compute, or share its CPU) soon
-  // stops spending CPU on it.
+  // Returns once done(order) holds: spins for up to *spin_ns (yielding the CPU
+  // instead while spin_useless(), for up to kMaxYieldNs), then sleeps; throws
+  // CancelledError when the group is cancelled first. Adapts *spin_ns: doubled
+  // (up to max_spin_ns_) after a wait that ended while spinning or yielding,
+  // halved after one whose spinning outlasted it, so a rank whose waits keep
+  // outlasting the spin (its peers compute) soon stops spending CPU on it.
   template <typename Done, typename SpinUseless>
   void Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns);
   // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).

@@ -7,6 +7,7 @@
 //   comm_bench --ranks=2,4 --max_bytes=256M          # every collective, 8 B .. 256 MB
 //   comm_bench --ranks=2 --collectives=all_reduce --max_bytes=1M --iters=100
 //   comm_bench --mode=memcpy                          # single-thread memcpy of 64 MB
+//   comm_bench --mode=handover                        # thread hand-over costs (floors)
 //   comm_bench --mode=dp --ranks=1,2 --models=lenet,mlp --batch=32
 //
 // Collectives (--mode=collectives): for each size, every rank runs
@@ -23,13 +24,24 @@
 // Before timing, each size's result is checked once against a closed form
 // (--check); a wrong result ends the program with status 1.
 //
+// Hand-overs (--mode=handover): what passing control between two threads costs
+// on this machine, the floors under a collective's latency: two threads on two
+// CPUs taking turns through one spinning flag (what 2 ranks on free CPUs pay per
+// meeting), and two threads pinned to one CPU taking turns through sched_yield
+// (what every meeting costs each CPU when there are more ranks than CPUs: both
+// ranks of a CPU must run between two meetings). Linux only.
+//
 // DataParallel (--mode=dp): the training step (forward, backward with gradient
 // all-reduce, SGD) of each model at --batch samples per rank, on synthetic data,
 // per rank count: median step time of --repetitions runs of --steps steps after
 // --warmup_steps. OpenBLAS runs one thread per rank (--threads).
 //
 // Exit statuses: 0 ok, 1 a failure (a rank's error, a wrong result), 2 a bad flag.
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -37,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -53,7 +66,7 @@
 #include "optim/sgd.h"
 #include "spawn/spawn.h"
 
-ABSL_FLAG(std::string, mode, "collectives", "collectives, memcpy or dp.");
+ABSL_FLAG(std::string, mode, "collectives", "collectives, memcpy, handover or dp.");
 ABSL_FLAG(std::string, ranks, "2,4", "Comma-separated rank counts, each >= 1.");
 ABSL_FLAG(std::string, gpus, "cpu",
           "Where the ranks run: cpu (in-process), 0,0 (ranks sharing GPU 0, in-process) or "
@@ -361,6 +374,83 @@ int RunMemcpy() {
   return 0;
 }
 
+// --- hand-overs --------------------------------------------------------------------
+
+// Two threads take turns `turns` times through a shared counter; with `cpus` =
+// {a, b} thread i runs on CPU cpus[i] only; yield: wait with sched_yield rather
+// than a pause loop. Returns the mean seconds per hand-over, or -1 when the
+// threads cannot be pinned there.
+double TimeHandOver(int cpu_a, int cpu_b, bool yield, int64_t turns) {
+#ifdef __linux__
+  std::atomic<int64_t> turn{0};
+  std::atomic<bool> pin_failed{false};
+  auto body = [&](int me, int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) pin_failed = true;
+    for (int64_t i = me; i < 2 * turns && !pin_failed.load(std::memory_order_relaxed); i += 2) {
+      while (turn.load(std::memory_order_acquire) != i) {
+        if (pin_failed.load(std::memory_order_relaxed)) return;
+        if (yield) {
+          sched_yield();
+        } else {
+#if defined(__x86_64__) || defined(__i386__)
+          __builtin_ia32_pause();
+#endif
+        }
+      }
+      turn.store(i + 1, std::memory_order_release);
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  std::thread a(body, 0, cpu_a), b(body, 1, cpu_b);
+  a.join();
+  b.join();
+  if (pin_failed) return -1;
+  return SecondsSince(start) / static_cast<double>(2 * turns);
+#else
+  (void)cpu_a, (void)cpu_b, (void)yield, (void)turns;
+  return -1;
+#endif
+}
+
+int RunHandOver() {
+#ifdef __linux__
+  cpu_set_t set;
+  TANDEM_CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity failed");
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  auto report = [](const char* what, double seconds) {
+    if (seconds < 0) {
+      std::cout << absl::StrFormat("# %-58s could not pin the threads\n", what);
+    } else {
+      std::cout << absl::StrFormat("# %-58s %8.3f us\n", what, seconds * 1e6);
+    }
+  };
+  // Medians of 5 runs of 100,000 hand-overs each.
+  auto median = [](int a, int b, bool yield) {
+    std::vector<double> t;
+    for (int rep = 0; rep < 5; ++rep) t.push_back(TimeHandOver(a, b, yield, 100'000));
+    std::sort(t.begin(), t.end());
+    return t[0] < 0 ? -1.0 : t[2];
+  };
+  std::cout << "# hand-over between two threads, median of 5 x 100,000\n";
+  if (cpus.size() >= 2) {
+    report("two CPUs, spinning (2 ranks on free CPUs):", median(cpus[0], cpus[1], false));
+  } else {
+    std::cout << "# two CPUs: only one CPU is usable\n";
+  }
+  report("one CPU, sched_yield (more ranks than CPUs):", median(cpus[0], cpus[0], true));
+  return 0;
+#else
+  std::cerr << "comm_bench: --mode=handover needs Linux\n";
+  return 1;
+#endif
+}
+
 // --- DataParallel steps ------------------------------------------------------------
 
 std::shared_ptr<nn::Module> MakeModel(const std::string& name) {
@@ -446,7 +536,8 @@ int Main(int argc, char** argv) {
     if (mode == "collectives") return RunCollectives(ranks, gpus);
     if (mode == "memcpy") return RunMemcpy();
     if (mode == "dp") return RunDp(ranks, gpus);
-    Bad(absl::StrCat("--mode=", mode, ": not collectives, memcpy or dp"));
+    if (mode == "handover") return RunHandOver();
+    Bad(absl::StrCat("--mode=", mode, ": not collectives, memcpy, handover or dp"));
   } catch (const BadFlag& bad) {
     std::cerr << "comm_bench: " << bad.message << "\n";
     return 2;

@@ -16,6 +16,12 @@
 #include <tuple>
 #include <vector>
 
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#endif
+
 #include "gtest/gtest.h"
 #include "spawn/inprocess_communicator.h"
 
@@ -369,6 +375,60 @@ TEST(InProcessGroupWaitTest, RankBarrierOrdersWritesAcrossManyRounds) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// Ranks that share one CPU hand it to each other with sched_yield instead of
+// sleeping in the kernel: a sleep makes the CPU switch twice and the arrival that
+// completes the barrier wake the sleeper (about 30 us on the 2-vCPU VM, against
+// under 1 us for a yield; docs/benchmarks.md). Counted by the voluntary context
+// switches of the rank threads: a wait that sleeps is one, a yield is not. With
+// sleeps, 2 of the 3 ranks would switch at every barrier.
+TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
+#ifdef __linux__
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  ASSERT_LT(cpu, CPU_SETSIZE);
+  const int world = 3;
+  const int rounds = 2000;
+  InProcessGroup group(world);
+  std::vector<int> marks(world, 0);
+  std::atomic<int> failures{0};
+  std::atomic<bool> pinned{true};
+  std::atomic<long> voluntary_switches{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) pinned = false;
+      for (int round = 1; round <= 50; ++round) group.ArriveAndWait(r);  // warm up
+      rusage before{};
+      getrusage(RUSAGE_THREAD, &before);
+      for (int round = 1; round <= rounds; ++round) {
+        marks[r] = round;
+        group.ArriveAndWait(r);
+        for (int k = 0; k < world; ++k) {
+          if (marks[k] != round) ++failures;
+        }
+        group.ArriveAndWait(r);
+      }
+      rusage after{};
+      getrusage(RUSAGE_THREAD, &after);
+      voluntary_switches += after.ru_nvcsw - before.ru_nvcsw;
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!pinned) GTEST_SKIP() << "could not pin the rank threads to CPU " << cpu;
+  EXPECT_EQ(failures.load(), 0);
+  // Sleeping waits would give about 2 x 2 x rounds; a loaded machine can make a
+  // few waits outlast the yield phase.
+  EXPECT_LT(voluntary_switches.load(), rounds / 2) << "over " << 2 * rounds << " barriers";
+#else
+  GTEST_SKIP() << "Linux only (thread affinity, RUSAGE_THREAD)";
+#endif
 }
 
 // Waiters are cancelled after `delay`, which puts them in the spin (0, 10 us) or
