@@ -48,7 +48,7 @@ struct InProcessGroupOptions {
   // Collectives of at most this many bytes per rank on CPU ranks meet once,
   // through staging buffers (see the top of this file). -1: automatic: 1 KB, or
   // 4 KB when the group has more ranks than the process has CPUs (then every
-  // meeting costs sleeps and context switches; measured in docs/benchmarks.md,
+  // meeting costs a thread switch on each CPU; measured in docs/benchmarks.md,
   // beyond these sizes the extra copy and each rank reducing everything cost
   // more than the second meeting saves). 0: never. Each rank that uses the
   // staging buffers allocates 2 x staged_bytes once.
@@ -69,8 +69,8 @@ struct InProcessGroupOptions {
 // it sleeps: with more ranks than CPUs every meeting needs both ranks of a CPU
 // to run, and a yield hands the CPU over in about a microsecond where a sleep
 // costs a wake-up and, once every rank of a CPU sleeps, an idle CPU to wake
-// (about 30 us on a VM: 4 ranks on 2 CPUs, 1 KB all_reduce 30 -> 2.7 us,
-// docs/benchmarks.md). Yielding keeps the waiter runnable, so the scheduler also
+// (about 30 us on a VM: 4 ranks on 2 CPUs, all_reduce up to 512 B 26-30 -> 3.6-4.1
+// us, docs/benchmarks.md). Yielding keeps the waiter runnable, so the scheduler also
 // sees two busy ranks on one CPU and can move one to an idle CPU. Cancel wakes
 // every phase at once.
 class InProcessGroup {
