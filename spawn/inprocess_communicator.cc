@@ -68,8 +68,16 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 // The shortest and longest spin budgets of a wait (see InProcessGroup::Wait).
 constexpr int64_t kMinSpinNs = 1'000;
 constexpr int64_t kMaxSpinNs = 50'000;
-// The longest a wait yields its CPU to missing ranks that last ran on it before
-// it sleeps (they compute for longer than a hand-over).
+// Yielding (see InProcessGroup::Wait): a yield that took at least kHandOverNs
+// gave the CPU to another thread (one that returns sooner found nobody to run);
+// one that took more than kLongYieldNs ends the yielding for a pause of
+// kMinYieldPauseNs, doubled (up to kMaxYieldPauseNs) when the last long yield
+// was less than four pauses ago; a wait yields for at most kMaxYieldNs in all
+// before it sleeps.
+constexpr int64_t kHandOverNs = 500;
+constexpr int64_t kLongYieldNs = 500'000;
+constexpr int64_t kMinYieldPauseNs = 1'000'000;
+constexpr int64_t kMaxYieldPauseNs = 1'000'000'000;
 constexpr int64_t kMaxYieldNs = 200'000;
 
 // The CPU the calling thread runs on now, or -1.
@@ -145,55 +153,74 @@ InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
       arrived_(new PaddedCounter[std::max(world_size, 1)]) {
   TANDEM_CHECK(world_size >= 1, "InProcessGroup: world size ", world_size);
   const bool oversubscribed = world_size > UsableCpus();
+  yield_ = oversubscribed;
   max_spin_ns_ = kMaxSpinNs;
   staged_bytes_ = options.staged_bytes >= 0 ? options.staged_bytes
                   : oversubscribed          ? kStagedBytesOversubscribed
                                             : kStagedBytes;
   // Both halves of a staging buffer aligned for any element type (and a cache line).
   staged_bytes_ = (staged_bytes_ + 63) / 64 * 64;
-  shared_spin_ns_ = max_spin_ns_;
-  for (int r = 0; r < world_size; ++r) arrived_[r].spin_ns = max_spin_ns_;
+  shared_wait_.spin_ns = max_spin_ns_;
+  for (int r = 0; r < world_size; ++r) arrived_[r].wait.spin_ns = max_spin_ns_;
 }
 
 InProcessGroup::~InProcessGroup() = default;
 
 template <typename Done, typename SpinUseless>
-void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns) {
+void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, WaitState* state) {
   // Spin: no system call while the others are about to arrive. A rank still
-  // missing that last ran on this CPU cannot arrive while we spin: we yield the
-  // CPU to it instead (a same-CPU hand-over costs about a microsecond, where a
-  // sleep costs a wake-up and, when both ranks of a CPU sleep, an idle CPU to
-  // wake). Only the spinning counts against the budget: while a missing rank of
-  // this CPU runs (it computes, it copies its share) the waiter spends no CPU,
-  // up to kMaxYieldNs of yields; then it sleeps.
+  // missing that last ran on this CPU cannot arrive while we spin: in a group
+  // with more ranks than CPUs we yield the CPU to it (a same-CPU hand-over of
+  // about a microsecond, where a sleep costs a wake-up and, once every rank of a
+  // CPU sleeps, an idle CPU to wake); otherwise we sleep at once. Yields that
+  // hand the CPU over do not count against the spin budget (the waiter spends no
+  // CPU while the other rank runs); yields that return at once (nobody else
+  // could run here) do. A yield that keeps the CPU away for long means that
+  // another thread got a time slice: a CPU-bound thread outside the group (then
+  // every later yield would cost a slice too, where a woken sleeper is let back
+  // in at once) or the missing rank computing. It ends the yielding for a pause
+  // that doubles while long yields keep coming.
   const int64_t start_ns = internal::SteadyNowNs();
-  const int64_t budget_ns = *spin_ns;
+  const int64_t budget_ns = state->spin_ns;
+  bool may_yield = yield_ && start_ns >= state->no_yield_until_ns;
   int64_t yielded_ns = 0;
   bool spun_out = false;
   for (uint32_t i = 0;; ++i) {
     if (done(std::memory_order_acquire)) {
-      *spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
+      state->spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
       return;
     }
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
     if (i % 64 == 0) {
-      const int64_t now_ns = internal::SteadyNowNs();
-      if (now_ns - start_ns - yielded_ns > budget_ns) {
+      if (spin_useless()) {
+        if (!may_yield) break;
+        const int64_t before_ns = internal::SteadyNowNs();
+        sched_yield();
+        const int64_t after_ns = internal::SteadyNowNs();
+        const int64_t took_ns = after_ns - before_ns;
+        if (took_ns >= kHandOverNs) yielded_ns += took_ns;
+        if (took_ns > kLongYieldNs) {
+          state->yield_pause_ns =
+              after_ns - state->last_long_yield_ns > 4 * state->yield_pause_ns
+                  ? kMinYieldPauseNs
+                  : std::min(kMaxYieldPauseNs, 2 * state->yield_pause_ns);
+          state->last_long_yield_ns = after_ns;
+          state->no_yield_until_ns = after_ns + state->yield_pause_ns;
+          may_yield = false;
+        }
+        if (yielded_ns > kMaxYieldNs) may_yield = false;
+        i = 63;  // next: look at once (done, cancelled, the missing ranks) again
+        continue;
+      }
+      if (i > 0 && internal::SteadyNowNs() - start_ns - yielded_ns > budget_ns) {
         spun_out = true;
         break;
-      }
-      if (spin_useless()) {
-        if (yielded_ns > kMaxYieldNs) break;
-        sched_yield();
-        yielded_ns += internal::SteadyNowNs() - now_ns;
-        i = 63;  // next: check the budget and the missing ranks again at once
-        continue;
       }
     }
     CpuRelax();
   }
   // Only a wait the spin budget ended shortens it (halved, see the header).
-  if (spun_out) *spin_ns = std::max(kMinSpinNs, budget_ns / 2);
+  if (spun_out) state->spin_ns = std::max(kMinSpinNs, budget_ns / 2);
   // Sleep. Against a lost wake-up: an arriving rank stores its flag, then reads
   // sleepers_; a waiter counts itself in sleepers_, then reads the flags (all
   // seq_cst), so one of the two sees the other. The ticket is read before either,
@@ -230,15 +257,15 @@ void InProcessGroup::ArriveAndWait() {
     WakeSleepers();
     return;
   }
-  int64_t spin_ns;
+  WaitState state;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    spin_ns = shared_spin_ns_;
+    state = shared_wait_;
   }
   Wait([&](std::memory_order order) { return arrivals_.value.load(order) >= target; },
-       [] { return false; }, &spin_ns);
+       [] { return false; }, &state);
   std::lock_guard<std::mutex> lock(mutex_);
-  shared_spin_ns_ = spin_ns;
+  shared_wait_ = state;
 }
 
 void InProcessGroup::ArriveAndWait(int rank) {
@@ -265,16 +292,19 @@ void InProcessGroup::ArriveAndWait(int rank) {
   Wait(
       all_arrived,
       [&] {
-        // A rank still missing that last ran on this CPU cannot arrive while we spin.
+        // A rank still missing that last ran on this CPU cannot arrive while we
+        // spin. (This CPU: read again, the waiter may have been moved.)
+        const int here = CurrentCpu();
+        if (here < 0) return false;
         for (int k = 0; k < world_size_; ++k) {
           if (arrived_[k].value.load(std::memory_order_relaxed) < n &&
-              arrived_[k].cpu.load(std::memory_order_relaxed) == cpu && cpu >= 0) {
+              arrived_[k].cpu.load(std::memory_order_relaxed) == here) {
             return true;
           }
         }
         return false;
       },
-      &mine.spin_ns);
+      &mine.wait);
 }
 
 void InProcessGroup::Cancel(const std::string& reason) {

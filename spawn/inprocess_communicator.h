@@ -65,14 +65,21 @@ struct InProcessGroupOptions {
 // context switch). The spin is bounded: at most 50 us, less after waits that
 // outlasted it. While a rank it waits for last arrived on the waiter's own CPU
 // (that rank cannot arrive while the waiter holds the CPU), the waiter does not
-// spin but yields the CPU to it (sched_yield), for up to 200 us in all, before
-// it sleeps: with more ranks than CPUs every meeting needs both ranks of a CPU
-// to run, and a yield hands the CPU over in about a microsecond where a sleep
-// costs a wake-up and, once every rank of a CPU sleeps, an idle CPU to wake
-// (about 30 us on a VM: 4 ranks on 2 CPUs, all_reduce up to 512 B 26-30 -> 3.6-4.1
-// us, docs/benchmarks.md). Yielding keeps the waiter runnable, so the scheduler also
-// sees two busy ranks on one CPU and can move one to an idle CPU. Cancel wakes
-// every phase at once.
+// spin. In a group with more ranks than the process has CPUs it yields the CPU
+// to that rank (sched_yield) instead of sleeping: there every meeting needs both
+// ranks of a CPU to run, and a yield hands the CPU over in about a microsecond
+// where a sleep costs a wake-up and, once every rank of a CPU sleeps, an idle CPU
+// to wake (about 30 us on a VM: 4 ranks on 2 CPUs, all_reduce up to 512 B
+// 26-30 -> 3.7-4.1 us, docs/benchmarks.md). The trade-off: a yield can also hand
+// the CPU to a CPU-bound thread outside the group for a whole time slice, where a
+// woken sleeper would be let back in at once (3 ranks and a busy loop on one
+// CPU: about 0.9 ms per barrier with yields alone, 7 us with sleeps). So a yield
+// that keeps the CPU away for more than 50 us stops the rank's yielding for 1 ms,
+// doubled up to 1 s while such yields keep coming, and a wait yields for at most
+// 200 us in all before it sleeps. With at most as many ranks as CPUs the waiter
+// sleeps at once.
+// Cancel wakes sleepers at once; a spinning or yielding waiter sees it at its
+// next look (a yield can last a time slice).
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size, InProcessGroupOptions options = {});
@@ -137,24 +144,32 @@ class InProcessGroup {
   uint64_t ClaimChunk() { return chunks_.value.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  // A waiter's adaptive state (see Wait), kept across its waits.
+  struct WaitState {
+    int64_t spin_ns = 0;             // the spin budget
+    int64_t no_yield_until_ns = 0;   // no yielding before (after a long yield)
+    int64_t yield_pause_ns = 0;      // the last pause of yielding
+    int64_t last_long_yield_ns = 0;  // when the last long yield ended
+  };
   struct alignas(64) PaddedCounter {
     std::atomic<uint64_t> value{0};
     std::atomic<int> cpu{-1};  // ArriveAndWait(rank): the CPU the rank last arrived on
-    int64_t spin_ns = 0;       // ArriveAndWait(rank): the rank's own spin budget (its thread only)
+    WaitState wait;            // ArriveAndWait(rank): the rank's own (its thread only)
   };
   struct alignas(64) PaddedSlot {
     Slot slot[2];
     std::unique_ptr<char[]> staging;
   };
 
-  // Returns once done(order) holds: spins for up to *spin_ns (yielding the CPU
-  // instead while spin_useless(), for up to kMaxYieldNs), then sleeps; throws
-  // CancelledError when the group is cancelled first. Adapts *spin_ns: doubled
-  // (up to max_spin_ns_) after a wait that ended while spinning or yielding,
-  // halved after one whose spinning outlasted it, so a rank whose waits keep
-  // outlasting the spin (its peers compute) soon stops spending CPU on it.
+  // Returns once done(order) holds: spins for up to state->spin_ns while
+  // !spin_useless() (while spin_useless(), yields the CPU when yield_ and the
+  // pause after a long yield allow, else stops spinning), then sleeps; throws
+  // CancelledError when the group is cancelled first. Adapts state->spin_ns:
+  // doubled (up to max_spin_ns_) after a wait that ended before it slept, halved
+  // after one whose spinning outlasted it, so a rank whose waits keep outlasting
+  // the spin (its peers compute) soon stops spending CPU on it.
   template <typename Done, typename SpinUseless>
-  void Wait(const Done& done, const SpinUseless& spin_useless, int64_t* spin_ns);
+  void Wait(const Done& done, const SpinUseless& spin_useless, WaitState* state);
   // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).
   void WakeSleepers();
   [[noreturn]] void ThrowCancelled() const;
@@ -162,7 +177,8 @@ class InProcessGroup {
   const int world_size_;
   int64_t staged_bytes_;
   int64_t max_spin_ns_;       // the longest spin of Wait before it sleeps
-  int64_t shared_spin_ns_;    // ArriveAndWait()'s spin budget, guarded by mutex_
+  bool yield_ = false;        // more ranks than CPUs: Wait may yield (see above)
+  WaitState shared_wait_;     // ArriveAndWait()'s, guarded by mutex_
   std::unique_ptr<PaddedSlot[]> slots_;
   std::unique_ptr<PaddedCounter[]> arrived_;  // per rank: barriers it has arrived at
   PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation

@@ -376,8 +376,8 @@ int RunMemcpy() {
 
 // --- hand-overs --------------------------------------------------------------------
 
-// Two threads take turns `turns` times through a shared counter; with `cpus` =
-// {a, b} thread i runs on CPU cpus[i] only; yield: wait with sched_yield rather
+// Two threads take turns `turns` times through a shared counter, the first
+// pinned to CPU cpu_a, the second to cpu_b; yield: wait with sched_yield rather
 // than a pause loop. Returns the mean seconds per hand-over, or -1 when the
 // threads cannot be pinned there.
 double TimeHandOver(int cpu_a, int cpu_b, bool yield, int64_t turns) {
@@ -397,6 +397,8 @@ double TimeHandOver(int cpu_a, int cpu_b, bool yield, int64_t turns) {
         } else {
 #if defined(__x86_64__) || defined(__i386__)
           __builtin_ia32_pause();
+#elif defined(__aarch64__)
+          asm volatile("yield" ::: "memory");
 #endif
         }
       }
@@ -439,11 +441,14 @@ int RunHandOver() {
   };
   std::cout << "# hand-over between two threads, median of 5 x 100,000\n";
   if (cpus.size() >= 2) {
-    report("two CPUs, spinning (2 ranks on free CPUs):", median(cpus[0], cpus[1], false));
+    report(absl::StrFormat("CPUs %d and %d, spinning (2 ranks on free CPUs):", cpus[0], cpus[1])
+               .c_str(),
+           median(cpus[0], cpus[1], false));
   } else {
     std::cout << "# two CPUs: only one CPU is usable\n";
   }
-  report("one CPU, sched_yield (more ranks than CPUs):", median(cpus[0], cpus[0], true));
+  report(absl::StrFormat("CPU %d, sched_yield (more ranks than CPUs):", cpus[0]).c_str(),
+         median(cpus[0], cpus[0], true));
   return 0;
 #else
   std::cerr << "comm_bench: --mode=handover needs Linux\n";

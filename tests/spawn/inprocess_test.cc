@@ -377,57 +377,188 @@ TEST(InProcessGroupWaitTest, RankBarrierOrdersWritesAcrossManyRounds) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+#ifdef __linux__
+// The first CPU this process may run on.
+int FirstAllowedCpu() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) return cpu;
+  }
+  return -1;
+}
+
+// Pins the calling thread to `cpu`; false if it cannot.
+bool PinTo(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+}
+
+// Pins the calling thread to one CPU while it lives, then restores its affinity.
+// A group created meanwhile sees one usable CPU: more ranks than CPUs, so its
+// waiters yield (InProcessGroup), on a machine of any size.
+class PinnedScope {
+ public:
+  explicit PinnedScope(int cpu) {
+    saved_ok_ = pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) == 0;
+    pinned_ = saved_ok_ && PinTo(cpu);
+  }
+  ~PinnedScope() {
+    if (saved_ok_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  bool pinned() const { return pinned_; }
+
+ private:
+  cpu_set_t saved_{};
+  bool saved_ok_ = false;
+  bool pinned_ = false;
+};
+
+// Voluntary context switches and CPU time (us) of the calling thread so far.
+std::pair<long, long> ThreadSwitchesAndCpuUs() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  const long cpu_us = (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1'000'000L +
+                      usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
+  return {usage.ru_nvcsw, cpu_us};
+}
+#endif
+
 // Ranks that share one CPU hand it to each other with sched_yield instead of
 // sleeping in the kernel: a sleep makes the CPU switch twice and the arrival that
 // completes the barrier wake the sleeper (about 30 us on the 2-vCPU VM, against
 // under 1 us for a yield; docs/benchmarks.md). Counted by the voluntary context
 // switches of the rank threads: a wait that sleeps is one, a yield is not. With
-// sleeps, 2 of the 3 ranks would switch at every barrier.
+// sleeps, 2 of the 3 ranks would switch at every barrier (8,000 here).
 TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
 #ifdef __linux__
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
-  int cpu = 0;
-  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
-  ASSERT_LT(cpu, CPU_SETSIZE);
+  const int cpu = FirstAllowedCpu();
+  ASSERT_GE(cpu, 0);
+  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available: no CPU to share";
   const int world = 3;
   const int rounds = 2000;
-  InProcessGroup group(world);
-  std::vector<int> marks(world, 0);
-  std::atomic<int> failures{0};
-  std::atomic<bool> pinned{true};
-  std::atomic<long> voluntary_switches{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) pinned = false;
-      for (int round = 1; round <= 50; ++round) group.ArriveAndWait(r);  // warm up
-      rusage before{};
-      getrusage(RUSAGE_THREAD, &before);
-      for (int round = 1; round <= rounds; ++round) {
-        marks[r] = round;
-        group.ArriveAndWait(r);
-        for (int k = 0; k < world; ++k) {
-          if (marks[k] != round) ++failures;
+  // Another process on the CPU (ctest -j2) can take a time slice from a yield,
+  // which pauses the rank's yielding (see InProcessGroup): up to 3 attempts, the
+  // fewest switches counts. Sleeping waits give about 2 x 2 x rounds every time.
+  long fewest = -1;
+  for (int attempt = 0; attempt < 3 && (fewest < 0 || fewest >= rounds / 4); ++attempt) {
+    std::unique_ptr<InProcessGroup> group;
+    {
+      PinnedScope pin(cpu);
+      if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+      group = std::make_unique<InProcessGroup>(world);
+    }
+    std::vector<int> marks(world, 0);
+    std::atomic<int> failures{0};
+    std::atomic<bool> pinned{true};
+    std::atomic<long> voluntary_switches{0};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        if (!PinTo(cpu)) pinned = false;
+        for (int round = 1; round <= 50; ++round) group->ArriveAndWait(r);  // warm up
+        const long before = ThreadSwitchesAndCpuUs().first;
+        for (int round = 1; round <= rounds; ++round) {
+          marks[r] = round;
+          group->ArriveAndWait(r);
+          for (int k = 0; k < world; ++k) {
+            if (marks[k] != round) ++failures;
+          }
+          group->ArriveAndWait(r);
         }
-        group.ArriveAndWait(r);
-      }
-      rusage after{};
-      getrusage(RUSAGE_THREAD, &after);
-      voluntary_switches += after.ru_nvcsw - before.ru_nvcsw;
-    });
+        voluntary_switches += ThreadSwitchesAndCpuUs().first - before;
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (!pinned) GTEST_SKIP() << "could not pin the rank threads to CPU " << cpu;
+    EXPECT_EQ(failures.load(), 0);
+    fewest = fewest < 0 ? voluntary_switches.load() : std::min(fewest, voluntary_switches.load());
   }
-  for (auto& t : threads) t.join();
-  if (!pinned) GTEST_SKIP() << "could not pin the rank threads to CPU " << cpu;
-  EXPECT_EQ(failures.load(), 0);
-  // Sleeping waits would give about 2 x 2 x rounds; a loaded machine can make a
-  // few waits outlast the yield phase.
-  EXPECT_LT(voluntary_switches.load(), rounds / 2) << "over " << 2 * rounds << " barriers";
+  EXPECT_LT(fewest, rounds) << "voluntary switches over " << 2 * rounds << " barriers";
 #else
   GTEST_SKIP() << "Linux only (thread affinity, RUSAGE_THREAD)";
+#endif
+}
+
+// A rank that last ran on the waiter's CPU but is not runnable (here: asleep for
+// 100 ms) leaves nothing to yield to: the waiter's yields return at once and
+// count as spinning, so it sleeps after its spin budget instead of burning the
+// CPU for the whole wait.
+TEST(InProcessGroupWaitTest, WaiterDoesNotBurnTheCpuOfASleepingRank) {
+#ifdef __linux__
+  const int cpu = FirstAllowedCpu();
+  ASSERT_GE(cpu, 0);
+  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available";
+  PinnedScope pin(cpu);  // this thread is rank 1, on the waiter's CPU
+  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+  InProcessGroup group(2);
+  std::pair<long, long> waited{0, 0};
+  std::atomic<bool> pinned{true};
+  std::thread waiter([&] {
+    if (!PinTo(cpu)) pinned = false;
+    group.ArriveAndWait(0);
+    const std::pair<long, long> before = ThreadSwitchesAndCpuUs();
+    group.ArriveAndWait(0);
+    const std::pair<long, long> after = ThreadSwitchesAndCpuUs();
+    waited = {after.first - before.first, after.second - before.second};
+  });
+  group.ArriveAndWait(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  group.ArriveAndWait(1);
+  waiter.join();
+  if (!pinned) GTEST_SKIP() << "could not pin the waiter to CPU " << cpu;
+  // Spinning or yielding through the 100 ms would cost about 100,000 us of CPU;
+  // the futex re-checks every 50 ms, so a few voluntary switches.
+  EXPECT_LT(waited.second, 20'000) << "us of CPU while waiting 100 ms";
+  EXPECT_GE(waited.first, 1) << "the waiter never slept";
+#else
+  GTEST_SKIP() << "Linux only (thread affinity, RUSAGE_THREAD)";
+#endif
+}
+
+// Ranks that share one CPU with a missing rank of that CPU yield to each other;
+// Cancel reaches them in that phase too.
+TEST(InProcessGroupWaitTest, CancelReachesYieldingWaiters) {
+#ifdef __linux__
+  const int cpu = FirstAllowedCpu();
+  ASSERT_GE(cpu, 0);
+  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available";
+  PinnedScope pin(cpu);  // this thread is rank 2, on the waiters' CPU
+  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+  const int world = 3;
+  InProcessGroup group(world);
+  std::atomic<int> cancelled{0};
+  std::atomic<int> first_done{0};
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < world - 1; ++r) {
+    waiters.emplace_back([&, r] {
+      PinTo(cpu);
+      group.ArriveAndWait(r);
+      ++first_done;
+      try {
+        group.ArriveAndWait(r);  // rank 2 stays away
+      } catch (const CancelledError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 2 failed"), std::string::npos) << e.what();
+        ++cancelled;
+      }
+    });
+  }
+  group.ArriveAndWait(world - 1);
+  while (first_done.load() < world - 1) std::this_thread::yield();
+  // The two waiters hand the CPU to each other (each may be the other's missing
+  // rank) for up to 200 us, then sleep; cancel within that window or after.
+  std::this_thread::sleep_for(std::chrono::microseconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  group.Cancel("rank 2 failed");
+  for (auto& t : waiters) t.join();
+  const double waited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(cancelled.load(), world - 1);
+  EXPECT_LT(waited_s, 2.0);
+#else
+  GTEST_SKIP() << "Linux only (thread affinity)";
 #endif
 }
 
