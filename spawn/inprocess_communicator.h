@@ -70,11 +70,11 @@ struct InProcessGroupOptions {
 // ranks of a CPU to run, and a yield hands the CPU over in about a microsecond
 // where a sleep costs a wake-up and, once every rank of a CPU sleeps, an idle CPU
 // to wake (about 30 us on a VM: 4 ranks on 2 CPUs, all_reduce up to 512 B
-// 26-30 -> 3.7-4.1 us, docs/benchmarks.md). The trade-off: a yield can also hand
+// 26-28 -> 3.6-3.7 us, docs/benchmarks.md). The trade-off: a yield can also hand
 // the CPU to a CPU-bound thread outside the group for a whole time slice, where a
 // woken sleeper would be let back in at once (3 ranks and a busy loop on one
-// CPU: about 0.9 ms per barrier with yields alone, 7 us with sleeps). So a yield
-// that keeps the CPU away for more than 50 us stops the rank's yielding for 1 ms,
+// CPU: about 0.9 ms per barrier with yields alone, 10 us with sleeps). So a yield
+// that keeps the CPU away for more than 500 us stops the rank's yielding for 1 ms,
 // doubled up to 1 s while such yields keep coming, and a wait yields for at most
 // 200 us in all before it sleeps. With at most as many ranks as CPUs the waiter
 // sleeps at once.
