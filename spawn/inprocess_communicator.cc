@@ -72,7 +72,8 @@ constexpr int64_t kMaxSpinNs = 50'000;
 // gave the CPU to another thread (one that returns sooner found nobody to run);
 // one that took more than kLongYieldNs ends the yielding for a pause of
 // kMinYieldPauseNs, doubled (up to kMaxYieldPauseNs) when the last long yield
-// was less than four pauses ago; a wait yields for at most kMaxYieldNs in all
+// was less than four pauses ago; a wait stops yielding after kMaxYieldNs of
+// hand-overs (quick yields count against its spin budget)
 // before it sleeps.
 constexpr int64_t kHandOverNs = 500;
 constexpr int64_t kLongYieldNs = 500'000;
@@ -192,6 +193,10 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
     }
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
     if (i % 64 == 0) {
+      if (i > 0 && internal::SteadyNowNs() - start_ns - yielded_ns > budget_ns) {
+        spun_out = true;
+        break;
+      }
       if (spin_useless()) {
         if (!may_yield) break;
         const int64_t before_ns = internal::SteadyNowNs();
@@ -206,15 +211,12 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
                   : std::min(kMaxYieldPauseNs, 2 * state->yield_pause_ns);
           state->last_long_yield_ns = after_ns;
           state->no_yield_until_ns = after_ns + state->yield_pause_ns;
+          yield_pauses_.fetch_add(1, std::memory_order_relaxed);
           may_yield = false;
         }
         if (yielded_ns > kMaxYieldNs) may_yield = false;
-        i = 63;  // next: look at once (done, cancelled, the missing ranks) again
+        i = 63;  // next: look at once (done, cancelled, the budget, the missing ranks)
         continue;
-      }
-      if (i > 0 && internal::SteadyNowNs() - start_ns - yielded_ns > budget_ns) {
-        spun_out = true;
-        break;
       }
     }
     CpuRelax();

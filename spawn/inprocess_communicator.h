@@ -47,11 +47,11 @@ namespace tandem::dist {
 struct InProcessGroupOptions {
   // Collectives of at most this many bytes per rank on CPU ranks meet once,
   // through staging buffers (see the top of this file). -1: automatic: 1 KB, or
-  // 4 KB when the group has more ranks than the process has CPUs (then every
-  // meeting costs a thread switch on each CPU; measured in docs/benchmarks.md,
-  // beyond these sizes the extra copy and each rank reducing everything cost
-  // more than the second meeting saves). 0: never. Each rank that uses the
-  // staging buffers allocates 2 x staged_bytes once.
+  // 4 KB when the group has more ranks than CPUs (those the thread creating it
+  // may run on; then every meeting costs a thread switch on each CPU; measured
+  // in docs/benchmarks.md, beyond these sizes the extra copy and each rank
+  // reducing everything cost more than the second meeting saves). 0: never.
+  // Each rank that uses the staging buffers allocates 2 x staged_bytes once.
   int64_t staged_bytes = -1;
 };
 
@@ -65,21 +65,24 @@ struct InProcessGroupOptions {
 // context switch). The spin is bounded: at most 50 us, less after waits that
 // outlasted it. While a rank it waits for last arrived on the waiter's own CPU
 // (that rank cannot arrive while the waiter holds the CPU), the waiter does not
-// spin. In a group with more ranks than the process has CPUs it yields the CPU
-// to that rank (sched_yield) instead of sleeping: there every meeting needs both
-// ranks of a CPU to run, and a yield hands the CPU over in about a microsecond
-// where a sleep costs a wake-up and, once every rank of a CPU sleeps, an idle CPU
-// to wake (about 30 us on a VM: 4 ranks on 2 CPUs, all_reduce up to 512 B
-// 26-28 -> 3.6-3.7 us, docs/benchmarks.md). The trade-off: a yield can also hand
-// the CPU to a CPU-bound thread outside the group for a whole time slice, where a
-// woken sleeper would be let back in at once (3 ranks and a busy loop on one
-// CPU: about 0.9 ms per barrier with yields alone, 10 us with sleeps). So a yield
-// that keeps the CPU away for more than 500 us stops the rank's yielding for 1 ms,
-// doubled up to 1 s while such yields keep coming, and a wait yields for at most
-// 200 us in all before it sleeps. With at most as many ranks as CPUs the waiter
-// sleeps at once.
-// Cancel wakes sleepers at once; a spinning or yielding waiter sees it at its
-// next look (a yield can last a time slice).
+// spin. In a group with more ranks than CPUs (those the thread that creates the
+// group may run on) it yields the CPU to that rank (sched_yield) instead of
+// sleeping: there every meeting needs both ranks of a CPU to run, and a yield
+// hands the CPU over in about a microsecond where a sleep costs a wake-up and,
+// once every rank of a CPU sleeps, an idle CPU to wake (about 30 us on a VM: 4
+// ranks on 2 CPUs, all_reduce up to 512 B 26-28 -> 3.6-3.7 us,
+// docs/benchmarks.md). Yields that return at once (nobody else there to run)
+// count against the spin budget; a wait sleeps after 200 us of hand-overs. The
+// trade-off: a yield can also hand the CPU to a CPU-bound thread outside the
+// group for a whole time slice, where a woken sleeper would be let back in at
+// once (3 ranks and a busy loop on one CPU: about 0.9 ms per barrier with yields
+// alone, 10 us with sleeps). So a yield that keeps the CPU away for more than
+// 500 us stops the rank's yielding for 1 ms, doubled up to 1 s while such yields
+// keep coming (a rank of the group computing for that long between two
+// collectives counts too: its next collectives sleep for that pause). With at
+// most as many ranks as CPUs the waiter sleeps at once. Cancel wakes sleepers at
+// once; a spinning or yielding waiter sees it at its next look (a yield can last
+// a time slice).
 class InProcessGroup {
  public:
   explicit InProcessGroup(int world_size, InProcessGroupOptions options = {});
@@ -137,6 +140,11 @@ class InProcessGroup {
     return s.staging.get() + parity * staged_bytes_;
   }
 
+  // How many times a rank's yield lost the CPU for long and paused its yielding
+  // (see above): another busy thread shares the ranks' CPUs. For tests and
+  // diagnostics.
+  uint64_t yield_pauses() const { return yield_pauses_.load(std::memory_order_relaxed); }
+
   // Work sharing inside a collective: the next value of a counter shared by the
   // ranks (0, 1, 2, ... over the group's life). The in-process communicator
   // hands out chunks of large collectives with it, so the ranks that are running
@@ -163,7 +171,8 @@ class InProcessGroup {
 
   // Returns once done(order) holds: spins for up to state->spin_ns while
   // !spin_useless() (while spin_useless(), yields the CPU when yield_ and the
-  // pause after a long yield allow, else stops spinning), then sleeps; throws
+  // pause after a long yield allow, else stops spinning; yields that return at
+  // once count as spinning), then sleeps; throws
   // CancelledError when the group is cancelled first. Adapts state->spin_ns:
   // doubled (up to max_spin_ns_) after a wait that ended before it slept, halved
   // after one whose spinning outlasted it, so a rank whose waits keep outlasting
@@ -184,9 +193,10 @@ class InProcessGroup {
   PaddedCounter arrivals_;                    // ArriveAndWait(): arrivals since creation
   PaddedCounter chunks_;                      // ClaimChunk()
   alignas(64) std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> yield_pauses_{0};
   alignas(64) std::atomic<uint32_t> wake_{0};  // the futex word: bumped to wake sleepers
   std::atomic<int> sleepers_{0};
-  mutable std::mutex mutex_;  // guards reason_
+  mutable std::mutex mutex_;  // guards reason_ and shared_wait_
   std::string reason_;
 };
 
