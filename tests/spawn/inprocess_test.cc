@@ -511,19 +511,24 @@ TEST(InProcessGroupWaitTest, WaiterDoesNotBurnTheCpuOfASleepingRank) {
   InProcessGroup group(2);
   std::pair<long, long> waited{0, 0};
   std::atomic<bool> pinned{true};
+  std::atomic<bool> rank1_back{false};
+  std::atomic<bool> waiter_late{false};
   std::thread waiter([&] {
     if (!PinTo(cpu)) pinned = false;
     group.ArriveAndWait(0);
     const std::pair<long, long> before = ThreadSwitchesAndCpuUs();
+    if (rank1_back.load()) waiter_late = true;  // a loaded machine held it back 100 ms
     group.ArriveAndWait(0);
     const std::pair<long, long> after = ThreadSwitchesAndCpuUs();
     waited = {after.first - before.first, after.second - before.second};
   });
   group.ArriveAndWait(1);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  rank1_back = true;
   group.ArriveAndWait(1);
   waiter.join();
   if (!pinned) GTEST_SKIP() << "could not pin the waiter to CPU " << cpu;
+  if (waiter_late) GTEST_SKIP() << "the waiter arrived after the 100 ms: nothing to wait for";
   // The spin budget is at most 50 us, and the futex re-checks every 50 ms (a few
   // voluntary switches): about 0.1 ms of CPU here. Yields that never ran out (a
   // bug this test found) cost 1-6 ms; spinning through the wait, 100 ms.
