@@ -615,12 +615,7 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
   if (flags.train_limit > 0) data.train = std::make_shared<PrefixDataset>(data.train, flags.train_limit);
   if (flags.test_limit > 0) data.test = std::make_shared<PrefixDataset>(data.test, flags.test_limit);
   if (!flags.checkpoint_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(flags.checkpoint_dir, ec);
-    if (ec) {
-      FlagErrorExit(flags, absl::StrCat("--checkpoint_dir \"", flags.checkpoint_dir,
-                                        "\": cannot create it: ", ec.message()));
-    }
+    CreateDirectoryOrExit(flags, "--checkpoint_dir", flags.checkpoint_dir);
   }
   std::vector<std::string> rows = {
       absl::StrCat("dataset=", data.name, " (", data.train->size(), " train, ", data.test->size(),

@@ -233,6 +233,14 @@ void FlagErrorExit(const RunFlags& flags, const std::string& message) {
   std::exit(kExitBadFlag);
 }
 
+void CreateDirectoryOrExit(const RunFlags& flags, const char* flag, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    FlagErrorExit(flags, absl::StrCat(flag, " \"", dir, "\": cannot create it: ", ec.message()));
+  }
+}
+
 namespace {
 
 bool IsDirectory(const std::string& path) {
@@ -307,12 +315,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (!flags.tensorboard_dir.empty()) {
     // Made here, before any rank runs: a directory rank 0 could not create would
     // otherwise fail rank 0 alone while the others wait in a collective.
-    std::error_code ec;
-    std::filesystem::create_directories(flags.tensorboard_dir, ec);
-    if (ec) {
-      FlagErrorExit(flags, absl::StrCat("--tensorboard_dir \"", flags.tensorboard_dir,
-                                        "\": cannot create it: ", ec.message()));
-    }
+    CreateDirectoryOrExit(flags, "--tensorboard_dir", flags.tensorboard_dir);
   }
   if (!flags.metrics.empty() && !absl::EndsWith(flags.metrics, ".csv") &&
       !absl::EndsWith(flags.metrics, ".jsonl")) {

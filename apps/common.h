@@ -133,6 +133,10 @@ void ValidateOrExit(RunFlags& flags, const Validation& validation);
 // Prints "<program>: error: <message>" (one line) and exits 2.
 [[noreturn]] void FlagErrorExit(const RunFlags& flags, const std::string& message);
 
+// Creates directory `dir` (the value of `flag`) and its parents, or exits 2
+// through FlagErrorExit naming the flag, the directory and why.
+void CreateDirectoryOrExit(const RunFlags& flags, const char* flag, const std::string& dir);
+
 // "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad" or "adam".
 // Throws tandem::Error on another name (ValidateOrExit has already rejected it).
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,

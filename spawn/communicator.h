@@ -113,6 +113,15 @@ struct CollectiveTrace {
 // Nanoseconds on the steady clock.
 int64_t SteadyNowNs();
 
+// Tells the CPU that the caller spin-waits (x86 pause, Arm yield; nothing elsewhere).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 }  // namespace internal
 
 class Communicator {

@@ -36,14 +36,6 @@ constexpr int64_t kShareMinChunks = 2;
 constexpr int64_t kStagedBytes = int64_t{1} << 10;
 constexpr int64_t kStagedBytesOversubscribed = int64_t{4} << 10;
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 // Sleeps while *word == expected (or until woken, or a timeout: callers loop).
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected) {
 #ifdef __linux__
@@ -155,14 +147,13 @@ InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
   TANDEM_CHECK(world_size >= 1, "InProcessGroup: world size ", world_size);
   const bool oversubscribed = world_size > UsableCpus();
   yield_ = oversubscribed;
-  max_spin_ns_ = kMaxSpinNs;
   staged_bytes_ = options.staged_bytes >= 0 ? options.staged_bytes
                   : oversubscribed          ? kStagedBytesOversubscribed
                                             : kStagedBytes;
   // Both halves of a staging buffer aligned for any element type (and a cache line).
   staged_bytes_ = (staged_bytes_ + 63) / 64 * 64;
-  shared_wait_.spin_ns = max_spin_ns_;
-  for (int r = 0; r < world_size; ++r) arrived_[r].wait.spin_ns = max_spin_ns_;
+  shared_wait_.spin_ns = kMaxSpinNs;
+  for (int r = 0; r < world_size; ++r) arrived_[r].wait.spin_ns = kMaxSpinNs;
 }
 
 InProcessGroup::~InProcessGroup() = default;
@@ -188,7 +179,7 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
   bool spun_out = false;
   for (uint32_t i = 0;; ++i) {
     if (done(std::memory_order_acquire)) {
-      state->spin_ns = std::min(max_spin_ns_, std::max(kMinSpinNs, budget_ns * 2));
+      state->spin_ns = std::min(kMaxSpinNs, std::max(kMinSpinNs, budget_ns * 2));
       return;
     }
     if (cancelled_.load(std::memory_order_relaxed)) ThrowCancelled();
@@ -199,27 +190,12 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
       }
       if (spin_useless()) {
         if (!may_yield) break;
-        const int64_t before_ns = internal::SteadyNowNs();
-        sched_yield();
-        const int64_t after_ns = internal::SteadyNowNs();
-        const int64_t took_ns = after_ns - before_ns;
-        if (took_ns >= kHandOverNs) yielded_ns += took_ns;
-        if (took_ns > kLongYieldNs) {
-          state->yield_pause_ns =
-              after_ns - state->last_long_yield_ns > 4 * state->yield_pause_ns
-                  ? kMinYieldPauseNs
-                  : std::min(kMaxYieldPauseNs, 2 * state->yield_pause_ns);
-          state->last_long_yield_ns = after_ns;
-          state->no_yield_until_ns = after_ns + state->yield_pause_ns;
-          yield_pauses_.fetch_add(1, std::memory_order_relaxed);
-          may_yield = false;
-        }
-        if (yielded_ns > kMaxYieldNs) may_yield = false;
+        may_yield = YieldTo(state, &yielded_ns);
         i = 63;  // next: look at once (done, cancelled, the budget, the missing ranks)
         continue;
       }
     }
-    CpuRelax();
+    internal::CpuRelax();
   }
   // Only a wait the spin budget ended shortens it (halved, see the header).
   if (spun_out) state->spin_ns = std::max(kMinSpinNs, budget_ns / 2);
@@ -237,6 +213,24 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
     if (ready) return;
     if (cancel) ThrowCancelled();
   }
+}
+
+bool InProcessGroup::YieldTo(WaitState* state, int64_t* yielded_ns) {
+  const int64_t before_ns = internal::SteadyNowNs();
+  sched_yield();
+  const int64_t after_ns = internal::SteadyNowNs();
+  const int64_t took_ns = after_ns - before_ns;
+  if (took_ns >= kHandOverNs) *yielded_ns += took_ns;
+  if (took_ns > kLongYieldNs) {
+    state->yield_pause_ns = after_ns - state->last_long_yield_ns > 4 * state->yield_pause_ns
+                                ? kMinYieldPauseNs
+                                : std::min(kMaxYieldPauseNs, 2 * state->yield_pause_ns);
+    state->last_long_yield_ns = after_ns;
+    state->no_yield_until_ns = after_ns + state->yield_pause_ns;
+    yield_pauses_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  return *yielded_ns <= kMaxYieldNs;
 }
 
 void InProcessGroup::WakeSleepers() {

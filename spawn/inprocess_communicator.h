@@ -174,18 +174,21 @@ class InProcessGroup {
   // pause after a long yield allow, else stops spinning; yields that return at
   // once count as spinning), then sleeps; throws
   // CancelledError when the group is cancelled first. Adapts state->spin_ns:
-  // doubled (up to max_spin_ns_) after a wait that ended before it slept, halved
+  // doubled (up to 50 us) after a wait that ended before it slept, halved
   // after one whose spinning outlasted it, so a rank whose waits keep outlasting
   // the spin (its peers compute) soon stops spending CPU on it.
   template <typename Done, typename SpinUseless>
   void Wait(const Done& done, const SpinUseless& spin_useless, WaitState* state);
+  // One yield of Wait: adds the time to *yielded_ns when the CPU was handed over,
+  // starts a pause of yielding (state) when it was away for long. Returns whether
+  // the wait may yield again.
+  bool YieldTo(WaitState* state, int64_t* yielded_ns);
   // Wakes the sleepers of Wait after an arrival (cheap when nobody sleeps).
   void WakeSleepers();
   [[noreturn]] void ThrowCancelled() const;
 
   const int world_size_;
   int64_t staged_bytes_;
-  int64_t max_spin_ns_;       // the longest spin of Wait before it sleeps
   bool yield_ = false;        // more ranks than CPUs: Wait may yield (see above)
   WaitState shared_wait_;     // ArriveAndWait()'s, guarded by mutex_
   std::unique_ptr<PaddedSlot[]> slots_;

@@ -89,43 +89,36 @@ inline void Fold(const void* const* in, int64_t lo, int64_t len, A* acc, F f) {
   }
 }
 
+// One pass of Fold over in[0..m), 1 <= m <= 4, applying `final` if it is the last.
+template <typename T, typename A, int kOp, bool kFirst, typename Final>
+void FoldPass(const void* const* in, int m, bool last, int64_t lo, int64_t len, A* acc,
+              Final final) {
+  auto pass = [&](auto f) {
+    switch (m) {
+      case 1: return Fold<T, A, kOp, 1, kFirst>(in, lo, len, acc, f);
+      case 2: return Fold<T, A, kOp, 2, kFirst>(in, lo, len, acc, f);
+      case 3: return Fold<T, A, kOp, 3, kFirst>(in, lo, len, acc, f);
+      default: return Fold<T, A, kOp, 4, kFirst>(in, lo, len, acc, f);
+    }
+  };
+  if (last) {
+    pass(final);
+  } else {
+    pass(Keep{});
+  }
+}
+
 // Folds in[0..n) into acc, the first pass from in[0] itself, up to four inputs
 // per pass, `final` applied in the last pass. The order is (((in0 op in1) op
 // in2) op ...) whatever the grouping.
 template <typename T, typename A, int kOp, typename Final>
 void FoldAll(const void* const* in, int n, int64_t lo, int64_t len, A* acc, Final final) {
   int done = std::min(n, 4);
-  const bool last = done == n;
-  auto first = [&](auto f) {
-    switch (done) {
-      case 1: return Fold<T, A, kOp, 1, true>(in, lo, len, acc, f);
-      case 2: return Fold<T, A, kOp, 2, true>(in, lo, len, acc, f);
-      case 3: return Fold<T, A, kOp, 3, true>(in, lo, len, acc, f);
-      default: return Fold<T, A, kOp, 4, true>(in, lo, len, acc, f);
-    }
-  };
-  if (last) {
-    first(final);
-    return;
-  }
-  first(Keep{});
+  FoldPass<T, A, kOp, true>(in, done, done == n, lo, len, acc, final);
   while (done < n) {
     const int m = std::min(n - done, 4);
-    const void* const* next = in + done;
+    FoldPass<T, A, kOp, false>(in + done, m, done + m == n, lo, len, acc, final);
     done += m;
-    auto more = [&](auto f) {
-      switch (m) {
-        case 1: return Fold<T, A, kOp, 1, false>(next, lo, len, acc, f);
-        case 2: return Fold<T, A, kOp, 2, false>(next, lo, len, acc, f);
-        case 3: return Fold<T, A, kOp, 3, false>(next, lo, len, acc, f);
-        default: return Fold<T, A, kOp, 4, false>(next, lo, len, acc, f);
-      }
-    };
-    if (done == n) {
-      more(final);
-    } else {
-      more(Keep{});
-    }
   }
 }
 

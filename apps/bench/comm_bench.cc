@@ -395,11 +395,7 @@ double TimeHandOver(int cpu_a, int cpu_b, bool yield, int64_t turns) {
         if (yield) {
           sched_yield();
         } else {
-#if defined(__x86_64__) || defined(__i386__)
-          __builtin_ia32_pause();
-#elif defined(__aarch64__)
-          asm volatile("yield" ::: "memory");
-#endif
+          dist::internal::CpuRelax();
         }
       }
       turn.store(i + 1, std::memory_order_release);

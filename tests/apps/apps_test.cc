@@ -58,6 +58,16 @@ std::string TempDir(const std::string& name) {
   return dir.string();
 }
 
+// Debian's python3 (where python3-torch and friends live), else the one on PATH.
+std::string Python() {
+  return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+// Whether Python() can import `module`.
+bool PythonHas(const std::string& module) {
+  return std::system((Python() + " -c 'import " + module + "' >/dev/null 2>&1").c_str()) == 0;
+}
+
 bool HaveFashionMnist() {
   return std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz") ||
          std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte");
@@ -127,9 +137,8 @@ TEST(TrainMnist, SmokeRunWritesMetrics) {
 // training scalars every --log_every steps, each rank's step time, the epoch's.
 TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string python =
-      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  if (std::system((python + " -c 'import google.protobuf' >/dev/null 2>&1").c_str()) != 0) {
+  const std::string python = Python();
+  if (!PythonHas("google.protobuf")) {
     GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
   }
   const std::string dir = TempDir("tb") + "/tb";
@@ -160,9 +169,8 @@ TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
 // file's events from that step on.
 TEST(TrainMnist, ResumedRunMarksASessionStartForTensorBoard) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string python =
-      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  if (std::system((python + " -c 'import google.protobuf' >/dev/null 2>&1").c_str()) != 0) {
+  const std::string python = Python();
+  if (!PythonHas("google.protobuf")) {
     GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
   }
   const std::string dir = TempDir("tbresume");
@@ -195,8 +203,7 @@ void ExpectValidTrace(const std::string& launcher, int processes, int ranks_per_
                                         " --epochs=1 --train_limit=1280 --test_limit=200 "
                                         "--trace=", path, " --trace_steps=2:4"));
   ASSERT_EQ(r.status, 0) << r.output;
-  const std::string python =
-      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string python = Python();
   RunResult check = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR, "/tests/apps/check_trace.py ",
                                                     path, " ", processes * ranks_per_process, " ",
                                                     processes, " 4"));
@@ -241,9 +248,8 @@ TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
 // scripts/plot_metrics.py draws a --metrics file (CSV and JSON lines) into a PNG;
 // a file that is not one is exit status 2 with the reason.
 TEST(PlotMetrics, DrawsCsvAndJsonLinesAndRejectsOtherFiles) {
-  const std::string python =
-      std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  if (std::system((python + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) != 0) {
+  const std::string python = Python();
+  if (!PythonHas("matplotlib")) {
     GTEST_SKIP() << "python3 with matplotlib (python3-matplotlib) missing";
   }
   const std::string dir = TempDir("plot");

@@ -427,7 +427,18 @@ std::pair<long, long> ThreadSwitchesAndCpuUs() {
                       usage.ru_utime.tv_usec + usage.ru_stime.tv_usec;
   return {usage.ru_nvcsw, cpu_us};
 }
-#endif
+
+// Tests of ranks that share one CPU, cpu_ (one this process may run on); skipped
+// where sched_getcpu() does not work (no rank would know its CPU).
+class OneCpuWaitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cpu_ = SomeAllowedCpu();
+    ASSERT_GE(cpu_, 0);
+    if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available: no CPU to share";
+  }
+  int cpu_ = -1;
+};
 
 // Ranks that share one CPU hand it to each other with sched_yield instead of
 // sleeping in the kernel: a sleep makes the CPU switch twice and the arrival that
@@ -435,11 +446,7 @@ std::pair<long, long> ThreadSwitchesAndCpuUs() {
 // under 1 us for a yield; docs/benchmarks.md). Counted by the voluntary context
 // switches of the rank threads: a wait that sleeps is one, a yield is not. With
 // sleeps, 2 of the 3 ranks would switch at every barrier (8,000 here).
-TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
-#ifdef __linux__
-  const int cpu = SomeAllowedCpu();
-  ASSERT_GE(cpu, 0);
-  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available: no CPU to share";
+TEST_F(OneCpuWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
   const int world = 3;
   const int rounds = 2000;
   // Another busy thread on the CPU (a test process beside this one) can take a
@@ -453,8 +460,8 @@ TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::unique_ptr<InProcessGroup> group;
     {
-      PinnedScope pin(cpu);
-      if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+      PinnedScope pin(cpu_);
+      if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu_;
       group = std::make_unique<InProcessGroup>(world);
     }
     std::vector<int> marks(world, 0);
@@ -464,7 +471,7 @@ TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
-        if (!PinTo(cpu)) pinned = false;
+        if (!PinTo(cpu_)) pinned = false;
         for (int round = 1; round <= 50; ++round) group->ArriveAndWait(r);  // warm up
         const long before = ThreadSwitchesAndCpuUs().first;
         for (int round = 1; round <= rounds; ++round) {
@@ -479,7 +486,7 @@ TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
       });
     }
     for (auto& t : threads) t.join();
-    if (!pinned) GTEST_SKIP() << "could not pin the rank threads to CPU " << cpu;
+    if (!pinned) GTEST_SKIP() << "could not pin the rank threads to CPU " << cpu_;
     EXPECT_EQ(failures.load(), 0);
     if (group->yield_pauses() > 0) {
       ++paused_attempts;
@@ -488,33 +495,26 @@ TEST(InProcessGroupWaitTest, RanksSharingOneCpuYieldInsteadOfSleeping) {
     fewest = fewest < 0 ? voluntary_switches.load() : std::min(fewest, voluntary_switches.load());
   }
   if (fewest < 0) {
-    GTEST_SKIP() << "another busy thread shared CPU " << cpu << " in all " << paused_attempts
+    GTEST_SKIP() << "another busy thread shared CPU " << cpu_ << " in all " << paused_attempts
                  << " attempts (the ranks' yielding paused)";
   }
   EXPECT_LT(fewest, rounds) << "voluntary switches over " << 2 * rounds << " barriers";
-#else
-  GTEST_SKIP() << "Linux only (thread affinity, RUSAGE_THREAD)";
-#endif
 }
 
 // A rank that last ran on the waiter's CPU but is not runnable (here: asleep for
 // 100 ms) leaves nothing to yield to: the waiter's yields return at once and
 // count as spinning, so it sleeps after its spin budget instead of burning the
 // CPU for the whole wait.
-TEST(InProcessGroupWaitTest, WaiterDoesNotBurnTheCpuOfASleepingRank) {
-#ifdef __linux__
-  const int cpu = SomeAllowedCpu();
-  ASSERT_GE(cpu, 0);
-  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available";
-  PinnedScope pin(cpu);  // this thread is rank 1, on the waiter's CPU
-  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+TEST_F(OneCpuWaitTest, WaiterDoesNotBurnTheCpuOfASleepingRank) {
+  PinnedScope pin(cpu_);  // this thread is rank 1, on the waiter's CPU
+  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu_;
   InProcessGroup group(2);
   std::pair<long, long> waited{0, 0};
   std::atomic<bool> pinned{true};
   std::atomic<bool> rank1_back{false};
   std::atomic<bool> waiter_late{false};
   std::thread waiter([&] {
-    if (!PinTo(cpu)) pinned = false;
+    if (!PinTo(cpu_)) pinned = false;
     group.ArriveAndWait(0);
     const std::pair<long, long> before = ThreadSwitchesAndCpuUs();
     if (rank1_back.load()) waiter_late = true;  // a loaded machine held it back 100 ms
@@ -527,27 +527,20 @@ TEST(InProcessGroupWaitTest, WaiterDoesNotBurnTheCpuOfASleepingRank) {
   rank1_back = true;
   group.ArriveAndWait(1);
   waiter.join();
-  if (!pinned) GTEST_SKIP() << "could not pin the waiter to CPU " << cpu;
+  if (!pinned) GTEST_SKIP() << "could not pin the waiter to CPU " << cpu_;
   if (waiter_late) GTEST_SKIP() << "the waiter arrived after the 100 ms: nothing to wait for";
   // The spin budget is at most 50 us, and the futex re-checks every 50 ms (a few
   // voluntary switches): about 0.1 ms of CPU here. Yields that never ran out (a
   // bug this test found) cost 1-6 ms; spinning through the wait, 100 ms.
   EXPECT_LT(waited.second, 1'000) << "us of CPU while waiting 100 ms";
   EXPECT_GE(waited.first, 1) << "the waiter never slept";
-#else
-  GTEST_SKIP() << "Linux only (thread affinity, RUSAGE_THREAD)";
-#endif
 }
 
 // Ranks that share one CPU with a missing rank of that CPU yield to each other;
 // Cancel reaches them in that phase too.
-TEST(InProcessGroupWaitTest, CancelReachesYieldingWaiters) {
-#ifdef __linux__
-  const int cpu = SomeAllowedCpu();
-  ASSERT_GE(cpu, 0);
-  if (sched_getcpu() < 0) GTEST_SKIP() << "sched_getcpu() is not available";
-  PinnedScope pin(cpu);  // this thread is rank 2, on the waiters' CPU
-  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu;
+TEST_F(OneCpuWaitTest, CancelReachesYieldingWaiters) {
+  PinnedScope pin(cpu_);  // this thread is rank 2, on the waiters' CPU
+  if (!pin.pinned()) GTEST_SKIP() << "could not pin a thread to CPU " << cpu_;
   const int world = 3;
   InProcessGroup group(world);
   std::atomic<int> cancelled{0};
@@ -555,7 +548,7 @@ TEST(InProcessGroupWaitTest, CancelReachesYieldingWaiters) {
   std::vector<std::thread> waiters;
   for (int r = 0; r < world - 1; ++r) {
     waiters.emplace_back([&, r] {
-      PinTo(cpu);
+      PinTo(cpu_);
       group.ArriveAndWait(r);
       ++first_done;
       try {
@@ -579,10 +572,8 @@ TEST(InProcessGroupWaitTest, CancelReachesYieldingWaiters) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(cancelled.load(), world - 1);
   EXPECT_LT(waited_s, 2.0);
-#else
-  GTEST_SKIP() << "Linux only (thread affinity)";
-#endif
 }
+#endif  // __linux__
 
 // Waiters are cancelled after `delay`, which puts them in the spin (0, 10 us) or
 // the sleep (300 ms >> the 50 us spin) phase; each must throw soon after.
