@@ -36,7 +36,10 @@ jobs="${JOBS:-$(nproc)}"
 # then runs the im2col + OpenBLAS convolutions.
 cmake -S . -B "$build" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
   -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON -DTANDEM_MPI=OFF -DTANDEM_DNNL=OFF >/dev/null
-cmake --build "$build" -j"$jobs"
+# Only what the GPU machine runs: the gpu-labelled tests (target gpu_tests), the
+# programs gpu_test.sh starts and the microbenchmark; the CPU-only tests are not built.
+cmake --build "$build" -j"$jobs" --target gpu_tests quickstart_linear train_mnist tandem_bench \
+  nn_ops_bench
 
 # The gpu-labelled test binaries (relative to build-gpu), from CTest.
 gpu_tests="$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
