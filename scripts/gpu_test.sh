@@ -101,7 +101,9 @@ fi
 if ! wants tests; then
   echo "skipped (STEPS)"
 elif command -v ctest >/dev/null; then
-  run "ctest -L gpu" ctest --test-dir "$build" -L gpu --output-on-failure
+  # CTEST_ARGS: more ctest arguments (e.g. "--timeout 120 -j2" inside a short lease).
+  # shellcheck disable=SC2086
+  run "ctest -L gpu" ctest --test-dir "$build" -L gpu --output-on-failure ${CTEST_ARGS:-}
 else
   echo "ctest is not installed: running the gpu test binaries of build-gpu/gpu_tests.txt"
   while read -r bin; do
