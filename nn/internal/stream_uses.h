@@ -2,7 +2,8 @@
 // owns its memory (allocated it: the allocating thread's stream) and the other
 // streams that have used it, as PyTorch's recordStream keeps them. Plain
 // pointers and no CUDA header, so the rules are tested on the CPU with fake
-// streams (tests/nn/stream_uses_test.cc). Internal to nn.
+// streams (tests/nn/stream_uses_test.cc). Internal to nn; installed with the
+// public headers only because nn/tensor.h holds one by value.
 //
 // The rules (carried out by nn/tensor.cc with nn/cuda/runtime.cc):
 //  - a use from a stream that is neither the owner nor already a user first
