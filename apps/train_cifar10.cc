@@ -71,9 +71,9 @@ data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
   std::vector<int64_t> labels(n);
   for (int64_t i = 0; i < n; ++i) labels[i] = i % 10;
   nn::Tensor images = nn::empty({n, 3, 32, 32});
-  const float* p = patterns.data<float>();
-  const float* z = noise.data<float>();
-  float* out = images.data<float>();
+  const float* p = patterns.host_data<float>();
+  const float* z = noise.host_data<float>();
+  float* out = images.host_data<float>();
   constexpr int64_t kImage = 3 * 32 * 32;
   for (int64_t i = 0; i < n; ++i) {
     const float* pattern = p + (i % 10) * kImage;

@@ -19,7 +19,7 @@ nn::Tensor Stack(const std::vector<nn::Tensor>& parts, const std::vector<int64_t
   nn::Tensor out =
       nn::empty(shape, {.dtype = first.dtype(), .device = nn::Device::CPU(), .pinned = pinned});
   const int64_t bytes = first.nbytes();
-  char* dst = static_cast<char*>(out.data_ptr());
+  char* dst = static_cast<char*>(out.host_ptr());
   for (size_t k = 0; k < parts.size(); ++k) {
     const nn::Tensor& t = parts[k];
     TANDEM_CHECK(t.defined(), "sample ", indices[k], ": undefined ", what);
@@ -28,7 +28,7 @@ nn::Tensor Stack(const std::vector<nn::Tensor>& parts, const std::vector<int64_t
                  first.ToString());
     TANDEM_CHECK(t.device().is_cpu(), "sample ", indices[k], ": ", what, " is on ",
                  t.device().ToString(), "; datasets must return host tensors");
-    if (bytes > 0) std::memcpy(dst + k * bytes, t.data_ptr(), static_cast<size_t>(bytes));
+    if (bytes > 0) std::memcpy(dst + k * bytes, t.host_ptr(), static_cast<size_t>(bytes));
   }
   return out;
 }

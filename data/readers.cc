@@ -137,7 +137,7 @@ absl::StatusOr<nn::Tensor> ParseRawIdx(absl::string_view bytes, const std::strin
         header.payload_bytes, actual < header.payload_bytes ? " (truncated)" : ""));
   }
   nn::Tensor t = nn::empty(header.dims, {.dtype = nn::kUInt8, .device = nn::Device::CPU()});
-  if (actual > 0) std::memcpy(t.data_ptr(), bytes.data() + header.header_bytes, actual);
+  if (actual > 0) std::memcpy(t.host_ptr(), bytes.data() + header.header_bytes, actual);
   return t;
 }
 
@@ -154,7 +154,7 @@ absl::StatusOr<TensorDataset> MakeDataset(nn::Tensor images, nn::Tensor labels, 
 absl::StatusOr<nn::Tensor> Labels(const uint8_t* bytes, int64_t count, int64_t stride,
                                   const std::string& name) {
   nn::Tensor labels = nn::empty({count}, {.dtype = nn::kInt64, .device = nn::Device::CPU()});
-  int64_t* out = labels.data<int64_t>();
+  int64_t* out = labels.host_data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t label = bytes[i * stride];
     if (label >= kNumClasses) {
@@ -200,7 +200,7 @@ absl::StatusOr<TensorDataset> ParseMnist(absl::string_view images, absl::string_
     return absl::InvalidArgumentError(absl::StrCat(labels_name, ": ", label_tensor.size(0),
                                                    " labels but ", images_name, " holds ", n, " images"));
   }
-  ASSIGN_OR_RETURN(nn::Tensor label_values, Labels(label_tensor.data<uint8_t>(), n, 1, labels_name));
+  ASSIGN_OR_RETURN(nn::Tensor label_values, Labels(label_tensor.host_data<uint8_t>(), n, 1, labels_name));
   nn::Tensor images4 = image_tensor.reshape({n, 1, image_tensor.size(1), image_tensor.size(2)});
   return MakeDataset(images4, label_values, as_float);
 }
@@ -240,7 +240,7 @@ absl::StatusOr<TensorDataset> ParseCifar10(absl::string_view bytes, const std::s
   const auto* records = reinterpret_cast<const uint8_t*>(bytes.data());
   ASSIGN_OR_RETURN(nn::Tensor labels, Labels(records, n, kCifarRecordBytes, name));
   nn::Tensor images = nn::empty({n, 3, 32, 32}, {.dtype = nn::kUInt8, .device = nn::Device::CPU()});
-  uint8_t* out = images.data<uint8_t>();
+  uint8_t* out = images.host_data<uint8_t>();
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(out + i * kCifarImageBytes, records + i * kCifarRecordBytes + 1, kCifarImageBytes);
   }
@@ -267,8 +267,8 @@ absl::StatusOr<TensorDataset> LoadCifar10(const std::string& dir, bool train, bo
   nn::Tensor labels = nn::empty({total}, {.dtype = nn::kInt64, .device = nn::Device::CPU()});
   int64_t row = 0;
   for (const TensorDataset& part : parts) {
-    std::memcpy(images.data<uint8_t>() + row * kCifarImageBytes, part.data().data_ptr(), part.data().nbytes());
-    std::memcpy(labels.data<int64_t>() + row, part.targets().data_ptr(), part.targets().nbytes());
+    std::memcpy(images.host_data<uint8_t>() + row * kCifarImageBytes, part.data().host_ptr(), part.data().nbytes());
+    std::memcpy(labels.host_data<int64_t>() + row, part.targets().host_ptr(), part.targets().nbytes());
     row += part.size();
   }
   return MakeDataset(images, labels, as_float);

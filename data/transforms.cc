@@ -59,8 +59,8 @@ nn::Tensor Normalize::operator()(const nn::Tensor& x, nn::Generator&) const {
                x.defined() ? x.ToString() : "undefined");
   nn::Tensor y = nn::empty(x.shape(), {.dtype = x.dtype(), .device = nn::Device::CPU()});
   TANDEM_DISPATCH_FLOAT(x.dtype(), "Normalize", [&]<typename scalar_t>() {
-    const scalar_t* in = x.data<scalar_t>();
-    scalar_t* out = y.data<scalar_t>();
+    const scalar_t* in = x.host_data<scalar_t>();
+    scalar_t* out = y.host_data<scalar_t>();
     const int64_t per_channel = x.numel() / x.size(0);
     for (int64_t c = 0; c < x.size(0); ++c) {
       const double mean = mean_[c], inv_std = 1.0 / std_[c];
@@ -106,9 +106,9 @@ nn::Tensor ToFloatNormalize::operator()(const nn::Tensor& x, nn::Generator&) con
   nn::Tensor y = nn::empty(x.shape(), {.dtype = nn::kFloat32, .device = nn::Device::CPU()});
   const int64_t plane = x.size(x.dim() - 2) * x.size(x.dim() - 1);
   const int64_t images = x.dim() == 4 ? x.size(0) : 1;
-  float* out = y.data<float>();
+  float* out = y.host_data<float>();
   TANDEM_DISPATCH_ALL(x.dtype(), [&]<typename scalar_t>() {
-    const scalar_t* src = x.data<scalar_t>();
+    const scalar_t* src = x.host_data<scalar_t>();
     for (int64_t s = 0; s < images; ++s) {
       for (int64_t c = 0; c < channels; ++c) {
         const double a = scale_ / std_[c], b = -mean_[c] / std_[c];
@@ -138,8 +138,8 @@ nn::Tensor RandomCrop::operator()(const nn::Tensor& x, nn::Generator& generator)
   const int64_t left = static_cast<int64_t>(Uniform(generator) * (padded_w - width_ + 1));
   nn::Tensor y = nn::zeros({channels, height_, width_}, {.dtype = x.dtype(), .device = nn::Device::CPU()});
   const int64_t elem = nn::ElementSize(x.dtype());
-  const char* in = static_cast<const char*>(x.data_ptr());
-  char* out = static_cast<char*>(y.data_ptr());
+  const char* in = static_cast<const char*>(x.host_ptr());
+  char* out = static_cast<char*>(y.host_ptr());
   // Output pixel (r, c) reads padded pixel (top + r, left + c) = input (top + r - p, left + c - p).
   for (int64_t ch = 0; ch < channels; ++ch) {
     for (int64_t r = 0; r < height_; ++r) {
@@ -161,8 +161,8 @@ nn::Tensor RandomHorizontalFlip::operator()(const nn::Tensor& x, nn::Generator& 
   if (Uniform(generator) >= p_) return x.clone();
   const int64_t rows = x.size(0) * x.size(1), w = x.size(2), elem = nn::ElementSize(x.dtype());
   nn::Tensor y = nn::empty(x.shape(), {.dtype = x.dtype(), .device = nn::Device::CPU()});
-  const char* in = static_cast<const char*>(x.data_ptr());
-  char* out = static_cast<char*>(y.data_ptr());
+  const char* in = static_cast<const char*>(x.host_ptr());
+  char* out = static_cast<char*>(y.host_ptr());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < w; ++c) {
       std::memcpy(out + (r * w + c) * elem, in + (r * w + (w - 1 - c)) * elem, elem);

@@ -123,7 +123,7 @@ std::string SerializeCheckpoint(const Checkpoint& checkpoint) {
     PutU32(payload, static_cast<uint32_t>(host.dim()));
     for (int64_t d : host.shape()) PutU64(payload, static_cast<uint64_t>(d));
     PutU64(payload, static_cast<uint64_t>(host.nbytes()));
-    payload.append(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(host.nbytes()));
+    payload.append(static_cast<const char*>(host.host_ptr()), static_cast<size_t>(host.nbytes()));
   }
   PutU32(payload, static_cast<uint32_t>(checkpoint.metadata.size()));
   for (const auto& [key, value] : checkpoint.metadata) {
@@ -217,7 +217,7 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::
     }
     if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", tensor_name, "'");
     Tensor tensor = empty(shape, {.dtype = dtype, .device = Device::CPU()});
-    if (nbytes > 0) std::memcpy(tensor.data_ptr(), data, nbytes);
+    if (nbytes > 0) std::memcpy(tensor.host_ptr(), data, nbytes);
     if (!checkpoint.tensors.emplace(tensor_name, tensor).second) {
       return error("duplicate tensor name '", tensor_name, "'");
     }

@@ -61,6 +61,15 @@ int cuda_device_count() {
 #endif
 }
 
+std::string cuda_device_uuid(int index) {
+#if TANDEM_WITH_CUDA
+  return internal::CudaDeviceUuid(index);
+#else
+  (void)index;
+  return "";
+#endif
+}
+
 void Synchronize(Device device) {
   if (device.is_cpu()) return;
 #if TANDEM_WITH_CUDA

@@ -61,6 +61,12 @@ bool cuda_built();
 // none of these is an error.
 int cuda_device_count();
 
+// The UUID of visible CUDA device `index` as nvidia-smi prints it
+// ("GPU-8f2d3c1a-..."): the same physical GPU has the same UUID in every
+// process, whatever CUDA_VISIBLE_DEVICES says. "" in a build without CUDA or
+// when CUDA cannot say.
+std::string cuda_device_uuid(int index);
+
 // Waits until the work the calling thread has enqueued on `device` (its CUDA
 // stream: ops and copies) is done, then raises a deferred device error of the
 // device as tandem::Error, if a kernel reported one (e.g. "cross_entropy: target

@@ -24,6 +24,10 @@ bool CudaGraph::captured() const { return false; }
 int64_t CudaGraph::num_nodes() const { return 0; }
 Device CudaGraph::device() const { return device_; }
 bool CudaGraph::AddPreReplayHook(std::function<void()>) { return false; }
+bool CudaGraph::AddPostReplayHook(const void*, std::function<void()>) { return false; }
 bool CudaGraph::IsCapturing() { return false; }
+std::function<std::string(const std::string&)> CudaGraph::ReleaserOfCurrentCapture() {
+  return nullptr;
+}
 
 }  // namespace tandem::nn

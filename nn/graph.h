@@ -92,7 +92,8 @@ class CudaGraph {
   void Capture(const std::function<void()>& step);
 
   // Runs the pre-replay hooks (in registration order), then launches the graph
-  // on the calling thread's stream for device(). Does not wait for the GPU.
+  // on the calling thread's stream for device(), then runs the post-replay
+  // hooks. Does not wait for the GPU.
   // Cost: one cudaGraphLaunch plus the hooks' work, which with tandem's own
   // components is one one-thread kernel per optimizer launch (one per parameter
   // group and device/dtype) and one per dropout captured in the step.
@@ -111,13 +112,31 @@ class CudaGraph {
   // to run on the host before every Replay() of that graph. Returns false (and
   // does nothing) when no capture runs on this thread.
   static bool AddPreReplayHook(std::function<void()> hook);
+  // For components that follow the GPU work a graph holds (a communicator's
+  // watchdog tracking: collectives recorded in a capture run at every replay):
+  // while a capture runs on the calling thread, registers `hook` to run on the
+  // host right after every Replay() of that graph has launched it (it may
+  // enqueue work, such as an event record, behind the graph on the thread's
+  // stream). At most one hook per `key` per capture: a later call with the same
+  // key does nothing and returns true. Returns false when no capture runs.
+  static bool AddPostReplayHook(const void* key, std::function<void()> hook);
+  // For components whose captured work must not outlive them (a
+  // communicator's collectives: NCCL's abort and destroy wait until every graph
+  // holding them is destroyed): while a capture runs on the calling thread,
+  // returns a function that releases that graph's executable graph, so that a
+  // later Replay() throws tandem::Error with `reason`, and returns a
+  // description of the graph ("CUDA graph of cuda:0 (42 nodes)"), or "" when
+  // there was nothing to release (the graph was destroyed, not captured, or
+  // released before). Call it on the thread that replays the graph. Returns an
+  // empty function when no capture runs.
+  static std::function<std::string(const std::string& reason)> ReleaserOfCurrentCapture();
   // True while a CudaGraph capture runs on the calling thread.
   static bool IsCapturing();
 
  private:
   struct Impl;
   Device device_;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared: a releaser (below) holds it weakly
 };
 
 }  // namespace tandem::nn

@@ -290,6 +290,13 @@ void* Tensor::data_ptr() const {
   if (impl.storage->stream() != nullptr) impl.storage->PrepareUse();
   return static_cast<char*>(impl.storage->data()) + impl.offset * ElementSize(impl.dtype);
 }
+void* Tensor::host_ptr() const {
+  const TensorImpl& impl = Impl(impl_, "host_ptr()");
+  TANDEM_CHECK(!impl.storage->device().is_cuda(), "host access to ", ToString(),
+               ": its elements are in device memory (copy the tensor to the host first: "
+               "to(Device::CPU()))");
+  return static_cast<char*>(impl.storage->data()) + impl.offset * ElementSize(impl.dtype);
+}
 const std::shared_ptr<Storage>& Tensor::storage() const { return Impl(impl_, "storage()").storage; }
 bool Tensor::is_pinned() const {
   const TensorImpl& impl = Impl(impl_, "is_pinned()");
@@ -376,7 +383,7 @@ void CopyInto(const Tensor& dst, const Tensor& src) {
   if (n == 0) return;
   const bool same_dtype = dst.dtype() == src.dtype();
   if (dst.device().is_cpu() && src.device().is_cpu()) {
-    ConvertHost(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(), n);
+    ConvertHost(src.host_ptr(), src.dtype(), dst.host_ptr(), dst.dtype(), n);
     return;
   }
 #if TANDEM_WITH_CUDA
@@ -463,12 +470,22 @@ double Tensor::item() const {
     if (buffer == nullptr) {
       buffer = std::make_unique<Storage>(16, Device::CPU(), internal::PinnedHostAllocator());
     }
-    internal::CudaCopy(buffer->data(), Device::CPU(), data_ptr(), device(), ElementSize(dtype()));
+    try {
+      internal::CudaCopy(buffer->data(), Device::CPU(), data_ptr(), device(),
+                         ElementSize(dtype()));
+    } catch (...) {
+      // The wait was abandoned (the run is stopping) or failed: the copy may
+      // still land in the buffer later, behind whatever held the stream, and
+      // the next item() (on another device's stream, say) must not read that
+      // late write. The 16 bytes are left to the copy, never reused.
+      static_cast<void>(buffer.release());
+      throw;
+    }
     ConvertHost(buffer->data(), dtype(), &value, kFloat64, 1);
     return value;
 #endif
   }
-  ConvertHost(data_ptr(), dtype(), &value, kFloat64, 1);
+  ConvertHost(host_ptr(), dtype(), &value, kFloat64, 1);
   return value;
 }
 
@@ -479,7 +496,7 @@ std::vector<T> Tensor::to_vector() const {
   Tensor host = empty(shape(), {.dtype = DTypeOf<T>::value, .device = Device::CPU(),
                                 .pinned = is_cuda() && numel() > 0});
   CopyInto(host, *this);
-  if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), host.host_ptr(), out.size() * sizeof(T));
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;
@@ -556,7 +573,7 @@ Tensor Tensor::operator[](int64_t i) const {
 Tensor& Tensor::zero_() {
   CheckMutable(*this, "zero_");
   if (device().is_cpu()) {
-    std::memset(data_ptr(), 0, static_cast<size_t>(nbytes()));
+    std::memset(host_ptr(), 0, static_cast<size_t>(nbytes()));
   } else {
 #if TANDEM_WITH_CUDA
     internal::CudaMemsetZero(data_ptr(), device(), nbytes());
@@ -665,7 +682,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
   const bool rg = options.requires_grad;
   options.requires_grad = false;
   Tensor host = empty(shape, {.dtype = DTypeOf<T>::value, .device = Device::CPU()});
-  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(host.host_ptr(), values.data(), values.size() * sizeof(T));
   Tensor out = empty(shape, options);
   CopyInto(out, host);
   if (rg) out.set_requires_grad(true);

@@ -141,8 +141,18 @@ class Tensor {
   // For a CUDA tensor whose storage another thread's stream owns, the first call
   // on this thread also makes this thread's stream wait for the owner's work
   // (Storage::PrepareUse), so kernels enqueued after it see the data.
+  //
+  // data<T>() and data_ptr() are the raw pointers that kernel launches and
+  // communicators take, on any device. Host code that reads or writes the
+  // elements itself (CPU kernels, readers, checkpoints, staging buffers) uses
+  // host_data<T>() / host_ptr() instead.
   template <typename T> T* data() const;
   void* data_ptr() const;
+  // The elements for the host to read or write: as data<T>() / data_ptr(), but
+  // throws tandem::Error naming the tensor when it is in device memory, where a
+  // host access would crash or read garbage (copy it with to(Device::CPU()) first).
+  template <typename T> T* host_data() const;
+  void* host_ptr() const;
   int64_t nbytes() const { return numel() * ElementSize(dtype()); }
   const std::shared_ptr<Storage>& storage() const;
   int64_t storage_offset() const;  // in elements
@@ -307,6 +317,15 @@ T* Tensor::data() const {
                DTypeName(DTypeOf<std::remove_const_t<T>>::value), ">() on a ", DTypeName(dtype()),
                " tensor");
   return static_cast<T*>(data_ptr());
+}
+
+template <typename T>
+T* Tensor::host_data() const {
+  TANDEM_CHECK(defined(), "host_data(): undefined tensor");
+  TANDEM_CHECK(DTypeOf<std::remove_const_t<T>>::value == dtype(), "host_data<",
+               DTypeName(DTypeOf<std::remove_const_t<T>>::value), ">() on a ", DTypeName(dtype()),
+               " tensor");
+  return static_cast<T*>(host_ptr());
 }
 
 }  // namespace tandem::nn

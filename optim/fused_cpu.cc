@@ -34,10 +34,10 @@ void FusedUpdateCpu(Algorithm algo, const std::vector<UpdateTensors>& tensors,
                     const UpdateScalars& scalars) {
   for (const UpdateTensors& t : tensors) {
     TANDEM_DISPATCH_FLOAT(t.param.dtype(), "optimizer step", [&]<typename T>() {
-      T* p = t.param.data<T>();
-      const T* g = t.grad.data<T>();
+      T* p = t.param.host_data<T>();
+      const T* g = t.grad.host_data<T>();
       T* s[3] = {};
-      for (int k = 0; k < 3; ++k) s[k] = t.state[k].defined() ? t.state[k].data<T>() : nullptr;
+      for (int k = 0; k < 3; ++k) s[k] = t.state[k].defined() ? t.state[k].host_data<T>() : nullptr;
       const int64_t n = t.param.numel();
       switch (algo) {
         case Algorithm::kSgd:
@@ -61,7 +61,7 @@ nn::Tensor ClipGradNormCpu(const std::vector<nn::Tensor>& grads, double max_norm
   double sum_sq = 0;
   for (const nn::Tensor& g : grads) {
     TANDEM_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
-      const T* d = g.data<T>();
+      const T* d = g.host_data<T>();
       for (int64_t i = 0; i < g.numel(); ++i) sum_sq += static_cast<double>(d[i]) * d[i];
     });
   }
@@ -72,7 +72,7 @@ nn::Tensor ClipGradNormCpu(const std::vector<nn::Tensor>& grads, double max_norm
   const double coef = std::min(1.0, max_norm / (total + 1e-6));
   for (const nn::Tensor& g : grads) {
     TANDEM_DISPATCH_FLOAT(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
-      T* d = g.data<T>();
+      T* d = g.host_data<T>();
       const T c = static_cast<T>(coef);
       for (int64_t i = 0; i < g.numel(); ++i) d[i] *= c;
     });

@@ -256,6 +256,19 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
   return absl::OkStatus();
 }
 
+// Rank 0's `bytes` (n of them; every rank knows n) to every rank. The
+// communicator works on the rank's device (a GPU's memory for NCCL), so the bytes are
+// staged through host tensors: the host never touches device memory.
+std::string BroadcastBytes(Context& ctx, const std::string& bytes, int64_t n) {
+  if (n == 0) return std::string();
+  nn::Tensor host = nn::empty({n}, {.dtype = nn::kUInt8, .device = nn::Device::CPU()});
+  if (ctx.rank() == 0) std::memcpy(host.host_ptr(), bytes.data(), static_cast<size_t>(n));
+  nn::Tensor data = host.to(ctx.device());
+  ctx.communicator().broadcast(data, 0);
+  const nn::Tensor received = data.to(nn::Device::CPU());
+  return std::string(static_cast<const char*>(received.host_ptr()), static_cast<size_t>(n));
+}
+
 // Several processes: rank 0 reads the file, every rank parses rank 0's bytes.
 // One process: every rank reads the file itself.
 absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& path) {
@@ -286,10 +299,7 @@ absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& p
         absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's error names the "
                      "cause)")));
   }
-  nn::Tensor data = nn::empty({h[1]}, {.dtype = nn::kUInt8, .device = ctx.device()});
-  if (ctx.rank() == 0 && h[1] > 0) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-  comm.broadcast(data, 0);
-  bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(h[1]));
+  bytes = BroadcastBytes(ctx, bytes, h[1]);
   return nn::ParseCheckpoint(bytes, path);
 }
 
@@ -300,11 +310,7 @@ std::string BroadcastString(Context& ctx, const std::string& value) {
   nn::Tensor size = nn::from_vector<int64_t>({static_cast<int64_t>(value.size())}, {1},
                                              {.dtype = nn::kInt64, .device = ctx.device()});
   comm.broadcast(size, 0);
-  const int64_t n = size.to_vector<int64_t>()[0];
-  nn::Tensor data = nn::empty({n}, {.dtype = nn::kUInt8, .device = ctx.device()});
-  if (ctx.rank() == 0 && n > 0) std::memcpy(data.data_ptr(), value.data(), value.size());
-  comm.broadcast(data, 0);
-  return std::string(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
+  return BroadcastBytes(ctx, value, size.to_vector<int64_t>()[0]);
 }
 
 absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,

@@ -15,7 +15,7 @@
 // run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
 // reports the first failure and logs this one as a consequence.
 //
-// Stopping: as soon as a run stops, spawn's watchdog calls Abort() on every
+// Stopping: as soon as a run stops, spawn's watchdog calls Abort on every
 // rank's communicator, from its own thread, while the ranks may still be using
 // them. Abort ends the collectives in flight (a peer that failed before issuing
 // one would otherwise leave it waiting for good), so every host wait on a stream
@@ -42,6 +42,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "nn/error.h"
@@ -175,9 +176,31 @@ class Communicator {
   // thread may be inside a collective or a host wait: ends the collectives in
   // flight (their results are garbage) so that nothing waits on them for good,
   // and makes every later collective throw CancelledError. Thread-safe,
-  // idempotent, never throws. Default: nothing, for implementations whose waits
-  // already end on the stop token.
-  virtual void Abort() {}
+  // idempotent, never throws. Waits for a library call in progress on the rank
+  // thread at most `deadline`; a non-OK status says the abort could not run
+  // because that call had not returned (it names the call), and spawn then ends
+  // the process with it rather than wait for good. Default: OK, for
+  // implementations whose waits already end on the stop token.
+  virtual absl::Status Abort(std::chrono::nanoseconds deadline) {
+    (void)deadline;
+    return absl::OkStatus();
+  }
+  // Called by spawn on the rank thread once the rank's function has returned
+  // (or thrown): releases the CUDA graphs that still hold this communicator's
+  // collectives (nn::CudaGraph::ReleaserOfCurrentCapture), so that nothing
+  // waits for them (NCCL's abort and destroy wait until every such graph is
+  // gone), and returns their descriptions; a later replay of one throws
+  // `reason`. Default: none.
+  virtual std::vector<std::string> ReleaseGraphs(const std::string& reason) {
+    (void)reason;
+    return {};
+  }
+  // Called by spawn's watchdog thread between its polls while the run goes on:
+  // a non-OK status is an asynchronous failure the library reported outside any
+  // call (NCCL: a network or proxy error, ncclCommGetAsyncError), which fails the
+  // run with the library's message. Never waits for a rank's call in progress
+  // (it then reports OK and looks again at the next poll). Default: OK.
+  virtual absl::Status PollAsyncError() { return absl::OkStatus(); }
 
  protected:
   virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;
@@ -199,11 +222,15 @@ class Communicator {
   // True (default): a collective is complete when its Impl returns. False: the
   // implementation calls MarkCompleted itself (from PollCompleted).
   virtual bool CompletesOnReturn() const { return true; }
+  // Records the entry of `op` (a static string) in the trace and returns its
+  // sequence number; throws CancelledError when the run is stopping. Every
+  // collective call does it; an implementation calls it itself for device work
+  // that runs without a call, such as a CUDA graph's replay of recorded
+  // collectives, so that the watchdog follows that work too.
+  uint64_t Enter(const char* op);
 
  private:
   class Scope;
-  // Throws CancelledError when the run is stopping; records the entry.
-  uint64_t Enter(const char* op);
 
   int rank_;
   int world_size_;

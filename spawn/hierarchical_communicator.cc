@@ -293,7 +293,7 @@ bool HierarchicalExchange::Execute(const std::vector<std::shared_ptr<Request>>& 
   auto copy_to_others = [&](const void* src, const nn::Tensor& (*pick)(const Request&),
                             int64_t count) {
     for (const auto& r : batch) {
-      void* dst = pick(*r).data_ptr();
+      void* dst = pick(*r).host_ptr();
       if (dst != src) std::memcpy(dst, src, static_cast<size_t>(count));
     }
   };
@@ -301,20 +301,20 @@ bool HierarchicalExchange::Execute(const std::vector<std::shared_ptr<Request>>& 
 
   if (op == "all_reduce") {
     std::vector<const void*> inputs;
-    for (const auto& r : batch) inputs.push_back(r->in.data_ptr());
-    void* result = batch[0]->out.data_ptr();
+    for (const auto& r : batch) inputs.push_back(r->in.host_ptr());
+    void* result = batch[0]->out.host_ptr();
     if (!AllReduceInto(inputs, result, n, dtype, first.reduce, stop)) return false;
     copy_to_others(result, out_of, bytes);
     return true;
   }
   if (op == "reduce_scatter") {
     std::vector<const void*> inputs;
-    for (const auto& r : batch) inputs.push_back(r->in.data_ptr());
+    for (const auto& r : batch) inputs.push_back(r->in.host_ptr());
     result_.resize(static_cast<size_t>(bytes));
     if (!AllReduceInto(inputs, result_.data(), n, dtype, first.reduce, stop)) return false;
     const int64_t out_bytes = batch[0]->out.nbytes();
     for (size_t l = 0; l < batch.size(); ++l) {
-      std::memcpy(batch[l]->out.data_ptr(),
+      std::memcpy(batch[l]->out.host_ptr(),
                   result_.data() + (rank_offset_ + static_cast<int64_t>(l)) * out_bytes,
                   static_cast<size_t>(out_bytes));
     }
@@ -323,17 +323,17 @@ bool HierarchicalExchange::Execute(const std::vector<std::shared_ptr<Request>>& 
   if (op == "broadcast") {
     int owner = 0, offset = 0;
     while (first.root >= offset + ranks_per_process_[owner]) offset += ranks_per_process_[owner++];
-    void* data = owner == process_index_ ? batch[first.root - offset]->out.data_ptr()
-                                         : batch[0]->out.data_ptr();
+    void* data = owner == process_index_ ? batch[first.root - offset]->out.host_ptr()
+                                         : batch[0]->out.host_ptr();
     if (!Poll(transport_->Broadcast(data, bytes, owner).get(), stop)) return false;
     copy_to_others(data, out_of, bytes);
     return true;
   }
   if (op == "all_gather") {
-    char* out = static_cast<char*>(batch[0]->out.data_ptr());
+    char* out = static_cast<char*>(batch[0]->out.host_ptr());
     for (size_t l = 0; l < batch.size(); ++l) {
       std::memcpy(out + (rank_offset_ + static_cast<int64_t>(l)) * bytes,
-                  batch[l]->in.data_ptr(), static_cast<size_t>(bytes));
+                  batch[l]->in.host_ptr(), static_cast<size_t>(bytes));
     }
     std::vector<int64_t> counts;
     for (int ranks : ranks_per_process_) counts.push_back(ranks * bytes);

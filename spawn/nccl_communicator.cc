@@ -2,14 +2,19 @@
 // only file of tandem that includes nccl.h. docs/gpu_shutdown.md has the long
 // form of the arguments below, with references into NCCL 2.28's source.
 //
-// Creation: spawn's thread makes every rank's communicator at once, before any
-// rank thread starts, the way ncclCommInitAll does (one unique id, one
-// ncclCommInitRankConfig per device inside ncclGroupStart/End). NCCL_RUNTIME_CONNECT
-// is set to 0 first (a user's 1 is refused, as is NCCL_LAUNCH_MODE=GROUP) so every
+// Creation: one process's world is made by ncclCommInitAll on spawn's thread,
+// before any rank thread starts (one communicator per device, in one group).
+// Several processes (mpirun/srun): each makes its local ranks' communicators
+// with ncclCommInitRankConfig inside ncclGroupStart/End from process 0's unique
+// id. Before either, PrepareNcclEnvironment sets NCCL_RUNTIME_CONNECT=0 (every
 // connection is made during init: a later collective never waits on a peer's
-// connection set-up inside a call that the abort cannot end.
+// connection set-up inside a call that the abort cannot end) and
+// NCCL_GRAPH_REGISTER=0 (the same for buffer registration under capture), and
+// refuses a user's setting that contradicts them, NCCL_LAUNCH_MODE=GROUP and
+// NCCL_COMM_BLOCKING=0.
 //
-// Blocking communicators (config.blocking = 1). In NCCL 2.28 a collective on a
+// Blocking communicators (ncclCommInitAll's default; config.blocking = 1 across
+// processes). In NCCL 2.28 a collective on a
 // non-blocking communicator always takes the asynchronous group path
 // (ncclEnqueueCheck -> ncclGroupEndInternal starts a thread per call and returns
 // ncclInProgress, and the next call must wait for that thread): tens of
@@ -39,8 +44,15 @@
 //      thread holds guard_ only inside an enqueue call, and an enqueue of a
 //      blocking communicator waits for the device only when NCCL's work FIFO is
 //      full (enqueue.cc, waitWorkFifoAvailable). At most kMaxInflight collectives
-//      are in flight per rank (the rank thread waits, stop-aware and outside the
-//      guard, for the oldest before issuing more), far below the FIFO's 1 MiB.
+//      (eager or graph replays) are in flight per rank (the rank thread waits,
+//      stop-aware and outside the guard, for the oldest before issuing more),
+//      far below the FIFO's 1 MiB; the communication stream then holds at most
+//      a few hundred pending operations, below the launch queue's depth, so the
+//      kernel launch inside the enqueue does not block either. Should a call
+//      still not return (a bug, or a NCCL path this reasoning missed), the
+//      abort waits for it at most its deadline and spawn then ends the process
+//      naming the call, rather than hang (AbortGuard). A rank thread never
+//      waits behind an abort: its next call sees it and throws.
 //  (3) Every rank's communicator is aborted: the watchdog aborts all of them,
 //      from its one thread.
 // Host waits on the rank threads poll against the stop flag (nn/interrupt.h), so
@@ -58,8 +70,15 @@
 // compute and communication streams makes the communication stream join the
 // capture, and the compute stream's wait on the collective's end event (done_,
 // or Work::wait) joins it back, so the collectives are recorded in the graph.
-// Collectives recorded in a graph are not traced for the watchdog (an event
-// recorded in a capture cannot be queried); barrier() cannot be captured.
+// An event recorded in a capture cannot be queried, so a replay is traced
+// instead: a post-replay hook (nn::CudaGraph::AddPostReplayHook) enters one
+// collective "graph replay" and records an event on the compute stream behind
+// the graph; a rank that replays once more than its peers shows in the
+// watchdog's report like any stuck collective. barrier() cannot be captured.
+//
+// Asynchronous errors: the watchdog polls ncclCommGetAsyncError (PollAsyncError,
+// under a try-lock of the guard, never waiting for a rank's call) and fails the
+// run with NCCL's message, instead of a timeout that would lose it.
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
@@ -68,6 +87,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -76,6 +96,7 @@
 #include "nn/cuda/context.h"
 #include "nn/graph.h"
 #include "nn/interrupt.h"
+#include "nn/status_macros.h"
 #include "spawn/internal/abort_guard.h"
 #include "spawn/internal/nccl.h"
 
@@ -119,26 +140,69 @@ std::string NcclText(ncclResult_t result, ncclComm_t comm) {
   return text;
 }
 
+// Events of one communicator's device, made once and reused: a collective
+// costs no cudaEventCreate / cudaEventDestroy. Shared by the communicator and
+// the handles of its asynchronous collectives (which may outlive it).
+// Thread-safe.
+class EventPool {
+ public:
+  explicit EventPool(nn::Device device) : device_(device) {}
+  ~EventPool() {
+    for (cudaEvent_t event : free_) cudaEventDestroy(event);
+  }
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  cudaEvent_t Take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        cudaEvent_t event = free_.back();
+        free_.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    nn::internal::CudaDeviceScope on_device(device_);
+    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device_);
+    return event;
+  }
+  // `event` may be recorded again at once: a wait already enqueued on it keeps
+  // the state it had when it was enqueued.
+  void Give(cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(event);
+  }
+
+ private:
+  const nn::Device device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // The handle of an all_reduce_async. Destroyed unwaited, it makes the
 // destroying thread's compute stream wait for the collective, so memory freed
 // after it on that stream (the tensor, held by Communicator's wrapper until this
 // is gone) is not reused while NCCL may still read or write it.
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, nn::Device device) : done_(done), device_(device) {}
+  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool)
+      : done_(done), device_(device), pool_(std::move(pool)) {}
   ~NcclWork() override {
     // Destructors must not throw: a failing wait is reported by the next checked
     // call. ThreadStream throws when the destroying thread has no stream on the
     // device yet and none can be made (a broken context): not std::terminate.
     if (!waited_) {
       try {
+        nn::internal::CudaDeviceScope on_device(device_);
         cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
       } catch (...) {
       }
     }
-    cudaEventDestroy(done_);
+    pool_->Give(done_);
   }
   void wait() override {
+    nn::internal::CudaDeviceScope on_device(device_);
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
@@ -146,6 +210,7 @@ class NcclWork final : public Work {
  private:
   cudaEvent_t done_;
   nn::Device device_;
+  std::shared_ptr<EventPool> pool_;
   bool waited_ = false;
 };
 
@@ -153,7 +218,10 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int world_size, nn::Device device, ncclComm_t comm,
                    cudaStream_t stream)
-      : Communicator(rank, world_size, device), comm_(comm), stream_(stream) {
+      : Communicator(rank, world_size, device),
+        comm_(comm),
+        stream_(stream),
+        events_(std::make_shared<EventPool>(device)) {
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), device);
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), device);
   }
@@ -169,8 +237,10 @@ class NcclCommunicator final : public Communicator {
         ncclCommDestroy(comm_);
       }
     }
-    for (auto& [sequence, event] : inflight_) cudaEventDestroy(event);
-    for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
+    for (auto& [sequence, event] : inflight_) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    events_.reset();  // the pool's events go with the last handle that uses them
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -184,14 +254,52 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Watchdog thread, as soon as the run stops. See the file comment.
-  void Abort() override {
-    guard_.Abort([&] {
-      cudaSetDevice(device().index);
-      ncclCommAbort(comm_);
+  absl::Status Abort(std::chrono::nanoseconds deadline) override {
+    std::string in_use;
+    const AbortGuard::Outcome outcome = guard_.Abort(
+        [&] {
+          cudaSetDevice(device().index);
+          ncclCommAbort(comm_);
+        },
+        deadline, &in_use);
+    if (outcome != AbortGuard::Outcome::kTimedOut) return absl::OkStatus();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the NCCL communicator of rank ", rank(), " (", device().ToString(),
+        ") cannot be aborted: its rank thread has been inside NCCL ", in_use, " for over ",
+        std::chrono::duration<double>(deadline).count(),
+        " s, and aborting under a call in progress could free what the call uses"));
+  }
+
+  // Watchdog thread, while the run goes on: NCCL's asynchronous error (a
+  // network or proxy failure leaves the kernels spinning; without this the
+  // user would see only the watchdog's timeout, NCCL's reason lost).
+  absl::Status PollAsyncError() override {
+    absl::Status status;
+    guard_.TryUse([&] {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        status = absl::InternalError(absl::StrCat(
+            "NCCL reported an asynchronous error on rank ", rank(), " (", device().ToString(),
+            ", after collective #", sequence(), "): ",
+            NcclText(r != ncclSuccess ? r : state, comm_)));
+      }
     });
+    return status;
   }
 
   std::string kind() const override { return "nccl"; }
+
+  // Rank thread, after the rank's function: see Communicator::ReleaseGraphs.
+  std::vector<std::string> ReleaseGraphs(const std::string& reason) override {
+    std::vector<std::string> released;
+    for (const auto& release : graph_releasers_) {
+      std::string graph = release(reason);
+      if (!graph.empty()) released.push_back(std::move(graph));
+    }
+    graph_releasers_.clear();
+    return released;
+  }
   bool CompletesOnReturn() const override { return false; }
 
  protected:
@@ -208,14 +316,14 @@ class NcclCommunicator final : public Communicator {
       return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
                            comm_, stream_);
     });
-    cudaEvent_t done;
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), device());
+    nn::internal::CudaDeviceScope on_device(device());
+    cudaEvent_t done = events_->Take();
     const cudaError_t recorded = cudaEventRecord(done, stream_);
     if (recorded != cudaSuccess) {
-      cudaEventDestroy(done);
+      events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
     }
-    return std::make_shared<NcclWork>(done, device());
+    return std::make_shared<NcclWork>(done, device(), events_);
   }
 
   void BroadcastImpl(nn::Tensor& x, int root) override {
@@ -288,12 +396,16 @@ class NcclCommunicator final : public Communicator {
   void Launch(const char* op, const nn::Tensor& t, Call call) {
     TANDEM_CHECK(t.device() == device(), op, ": tensor ", t.ToString(), " is not on rank ", rank(),
                  "'s device ", device().ToString());
+    // The events are the communicator's device's: a rank inside a device guard
+    // for another GPU would otherwise record them on the wrong one ("invalid
+    // resource handle").
+    nn::internal::CudaDeviceScope on_device(device());
     const bool capturing = nn::CudaGraph::IsCapturing();
     if (!capturing) WaitForInflightRoom(op);
     TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
     {
-      AbortGuard::Use use(guard_);
+      AbortGuard::Use use(guard_, op);
       if (use.aborted()) ThrowAborted(op);
       const ncclResult_t r = call();
       TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
@@ -302,25 +414,54 @@ class NcclCommunicator final : public Communicator {
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
     if (capturing) {
       // Recorded into a graph, not run: an event recorded in a capture cannot be
-      // queried (cudaErrorCapturedEvent), so the watchdog does not follow this
-      // collective; it runs at every replay, untraced.
-      MarkCompleted(sequence());
+      // queried (cudaErrorCapturedEvent). The capture's entry completes in order,
+      // once the eager collectives before it have (marking it complete now would
+      // mark them complete too); each replay of the graph is followed instead,
+      // as one collective "graph replay" (TrackReplay).
+      {
+        std::lock_guard<std::mutex> lock(inflight_mutex_);
+        inflight_.emplace_back(sequence(), nullptr);
+      }
+      if (auto release = nn::CudaGraph::ReleaserOfCurrentCapture()) {
+        graph_releasers_.push_back(std::move(release));
+      }
+      nn::CudaGraph::AddPostReplayHook(this, [this, alive = std::weak_ptr<int>(alive_)] {
+        TANDEM_CHECK(!alive.expired(), "CudaGraph::Replay: the graph holds NCCL collectives of a "
+                     "spawn run that has ended (its communicators are gone): destroy such "
+                     "graphs before the training function returns");
+        TrackReplay();
+      });
       return;
     }
-    std::lock_guard<std::mutex> lock(inflight_mutex_);
-    cudaEvent_t traced = nullptr;
-    if (!spare_events_.empty()) {
-      traced = spare_events_.back();
-      spare_events_.pop_back();
-    } else {
-      TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&traced, cudaEventDisableTiming), device());
-    }
+    cudaEvent_t traced = events_->Take();
     const cudaError_t recorded = cudaEventRecord(traced, stream_);
     if (recorded != cudaSuccess) {
-      spare_events_.push_back(traced);
+      events_->Give(traced);
       TANDEM_CHECK_CUDA(recorded, device());
     }
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
     inflight_.emplace_back(sequence(), traced);
+  }
+
+  // Rank thread, right after a replay of a graph that holds this
+  // communicator's collectives has been launched on its compute stream: the
+  // replay is traced as one collective that completes when the graph has run.
+  // Bounded like eager collectives, so the host never runs far ahead.
+  void TrackReplay() {
+    const uint64_t sequence = Enter("graph replay");
+    nn::internal::CudaDeviceScope on_device(device());
+    cudaEvent_t traced = events_->Take();
+    const cudaError_t recorded =
+        cudaEventRecord(traced, nn::internal::ThreadStream(device()));
+    if (recorded != cudaSuccess) {
+      events_->Give(traced);
+      TANDEM_CHECK_CUDA(recorded, device());
+    }
+    {
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      inflight_.emplace_back(sequence, traced);
+    }
+    WaitForInflightRoom("graph replay");
   }
 
   // Waits (stop-aware, outside guard_) until fewer than kMaxInflight collectives
@@ -341,14 +482,15 @@ class NcclCommunicator final : public Communicator {
   void DrainCompletedLocked() {
     while (!inflight_.empty()) {
       auto [sequence, event] = inflight_.front();
-      if (cudaEventQuery(event) != cudaSuccess) {
+      // No event: a collective recorded in a capture, complete once reached.
+      if (event != nullptr && cudaEventQuery(event) != cudaSuccess) {
         // Not yet (or failed: stays stuck). Cleared: this runs on the rank
         // thread too (WaitForInflightRoom), whose next launch check must not
         // see "not ready" (a failure resurfaces at the next stream query).
         cudaGetLastError();
         break;
       }
-      spare_events_.push_back(event);
+      if (event != nullptr) events_->Give(event);
       inflight_.pop_front();
       MarkCompleted(sequence);
     }
@@ -369,21 +511,20 @@ class NcclCommunicator final : public Communicator {
   // to reuse; the rank thread appends, the rank or the watchdog thread pops.
   std::mutex inflight_mutex_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> inflight_;
-  std::vector<cudaEvent_t> spare_events_;
+  std::shared_ptr<EventPool> events_;
+  // One per captured collective (rank thread only): releases its graph.
+  std::vector<std::function<std::string(const std::string&)>> graph_releasers_;
+  // Expires with the communicator: a graph replay's hook checks it.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 }  // namespace
 
 namespace {
 
-// Makes the communicators of global ranks first_rank .. first_rank + n - 1 (rank
-// first_rank + i on devices[i]) of a world of world_size, from one unique id, in
-// one group on the calling thread, which keeps its device. `what` names them in
-// errors.
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitCommunicators(
-    const std::vector<nn::Device>& devices, const ncclUniqueId& id, int first_rank,
-    int world_size, const std::string& what) {
-  const int n = static_cast<int>(devices.size());
+// The environment spawn's shutdown needs from NCCL, set before any
+// communicator is made; a user's setting that would break it is refused.
+absl::Status PrepareNcclEnvironment() {
   // NCCL_LAUNCH_MODE=GROUP makes every launch of an intra-process communicator
   // spin in a barrier with the other ranks' launches (group.cc, doLaunches ->
   // ncclCommIntraBarrierIn/Out), which no abort flag ends: a rank inside an
@@ -401,41 +542,54 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitCommunicators(
   // wait, inside its guarded enqueue, for its peers' connection set-up: a peer
   // that failed first would hold it there, and the abort behind it (the same
   // shape as NCCL_LAUNCH_MODE=GROUP above). Every connection is made at init.
-  if (const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
-      connect != nullptr && std::string(connect) != "0") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "NCCL_RUNTIME_CONNECT=", connect, " is not supported by spawn: a collective would set "
-        "up its connections inside a call that an abort cannot interrupt, so one failing rank "
-        "could hang the run; unset it or set NCCL_RUNTIME_CONNECT=0"));
-  }
-  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/1);
-  std::vector<ncclComm_t> comms(n, nullptr);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 1;  // see the file comment: no asynchronous group path per collective
-  ncclResult_t r = ncclSuccess;
-  ncclGroupStart();
-  for (int i = 0; i < n; ++i) {
-    // NCCL reads the current device at this call; the scope gives spawn's thread
-    // its own device back afterwards (point 2 of issue 17).
-    nn::internal::CudaDeviceScope on_device(devices[i]);
-    r = ncclCommInitRankConfig(&comms[i], world_size, id, first_rank + i, &config);
-    if (r != ncclSuccess) break;
-  }
-  const ncclResult_t end = ncclGroupEnd();  // blocking: returns when every init is done
-  if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) {
-    for (ncclComm_t c : comms) {
-      if (c != nullptr) ncclCommAbort(c);
+  // Graph buffer registration (NCCL_GRAPH_REGISTER=1, NCCL's default) runs
+  // inside an enqueue under capture and, with NVLS (NVSwitch systems), exchanges
+  // with the other ranks in loops that check no abort flag (nvls.cc,
+  // ncclShmemAllgather): the same shape again. It is turned off; captured
+  // collectives then use NCCL's own buffers (a copy more on NVLS systems).
+  struct Required {
+    const char* name;
+    const char* why;
+  };
+  for (const Required& r :
+       {Required{"NCCL_RUNTIME_CONNECT", "a collective would set up its connections"},
+        Required{"NCCL_GRAPH_REGISTER", "a captured collective would register its buffers "
+                                        "with the other ranks"}}) {
+    const char* value = std::getenv(r.name);
+    if (value != nullptr && std::string(value) != "0") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          r.name, "=", value, " is not supported by spawn: ", r.why, " inside a call that an "
+          "abort cannot interrupt, so one failing rank could hang the run; unset it or set ",
+          r.name, "=0"));
     }
-    return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", NcclText(r, nullptr)));
+    setenv(r.name, "0", /*overwrite=*/1);
   }
+  // ncclCommInitAll takes no config: its communicators are blocking unless
+  // NCCL_COMM_BLOCKING=0 says otherwise, which this code does not handle
+  // (every call would return ncclInProgress).
+  if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+      blocking != nullptr && std::string(blocking) == "0") {
+    return absl::FailedPreconditionError(
+        "NCCL_COMM_BLOCKING=0 is not supported by spawn: its communicators are blocking (see "
+        "spawn/nccl_communicator.cc); unset it");
+  }
+  return absl::OkStatus();
+}
+
+// Wraps the communicators made for devices (rank first_rank + i on devices[i])
+// with their communication streams; on failure aborts every one of them.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> WrapCommunicators(
+    const std::vector<nn::Device>& devices, const std::vector<ncclComm_t>& comms, int first_rank,
+    int world_size) {
+  const int n = static_cast<int>(devices.size());
   std::vector<std::unique_ptr<Communicator>> out;
   for (int i = 0; i < n; ++i) {
     nn::internal::CudaDeviceScope on_device(devices[i]);  // the stream and events' device
     cudaStream_t stream;
     const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-      for (auto& made : out) made->Abort();  // every communicator is aborted, none destroyed
+      // Every communicator is aborted, none destroyed; nothing uses them yet.
+      for (auto& made : out) (void)made->Abort(std::chrono::seconds(1));
       for (int k = i; k < n; ++k) ncclCommAbort(comms[k]);
       return absl::InternalError(absl::StrCat("cudaStreamCreate on cuda:", devices[i].index, ": ",
                                               cudaGetErrorString(e)));
@@ -446,19 +600,39 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> InitCommunicators(
   return out;
 }
 
+absl::Status InitFailure(const std::vector<ncclComm_t>& comms, ncclResult_t r,
+                         const std::string& what) {
+  for (ncclComm_t c : comms) {
+    if (c != nullptr) ncclCommAbort(c);
+  }
+  return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", NcclText(r, nullptr)));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicators(
     const std::vector<nn::Device>& devices) {
-  ncclUniqueId id;
-  const ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) {
-    return absl::InternalError(absl::StrCat("ncclGetUniqueId: ", NcclText(r, nullptr)));
-  }
-  std::string gpus;
-  for (const nn::Device& d : devices) absl::StrAppend(&gpus, gpus.empty() ? "" : ",", d.index);
+  RETURN_IF_ERROR(PrepareNcclEnvironment());
   const int n = static_cast<int>(devices.size());
-  return InitCommunicators(devices, id, 0, n, absl::StrCat("GPUs ", gpus));
+  std::vector<int> devlist;
+  std::string gpus;
+  for (const nn::Device& d : devices) {
+    devlist.push_back(d.index);
+    absl::StrAppend(&gpus, gpus.empty() ? "" : ",", d.index);
+  }
+  std::vector<ncclComm_t> comms(n, nullptr);
+  ncclResult_t r;
+  {
+    // ncclCommInitAll selects each device in turn and then restores the
+    // thread's device with cudaSetDevice, which would make a context on GPU 0
+    // for a thread that had none; the scope makes the first GPU of the run the
+    // one restored (and, for such a thread, the one it keeps, as every
+    // CudaDeviceScope does).
+    nn::internal::CudaDeviceScope on_first(devices[0]);
+    r = ncclCommInitAll(comms.data(), n, devlist.data());
+  }
+  if (r != ncclSuccess) return InitFailure(comms, r, absl::StrCat("GPUs ", gpus));
+  return WrapCommunicators(devices, comms, 0, n);
 }
 
 // --- Across processes -------------------------------------------------------------
@@ -479,12 +653,29 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
     return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
                                                    " bytes, expected ", sizeof(ncclUniqueId)));
   }
+  RETURN_IF_ERROR(PrepareNcclEnvironment());
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
   const int n = static_cast<int>(devices.size());
-  return InitCommunicators(devices, id, first_rank, world_size,
-                           absl::StrCat("global ranks ", first_rank, "..", first_rank + n - 1,
-                                        " of ", world_size));
+  std::vector<ncclComm_t> comms(n, nullptr);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;  // see the file comment: no asynchronous group path per collective
+  ncclResult_t r = ncclSuccess;
+  ncclGroupStart();
+  for (int i = 0; i < n; ++i) {
+    // NCCL reads the current device at this call; the scope gives the calling
+    // thread its own device back afterwards.
+    nn::internal::CudaDeviceScope on_device(devices[i]);
+    r = ncclCommInitRankConfig(&comms[i], world_size, id, first_rank + i, &config);
+    if (r != ncclSuccess) break;
+  }
+  const ncclResult_t end = ncclGroupEnd();  // blocking: returns when every init is done
+  if (r == ncclSuccess) r = end;
+  if (r != ncclSuccess) {
+    return InitFailure(comms, r, absl::StrCat("global ranks ", first_rank, "..",
+                                              first_rank + n - 1, " of ", world_size));
+  }
+  return WrapCommunicators(devices, comms, first_rank, world_size);
 }
 
 std::string CudaNcclVersions() {

@@ -176,16 +176,20 @@ absl::Status CheckAgreement(const std::vector<ProcessInfo>& processes, bool shar
     return std::string(!p.devices.empty() && p.devices[0] == "cpu" ? "CPU ranks" : "GPU ranks");
   });
   if (!AllEqual(kinds)) errors.push_back(Disagreement("device kind", processes, kinds));
-  if (!share_devices) {
-    std::map<std::pair<std::string, std::string>, size_t> owner;  // (host, gpu) -> process
-    for (size_t p = 0; p < processes.size(); ++p) {
-      for (const std::string& gpu : processes[p].gpu_ids) {
-        auto [it, fresh] = owner.emplace(std::pair{processes[p].host, gpu}, p);
-        if (!fresh && it->second != p) {
-          errors.push_back(absl::StrCat("GPU ", gpu, " of host ", processes[p].host,
-                                        " is claimed by process ", it->second, " and process ", p,
-                                        " (give each process its own --gpus, or share_devices)"));
-        }
+  // One GPU in two processes is an error with or without share_devices: NCCL
+  // refuses it ("Duplicate GPU"), and share_devices shares a GPU between the
+  // ranks of one process only.
+  std::map<std::pair<std::string, std::string>, size_t> owner;  // (host, gpu) -> process
+  for (size_t p = 0; p < processes.size(); ++p) {
+    for (const std::string& gpu : processes[p].gpu_ids) {
+      auto [it, fresh] = owner.emplace(std::pair{processes[p].host, gpu}, p);
+      if (!fresh && it->second != p) {
+        errors.push_back(absl::StrCat(
+            "GPU ", gpu, " of host ", processes[p].host, " is claimed by process ", it->second,
+            " and process ", p, " (give each process its own --gpus",
+            share_devices ? "; share_devices shares a GPU between the ranks of one process only"
+                          : ", or put the ranks that share it in one process with share_devices",
+            ")"));
       }
     }
   }
@@ -478,10 +482,16 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
   for (const nn::Device& d : local_devices) {
     mine.devices.push_back(d.ToString());
     if (d.is_cuda()) {
+      // The GPU's UUID names the same card in every process (ordinals and
+      // CUDA_VISIBLE_DEVICES entries can differ between processes); the
+      // visible entry or the ordinal only where CUDA cannot say.
       const int index = d.index;
-      mine.gpu_ids.push_back(index >= 0 && index < static_cast<int>(visible.size())
-                                 ? visible[index]
-                                 : absl::StrCat(index));
+      std::string id = nn::cuda_device_uuid(index);
+      if (id.empty()) {
+        id = index >= 0 && index < static_cast<int>(visible.size()) ? visible[index]
+                                                                     : absl::StrCat(index);
+      }
+      mine.gpu_ids.push_back(std::move(id));
     }
   }
   mine.build = absl::StrCat("tandem ", TANDEM_VERSION, " (CUDA ",

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nn/interrupt.h"
 #include "nn/random.h"
 #include "nn/status_macros.h"
@@ -86,6 +87,12 @@ class SigintScope {
 };
 
 enum class RankState : int { kRunning, kFinished, kFailed };
+
+// How long the watchdog's abort waits for a rank's library call in progress,
+// at most (less when timeout_s is shorter), and the exit status of the process
+// it then ends.
+constexpr double kMaxAbortWaitS = 10;
+constexpr int kAbortStuckExitStatus = 1;
 
 // The state of one run shared by spawn's thread, the rank threads and the watchdog.
 class Run {
@@ -162,11 +169,18 @@ class Run {
     }
   }
 
+  // spawn's thread, once every rank thread has been joined: the watchdog may end.
+  void Joined() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    joined_ = true;
+    cv_.notify_all();
+  }
+
   void Finish(int rank) {
     RankState running = RankState::kRunning;
     states_[rank].compare_exchange_strong(running, RankState::kFinished);
     std::lock_guard<std::mutex> lock(mutex_);
-    ++finished_;
+    if (++finished_ == world_size()) all_finished_ns_ = SteadyNowNs();
     cv_.notify_all();
   }
 
@@ -184,24 +198,31 @@ class Run {
     cv_.wait(lock, [&] { return aborted_ || !stop_.stop_requested(); });
   }
 
-  // The watchdog. Until every rank thread has returned (and, in a stopping run,
-  // the communicators are aborted): turns SIGINT into a stop; aborts every
+  // The watchdog. Until every rank thread has been joined (and, in a stopping
+  // run, the communicators are aborted): turns SIGINT into a stop; aborts every
   // communicator as soon as the run stops, not after the joins (a rank blocked
   // on a stream behind a collective that a failed peer never joined would not
-  // join); ends a run whose collective takes longer than timeout_s; and, once
-  // stopped, reports ranks that have not returned timeout_s later.
+  // join); fails the run on a communicator's asynchronous error; ends a run
+  // whose collective takes longer than timeout_s; and, once stopped, reports
+  // ranks that have not returned timeout_s later.
   //
-  // A run whose ranks all returned is still watched while a collective of one
-  // of them has not completed (ranks that issued different numbers of
-  // collectives, say uneven batches per rank): its stream waits for good, and
-  // the thread's teardown (cudnnDestroy) or the communicators' destruction
-  // would then block spawn forever. The timeout reports it and the abort ends it.
-  void Watch(double timeout_s, uint64_t sigint_at_start, StepAgreement& agreement) {
+  // It lives until the joins, not only until the rank functions return: a
+  // thread's exit still runs its CUDA teardown (cudnnDestroy synchronises the
+  // device), which waits for good behind device work that not every rank ran
+  // (a collective of uneven batches; a CUDA graph replayed once more on one
+  // rank). Traced work shows as a collective in flight and times out; rank
+  // threads that all returned but have not exited timeout_s later fail the run
+  // too, and the abort then lets their teardown end. Requests to stop that come
+  // late (the MPI thread's fail hook) still reach a live watchdog. After the
+  // joins it goes on while a collective is in flight: the communicators'
+  // destruction (ncclCommFinalize) would wait for it.
+  void Watch(double timeout_s, uint64_t sigint_at_start, StepAgreement& agreement,
+             void (*exit_process)(int)) {
     const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
     const auto poll = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
     std::unique_lock<std::mutex> lock(mutex_);
-    while (finished_ < world_size() || (stop_.stop_requested() && !aborted_) ||
+    while (!joined_ || (stop_.stop_requested() && !aborted_) ||
            (!stop_.stop_requested() && AnyCollectiveInFlight())) {
       if (!stop_.stop_requested() || aborted_) cv_.wait_for(lock, poll);
       lock.unlock();
@@ -217,18 +238,12 @@ class Run {
         // An agreed stop that overran its grace period (spawn/signals.h) is a failure.
         if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
       }
-      if (stop_.stop_requested() && stopped_ns_ == 0) {
-        stopped_ns_ = SteadyNowNs();
-        // Abort may wait for a rank's library call in progress (never for a
-        // host wait): see spawn/internal/abort_guard.h.
-        for (const auto& comm : *comms_) comm->Abort();
-        std::lock_guard<std::mutex> aborted_lock(mutex_);
-        aborted_ = true;
-        cv_.notify_all();
-      }
+      if (!stop_.stop_requested()) PollAsyncErrors();
+      if (stop_.stop_requested() && !aborted_) AbortCommunicators(timeout_s, exit_process);
       for (const auto& comm : *comms_) comm->PollCompleted();
       if (!stop_.stop_requested()) {
         CheckTimeouts(timeout_s, timeout_ns);
+        CheckExits(timeout_s, timeout_ns);
       } else {
         CheckStragglers(timeout_s, timeout_ns);
       }
@@ -245,6 +260,66 @@ class Run {
       }
     }
     return false;
+  }
+
+  // Fails the run with the first asynchronous error a communicator reports.
+  void PollAsyncErrors() {
+    for (size_t r = 0; r < comms_->size(); ++r) {
+      absl::Status error = (*comms_)[r]->PollAsyncError();
+      if (!error.ok()) {
+        Fail(static_cast<int>(r),
+             absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)), ": ",
+                                                     error.message())),
+             false);
+        return;
+      }
+    }
+  }
+
+  // Aborts every communicator, each waiting at most min(timeout_s, 10 s) for a
+  // library call in progress. One that cannot be aborted (a rank stuck inside
+  // the library) would leave the run waiting for good: the process ends, the
+  // error and the run's first failure written first.
+  void AbortCommunicators(double timeout_s, void (*exit_process)(int)) {
+    if (stopped_ns_ == 0) stopped_ns_ = SteadyNowNs();
+    const auto deadline = std::chrono::nanoseconds(
+        static_cast<int64_t>(std::min(timeout_s, kMaxAbortWaitS) * 1e9));
+    bool all_aborted = true;
+    for (const auto& comm : *comms_) {
+      absl::Status status = comm->Abort(deadline);
+      if (status.ok()) continue;
+      all_aborted = false;
+      if (!abort_escalated_) {
+        abort_escalated_ = true;
+        logger_->Write(LogLevel::kError, -1, nn::Device(),
+                       absl::StrCat("spawn: ending the process (exit status ",
+                                    kAbortStuckExitStatus, ") after the run stopped (",
+                                    result().message(), "): ", status.message()));
+        (exit_process != nullptr ? exit_process : &ExitProcessNow)(kAbortStuckExitStatus);
+      }
+    }
+    if (!all_aborted) return;  // an injected exit returned (tests): try again next poll
+    std::lock_guard<std::mutex> aborted_lock(mutex_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+  // Rank threads that all returned but have not exited timeout_s later: their
+  // teardown waits on device work that the trace does not show (see Watch).
+  void CheckExits(double timeout_s, int64_t timeout_ns) {
+    int64_t finished_at;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (finished_ < world_size() || joined_) return;
+      finished_at = all_finished_ns_;
+    }
+    if (SteadyNowNs() - finished_at <= timeout_ns) return;
+    Fail(-1,
+         absl::DeadlineExceededError(absl::StrCat(
+             "watchdog: every rank returned, but their threads had not exited ", timeout_s,
+             " s later: a thread's CUDA teardown waits on device work that not every rank ran "
+             "(a collective or a CUDA graph replay issued by some ranks only)")),
+         false);
   }
 
   // A stopped run whose rank threads have not all returned timeout_s after the
@@ -330,10 +405,13 @@ class Run {
   absl::Status first_;
   bool first_is_peer_ = false;  // first_ reports another rank's failure
   int finished_ = 0;
+  int64_t all_finished_ns_ = 0;  // when finished_ reached world_size()
+  bool joined_ = false;   // every rank thread was joined (guarded by mutex_)
   bool aborted_ = false;  // the communicators were aborted (guarded by mutex_)
   // Watchdog thread only.
   int64_t stopped_ns_ = 0;
   bool straggler_reported_ = false;
+  bool abort_escalated_ = false;
   std::function<std::string(uint64_t)> describe_remote_;
 };
 
@@ -388,6 +466,30 @@ absl::Status CheckRankCount(int ranks) {
         " rank threads per process (check nprocs / --nprocs; use several processes for more)"));
   }
   return absl::OkStatus();
+}
+
+// Rank thread, once its function has returned or thrown: CUDA graphs that
+// still hold the rank's collectives (kept in a thread_local, a static or
+// outside the function) would make NCCL's abort and destroy wait for good.
+// They are released, and keeping one is the rank's failure, naming them.
+void ReleaseGraphsOnReturn(Run& run, int rank, Communicator& comm) {
+  std::vector<std::string> graphs;
+  try {
+    graphs = comm.ReleaseGraphs(
+        "it held NCCL collectives of a spawn run whose training function returned (destroy "
+        "such graphs before it returns)");
+  } catch (const std::exception& e) {
+    graphs.push_back(absl::StrCat("(releasing them failed: ", e.what(), ")"));
+  }
+  if (graphs.empty()) return;
+  run.Fail(rank,
+           absl::FailedPreconditionError(absl::StrCat(
+               run.RankName(rank), " returned while ", graphs.size(), " CUDA graph",
+               graphs.size() == 1 ? "" : "s", " holding its NCCL collectives ",
+               graphs.size() == 1 ? "was" : "were", " still alive: ", absl::StrJoin(graphs, ", "),
+               "; released (a later replay throws). NCCL's abort and destroy wait until every "
+               "such graph is gone: destroy them before the training function returns")),
+           false);
 }
 
 absl::Status StartThread(std::vector<std::thread>& threads, const std::function<void()>& main) {
@@ -524,6 +626,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                                                      " threw an exception of unknown type")),
                  false);
       }
+      ReleaseGraphsOnReturn(run, r, *comms[r]);
       if (procs) procs->RankExited(r);
       run.Finish(r);
       run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
@@ -544,7 +647,8 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
     run.set_describe_remote(
         [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
   }
-  std::thread watchdog([&] { run.Watch(options.timeout_s, sigint_at_start, agreement); });
+  std::thread watchdog(
+      [&] { run.Watch(options.timeout_s, sigint_at_start, agreement, hooks.exit_process); });
   // Several processes: this thread is the process's MPI thread until every rank exited.
   if (procs) {
     procs->Serve(run.stop_token(),
@@ -553,6 +657,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                   .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
   }
   for (std::thread& t : threads) t.join();
+  run.Joined();
   watchdog.join();
 
   absl::Status status = run.result();

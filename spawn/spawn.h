@@ -154,8 +154,11 @@ struct SpawnHooks {
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
       const std::vector<nn::Device>& devices)>
       make_communicators;
-  // Called from the SIGINT handler on the second Ctrl-C, with the exit status,
-  // instead of _exit. Must be async-signal-safe.
+  // Called instead of _exit, with the exit status: from the SIGINT handler on
+  // the second Ctrl-C (so it must be async-signal-safe), and from the watchdog
+  // when a communicator cannot be aborted because a rank stays inside a library
+  // call (status 1). If it returns, the watchdog tries the abort again at its
+  // next poll.
   void (*exit_process)(int status) = nullptr;
 };
 

@@ -53,10 +53,10 @@ std::vector<std::string> AllGatherStrings(Context& ctx, const std::string& mine)
   const std::vector<int64_t> lengths = comm.all_gather(length).to_vector<int64_t>();
   const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
   nn::Tensor bytes = nn::zeros({longest}, {.dtype = nn::kUInt8});
-  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  std::memcpy(bytes.host_ptr(), mine.data(), mine.size());
   const nn::Tensor all = comm.all_gather(bytes.to(ctx.device())).to(nn::Device::CPU());
   std::vector<std::string> out;
-  const char* data = static_cast<const char*>(all.data_ptr());
+  const char* data = static_cast<const char*>(all.host_ptr());
   for (size_t r = 0; r < lengths.size(); ++r) {
     out.emplace_back(data + r * longest, static_cast<size_t>(lengths[r]));
   }

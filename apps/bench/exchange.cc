@@ -32,7 +32,7 @@ absl::Status WriteRawTensor(const std::string& path, const nn::Tensor& tensor) {
     return absl::InvalidArgumentError(absl::StrCat("fopen ", path, ": ", std::strerror(errno)));
   }
   const size_t bytes = static_cast<size_t>(host.nbytes());
-  if (bytes > 0 && std::fwrite(host.data_ptr(), 1, bytes, f.get()) != bytes) {
+  if (bytes > 0 && std::fwrite(host.host_ptr(), 1, bytes, f.get()) != bytes) {
     return absl::InternalError(absl::StrCat("fwrite ", path, ": ", std::strerror(errno)));
   }
   if (std::fclose(f.release()) != 0) {
@@ -57,7 +57,7 @@ absl::StatusOr<nn::Tensor> ReadRawTensor(const std::string& path, const nn::Shap
   if (f == nullptr) {
     return absl::NotFoundError(absl::StrCat("fopen ", path, ": ", std::strerror(errno)));
   }
-  if (want > 0 && std::fread(out.data_ptr(), 1, static_cast<size_t>(want), f.get()) !=
+  if (want > 0 && std::fread(out.host_ptr(), 1, static_cast<size_t>(want), f.get()) !=
                       static_cast<size_t>(want)) {
     return absl::InvalidArgumentError(absl::StrCat("fread ", path, ": short read"));
   }

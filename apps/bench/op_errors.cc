@@ -23,8 +23,8 @@ using namespace tandem;
 // ||a - b|| / ||b||, both read as double.
 double RelErr(const nn::Tensor& a, const nn::Tensor& b) {
   nn::Tensor a64 = a.to(nn::kFloat64), b64 = b.to(nn::kFloat64);
-  const double* pa = a64.data<double>();
-  const double* pb = b64.data<double>();
+  const double* pa = a64.host_data<double>();
+  const double* pb = b64.host_data<double>();
   double num = 0, den = 0;
   for (int64_t i = 0; i < a64.numel(); ++i) {
     num += (pa[i] - pb[i]) * (pa[i] - pb[i]);

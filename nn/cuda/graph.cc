@@ -62,6 +62,10 @@ struct GraphMemory {
 // What a capture on this thread collects (null when none runs).
 struct CaptureState {
   std::vector<std::function<void()>>* hooks;
+  // Post-replay hooks with their keys (at most one per key).
+  std::vector<std::pair<const void*, std::function<void()>>>* post_hooks;
+  // Releases the graph being captured (CudaGraph::ReleaserOfCurrentCapture).
+  std::function<std::string(const std::string&)> releaser;
   // Graph memory whose owner died during this capture: released after it ends
   // (the device synchronisation that releasing needs is not allowed inside).
   std::vector<GraphMemory> released;
@@ -173,6 +177,8 @@ struct CudaGraph::Impl {
   int64_t num_nodes = 0;
   std::shared_ptr<CaptureArena> arena;
   std::vector<std::function<void()>> hooks;
+  std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
+  std::string released;  // why Release ran ("" while the graph may be replayed)
 };
 
 CudaGraph::CudaGraph(Device device) : device_(device) {
@@ -181,7 +187,7 @@ CudaGraph::CudaGraph(Device device) : device_(device) {
   const int count = internal::CudaDeviceCount();
   TANDEM_CHECK(device.index >= 0 && device.index < count, "CudaGraph: device ", device.ToString(),
                " is not visible (", count, " CUDA device", count == 1 ? "" : "s", " visible)");
-  impl_ = std::make_unique<Impl>();
+  impl_ = std::make_shared<Impl>();
 }
 
 CudaGraph::~CudaGraph() {
@@ -202,6 +208,21 @@ bool CudaGraph::AddPreReplayHook(std::function<void()> hook) {
   if (t_capture == nullptr) return false;
   TANDEM_CHECK(hook != nullptr, "CudaGraph::AddPreReplayHook: empty hook");
   t_capture->hooks->push_back(std::move(hook));
+  return true;
+}
+
+std::function<std::string(const std::string&)> CudaGraph::ReleaserOfCurrentCapture() {
+  if (t_capture == nullptr) return nullptr;
+  return t_capture->releaser;
+}
+
+bool CudaGraph::AddPostReplayHook(const void* key, std::function<void()> hook) {
+  if (t_capture == nullptr) return false;
+  TANDEM_CHECK(hook != nullptr, "CudaGraph::AddPostReplayHook: empty hook");
+  for (const auto& [k, h] : *t_capture->post_hooks) {
+    if (k == key) return true;
+  }
+  t_capture->post_hooks->emplace_back(key, std::move(hook));
   return true;
 }
 
@@ -226,8 +247,23 @@ void CudaGraph::Capture(const std::function<void()>& step) {
 
   auto arena = std::make_shared<CaptureArena>(device_);
   std::vector<std::function<void()>> hooks;
+  std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
   internal::DeferredCudaFrees deferred;
-  CaptureState state{&hooks, {}};
+  CaptureState state{&hooks, &post_hooks,
+                     [impl = std::weak_ptr<Impl>(impl_), device = device_](
+                         const std::string& reason) -> std::string {
+                       std::shared_ptr<Impl> graph = impl.lock();
+                       if (graph == nullptr || graph->exec == nullptr) return "";
+                       // Safe while a launch is pending: the driver defers the
+                       // release. The graph memory (arena) stays until the
+                       // CudaGraph goes.
+                       cudaGraphExecDestroy(graph->exec);
+                       graph->exec = nullptr;
+                       graph->released = reason;
+                       return absl::StrCat("CUDA graph of ", device.ToString(), " (",
+                                           graph->num_nodes, " nodes)");
+                     },
+                     {}};
 
   std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
@@ -332,9 +368,12 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   impl_->num_nodes = work_nodes;
   impl_->arena = std::move(arena);
   impl_->hooks = std::move(hooks);
+  impl_->post_hooks = std::move(post_hooks);
 }
 
 void CudaGraph::Replay() {
+  TANDEM_CHECK(impl_->released.empty(), "CudaGraph::Replay: the graph of ", device_.ToString(),
+               " was released: ", impl_->released);
   TANDEM_CHECK(impl_->exec != nullptr, "CudaGraph::Replay: the graph of ", device_.ToString(),
                " has not been captured (call Capture first)");
   TANDEM_CHECK(t_capture == nullptr,
@@ -344,6 +383,7 @@ void CudaGraph::Replay() {
                device_.ToString(), " (use nn::DeviceGuard)");
   for (const std::function<void()>& hook : impl_->hooks) hook();
   TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, internal::ThreadStream(device_)), device_);
+  for (const auto& [key, hook] : impl_->post_hooks) hook();
 }
 
 }  // namespace tandem::nn

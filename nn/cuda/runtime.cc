@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nn/cuda/context.h"
 #include "nn/error.h"
 #include "nn/internal/cuda_runtime.h"
@@ -542,6 +543,20 @@ int CudaGetDevice() {
   int index = 0;
   CheckCuda(cudaGetDevice(&index), "cudaGetDevice", Device::CUDA(0));
   return index;
+}
+
+std::string CudaDeviceUuid(int index) {
+  // cudaGetDeviceProperties reads the device's attributes without making a
+  // context on it.
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
 }
 
 int CudaDeviceCount() {

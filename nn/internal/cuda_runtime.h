@@ -8,6 +8,7 @@
 #define TANDEM_NN_INTERNAL_CUDA_RUNTIME_H_
 
 #include <cstdint>
+#include <string>
 #include <memory>
 
 #include "nn/device.h"
@@ -67,6 +68,9 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
 void CudaMemsetZero(void* dst, Device device, int64_t bytes);
 // Number of visible devices; 0 when there is no driver or no device.
 int CudaDeviceCount();
+// The device's UUID as nvidia-smi prints it ("GPU-8f2d...", "MIG-..." for a MIG
+// instance is not distinguished: "GPU-" always); "" if CUDA cannot say.
+std::string CudaDeviceUuid(int index);
 // Selects `device` for the calling thread (cudaSetDevice).
 void CudaSetDevice(int index);
 // The calling thread's CUDA runtime device (cudaGetDevice), for tests.

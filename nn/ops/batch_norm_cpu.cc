@@ -20,7 +20,7 @@ void ForChannel(BatchNormShape s, int64_t c, F&& f) {
 void BatchNormStatsCpu(const Tensor& x, const Tensor& mean, const Tensor& var, BatchNormShape s) {
   const double m = static_cast<double>(s.n * s.hw);
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d", [&]<typename T>() {
-    const T* px = x.data<T>();
+    const T* px = x.host_data<T>();
     for (int64_t c = 0; c < s.c; ++c) {
       double total = 0;
       ForChannel(s, c, [&](int64_t k) { total += static_cast<double>(px[k]); });
@@ -30,8 +30,8 @@ void BatchNormStatsCpu(const Tensor& x, const Tensor& mean, const Tensor& var, B
         const double d = static_cast<double>(px[k]) - mu;
         squares += d * d;
       });
-      mean.data<T>()[c] = static_cast<T>(mu);
-      var.data<T>()[c] = static_cast<T>(squares / m);
+      mean.host_data<T>()[c] = static_cast<T>(mu);
+      var.host_data<T>()[c] = static_cast<T>(squares / m);
     }
   });
 }
@@ -40,13 +40,13 @@ void BatchNormForwardCpu(const Tensor& x, const Tensor& mean, const Tensor& var,
                          const Tensor& weight, const Tensor& bias, const Tensor& y, double eps,
                          BatchNormShape s) {
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
     for (int64_t c = 0; c < s.c; ++c) {
-      const T invstd = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var.data<T>()[c]) + eps));
-      const T w = weight.defined() ? weight.data<T>()[c] : T(1);
-      const T b = bias.defined() ? bias.data<T>()[c] : T(0);
-      const T mu = mean.data<T>()[c];
+      const T invstd = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var.host_data<T>()[c]) + eps));
+      const T w = weight.defined() ? weight.host_data<T>()[c] : T(1);
+      const T b = bias.defined() ? bias.host_data<T>()[c] : T(0);
+      const T mu = mean.host_data<T>()[c];
       ForChannel(s, c, [&](int64_t k) { py[k] = (px[k] - mu) * invstd * w + b; });
     }
   });
@@ -56,19 +56,19 @@ void BatchNormBackwardReduceCpu(const Tensor& dy, const Tensor& x, const Tensor&
                                 const Tensor& var, const Tensor& sum_dy,
                                 const Tensor& sum_dy_xhat, double eps, BatchNormShape s) {
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d_backward", [&]<typename T>() {
-    const T* px = x.data<T>();
-    const T* pg = dy.data<T>();
+    const T* px = x.host_data<T>();
+    const T* pg = dy.host_data<T>();
     for (int64_t c = 0; c < s.c; ++c) {
-      const double invstd = 1.0 / std::sqrt(static_cast<double>(var.data<T>()[c]) + eps);
-      const double mu = static_cast<double>(mean.data<T>()[c]);
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(var.host_data<T>()[c]) + eps);
+      const double mu = static_cast<double>(mean.host_data<T>()[c]);
       double a = 0, b = 0;
       ForChannel(s, c, [&](int64_t k) {
         const double g = static_cast<double>(pg[k]);
         a += g;
         b += g * (static_cast<double>(px[k]) - mu) * invstd;
       });
-      sum_dy.data<T>()[c] = static_cast<T>(a);
-      sum_dy_xhat.data<T>()[c] = static_cast<T>(b);
+      sum_dy.host_data<T>()[c] = static_cast<T>(a);
+      sum_dy_xhat.host_data<T>()[c] = static_cast<T>(b);
     }
   });
 }
@@ -79,20 +79,20 @@ void BatchNormBackwardInputCpu(const Tensor& dy, const Tensor& x, const Tensor& 
                                bool training, BatchNormShape s) {
   const double m = static_cast<double>(s.n * s.hw);
   TANDEM_DISPATCH_FLOAT(x.dtype(), "batch_norm2d_backward", [&]<typename T>() {
-    const T* px = x.data<T>();
-    const T* pg = dy.data<T>();
-    T* pdx = dx.data<T>();
+    const T* px = x.host_data<T>();
+    const T* pg = dy.host_data<T>();
+    T* pdx = dx.host_data<T>();
     for (int64_t c = 0; c < s.c; ++c) {
-      const T invstd = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var.data<T>()[c]) + eps));
-      const T w = weight.defined() ? weight.data<T>()[c] : T(1);
-      const T mu = mean.data<T>()[c];
+      const T invstd = static_cast<T>(1.0 / std::sqrt(static_cast<double>(var.host_data<T>()[c]) + eps));
+      const T w = weight.defined() ? weight.host_data<T>()[c] : T(1);
+      const T mu = mean.host_data<T>()[c];
       if (!training) {
         const T scale = w * invstd;
         ForChannel(s, c, [&](int64_t k) { pdx[k] = pg[k] * scale; });
         continue;
       }
-      const T a = sum_dy.data<T>()[c];
-      const T b = sum_dy_xhat.data<T>()[c];
+      const T a = sum_dy.host_data<T>()[c];
+      const T b = sum_dy_xhat.host_data<T>()[c];
       const T scale = static_cast<T>(static_cast<double>(w * invstd) / m);
       const T mt = static_cast<T>(m);
       ForChannel(s, c, [&](int64_t k) {

@@ -250,11 +250,11 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
     const Tensor out_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
-    T* cols = cols_buffer.data<T>();
-    const T* px = x.data<T>();
-    const T* pw = weight.data<T>();
-    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
-    T* py = y.data<T>();
+    T* cols = cols_buffer.host_data<T>();
+    const T* px = x.host_data<T>();
+    const T* pw = weight.host_data<T>();
+    const T* pb = bias.defined() ? bias.host_data<T>() : nullptr;
+    T* py = y.host_data<T>();
     for (int64_t first = 0; first < g.n; first += chunk) {
       const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
       T* y_first = py + first * g.o * positions;
@@ -274,7 +274,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
       }
       // out (o, count * positions) = weight (o, taps) cols (taps, count * positions),
       // then y[first + s] (o, positions) = out[:, s] (+ bias).
-      T* out = out_buffer.data<T>();
+      T* out = out_buffer.host_data<T>();
       for (int64_t k = 0; k < groups; ++k) {
         for (int64_t s = 0; s < count; ++s) {
           Im2Col(px + ((first + s) * g.c + k * cg) * g.h * g.w, one, cols + s * positions, ld);
@@ -319,17 +319,17 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
     const Tensor dy_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
-    T* cols = cols_buffer.data<T>();
-    const T* pdy = dy.data<T>();
-    const T* pw = weight.data<T>();
-    T* pdx = dx.data<T>();
+    T* cols = cols_buffer.host_data<T>();
+    const T* pdy = dy.host_data<T>();
+    const T* pw = weight.host_data<T>();
+    T* pdx = dx.host_data<T>();
     std::fill(pdx, pdx + dx.numel(), T(0));
     for (int64_t first = 0; first < g.n; first += chunk) {
       const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
       const T* dy_chunk = pdy + first * g.o * positions;
       if (count > 1) {
-        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
-        dy_chunk = dy_buffer.data<T>();
+        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.host_data<T>());
+        dy_chunk = dy_buffer.host_data<T>();
       }
       // Per group: dcols (taps, count * positions) = weight^T (taps, og) dy (og, count * positions).
       for (int64_t k = 0; k < groups; ++k) {
@@ -364,16 +364,16 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
     const TensorOptions host{.dtype = DTypeOf<T>::value, .device = Device::CPU()};
     const Tensor cols_buffer = empty({taps * chunk * positions}, host);
     const Tensor dy_buffer = empty({chunk > 1 ? g.o * chunk * positions : 0}, host);
-    T* cols = cols_buffer.data<T>();
-    const T* pdy = dy.data<T>();
-    const T* px = x.data<T>();
-    T* pdw = dweight.data<T>();
+    T* cols = cols_buffer.host_data<T>();
+    const T* pdy = dy.host_data<T>();
+    const T* px = x.host_data<T>();
+    T* pdw = dweight.host_data<T>();
     for (int64_t first = 0; first < g.n; first += chunk) {
       const int64_t count = std::min(chunk, g.n - first), ld = count * positions;
       const T* dy_chunk = pdy + first * g.o * positions;
       if (count > 1) {
-        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.data<T>());
-        dy_chunk = dy_buffer.data<T>();
+        GatherChunk(dy_chunk, g.o, positions, count, dy_buffer.host_data<T>());
+        dy_chunk = dy_buffer.host_data<T>();
       }
       for (int64_t k = 0; k < groups; ++k) {
         for (int64_t s = 0; s < count; ++s) {
@@ -410,8 +410,8 @@ void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {
     // kLanes partial sums (element q of a plane goes to lane q % kLanes), added
     // in a fixed order at the end: vectorisable and deterministic.
     constexpr int64_t kLanes = 16;
-    const T* pdy = dy.data<T>();
-    T* pdb = dbias.data<T>();
+    const T* pdy = dy.host_data<T>();
+    T* pdb = dbias.host_data<T>();
     for (int64_t oc = 0; oc < o; ++oc) {
       T lanes[kLanes] = {};
       for (int64_t s = 0; s < n; ++s) {

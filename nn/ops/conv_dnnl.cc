@@ -286,7 +286,7 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
   std::unordered_map<int, memory> args;
   std::vector<std::pair<memory, memory>> copy_back;
   auto bind = [&](int arg, const memory::desc& plain, const Tensor& t, bool is_output) {
-    memory user(plain, Engine(), t.data_ptr());
+    memory user(plain, Engine(), t.host_ptr());
     const memory::desc& want = e.want.at(arg);
     if (want == plain) {
       args.emplace(arg, user);
@@ -294,26 +294,26 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
     }
     if (!is_output) {
       for (const auto& [data, desc, copy] : reordered.inputs) {
-        if (data == t.data_ptr() && desc == want) {
+        if (data == t.host_ptr() && desc == want) {
           args.emplace(arg, copy);
           return;
         }
       }
     }
     reordered.keep.push_back(Buffer(want));
-    memory blocked(want, Engine(), reordered.keep.back().data_ptr());
+    memory blocked(want, Engine(), reordered.keep.back().host_ptr());
     if (is_output) {
       copy_back.emplace_back(blocked, user);
     } else {
       dnnl::reorder(user, blocked).execute(stream, user, blocked);
-      reordered.inputs.emplace_back(t.data_ptr(), want, blocked);
+      reordered.inputs.emplace_back(t.host_ptr(), want, blocked);
     }
     args.emplace(arg, blocked);
   };
   for (const auto& [arg, value] : in) bind(arg, value.first, *value.second, false);
   for (const auto& [arg, value] : out) bind(arg, value.first, *value.second, true);
   Tensor scratch = Buffer(e.scratchpad);
-  args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, Engine(), scratch.data_ptr()));
+  args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, Engine(), scratch.host_ptr()));
   e.primitive.execute(stream, args);
   for (auto& [from, to] : copy_back) dnnl::reorder(from, to).execute(stream, from, to);
   stream.wait();

@@ -9,9 +9,9 @@ void DropoutForwardCpu(const Tensor& x, const Tensor& y, const Tensor& mask, flo
   const int64_t n = x.numel();
   TANDEM_DISPATCH_FLOATING(x.dtype(), "dropout", [&]<typename T>() {
     using C = Compute<T>;
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
-    uint8_t* pm = mask.data<uint8_t>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
+    uint8_t* pm = mask.host_data<uint8_t>();
     const C s = static_cast<C>(scale);
     for (int64_t i = 0; i < n; ++i) {
       const bool keep = DropoutKeeps(seed, stream, offset, static_cast<uint64_t>(i), p);
@@ -25,9 +25,9 @@ void DropoutBackwardCpu(const Tensor& gy, const Tensor& mask, const Tensor& gx, 
   const int64_t n = gy.numel();
   TANDEM_DISPATCH_FLOATING(gy.dtype(), "dropout_backward", [&]<typename T>() {
     using C = Compute<T>;
-    const T* pg = gy.data<T>();
-    const uint8_t* pm = mask.data<uint8_t>();
-    T* po = gx.data<T>();
+    const T* pg = gy.host_data<T>();
+    const uint8_t* pm = mask.host_data<uint8_t>();
+    T* po = gx.host_data<T>();
     const C s = static_cast<C>(scale);
     for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(pm[i] ? Load(pg[i]) * s : C(0));
   });

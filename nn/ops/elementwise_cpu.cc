@@ -76,9 +76,9 @@ void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
                const BroadcastPlan& plan) {
   const int64_t n = out.numel();
   TANDEM_DISPATCH_FLOATING(a.dtype(), "binary op", [&]<typename T>() {
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
-    T* po = out.data<T>();
+    const T* pa = a.host_data<T>();
+    const T* pb = b.host_data<T>();
+    T* po = out.host_data<T>();
     if (plan.same_shape) return BinaryLoop(op, pa, pb, 1, po, n);
     if (b.numel() == 1) return BinaryLoop(op, pa, pb, 0, po, n);
     // General case: walk the output with a multi-index, advancing both operands.
@@ -112,8 +112,8 @@ void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double 
   const int64_t n = x.numel();
   TANDEM_DISPATCH_FLOATING(x.dtype(), "unary op", [&]<typename T>() {
     using C = Compute<T>;
-    const T* px = x.data<T>();
-    T* po = out.data<T>();
+    const T* px = x.host_data<T>();
+    T* po = out.host_data<T>();
     const C a = static_cast<C>(s0), b = static_cast<C>(s1);
     switch (op) {
       case UnaryOp::kAffine: return UnaryLoop<UnaryOp::kAffine, T>(px, po, n, a, b);
@@ -136,13 +136,13 @@ void SumToCpu(const Tensor& x, const Tensor& out) {
   const int64_t n_out = out.numel();
   TANDEM_DISPATCH_FLOATING(x.dtype(), "sum_to", [&]<typename T>() {
     using C = Compute<T>;
-    const T* px = x.data<T>();
+    const T* px = x.host_data<T>();
     // float and double accumulate in the output itself; bfloat16 in a float
     // buffer, rounded once per output element at the end.
     std::vector<C> buffer;
     C* acc;
     if constexpr (std::is_same_v<T, C>) {
-      acc = out.data<T>();
+      acc = out.host_data<T>();
     } else {
       buffer.resize(static_cast<size_t>(n_out));
       acc = buffer.data();
@@ -160,7 +160,7 @@ void SumToCpu(const Tensor& x, const Tensor& out) {
       }
     }
     if constexpr (!std::is_same_v<T, C>) {
-      T* po = out.data<T>();
+      T* po = out.host_data<T>();
       for (int64_t i = 0; i < n_out; ++i) po[i] = Store<T>(acc[i]);
     }
   });

@@ -15,7 +15,7 @@ void Fill(const Tensor& t, double value) {
   }
   const int64_t n = t.numel();
   TANDEM_DISPATCH_ALL(t.dtype(), [&]<typename T>() {
-    T* p = t.data<T>();
+    T* p = t.host_data<T>();
     T v;
     if constexpr (std::is_same_v<T, BFloat16>) {
       v = BFloat16(static_cast<float>(value));
@@ -34,8 +34,8 @@ void Axpy(const Tensor& y, const Tensor& x, double alpha) {
   }
   const int64_t n = y.numel();
   TANDEM_DISPATCH_FLOATING(y.dtype(), "add_", [&]<typename T>() {
-    T* py = y.data<T>();
-    const T* px = x.data<T>();
+    T* py = y.host_data<T>();
+    const T* px = x.host_data<T>();
     if constexpr (std::is_same_v<T, BFloat16>) {
       // float arithmetic, one rounding per element (gradient accumulation in bf16).
       const float a = static_cast<float>(alpha);
@@ -57,7 +57,7 @@ void Scale(const Tensor& t, double value) {
   }
   const int64_t n = t.numel();
   TANDEM_DISPATCH_FLOATING(t.dtype(), "mul_", [&]<typename T>() {
-    T* p = t.data<T>();
+    T* p = t.host_data<T>();
     if constexpr (std::is_same_v<T, BFloat16>) {
       const float v = static_cast<float>(value);
       for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(static_cast<float>(p[i]) * v);
@@ -76,7 +76,7 @@ void FillRandom(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset
   }
   const int64_t n = t.numel();
   TANDEM_DISPATCH_FLOAT(t.dtype(), normal ? "randn" : "rand", [&]<typename T>() {
-    T* p = t.data<T>();
+    T* p = t.host_data<T>();
     for (int64_t i = 0; i < n; ++i) {
       const Philox4x32 r = PhiloxAt(seed, stream, offset, static_cast<uint64_t>(i));
       p[i] = normal ? static_cast<T>(NormalFromBits(r.out[0], r.out[1]))

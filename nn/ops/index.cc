@@ -27,7 +27,7 @@ Tensor index_select(const Tensor& source, const Tensor& indices) {
   } else if (!source.is_cuda()) {
     // Rows of zero elements: nothing to copy, but the indices must still be valid.
     const int64_t n = source.size(0);
-    const int64_t* p = indices.data<int64_t>();
+    const int64_t* p = indices.host_data<int64_t>();
     for (int64_t b = 0; b < indices.size(0); ++b) {
       TANDEM_CHECK(p[b] >= 0 && p[b] < n, "index_select: indices[", b, "] = ", p[b],
                    " is out of range for source ", source.ToString(), " (N = ", n, ")");

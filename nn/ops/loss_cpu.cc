@@ -9,16 +9,16 @@ namespace tandem::nn::ops::internal {
 void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                             const Tensor& loss, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
-  const int64_t* pl = labels.data<int64_t>();
+  const int64_t* pl = labels.host_data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     TANDEM_CHECK(pl[i] >= 0 && pl[i] < c, "cross_entropy: label ", pl[i], " at row ", i,
                  " is out of range for ", c, " classes (logits of shape ",
                  ShapeToString(logits.shape()), ")");
   }
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<typename T>() {
-    const T* px = logits.data<T>();
-    T* plse = lse.data<T>();
-    T* ploss = loss.data<T>();
+    const T* px = logits.host_data<T>();
+    T* plse = lse.host_data<T>();
+    T* ploss = loss.host_data<T>();
     double total = 0;
     for (int64_t i = 0; i < n; ++i) {
       const T* row = px + i * c;
@@ -40,12 +40,12 @@ void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Te
 void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                              const Tensor& g, const Tensor& dlogits, Reduction reduction) {
   const int64_t n = logits.size(0), c = logits.size(1);
-  const int64_t* pl = labels.data<int64_t>();
+  const int64_t* pl = labels.host_data<int64_t>();
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<typename T>() {
-    const T* px = logits.data<T>();
-    const T* plse = lse.data<T>();
-    T* pd = dlogits.data<T>();
-    const T* pg = g.data<T>();
+    const T* px = logits.host_data<T>();
+    const T* plse = lse.host_data<T>();
+    T* pd = dlogits.host_data<T>();
+    const T* pg = g.host_data<T>();
     // kMean and kSum: one 0-dim upstream gradient; kNone: one per row.
     const T uniform_scale = reduction == Reduction::kMean ? pg[0] / static_cast<T>(n) : pg[0];
     for (int64_t i = 0; i < n; ++i) {
@@ -60,9 +60,9 @@ void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const T
 
 void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out) {
   const int64_t n = logits.size(0), c = logits.size(1);
-  const int64_t* pl = labels.data<int64_t>();
+  const int64_t* pl = labels.host_data<int64_t>();
   TANDEM_DISPATCH_FLOAT(logits.dtype(), "accuracy", [&]<typename T>() {
-    const T* px = logits.data<T>();
+    const T* px = logits.host_data<T>();
     int64_t hits = 0;
     for (int64_t i = 0; i < n; ++i) {
       const T* row = px + i * c;
@@ -73,7 +73,7 @@ void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out) 
       hits += best == pl[i] ? 1 : 0;
     }
     // No rows: 0/0 = NaN, as a mean over nothing.
-    *out.data<float>() = static_cast<float>(static_cast<double>(hits) / static_cast<double>(n));
+    *out.host_data<float>() = static_cast<float>(static_cast<double>(hits) / static_cast<double>(n));
   });
 }
 

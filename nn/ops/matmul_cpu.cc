@@ -83,14 +83,14 @@ void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const
   if (a.dtype() == kBFloat16) {
     const Tensor af = WidenBFloat16(a), bf = WidenBFloat16(b);
     Tensor acc = empty({m, n}, {.dtype = kFloat32});
-    GemmRaw<float>(trans_a, trans_b, m, n, k, 1.0f, af.data<float>(), a.size(1),
-                   bf.data<float>(), b.size(1), 0.0f, acc.data<float>(), n);
-    RoundToBFloat16(acc.data<float>(), out.data<BFloat16>(), m * n);
+    GemmRaw<float>(trans_a, trans_b, m, n, k, 1.0f, af.host_data<float>(), a.size(1),
+                   bf.host_data<float>(), b.size(1), 0.0f, acc.host_data<float>(), n);
+    RoundToBFloat16(acc.host_data<float>(), out.host_data<BFloat16>(), m * n);
     return;
   }
   TANDEM_DISPATCH_FLOAT(a.dtype(), "matmul", [&]<typename T>() {
-    GemmRaw<T>(trans_a, trans_b, m, n, k, T(1), a.data<T>(), a.size(1), b.data<T>(), b.size(1),
-               T(0), out.data<T>(), n);
+    GemmRaw<T>(trans_a, trans_b, m, n, k, T(1), a.host_data<T>(), a.size(1), b.host_data<T>(), b.size(1),
+               T(0), out.host_data<T>(), n);
   });
 }
 
@@ -100,11 +100,11 @@ void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool r
   if (x.dtype() == kBFloat16) {
     const Tensor xf = WidenBFloat16(x), wf = WidenBFloat16(weight);
     Tensor acc = empty({rows, outs}, {.dtype = kFloat32});
-    float* y = acc.data<float>();
-    GemmRaw<float>(false, true, rows, outs, in, 1.0f, xf.data<float>(), in, wf.data<float>(), in,
+    float* y = acc.host_data<float>();
+    GemmRaw<float>(false, true, rows, outs, in, 1.0f, xf.host_data<float>(), in, wf.host_data<float>(), in,
                    0.0f, y, outs);
-    const BFloat16* b = bias.defined() ? bias.data<BFloat16>() : nullptr;
-    BFloat16* o = out.data<BFloat16>();
+    const BFloat16* b = bias.defined() ? bias.host_data<BFloat16>() : nullptr;
+    BFloat16* o = out.host_data<BFloat16>();
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = y + r * outs;
       BFloat16* out_row = o + r * outs;
@@ -116,10 +116,10 @@ void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool r
     return;
   }
   TANDEM_DISPATCH_FLOAT(x.dtype(), "linear", [&]<typename T>() {
-    T* y = out.data<T>();
-    GemmRaw<T>(false, true, rows, outs, in, T(1), x.data<T>(), in, weight.data<T>(), in, T(0), y,
+    T* y = out.host_data<T>();
+    GemmRaw<T>(false, true, rows, outs, in, T(1), x.host_data<T>(), in, weight.host_data<T>(), in, T(0), y,
                outs);
-    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    const T* b = bias.defined() ? bias.host_data<T>() : nullptr;
     if (b == nullptr && !relu) return;
     for (int64_t r = 0; r < rows; ++r) {
       T* row = y + r * outs;
@@ -135,17 +135,17 @@ void BiasGradCpu(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.size(0), cols = dy.size(1);
   if (dy.dtype() == kBFloat16) {
     // Accumulate in float32, round once.
-    const BFloat16* g = dy.data<BFloat16>();
+    const BFloat16* g = dy.host_data<BFloat16>();
     std::vector<float> acc(static_cast<size_t>(cols), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < cols; ++j) acc[j] += static_cast<float>(g[r * cols + j]);
     }
-    RoundToBFloat16(acc.data(), db.data<BFloat16>(), cols);
+    RoundToBFloat16(acc.data(), db.host_data<BFloat16>(), cols);
     return;
   }
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "linear_backward", [&]<typename T>() {
-    const T* g = dy.data<T>();
-    T* out = db.data<T>();
+    const T* g = dy.host_data<T>();
+    T* out = db.host_data<T>();
     for (int64_t j = 0; j < cols; ++j) out[j] = T(0);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t j = 0; j < cols; ++j) out[j] += g[r * cols + j];

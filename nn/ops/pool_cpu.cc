@@ -290,9 +290,9 @@ void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
                          const Tensor& indices) {
   const int64_t planes = g.n * g.c;
   TANDEM_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
-    int64_t* pi = indices.data<int64_t>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
+    int64_t* pi = indices.host_data<int64_t>();
     if constexpr (std::is_same_v<T, Acc<T>>) {
       if (MaxPoolFastForward(g)) {
         const int64_t outs = g.oh * g.ow;
@@ -335,18 +335,18 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
                           const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
   const int64_t planes = g.n * g.c, outs = g.oh * g.ow;
   TANDEM_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&]<typename T>() {
-    const T* pdy = dy.data<T>();
-    const int64_t* pi = indices.data<int64_t>();
+    const T* pdy = dy.host_data<T>();
+    const int64_t* pi = indices.host_data<int64_t>();
     if constexpr (std::is_same_v<T, Acc<T>>) {
       if (MaxPoolFastBackward(g)) {
-        T* pdx = dx.data<T>();
+        T* pdx = dx.host_data<T>();
         for (int64_t p = 0; p < planes; ++p) {
           MaxPoolBackwardPlaneFast(pdy + p * outs, pi + p * outs, pdx + p * g.h * g.w, g);
         }
         return;
       }
     }
-    SumIntoPlanes(dx.data<T>(), planes, g.h * g.w, [&](int64_t p, Acc<T>* plane) {
+    SumIntoPlanes(dx.host_data<T>(), planes, g.h * g.w, [&](int64_t p, Acc<T>* plane) {
       for (int64_t q = 0; q < outs; ++q) {
         const int64_t k = p * outs + q;
         if (pi[k] >= 0) plane[pi[k]] += static_cast<Acc<T>>(pdy[k]);
@@ -358,8 +358,8 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
 void AvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
   const int64_t planes = g.n * g.c;
   TANDEM_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
     const Acc<T> scale = Acc<T>(1) / static_cast<Acc<T>>(g.kh * g.kw);
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = px + p * g.h * g.w;
@@ -384,9 +384,9 @@ void AvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
 void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
   const int64_t planes = g.n * g.c;
   TANDEM_DISPATCH_FLOATING(dy.dtype(), "avg_pool2d_backward", [&]<typename T>() {
-    const T* pdy = dy.data<T>();
+    const T* pdy = dy.host_data<T>();
     const Acc<T> scale = Acc<T>(1) / static_cast<Acc<T>>(g.kh * g.kw);
-    SumIntoPlanes(dx.data<T>(), planes, g.h * g.w, [&](int64_t p, Acc<T>* plane) {
+    SumIntoPlanes(dx.host_data<T>(), planes, g.h * g.w, [&](int64_t p, Acc<T>* plane) {
       for (int64_t oy = 0; oy < g.oh; ++oy) {
         for (int64_t ox = 0; ox < g.ow; ++ox) {
           const Acc<T> v = static_cast<Acc<T>>(pdy[(p * g.oh + oy) * g.ow + ox]) * scale;
@@ -407,8 +407,8 @@ void AvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tenso
 void AdaptiveAvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
   const int64_t planes = g.n * g.c;
   TANDEM_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = px + p * g.h * g.w;
       for (int64_t oy = 0; oy < g.oh; ++oy) {
@@ -429,8 +429,8 @@ void AdaptiveAvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const
 void AdaptiveAvgPool2dBackwardCpu(const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx) {
   const int64_t planes = g.n * g.c;
   TANDEM_DISPATCH_FLOATING(dy.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
-    const T* pdy = dy.data<T>();
-    T* pdx = dx.data<T>();
+    const T* pdy = dy.host_data<T>();
+    T* pdx = dx.host_data<T>();
     // Gathered per dx element, in the order the CUDA kernel uses: same sums.
     for (int64_t p = 0; p < planes; ++p) {
       const T* dplane = pdy + p * g.oh * g.ow;

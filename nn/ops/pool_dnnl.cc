@@ -150,25 +150,25 @@ void Run(const Entry& e, const memory::desc& in_want, const Tensor& in,
          const memory::desc& out_plain, const Tensor& workspace, int in_arg, int out_arg) {
   dnnl::stream& stream = DnnlStream();
   const dnnl::engine& engine = DnnlEngine();
-  memory in_user(in_plain, engine, in.data_ptr()), out_user(out_plain, engine, out.data_ptr());
+  memory in_user(in_plain, engine, in.host_ptr()), out_user(out_plain, engine, out.host_ptr());
   memory in_mem = in_user, out_mem = out_user;
   Tensor in_copy, out_copy;  // reordered copies, alive until the primitive ran
   if (in_want != in_plain) {
     in_copy = Buffer(in_want);
-    in_mem = memory(in_want, engine, in_copy.data_ptr());
+    in_mem = memory(in_want, engine, in_copy.host_ptr());
     dnnl::reorder(in_user, in_mem).execute(stream, in_user, in_mem);
   }
   if (out_want != out_plain) {
     out_copy = Buffer(out_want);
-    out_mem = memory(out_want, engine, out_copy.data_ptr());
+    out_mem = memory(out_want, engine, out_copy.host_ptr());
   }
   Tensor scratch = Buffer(e.scratchpad);
   std::unordered_map<int, memory> args = {
       {in_arg, in_mem},
       {out_arg, out_mem},
-      {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.data_ptr())}};
+      {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.host_ptr())}};
   if (workspace.defined()) {
-    args.emplace(DNNL_ARG_WORKSPACE, memory(e.workspace, engine, workspace.data_ptr()));
+    args.emplace(DNNL_ARG_WORKSPACE, memory(e.workspace, engine, workspace.host_ptr()));
   }
   e.primitive.execute(stream, args);
   if (out_copy.defined()) dnnl::reorder(out_mem, out_user).execute(stream, out_mem, out_user);

@@ -9,8 +9,8 @@ namespace tandem::nn::ops::internal {
 
 void SumDimCpu(const Tensor& x, const Tensor& out, DimSplit split, double scale) {
   TANDEM_DISPATCH_FLOAT(x.dtype(), "sum", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* po = out.data<T>();
+    const T* px = x.host_data<T>();
+    T* po = out.host_data<T>();
     if (split.inner == 1) {
       for (int64_t o = 0; o < split.outer; ++o) {
         const T* row = px + o * split.size;
@@ -38,17 +38,17 @@ void SumDimCpu(const Tensor& x, const Tensor& out, DimSplit split, double scale)
 void SumAllCpu(const Tensor& x, const Tensor& out, double scale) {
   const int64_t n = x.numel();
   TANDEM_DISPATCH_FLOAT(x.dtype(), "sum", [&]<typename T>() {
-    const T* px = x.data<T>();
+    const T* px = x.host_data<T>();
     double acc = 0;
     for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(px[i]);
-    *out.data<T>() = static_cast<T>(acc * scale);
+    *out.host_data<T>() = static_cast<T>(acc * scale);
   });
 }
 
 void ExpandDimCpu(const Tensor& g, const Tensor& out, DimSplit split, double scale) {
   TANDEM_DISPATCH_FLOAT(g.dtype(), "expand", [&]<typename T>() {
-    const T* pg = g.data<T>();
-    T* po = out.data<T>();
+    const T* pg = g.host_data<T>();
+    T* po = out.host_data<T>();
     const T s = static_cast<T>(scale);
     for (int64_t o = 0; o < split.outer; ++o) {
       for (int64_t d = 0; d < split.size; ++d) {
@@ -62,8 +62,8 @@ void ExpandDimCpu(const Tensor& g, const Tensor& out, DimSplit split, double sca
 
 void ArgmaxDimCpu(const Tensor& x, const Tensor& out, DimSplit split) {
   TANDEM_DISPATCH_FLOAT(x.dtype(), "argmax", [&]<typename T>() {
-    const T* px = x.data<T>();
-    int64_t* po = out.data<int64_t>();
+    const T* px = x.host_data<T>();
+    int64_t* po = out.host_data<int64_t>();
     for (int64_t o = 0; o < split.outer; ++o) {
       for (int64_t i = 0; i < split.inner; ++i) {
         const T* p = px + o * split.size * split.inner + i;

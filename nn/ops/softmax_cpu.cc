@@ -9,8 +9,8 @@ namespace tandem::nn::ops::internal {
 
 void SoftmaxForwardCpu(const Tensor& x, const Tensor& y, DimSplit split, bool log) {
   TANDEM_DISPATCH_FLOAT(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
+    const T* px = x.host_data<T>();
+    T* py = y.host_data<T>();
     const int64_t stride = split.inner;
     for (int64_t o = 0; o < split.outer; ++o) {
       for (int64_t i = 0; i < split.inner; ++i) {
@@ -43,9 +43,9 @@ void SoftmaxBackwardCpu(const Tensor& gy, const Tensor& y, const Tensor& gx, Dim
                         bool log) {
   TANDEM_DISPATCH_FLOAT(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
                         [&]<typename T>() {
-    const T* pg = gy.data<T>();
-    const T* py = y.data<T>();
-    T* pgx = gx.data<T>();
+    const T* pg = gy.host_data<T>();
+    const T* py = y.host_data<T>();
+    T* pgx = gx.host_data<T>();
     const int64_t stride = split.inner;
     for (int64_t o = 0; o < split.outer; ++o) {
       for (int64_t i = 0; i < split.inner; ++i) {

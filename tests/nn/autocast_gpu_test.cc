@@ -148,7 +148,10 @@ TEST_F(AutocastGpuTest, MlpStepUnderAutocastMatchesCpu) {
   auto run = [&](Device device) {
     Step s;
     for (size_t i = 1; i < host.size(); ++i) {
-      s.params.push_back(host[i].to(device).set_requires_grad(true));
+      // detach(): the CPU run's to() returns host[i] itself; without it the CPU
+      // run would mark host[i] as requiring grad, and the GPU run's copy of it
+      // would be an op's output, not a leaf.
+      s.params.push_back(host[i].detach().to(device).set_requires_grad(true));
     }
     {
       AutocastGuard autocast(kBFloat16);

@@ -230,7 +230,10 @@ TEST_F(OptimGpuTest, CaptureBeforeAnyEagerStepIsAnError) {
   EXPECT_NE(what.find("run one eager step before capturing"), std::string::npos) << what;
   EXPECT_FALSE(graph.captured());
   EXPECT_EQ(adam.step_count(0, 0), 0);
-  // The thread still trains eagerly.
+  // The thread still trains eagerly: a fresh backward (the abandoned capture's
+  // gradients lived in its graph memory), then a step that counts.
+  adam.zero_grad();
+  nn::mse_loss(net(x), y).backward();
   adam.step();
   EXPECT_EQ(adam.step_count(0, 0), 1);
 }

@@ -14,9 +14,11 @@
 //   stop-aware on a rank thread, like item(). BlockingDeviceSync() is not: it
 //   models an implicit device sync (cudnnDestroy at thread exit) that only the
 //   completion or the abort of every enqueued collective ends.
-// - Abort() runs under an AbortGuard, like NcclCommunicator's: it "frees" a
+// - Abort runs under an AbortGuard, like NcclCommunicator's: it "frees" a
 //   handle that every use dereferences under the guard (TSan sees a race if the
 //   guard does not serialise them) and counts uses that overlap an abort.
+//   Seams: a library call that does not return (StallNextCall), an asynchronous
+//   library error (FailAsynchronouslyAfter).
 // - Other collectives (broadcast, all_gather, ...) and non-float32 all-reduces
 //   go to an in-process communicator over the same ranks.
 #ifndef TANDEM_TESTS_SPAWN_FAKE_ASYNC_COMMUNICATOR_H_
@@ -29,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -219,16 +222,61 @@ class FakeAsyncCommunicator final : public Communicator {
   std::string kind() const override { return "fake-async"; }
 
   // Watchdog thread, as soon as the run stops.
-  void Abort() override {
+  absl::Status Abort(std::chrono::nanoseconds deadline) override {
     group_->CountAbort(rank());
-    guard_.Abort([&] {
-      if (in_use_.load() != 0) group_->CountOverlappingUse(rank());
-      handle_.reset();  // as ncclCommAbort frees the communicator
-      std::lock_guard<std::mutex> lock(ops_mu_);
-      for (auto& op : ops_) op->aborted.store(true, std::memory_order_release);
-    });
+    std::string in_use;
+    const internal::AbortGuard::Outcome outcome = guard_.Abort(
+        [&] {
+          if (in_use_.load() != 0) group_->CountOverlappingUse(rank());
+          handle_.reset();  // as ncclCommAbort frees the communicator
+          std::lock_guard<std::mutex> lock(ops_mu_);
+          for (auto& op : ops_) op->aborted.store(true, std::memory_order_release);
+        },
+        deadline, &in_use);
+    if (outcome == internal::AbortGuard::Outcome::kTimedOut) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("fake communicator of rank ", rank(), ": still inside ", in_use));
+    }
     group_->inprocess()->Cancel("fake communicator aborted");
     group_->Notify();
+    return absl::OkStatus();
+  }
+
+  // Seam: the library call of this rank's next all-reduce does not return
+  // (as an NCCL enqueue that spins) until ReleaseStall(); the abort must not
+  // wait for it for good.
+  void StallNextCall() { stall_.store(1); }
+  void ReleaseStall() { stall_.store(0); }
+  bool stalled() const { return stall_.load() == 2; }
+
+  // Seam: device work of this rank that no collective call traced (as a CUDA
+  // graph's replay of recorded collectives would be, untracked): one that no
+  // other rank ever joins, so only the abort ends it; BlockingDeviceSync waits
+  // for it.
+  void EnqueueUntraced() {
+    auto op = std::make_shared<FakeOp>();
+    op->sequence = UINT64_MAX;  // after every traced collective
+    {
+      std::lock_guard<std::mutex> lock(ops_mu_);
+      ops_.push_back(op);
+    }
+    group_->Enqueue(rank(), op);
+  }
+
+  // Seam: PollAsyncError reports `message` from its `after`-th call on (as
+  // ncclCommGetAsyncError after a network failure).
+  void FailAsynchronouslyAfter(int after, std::string message) {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    async_error_after_ = after;
+    async_error_ = std::move(message);
+  }
+  absl::Status PollAsyncError() override {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    ++async_polls_;
+    if (async_error_after_ > 0 && async_polls_ >= async_error_after_) {
+      return absl::InternalError(async_error_);
+    }
+    return absl::OkStatus();
   }
 
   // Not stop-aware: returns when every collective this rank enqueued is done
@@ -277,7 +325,7 @@ class FakeAsyncCommunicator final : public Communicator {
     fake->op = op;
     fake->storage = x.storage();
     {
-      internal::AbortGuard::Use use(guard_);
+      internal::AbortGuard::Use use(guard_, "the fake all_reduce");
       if (use.aborted()) {
         throw CancelledError(absl::StrCat("rank ", rank(), ": all_reduce #", sequence(),
                                           " abandoned: the communicator was aborted"));
@@ -285,6 +333,11 @@ class FakeAsyncCommunicator final : public Communicator {
       in_use_.fetch_add(1);
       volatile int handle = *handle_;  // the library call: reads the communicator
       (void)handle;
+      int expected = 1;
+      if (stall_.compare_exchange_strong(expected, 2)) {
+        // Spins like a library call that checks no abort flag.
+        while (stall_.load() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       std::this_thread::yield();
       in_use_.fetch_sub(1);
       std::lock_guard<std::mutex> lock(ops_mu_);
@@ -335,8 +388,12 @@ class FakeAsyncCommunicator final : public Communicator {
   internal::AbortGuard guard_;
   std::unique_ptr<int> handle_;  // guarded by guard_
   std::atomic<int> in_use_{0};
+  std::atomic<int> stall_{0};  // 1: the next call stalls; 2: a call is stalled
   std::mutex ops_mu_;
   std::deque<std::shared_ptr<FakeOp>> ops_;
+  int async_polls_ = 0;        // guarded by ops_mu_
+  int async_error_after_ = 0;  // guarded by ops_mu_
+  std::string async_error_;    // guarded by ops_mu_
 };
 
 // A SpawnHooks::make_communicators that builds fake communicators over `group`

@@ -168,6 +168,77 @@ TEST_F(GpuSpawnTest, NcclOneRankCapturedDataParallelStepMatchesEager) {
   }
 }
 
+// Replays of a graph that holds an NCCL all-reduce are followed by the
+// watchdog (one "graph replay" each, complete when the graph has run) and
+// bounded like eager collectives: 300 replays, more than the 128 a rank may
+// have in flight, end with the right sum and a clean run (the communicator's
+// finalize would wait on an untracked replay).
+TEST_F(GpuSpawnTest, NcclGraphReplaysAreTracked) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        nn::CudaGraph graph(ctx.device());
+        graph.Capture([&] {
+          x.fill_(1.0);
+          ctx.communicator().all_reduce(x);
+        });
+        for (int i = 0; i < 300; ++i) graph.Replay();
+        return x.to_vector<float>()[0];
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0], 1.0f);
+}
+
+// A graph holding NCCL collectives that outlives the training function would
+// make NCCL's destroy wait for good (spawn would hang at its end): spawn
+// releases it, fails the run naming it, and a later replay is a clear error.
+TEST_F(GpuSpawnTest, NcclGraphOutlivingTheRunIsReleasedAndNamed) {
+  std::shared_ptr<nn::CudaGraph> kept;
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        auto graph = std::make_shared<nn::CudaGraph>(ctx.device());
+        graph->Capture([&] {
+          x.fill_(1.0);
+          ctx.communicator().all_reduce(x);
+        });
+        for (int i = 0; i < 300; ++i) graph->Replay();
+        const float v = x.to_vector<float>()[0];
+        kept = graph;
+        return v;
+      },
+      1, "0", options_);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_NE(got.status().message().find("CUDA graph of cuda:0"), absl::string_view::npos)
+      << got.status();
+  ASSERT_NE(kept, nullptr);
+  try {
+    kept->Replay();
+    ADD_FAILURE() << "a replay after the run ended did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was released"), std::string::npos) << e.what();
+  }
+  kept.reset();
+}
+
+// Host code cannot read device memory by mistake: the host accessors name the
+// tensor (multi-process checkpoint restore once memcpy'd into a GPU tensor).
+TEST_F(GpuSpawnTest, HostAccessToDeviceMemoryIsAClearError) {
+  Tensor x = nn::ones({3}, {.device = nn::Device::CUDA(0)});
+  try {
+    (void)x.host_data<float>();
+    ADD_FAILURE() << "host_data on a CUDA tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float32(3) on cuda:0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("device memory"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(x.data_ptr(), nullptr);  // the raw pointer for kernels stays
+  EXPECT_EQ(x.to(nn::Device::CPU()).host_data<float>()[2], 1.0f);
+}
+
 TEST_F(GpuSpawnTest, InProcessCommunicatorCaptureIsAClearError) {
   options_.share_devices = true;
   auto got = spawn(

@@ -145,7 +145,29 @@ TEST(CheckAgreementTest, OneGpuClaimedByTwoProcessesOfAHost) {
   EXPECT_NE(s.message().find("GPU 1 of host a is claimed by process 0 and process 1"),
             std::string::npos)
       << s;
-  EXPECT_TRUE(CheckAgreement(processes, /*share_devices=*/true).ok());
+  // share_devices shares a GPU between the ranks of one process, never between
+  // processes (NCCL would refuse it later with "Duplicate GPU").
+  const absl::Status shared = CheckAgreement(processes, /*share_devices=*/true);
+  EXPECT_NE(shared.message().find("GPU 1 of host a is claimed by process 0 and process 1"),
+            std::string::npos)
+      << shared;
+  EXPECT_NE(shared.message().find("share_devices shares a GPU between the ranks of one process "
+                                  "only"),
+            std::string::npos)
+      << shared;
+}
+
+// The same card under two names (an ordinal in one process, a UUID in the
+// other) is caught because every process reports the UUID CUDA gives it.
+TEST(CheckAgreementTest, GpusAreComparedByUuidAcrossProcesses) {
+  const std::vector<ProcessInfo> processes = {
+      Info("a", {"cuda:0"}, {"GPU-11111111-2222-3333-4444-555555555555"}),
+      Info("a", {"cuda:0"}, {"GPU-11111111-2222-3333-4444-555555555555"})};
+  EXPECT_FALSE(CheckAgreement(processes, false).ok());
+  const std::vector<ProcessInfo> distinct = {
+      Info("a", {"cuda:0"}, {"GPU-11111111-2222-3333-4444-555555555555"}),
+      Info("a", {"cuda:0"}, {"GPU-66666666-2222-3333-4444-555555555555"})};
+  EXPECT_TRUE(CheckAgreement(distinct, false).ok());
 }
 
 TEST(SpawnLimitsTest, TooManyRanksIsAnErrorBeforeAnyThreadStarts) {

@@ -107,9 +107,14 @@ TEST(ShutdownGpuTest, AsyncAllReduceHandleKeepsItsTensorAlive) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Point 5: host time of a small all-reduce. The target is < 20 us; the bound
-// here is looser for a loaded machine. Before the fix each call went through
-// NCCL's asynchronous group path (a thread per call) and a 50 us sleep.
+// Host time of a small all-reduce: what the calling thread spends per call,
+// not the device's throughput. The estimate (docs/gpu.md) is 10-20 us: NCCL
+// 2.28's blocking enqueue (group job, device get/set, algorithm selection, two
+// event record/wait pairs inside NCCL) plus tandem's own five CUDA calls (event
+// record + stream wait in, NCCL on the communication stream, event record
+// twice out, compute stream wait). The queue is drained every 100 calls, below
+// the 128 collectives a rank may have in flight, so no call waits for the
+// device. The bound is looser than the estimate for a loaded machine.
 TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
   const int gpus = nn::cuda_device_count();
   if (gpus < 1) GTEST_SKIP() << "no GPU is visible";
@@ -125,7 +130,7 @@ TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
       const Clock::time_point t0 = Clock::now();
       ctx.communicator().all_reduce(x);
       us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      if (i % 200 == 199) nn::Synchronize(ctx.device());  // keep the queue short
+      if (i % 100 == 99) nn::Synchronize(ctx.device());  // below the in-flight cap (128)
     }
     std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
     median_us[ctx.rank()] = us[us.size() / 2];

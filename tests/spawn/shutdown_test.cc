@@ -47,7 +47,10 @@ class ShutdownTest : public ::testing::Test {
     });
     if (result.wait_for(limit) != std::future_status::ready) {
       ADD_FAILURE() << "spawn did not return within " << limit.count() << " s: a hang";
-      for (FakeAsyncCommunicator* c : comms_) c->Abort();
+      for (FakeAsyncCommunicator* c : comms_) {
+        c->ReleaseStall();
+        (void)c->Abort(std::chrono::seconds(5));
+      }
       group_->Release();
     }
     absl::Status status = result.get();
@@ -218,6 +221,93 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsTimedOut) {
   EXPECT_EQ(synced.load(), 1) << "the teardown's device sync did not end";
   EXPECT_EQ(group_->abort_calls(0), 1);
   EXPECT_LT(seconds_, 15.0);
+}
+
+// Device work the trace does not show (a graph replayed once more on one rank,
+// untracked) keeps rank 0's thread in its teardown after every rank returned.
+// The watchdog lives until the joins: timeout_s after the last return it fails
+// the run, and the abort lets the teardown end.
+TEST_F(ShutdownTest, ThreadsThatDoNotExitAfterReturningAreTimedOut) {
+  options_.timeout_s = 0.5;
+  std::atomic<int> aborted_at_start{-1}, synced{-1};
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::ones({4});
+    ctx.communicator().all_reduce(x);
+    if (ctx.rank() == 0) {
+      thread_local TeardownProbe probe;
+      probe.comm = &Fake(ctx);
+      probe.aborted_at_start = &aborted_at_start;
+      probe.synced = &synced;
+      Fake(ctx).EnqueueUntraced();
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("every rank returned, but their threads had not exited"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(synced.load(), 1) << "the teardown's device sync did not end";
+  EXPECT_EQ(group_->abort_calls(0), 1);
+  EXPECT_LT(seconds_, 10.0);
+}
+
+// A library call that never returns (an NCCL enqueue spinning without an abort
+// check) holds rank 0's guard when rank 1 fails: the abort gives up after its
+// deadline and spawn ends the process naming the call, after the first error,
+// instead of waiting for good. The injected exit releases the call, so the
+// test's run can finish.
+std::atomic<FakeAsyncCommunicator*> g_stalled{nullptr};
+std::atomic<int> g_abort_exit_status{-1};
+void ExitAndReleaseTheStall(int status) {
+  g_abort_exit_status.store(status);
+  if (FakeAsyncCommunicator* c = g_stalled.load()) c->ReleaseStall();
+}
+
+TEST_F(ShutdownTest, AbortThatCannotRunEndsTheProcessNamingTheCall) {
+  options_.timeout_s = 0.5;
+  g_abort_exit_status.store(-1);
+  hooks_.exit_process = &ExitAndReleaseTheStall;
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    Tensor x = nn::ones({4});
+    if (ctx.rank() == 0) {
+      g_stalled.store(&Fake(ctx));
+      Fake(ctx).StallNextCall();
+      ctx.communicator().all_reduce(x);  // stalls inside the library call
+      return absl::OkStatus();
+    }
+    while (!comms_[0]->stalled()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw std::runtime_error("rank 1 out of memory");
+  });
+  g_stalled.store(nullptr);
+  EXPECT_EQ(g_abort_exit_status.load(), 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("rank 1 out of memory"), absl::string_view::npos) << s;
+  EXPECT_TRUE(Logged("spawn: ending the process (exit status 1) after the run stopped"))
+      << console_.str();
+  EXPECT_TRUE(Logged("still inside the fake all_reduce")) << console_.str();
+  EXPECT_LT(seconds_, 10.0);
+}
+
+// An asynchronous library error (NCCL's ncclCommGetAsyncError after a network
+// failure) fails the run with the library's message and the rank, long before
+// the watchdog's timeout would.
+TEST_F(ShutdownTest, AsynchronousLibraryErrorFailsTheRunWithItsMessage) {
+  options_.timeout_s = 60;
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 1) {
+      Fake(ctx).FailAsynchronouslyAfter(3, "remote proxy error: connection reset by peer");
+    }
+    Tensor x = nn::ones({4});
+    while (true) {
+      ctx.communicator().all_reduce(x);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("rank 1 (cpu): remote proxy error: connection reset by peer"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_LT(seconds_, 10.0);
 }
 
 // Rank 0 writes a checkpoint for longer than timeout_s while rank 1 waits in a
