@@ -13,7 +13,8 @@
 //
 // Devices come from `gpus` and `nprocs` (spawn/devices.h); a bad string is an
 // error before any CUDA or NCCL call. Distinct GPUs talk through NCCL (one
-// ncclCommInitAll before the rank threads start); CPU ranks and ranks sharing a
+// ncclCommInitAll before the rank threads start; across processes,
+// ncclCommInitRankConfig per device in one group); CPU ranks and ranks sharing a
 // GPU (share_devices) through the in-process communicator.
 //
 // Failure: the first failure on any rank (an exception, a non-OK status) wins.
