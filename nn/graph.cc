@@ -25,6 +25,7 @@ int64_t CudaGraph::num_nodes() const { return 0; }
 Device CudaGraph::device() const { return device_; }
 bool CudaGraph::AddPreReplayHook(std::function<void()>) { return false; }
 bool CudaGraph::AddPostReplayHook(const void*, std::function<void()>) { return false; }
+bool CudaGraph::HasPostReplayHook(const void*) { return false; }
 bool CudaGraph::IsCapturing() { return false; }
 std::function<std::string(const std::string&)> CudaGraph::ReleaserOfCurrentCapture() {
   return nullptr;

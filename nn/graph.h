@@ -54,7 +54,14 @@
 //    advance the generator once, at capture); make random inputs outside the
 //    step and copy them into the step's static tensors.
 //  - Only the calling thread's work is captured (cudaStreamCaptureModeThreadLocal):
-//    other ranks' threads keep running eagerly while one thread captures.
+//    other ranks' threads keep running eagerly while one thread captures. What
+//    synchronises a whole device is invalid while any of its streams captures
+//    (CUDA then fails the call and invalidates the capture), so the release of
+//    a graph's memory (cudaDeviceSynchronize + cudaFree) waits until no capture
+//    runs on that device; other such calls (a thread's cuDNN teardown at exit)
+//    should not overlap another thread's capture of the same GPU.
+//  - A graph that holds collectives (NCCL) must be replayed on the rank thread
+//    that captured it: its replays are traced in that rank's communicator.
 //
 // Thread-safety: a CudaGraph belongs to the thread that captures it. Replay()
 // from another thread whose current device is device() is allowed (it launches
@@ -120,6 +127,9 @@ class CudaGraph {
   // stream). At most one hook per `key` per capture: a later call with the same
   // key does nothing and returns true. Returns false when no capture runs.
   static bool AddPostReplayHook(const void* key, std::function<void()> hook);
+  // True while a capture runs on the calling thread and has a post-replay
+  // hook registered under `key`.
+  static bool HasPostReplayHook(const void* key);
   // For components whose captured work must not outlive them (a
   // communicator's collectives: NCCL's abort and destroy wait until every graph
   // holding them is destroyed): while a capture runs on the calling thread,

@@ -90,6 +90,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -131,6 +132,9 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 
 // NCCL's text for `result`, with the communicator's last error when `comm` is
 // given (call it only where the communicator may be used: under its guard).
+// The last error is best effort: NCCL keeps one buffer for the whole process,
+// which any of its threads may be writing, so the text can belong to another
+// communicator's failure.
 std::string NcclText(ncclResult_t result, ncclComm_t comm) {
   std::string text = ncclGetErrorString(result);
   if (comm != nullptr) {
@@ -195,7 +199,9 @@ class NcclWork final : public Work {
     if (!waited_) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
-        cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0);
+        if (cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
+          cudaGetLastError();  // not for the next kernel's launch check to report
+        }
       } catch (...) {
       }
     }
@@ -371,7 +377,8 @@ class NcclCommunicator final : public Communicator {
       if (use.aborted()) ThrowAborted("barrier");
       ncclResult_t state = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      TANDEM_CHECK(r == ncclSuccess && state == ncclSuccess, "NCCL barrier on ",
+      TANDEM_CHECK(r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress),
+                   "NCCL barrier on ",
                    device().ToString(), ": ", NcclText(r != ncclSuccess ? r : state, comm_));
       return false;
     });
@@ -422,15 +429,21 @@ class NcclCommunicator final : public Communicator {
         std::lock_guard<std::mutex> lock(inflight_mutex_);
         inflight_.emplace_back(sequence(), nullptr);
       }
-      if (auto release = nn::CudaGraph::ReleaserOfCurrentCapture()) {
-        graph_releasers_.push_back(std::move(release));
+      if (!nn::CudaGraph::HasPostReplayHook(this)) {  // once per capture
+        if (auto release = nn::CudaGraph::ReleaserOfCurrentCapture()) {
+          graph_releasers_.push_back(std::move(release));
+        }
+        nn::CudaGraph::AddPostReplayHook(
+            this, [this, alive = std::weak_ptr<int>(alive_), thread = std::this_thread::get_id()] {
+              TANDEM_CHECK(!alive.expired(), "CudaGraph::Replay: the graph holds NCCL collectives "
+                           "of a spawn run that has ended (its communicators are gone): destroy "
+                           "such graphs before the training function returns");
+              TANDEM_CHECK(std::this_thread::get_id() == thread, "CudaGraph::Replay: the graph "
+                           "holds NCCL collectives of rank ", rank(), ": replay it on the rank "
+                           "thread that captured it (its replays are traced there)");
+              TrackReplay();
+            });
       }
-      nn::CudaGraph::AddPostReplayHook(this, [this, alive = std::weak_ptr<int>(alive_)] {
-        TANDEM_CHECK(!alive.expired(), "CudaGraph::Replay: the graph holds NCCL collectives of a "
-                     "spawn run that has ended (its communicators are gone): destroy such "
-                     "graphs before the training function returns");
-        TrackReplay();
-      });
       return;
     }
     cudaEvent_t traced = events_->Take();
@@ -522,6 +535,16 @@ class NcclCommunicator final : public Communicator {
 
 namespace {
 
+// Sets `name` to `value` unless it already has that value: after the first
+// run nothing is written, so a later run does not race with NCCL's threads
+// reading the environment. Serialised between concurrent spawns.
+void SetEnvOnce(const char* name, const char* value) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  const char* now = std::getenv(name);
+  if (now == nullptr || std::string(now) != value) setenv(name, value, /*overwrite=*/1);
+}
+
 // The environment spawn's shutdown needs from NCCL, set before any
 // communicator is made; a user's setting that would break it is refused.
 absl::Status PrepareNcclEnvironment() {
@@ -562,7 +585,7 @@ absl::Status PrepareNcclEnvironment() {
           "abort cannot interrupt, so one failing rank could hang the run; unset it or set ",
           r.name, "=0"));
     }
-    setenv(r.name, "0", /*overwrite=*/1);
+    SetEnvOnce(r.name, "0");
   }
   // ncclCommInitAll takes no config: its communicators are blocking unless
   // NCCL_COMM_BLOCKING=0 says otherwise, which this code does not handle
@@ -573,6 +596,12 @@ absl::Status PrepareNcclEnvironment() {
         "NCCL_COMM_BLOCKING=0 is not supported by spawn: its communicators are blocking (see "
         "spawn/nccl_communicator.cc); unset it");
   }
+  // NCCL reads /etc/nccl.conf (or NCCL_CONF_FILE) at its first call and sets
+  // what it finds there only where the environment has nothing: the values
+  // spawn relies on are set here, so a config file cannot bring GROUP or
+  // non-blocking back.
+  SetEnvOnce("NCCL_LAUNCH_MODE", "PARALLEL");
+  SetEnvOnce("NCCL_COMM_BLOCKING", "1");
   return absl::OkStatus();
 }
 

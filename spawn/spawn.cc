@@ -224,7 +224,9 @@ class Run {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!joined_ || (stop_.stop_requested() && !aborted_) ||
            (!stop_.stop_requested() && AnyCollectiveInFlight())) {
-      if (!stop_.stop_requested() || aborted_) cv_.wait_for(lock, poll);
+      // Woken at once by the first failure (Fail notifies) and by the aborter.
+      cv_.wait_for(lock, poll, [&] { return stop_.stop_requested() && !aborter_.joinable(); });
+      const bool aborted = aborted_;  // the aborter thread writes it
       lock.unlock();
       if (g_sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
           !stop_.stop_requested()) {
@@ -239,7 +241,10 @@ class Run {
         if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
       }
       if (!stop_.stop_requested()) PollAsyncErrors();
-      if (stop_.stop_requested() && !aborted_) AbortCommunicators(timeout_s, exit_process);
+      if (stop_.stop_requested() && !aborted) {
+        AbortCommunicators(timeout_s, exit_process);
+        CheckAbortOutcome(exit_process);
+      }
       for (const auto& comm : *comms_) comm->PollCompleted();
       if (!stop_.stop_requested()) {
         CheckTimeouts(timeout_s, timeout_ns);
@@ -249,6 +254,8 @@ class Run {
       }
       lock.lock();
     }
+    lock.unlock();
+    if (aborter_.joinable()) aborter_.join();
   }
 
  private:
@@ -276,32 +283,81 @@ class Run {
     }
   }
 
-  // Aborts every communicator, each waiting at most min(timeout_s, 10 s) for a
-  // library call in progress. One that cannot be aborted (a rank stuck inside
-  // the library) would leave the run waiting for good: the process ends, the
-  // error and the run's first failure written first.
+  // Aborts every communicator, on a thread of its own: an abort may itself
+  // wait (a rank's library call in progress, at most the deadline
+  // min(timeout_s, 10 s); NCCL's last ncclCommAbort until every CUDA graph
+  // holding its work is destroyed, which a rank that reaches no stop-aware
+  // point never does), and the watchdog goes on polling meanwhile. An abort
+  // that reports it could not run, or that has not returned two deadlines
+  // after it began, would leave the run waiting for good: the process ends,
+  // the run's first failure and the reason written first. Watchdog thread.
   void AbortCommunicators(double timeout_s, void (*exit_process)(int)) {
     if (stopped_ns_ == 0) stopped_ns_ = SteadyNowNs();
-    const auto deadline = std::chrono::nanoseconds(
-        static_cast<int64_t>(std::min(timeout_s, kMaxAbortWaitS) * 1e9));
-    bool all_aborted = true;
-    for (const auto& comm : *comms_) {
-      absl::Status status = comm->Abort(deadline);
-      if (status.ok()) continue;
-      all_aborted = false;
-      if (!abort_escalated_) {
-        abort_escalated_ = true;
-        logger_->Write(LogLevel::kError, -1, nn::Device(),
-                       absl::StrCat("spawn: ending the process (exit status ",
-                                    kAbortStuckExitStatus, ") after the run stopped (",
-                                    result().message(), "): ", status.message()));
-        (exit_process != nullptr ? exit_process : &ExitProcessNow)(kAbortStuckExitStatus);
-      }
+    const double deadline_s = std::min(timeout_s, kMaxAbortWaitS);
+    bool done;
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done = abort_done_;
+      status = abort_status_;
     }
-    if (!all_aborted) return;  // an injected exit returned (tests): try again next poll
-    std::lock_guard<std::mutex> aborted_lock(mutex_);
-    aborted_ = true;
+    if (!aborter_.joinable() || (done && !status.ok() && abort_escalated_)) {
+      // The first start, or a retry after an injected exit returned (tests).
+      if (aborter_.joinable()) aborter_.join();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        abort_done_ = false;
+        abort_status_ = absl::OkStatus();
+      }
+      abort_escalated_ = false;
+      abort_started_ns_ = SteadyNowNs();
+      aborter_ = std::thread([this, deadline_s] { AbortAll(deadline_s); });
+      return;
+    }
+    if (done || abort_escalated_) return;  // aborted_ is set on success
+    if (static_cast<double>(SteadyNowNs() - abort_started_ns_) * 1e-9 <= 2 * deadline_s) return;
+    status = absl::DeadlineExceededError(absl::StrCat(
+        "the abort of the communicators has not returned after ", 2 * deadline_s,
+        " s (NCCL's last abort waits until every CUDA graph that holds its collectives is "
+        "destroyed: a rank that keeps one and reaches no collective, stop-aware wait or "
+        "check_stop() holds it)"));
+    EndProcess(status, exit_process);
+  }
+
+  // The aborter thread: every communicator, then the outcome for the watchdog.
+  void AbortAll(double deadline_s) {
+    const auto deadline = std::chrono::nanoseconds(static_cast<int64_t>(deadline_s * 1e9));
+    absl::Status status;
+    for (const auto& comm : *comms_) {
+      absl::Status one = comm->Abort(deadline);
+      if (!one.ok() && status.ok()) status = std::move(one);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_done_ = true;
+    abort_status_ = status;
+    if (status.ok()) aborted_ = true;
     cv_.notify_all();
+  }
+
+  // Watchdog thread, after an abort that could not run or did not return.
+  void EndProcess(const absl::Status& why, void (*exit_process)(int)) {
+    abort_escalated_ = true;
+    logger_->Write(LogLevel::kError, -1, nn::Device(),
+                   absl::StrCat("spawn: ending the process (exit status ", kAbortStuckExitStatus,
+                                ") after the run stopped (", result().message(), "): ",
+                                why.message()));
+    (exit_process != nullptr ? exit_process : &ExitProcessNow)(kAbortStuckExitStatus);
+  }
+
+  // Watchdog thread: escalates an abort that reported it could not run.
+  void CheckAbortOutcome(void (*exit_process)(int)) {
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!abort_done_ || abort_status_.ok()) return;
+      status = abort_status_;
+    }
+    if (!abort_escalated_) EndProcess(status, exit_process);
   }
 
   // Rank threads that all returned but have not exited timeout_s later: their
@@ -412,6 +468,11 @@ class Run {
   int64_t stopped_ns_ = 0;
   bool straggler_reported_ = false;
   bool abort_escalated_ = false;
+  std::thread aborter_;  // runs AbortAll; started and joined by the watchdog
+  int64_t abort_started_ns_ = 0;
+  // The aborter's outcome (guarded by mutex_).
+  bool abort_done_ = false;
+  absl::Status abort_status_;
   std::function<std::string(uint64_t)> describe_remote_;
 };
 

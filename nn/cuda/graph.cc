@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -73,8 +74,9 @@ struct CaptureState {
 thread_local CaptureState* t_capture = nullptr;
 
 // Waits for the device (a replay using the memory may still be pending), then
-// frees. Destructors call this: nothing throws, errors are left for the next
-// checked call.
+// frees. Destructors call this: nothing throws, and a failure is cleared from
+// the thread's last error (the next kernel's launch check must not report it).
+// Only when no stream of the devices involved captures (ActiveCaptures).
 void ReleaseNow(GraphMemory& memory) {
   if (memory.chunks.empty() && memory.pool_frees.empty()) return;
   {
@@ -92,14 +94,75 @@ void ReleaseNow(GraphMemory& memory) {
       cudaFreeAsync(ptr, nullptr);
     }
   }
+  cudaGetLastError();
   memory.chunks.clear();
   memory.pool_frees.clear();
 }
 
+// The captures running now in the whole process, per device. Releasing graph
+// memory synchronises a device (cudaDeviceSynchronize, cudaFree), which is
+// invalid while any stream of that device captures: CUDA returns
+// cudaErrorStreamCaptureUnsupported and invalidates that capture, another
+// thread's (two ranks sharing a GPU capture at once, and one's graph memory
+// goes). Such a release waits in a list until the last capture on its devices
+// has ended; that capture's thread then releases it.
+class ActiveCaptures {
+ public:
+  static ActiveCaptures& Get() {
+    static ActiveCaptures* captures = new ActiveCaptures();  // never destroyed
+    return *captures;
+  }
+
+  void Begin(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_[device];
+  }
+  // Returns the deferred releases none of whose devices captures any more.
+  std::vector<GraphMemory> End(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --counts_[device];
+    std::vector<GraphMemory> ready;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (CapturingLocked(*it)) {
+        ++it;
+      } else {
+        ready.push_back(std::move(*it));
+        it = pending_.erase(it);
+      }
+    }
+    return ready;
+  }
+  // Keeps `memory` for later when one of its devices captures now; returns
+  // whether it did.
+  bool DeferIfCapturing(GraphMemory& memory) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!CapturingLocked(memory)) return false;
+    pending_.push_back(std::move(memory));
+    return true;
+  }
+
+ private:
+  bool CapturingLocked(const GraphMemory& memory) const {
+    auto capturing = [&](int device) {
+      auto it = counts_.find(device);
+      return it != counts_.end() && it->second > 0;
+    };
+    if (capturing(memory.device.index)) return true;
+    for (const auto& [ptr, device] : memory.pool_frees) {
+      if (capturing(device.index)) return true;
+    }
+    return false;
+  }
+
+  std::mutex mu_;
+  std::map<int, int> counts_;
+  std::vector<GraphMemory> pending_;
+};
+
 void Release(GraphMemory memory) {
   if (t_capture != nullptr) {
     t_capture->released.push_back(std::move(memory));
-  } else {
+  } else if (!ActiveCaptures::Get().DeferIfCapturing(memory)) {
     ReleaseNow(memory);
   }
 }
@@ -193,8 +256,10 @@ CudaGraph::CudaGraph(Device device) : device_(device) {
 CudaGraph::~CudaGraph() {
   if (impl_ != nullptr && impl_->exec != nullptr) {
     // Destroying an executable graph is safe while a launch of it is pending
-    // (the driver defers the release). Destructors must not throw.
+    // (the driver defers the release). Destructors must not throw; a failure
+    // is not left for the next kernel's launch check.
     cudaGraphExecDestroy(impl_->exec);
+    cudaGetLastError();
   }
 }
 
@@ -214,6 +279,14 @@ bool CudaGraph::AddPreReplayHook(std::function<void()> hook) {
 std::function<std::string(const std::string&)> CudaGraph::ReleaserOfCurrentCapture() {
   if (t_capture == nullptr) return nullptr;
   return t_capture->releaser;
+}
+
+bool CudaGraph::HasPostReplayHook(const void* key) {
+  if (t_capture == nullptr) return false;
+  for (const auto& [k, h] : *t_capture->post_hooks) {
+    if (k == key) return true;
+  }
+  return false;
 }
 
 bool CudaGraph::AddPostReplayHook(const void* key, std::function<void()> hook) {
@@ -267,6 +340,7 @@ void CudaGraph::Capture(const std::function<void()>& step) {
 
   std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
+  ActiveCaptures::Get().Begin(device_.index);
   const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   std::exception_ptr step_error;
   cudaError_t end = cudaSuccess;
@@ -287,10 +361,14 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   SetThreadCudaAllocator(std::move(previous_allocator));
   internal::SetThreadDeferredCudaFrees(previous_deferred);
   // Pool memory released during the step may be read by the graph: it lives
-  // with the arena. Graph memory of others that died during the capture is
-  // released now that nothing is captured.
+  // with the arena.
   arena->Keep(deferred);
-  for (GraphMemory& memory : state.released) ReleaseNow(memory);
+  // Graph memory of others that died during the capture, and releases that
+  // waited for captures on this device to end: now, unless another capture on
+  // their devices still runs (Release defers them again).
+  std::vector<GraphMemory> ready = ActiveCaptures::Get().End(device_.index);
+  for (GraphMemory& memory : state.released) Release(std::move(memory));
+  for (GraphMemory& memory : ready) Release(std::move(memory));
   if (begin != cudaSuccess) {
     Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device_.ToString(), " failed: ",
          cudaGetErrorName(begin), " (", cudaGetErrorString(begin), ")");

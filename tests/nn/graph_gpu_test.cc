@@ -11,6 +11,9 @@
 // does not enter any result.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -119,6 +122,56 @@ TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) { ExpectReplayMa
 
 TEST_F(CudaGraphGpuTest, ReplayedBf16AutocastStepMatchesEagerSteps) {
   ExpectReplayMatchesEager(true);
+}
+
+// Two threads on one GPU (ranks sharing it): thread B destroys a captured
+// graph, whose memory release synchronises the device, while thread A is in
+// the middle of a capture. The release must wait for A's capture to end: a
+// device synchronisation during it fails with cudaErrorStreamCaptureUnsupported
+// and invalidates A's capture (the first GPU run saw exactly that, as a later
+// "FillKernel failed" on the other thread).
+TEST_F(CudaGraphGpuTest, ReleasingAGraphOnAnotherThreadDoesNotBreakACapture) {
+  std::atomic<bool> capturing{false}, released{false};
+  std::string a_error, b_error;
+  std::vector<float> a_value, b_value;
+  std::thread a([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      Tensor x = zeros({1024});
+      CudaGraph graph;
+      graph.Capture([&] {
+        capturing.store(true);
+        while (!released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        x.add_(full({1024}, 1.0));
+      });
+      graph.Replay();
+      a_value = x.to_vector<float>();
+    } catch (const std::exception& e) {
+      a_error = e.what();
+    }
+  });
+  std::thread b([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      {
+        Tensor y = zeros({1024});
+        CudaGraph graph;
+        graph.Capture([&] { y.add_(full({1024}, 2.0)); });
+        while (!capturing.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }  // the graph and its memory go while thread a captures
+      released.store(true);
+      b_value = full({4}, 3.0).to_vector<float>();  // the next kernel on this thread
+    } catch (const std::exception& e) {
+      released.store(true);
+      b_error = e.what();
+    }
+  });
+  a.join();
+  b.join();
+  EXPECT_EQ(a_error, "");
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(a_value, std::vector<float>(1024, 1.0f));
+  EXPECT_EQ(b_value, std::vector<float>(4, 3.0f));
 }
 
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
