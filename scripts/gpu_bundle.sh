@@ -95,7 +95,9 @@ glibc="$(objdump -T "${binaries[@]}" "$build"/lib/*.so* 2>/dev/null | grep -o 'G
 glibcxx="$(objdump -T "${binaries[@]}" "$build"/lib/*.so* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)"
 # Shrink: objects and static libraries are not needed to run; strip the rest;
 # gzip the libraries over 4 MiB (OpenBLAS: 36 -> 11 MB), gpu_test.sh unpacks them.
-find "$build" \( -name '*.o' -o -name '*.a' \) -type f -delete
+find "$build" \( -name '*.o' -o -name '*.a' -o -name '*.d' \) -type f -delete
+# Make's bookkeeping (dependency files, compiler checks): ctest needs none of it.
+find "$build" -name CMakeFiles -type d -prune -exec rm -rf {} +
 strip --strip-unneeded "${binaries[@]}" "$build"/lib/*.so* 2>/dev/null || true
 rm -f "$build"/lib/*.gz
 find "$build/lib" -type f -size +4M ! -name '*.gz' -exec gzip -6 {} \;
