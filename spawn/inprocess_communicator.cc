@@ -36,14 +36,17 @@ constexpr int64_t kShareMinChunks = 2;
 constexpr int64_t kStagedBytes = int64_t{1} << 10;
 constexpr int64_t kStagedBytesOversubscribed = int64_t{4} << 10;
 
-// Sleeps while *word == expected (or until woken, or a timeout: callers loop).
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected) {
+// Sleeps while *word == expected (or until woken, or after timeout_ns: callers loop).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
 #ifdef __linux__
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  timespec timeout{0, 50'000'000};  // a bound, not a poll: wakes come from WakeSleepers/Cancel
+  // A bound, not a poll: wakes come from WakeSleepers/Cancel.
+  timespec timeout{static_cast<time_t>(timeout_ns / 1'000'000'000),
+                   static_cast<long>(timeout_ns % 1'000'000'000)};
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &timeout,
           nullptr, 0);
 #else
+  (void)timeout_ns;
   word->wait(expected, std::memory_order_acquire);
 #endif
 }
@@ -142,6 +145,7 @@ std::pair<int64_t, int64_t> Chunk(int64_t n, int part, int parts, int64_t elemen
 
 InProcessGroup::InProcessGroup(int world_size, InProcessGroupOptions options)
     : world_size_(world_size),
+      sleep_recheck_ns_(std::max<int64_t>(1, options.sleep_recheck_ns)),
       slots_(new PaddedSlot[std::max(world_size, 1)]),
       arrived_(new PaddedCounter[std::max(world_size, 1)]) {
   TANDEM_CHECK(world_size >= 1, "InProcessGroup: world size ", world_size);
@@ -208,7 +212,7 @@ void InProcessGroup::Wait(const Done& done, const SpinUseless& spin_useless, Wai
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     const bool ready = done(std::memory_order_seq_cst);
     const bool cancel = cancelled_.load(std::memory_order_seq_cst);
-    if (!ready && !cancel) FutexWait(&wake_, ticket);
+    if (!ready && !cancel) FutexWait(&wake_, ticket, sleep_recheck_ns_);
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
     if (ready) return;
     if (cancel) ThrowCancelled();

@@ -53,6 +53,12 @@ struct InProcessGroupOptions {
   // reducing everything cost more than the second meeting saves). 0: never.
   // Each rank that uses the staging buffers allocates 2 x staged_bytes once.
   int64_t staged_bytes = -1;
+  // A waiter asleep in the kernel looks again on its own after this long: a
+  // bound against a lost wake-up, not a poll (the arrival that completes a
+  // barrier, and Cancel, wake the sleepers). A seam for tests: with it far above
+  // a test's time limit, a wake that never comes fails the test instead of
+  // passing after this period.
+  int64_t sleep_recheck_ns = 50'000'000;
 };
 
 // State shared by the ranks of one run. Thread-safe.
@@ -189,6 +195,7 @@ class InProcessGroup {
 
   const int world_size_;
   int64_t staged_bytes_;
+  const int64_t sleep_recheck_ns_;
   bool yield_ = false;        // more ranks than CPUs: Wait may yield (see above)
   WaitState shared_wait_;     // ArriveAndWait()'s, guarded by mutex_
   std::unique_ptr<PaddedSlot[]> slots_;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nn/autograd.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
@@ -405,8 +407,26 @@ TEST(ConvReluTest, GradCheck) {
   }
 }
 
+// How many autograd nodes named `op` produced `t` (each node counted once).
+int CountOps(const Tensor& t, const std::string& op) {
+  int count = 0;
+  std::vector<std::shared_ptr<autograd::Node>> stack{t.grad_fn()};
+  std::vector<const autograd::Node*> seen;
+  while (!stack.empty()) {
+    std::shared_ptr<autograd::Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (!node || std::find(seen.begin(), seen.end(), node.get()) != seen.end()) continue;
+    seen.push_back(node.get());
+    count += node->name() == op;
+    for (const auto& next : node->next_edges()) stack.push_back(next);
+  }
+  return count;
+}
+
 // Sequential runs Conv2d + ReLU as conv2d_relu: the same bits as the modules
-// one by one, forward and backward.
+// one by one, forward and backward. The autograd graphs tell that the first
+// ran fused (two conv2d_relu, no separate relu) and the second did not, so the
+// comparison is between the two.
 TEST(ConvReluTest, SequentialFusesConvThenReluWithTheSameBits) {
   manual_seed(16);
   Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2),
@@ -414,6 +434,9 @@ TEST(ConvReluTest, SequentialFusesConvThenReluWithTheSameBits) {
                   Linear(20 * 7 * 7, 10)});
   const Tensor x = randn({6, 1, 28, 28});
   Tensor fused = net->forward(x);
+  EXPECT_EQ(CountOps(fused, "conv2d_relu"), 2);
+  EXPECT_EQ(CountOps(fused, "conv2d"), 0);
+  EXPECT_EQ(CountOps(fused, "relu"), 0);
   const Tensor dy = randn(fused.shape());
   fused.backward(dy);
   std::vector<std::vector<float>> grads;
@@ -421,6 +444,9 @@ TEST(ConvReluTest, SequentialFusesConvThenReluWithTheSameBits) {
   net->zero_grad();
   Tensor y = x;  // the children one by one: no fusion
   for (int64_t i = 0; i < net->size(); ++i) y = (*net)[i]->forward(y);
+  EXPECT_EQ(CountOps(y, "conv2d_relu"), 0);
+  EXPECT_EQ(CountOps(y, "conv2d"), 2);
+  EXPECT_EQ(CountOps(y, "relu"), 2);
   y.backward(dy);
   EXPECT_EQ(fused.to_vector<float>(), y.to_vector<float>());
   size_t k = 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nn/autocast.h"
 #include "nn/layers.h"
@@ -69,6 +70,29 @@ TEST_P(EquivalenceTest, Bf16AutocastConvNetMatchesOneRankWithinBf16Rounding) {
   EXPECT_NE((*one)[0], (*float32)[0]) << "autocast changed nothing: bf16 did not run";
   ExpectClose((*one)[0], (*float32)[0], "bf16 vs float32", 2e-2);
   for (int r = 0; r < world; ++r) ExpectClose((*many)[r], (*one)[0], "bf16 ConvNet", 5e-3);
+}
+
+// l1 applied twice (a parameter used twice in forward, as tied weights are):
+// each of its gradients is the sum of two contributions, and its bucket may be
+// reduced only once both are in (autograd fires the grad-ready hook once, after
+// every contribution). x: (N, 10) -> (N, 1).
+struct TwiceNet : nn::Module {
+  TwiceNet()
+      : l1(register_module("l1", nn::Linear(10, 10))), l2(register_module("l2", nn::Linear(10, 1))) {}
+  Tensor forward(const Tensor& x) override { return l2(nn::relu(l1(nn::relu(l1(x))))); }
+  nn::Linear l1, l2;
+};
+
+TEST_P(EquivalenceTest, ParameterUsedTwiceMatchesOneRankOnTheWholeBatch) {
+  const int world = GetParam();
+  const int64_t per_rank = 4;
+  auto one = spawn(
+      [&](Context& ctx) { return Train<TwiceNet>(ctx, {10}, 1, per_rank * world, 5); }, 1, "cpu",
+      options_);
+  auto many = spawn([&](Context& ctx) { return Train<TwiceNet>(ctx, {10}, 1, per_rank, 5); },
+                    world, "cpu", options_);
+  ASSERT_TRUE(one.ok() && many.ok()) << one.status() << many.status();
+  for (int r = 0; r < world; ++r) ExpectClose((*many)[r], (*one)[0], "TwiceNet");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EquivalenceTest, ::testing::Values(1, 2, 3, 4));
@@ -169,20 +193,50 @@ TEST_F(DataParallelTest, NoSyncAccumulatesThenReducesTheSum) {
   ExpectClose((*result)[1], (*reference)[0], "no_sync");
 }
 
-TEST_F(DataParallelTest, ScaleLossAndApplyCollectiveGrads) {
+// Gradients reduced by hand (reduce_in_backward off): backward leaves each
+// rank's own gradient of loss / world_size, apply_collective_grads sums them
+// over the ranks, so every rank ends with the mean of the ranks' gradients.
+// Against one rank that computes each rank's gradient in turn and averages
+// them; three ranks, so that a sum without the division, one rank's gradient
+// (a broadcast) or a mean over fewer ranks all differ from it.
+TEST_F(DataParallelTest, ScaleLossAndApplyCollectiveGradsAverageTheRanksGradients) {
+  const int world = 3;
+  auto flat_grads = [](const std::vector<Tensor>& params, double scale) {
+    std::vector<float> grads;
+    for (const Tensor& p : params) {
+      for (float v : p.grad().to_vector<float>()) grads.push_back(static_cast<float>(v * scale));
+    }
+    return grads;
+  };
   auto result = spawn(
-      [](Context& ctx) {
+      [&](Context& ctx) {
+        nn::manual_seed(3);
         LinearNet net;
         DataParallel dp(net, ctx, {.reduce_in_backward = false});
         nn::manual_seed(9 + ctx.rank());
-        Tensor loss = dp.scale_loss(nn::mse_loss(dp(nn::randn({3, 10})), nn::randn({3, 1})));
-        loss.backward();
+        Tensor x = nn::randn({3, 10}), y = nn::randn({3, 1});
+        dp.scale_loss(nn::mse_loss(dp(x), y)).backward();
         dp.apply_collective_grads();
-        return net.l2->bias.grad().to_vector<float>();
+        return flat_grads(dp.parameters(), 1.0);
       },
-      2, "cpu", options_);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ((*result)[0], (*result)[1]);
+      world, "cpu", options_);
+  auto reference = spawn(
+      [&](Context&) {
+        nn::manual_seed(3);
+        LinearNet net;
+        for (int r = 0; r < world; ++r) {
+          nn::manual_seed(9 + r);
+          Tensor x = nn::randn({3, 10}), y = nn::randn({3, 1});
+          nn::mse_loss(net(x), y).backward();  // accumulates: the sum over the ranks
+        }
+        return flat_grads(net.parameters(), 1.0 / world);
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(result.ok() && reference.ok()) << result.status() << reference.status();
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    ExpectClose((*result)[r], (*reference)[0], "mean gradient");
+  }
 }
 
 struct MaybeWider : nn::Module {

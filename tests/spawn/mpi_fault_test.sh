@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# One fault case of a 2-process job (ctest label mpi):
-#   mpi_fault_test.sh BINARY MODE MAX_SECONDS [PATTERN]
+# One case of a 2-process job (ctest label mpi):
+#   mpi_fault_test.sh BINARY MODE MAX_SECONDS PATTERN
 # Runs `mpirun.sh -np 2 BINARY MODE` (MODE singleton: BINARY alone under
-# PMI_SIZE=2), and passes when the job exits non-zero within MAX_SECONDS and, with
-# PATTERN, the first line of its output that says "ERROR" or "error" matches
-# PATTERN (grep -E): the root cause comes first.
+# PMI_SIZE=2) and looks at its exit status, time and output. An error line is
+# one that says ERROR or error, or that something failed or exited on a signal
+# (mpirun's report of a killed process). A fault case passes when the job exits
+# non-zero within MAX_SECONDS and its first error line matches PATTERN (grep -E):
+# the root cause comes first, and a job that failed for another reason (or never
+# ran: a broken launcher) does not pass. MODE ok is the positive control: it
+# passes when the job exits 0 within MAX_SECONDS, prints no error line, and a
+# line of its output matches PATTERN.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-binary="$1" mode="$2" max_s="$3" pattern="${4:-}"
+if [ "$#" -ne 4 ]; then
+  echo "usage: $0 BINARY MODE MAX_SECONDS PATTERN" >&2
+  exit 2
+fi
+binary="$1" mode="$2" max_s="$3" pattern="$4"
+error_line='ERROR|[Ee]rror|[Ff]ail|exited on signal'
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 start_ms=$(( $(date +%s%N) / 1000000 ))
@@ -23,13 +33,17 @@ echo "--- output of mode $mode (exit $rc, ${elapsed} s):"
 cat "$out"
 echo "---"
 fail=0
-if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; fail=1; fi
 if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung (killed by timeout after 120 s)"; fail=1; fi
 if [ "$elapsed_ms" -gt $((max_s * 1000)) ]; then
   echo "FAIL: took ${elapsed} s, more than $max_s s"; fail=1
 fi
-if [ -n "$pattern" ]; then
-  first="$(grep -m1 -E 'ERROR|[Ee]rror' "$out" || true)"
+first="$(grep -m1 -E "$error_line" "$out" || true)"
+if [ "$mode" = ok ]; then
+  if [ "$rc" -ne 0 ]; then echo "FAIL: the job exited $rc"; fail=1; fi
+  if [ -n "$first" ]; then echo "FAIL: an error line: $first"; fail=1; fi
+  if ! grep -qE -- "$pattern" "$out"; then echo "FAIL: no line matches /$pattern/"; fail=1; fi
+else
+  if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; fail=1; fi
   if ! grep -qE -- "$pattern" <<<"$first"; then
     echo "FAIL: the first error line does not match /$pattern/: $first"; fail=1
   else
