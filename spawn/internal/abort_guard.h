@@ -34,6 +34,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace tandem::dist::internal {
 
@@ -52,12 +53,14 @@ class AbortGuard {
     explicit Use(AbortGuard& guard, const char* what = "a library call") : guard_(guard) {
       // Uncontended (the usual case): one try_lock. Contended: by the watchdog's
       // short try-locks (PollAsyncError) or by an abort, which this must not
-      // wait behind.
-      while (!guard.mutex_.try_lock_for(std::chrono::microseconds(200))) {
+      // wait behind. (Polling try_lock rather than a timed mutex: the timed
+      // lock's pthread_mutex_clocklock is invisible to ThreadSanitizer.)
+      while (!guard.mutex_.try_lock()) {
         if (guard.abort_requested_.load(std::memory_order_acquire)) {
           aborted_ = true;
           return;
         }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       locked_ = true;
       aborted_ = guard.aborted_.load(std::memory_order_relaxed) ||
@@ -88,8 +91,12 @@ class AbortGuard {
   template <typename Fn>
   Outcome Abort(Fn&& abort, std::chrono::nanoseconds deadline, std::string* in_use = nullptr) {
     abort_requested_.store(true, std::memory_order_release);
-    std::unique_lock<std::timed_mutex> lock(mutex_, std::defer_lock);
-    if (!lock.try_lock_for(deadline)) {
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    const auto give_up = std::chrono::steady_clock::now() + deadline;
+    while (!lock.try_lock() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (!lock.owns_lock()) {
       // Read without the lock: the pointer names a string literal that outlives
       // the call; at worst it names the call that has just ended.
       if (in_use != nullptr) {
@@ -108,7 +115,7 @@ class AbortGuard {
   // watchdog's polls must never wait for a rank's call). Returns whether it ran.
   template <typename Fn>
   bool TryUse(Fn&& fn) {
-    std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || aborted_.load(std::memory_order_relaxed) ||
         abort_requested_.load(std::memory_order_acquire)) {
       return false;
@@ -121,7 +128,7 @@ class AbortGuard {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
  private:
-  std::timed_mutex mutex_;
+  std::mutex mutex_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> abort_requested_{false};
   std::atomic<const char*> in_use_{nullptr};  // what the Use holding mutex_ calls
