@@ -538,11 +538,14 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
       busy_ms.push_back(step_ms.back() -
                         (ctx.communicator().waited_seconds() - waited_before_step) * 1e3);
       if (flags.stop_at_step > 0 && at.step == flags.stop_at_step) {
+        // Every rank is here after the same step, with no collective in flight:
+        // returning (not throwing) ends the run as a finished one, in every process.
         progress.Clear();
-        throw dist::CancelledError(
-            absl::StrCat("stopped after step ", at.step, " as --stop_at_step asks"));
+        result.stopped_at_step = at.step;
+        break;
       }
     }
+    if (result.stopped_at_step > 0) break;  // no metrics row or checkpoint of a partial epoch
     const double epoch_train_s = SecondsSince(epoch_start);
     train_seconds += epoch_train_s;
     trained_samples += (k - first_k) * global_batch;
@@ -641,6 +644,8 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
       flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
   if (!results.ok()) return ExitStatusOf(flags, results.status());
   const TrainResult& r = results->front();
+  // Every rank of every process stopped at the same step: each process says so.
+  if (r.stopped_at_step > 0) return StoppedAtStepExit(flags, r.stopped_at_step);
   if (r.process_index != 0) return kExitOk;  // several processes: the first one reports
   if (r.epochs_done == 0) {
     std::cout << absl::StrFormat("summary: %s: nothing left to train (the checkpoint is at "

@@ -20,8 +20,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -121,8 +119,9 @@ ABSL_FLAG(int64_t, train_limit, 0,
           "Train on the first N training examples only (0: all).");
 ABSL_FLAG(int64_t, test_limit, 0, "Evaluate on the first N test examples only (0: all).");
 ABSL_FLAG(int64_t, stop_at_step, 0,
-          "Stop the run after this global step as Ctrl-C would (exit status 130, no "
-          "checkpoint of that step); for testing --resume. 0: never.");
+          "End the run after this global step (exit status 130 and one line on every "
+          "process; no checkpoint beyond the periodic ones); for testing --resume. 0: never.");
+ABSL_FLAG(double, timeout_s, 300, tandem::apps::kTimeoutHelp);
 
 namespace tandem::apps {
 namespace {
@@ -155,18 +154,11 @@ bool OnCommandLine(int argc, char** argv, absl::string_view name) {
 
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   ProgramStopSignals();
-  absl::FlagsUsageConfig config;
-  // --help lists the flags of the programs and of this library, not Abseil's own.
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "apps/");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(absl::StrCat(usage, "\n\n", kExitStatusHelp));
   RunFlags flags;
   std::string program = argv[0];
   const size_t slash = program.rfind('/');
   flags.program = slash == std::string::npos ? program : program.substr(slash + 1);
+  SetUpHelp(flags.program, usage, kExitStatusHelp);
   if (std::optional<std::string> bad = FindBadFlag(argc, argv)) FlagErrorExit(flags, *bad);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
@@ -193,6 +185,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.train_limit = absl::GetFlag(FLAGS_train_limit);
   flags.test_limit = absl::GetFlag(FLAGS_test_limit);
   flags.stop_at_step = absl::GetFlag(FLAGS_stop_at_step);
+  flags.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   flags.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -296,6 +289,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
                                                     {"--keep_checkpoints", flags.keep_checkpoints}}) {
     if (value < 0) FlagErrorExit(flags, absl::StrCat(name, " ", value, ": must be >= 0"));
   }
+  if (std::optional<std::string> bad = CheckTimeout(flags.timeout_s)) FlagErrorExit(flags, *bad);
   if (!(flags.checkpoint_every_minutes >= 0)) {
     FlagErrorExit(flags, absl::StrCat("--checkpoint_every_minutes ", flags.checkpoint_every_minutes,
                                       ": must be >= 0"));
@@ -392,6 +386,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.share_devices = flags.share_devices;
   options.log_dir = flags.log_dir;
   options.seed = flags.seed;
+  options.timeout_s = flags.timeout_s;
   options.stop_signal_source = &ProgramStopSignals();
   // Several processes (mpirun, srun): what every process must run with, or all
   // stop before training with the value and the hosts that differ. Devices,
@@ -411,6 +406,9 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--train_limit", absl::StrCat(flags.train_limit)},
       {"--test_limit", absl::StrCat(flags.test_limit)},
       {"--stop_at_step", absl::StrCat(flags.stop_at_step)},
+      // A process whose watchdog fires sooner would end the job while the others
+      // still wait; spawn compares SpawnOptions::timeout_s too, this names the flag.
+      {"--timeout_s", absl::StrCat(flags.timeout_s)},
       {"--checkpoint_every_steps", absl::StrCat(flags.checkpoint_every_steps)},
       {"--checkpoint_every_minutes", absl::StrCat(flags.checkpoint_every_minutes)},
       // Every rank takes part in the gathers of TensorBoard's step times and of the trace.
@@ -497,6 +495,20 @@ std::unique_ptr<dist::SummaryWriter> OpenTensorBoard(const dist::Context& ctx,
       dist::SummaryWriter::Open(flags.tensorboard_dir);
   TANDEM_CHECK(writer.ok(), "--tensorboard_dir: ", writer.status().message());
   return *std::move(writer);
+}
+
+int StoppedAtStepExit(const RunFlags& flags, int64_t step) {
+  // One write: see ExitStatusOf.
+  std::cerr << absl::StrCat(flags.program, ": stopped after step ", step,
+                            " as --stop_at_step asks",
+                            flags.checkpoint_dir.empty()
+                                ? std::string(" (no --checkpoint_dir: nothing saved)")
+                                : absl::StrCat("; run again with --resume --checkpoint_dir=",
+                                               flags.checkpoint_dir,
+                                               " to continue from its newest checkpoint"),
+                            "\n")
+            << std::flush;
+  return kExitStopped;
 }
 
 int ExitStatusOf(const RunFlags& flags, const absl::Status& status) {

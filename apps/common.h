@@ -7,7 +7,8 @@
 //   --gpus --nprocs --share_devices --seed --num_workers --log_dir
 //   --checkpoint_dir --resume --checkpoint_every_steps --checkpoint_every_minutes
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
-//   --max_steps_per_epoch --train_limit --test_limit --stop_at_step
+//   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
+//   --tensorboard_dir --trace --trace_steps
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
 // --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
 // into RunFlags by it.
@@ -15,9 +16,12 @@
 // Exit statuses of the programs (kExitStatusHelp, also in --help): 0 success,
 // 1 a failure during the run (one line naming the rank), 2 a bad flag value (one
 // line naming the flag and the value), 75 (EX_TEMPFAIL) stopped by SIGTERM or
-// SIGUSR1 after every rank saved a checkpoint at the same step: --resume
-// continues, 130 stopped without a checkpoint of that point (Ctrl-C,
-// --stop_at_step, or a stop signal without --checkpoint_dir).
+// SIGUSR1 (in a job of several processes also SIGINT: spawn.h) after every rank
+// saved a checkpoint at the same step: --resume continues, 130 stopped without
+// a checkpoint of that point (Ctrl-C, --stop_at_step, or a stop signal without
+// --checkpoint_dir). A planned stop is no failure in a job of several processes
+// either: every process ends with the status and the one line a single process
+// would give, without MPI_Abort.
 //
 // Thread-safety: ParseFlagsOrExit / ValidateOrExit run on the main thread before
 // spawn; TrainClassifier runs on every rank thread with its own Context.
@@ -52,9 +56,11 @@ inline constexpr int kExitStoppedResumable = 75;  // EX_TEMPFAIL
 inline constexpr int kExitStopped = 130;
 inline constexpr char kExitStatusHelp[] =
     "Exit status: 0 done; 1 a failure (one line naming the rank); 2 a bad flag value; 75 "
-    "stopped by SIGTERM or SIGUSR1 after every rank saved a checkpoint of the same step (run "
-    "again with --resume to continue); 130 stopped without a checkpoint of that point "
-    "(Ctrl-C, --stop_at_step, or SIGTERM/SIGUSR1 without --checkpoint_dir).";
+    "stopped by SIGTERM or SIGUSR1 (in a job of several processes also by a Ctrl-C that "
+    "reaches them) after every rank saved a checkpoint of the same step (run again with "
+    "--resume to continue); 130 stopped without a checkpoint of that point (Ctrl-C, "
+    "--stop_at_step, or a stop signal without --checkpoint_dir). Under mpirun or srun a stop "
+    "ends every process with the same status.";
 
 // The values of every flag of a run, after parsing and validation.
 struct RunFlags {
@@ -81,6 +87,7 @@ struct RunFlags {
   int64_t train_limit = 0;          // 0: the whole training set
   int64_t test_limit = 0;           // 0: the whole test set
   int64_t stop_at_step = 0;         // 0: never
+  double timeout_s = 300;           // SpawnOptions::timeout_s
   int64_t checkpoint_every_steps = 0;   // 0: off
   double checkpoint_every_minutes = 0;  // 0: off
   int keep_checkpoints = 0;             // 0: keep all
@@ -163,6 +170,14 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
 // error ("<program>: rank 1 (cpu): ...") or a stop.
 int ExitStatusOf(const RunFlags& flags, const absl::Status& status);
 
+// The end of a run that --stop_at_step ended: prints the one line
+// "<program>: stopped after step <step> as --stop_at_step asks ..." and returns
+// kExitStopped. The training functions return normally at that step (every rank
+// at the same one, nothing left in flight), so that spawn, and in a job of
+// several processes every process, ends as after a finished run: --stop_at_step
+// is a planned stop, not a failure.
+int StoppedAtStepExit(const RunFlags& flags, int64_t step);
+
 // --- Classifier training -------------------------------------------------------
 
 struct ClassifierData {
@@ -187,6 +202,7 @@ struct TrainResult {
   double samples_per_s = 0;   // global training samples per second of this process
   int world_size = 0;         // global ranks (every process of an mpirun/srun job)
   int process_index = 0;      // this process in such a job (0: the one that prints the summary)
+  int64_t stopped_at_step = 0;  // > 0: --stop_at_step ended the run after this step
 };
 
 // Trains the model that make_model() builds (on ctx.device(); called once per
@@ -203,15 +219,18 @@ struct TrainResult {
 // / --checkpoint_every_minutes (mid-epoch: a resumed run continues bit for bit,
 // metrics rows included), and at a stop signal, keeping --keep_checkpoints.
 // With --resume every rank loads the newest checkpoint that loads before
-// training. Throws tandem::Error on a failure, dist::CancelledError at
-// --stop_at_step, dist::StoppedError after a stop signal (every rank at the
-// same step, after the checkpoint is complete).
+// training. At --stop_at_step it returns right after that step (stopped_at_step
+// set; no metrics row or checkpoint for the partial epoch, but an earlier
+// checkpoint's write in flight completes and the --trace file is written).
+// Throws tandem::Error on a failure, dist::StoppedError after a stop signal
+// (every rank at the same step, after the checkpoint is complete).
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
                             const std::function<std::shared_ptr<nn::Module>()>& make_model,
                             dist::TraceRecorder* trace = nullptr);
 
 // Runs TrainClassifier on every rank through dist::spawn, prints the final summary
-// (best test accuracy, time, samples/s) and returns the exit status.
+// (best test accuracy, time, samples/s), or StoppedAtStepExit's line, and returns
+// the exit status.
 int RunClassifier(const RunFlags& flags, const ClassifierData& data,
                   const std::function<std::shared_ptr<nn::Module>()>& make_model,
                   const std::vector<std::string>& extra_rows);

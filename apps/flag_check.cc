@@ -1,11 +1,14 @@
 #include "apps/flag_check.h"
 
 #include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -84,6 +87,51 @@ std::optional<std::string> FindBadFlag(int argc, char** argv) {
     }
   }
   return std::nullopt;
+}
+
+std::optional<std::string> CheckTimeout(double seconds) {
+  if (seconds > 0 && std::isfinite(seconds)) return std::nullopt;
+  return absl::StrCat("--timeout_s ", seconds, ": must be a positive, finite number of seconds");
+}
+
+namespace {
+
+// The part of a flag's source path from its "apps/" folder on ("apps/common.cc"),
+// or "" for a file outside apps/ (Abseil's own flags).
+absl::string_view AppsPath(absl::string_view file) {
+  if (absl::StartsWith(file, "apps/")) return file;
+  const size_t at = file.rfind("/apps/");
+  return at == absl::string_view::npos ? absl::string_view() : file.substr(at + 1);
+}
+
+}  // namespace
+
+void SetUpHelp(absl::string_view program, absl::string_view description,
+               absl::string_view epilogue) {
+  absl::FlagsUsageConfig config;
+  // Abseil prints "Flags from <name>:" above each source file's flags, the name
+  // being the file's build path: meaningless to a reader, and different on every
+  // machine. The program's own flags are headed by its name, the shared ones
+  // (apps/common.cc) say so; "train_mnist" sorts before "train_mnist, ..."
+  // (Abseil orders the headings by name).
+  config.normalize_filename = [program = std::string(program)](absl::string_view file) {
+    const absl::string_view apps = AppsPath(file);
+    if (apps.empty() || absl::StartsWith(file, program)) return std::string(file);
+    if (apps == "apps/common.cc") {
+      return absl::StrCat(program, ", common to every tandem training program");
+    }
+    return program;
+  };
+  // --help and --helpshort list the flags of apps/ (the program's and the shared
+  // ones), not Abseil's own (--helpfull lists every flag). The filter may be
+  // handed the normalised name.
+  config.contains_help_flags = [program = std::string(program)](absl::string_view file) {
+    return !AppsPath(file).empty() || absl::StartsWith(file, program);
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(
+      epilogue.empty() ? std::string(description) : absl::StrCat(description, "\n\n", epilogue));
 }
 
 }  // namespace tandem::apps

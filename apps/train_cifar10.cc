@@ -90,10 +90,18 @@ data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
 int main(int argc, char** argv) {
   apps::RunFlags flags = apps::ParseFlagsOrExit(
       argc, argv,
-      "Trains the ConvNet of the data-parallel quick start (or MobileNetV2, --model) on "
-      "CIFAR-10 (binary version, "
-      "--data_dir), or on a generated CIFAR-shaped dataset reported as synthetic when there "
-      "are no real files.\n\nUsage: train_cifar10 [--flag=value ...]");
+      "Trains an image classifier on CIFAR-10 (32x32 colour photos of 10 classes: "
+      "airplanes, cars, birds, cats, ...): a small convolutional network (--model=convnet: "
+      "three 3x3 convolutions, two fully connected layers) or MobileNetV2 as torchvision "
+      "builds it (--model=mobilenet_v2). It reads the CIFAR-10 binary files from "
+      "--data_dir; without them it trains on a generated CIFAR-shaped dataset and labels "
+      "every report synthetic. Training is data-parallel: every rank holds the same model, "
+      "trains on its share of each batch, and the ranks average their gradients; one rank "
+      "per visible GPU, else CPU ranks (--gpus, --nprocs), and several hosts when mpirun or "
+      "srun starts it as several processes. After each epoch it prints the test accuracy, "
+      "at the end a summary.\n\n"
+      "Usage: train_cifar10 [--flag=value ...]\n"
+      "  train_cifar10 --data_dir=/data/cifar-10-batches-bin --epochs=2");
   flags.epochs = absl::GetFlag(FLAGS_epochs);
   flags.batch_size = absl::GetFlag(FLAGS_batch_size);
   flags.lr = absl::GetFlag(FLAGS_lr);

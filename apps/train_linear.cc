@@ -10,12 +10,14 @@
 // --seed); DataParallel averages the gradients, so every rank keeps the same
 // weights. With --checkpoint_dir it saves through dist::CheckpointManager
 // (periodic checkpoints, SIGTERM/SIGUSR1 stop at an agreed step, --resume
-// continues bit for bit: the generators are in the file). Exit statuses as in
+// continues bit for bit: the generators are in the file). --stop_at_step=S ends
+// the run after step S, as in the classifier programs. Exit statuses as in
 // apps/common.h.
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -43,7 +45,9 @@ struct LinearNet : nn::Module {
   nn::Linear l1, l2;
 };
 
-void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
+// Returns the step after which --stop_at_step ended the run (every rank the
+// same), or 0 when it ran all `steps`.
+int64_t Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
   LinearNet net;  // on ctx.device(), the same initial weights on every rank
   dist::DataParallel dp(net, ctx);
   std::unique_ptr<tandem::optim::Optimizer> optimizer =
@@ -65,6 +69,7 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     state.extra["program"] = flags.program;
   }
   std::unique_ptr<dist::SummaryWriter> tensorboard = apps::OpenTensorBoard(ctx, flags);
+  int64_t stopped_at = 0;
   while (step < steps) {
     ctx.check_stop();
     nn::Tensor x = nn::randn({flags.batch_size, 10});
@@ -92,15 +97,22 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
     } else if (ctx.AtStepBoundary(step).stop) {
       throw dist::StoppedError(absl::StrCat("stopped at step ", step, " (stop signal)"), step);
     }
+    if (flags.stop_at_step > 0 && step == flags.stop_at_step) {
+      stopped_at = step;  // every rank, after the same step: a planned end, not a failure
+      break;
+    }
   }
-  if (checkpoints) {  // the final state, for a later --resume with more --steps
-    absl::Status saved =
-        checkpoints->last_path() == dist::CheckpointManager::PathFor(flags.checkpoint_dir, step)
-            ? absl::OkStatus()  // a periodic save wrote this step already
-            : checkpoints->Save(state);
+  if (checkpoints) {
+    // The final state, for a later --resume with more --steps; none after
+    // --stop_at_step (no checkpoint of that step), none twice when a periodic
+    // save wrote this step already. Finish: a periodic write in flight completes.
+    const bool written =
+        checkpoints->last_path() == dist::CheckpointManager::PathFor(flags.checkpoint_dir, step);
+    absl::Status saved = stopped_at > 0 || written ? absl::OkStatus() : checkpoints->Save(state);
     if (saved.ok()) saved = checkpoints->Finish();
     dist::ThrowIfError(saved, "saving the checkpoint: ");
   }
+  return stopped_at;
 }
 
 }  // namespace
@@ -108,9 +120,14 @@ void Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
 int main(int argc, char** argv) {
   apps::RunFlags flags = apps::ParseFlagsOrExit(
       argc, argv,
-      "Trains the quick-start LinearNet on random data for --steps steps, data-parallel on "
-      "every visible GPU or on CPU ranks, printing step:N loss:X.\n\n"
-      "Usage: train_linear [--flag=value ...]");
+      "Trains a tiny linear model (Linear(10, 10), then Linear(10, 1); mean squared error; "
+      "Adam) on random batches for --steps steps and prints rank 0's loss after each step as "
+      "step:N loss:X. The smallest data-parallel program: a quick check that devices, ranks "
+      "(one per visible GPU, else CPU ranks: --gpus, --nprocs) and processes (started by "
+      "mpirun or srun) work together, and a fast way to try checkpoints, stop signals and "
+      "--resume.\n\n"
+      "Usage: train_linear [--flag=value ...]\n"
+      "  train_linear --gpus=cpu --nprocs=2   # two CPU ranks");
   flags.batch_size = absl::GetFlag(FLAGS_batch_size);
   flags.lr = absl::GetFlag(FLAGS_lr);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
@@ -120,8 +137,10 @@ int main(int argc, char** argv) {
   apps::PrintEnvironment(flags, {absl::StrCat("batch=", flags.batch_size, " per rank, ",
                                               flags.batch_size * flags.world_size(), " global"),
                                  absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr)});
-  absl::Status status = dist::spawn(
-      [&](dist::Context& ctx) { Train(ctx, flags, steps); }, flags.nprocs, flags.gpus,
+  absl::StatusOr<std::vector<int64_t>> stopped_at = dist::spawn(
+      [&](dist::Context& ctx) { return Train(ctx, flags, steps); }, flags.nprocs, flags.gpus,
       apps::MakeSpawnOptions(flags));
-  return apps::ExitStatusOf(flags, status);
+  if (!stopped_at.ok()) return apps::ExitStatusOf(flags, stopped_at.status());
+  if (stopped_at->front() > 0) return apps::StoppedAtStepExit(flags, stopped_at->front());
+  return apps::kExitOk;
 }

@@ -1,5 +1,6 @@
-// train_mnist: the main program. The LeNet of the multi-GPU chapter trained
-// data-parallel on (Fashion-)MNIST, on every visible GPU or on CPU ranks.
+// train_mnist: the main program. A LeNet (two 5x5 convolutions with max pooling,
+// one fully connected layer) trained data-parallel on (Fashion-)MNIST, on every
+// visible GPU or on CPU ranks.
 //
 //   train_mnist                                   # Fashion-MNIST, all GPUs / a CPU rank per core
 //   train_mnist --gpus=cpu --nprocs=2 --epochs=2  # two CPU ranks
@@ -56,9 +57,16 @@ std::shared_ptr<const tandem::data::Dataset> Load(const apps::RunFlags& flags, b
 int main(int argc, char** argv) {
   apps::RunFlags flags = apps::ParseFlagsOrExit(
       argc, argv,
-      "Trains the LeNet of the multi-GPU chapter on Fashion-MNIST (or any MNIST-format "
-      "directory), data-parallel on every visible GPU or on CPU ranks, and reports the test "
-      "accuracy after each epoch.\n\nUsage: train_mnist [--flag=value ...]");
+      "Trains a small convolutional network (LeNet: two 5x5 convolutions with max pooling, "
+      "then one fully connected layer) to tell apart the 10 kinds of clothing in the 28x28 "
+      "grayscale images of Fashion-MNIST (any MNIST-format dataset works, see --data_dir). "
+      "Training is data-parallel: every rank holds the same model, trains on its share of "
+      "each batch, and the ranks average their gradients; one rank per visible GPU, else "
+      "CPU ranks (--gpus, --nprocs), and several hosts when mpirun or srun starts it as "
+      "several processes. After each epoch it prints the test accuracy, at the end a "
+      "summary.\n\n"
+      "Usage: train_mnist [--flag=value ...]\n"
+      "  train_mnist --gpus=cpu --nprocs=2 --epochs=1   # two CPU ranks, one epoch");
   flags.epochs = absl::GetFlag(FLAGS_epochs);
   flags.batch_size = absl::GetFlag(FLAGS_batch_size);
   flags.lr = absl::GetFlag(FLAGS_lr);

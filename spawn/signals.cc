@@ -142,11 +142,11 @@ void StepAgreement::NoteSignalsLocked() {
   if (const int s = signals_->Received(); s != 0) RequestStopLocked(SignalName(s));
 }
 
-void StepAgreement::RequestStop(const std::string& reason) {
+void StepAgreement::RequestStop(const std::string& reason, int signal) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!cross_process_) return RequestStopLocked(reason);
   if (local_stop_code_ == 0 && !stop_requested_) {
-    local_stop_code_ = kStopRequestCode;
+    local_stop_code_ = signal > 0 && signal < NSIG ? signal : kStopRequestCode;
     local_reason_ = reason;
   }
 }

@@ -40,8 +40,9 @@
 // does not treat it as a failure: the other ranks keep their collectives for
 // the save; once all threads are joined spawn returns Cancelled with a payload
 // that IsStopped() recognises ("stopped by SIGTERM at step S"). A failure of
-// any rank still wins. Ctrl-C (SIGINT) is not a stop signal: it stops at once
-// without an agreed step (see SpawnOptions::handle_sigint).
+// any rank still wins. Ctrl-C (SIGINT) is not a stop signal in one process: it
+// stops at once without an agreed step (see SpawnOptions::handle_sigint); in a
+// job of several processes spawn's watchdog turns it into RequestStop (spawn.h).
 //
 // Several processes (mpirun, srun): the target must be the same in every
 // process, and ranks of different processes share no memory. There the
@@ -145,7 +146,9 @@ class StepAgreement {
   // wait with CancelledError.
   Decision AtBoundary(int rank, int64_t step, bool propose_save, std::stop_token stop = {});
   // Asks for a stop as a stop signal would (tests, or a program's own reason).
-  void RequestStop(const std::string& reason);
+  // `signal`: the signal behind the request, named to the other processes
+  // ("SIGINT on another process"); 0: "a stop request on another process".
+  void RequestStop(const std::string& reason, int signal = 0);
   // Rank `rank` threw StoppedError.
   void RankStopped(int rank);
   // The watchdog, every poll: non-OK when the run must be cancelled (a stop

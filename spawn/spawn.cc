@@ -127,6 +127,12 @@ class Run {
   void set_describe_remote(std::function<std::string(uint64_t)> describe) {
     describe_remote_ = std::move(describe);
   }
+  // Several processes: Ctrl-C asks the step agreement for a stop, as SIGTERM
+  // does, so that every process stops at one step boundary and ends on its own.
+  // Cancelling this process's ranks at once would leave the other processes in
+  // collectives with them: the job would end through MPI_Abort, a failure.
+  // Set before Watch.
+  void set_sigint_agreed() { sigint_agreed_ = true; }
   int world_size() const { return static_cast<int>(devices_.size()); }
 
   std::string RankName(int rank) const {
@@ -139,10 +145,17 @@ class Run {
   // logged as consequences. `cancelled`: the rank only noticed the stop.
   // `peer`: the failure reports another rank's (PeerFailedError); a later failure
   // of that rank's own (neither cancelled nor peer) replaces it as the run's cause.
-  void Fail(int rank, absl::Status status, bool cancelled, bool peer = false) {
+  // `interrupt`: Ctrl-C's stop. It and an IsStopped() status (a stop signal
+  // before any step boundary) are planned stops, not failures: logged as
+  // information, and the ranks that only noticed them are not logged as
+  // consequences of a failure (no ERROR line for a stop the user asked for).
+  void Fail(int rank, absl::Status status, bool cancelled, bool peer = false,
+            bool interrupt = false) {
     if (rank >= 0) states_[rank].store(RankState::kFailed);
     bool first = false;
     bool replaced = false;
+    bool planned_stop = false;  // the run's first status is a planned stop
+    const bool planned = interrupt || IsStopped(status);
     std::string message(status.message());
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -150,18 +163,20 @@ class Run {
         replaced = !first_.ok();
         first_ = std::move(status);
         first_is_peer_ = peer;
+        first_is_planned_ = planned;
         first = true;
       }
+      planned_stop = first_is_planned_;
     }
     if (replaced) {
       logger_->Write(LogLevel::kError, -1, nn::Device(), absl::StrCat("the cause: ", message));
     } else if (first) {
-      logger_->Write(LogLevel::kError, -1, nn::Device(), message);
+      logger_->Write(planned ? LogLevel::kInfo : LogLevel::kError, -1, nn::Device(), message);
       stop_.request_stop();
       if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", message));
       std::lock_guard<std::mutex> lock(mutex_);
       cv_.notify_all();  // the watchdog aborts the communicators now
-    } else {
+    } else if (!(cancelled && planned_stop)) {
       logger_->Write(LogLevel::kError, rank, rank >= 0 ? devices_[rank] : nn::Device(),
                      absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
                                             : "failed after the first failure (consequence): ",
@@ -229,12 +244,17 @@ class Run {
       const bool aborted = aborted_;  // the aborter thread writes it
       lock.unlock();
       if (g_sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
-          !stop_.stop_requested()) {
-        Fail(-1,
-             absl::CancelledError("spawn: interrupted (SIGINT); every rank stopped at its next "
-                                  "collective, stop-aware wait or step boundary (a second "
-                                  "Ctrl-C exits at once)"),
-             false);
+          !stop_.stop_requested() && !sigint_requested_) {
+        if (sigint_agreed_) {
+          sigint_requested_ = true;
+          agreement.RequestStop("SIGINT", SIGINT);
+        } else {
+          Fail(-1,
+               absl::CancelledError("spawn: interrupted (SIGINT); every rank stopped at its "
+                                    "next collective, stop-aware wait or step boundary (a "
+                                    "second Ctrl-C exits at once)"),
+               false, /*peer=*/false, /*interrupt=*/true);
+        }
       }
       if (!stop_.stop_requested()) {
         // An agreed stop that overran its grace period (spawn/signals.h) is a failure.
@@ -460,6 +480,7 @@ class Run {
   std::condition_variable cv_;
   absl::Status first_;
   bool first_is_peer_ = false;  // first_ reports another rank's failure
+  bool first_is_planned_ = false;  // first_ is a planned stop (see Fail)
   int finished_ = 0;
   int64_t all_finished_ns_ = 0;  // when finished_ reached world_size()
   bool joined_ = false;   // every rank thread was joined (guarded by mutex_)
@@ -473,7 +494,9 @@ class Run {
   // The aborter's outcome (guarded by mutex_).
   bool abort_done_ = false;
   absl::Status abort_status_;
+  bool sigint_requested_ = false;  // the agreement was asked to stop (sigint_agreed_)
   std::function<std::string(uint64_t)> describe_remote_;
+  bool sigint_agreed_ = false;
 };
 
 std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
@@ -707,6 +730,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   if (procs) {
     run.set_describe_remote(
         [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
+    run.set_sigint_agreed();
   }
   std::thread watchdog(
       [&] { run.Watch(options.timeout_s, sigint_at_start, agreement, hooks.exit_process); });

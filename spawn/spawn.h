@@ -38,7 +38,11 @@
 // collective, stop-aware wait or check_stop() and spawn returns Cancelled. A rank
 // that reaches none of them cannot be stopped (threads are not killed): timeout_s
 // after the stop the watchdog logs which ranks spawn still waits for, and a
-// second Ctrl-C exits the process at once with status 130 (128 + SIGINT).
+// second Ctrl-C exits the process at once with status 130 (128 + SIGINT). In a
+// job of several processes (a launcher that passes SIGINT on to the processes,
+// or `kill -INT` on one of them) Ctrl-C asks for the agreed stop instead, as
+// SIGTERM does (below): cancelling one process's ranks at once would leave the
+// others waiting in collectives with them, and the job would end as a failure.
 // SIGTERM and SIGUSR1 (stop_signals) stop every rank at one agreed step after it
 // saved, see spawn/signals.h and spawn/checkpoint_manager.h; across processes
 // (mpirun, srun) a stop signal sent to any one process stops every process.
@@ -99,7 +103,9 @@ struct SpawnOptions {
   std::string log_dir;
   // Every rank's lines to the console, not only rank 0's.
   bool log_all_ranks = false;
-  // A collective not completed within this many seconds ends the run.
+  // A collective not completed within this many seconds ends the run; after a
+  // stop, the watchdog names the ranks still running this long after it. The
+  // programs' --timeout_s.
   double timeout_s = 300;
   // Rank r's generator is seeded with (seed, stream r).
   uint64_t seed = 0;

@@ -41,7 +41,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -695,7 +694,8 @@ int Run(const Config& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  apps::SetUpHelp(
+      "tandem_bench",
       "Times training steps of the MLP, LeNet and ConvNet on device-resident synthetic data "
       "(median of repetitions), for the PyTorch comparison of scripts/bench/compare.py.\n\n"
       "Usage: tandem_bench [--flag=value ...]");

@@ -54,7 +54,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -85,6 +84,7 @@ ABSL_FLAG(int, windows, 1,
           "fastest window (1: the mean of all, as nccl-tests). On a busy machine, "
           "e.g. --iters=2000 --windows=20 shows what a quiet moment gives.");
 ABSL_FLAG(bool, check, true, "Check each size's result once before timing it.");
+ABSL_FLAG(double, timeout_s, 300, tandem::apps::kTimeoutHelp);
 ABSL_FLAG(std::string, memcpy_bytes, "64M", "Buffer size of --mode=memcpy.");
 ABSL_FLAG(std::string, models, "lenet,mlp", "--mode=dp: comma-separated models (mlp, lenet).");
 ABSL_FLAG(int, batch, 32, "--mode=dp: samples per rank per step.");
@@ -146,6 +146,7 @@ dist::SpawnOptions QuietSpawn() {
   dist::SpawnOptions options;
   options.share_devices = true;
   options.console = null_stream;
+  options.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   return options;
 }
 
@@ -522,15 +523,16 @@ int RunDp(const std::vector<int>& rank_counts, const std::string& gpus) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Times dist::Communicator's collectives nccl-tests style (see the header of "
-      "apps/bench/comm_bench.cc).");
+  SetUpHelp("comm_bench",
+            "Times dist::Communicator's collectives nccl-tests style (see the header of "
+            "apps/bench/comm_bench.cc).");
   if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
     std::cerr << "comm_bench: " << *bad << "\n";
     return 2;
   }
   absl::ParseCommandLine(argc, argv);
   try {
+    if (std::optional<std::string> bad = CheckTimeout(absl::GetFlag(FLAGS_timeout_s))) Bad(*bad);
     const std::string mode = absl::GetFlag(FLAGS_mode);
     const std::vector<int> ranks = ParseRanks(absl::GetFlag(FLAGS_ranks));
     const std::string gpus = absl::GetFlag(FLAGS_gpus);

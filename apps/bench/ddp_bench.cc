@@ -41,7 +41,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -64,6 +63,7 @@ ABSL_FLAG(int, steps, 20, "Timed steps per repetition (>= 1).");
 ABSL_FLAG(int, repetitions, 5, "Repetitions per cell (>= 1); the median is reported.");
 ABSL_FLAG(int, threads, 1, "OpenBLAS/oneDNN threads of this process (>= 1).");
 ABSL_FLAG(int, nprocs, 1, "CPU ranks in this process.");
+ABSL_FLAG(double, timeout_s, 600, tandem::apps::kTimeoutHelp);
 ABSL_FLAG(bool, overlap, true,
           "Also time each cell with the gradients reduced after backward (synchronously, "
           "the same buckets) and without any reduction, and print the fraction of the "
@@ -178,9 +178,9 @@ Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch, const 
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Times the data-parallel training step for the comparison with PyTorch DDP (see the "
-      "header of apps/bench/ddp_bench.cc).");
+  SetUpHelp("tandem_ddp_bench",
+            "Times the data-parallel training step for the comparison with PyTorch DDP (see "
+            "the header of apps/bench/ddp_bench.cc).");
   if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
     std::cerr << "tandem_ddp_bench: " << *bad << "\n";
     return 2;
@@ -202,6 +202,7 @@ int Main(int argc, char** argv) {
       batches.push_back(value);
     }
     if (models.empty() || batches.empty()) Bad("--models and --batch_sizes must not be empty");
+    if (std::optional<std::string> bad = CheckTimeout(absl::GetFlag(FLAGS_timeout_s))) Bad(*bad);
     if (absl::GetFlag(FLAGS_steps) < 1 || absl::GetFlag(FLAGS_repetitions) < 1 ||
         absl::GetFlag(FLAGS_warmup_steps) < 0 || absl::GetFlag(FLAGS_threads) < 1) {
       Bad("--steps, --repetitions and --threads must be >= 1, --warmup_steps >= 0");
@@ -210,7 +211,7 @@ int Main(int argc, char** argv) {
     static std::ostream* quiet = new std::ostream(nullptr);  // spawn's table goes nowhere
     dist::SpawnOptions options;
     options.console = quiet;
-    options.timeout_s = 600;
+    options.timeout_s = absl::GetFlag(FLAGS_timeout_s);
     for (const Model& model : models) {
       for (int64_t batch : batches) {
         auto run = [&](Mode mode) -> std::optional<Cell> {

@@ -481,6 +481,29 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
   ExpectBadFlag(TRAIN_LINEAR, "--seed", "train_linear: error: --seed needs a value");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --cpu_threads=-1", "--cpu_threads -1: must be >= 0");
+  for (const char* timeout : {"0", "-2", "inf", "nan"}) {
+    ExpectBadFlag(TRAIN_MNIST, absl::StrCat("--gpus=cpu --timeout_s=", timeout),
+                  absl::StrCat("train_mnist: error: --timeout_s ", timeout,
+                               ": must be a positive, finite number of seconds"));
+  }
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --timeout_s=0", "train_linear: error: --timeout_s 0: ");
+  ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --timeout_s=-1", "train_cifar10: error: --timeout_s -1: ");
+}
+
+// --timeout_s reaches spawn's watchdog: rank 1 sleeping 4 s in each step
+// (TANDEM_TEST_SLOW_RANK) keeps rank 0 in the gradient all-reduce longer than
+// --timeout_s=1, and the run ends with the watchdog's line, not after the sleep's
+// whole run.
+TEST(TrainCifar10, TimeoutEndsARunWhoseCollectiveWaitsTooLong) {
+  RunResult r = RunProgram(absl::StrCat("TANDEM_TEST_SLOW_RANK=1:4000 ", TRAIN_CIFAR10),
+                           "--gpus=cpu --nprocs=2 --epochs=1 --max_steps_per_epoch=3 "
+                           "--synthetic_train_size=200 --synthetic_test_size=50 --timeout_s=1");
+  EXPECT_EQ(r.status, 1) << r.output;
+  ASSERT_FALSE(r.lines().empty());
+  EXPECT_EQ(r.lines().back().rfind(
+                "train_cifar10: error: watchdog: a collective did not complete within 1 s;", 0),
+            0u)
+      << r.output;
 }
 
 // A failure inside the run: exit status 1 and a last line naming the rank.
@@ -511,6 +534,52 @@ TEST(TrainMnist, HelpExplainsTheFlags) {
   }
 }
 
+// --help of every program: what it does in its own words first, then its flags
+// under headings that name the program (Abseil's default heading is the source
+// file's build path), --timeout_s among them where the program runs spawn.
+void ExpectHelp(const std::string& program, const std::string& name,
+                const std::string& description, bool training_program) {
+  SCOPED_TRACE(name);
+  RunResult r = RunProgram(program, "--help");
+  EXPECT_EQ(r.output.rfind(absl::StrCat(name, ": ", description), 0), 0u) << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat("Flags from ", name, ":")), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(PROJECT_SOURCE_DIR), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(PROJECT_BINARY_DIR), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(".cc:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("chapter"), std::string::npos) << r.output;
+  if (training_program) {
+    EXPECT_NE(r.output.find(absl::StrCat("Flags from ", name,
+                                         ", common to every tandem training program:")),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("--timeout_s (Watchdog limit in seconds"), std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(Help, EveryProgramSaysWhatItDoesWithoutBuildPaths) {
+  ExpectHelp(TRAIN_MNIST, "train_mnist",
+             "Trains a small convolutional network (LeNet: two 5x5 convolutions", true);
+  ExpectHelp(TRAIN_CIFAR10, "train_cifar10", "Trains an image classifier on CIFAR-10", true);
+  ExpectHelp(TRAIN_LINEAR, "train_linear", "Trains a tiny linear model", true);
+#ifdef DDP_REGRESSION
+  ExpectHelp(DDP_REGRESSION, "ddp_regression", "Fits y = x w", false);
+  EXPECT_NE(RunProgram(DDP_REGRESSION, "--help").output.find("--timeout_s ("), std::string::npos);
+#endif
+#ifdef COMM_BENCH
+  ExpectHelp(COMM_BENCH, "comm_bench", "Times dist::Communicator's collectives", false);
+  EXPECT_NE(RunProgram(COMM_BENCH, "--help").output.find("--timeout_s ("), std::string::npos);
+#endif
+#ifdef TANDEM_DDP_BENCH
+  ExpectHelp(TANDEM_DDP_BENCH, "tandem_ddp_bench", "Times the data-parallel training step", false);
+  EXPECT_NE(RunProgram(TANDEM_DDP_BENCH, "--help").output.find("--timeout_s ("),
+            std::string::npos);
+#endif
+#ifdef TANDEM_BENCH
+  ExpectHelp(TANDEM_BENCH, "tandem_bench", "Times training steps", false);
+#endif
+}
+
 // 2 epochs straight vs. a run stopped in the middle of epoch 2 and resumed from
 // the epoch-1 checkpoint: the same per-epoch loss and test accuracy.
 void ExpectResumeMatches(const std::string& ranks) {
@@ -526,9 +595,14 @@ void ExpectResumeMatches(const std::string& ranks) {
                                                     metrics, " --stop_at_step=",
                                                     steps_per_epoch + 7));
   ASSERT_EQ(stopped.status, 130) << stopped.output;
-  EXPECT_NE(stopped.output.find("stopped after step " + std::to_string(steps_per_epoch + 7)),
-            std::string::npos)
+  // A planned stop: its own line last, no error line.
+  ASSERT_FALSE(stopped.lines().empty());
+  EXPECT_EQ(stopped.lines().back(),
+            absl::StrCat("train_mnist: stopped after step ", steps_per_epoch + 7,
+                         " as --stop_at_step asks; run again with --resume --checkpoint_dir=", ck,
+                         " to continue from its newest checkpoint"))
       << stopped.output;
+  EXPECT_EQ(stopped.output.find("ERROR"), std::string::npos) << stopped.output;
   const std::string epoch1 = absl::StrCat(ck, "/step-", steps_per_epoch, ".ckpt");
   EXPECT_TRUE(std::filesystem::exists(epoch1));
   EXPECT_FALSE(std::filesystem::exists(absl::StrCat(ck, "/step-", 2 * steps_per_epoch, ".ckpt")));

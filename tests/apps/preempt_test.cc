@@ -334,6 +334,34 @@ TEST(TrainLinearPreempt, DamagedNewestOfThreeFallsBackAndSaysSo) {
 // runs (a few ms after a checkpoint appears), while a write is in flight, then
 // --resume: the metrics rows (loss, accuracy) and the final state equal an
 // uninterrupted run's.
+// Ctrl-C in one process is a planned stop, not a failure: exit status 130 with
+// the one line that says so, and no line says ERROR (neither the stop itself
+// nor the ranks it cancelled mid-collective), periodic writes in flight or not.
+TEST(TrainLinearPreempt, CtrlCStopsWithOneLineAndNoErrorLine) {
+  const std::string base = TempDir("ctrlc");
+  for (int trial = 0; trial < 3; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    const std::string dir = absl::StrCat(base, "/", trial);
+    Child c(TRAIN_LINEAR,
+            absl::StrCat("--gpus=cpu --nprocs=2 --steps=100000000 --checkpoint_every_steps=50 "
+                         "--checkpoint_dir=", dir),
+            dir + ".out", trial == 1 ? "50" : "");
+    // A checkpoint: training is under way, spawn's SIGINT handler installed.
+    ASSERT_TRUE(AwaitFile(absl::StrCat(dir, "/step-", 100 * (trial + 1), ".ckpt"), 60));
+    c.Signal(SIGINT);
+    const int status = c.Wait(60);
+    const std::string out = c.Output();
+    EXPECT_EQ(status, 130) << out;
+    EXPECT_EQ(out.find("ERROR"), std::string::npos) << out;
+    std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back(),
+              "train_linear: stopped: spawn: interrupted (SIGINT); every rank stopped at its next "
+              "collective, stop-aware wait or step boundary (a second Ctrl-C exits at once)")
+        << out;
+  }
+}
+
 TEST(TrainMnistPreempt, SigtermMidEpochThenResumeEndsBitForBit) {
   if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
