@@ -32,8 +32,8 @@
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
-#include "spawn/checkpoint.h"
-#include "spawn/checkpoint_manager.h"
+#include "spawn/train/checkpoint.h"
+#include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 
 namespace tandem::apps {

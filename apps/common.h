@@ -42,10 +42,10 @@
 #include "nn/module.h"
 #include "nn/tensor.h"
 #include "optim/optimizer.h"
-#include "spawn/checkpoint_manager.h"
+#include "spawn/train/checkpoint_manager.h"
 #include "spawn/spawn.h"
-#include "spawn/summary_writer.h"
-#include "spawn/trace.h"
+#include "spawn/observe/summary_writer.h"
+#include "spawn/observe/trace.h"
 
 namespace tandem::apps {
 

@@ -1,4 +1,4 @@
-// quickstart_linear: the first program a new user runs. DESIGN.md's LinearNet
+// quickstart_linear: the first program a new user runs: the quick start's LinearNet (README)
 // (two Linear layers) trained for 20 steps on random batches with MSELoss and
 // plain SGD written in place, on one device, printing "step:N loss:X" per step
 // as the Paddle seed does.

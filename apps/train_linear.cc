@@ -24,7 +24,7 @@
 #include "apps/common.h"
 #include "nn/error.h"
 #include "nn/nn.h"
-#include "spawn/checkpoint_manager.h"
+#include "spawn/train/checkpoint_manager.h"
 
 ABSL_FLAG(int, steps, 20, "Optimizer steps.");
 ABSL_FLAG(int, batch_size, 10, "Random examples per step on each rank.");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tandem vs PyTorch benchmark (issue 7) in one command: builds tandem_bench
+# The tandem vs PyTorch benchmark in one command: builds tandem_bench
 # in $BUILD (default build) when that build directory exists, picks a Python
 # that can import torch ($PYTHON, else python3, else /usr/bin/python3) and runs
 # scripts/bench/compare.py with the remaining arguments, e.g.

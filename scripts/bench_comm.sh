@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The in-process communicator's benchmark (issue 18) in one command: builds
+# The in-process communicator's benchmark in one command: builds
 # comm_bench (and mpi_comm_bench when MPI is found) in $BUILD (default build-cpu,
 # configured Release with TANDEM_CUDA=OFF if it does not exist yet), then prints
 #   1. a single-thread memcpy of 64 MB (the bandwidth bound of a 2-rank all_reduce),

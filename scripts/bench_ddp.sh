@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel training steps across processes (issue 12): tandem (P processes x
+# Data-parallel training steps across processes: tandem (P processes x
 # 1 CPU rank, through MPI) against PyTorch DistributedDataParallel on gloo (P
 # processes), from the same initial weights and data (an exchange directory of
 # tandem_bench), the same global batch split the same way, plain SGD.

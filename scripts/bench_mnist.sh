@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train_mnist vs the same job in PyTorch, end to end (issue 13): builds
+# train_mnist vs the same job in PyTorch, end to end: builds
 # train_mnist in $BUILD (default build-cpu, the CPU-only build) and runs
 # scripts/bench/mnist_e2e.py with the remaining arguments, e.g.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cross-process all_reduce bandwidth on one machine (issue 12): tandem's
+# Cross-process all_reduce bandwidth on one machine: tandem's
 # hierarchical communicator (2 processes x 1 CPU rank, through MPI) against a
 # raw MPI_Allreduce and PyTorch's gloo all_reduce, 1 KB .. 64 MB, float32 sum.
 #

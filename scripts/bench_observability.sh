@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of observability (issue 15): train_mnist on 2 CPU ranks, the same work
+# The cost of observability: train_mnist on 2 CPU ranks, the same work
 # with nothing on, with --tensorboard_dir, and with --trace over every step
 # (--trace_steps=0:) plus --tensorboard_dir, alternating REPS times; prints the
 # median training throughput (the summary's samples/s) of each and the slowdown.

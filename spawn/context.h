@@ -21,7 +21,7 @@
 
 #include "nn/device.h"
 #include "nn/tensor.h"
-#include "spawn/communicator.h"
+#include "spawn/comm/communicator.h"
 #include "spawn/logger.h"
 
 namespace tandem::dist {

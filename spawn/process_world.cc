@@ -14,12 +14,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "spawn/internal/hierarchical_communicator.h"
+#include "spawn/comm/mpi/hierarchical_communicator.h"
 #include "nn/status_macros.h"
 #include "spawn/signals.h"
-#include "spawn/spawn.h"
+#include "spawn/launch.h"
 #if TANDEM_WITH_CUDA
-#include "spawn/internal/nccl.h"
+#include "spawn/comm/nccl/nccl.h"
 #endif
 
 namespace tandem::dist::internal {
@@ -34,19 +34,6 @@ std::string HostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
   return name;
-}
-
-// "name=value" evidence for the first (size, rank) variable pair present.
-LauncherEnv FromPair(const char* size_var, const char* rank_var) {
-  LauncherEnv env;
-  const std::string size = Env(size_var);
-  int parsed = 0;
-  if (size.empty() || !absl::SimpleAtoi(size, &parsed) || parsed < 1) return env;
-  env.size = parsed;
-  int rank = 0;
-  if (absl::SimpleAtoi(Env(rank_var), &rank) && rank >= 0) env.rank = rank;
-  env.evidence = absl::StrCat(size_var, "=", size, " ", rank_var, "=", Env(rank_var));
-  return env;
 }
 
 void Put(std::string* out, absl::string_view field) { absl::StrAppend(out, field.size(), ":", field); }
@@ -87,17 +74,6 @@ bool AllEqual(const std::vector<std::string>& values) {
 }
 
 }  // namespace
-
-LauncherEnv DetectLauncher() {
-  for (const auto& [size_var, rank_var] :
-       {std::pair{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
-        std::pair{"PMIX_SIZE", "PMIX_RANK"}, std::pair{"PMI_SIZE", "PMI_RANK"},
-        std::pair{"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"}}) {
-    LauncherEnv env = FromPair(size_var, rank_var);
-    if (!env.evidence.empty()) return env;
-  }
-  return {};
-}
 
 }  // namespace tandem::dist::internal
 

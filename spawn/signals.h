@@ -76,7 +76,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "spawn/communicator.h"
+#include "spawn/comm/communicator.h"
 
 namespace tandem::dist {
 

@@ -1,6 +1,6 @@
 // tandem_bench: times training steps of the MLP, the LeNet and the ConvNet of
 // apps/models.h on device-resident synthetic data, for PyTorch comparisons
-// (issue 7; the PyTorch side is scripts/bench/torch_bench.py, the driver that
+// (the PyTorch side is scripts/bench/torch_bench.py, the driver that
 // runs both and prints ratios is scripts/bench/compare.py).
 //
 //   tandem_bench --device=cpu --models=mlp --batch_sizes=32 --json=/tmp/b.json

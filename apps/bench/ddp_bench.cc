@@ -1,5 +1,5 @@
 // tandem_ddp_bench: the data-parallel training step of tandem, for the comparison
-// with PyTorch's DistributedDataParallel on gloo (issue 12; the PyTorch side is
+// with PyTorch's DistributedDataParallel on gloo (the PyTorch side is
 // scripts/bench/torch_ddp_bench.py, the driver scripts/bench_ddp.sh).
 //
 //   tests/spawn/mpirun.sh -np 2 build/apps/tandem_ddp_bench --import_dir=X \

@@ -1,4 +1,4 @@
-// mnv2_grad_dump: a diagnostic for issue 14 (MobileNetV2 losses vs PyTorch). Loads
+// mnv2_grad_dump: a diagnostic (MobileNetV2 losses vs PyTorch). Loads
 // tandem_bench's exchange directory (apps/bench/exchange.h) for mobilenet_v2,
 // optionally converts the model to float64, runs one forward/backward on batch 0
 // and writes every parameter's gradient to OUT/<name>.grad.bin (raw, the model's

@@ -1,6 +1,6 @@
 // mpi_allreduce_bench: cross-process all_reduce bandwidth, tandem's hierarchical
 // communicator (one CPU rank per process, dist::spawn) against a raw
-// MPI_Allreduce on the same processes and sizes (issue 12). Run under mpirun:
+// MPI_Allreduce on the same processes and sizes. Run under mpirun:
 //
 //   tests/spawn/mpirun.sh -np 2 build/apps/mpi_allreduce_bench [min_bytes max_bytes reps]
 //

@@ -1,4 +1,4 @@
-// mnv2_op_errors: issue 14's per-op check. For every convolution and BatchNorm of
+// mnv2_op_errors: the per-op check. For every convolution and BatchNorm of
 // MobileNetV2 at its real shape (batch N, 32x32 input as in tandem_bench), runs
 // forward and backward in float32 (the oneDNN path for conv) and in float64
 // (im2col + OpenBLAS, the path the float64 gradchecks and the whole-model float64

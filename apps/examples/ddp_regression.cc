@@ -25,7 +25,7 @@
 #include "apps/flag_check.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
-#include "spawn/data_parallel.h"
+#include "spawn/train/data_parallel.h"
 #include "spawn/spawn.h"
 
 ABSL_FLAG(std::string, gpus, "cpu", "The two ranks' devices: cpu, or two GPUs such as 0,1.");

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The benchmark driver (issue 7): tandem vs PyTorch on the same device, one table.
+"""The benchmark driver: tandem vs PyTorch on the same device, one table.
 
 For each device of --devices (default "cpu,cuda:0"):
   1. tandem_bench --device=D --export_dir=WORK/D --json=WORK/D/tandem.json ...

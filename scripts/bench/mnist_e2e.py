@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""train_mnist against its PyTorch twin (torch_mnist.py), end to end (issue 13).
+"""train_mnist against its PyTorch twin (torch_mnist.py), end to end.
 
 Runs `train_mnist` (its defaults unless --tandem_args says otherwise) and
 `torch_mnist.py --threads=<cores>` --runs times each, alternating them (tandem,

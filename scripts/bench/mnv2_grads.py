@@ -1,4 +1,4 @@
-"""Issue 14's diagnostic, PyTorch side: torchvision's MobileNetV2 from tandem_bench's
+"""a diagnostic, PyTorch side: torchvision's MobileNetV2 from tandem_bench's
 exchange directory, one forward/backward on batch 0 in float32 and float64 (the
 gradients per parameter), then STEPS plain-SGD steps (lr 0.01) with the losses;
 compares with build/apps/mnv2_grad_dump's output.

@@ -1,4 +1,4 @@
-"""Issue 14's per-op check, PyTorch side: build/apps/mnv2_op_errors's table (every conv
+"""the per-op check, PyTorch side: build/apps/mnv2_op_errors's table (every conv
 and BatchNorm of MobileNetV2 at its real shape, float32 against float64 on the same
 float32-representable inputs) for torch's own CPU kernels, as the reference for
 what float32 rounding alone gives.   /usr/bin/python3 scripts/bench/mnv2_op_errors.py [N]

@@ -1,4 +1,4 @@
-"""Issue 14: where float32 MobileNetV2 gradients leave float64's. For torchvision's
+"""where float32 MobileNetV2 gradients leave float64's. For torchvision's
 MobileNetV2 on tandem_bench's exchange directory (batch 0), lists every ReLU6 whose
 input falls on the other side of a kink (0 or 6) in float32 than in float64, and the
 relative float32 error of the gradient at each ReLU6's input and output.

@@ -1,4 +1,4 @@
-"""Issue 14: the ReLU6 kinks as the amplifier. torchvision's MobileNetV2 from
+"""the ReLU6 kinks as the amplifier. torchvision's MobileNetV2 from
 tandem_bench's exchange directory, 10 plain-SGD steps (lr 0.01, batch 32, batches
 cycled as tandem_bench does) in float32 against float64 and float32 with mkldnn off
 against on, once with ReLU6 and once with every ReLU6 replaced by SiLU (smooth);

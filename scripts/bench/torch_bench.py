@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch side of tandem's benchmark harness (issue 7).
+"""The PyTorch side of tandem's benchmark harness.
 
 Runs the models of apps/models.h (same layer order, shapes and parameter names)
 from the initial weights and the data that `tandem_bench --export_dir=DIR`

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""train_mnist's default job in PyTorch, for the end-to-end comparison (issue 13).
+"""train_mnist's default job in PyTorch, for the end-to-end comparison.
 
 The same job as `train_mnist` with its defaults on the CPU: the LeNet of
 apps/models.cc (conv5x5(1->20, pad 2)+ReLU, maxpool2, conv5x5(20->20, pad 2)+ReLU,

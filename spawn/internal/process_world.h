@@ -1,4 +1,5 @@
-// Several processes, one job (internal to spawn/; mpi.h never appears here).
+// Several processes, one job: the launcher's side (internal to spawn/; mpi.h
+// never appears here; the bytes travel through spawn/comm/mpi/).
 //
 // When a program is started as P processes by an MPI launcher (mpirun, srun
 // --mpi=pmix), spawn joins them into one world: each process runs one thread per
@@ -7,14 +8,15 @@
 // (MPI_THREAD_FUNNELED) while the rank threads run.
 //
 // Pieces:
-//  - DetectLauncher(): what the environment says (no MPI call).
+//  - DetectLauncher() (spawn/comm/mpi/process_transport.h): what the
+//    environment says (no MPI call).
 //  - JoinProcesses(): decides single vs multi-process, initialises MPI on first
 //    use, exchanges every process's host, pid, devices, build and the options
 //    that must agree, and fails on a disagreement (every process reaches the
 //    same verdict from the same gathered data).
 //  - ProcessWorld: the joined world of one spawn run. Serve() is the
 //    communication thread's loop; MakeCommunicators() gives the CPU ranks their
-//    hierarchical communicators (spawn/hierarchical_communicator.h).
+//    hierarchical communicators (spawn/comm/mpi/hierarchical_communicator.h).
 #ifndef TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 #define TANDEM_SPAWN_INTERNAL_PROCESS_WORLD_H_
 
@@ -33,26 +35,15 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nn/device.h"
-#include "spawn/communicator.h"
+#include "spawn/comm/communicator.h"
+#include "spawn/comm/mpi/hierarchical_communicator.h"
+#include "spawn/comm/mpi/process_transport.h"
 
 namespace tandem::dist {
 struct SpawnOptions;
 }
 
 namespace tandem::dist::internal {
-
-// What the launcher's environment variables say about this process.
-struct LauncherEnv {
-  int size = 1;           // processes the launcher started (1: none or a single one)
-  int rank = 0;           // this process's index among them
-  std::string evidence;   // e.g. "OMPI_COMM_WORLD_SIZE=2"; empty when not launched
-};
-
-// Reads, in this order: OMPI_COMM_WORLD_SIZE/OMPI_COMM_WORLD_RANK (OpenMPI's
-// mpirun), PMIX_SIZE/PMIX_RANK (PMIx launchers), PMI_SIZE/PMI_RANK (MPICH
-// hydra, Slurm PMI2), SLURM_STEP_NUM_TASKS/SLURM_PROCID (inside an srun step,
-// not an sbatch script). The first pair present wins.
-LauncherEnv DetectLauncher();
 
 // One process's record, as every process sees it after the agreement.
 struct ProcessInfo {
@@ -63,42 +54,6 @@ struct ProcessInfo {
   std::string build;                 // tandem version and backends
   // Options and program flags that must agree: (name, value).
   std::vector<std::pair<std::string, std::string>> agreed;
-};
-
-// Non-blocking operation between processes; Test() advances and reports it.
-class PendingOp {
- public:
-  virtual ~PendingOp() = default;
-  virtual bool Test() = 0;
-};
-
-// Byte-level collectives between the processes of one run, started by the
-// communication thread only. Counts and offsets are bytes. Buffers must stay
-// alive and untouched until Test() returned true.
-class ProcessTransport {
- public:
-  virtual ~ProcessTransport() = default;
-  virtual int process_index() const = 0;
-  virtual int process_count() const = 0;
-  // recv holds every process's block in process order (offsets: running sum of
-  // counts); this process's block is already in place (MPI_IN_PLACE).
-  virtual std::unique_ptr<PendingOp> AllGatherInPlace(void* recv,
-                                                      const std::vector<int64_t>& counts) = 0;
-  // Sends send[send_offsets[q], +send_counts[q]) to process q and receives process
-  // q's block into recv[recv_offsets[q], +recv_counts[q]).
-  virtual std::unique_ptr<PendingOp> AllToAll(const void* send,
-                                              const std::vector<int64_t>& send_counts,
-                                              void* recv,
-                                              const std::vector<int64_t>& recv_counts) = 0;
-  virtual std::unique_ptr<PendingOp> Broadcast(void* data, int64_t bytes, int root_process) = 0;
-  virtual std::unique_ptr<PendingOp> Barrier() = 0;
-  // data[0..count) = the element-wise sum (kSum) or maximum (kMax) over the
-  // processes, in place. float32, float64, int64.
-  virtual std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
-                                                      ReduceOp op) = 0;
-  // data[0..n) = the element-wise maximum over the processes, on a channel of
-  // its own (the control plane: it never waits behind the ranks' traffic).
-  virtual std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) = 0;
 };
 
 class StepAgreement;
@@ -121,7 +76,7 @@ struct ProcessProgress {
 // wanted, largest arrived step, ranks running, then one slot per process: the
 // fewest collectives one of its ranks entered), one at a time, every
 // kRoundPeriod or at once when the agreement is Urgent().
-class ControlPlane {
+class ControlPlane final : public BackgroundRounds {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
   // running(): this process's rank threads that have not exited. progress(): told
@@ -129,14 +84,14 @@ class ControlPlane {
   ControlPlane(ProcessTransport* transport, ServeHooks hooks, std::function<int()> running,
                std::function<void(const std::vector<int64_t>&)> progress);
   // A round still in flight (only on the way to Abort) is left to MPI, not freed.
-  ~ControlPlane();
+  ~ControlPlane() override;
   // Advances the round in flight, applies a finished one, starts the next one
   // when due (none once `stop` is requested: the job is ending with Abort). False
   // once a round said that no process has a running rank (the last round: every
   // process ends at the same one), or after a transport error (reported to fail).
-  bool Tick(const std::stop_token& stop);
+  bool Tick(const std::stop_token& stop) override;
   // How long the caller may sleep before the next Tick.
-  std::chrono::microseconds NextWait() const { return urgent_ ? std::chrono::microseconds(100)
+  std::chrono::microseconds NextWait() const override { return urgent_ ? std::chrono::microseconds(100)
                                                               : std::chrono::microseconds(2000); }
 
  private:
@@ -156,7 +111,6 @@ class ControlPlane {
   bool finished_ = false;
 };
 
-class HierarchicalExchange;
 
 // The processes of one spawn run.
 class ProcessWorld {

@@ -181,7 +181,7 @@ TEST(TrainMnist, SmokeRunWritesMetrics) {
 }
 
 // --tensorboard_dir on two CPU ranks: one event file (rank 0's), decoded by the
-// independent reader (tests/spawn/read_tfevents.py, python3-protobuf): the
+// independent reader (tests/spawn/observe/read_tfevents.py, python3-protobuf): the
 // training scalars every --log_every steps, each rank's step time, the epoch's.
 TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
@@ -200,7 +200,7 @@ TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   ASSERT_EQ(files.size(), 1u);
   EXPECT_NE(files[0].find("events.out.tfevents."), std::string::npos) << files[0];
   RunResult decoded = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR,
-                                                      "/tests/spawn/read_tfevents.py ", files[0]));
+                                                      "/tests/spawn/observe/read_tfevents.py ", files[0]));
   ASSERT_EQ(decoded.status, 0) << decoded.output;
   for (const std::string& expected :
        {"scalar 3 train/loss ", "scalar 3 train/learning_rate ", "scalar 3 train/samples_per_s ",
@@ -232,7 +232,7 @@ TEST(TrainMnist, ResumedRunMarksASessionStartForTensorBoard) {
   ASSERT_EQ(files.size(), 2u);
   int starts = 0;
   for (const std::string& f : files) {
-    RunResult d = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR, "/tests/spawn/read_tfevents.py ", f));
+    RunResult d = RunProgram(python, absl::StrCat(PROJECT_SOURCE_DIR, "/tests/spawn/observe/read_tfevents.py ", f));
     ASSERT_EQ(d.status, 0) << d.output;
     if (d.output.find("session_log 10 status 1") != std::string::npos) ++starts;
   }

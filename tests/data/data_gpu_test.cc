@@ -105,7 +105,7 @@ TEST(DataGpuTest, PinnedCollateGivesPinnedBatches) {
 
 // The upload runs on the constructing thread's stream, queued here behind tens
 // of milliseconds of matmuls; a gather from another thread must wait for it
-// (issue 17). Before the fix the other thread's kernels read the memory at once,
+//. Before the fix the other thread's kernels read the memory at once,
 // and saw what an earlier tensor had left there.
 TEST(DataGpuTest, GatherFromAnotherThreadSeesTheUpload) {
   REQUIRE_GPU();
@@ -165,7 +165,7 @@ class DeviceRecordingDataset : public Dataset {
 
 // Workers collating into pinned memory call the CUDA runtime (cudaHostAlloc,
 // cudaEventQuery); they must do it on the loader's device, never on GPU 0 by
-// default (issue 17). Before the fix every worker reported device 0.
+// default. Before the fix every worker reported device 0.
 TEST(DataGpuTest, LoaderWorkersRunOnTheLoadersDevice) {
   if (nn::cuda_device_count() < 2) {
     GTEST_SKIP() << "needs 2 CUDA devices; " << nn::cuda_device_count() << " visible";

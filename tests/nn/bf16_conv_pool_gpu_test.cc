@@ -105,7 +105,7 @@ TEST_F(Bf16ConvPoolGpuTest, Conv2dMatchesCpuAcrossVariants) {
   }
   // A longer reduction and channel counts tensor cores like.
   CheckConv({4, 64, 16, 16}, {32, 64, 3, 3}, true, {.padding = {1, 1}}, "64 -> 32 channels 3x3");
-  // Grouped and depthwise (issue 14; cuDNN's group count).
+  // Grouped and depthwise (cuDNN's group count).
   CheckConv({2, 6, 9, 8}, {4, 3, 3, 3}, true, {.padding = {1, 1}, .groups = 2}, "groups 2");
   CheckConv({4, 32, 16, 16}, {32, 1, 3, 3}, false, {.stride = {2, 2}, .padding = {1, 1}, .groups = 32},
             "depthwise 32 channels 3x3 stride 2");

@@ -1,4 +1,4 @@
-// End to end on the CPU: DESIGN.md's LinearNet, trained with MSELoss and plain
+// End to end on the CPU: the quick start's LinearNet (README), trained with MSELoss and plain
 // SGD written in place, must fit a fixed batch and do so bit-identically twice.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 namespace tandem {
 namespace {
 
-// As DESIGN.md writes it (inside namespace tandem, nn:: is tandem::nn).
+// As the README's quick start writes it (inside namespace tandem, nn:: is tandem::nn).
 struct LinearNet : nn::Module {
   LinearNet() : l1(register_module("l1", nn::Linear(10, 10))),
                 l2(register_module("l2", nn::Linear(10, 1))) {}

@@ -1,4 +1,4 @@
-// CPU vs CUDA parity of the ops MobileNetV2 adds (issue 14): grouped and
+// CPU vs CUDA parity of the ops MobileNetV2 adds: grouped and
 // depthwise conv2d, relu6, adaptive average pooling; forward and backward.
 // Label gpu; skipped with a reason when no GPU is visible.
 #include <gtest/gtest.h>

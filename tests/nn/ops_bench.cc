@@ -1,5 +1,5 @@
 // Forward + backward time of the layers the apps train, on the CPU and, when a
-// GPU is visible, on CUDA device 0 (issue 3's microbenchmark). Not a ctest: run
+// GPU is visible, on CUDA device 0 (a microbenchmark). Not a ctest: run
 // by hand,
 //   build/tests/nn/nn_ops_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
 // Cases, each at batch 64 and 512:

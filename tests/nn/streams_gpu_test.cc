@@ -1,4 +1,4 @@
-// GPU checks of issue 17's device and stream rules (nn/tensor.h Storage,
+// GPU checks of the device and stream rules (nn/tensor.h Storage,
 // nn/cuda/context.h): a thread's current device never changes behind its back;
 // a CUDA tensor made on one thread is read, and dropped, on another after its
 // owner's kernels; a copy between two GPUs is ordered after the kernels that

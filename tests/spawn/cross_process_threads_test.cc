@@ -20,7 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "nn/tensor.h"
-#include "spawn/internal/hierarchical_communicator.h"
+#include "spawn/comm/mpi/hierarchical_communicator.h"
 #include "spawn/internal/process_world.h"
 #include "spawn/signals.h"
 

@@ -11,7 +11,7 @@
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/random.h"
-#include "spawn/data_parallel.h"
+#include "spawn/train/data_parallel.h"
 #include "optim/adam.h"
 #include "spawn/spawn.h"
 #include "tests/test_util.h"

@@ -16,11 +16,11 @@
 #include "gtest/gtest.h"
 #include "nn/status_macros.h"
 #include "optim/adam.h"
-#include "spawn/checkpoint.h"
-#include "spawn/checkpoint_manager.h"
+#include "spawn/train/checkpoint.h"
+#include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
-#include "tests/spawn/dp_models.h"
+#include "tests/spawn/train/dp_models.h"
 
 namespace tandem::dist {
 namespace {

@@ -27,7 +27,7 @@
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 #include "optim/sgd.h"
-#include "spawn/checkpoint_manager.h"
+#include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
 

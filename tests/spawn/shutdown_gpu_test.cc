@@ -1,5 +1,5 @@
-// spawn's shutdown, Work lifetimes and NCCL overhead on GPUs (issue 17, points 1,
-// 4, 5 and 6 for the watchdog). Each test is the smallest program that showed the
+// spawn's shutdown, Work lifetimes and NCCL overhead on GPUs, and the
+// watchdog's device use. Each test is the smallest program that showed the
 // defect; skipped with a reason where too few GPUs are visible. The same logic is
 // tested on the CPU with a fake communicator in shutdown_test.cc.
 #include <algorithm>

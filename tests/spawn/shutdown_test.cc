@@ -16,7 +16,7 @@
 #include "nn/layers.h"
 #include "nn/ops/loss.h"
 #include "spawn/spawn.h"
-#include "tests/spawn/fake_async_communicator.h"
+#include "tests/spawn/comm/fake_async_communicator.h"
 
 namespace tandem::dist {
 namespace {
@@ -393,7 +393,7 @@ TEST_F(ShutdownTest, SecondSigintExitsAtOnce) {
   EXPECT_NE(s.message().find("SIGINT"), absl::string_view::npos) << s;
 }
 
-// --- Work lifetime (issue 17, point 4) -------------------------------------------
+// --- Work lifetime -------------------------------------------
 
 // The handle keeps the tensor's storage alive until the collective is done, even
 // when the caller dropped the tensor: the device never writes freed memory.

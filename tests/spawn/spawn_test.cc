@@ -130,7 +130,7 @@ TEST_F(SpawnTest, SeedsDifferPerRankAndRepeat) {
   EXPECT_NE((*a)[0], (*a)[1]);
 }
 
-// Issue 12, point 9: rank 1 reports rank 0's failure (as a checkpoint save does:
+// rank 1 reports rank 0's failure (as a checkpoint save does:
 // "rank 0 could not write it") before rank 0 reports its own; spawn returns the
 // cause, not the consequence.
 TEST_F(SpawnTest, APeersOwnFailureReplacesAPeerFailureThatCameFirst) {

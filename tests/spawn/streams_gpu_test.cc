@@ -1,4 +1,4 @@
-// GPU checks of issue 17 at spawn's level: spawn leaves the calling thread on
+// GPU checks of the device and stream rules at spawn's level: spawn leaves the calling thread on
 // the device it had (NCCL communicator creation selects each rank's GPU in
 // turn), and a CUDA tensor returned from spawn is safe to read and to drop on
 // the calling thread although its owning stream belongs to a rank thread that

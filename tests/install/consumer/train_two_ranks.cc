@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
-#include "spawn/data_parallel.h"
+#include "spawn/train/data_parallel.h"
 #include "spawn/spawn.h"
 
 namespace {

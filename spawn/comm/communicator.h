@@ -1,0 +1,247 @@
+// Collective communication between the ranks of one spawn run.
+//
+// Every rank of a run holds one Communicator; a collective must be called by
+// every rank, in the same order, with the same op and sizes (the in-process
+// implementation checks and throws on a difference; NCCL would hang, which the
+// watchdog then reports). Reductions combine ranks in a fixed order (rank 0, 1,
+// ...), so one run gives the same bits every time.
+//
+// Streams (CUDA tensors): a collective is ordered after the work already queued on
+// the calling thread's compute stream (nn::internal::ThreadStream) and later work
+// on that stream is ordered after it; the host does not wait for the GPU.
+//
+// Errors: graph-style. A collective throws tandem::Error on a programming error
+// (sizes differ across ranks, unsupported dtype) and dist::CancelledError when the
+// run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
+// reports the first failure and logs this one as a consequence.
+//
+// Stopping: as soon as a run stops, spawn's watchdog calls Abort on every
+// rank's communicator, from its own thread, while the ranks may still be using
+// them. Abort ends the collectives in flight (a peer that failed before issuing
+// one would otherwise leave it waiting for good), so every host wait on a stream
+// behind them returns; implementations serialise it with their own calls
+// (spawn/internal/abort_guard.h). Host waits on a rank thread are stop-aware
+// (nn/interrupt.h): they throw CancelledError once the run stops.
+//
+// CUDA graphs (nn/graph.h): NCCL collectives (and hence DataParallel's
+// gradient all-reduce) may be captured in a step and replayed; every rank must
+// replay its graph, as it would run the step. Collectives inside a graph are
+// not followed by the watchdog. barrier() and the in-process communicator
+// cannot be captured (both wait on the host) and throw tandem::Error under
+// capture.
+//
+// Thread-safety: a Communicator belongs to its rank's thread, except
+// PollCompleted() and Abort(), which spawn's watchdog calls from its own.
+#ifndef TANDEM_SPAWN_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMMUNICATOR_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "nn/error.h"
+#include "nn/tensor.h"
+
+namespace tandem::dist {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* ReduceOpName(ReduceOp op);  // "sum", "avg", "max"
+
+// Thrown from a collective or a wait when the run is being stopped.
+class CancelledError : public Error {
+ public:
+  explicit CancelledError(const std::string& what) : Error(what) {}
+};
+
+// Thrown by a rank whose failure is another rank's (e.g. "rank 0 could not write
+// the checkpoint"): spawn returns that rank's own error as the run's cause when it
+// comes, even if this one came first.
+class PeerFailedError : public Error {
+ public:
+  explicit PeerFailedError(const std::string& what) : Error(what) {}
+};
+
+// A status that reports another rank's failure (MarkPeerFailure adds a payload),
+// and ThrowIfError, which turns a non-OK status into PeerFailedError for such a
+// status and tandem::Error otherwise, its message prefixed by `context`.
+absl::Status MarkPeerFailure(absl::Status status);
+bool IsPeerFailure(const absl::Status& status);
+void ThrowIfError(const absl::Status& status, const std::string& context);
+
+// The handle of an asynchronous collective. It keeps the collective's tensor
+// (its storage) alive until the work is done, so dropping the tensor before
+// wait() cannot free memory the collective still reads and writes.
+//
+// Destroying a handle that was never waited for is allowed (a backward pass that
+// threw, say): for CUDA tensors later work on the destroying thread's compute
+// stream is then ordered after the collective (no host wait), and only then is
+// the tensor released; for CPU tensors the destructor waits for the collective
+// (the watchdog's abort bounds that wait in a stopping run).
+//
+// Thread-safety: a Work belongs to the rank thread that started it.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // CPU tensors: returns when the result is in place. CUDA tensors: makes the
+  // calling thread's compute stream wait for the collective (no host wait).
+  // Throws like the collective itself.
+  virtual void wait() = 0;
+  // After wait(): when the collective finished on the host, for implementations
+  // that run it on another thread (the cross-process communicator); nullopt when
+  // unknown (it ran inside the call, or on a device stream).
+  virtual std::optional<std::chrono::steady_clock::time_point> finished_at() const {
+    return std::nullopt;
+  }
+};
+
+namespace internal {
+
+// What a rank's collectives are doing, read by spawn's watchdog from its own
+// thread (hence atomics). Collectives complete in the order they were entered.
+struct CollectiveTrace {
+  std::atomic<uint64_t> entered{0};     // sequence number of the last collective entered
+  std::atomic<uint64_t> completed{0};   // sequence number of the last one completed
+  std::atomic<const char*> op{"none"};  // name of the last one entered (static string)
+  std::atomic<int64_t> entered_ns{0};   // steady-clock time it was entered
+};
+
+// Nanoseconds on the steady clock.
+int64_t SteadyNowNs();
+
+// Tells the CPU that the caller spin-waits (x86 pause, Arm yield; nothing elsewhere).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace internal
+
+class Communicator {
+ public:
+  Communicator(int rank, int world_size, nn::Device device);
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  nn::Device device() const { return device_; }
+  // "in-process", "nccl" or "hierarchical (in-process + MPI)" (tests add their own).
+  virtual std::string kind() const = 0;
+
+  // x: any shape, the same on every rank, on this rank's device. In place: every
+  // rank ends with the reduction of all ranks' x (kAvg: the sum divided by
+  // world_size).
+  void all_reduce(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
+  // The same, started now; the result is in x after wait().
+  std::shared_ptr<Work> all_reduce_async(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
+  // x: the same shape on every rank. Every rank ends with root's x.
+  void broadcast(nn::Tensor& x, int root = 0);
+  // input: the same shape S on every rank. Returns (world_size, *S), row r = rank r's input.
+  nn::Tensor all_gather(const nn::Tensor& input);
+  // input: (world_size * k, ...) on every rank. Returns (k, ...): rank r gets the
+  // reduction of every rank's rows [r*k, (r+1)*k).
+  nn::Tensor reduce_scatter(const nn::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // Returns when every rank has called barrier.
+  void barrier();
+
+  // Host seconds this rank has spent inside collectives and in wait() of
+  // asynchronous ones since the communicator was made (any thread may read it).
+  // On GPU ranks a collective returns once queued: this is host time, not device time.
+  double waited_seconds() const { return waited_ns_.load(std::memory_order_relaxed) * 1e-9; }
+  // Adds the time from `start` to now to waited_seconds().
+  void AddWaitedSince(std::chrono::steady_clock::time_point start) {
+    waited_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - start).count(),
+                         std::memory_order_relaxed);
+  }
+
+  // spawn attaches the run's stop token and this rank's trace before fn starts.
+  void Attach(std::stop_token stop, internal::CollectiveTrace* trace);
+  bool stop_requested() const { return stop_.stop_requested(); }
+  // Called by spawn's watchdog thread (any thread): marks collectives whose
+  // device work has finished complete in the trace. Default: nothing, for
+  // implementations whose collectives are complete when they return.
+  virtual void PollCompleted() {}
+  // Called by spawn's watchdog thread as soon as the run stops, while the rank
+  // thread may be inside a collective or a host wait: ends the collectives in
+  // flight (their results are garbage) so that nothing waits on them for good,
+  // and makes every later collective throw CancelledError. Thread-safe,
+  // idempotent, never throws. Waits for a library call in progress on the rank
+  // thread at most `deadline`; a non-OK status says the abort could not run
+  // because that call had not returned (it names the call), and spawn then ends
+  // the process with it rather than wait for good. Default: OK, for
+  // implementations whose waits already end on the stop token.
+  virtual absl::Status Abort(std::chrono::nanoseconds deadline) {
+    (void)deadline;
+    return absl::OkStatus();
+  }
+  // Called by spawn on the rank thread once the rank's function has returned
+  // (or thrown): releases the CUDA graphs that still hold this communicator's
+  // collectives (nn::CudaGraph::ReleaserOfCurrentCapture), so that nothing
+  // waits for them (NCCL's abort and destroy wait until every such graph is
+  // gone), and returns their descriptions; a later replay of one throws
+  // `reason`. Default: none.
+  virtual std::vector<std::string> ReleaseGraphs(const std::string& reason) {
+    (void)reason;
+    return {};
+  }
+  // Called by spawn's watchdog thread between its polls while the run goes on:
+  // a non-OK status is an asynchronous failure the library reported outside any
+  // call (NCCL: a network or proxy error, ncclCommGetAsyncError), which fails the
+  // run with the library's message. Never waits for a rank's call in progress
+  // (it then reports OK and looks again at the next poll). Default: OK.
+  virtual absl::Status PollAsyncError() { return absl::OkStatus(); }
+
+ protected:
+  virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;
+  // Default: runs AllReduceImpl now and returns a finished Work.
+  virtual std::shared_ptr<Work> AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op);
+  virtual void BroadcastImpl(nn::Tensor& x, int root) = 0;
+  // output: (world_size, *input.shape), allocated by the caller.
+  virtual void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) = 0;
+  // output: (input.size(0) / world_size, ...), allocated by the caller.
+  virtual void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) = 0;
+  virtual void BarrierImpl() = 0;
+
+  // The run's stop token (never stops before Attach).
+  const std::stop_token& stop_token() const { return stop_; }
+  // The sequence number of the collective running now (1 for the first).
+  uint64_t sequence() const { return sequence_; }
+  // Marks the collective `sequence` complete. Thread-safe.
+  void MarkCompleted(uint64_t sequence);
+  // True (default): a collective is complete when its Impl returns. False: the
+  // implementation calls MarkCompleted itself (from PollCompleted).
+  virtual bool CompletesOnReturn() const { return true; }
+  // Records the entry of `op` (a static string) in the trace and returns its
+  // sequence number; throws CancelledError when the run is stopping. Every
+  // collective call does it; an implementation calls it itself for device work
+  // that runs without a call, such as a CUDA graph's replay of recorded
+  // collectives, so that the watchdog follows that work too.
+  uint64_t Enter(const char* op);
+
+ private:
+  class Scope;
+
+  int rank_;
+  int world_size_;
+  nn::Device device_;
+  std::stop_token stop_;
+  internal::CollectiveTrace own_trace_;
+  internal::CollectiveTrace* trace_ = &own_trace_;
+  uint64_t sequence_ = 0;
+  std::atomic<int64_t> waited_ns_{0};
+};
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_COMMUNICATOR_H_

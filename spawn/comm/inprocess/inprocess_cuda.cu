@@ -1,0 +1,110 @@
+// CUDA side of the in-process communicator: ranks sharing one GPU reduce each
+// other's buffers with a kernel on their own compute stream (see
+// spawn/internal/inprocess_cuda.h for the event protocol).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/cuda/context.h"
+#include "nn/error.h"
+#include "spawn/comm/inprocess/internal/inprocess_cuda.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+constexpr int kMaxRanks = 64;
+
+template <typename T>
+struct Pointers {
+  const T* in[kMaxRanks];
+  T* out[kMaxRanks];
+};
+
+// One thread per element of [begin, end): ranks combined in order 0, 1, ...
+template <typename T>
+__global__ void ReduceSliceKernel(Pointers<T> p, int n_in, int n_out, int64_t begin, int64_t end,
+                                  int op) {
+  const int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= end) return;
+  T acc = p.in[0][i];
+  for (int k = 1; k < n_in; ++k) {
+    const T v = p.in[k][i];
+    acc = op == 2 ? (v > acc ? v : acc) : static_cast<T>(acc + v);
+  }
+  if (op == 1) acc = static_cast<T>(acc / static_cast<T>(n_in));
+  for (int k = 0; k < n_out; ++k) p.out[k][i] = acc;
+}
+
+template <typename T>
+void Launch(const std::vector<const void*>& in, const std::vector<void*>& out, int64_t begin,
+            int64_t end, int op, nn::Device device) {
+  Pointers<T> p{};
+  for (size_t k = 0; k < in.size(); ++k) p.in[k] = static_cast<const T*>(in[k]);
+  for (size_t k = 0; k < out.size(); ++k) p.out[k] = static_cast<T*>(out[k]);
+  const int threads = 256;
+  const int64_t blocks = (end - begin + threads - 1) / threads;
+  ReduceSliceKernel<T><<<static_cast<unsigned>(blocks), threads, 0,
+                         nn::internal::ThreadStream(device)>>>(
+      p, static_cast<int>(in.size()), static_cast<int>(out.size()), begin, end, op);
+  TANDEM_CHECK_LAUNCH("ReduceSliceKernel", device);
+}
+
+}  // namespace
+
+void* CreateEvent(nn::Device device) {
+  cudaEvent_t event;
+  // The event belongs to the device current at creation; the caller's device
+  // is restored.
+  nn::internal::CudaDeviceScope current(device);
+  TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device);
+  return event;
+}
+
+void DestroyEvent(void* event, nn::Device device) {
+  // Called by ~InProcessCommunicator on spawn's thread, which may never have
+  // selected a device: with the event's device current, the runtime does not
+  // make a context on GPU 0 for the call.
+  nn::internal::CudaDeviceScope current(device, std::nothrow);
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void RecordEvent(void* event, nn::Device device) {
+  TANDEM_CHECK_CUDA(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), nn::internal::ThreadStream(device)), device);
+}
+
+void WaitEvents(const std::vector<void*>& events, nn::Device device) {
+  cudaStream_t stream = nn::internal::ThreadStream(device);
+  for (void* e : events) {
+    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(e), 0), device);
+  }
+}
+
+void ReduceSliceCuda(const std::vector<const void*>& in, const std::vector<void*>& out,
+                     int64_t begin, int64_t end, nn::DType dtype, int op, nn::Device device) {
+  TANDEM_CHECK(in.size() <= kMaxRanks && out.size() <= kMaxRanks,
+               "in-process collective on ", device.ToString(), ": at most ", kMaxRanks,
+               " ranks may share a GPU, not ", in.size());
+  // A grid has at most 2^31-1 blocks in x: split larger slices.
+  const int64_t max_elems = int64_t{2147483647} * 256;
+  for (int64_t lo = begin; lo < end; lo += max_elems) {
+    const int64_t hi = end - lo > max_elems ? lo + max_elems : end;
+    switch (dtype) {
+      case nn::DType::kFloat32: Launch<float>(in, out, lo, hi, op, device); break;
+      case nn::DType::kFloat64: Launch<double>(in, out, lo, hi, op, device); break;
+      case nn::DType::kInt64: Launch<int64_t>(in, out, lo, hi, op, device); break;
+      default:
+        tandem::Fail("in-process collective on ", device.ToString(), ": dtype ",
+                     nn::DTypeName(dtype), " is not supported (float32, float64, int64)");
+    }
+  }
+}
+
+void CopyCuda(void* dst, const void* src, int64_t bytes, nn::Device device) {
+  TANDEM_CHECK_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                    nn::internal::ThreadStream(device)),
+                    device);
+}
+
+}  // namespace tandem::dist::internal

@@ -1,0 +1,151 @@
+// CPU ranks across processes: hierarchical collectives (internal to spawn/).
+//
+// Each rank thread hands its request to the process's HierarchicalExchange and
+// waits (stop-aware); the communication thread (the one that called spawn,
+// HierarchicalExchange::Serve) takes a collective once every local rank has
+// posted it, and does:
+//   1. the in-process step in local rank order,
+//   2. one transport collective per process (non-blocking, polled against the
+//      run's stop flag; the watchdog sees the ranks' traces as in flight),
+//   3. the in-process step back to every local rank.
+//
+// Reduction tree (all_reduce, reduce_scatter): partial_p = x_{p,0} + x_{p,1} + ...
+// in local order; then process q reduces its slice of the element range over
+// partial_0, partial_1, ... in process order (an all-to-all brings them), and an
+// all-gather returns the slices. With one rank per process this is
+// x_0 + x_1 + ... + x_{N-1}, the in-process communicator's tree: P processes x 1
+// rank give the same bits as 1 process x P ranks. Every run gives the same bits.
+// kAvg divides the sum by the global world size at the end, as in-process does.
+//
+// Traffic per process for n bytes: (P-1)/P * n out and in for the all-to-all,
+// the same again for the all-gather: a ring all-reduce's volume.
+//
+// Errors: a local mismatch (op, size, dtype, root) throws tandem::Error on every
+// local rank; a transport error likewise; a stop (another rank failed, the
+// watchdog, Ctrl-C) throws CancelledError and leaves the transport unusable
+// (spawn then aborts the job).
+//
+// Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
+#ifndef TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
+#define TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "spawn/comm/communicator.h"
+#include "spawn/comm/mpi/process_transport.h"
+
+namespace tandem::dist::internal {
+
+// Work the communication thread interleaves with the exchange's own: the
+// launcher's control rounds (spawn's step agreement across processes).
+class BackgroundRounds {
+ public:
+  virtual ~BackgroundRounds() = default;
+  // Advances the rounds; false once they say every process's ranks exited.
+  virtual bool Tick(const std::stop_token& stop) = 0;
+  // How long the caller may sleep before the next Tick.
+  virtual std::chrono::microseconds NextWait() const = 0;
+};
+
+class HierarchicalExchange {
+ public:
+  struct Request {
+    const char* op = "";
+    ReduceOp reduce = ReduceOp::kSum;
+    int root = 0;  // broadcast: global rank
+    nn::Tensor in;
+    nn::Tensor out;
+    uint64_t sequence = 0;
+    // Set by the communication thread under the exchange's mutex.
+    bool done = false;
+    bool cancelled = false;
+    std::chrono::steady_clock::time_point finished;  // when done was set
+    std::string error;
+  };
+
+  // ranks_per_process: every process's local rank count, in process order.
+  HierarchicalExchange(int process_index, std::vector<int> ranks_per_process,
+                       ProcessTransport* transport);
+
+  int local_size() const { return ranks_per_process_[process_index_]; }
+  int rank_offset() const { return rank_offset_; }
+  int world_size() const { return world_size_; }
+
+  // Rank side.
+  std::shared_ptr<Request> Post(int local_rank, Request request);
+  // Returns when the request is done; throws CancelledError or tandem::Error.
+  void Wait(const Request& request);
+  void RankExited(int local_rank);
+  // The last sequence number of local_rank's requests that is done.
+  uint64_t completed_through(int local_rank) const {
+    return completed_[local_rank].load(std::memory_order_acquire);
+  }
+
+  // Communication thread: runs until every local rank exited or, with `control`
+  // (may be null), until its rounds say every process's ranks exited. Ticks
+  // `control` throughout, also while a collective is in flight.
+  void Serve(std::stop_token stop, BackgroundRounds* control);
+
+ private:
+  // Runs one collective (every local rank's request). Returns false when the
+  // stop was requested while it was in flight; throws tandem::Error on a
+  // mismatch or a transport error.
+  bool Execute(const std::vector<std::shared_ptr<Request>>& batch, const std::stop_token& stop);
+  bool Poll(PendingOp* op, const std::stop_token& stop);
+  // inputs: local ranks' n elements each; result: n elements (may alias inputs[0]).
+  bool AllReduceInto(const std::vector<const void*>& inputs, void* result, int64_t n,
+                     nn::DType dtype, ReduceOp op, const std::stop_token& stop);
+  void CancelLocked(const std::string& reason);
+
+  const int process_index_;
+  const std::vector<int> ranks_per_process_;
+  int rank_offset_ = 0;
+  int world_size_ = 0;
+  ProcessTransport* transport_;
+  BackgroundRounds* control_ = nullptr;  // during Serve, communication thread only
+  std::atomic<int> waiting_{0};      // local ranks blocked in Wait
+
+  std::mutex mutex_;
+  std::condition_variable rank_cv_;
+  std::condition_variable comm_cv_;
+  std::vector<std::deque<std::shared_ptr<Request>>> queues_;
+  std::unique_ptr<std::atomic<uint64_t>[]> completed_;
+  int exited_ = 0;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::vector<char> partial_, recv_, result_;  // scratch of the communication thread
+};
+
+class HierarchicalCommunicator final : public Communicator {
+ public:
+  HierarchicalCommunicator(int local_rank, nn::Device device,
+                           std::shared_ptr<HierarchicalExchange> exchange);
+  std::string kind() const override { return "hierarchical (in-process + MPI)"; }
+  void PollCompleted() override;
+
+ protected:
+  void AllReduceImpl(nn::Tensor& x, ReduceOp op) override;
+  std::shared_ptr<Work> AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) override;
+  void BroadcastImpl(nn::Tensor& x, int root) override;
+  void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) override;
+  void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) override;
+  void BarrierImpl() override;
+
+ private:
+  void Run(const char* op, ReduceOp reduce, int root, const nn::Tensor& in, const nn::Tensor& out);
+
+  int local_rank_;
+  std::shared_ptr<HierarchicalExchange> exchange_;
+};
+
+}  // namespace tandem::dist::internal
+
+#endif  // TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_

@@ -1,0 +1,359 @@
+#include "spawn/launch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nn/interrupt.h"
+#include "nn/random.h"
+#include "nn/status_macros.h"
+#include "spawn/comm/inprocess/inprocess_communicator.h"
+#include "spawn/signals.h"
+#include "spawn/internal/watchdog.h"
+#include "spawn/internal/process_world.h"
+#if TANDEM_WITH_CUDA
+#include "spawn/comm/nccl/nccl.h"
+#endif
+
+namespace tandem::dist::internal {
+namespace {
+
+// --- SIGINT ---------------------------------------------------------------------
+// The first SIGINT only bumps a counter (async-signal-safe); each run's watchdog
+// polls it and stops the run. The second one since the handler was installed
+// exits the process at once, from the handler (write and _exit are
+// async-signal-safe), with status 128 + SIGINT: the run is stopped, and a rank
+// that never reaches a stop-aware point cannot hold the process. Installed by the
+// first concurrent run, restored by the last.
+std::atomic<uint64_t> g_sigint_count{0};
+std::atomic<uint64_t> g_sigint_base{0};  // g_sigint_count when the handler was installed
+constexpr int kSecondSigintExitStatus = 128 + SIGINT;
+
+void ExitProcessNow(int status) { _exit(status); }
+std::atomic<void (*)(int)> g_exit_process{&ExitProcessNow};
+std::mutex g_sigint_mutex;
+int g_sigint_users = 0;
+struct sigaction g_previous_sigint;
+
+extern "C" void OnSigint(int) {
+  const uint64_t count = g_sigint_count.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (count - g_sigint_base.load(std::memory_order_relaxed) >= 2) {
+    static const char kMessage[] =
+        "\nspawn: second SIGINT: exiting now (the run is cancelled; exit status 130)\n";
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    g_exit_process.load(std::memory_order_relaxed)(kSecondSigintExitStatus);
+  }
+}
+
+static_assert(std::atomic<void (*)(int)>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the SIGINT handler's atomics must be lock-free to be async-signal-safe");
+
+class SigintScope {
+ public:
+  SigintScope(bool enabled, void (*exit_process)(int)) : enabled_(enabled) {
+    if (!enabled_) return;
+    std::lock_guard<std::mutex> lock(g_sigint_mutex);
+    if (g_sigint_users++ == 0) {
+      g_exit_process.store(exit_process != nullptr ? exit_process : &ExitProcessNow);
+      g_sigint_base.store(g_sigint_count.load());
+      struct sigaction action {};
+      action.sa_handler = OnSigint;
+      sigemptyset(&action.sa_mask);
+      sigaction(SIGINT, &action, &g_previous_sigint);
+    }
+  }
+  ~SigintScope() {
+    if (!enabled_) return;
+    std::lock_guard<std::mutex> lock(g_sigint_mutex);
+    if (--g_sigint_users == 0) {
+      sigaction(SIGINT, &g_previous_sigint, nullptr);
+      g_exit_process.store(&ExitProcessNow);
+    }
+  }
+
+ private:
+  bool enabled_;
+};
+
+
+std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
+  if (devices[0].is_cpu()) return "in-process (CPU ranks)";
+  if (HasSharedGpu(devices)) return "in-process (ranks share GPUs)";
+  return "NCCL";
+}
+
+void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
+                    const SpawnOptions& options, absl::string_view gpus, int visible_gpus,
+                    const ProcessWorld* procs) {
+  auto line = [&](absl::string_view key, absl::string_view value) {
+    logger.Write(LogLevel::kInfo, -1, nn::Device(), absl::StrFormat("  %-16s %s", key, value));
+  };
+  logger.Write(LogLevel::kInfo, -1, nn::Device(), "distributed environment");
+  line("world_size", absl::StrCat(procs ? procs->world_size() : devices.size()));
+  line("gpus", absl::StrCat("\"", gpus, "\""));
+  line("visible", DescribeVisibleGpus(visible_gpus));
+  line("communicator", procs == nullptr   ? CommunicatorKind(devices)
+                       : devices[0].is_cpu() ? "hierarchical: in-process + MPI (CPU ranks)"
+                                             : "NCCL across processes");
+#if TANDEM_WITH_CUDA
+  line("versions", CudaNcclVersions());
+#else
+  line("versions", "built without CUDA");
+#endif
+  line("timeout_s", absl::StrCat(options.timeout_s));
+  line("seed", absl::StrCat(options.seed));
+  line("log_dir", options.log_dir.empty() ? "(none)" : options.log_dir);
+  if (procs != nullptr) {
+    for (const auto& [key, value] : procs->Describe()) line(key, value);
+  } else {
+    for (size_t r = 0; r < devices.size(); ++r) {
+      line(absl::StrCat("rank ", r), devices[r].ToString());
+    }
+  }
+  if (devices[0].is_cpu() && gpus.empty()) {
+    logger.Write(LogLevel::kWarning, -1, nn::Device(),
+                 "no GPU is visible: running on CPU ranks");
+  }
+}
+
+// More rank threads than one process runs (a typo such as --nprocs=100000) is
+// an error before any thread starts.
+constexpr int kMaxRanksPerProcess = 1024;
+
+absl::Status CheckRankCount(int ranks) {
+  if (ranks > kMaxRanksPerProcess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spawn: ", ranks, " ranks in one process: at most ", kMaxRanksPerProcess,
+        " rank threads per process (check nprocs / --nprocs; use several processes for more)"));
+  }
+  return absl::OkStatus();
+}
+
+// Rank thread, once its function has returned or thrown: CUDA graphs that
+// still hold the rank's collectives (kept in a thread_local, a static or
+// outside the function) would make NCCL's abort and destroy wait for good.
+// They are released, and keeping one is the rank's failure, naming them.
+void ReleaseGraphsOnReturn(Watchdog& run, int rank, Communicator& comm) {
+  std::vector<std::string> graphs;
+  try {
+    graphs = comm.ReleaseGraphs(
+        "it held NCCL collectives of a spawn run whose training function returned (destroy "
+        "such graphs before it returns)");
+  } catch (const std::exception& e) {
+    graphs.push_back(absl::StrCat("(releasing them failed: ", e.what(), ")"));
+  }
+  if (graphs.empty()) return;
+  run.Fail(rank,
+           absl::FailedPreconditionError(absl::StrCat(
+               run.RankName(rank), " returned while ", graphs.size(), " CUDA graph",
+               graphs.size() == 1 ? "" : "s", " holding its NCCL collectives ",
+               graphs.size() == 1 ? "was" : "were", " still alive: ", absl::StrJoin(graphs, ", "),
+               "; released (a later replay throws). NCCL's abort and destroy wait until every "
+               "such graph is gone: destroy them before the training function returns")),
+           false);
+}
+
+absl::Status StartThread(std::vector<std::thread>& threads, const std::function<void()>& main) {
+  try {
+    threads.emplace_back(main);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("could not start its thread (", threads.size(), " running): ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                      const std::function<void(int world_size)>& on_world_size,
+                      const std::function<absl::Status(Context&)>& body) {
+  return RunSpawnWithHooks(gpus, nprocs, options, SpawnHooks(), on_world_size, body);
+}
+
+absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                               const SpawnHooks& hooks,
+                               const std::function<void(int world_size)>& on_world_size,
+                               const std::function<absl::Status(Context&)>& body) {
+  if (current_or_null() != nullptr) {
+    return absl::FailedPreconditionError(
+        "spawn called from a rank thread of another spawn: runs do not nest");
+  }
+  if (!(options.timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
+  }
+  RETURN_IF_ERROR(StopSignalScope::Validate(options.stop_signals));
+  const int visible_gpus = nn::cuda_device_count();
+  ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
+                   SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
+  const int world = static_cast<int>(devices.size());  // this process's ranks
+  RETURN_IF_ERROR(CheckRankCount(world));
+  // Several processes (mpirun, srun): agree with the others, or stop here.
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
+  const int rank_offset = procs ? procs->rank_offset() : 0;
+  const int global_world = procs ? procs->world_size() : world;
+  ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger,
+                   Logger::Create(world, {.console = options.console,
+                                          .all_ranks_to_console = options.log_all_ranks,
+                                          .log_dir = options.log_dir,
+                                          .first_rank = rank_offset,
+                                          .first_process = !procs || procs->process_index() == 0,
+                                          .process_tag = procs ? procs->Where() : ""}));
+  LogEnvironment(*logger, devices, options, gpus, visible_gpus, procs.get());
+
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::shared_ptr<InProcessGroup> group;
+  const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
+  if (hooks.make_communicators) {
+    ASSIGN_OR_RETURN(comms, hooks.make_communicators(devices));
+  } else if (procs != nullptr && use_nccl) {
+    ASSIGN_OR_RETURN(comms, procs->MakeNcclCommunicators(devices));
+  } else if (procs != nullptr) {
+    if (!devices[0].is_cpu()) {
+      return absl::UnimplementedError(
+          "spawn: ranks sharing a GPU across processes are not supported (give each process "
+          "its own GPUs, or use CPU ranks)");
+    }
+    comms = procs->MakeCommunicators(devices);
+  } else if (use_nccl) {
+#if TANDEM_WITH_CUDA
+    ASSIGN_OR_RETURN(comms, CreateNcclCommunicators(devices));
+#else
+    return absl::FailedPreconditionError("spawn: CUDA devices selected in a build without CUDA");
+#endif
+  } else {
+    group = std::make_shared<InProcessGroup>(world);
+    for (int r = 0; r < world; ++r) {
+      comms.push_back(std::make_unique<InProcessCommunicator>(r, devices[r], group));
+    }
+  }
+
+  on_world_size(world);
+  Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
+  SigintScope sigint(options.handle_sigint, hooks.exit_process);
+  // The graceful stop (stop_signals): the ranks agree on the step at which they
+  // stop; across processes through the communication thread's rounds
+  // (spawn/signals.h), so a signal to any one process stops the whole job.
+  StopSignalScope stop_signals(options.stop_signals);
+  StepAgreement agreement(world,
+                          options.stop_signal_source != nullptr ? options.stop_signal_source
+                                                                : &stop_signals,
+                          options.stop_grace_s, /*cross_process=*/procs != nullptr);
+  const uint64_t sigint_at_start = g_sigint_count.load();
+
+  std::vector<std::thread> threads;
+  threads.reserve(world);
+  for (int r = 0; r < world; ++r) {
+    auto rank_main = [&, r] {
+      // Nothing escapes this thread: every outcome is reported to `run`.
+      try {
+        nn::DeviceGuard device_guard(devices[r]);
+        nn::manual_seed(options.seed, static_cast<uint64_t>(rank_offset + r));
+        comms[r]->Attach(run.stop_token(), run.trace(r));
+        // Host waits on the GPU (item(), to(cpu), Synchronize...) end with the stop.
+        nn::ScopedInterruptCheck interrupt([&run] {
+          if (run.stop_requested()) {
+            throw CancelledError("host wait on the device abandoned: the run is stopping");
+          }
+        });
+        Context ctx(rank_offset + r, global_world, devices[r], comms[r].get(),
+                    logger->ForRank(rank_offset + r, devices[r]), run.stop_token(),
+                    {.local_rank = r,
+                     .process_index = procs ? procs->process_index() : 0,
+                     .process_count = procs ? procs->process_count() : 1,
+                     .host = procs ? procs->host() : ""},
+                    &agreement);
+        CurrentContextGuard current(&ctx);
+        absl::Status status = body(ctx);
+        if (!status.ok()) {
+          run.Fail(r,
+                   absl::Status(status.code(), absl::StrCat(run.RankName(r), " returned: ",
+                                                            status.ToString())),
+                   false);
+        }
+      } catch (const StoppedError&) {  // the agreed stop: not a failure
+        agreement.RankStopped(r);
+      } catch (const PeerFailedError& e) {
+        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), ": ", e.what())), false,
+                 /*peer=*/true);
+      } catch (const CancelledError& e) {
+        run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
+      } catch (const std::exception& e) {
+        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), " threw: ", e.what())),
+                 false);
+      } catch (...) {
+        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r),
+                                                     " threw an exception of unknown type")),
+                 false);
+      }
+      ReleaseGraphsOnReturn(run, r, *comms[r]);
+      if (procs) procs->RankExited(r);
+      run.Finish(r);
+      run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
+    };
+    // A thread the system cannot start is a failure like any other, not std::terminate.
+    absl::Status started = StartThread(threads, rank_main);
+    if (!started.ok()) {
+      run.Fail(-1, absl::Status(started.code(), absl::StrCat("spawn: ", run.RankName(r), ": ",
+                                                              started.message())), false);
+      for (int u = r; u < world; ++u) {
+        if (procs) procs->RankExited(u);
+        run.Finish(u);
+      }
+      break;
+    }
+  }
+  if (procs) {
+    run.set_describe_remote(
+        [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
+    run.set_sigint_agreed();
+  }
+  std::thread watchdog(
+      [&] {
+        run.Watch(options.timeout_s, g_sigint_count, sigint_at_start, agreement,
+                  hooks.exit_process != nullptr ? hooks.exit_process : &ExitProcessNow);
+      });
+  // Several processes: this thread is the process's MPI thread until every rank exited.
+  if (procs) {
+    procs->Serve(run.stop_token(),
+                 {.agreement = &agreement,
+                  .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
+                  .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
+  }
+  for (std::thread& t : threads) t.join();
+  run.Joined();
+  watchdog.join();
+
+  absl::Status status = run.result();
+  comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
+  if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
+  // Several processes: the other processes may wait in a collective for this
+  // one; the error line is written, now the launcher ends them all. An agreed
+  // stop at a step is no failure: every process stopped at that step, saved,
+  // and returns it (Serve's last round ended them together).
+  if (procs && !status.ok() && !StoppedAtStep(status).has_value()) procs->Abort(status);
+  if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
+  if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
+  return status;
+}
+
+}  // namespace tandem::dist::internal
+
+#if !TANDEM_WITH_MPI
+namespace tandem::dist {
+void PrepareMpiInit() {}  // spawn/mpi_world.cc: the MPI build's
+}  // namespace tandem::dist
+#endif

@@ -1,0 +1,380 @@
+// Training-state checkpoints: the entries of spawn/checkpoint.h's file comment,
+// gathered on every rank, written by rank 0, loaded by every rank.
+#include "spawn/train/checkpoint.h"
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "nn/error.h"
+#include "nn/random.h"
+#include "nn/status_macros.h"
+
+namespace tandem::dist {
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+constexpr char kVersionKey[] = "training_state.version";
+constexpr const char* kLibraryPrefixes[] = {"model.", "optim.",          "sched.",
+                                            "sampler.", "rng.", "training_state."};
+
+bool IsLibraryKey(const std::string& key) {
+  for (const char* prefix : kLibraryPrefixes) {
+    if (absl::StartsWith(key, prefix)) return true;
+  }
+  return key == "step" || key == "world_size";
+}
+
+std::string RngKey(int64_t rank, const char* field) { return absl::StrCat("rng.", rank, ".", field); }
+
+std::string Describe(const nn::CheckpointValue& value) {
+  if (const auto* s = std::get_if<std::string>(&value)) return absl::StrCat("\"", *s, "\"");
+  if (const auto* i = std::get_if<int64_t>(&value)) return absl::StrCat(*i, " (int64)");
+  return absl::StrCat(absl::StrFormat("%.17g", std::get<double>(value)), " (double)");
+}
+
+// The (seed, stream, offset) of the calling thread's generator, as int64 bits.
+std::vector<int64_t> GeneratorWords() {
+  const nn::Generator& g = nn::thread_generator();
+  return {static_cast<int64_t>(g.seed), static_cast<int64_t>(g.stream),
+          static_cast<int64_t>(g.offset)};
+}
+
+absl::Status CheckPointers(const TrainingState& state) {
+  if (state.loader != nullptr && state.sampler != nullptr) {
+    return absl::InvalidArgumentError(
+        "TrainingState: set loader or sampler, not both (they would both hold the position)");
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0's part of a save: the checkpoint built from `state`.
+// `generators`: world_size rows of (seed, stream, offset).
+absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingState& state,
+                                     int world_size, const std::vector<int64_t>& generators) {
+  RETURN_IF_ERROR(CheckPointers(state));
+  nn::Checkpoint ck;
+  for (const auto& [key, value] : state.extra) {
+    if (IsLibraryKey(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", path, ": extra entry \"", key,
+          "\" uses a name the training state itself writes (see spawn/checkpoint.h)"));
+    }
+    ck.metadata[key] = value;
+  }
+  try {
+    if (state.model != nullptr) {
+      for (const auto& [name, tensor] : state.model->state_dict()) ck.tensors["model." + name] = tensor;
+    }
+    if (state.optimizer != nullptr) {
+      optim::StateDict opt = state.optimizer->state_dict();
+      for (const auto& [name, tensor] : opt.tensors) ck.tensors["optim." + name] = tensor;
+      for (const auto& [key, value] : opt.scalars) ck.metadata["optim." + key] = value;
+    }
+    if (state.scheduler != nullptr) {
+      for (const auto& [key, value] : state.scheduler->state_dict()) ck.metadata["sched." + key] = value;
+    }
+    if (state.loader != nullptr || state.sampler != nullptr) {
+      const data::SamplerState s =
+          state.loader != nullptr ? state.loader->get_state() : state.sampler->get_state();
+      ck.metadata["sampler.epoch"] = s.epoch;
+      ck.metadata["sampler.position"] = s.position;
+    }
+    if (state.step != nullptr) ck.metadata["step"] = *state.step;
+    ck.metadata["world_size"] = int64_t{world_size};
+    for (int r = 0; r < world_size; ++r) {
+      ck.metadata[RngKey(r, "seed")] = generators[3 * r];
+      ck.metadata[RngKey(r, "stream")] = generators[3 * r + 1];
+      ck.metadata[RngKey(r, "offset")] = generators[3 * r + 2];
+    }
+    ck.metadata[kVersionKey] = kFormatVersion;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": collecting the state: ", e.what()));
+  }
+  return ck;
+}
+
+absl::Status Write(const std::string& path, const TrainingState& state, int world_size,
+                   const std::vector<int64_t>& generators) {
+  ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(path, state, world_size, generators));
+  return nn::SaveCheckpoint(path, ck);
+}
+
+template <typename T>
+absl::StatusOr<T> Entry(const nn::Checkpoint& ck, const std::string& key, const std::string& path) {
+  return ExtraValue<T>(ck.metadata, key, path);
+}
+
+// "checkpoint <path>: <what>: <status message>" with the status's code.
+absl::Status Wrap(const absl::Status& status, const std::string& path, const char* what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("checkpoint ", path, ": ", what, ": ", status.message()));
+}
+
+// One rank's load: every metadata entry is read and checked first, then the
+// objects are loaded in order (model, optimizer, schedule, sampler, step,
+// generator).
+absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& state,
+                       const LoadOptions& options, const absl::StatusOr<nn::Checkpoint>& file) {
+  RETURN_IF_ERROR(CheckPointers(state));
+  RETURN_IF_ERROR(file.status());
+  const nn::Checkpoint& ck = *file;
+  if (!ck.metadata.contains(kVersionKey)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": missing entry \"", kVersionKey,
+                                            "\": not a training-state checkpoint"));
+  }
+  ASSIGN_OR_RETURN(const int64_t version, Entry<int64_t>(ck, kVersionKey, path));
+  if (version != kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": entry \"", kVersionKey,
+                                                   "\" is ", version, ", this build reads ",
+                                                   kFormatVersion));
+  }
+
+  std::map<std::string, nn::CheckpointValue> extra;
+  for (const auto& [key, value] : ck.metadata) {
+    if (!IsLibraryKey(key)) extra[key] = value;
+  }
+  for (const auto& [key, expected] : options.expect) {
+    auto it = extra.find(key);
+    if (it == extra.end()) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": missing entry \"", key,
+                                              "\" (expected ", Describe(expected), ")"));
+    }
+    if (it->second != expected) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", path, ": entry \"", key,
+                                                        "\" is ", Describe(it->second),
+                                                        ", expected ", Describe(expected)));
+    }
+  }
+
+  ASSIGN_OR_RETURN(const int64_t saved_world, Entry<int64_t>(ck, "world_size", path));
+  if (saved_world < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path, ": entry \"world_size\" is ", saved_world));
+  }
+  const bool same_world = saved_world == ctx.world_size();
+  if (!same_world && options.require_same_world_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", path, ": written by ", saved_world, " rank(s), this run has ",
+        ctx.world_size(), " (generator states cannot be restored)"));
+  }
+  nn::Generator generator;
+  if (same_world) {
+    ASSIGN_OR_RETURN(const int64_t seed, Entry<int64_t>(ck, RngKey(ctx.rank(), "seed"), path));
+    ASSIGN_OR_RETURN(const int64_t stream, Entry<int64_t>(ck, RngKey(ctx.rank(), "stream"), path));
+    ASSIGN_OR_RETURN(const int64_t offset, Entry<int64_t>(ck, RngKey(ctx.rank(), "offset"), path));
+    generator = {static_cast<uint64_t>(seed), static_cast<uint64_t>(stream),
+                 static_cast<uint64_t>(offset)};
+  }
+
+  nn::StateDict model_state;
+  if (state.model != nullptr) {
+    for (const auto& [name, tensor] : ck.tensors) {
+      if (absl::StartsWith(name, "model.")) model_state.emplace_back(name.substr(6), tensor);
+    }
+    if (model_state.empty()) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path,
+                                              ": no \"model.*\" entries (saved without a model)"));
+    }
+  }
+  optim::StateDict optimizer_state;
+  if (state.optimizer != nullptr) {
+    if (!ck.metadata.contains("optim.num_groups")) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path,
+                                              ": missing entry \"optim.num_groups\" (saved "
+                                              "without an optimizer)"));
+    }
+    for (const auto& [name, tensor] : ck.tensors) {
+      if (absl::StartsWith(name, "optim.")) optimizer_state.tensors.emplace_back(name.substr(6), tensor);
+    }
+    for (const auto& [key, value] : ck.metadata) {
+      if (!absl::StartsWith(key, "optim.")) continue;
+      ASSIGN_OR_RETURN(optimizer_state.scalars[key.substr(6)], Entry<double>(ck, key, path));
+    }
+  }
+  std::map<std::string, double> scheduler_state;
+  if (state.scheduler != nullptr) {
+    if (!ck.metadata.contains("sched.last_epoch")) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", path,
+                                              ": missing entry \"sched.last_epoch\" (saved "
+                                              "without a scheduler)"));
+    }
+    for (const auto& [key, value] : ck.metadata) {
+      if (!absl::StartsWith(key, "sched.")) continue;
+      ASSIGN_OR_RETURN(scheduler_state[key.substr(6)], Entry<double>(ck, key, path));
+    }
+  }
+  data::SamplerState sampler_state;
+  if (state.loader != nullptr || state.sampler != nullptr) {
+    ASSIGN_OR_RETURN(sampler_state.epoch, Entry<int64_t>(ck, "sampler.epoch", path));
+    ASSIGN_OR_RETURN(sampler_state.position, Entry<int64_t>(ck, "sampler.position", path));
+    const int64_t batches =
+        state.loader != nullptr ? state.loader->num_batches() : state.sampler->num_batches();
+    if (sampler_state.epoch < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", path, ": entry \"sampler.epoch\" is ", sampler_state.epoch));
+    }
+    if (sampler_state.position < 0 || sampler_state.position > batches) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", path, ": entry \"sampler.position\" is ", sampler_state.position,
+          ", outside 0..", batches, " (the batches per epoch of this run's sampler)"));
+    }
+  }
+  int64_t step = 0;
+  if (state.step != nullptr) {
+    ASSIGN_OR_RETURN(step, Entry<int64_t>(ck, "step", path));
+  }
+
+  try {
+    if (state.model != nullptr) RETURN_IF_ERROR(Wrap(state.model->load_state_dict(model_state), path, "model"));
+    if (state.optimizer != nullptr) {
+      RETURN_IF_ERROR(Wrap(state.optimizer->load_state_dict(optimizer_state), path, "optimizer"));
+    }
+    if (state.scheduler != nullptr) {
+      RETURN_IF_ERROR(Wrap(state.scheduler->load_state_dict(scheduler_state), path, "scheduler"));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
+  if (state.loader != nullptr) state.loader->set_state(sampler_state);
+  if (state.sampler != nullptr) state.sampler->set_state(sampler_state);
+  if (state.step != nullptr) *state.step = step;
+  if (same_world) {
+    nn::thread_generator() = generator;
+  } else if (ctx.rank() == 0) {
+    ctx.log().Warning("checkpoint {} was written by {} rank(s), this run has {}: generator "
+                      "states are not restored (the run continues, not bit for bit)",
+                      path, saved_world, ctx.world_size());
+  }
+  state.extra = std::move(extra);
+  return absl::OkStatus();
+}
+
+// Rank 0's `bytes` (n of them; every rank knows n) to every rank. The
+// communicator works on the rank's device (a GPU's memory for NCCL), so the bytes are
+// staged through host tensors: the host never touches device memory.
+std::string BroadcastBytes(Context& ctx, const std::string& bytes, int64_t n) {
+  if (n == 0) return std::string();
+  nn::Tensor host = nn::empty({n}, {.dtype = nn::kUInt8, .device = nn::Device::CPU()});
+  if (ctx.rank() == 0) std::memcpy(host.host_ptr(), bytes.data(), static_cast<size_t>(n));
+  nn::Tensor data = host.to(ctx.device());
+  ctx.communicator().broadcast(data, 0);
+  const nn::Tensor received = data.to(nn::Device::CPU());
+  return std::string(static_cast<const char*>(received.host_ptr()), static_cast<size_t>(n));
+}
+
+// Several processes: rank 0 reads the file, every rank parses rank 0's bytes.
+// One process: every rank reads the file itself.
+absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& path) {
+  if (ctx.process_count() == 1) return nn::LoadCheckpoint(path);
+  Communicator& comm = ctx.communicator();
+  std::string bytes;
+  absl::Status status;
+  if (ctx.rank() == 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    if (!in) {
+      status = absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot read it on host ",
+                                                ctx.host(), ": ", std::strerror(errno)));
+    } else {
+      bytes = buffer.str();
+    }
+  }
+  nn::Tensor header = nn::from_vector<int64_t>(
+      {static_cast<int64_t>(status.code()), static_cast<int64_t>(bytes.size())}, {2},
+      {.dtype = nn::kInt64, .device = ctx.device()});
+  comm.broadcast(header, 0);
+  const std::vector<int64_t> h = header.to_vector<int64_t>();
+  if (h[0] != 0) {
+    if (ctx.rank() == 0) return status;
+    return MarkPeerFailure(absl::Status(
+        static_cast<absl::StatusCode>(h[0]),
+        absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's error names the "
+                     "cause)")));
+  }
+  bytes = BroadcastBytes(ctx, bytes, h[1]);
+  return nn::ParseCheckpoint(bytes, path);
+}
+
+}  // namespace
+
+std::string BroadcastString(Context& ctx, const std::string& value) {
+  Communicator& comm = ctx.communicator();
+  nn::Tensor size = nn::from_vector<int64_t>({static_cast<int64_t>(value.size())}, {1},
+                                             {.dtype = nn::kInt64, .device = ctx.device()});
+  comm.broadcast(size, 0);
+  return BroadcastBytes(ctx, value, size.to_vector<int64_t>()[0]);
+}
+
+absl::Status SaveTrainingCheckpoint(Context& ctx, const std::string& path,
+                                    const TrainingState& state) {
+  Communicator& comm = ctx.communicator();
+  const nn::Tensor mine = nn::from_vector<int64_t>(GeneratorWords(), {3},
+                                                   {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> generators = comm.all_gather(mine).to_vector<int64_t>();
+  absl::Status status;
+  if (ctx.rank() == 0) {
+    try {
+      status = Write(path, state, ctx.world_size(), generators);
+    } catch (const std::exception& e) {  // never leave the other ranks in the broadcast
+      status = absl::InternalError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+    }
+  }
+  // Rank 0's outcome to every rank; no rank passes this before the file is
+  // complete (rank 0 enters the broadcast after its write).
+  nn::Tensor code = nn::from_vector<int64_t>({static_cast<int64_t>(status.code())}, {1},
+                                             {.dtype = nn::kInt64, .device = ctx.device()});
+  comm.broadcast(code, 0);
+  const auto root_code = static_cast<absl::StatusCode>(code.to_vector<int64_t>()[0]);
+  if (ctx.rank() == 0 || root_code == absl::StatusCode::kOk) return status;
+  return MarkPeerFailure(absl::Status(root_code,
+                                      absl::StrCat("checkpoint ", path,
+                                                   ": rank 0 could not write it (rank 0's error "
+                                                   "names the cause)")));
+}
+
+absl::StatusOr<std::string> SnapshotTrainingCheckpoint(Context& ctx, const std::string& path,
+                                                       const TrainingState& state) {
+  const nn::Tensor mine = nn::from_vector<int64_t>(GeneratorWords(), {3},
+                                                   {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> generators = ctx.communicator().all_gather(mine).to_vector<int64_t>();
+  if (ctx.rank() != 0) return std::string();
+  try {
+    ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(path, state, ctx.world_size(), generators));
+    return nn::SerializeCheckpoint(ck);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
+}
+
+absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
+                                    const LoadOptions& options) {
+  absl::Status status;
+  try {
+    status = LoadLocal(ctx, path, state, options, ReadCheckpoint(ctx, path));
+  } catch (const std::exception& e) {
+    status = absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
+  // Every rank learns every rank's outcome, so all go on or all stop.
+  const nn::Tensor mine = nn::from_vector<int64_t>({static_cast<int64_t>(status.code())}, {1},
+                                                   {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> codes = ctx.communicator().all_gather(mine).to_vector<int64_t>();
+  if (!status.ok()) return status;
+  for (size_t r = 0; r < codes.size(); ++r) {
+    if (codes[r] != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(codes[r]),
+                          absl::StrCat("checkpoint ", path, ": rank ", r,
+                                       " could not load it (rank ", r, "'s error names the cause)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::dist

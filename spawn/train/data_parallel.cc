@@ -1,0 +1,279 @@
+#include "spawn/train/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nn/autograd.h"
+#include "nn/ops/elementwise.h"
+#include "spawn/observe/trace.h"
+
+namespace tandem::dist {
+namespace {
+
+// One line per parameter, then per buffer: "param l1.weight (10, 10) float32".
+std::vector<std::string> Describe(const nn::Module& module) {
+  std::vector<std::string> lines;
+  for (const auto& [name, t] : module.named_parameters()) {
+    lines.push_back(absl::StrCat("parameter '", name, "' ", nn::ShapeToString(t.shape()), " ",
+                                 nn::DTypeName(t.dtype())));
+  }
+  for (const auto& [name, t] : module.named_buffers()) {
+    lines.push_back(absl::StrCat("buffer '", name, "' ", nn::ShapeToString(t.shape()), " ",
+                                 nn::DTypeName(t.dtype())));
+  }
+  return lines;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions options)
+    : module_(module), ctx_(ctx), options_(std::move(options)) {
+  TANDEM_CHECK(options_.bucket_bytes > 0 && options_.first_bucket_bytes > 0,
+               "DataParallel: bucket sizes must be positive, not ", options_.first_bucket_bytes,
+               " and ", options_.bucket_bytes);
+  CheckSameModelOnEveryRank();
+  {
+    nn::NoGradGuard no_grad;
+    Communicator& comm = ctx_.communicator();
+    for (nn::Tensor& p : module_.parameters()) comm.broadcast(p, 0);
+    for (nn::Tensor& b : module_.buffers()) comm.broadcast(b, 0);
+  }
+  for (const auto& [name, p] : module_.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    params_.push_back({.name = name, .param = p});
+  }
+  BuildBuckets();
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    params_[i].hook =
+        params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (Slot& s : params_) {
+    if (s.hook >= 0) s.param.remove_grad_ready_hook(s.hook);
+  }
+}
+
+void DataParallel::CheckSameModelOnEveryRank() {
+  Communicator& comm = ctx_.communicator();
+  const std::string mine = absl::StrJoin(Describe(module_), "\n");
+  // Every rank learns every rank's description (padded to the longest), then all
+  // make the same comparison, so they all throw the same error or none does.
+  nn::Tensor length = nn::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())},
+                                      {1}, {.device = nn::Device::CPU()})
+                          .to(ctx_.device());
+  comm.all_reduce(length, ReduceOp::kMax);
+  const int64_t longest = length.item<int64_t>();
+  std::vector<uint8_t> bytes(longest, 0);
+  std::copy(mine.begin(), mine.end(), bytes.begin());
+  nn::Tensor all =
+      comm.all_gather(nn::from_vector(bytes, {longest}, {.device = ctx_.device()}))
+          .to(nn::Device::CPU());
+  const std::vector<uint8_t> gathered = all.to_vector<uint8_t>();
+  auto text_of = [&](int rank) {
+    const char* begin = reinterpret_cast<const char*>(gathered.data()) + rank * longest;
+    return std::string(begin, strnlen(begin, longest));
+  };
+  const std::vector<std::string> first = absl::StrSplit(text_of(0), '\n', absl::SkipEmpty());
+  for (int r = 1; r < ctx_.world_size(); ++r) {
+    const std::vector<std::string> other = absl::StrSplit(text_of(r), '\n', absl::SkipEmpty());
+    for (size_t i = 0; i < std::max(first.size(), other.size()); ++i) {
+      const std::string a = i < first.size() ? first[i] : "nothing";
+      const std::string b = i < other.size() ? other[i] : "nothing";
+      TANDEM_CHECK(a == b, "DataParallel: the model differs across ranks; entry ", i, ": rank 0 has ",
+                   a, ", rank ", r, " has ", b);
+    }
+  }
+}
+
+void DataParallel::BuildBuckets() {
+  // Reverse registration order: backward produces the last layers' gradients first.
+  int64_t bytes = 0;
+  std::vector<std::vector<int>> groups;
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    const nn::Tensor& p = params_[i].param;
+    const int64_t cap = groups.size() <= 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
+    const bool same_dtype =
+        !groups.empty() && params_[groups.back().front()].param.dtype() == p.dtype();
+    if (groups.empty() || !same_dtype || (bytes + p.nbytes() > cap && bytes > 0)) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += p.nbytes();
+  }
+  for (const std::vector<int>& group : groups) {
+    Bucket bucket;
+    int64_t numel = 0;
+    for (int i : group) numel += params_[i].param.numel();
+    const nn::Tensor& first = params_[group.front()].param;
+    bucket.buffer = nn::zeros({numel}, {.dtype = first.dtype(), .device = first.device()});
+    int64_t offset = 0;
+    for (int i : group) {
+      const nn::Tensor& p = params_[i].param;
+      params_[i].bucket = static_cast<int>(buckets_.size());
+      params_[i].view = bucket.buffer.slice(offset, offset + p.numel()).reshape(p.shape());
+      offset += p.numel();
+    }
+    bucket.params = group;
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+std::vector<std::string> DataParallel::bucket_parameter_names(int b) const {
+  std::vector<std::string> names;
+  for (int i : buckets_.at(b).params) names.push_back(params_[i].name);
+  return names;
+}
+
+void DataParallel::PlaceGrad(int i, bool zero_if_undefined) {
+  Slot& s = params_[i];
+  const nn::Tensor grad = s.param.grad();
+  if (grad.defined() && grad.storage() == s.view.storage() &&
+      grad.storage_offset() == s.view.storage_offset()) {
+    return;  // already in place
+  }
+  nn::NoGradGuard no_grad;
+  if (grad.defined()) {
+    s.view.copy_(grad);
+  } else if (zero_if_undefined) {
+    s.view.zero_();
+  } else {
+    return;
+  }
+  s.param.set_grad(s.view);
+}
+
+void DataParallel::DropUnwaitedWork() {
+  // Work's contract: destroying an unwaited handle orders the compute stream
+  // after its collective (CUDA) or waits for it (CPU), so the zeroing and copies
+  // that follow on the compute stream cannot touch a bucket NCCL still reduces.
+  for (Bucket& b : buckets_) b.work.reset();
+}
+
+nn::Tensor DataParallel::forward(const nn::Tensor& x) {
+  // A backward pass that threw never reached FinishBackward: its buckets'
+  // collectives may still run. Start afresh, after them.
+  DropUnwaitedWork();
+  pass_started_ = false;
+  if (options_.broadcast_buffers && ctx_.world_size() > 1) {
+    nn::NoGradGuard no_grad;
+    for (nn::Tensor& b : module_.buffers()) ctx_.communicator().broadcast(b, 0);
+  }
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) PlaceGrad(i, true);
+  return module_.forward(x);
+}
+
+void DataParallel::OnGradReady(int i) {
+  if (!sync_ || !options_.reduce_in_backward) return;
+  if (!pass_started_) {
+    DropUnwaitedWork();  // a pass that threw without a forward since
+    pass_started_ = true;
+    next_bucket_ = 0;
+    for (Bucket& b : buckets_) b.pending = static_cast<int>(b.params.size());
+    for (Slot& s : params_) s.ready = false;
+    // If the pass throws, autograd drops its callbacks unrun: `pass_end` then
+    // goes as the exception leaves backward, and with it the handles of the
+    // buckets launched so far, before the caller can touch their gradients
+    // (zero_grad): the compute stream then waits for those collectives.
+    struct PassEnd {
+      DataParallel* dp;
+      ~PassEnd() { dp->DropUnwaitedWork(); }
+    };
+    // (made in place: a PassEnd temporary would run its destructor right here)
+    const std::shared_ptr<PassEnd> pass_end(new PassEnd{this});
+    nn::autograd::QueueCallback([this, pass_end] { FinishBackward(); });
+  }
+  Slot& s = params_[i];
+  PlaceGrad(i, false);
+  TANDEM_CHECK(!s.ready, "DataParallel: gradient of '", s.name,
+               "' became ready twice in one backward pass");
+  s.ready = true;
+  --buckets_[s.bucket].pending;
+  LaunchReadyBuckets();
+}
+
+void DataParallel::LaunchReadyBuckets() {
+  while (next_bucket_ < num_buckets() && buckets_[next_bucket_].pending == 0) {
+    Bucket& b = buckets_[next_bucket_];
+    if (options_.on_bucket_launch) {
+      options_.on_bucket_launch(next_bucket_, static_cast<int>(b.params.size()));
+    }
+    b.launched = std::chrono::steady_clock::now();
+    b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+    b.returned = std::chrono::steady_clock::now();
+    ++next_bucket_;
+  }
+}
+
+void DataParallel::FinishBackward() {
+  pass_started_ = false;
+  std::vector<std::string> unused;
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    Slot& s = params_[i];
+    if (s.ready) continue;
+    if (!options_.find_unused_parameters) {
+      unused.push_back(s.name);
+      continue;
+    }
+    PlaceGrad(i, true);
+    s.ready = true;
+    --buckets_[s.bucket].pending;
+  }
+  TANDEM_CHECK(unused.empty(), "DataParallel (rank ", ctx_.rank(), "): parameter",
+               unused.size() > 1 ? "s '" : " '", absl::StrJoin(unused, "', '"),
+               "' got no gradient in this backward pass; use them in the loss or set "
+               "DataParallelOptions::find_unused_parameters");
+  LaunchReadyBuckets();
+  const auto backward_end = std::chrono::steady_clock::now();
+  TraceRecorder* trace = ctx_.trace();
+  const bool tracing = trace != nullptr && trace->recording(ctx_.rank());
+  // The buckets run one after another on the communication thread: a bucket's
+  // work starts at its launch or when the previous one finished, whichever is later.
+  std::chrono::steady_clock::time_point previous_finished{};
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.work) continue;
+    const auto wait_start = std::chrono::steady_clock::now();
+    b.work->wait();
+    const auto done = std::chrono::steady_clock::now();
+    // Exposed: the rank was blocked by it (inside the launch call, in the wait).
+    // Hidden: the part of its run on another thread (when the communicator
+    // reports when it finished) that lay before the end of backward.
+    const std::optional<std::chrono::steady_clock::time_point> finished = b.work->finished_at();
+    const double exposed = std::chrono::duration<double>(b.returned - b.launched).count() +
+                           std::chrono::duration<double>(done - wait_start).count();
+    double hidden = 0;
+    if (finished) {
+      const auto began = std::max(b.returned, previous_finished);
+      hidden = std::max(
+          0.0, std::chrono::duration<double>(std::min(*finished, backward_end) - began).count());
+      previous_finished = *finished;
+    }
+    overlap_.comm_s += exposed + hidden;
+    overlap_.hidden_s += hidden;
+    if (tracing) {
+      // From the launch in backward to when it finished (or, not known, to the
+      // end of its wait).
+      trace->Span(ctx_.rank(), "all_reduce bucket", b.launched, finished ? *finished : done,
+                  absl::StrCat("\"bucket\": ", i, ", \"bytes\": ", b.buffer.nbytes(),
+                               ", \"params\": ", b.params.size()));
+    }
+    b.work.reset();
+  }
+}
+
+nn::Tensor DataParallel::scale_loss(const nn::Tensor& loss) const {
+  return loss / static_cast<double>(ctx_.world_size());
+}
+
+void DataParallel::apply_collective_grads() {
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) PlaceGrad(i, true);
+  for (Bucket& b : buckets_) ctx_.communicator().all_reduce(b.buffer, ReduceOp::kSum);
+}
+
+}  // namespace tandem::dist

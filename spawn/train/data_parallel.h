@@ -1,0 +1,171 @@
+// dist::DataParallel: the gradients of a model averaged over the ranks of a run.
+//
+//   LinearNet net;                          // on ctx.device()
+//   dist::DataParallel dp(net, ctx);        // rank 0's weights broadcast to all
+//   auto loss = loss_fn(dp(x), y);
+//   loss.backward();                        // buckets all-reduced during backward
+//   sgd.step();                             // grads hold the mean over ranks
+//
+// Construction (a collective: every rank constructs its DataParallel at the same
+// point): checks that every rank has the same parameter and buffer names, shapes
+// and dtypes (a difference throws tandem::Error naming the first mismatch on
+// every rank, instead of a hang), then broadcasts rank 0's values.
+//
+// Backward: parameters are grouped into buckets in reverse registration order
+// (roughly the order backward produces their gradients); the first bucket holds
+// at most first_bucket_bytes, the others bucket_bytes. Each gradient is a view
+// into its bucket's flat buffer. When the last gradient of a bucket is final (a
+// grad-ready hook) the bucket's all-reduce is launched (buckets always launch in
+// order, so every rank issues the same collectives); on CPU ranks it runs on the
+// backward thread right then, with NCCL on the communication stream, overlapping
+// the rest of the backward pass. At the end of backward (autograd::QueueCallback)
+// the compute stream waits for the last bucket: every gradient then holds the
+// mean over ranks.
+//
+// A parameter that got no gradient in a backward pass is an error naming it,
+// unless find_unused_parameters is set: then it counts as a zero gradient.
+//
+// A backward pass that threw leaves bucket all-reduces that nobody waited for:
+// their handles are dropped as the exception leaves backward (and, again, at the
+// next forward or backward), which orders the compute stream after them (CPU:
+// waits for them), so no bucket is zeroed (zero_grad, forward) or refilled while
+// a collective may still reduce it.
+//
+// CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
+// (bucket all-reduces on the communication stream, joined back into the compute
+// stream at the end of backward) can be captured after one eager step and
+// replayed; the gradient buffers stay in place. The in-process communicator
+// cannot be captured (its collectives throw under capture).
+//
+// Thread-safety: belongs to its rank's thread, like the module. The module must
+// outlive the DataParallel.
+#ifndef TANDEM_SPAWN_DATA_PARALLEL_H_
+#define TANDEM_SPAWN_DATA_PARALLEL_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/tensor.h"
+#include "spawn/comm/communicator.h"
+#include "spawn/context.h"
+
+namespace tandem::dist {
+
+struct DataParallelOptions {
+  int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+  // Treat a parameter that got no gradient as a zero gradient instead of an error.
+  bool find_unused_parameters = false;
+  // Broadcast rank 0's buffers (BatchNorm running statistics) at every forward.
+  bool broadcast_buffers = false;
+  // Reduce gradients during backward. Off: the caller reduces by hand
+  // (scale_loss, apply_collective_grads).
+  bool reduce_in_backward = true;
+  // Called on the backward thread as each bucket's all-reduce is launched
+  // (bucket index, number of parameters in it): for tests and profiling.
+  std::function<void(int bucket, int params)> on_bucket_launch;
+};
+
+class DataParallel {
+ public:
+  DataParallel(nn::Module& module, Context& ctx, DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // The module's forward; also points gradients into the buckets and, with
+  // broadcast_buffers, broadcasts rank 0's buffers first.
+  nn::Tensor forward(const nn::Tensor& x);
+  nn::Tensor operator()(const nn::Tensor& x) { return forward(x); }
+
+  std::vector<nn::Tensor> parameters() const { return module_.parameters(); }
+  nn::Module& module() const { return module_; }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Parameter names of bucket b, in the bucket's order.
+  std::vector<std::string> bucket_parameter_names(int b) const;
+
+  // While the returned guard lives, backward passes only accumulate local
+  // gradients (gradient accumulation); the next synchronised backward reduces the
+  // accumulated sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DataParallel* dp) : dp_(dp), previous_(dp->sync_) { dp->sync_ = false; }
+    ~NoSyncGuard() { dp_->sync_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DataParallel* dp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  // Paddle's explicit API, for gradients reduced by hand (inside no_sync() or
+  // with reduce_in_backward off): loss / world_size, then after backward
+  // apply_collective_grads() sums every gradient over the ranks.
+  nn::Tensor scale_loss(const nn::Tensor& loss) const;
+  void apply_collective_grads();
+
+  // How much of the gradients' all-reduce ran behind backward, summed over every
+  // pass so far (host time). Per bucket, exposed = the time the rank was blocked
+  // by it (inside the all_reduce_async call, in its wait); hidden = when the
+  // communicator runs it on another thread and reports when it finished
+  // (Work::finished_at: the cross-process communicator), the part of its run
+  // (from its launch, or the previous bucket's end, to its end) before the end of
+  // backward; comm_s = exposed + hidden. The in-process communicator runs it
+  // inside the call (nothing hidden); NCCL: not measured on the host.
+  struct OverlapStats {
+    double comm_s = 0;
+    double hidden_s = 0;
+  };
+  OverlapStats overlap_stats() const { return overlap_; }
+
+ private:
+  struct Bucket {
+    nn::Tensor buffer;                 // flat, all of the bucket's gradients
+    std::vector<int> params;           // indices into params_
+    int pending = 0;                   // gradients not yet final in this pass
+    std::chrono::steady_clock::time_point launched;  // the all_reduce_async call began
+    std::chrono::steady_clock::time_point returned;  // ... and returned
+    // The bucket's all-reduce in flight. Declared last: destroyed first, so the
+    // buffer outlives it (see Work's contract on unwaited handles).
+    std::shared_ptr<Work> work;
+  };
+  struct Slot {
+    std::string name;
+    nn::Tensor param;
+    int bucket = 0;
+    nn::Tensor view;                   // the gradient's place in its bucket
+    bool ready = false;
+    int hook = -1;
+  };
+
+  void CheckSameModelOnEveryRank();
+  void BuildBuckets();
+  // Makes param i's gradient the view into its bucket (copying any gradient it had).
+  void PlaceGrad(int i, bool zero_if_undefined);
+  void OnGradReady(int i);
+  void LaunchReadyBuckets();
+  void FinishBackward();
+  // Destroys the handles of collectives no pass waited for (a backward that threw).
+  void DropUnwaitedWork();
+
+  nn::Module& module_;
+  Context& ctx_;
+  DataParallelOptions options_;
+  std::vector<Slot> params_;          // registration order
+  std::vector<Bucket> buckets_;
+  bool sync_ = true;
+  bool pass_started_ = false;
+  int next_bucket_ = 0;
+  OverlapStats overlap_;
+};
+
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_DATA_PARALLEL_H_

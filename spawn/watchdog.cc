@@ -1,0 +1,306 @@
+#include "spawn/internal/watchdog.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::dist::internal {
+
+Watchdog::Watchdog(std::vector<nn::Device> devices, Logger* logger, std::shared_ptr<InProcessGroup> group,
+    const std::vector<std::unique_ptr<Communicator>>* comms, int rank_offset,
+    std::string where)
+    : rank_offset_(rank_offset),
+      where_(std::move(where)),
+      devices_(std::move(devices)),
+      logger_(logger),
+      group_(std::move(group)),
+      comms_(comms),
+      traces_(devices_.size()),
+      states_(devices_.size()) {
+  for (auto& s : states_) s.store(RankState::kRunning);
+}
+
+uint64_t Watchdog::FewestCollectivesEntered() const {
+  uint64_t fewest = UINT64_MAX;
+  for (const CollectiveTrace& t : traces_) {
+    fewest = std::min(fewest, t.entered.load(std::memory_order_acquire));
+  }
+  return fewest == UINT64_MAX ? 0 : fewest;
+}
+
+std::string Watchdog::RankName(int rank) const {
+  // Several processes: the global rank, and where it runs.
+  return absl::StrCat("rank ", rank_offset_ + rank, " (", devices_[rank].ToString(),
+                      where_.empty() ? "" : ", ", where_, ")");
+}
+
+void Watchdog::Fail(int rank, absl::Status status, bool cancelled, bool peer,
+          bool interrupt) {
+  if (rank >= 0) states_[rank].store(RankState::kFailed);
+  bool first = false;
+  bool replaced = false;
+  bool planned_stop = false;  // the run's first status is a planned stop
+  const bool planned = interrupt || IsStopped(status);
+  std::string message(status.message());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (first_.ok() || (first_is_peer_ && !cancelled && !peer)) {
+      replaced = !first_.ok();
+      first_ = std::move(status);
+      first_is_peer_ = peer;
+      first_is_planned_ = planned;
+      first = true;
+    }
+    planned_stop = first_is_planned_;
+  }
+  if (replaced) {
+    logger_->Write(LogLevel::kError, -1, nn::Device(), absl::StrCat("the cause: ", message));
+  } else if (first) {
+    logger_->Write(planned ? LogLevel::kInfo : LogLevel::kError, -1, nn::Device(), message);
+    stop_.request_stop();
+    if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", message));
+    std::lock_guard<std::mutex> lock(mutex_);
+    cv_.notify_all();  // the watchdog aborts the communicators now
+  } else if (!(cancelled && planned_stop)) {
+    logger_->Write(LogLevel::kError, rank, rank >= 0 ? devices_[rank] : nn::Device(),
+                   absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
+                                          : "failed after the first failure (consequence): ",
+                                message));
+  }
+}
+
+void Watchdog::Joined() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  joined_ = true;
+  cv_.notify_all();
+}
+
+void Watchdog::Finish(int rank) {
+  RankState running = RankState::kRunning;
+  states_[rank].compare_exchange_strong(running, RankState::kFinished);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (++finished_ == world_size()) all_finished_ns_ = SteadyNowNs();
+  cv_.notify_all();
+}
+
+void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count,
+                     uint64_t sigint_at_start, StepAgreement& agreement,
+                     void (*exit_process)(int)) {
+  const int64_t timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
+  const auto poll = std::chrono::milliseconds(
+      std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!joined_ || (stop_.stop_requested() && !aborted_) ||
+         (!stop_.stop_requested() && AnyCollectiveInFlight())) {
+    // Woken at once by the first failure (Fail notifies) and by the aborter.
+    cv_.wait_for(lock, poll, [&] { return stop_.stop_requested() && !aborter_.joinable(); });
+    const bool aborted = aborted_;  // the aborter thread writes it
+    lock.unlock();
+    if (sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
+        !stop_.stop_requested() && !sigint_requested_) {
+      if (sigint_agreed_) {
+        sigint_requested_ = true;
+        agreement.RequestStop("SIGINT", SIGINT);
+      } else {
+        Fail(-1,
+             absl::CancelledError("spawn: interrupted (SIGINT); every rank stopped at its "
+                                  "next collective, stop-aware wait or step boundary (a "
+                                  "second Ctrl-C exits at once)"),
+             false, /*peer=*/false, /*interrupt=*/true);
+      }
+    }
+    if (!stop_.stop_requested()) {
+      // An agreed stop that overran its grace period (spawn/signals.h) is a failure.
+      if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
+    }
+    if (!stop_.stop_requested()) PollAsyncErrors();
+    if (stop_.stop_requested() && !aborted) {
+      AbortCommunicators(timeout_s, exit_process);
+      CheckAbortOutcome(exit_process);
+    }
+    for (const auto& comm : *comms_) comm->PollCompleted();
+    if (!stop_.stop_requested()) {
+      CheckTimeouts(timeout_s, timeout_ns);
+      CheckExits(timeout_s, timeout_ns);
+    } else {
+      CheckStragglers(timeout_s, timeout_ns);
+    }
+    lock.lock();
+  }
+  lock.unlock();
+  if (aborter_.joinable()) aborter_.join();
+}
+
+bool Watchdog::AnyCollectiveInFlight() const {
+  for (const CollectiveTrace& t : traces_) {
+    if (t.entered.load(std::memory_order_acquire) > t.completed.load(std::memory_order_acquire)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void Watchdog::PollAsyncErrors() {
+  for (size_t r = 0; r < comms_->size(); ++r) {
+    absl::Status error = (*comms_)[r]->PollAsyncError();
+    if (!error.ok()) {
+      Fail(static_cast<int>(r),
+           absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)), ": ",
+                                                   error.message())),
+           false);
+      return;
+    }
+  }
+}
+
+void Watchdog::AbortCommunicators(double timeout_s, void (*exit_process)(int)) {
+  if (stopped_ns_ == 0) stopped_ns_ = SteadyNowNs();
+  const double deadline_s = std::min(timeout_s, kMaxAbortWaitS);
+  bool done;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done = abort_done_;
+    status = abort_status_;
+  }
+  if (!aborter_.joinable() || (done && !status.ok() && abort_escalated_)) {
+    // The first start, or a retry after an injected exit returned (tests).
+    if (aborter_.joinable()) aborter_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      abort_done_ = false;
+      abort_status_ = absl::OkStatus();
+    }
+    abort_escalated_ = false;
+    abort_started_ns_ = SteadyNowNs();
+    aborter_ = std::thread([this, deadline_s] { AbortAll(deadline_s); });
+    return;
+  }
+  if (done || abort_escalated_) return;  // aborted_ is set on success
+  if (static_cast<double>(SteadyNowNs() - abort_started_ns_) * 1e-9 <= 2 * deadline_s) return;
+  status = absl::DeadlineExceededError(absl::StrCat(
+      "the abort of the communicators has not returned after ", 2 * deadline_s,
+      " s (NCCL's last abort waits until every CUDA graph that holds its collectives is "
+      "destroyed: a rank that keeps one and reaches no collective, stop-aware wait or "
+      "check_stop() holds it)"));
+  EndProcess(status, exit_process);
+}
+
+void Watchdog::AbortAll(double deadline_s) {
+  const auto deadline = std::chrono::nanoseconds(static_cast<int64_t>(deadline_s * 1e9));
+  absl::Status status;
+  for (const auto& comm : *comms_) {
+    absl::Status one = comm->Abort(deadline);
+    if (!one.ok() && status.ok()) status = std::move(one);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  abort_done_ = true;
+  abort_status_ = status;
+  if (status.ok()) aborted_ = true;
+  cv_.notify_all();
+}
+
+void Watchdog::EndProcess(const absl::Status& why, void (*exit_process)(int)) {
+  abort_escalated_ = true;
+  logger_->Write(LogLevel::kError, -1, nn::Device(),
+                 absl::StrCat("spawn: ending the process (exit status ", kAbortStuckExitStatus,
+                              ") after the run stopped (", result().message(), "): ",
+                              why.message()));
+  exit_process(kAbortStuckExitStatus);
+}
+
+void Watchdog::CheckAbortOutcome(void (*exit_process)(int)) {
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!abort_done_ || abort_status_.ok()) return;
+    status = abort_status_;
+  }
+  if (!abort_escalated_) EndProcess(status, exit_process);
+}
+
+void Watchdog::CheckExits(double timeout_s, int64_t timeout_ns) {
+  int64_t finished_at;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_ < world_size() || joined_) return;
+    finished_at = all_finished_ns_;
+  }
+  if (SteadyNowNs() - finished_at <= timeout_ns) return;
+  Fail(-1,
+       absl::DeadlineExceededError(absl::StrCat(
+           "watchdog: every rank returned, but their threads had not exited ", timeout_s,
+           " s later: a thread's CUDA teardown waits on device work that not every rank ran "
+           "(a collective or a CUDA graph replay issued by some ranks only)")),
+       false);
+}
+
+void Watchdog::CheckStragglers(double timeout_s, int64_t timeout_ns) {
+  if (straggler_reported_ || SteadyNowNs() - stopped_ns_ <= timeout_ns) return;
+  straggler_reported_ = true;
+  std::string ranks;
+  for (int r = 0; r < world_size(); ++r) {
+    if (states_[r].load() != RankState::kRunning) continue;
+    absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", RankName(r));
+  }
+  if (ranks.empty()) return;  // they have all returned and are finishing
+  logger_->Write(LogLevel::kError, -1, nn::Device(),
+                 absl::StrCat("watchdog: ", timeout_s, " s after the run stopped, spawn still "
+                              "waits for ", ranks, ": running code that reaches no collective, "
+                              "stop-aware wait or check_stop(); a second Ctrl-C exits at once"));
+}
+
+void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
+  const int64_t now = SteadyNowNs();
+  bool stuck = false;
+  for (auto& t : traces_) {
+    const uint64_t entered = t.entered.load(std::memory_order_acquire);
+    if (entered > t.completed.load(std::memory_order_acquire) &&
+        now - t.entered_ns.load(std::memory_order_relaxed) > timeout_ns) {
+      stuck = true;
+    }
+  }
+  if (!stuck) return;
+  std::string text =
+      absl::StrCat("watchdog: a collective did not complete within ", timeout_s, " s;");
+  for (int r = 0; r < world_size(); ++r) {
+    const CollectiveTrace& t = traces_[r];
+    const uint64_t entered = t.entered.load(std::memory_order_acquire);
+    const uint64_t completed = t.completed.load(std::memory_order_acquire);
+    const RankState state = states_[r].load();
+    absl::StrAppend(&text, " ", RankName(r), ": ");
+    if (entered == 0) {
+      absl::StrAppend(&text, "entered no collective");
+    } else {
+      absl::StrAppend(&text, entered > completed ? "waiting in " : "last completed ",
+                      t.op.load(std::memory_order_relaxed), " #", entered);
+      if (entered > completed) {
+        absl::StrAppendFormat(
+            &text, " for %.2f s",
+            (now - t.entered_ns.load(std::memory_order_relaxed)) * 1e-9);
+      }
+    }
+    absl::StrAppend(&text, state == RankState::kFinished ? " (fn returned)"
+                           : state == RankState::kFailed ? " (failed)"
+                                                         : " (running)",
+                    r + 1 < world_size() ? ";" : "");
+  }
+  if (describe_remote_) {
+    // The collective the stuck ranks wait in: which processes had not entered it.
+    uint64_t waiting_for = 0;
+    for (const CollectiveTrace& t : traces_) {
+      const uint64_t entered = t.entered.load(std::memory_order_acquire);
+      if (entered > t.completed.load(std::memory_order_acquire)) {
+        waiting_for = std::max(waiting_for, entered);
+      }
+    }
+    absl::StrAppend(&text, ";", describe_remote_(waiting_for));
+  }
+  Fail(-1, absl::DeadlineExceededError(text), false);
+}
+
+}  // namespace tandem::dist::internal
