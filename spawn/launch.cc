@@ -183,10 +183,9 @@ absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& op
   return RunSpawnWithHooks(gpus, nprocs, options, SpawnHooks(), on_world_size, body);
 }
 
-absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
-                               const SpawnHooks& hooks,
-                               const std::function<void(int world_size)>& on_world_size,
-                               const std::function<absl::Status(Context&)>& body) {
+namespace {
+
+absl::Status ValidateOptions(const SpawnOptions& options) {
   if (current_or_null() != nullptr) {
     return absl::FailedPreconditionError(
         "spawn called from a rank thread of another spawn: runs do not nest");
@@ -195,7 +194,158 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
     return absl::InvalidArgumentError(
         absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
   }
-  RETURN_IF_ERROR(StopSignalScope::Validate(options.stop_signals));
+  return StopSignalScope::Validate(options.stop_signals);
+}
+
+// The run's communicators, rank r's at index r: the test hook's, NCCL's (distinct
+// GPUs, one process or several), the hierarchical ones (CPU ranks across
+// processes) or in-process ones over *group (CPU ranks, ranks sharing a GPU).
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(
+    const std::vector<nn::Device>& devices, ProcessWorld* procs, const SpawnHooks& hooks,
+    std::shared_ptr<InProcessGroup>* group) {
+  const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
+  if (hooks.make_communicators) return hooks.make_communicators(devices);
+  if (procs != nullptr && use_nccl) return procs->MakeNcclCommunicators(devices);
+  if (procs != nullptr) {
+    if (!devices[0].is_cpu()) {
+      return absl::UnimplementedError(
+          "spawn: ranks sharing a GPU across processes are not supported (give each process "
+          "its own GPUs, or use CPU ranks)");
+    }
+    return procs->MakeCommunicators(devices);
+  }
+  if (use_nccl) {
+#if TANDEM_WITH_CUDA
+    return CreateNcclCommunicators(devices);
+#else
+    return absl::FailedPreconditionError("spawn: CUDA devices selected in a build without CUDA");
+#endif
+  }
+  const int world = static_cast<int>(devices.size());
+  *group = std::make_shared<InProcessGroup>(world);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world; ++r) {
+    comms.push_back(std::make_unique<InProcessCommunicator>(r, devices[r], *group));
+  }
+  return comms;
+}
+
+// What every rank thread of one run shares (owned by RunSpawnWithHooks).
+struct RankThreadEnv {
+  const std::vector<nn::Device>& devices;
+  const SpawnOptions& options;
+  const std::vector<std::unique_ptr<Communicator>>& comms;
+  Logger& logger;
+  ProcessWorld* procs;
+  Watchdog& run;
+  StepAgreement& agreement;
+  const std::function<absl::Status(Context&)>& body;
+  int rank_offset;
+  int global_world;
+};
+
+// Runs body(ctx) for local rank r; nothing escapes: every outcome is reported
+// to the watchdog.
+void RunRankBody(const RankThreadEnv& env, int r) {
+  Watchdog& run = env.run;
+  try {
+    nn::DeviceGuard device_guard(env.devices[r]);
+    nn::manual_seed(env.options.seed, static_cast<uint64_t>(env.rank_offset + r));
+    env.comms[r]->Attach(run.stop_token(), run.trace(r));
+    // Host waits on the GPU (item(), to(cpu), Synchronize...) end with the stop.
+    nn::ScopedInterruptCheck interrupt([&run] {
+      if (run.stop_requested()) {
+        throw CancelledError("host wait on the device abandoned: the run is stopping");
+      }
+    });
+    Context ctx(env.rank_offset + r, env.global_world, env.devices[r], env.comms[r].get(),
+                env.logger.ForRank(env.rank_offset + r, env.devices[r]), run.stop_token(),
+                {.local_rank = r,
+                 .process_index = env.procs ? env.procs->process_index() : 0,
+                 .process_count = env.procs ? env.procs->process_count() : 1,
+                 .host = env.procs ? env.procs->host() : ""},
+                &env.agreement);
+    CurrentContextGuard current(&ctx);
+    absl::Status status = env.body(ctx);
+    if (!status.ok()) {
+      run.Fail(r,
+               absl::Status(status.code(),
+                            absl::StrCat(run.RankName(r), " returned: ", status.ToString())),
+               false);
+    }
+  } catch (const StoppedError&) {  // the agreed stop: not a failure
+    env.agreement.RankStopped(r);
+  } catch (const PeerFailedError& e) {
+    run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), ": ", e.what())), false,
+             /*peer=*/true);
+  } catch (const CancelledError& e) {
+    run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
+  } catch (const std::exception& e) {
+    run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), " threw: ", e.what())), false);
+  } catch (...) {
+    run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r),
+                                                 " threw an exception of unknown type")),
+             false);
+  }
+}
+
+// A rank thread: the body, then the exit protocol (graphs released, the
+// process world told, the watchdog told, the abort awaited before this
+// thread's thread-local CUDA teardown).
+void RankMain(const RankThreadEnv& env, int r) {
+  RunRankBody(env, r);
+  ReleaseGraphsOnReturn(env.run, r, *env.comms[r]);
+  if (env.procs) env.procs->RankExited(r);
+  env.run.Finish(r);
+  env.run.AwaitAbortIfStopping();
+}
+
+// Starts one thread per local rank. A thread the system cannot start is a
+// failure like any other (not std::terminate): the ranks not started are
+// finished at once.
+std::vector<std::thread> StartRankThreads(const RankThreadEnv& env) {
+  const int world = static_cast<int>(env.devices.size());
+  std::vector<std::thread> threads;
+  threads.reserve(world);
+  for (int r = 0; r < world; ++r) {
+    absl::Status started = StartThread(threads, [&env, r] { RankMain(env, r); });
+    if (started.ok()) continue;
+    env.run.Fail(-1, absl::Status(started.code(), absl::StrCat("spawn: ", env.run.RankName(r),
+                                                                ": ", started.message())),
+                 false);
+    for (int u = r; u < world; ++u) {
+      if (env.procs) env.procs->RankExited(u);
+      env.run.Finish(u);
+    }
+    break;
+  }
+  return threads;
+}
+
+// After the joins: the run's outcome, logged; several processes: a failure
+// ends the whole job (the error line is written first).
+absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* procs,
+                       std::vector<std::unique_ptr<Communicator>>& comms, Logger& logger) {
+  absl::Status status = run.result();
+  comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
+  if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
+  // Several processes: the other processes may wait in a collective for this
+  // one; the error line is written, now the launcher ends them all. An agreed
+  // stop at a step is no failure: every process stopped at that step, saved,
+  // and returns it (Serve's last round ended them together).
+  if (procs && !status.ok() && !StoppedAtStep(status).has_value()) procs->Abort(status);
+  if (status.ok()) logger.Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
+  if (IsStopped(status)) logger.Write(LogLevel::kInfo, -1, nn::Device(), status.message());
+  return status;
+}
+
+}  // namespace
+
+absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                               const SpawnHooks& hooks,
+                               const std::function<void(int world_size)>& on_world_size,
+                               const std::function<absl::Status(Context&)>& body) {
+  RETURN_IF_ERROR(ValidateOptions(options));
   const int visible_gpus = nn::cuda_device_count();
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
                    SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
@@ -204,7 +354,6 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   // Several processes (mpirun, srun): agree with the others, or stop here.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
   const int rank_offset = procs ? procs->rank_offset() : 0;
-  const int global_world = procs ? procs->world_size() : world;
   ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger,
                    Logger::Create(world, {.console = options.console,
                                           .all_ranks_to_console = options.log_all_ranks,
@@ -213,33 +362,9 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                                           .first_process = !procs || procs->process_index() == 0,
                                           .process_tag = procs ? procs->Where() : ""}));
   LogEnvironment(*logger, devices, options, gpus, visible_gpus, procs.get());
-
-  std::vector<std::unique_ptr<Communicator>> comms;
   std::shared_ptr<InProcessGroup> group;
-  const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
-  if (hooks.make_communicators) {
-    ASSIGN_OR_RETURN(comms, hooks.make_communicators(devices));
-  } else if (procs != nullptr && use_nccl) {
-    ASSIGN_OR_RETURN(comms, procs->MakeNcclCommunicators(devices));
-  } else if (procs != nullptr) {
-    if (!devices[0].is_cpu()) {
-      return absl::UnimplementedError(
-          "spawn: ranks sharing a GPU across processes are not supported (give each process "
-          "its own GPUs, or use CPU ranks)");
-    }
-    comms = procs->MakeCommunicators(devices);
-  } else if (use_nccl) {
-#if TANDEM_WITH_CUDA
-    ASSIGN_OR_RETURN(comms, CreateNcclCommunicators(devices));
-#else
-    return absl::FailedPreconditionError("spawn: CUDA devices selected in a build without CUDA");
-#endif
-  } else {
-    group = std::make_shared<InProcessGroup>(world);
-    for (int r = 0; r < world; ++r) {
-      comms.push_back(std::make_unique<InProcessCommunicator>(r, devices[r], group));
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
+                   MakeCommunicators(devices, procs.get(), hooks, &group));
 
   on_world_size(world);
   Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
@@ -254,78 +379,26 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
                           options.stop_grace_s, /*cross_process=*/procs != nullptr);
   const uint64_t sigint_at_start = g_sigint_count.load();
 
-  std::vector<std::thread> threads;
-  threads.reserve(world);
-  for (int r = 0; r < world; ++r) {
-    auto rank_main = [&, r] {
-      // Nothing escapes this thread: every outcome is reported to `run`.
-      try {
-        nn::DeviceGuard device_guard(devices[r]);
-        nn::manual_seed(options.seed, static_cast<uint64_t>(rank_offset + r));
-        comms[r]->Attach(run.stop_token(), run.trace(r));
-        // Host waits on the GPU (item(), to(cpu), Synchronize...) end with the stop.
-        nn::ScopedInterruptCheck interrupt([&run] {
-          if (run.stop_requested()) {
-            throw CancelledError("host wait on the device abandoned: the run is stopping");
-          }
-        });
-        Context ctx(rank_offset + r, global_world, devices[r], comms[r].get(),
-                    logger->ForRank(rank_offset + r, devices[r]), run.stop_token(),
-                    {.local_rank = r,
-                     .process_index = procs ? procs->process_index() : 0,
-                     .process_count = procs ? procs->process_count() : 1,
-                     .host = procs ? procs->host() : ""},
-                    &agreement);
-        CurrentContextGuard current(&ctx);
-        absl::Status status = body(ctx);
-        if (!status.ok()) {
-          run.Fail(r,
-                   absl::Status(status.code(), absl::StrCat(run.RankName(r), " returned: ",
-                                                            status.ToString())),
-                   false);
-        }
-      } catch (const StoppedError&) {  // the agreed stop: not a failure
-        agreement.RankStopped(r);
-      } catch (const PeerFailedError& e) {
-        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), ": ", e.what())), false,
-                 /*peer=*/true);
-      } catch (const CancelledError& e) {
-        run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
-      } catch (const std::exception& e) {
-        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), " threw: ", e.what())),
-                 false);
-      } catch (...) {
-        run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r),
-                                                     " threw an exception of unknown type")),
-                 false);
-      }
-      ReleaseGraphsOnReturn(run, r, *comms[r]);
-      if (procs) procs->RankExited(r);
-      run.Finish(r);
-      run.AwaitAbortIfStopping();  // before this thread's thread-local CUDA teardown
-    };
-    // A thread the system cannot start is a failure like any other, not std::terminate.
-    absl::Status started = StartThread(threads, rank_main);
-    if (!started.ok()) {
-      run.Fail(-1, absl::Status(started.code(), absl::StrCat("spawn: ", run.RankName(r), ": ",
-                                                              started.message())), false);
-      for (int u = r; u < world; ++u) {
-        if (procs) procs->RankExited(u);
-        run.Finish(u);
-      }
-      break;
-    }
-  }
+  const RankThreadEnv env{.devices = devices,
+                          .options = options,
+                          .comms = comms,
+                          .logger = *logger,
+                          .procs = procs.get(),
+                          .run = run,
+                          .agreement = agreement,
+                          .body = body,
+                          .rank_offset = rank_offset,
+                          .global_world = procs ? procs->world_size() : world};
+  std::vector<std::thread> threads = StartRankThreads(env);
   if (procs) {
     run.set_describe_remote(
         [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
     run.set_sigint_agreed();
   }
-  std::thread watchdog(
-      [&] {
-        run.Watch(options.timeout_s, g_sigint_count, sigint_at_start, agreement,
-                  hooks.exit_process != nullptr ? hooks.exit_process : &ExitProcessNow);
-      });
+  std::thread watchdog([&] {
+    run.Watch(options.timeout_s, g_sigint_count, sigint_at_start, agreement,
+              hooks.exit_process != nullptr ? hooks.exit_process : &ExitProcessNow);
+  });
   // Several processes: this thread is the process's MPI thread until every rank exited.
   if (procs) {
     procs->Serve(run.stop_token(),
@@ -336,18 +409,7 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   for (std::thread& t : threads) t.join();
   run.Joined();
   watchdog.join();
-
-  absl::Status status = run.result();
-  comms.clear();  // aborted by the watchdog if the run stopped; finalized otherwise
-  if (status.ok()) status = agreement.Outcome();  // an agreed stop is not a failure
-  // Several processes: the other processes may wait in a collective for this
-  // one; the error line is written, now the launcher ends them all. An agreed
-  // stop at a step is no failure: every process stopped at that step, saved,
-  // and returns it (Serve's last round ended them together).
-  if (procs && !status.ok() && !StoppedAtStep(status).has_value()) procs->Abort(status);
-  if (status.ok()) logger->Write(LogLevel::kInfo, -1, nn::Device(), "all ranks finished");
-  if (IsStopped(status)) logger->Write(LogLevel::kInfo, -1, nn::Device(), status.message());
-  return status;
+  return FinishRun(run, agreement, procs.get(), comms, *logger);
 }
 
 }  // namespace tandem::dist::internal
