@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/reduce.h"
 #include "spawn/spawn.h"
@@ -140,6 +141,76 @@ TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
     std::printf("rank %d: median host time per 1 KiB all_reduce: %.1f us\n", r, median_us[r]);
     EXPECT_LT(median_us[r], 40.0) << "rank " << r;
   }
+}
+
+// Two GPUs, a CUDA graph holding the gradient all-reduce: rank 0 replays it
+// once more than rank 1 and both return. The extra replay's collective waits
+// for good on rank 0's device; untracked, the thread's teardown (and NCCL's
+// destroy) would hang spawn. Replays are traced: the watchdog names the stuck
+// "graph replay" after timeout_s and the abort ends it.
+TEST(ShutdownGpuTest, OneRankReplayingOnceMoreIsTimedOutNotHung) {
+  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
+                                                << " visible";
+  const Clock::time_point start = Clock::now();
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);
+        nn::CudaGraph graph(ctx.device());
+        graph.Capture([&] { ctx.communicator().all_reduce(x); });
+        const int replays = ctx.rank() == 0 ? 4 : 3;
+        for (int i = 0; i < replays; ++i) graph.Replay();
+        nn::Synchronize(ctx.device());  // rank 0: waits on its fourth replay
+      },
+      2, "0,1", SpawnOptions{.timeout_s = 2});
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("graph replay"), absl::string_view::npos) << s;
+  EXPECT_LT(seconds, 15.0);
+}
+
+// Rank 1 fails before its capture while rank 0 captures and replays a graph
+// holding the all-reduce: rank 0's replay never completes; the abort must
+// still run (a rank never waits on the guard behind it, and NCCL's last abort
+// gets its graph back as rank 0 unwinds), and spawn returns rank 1's error.
+TEST(ShutdownGpuTest, PeerFailingBeforeCaptureDoesNotHangTheRun) {
+  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
+                                                << " visible";
+  double seconds = 0;
+  absl::Status s = SpawnWithin(60, 2, "0,1", [](Context& ctx) {
+    Tensor x = nn::ones({1024}, {.device = ctx.device()});
+    ctx.communicator().all_reduce(x);
+    if (ctx.rank() == 1) throw std::runtime_error("injected failure before the capture");
+    nn::CudaGraph graph(ctx.device());
+    graph.Capture([&] { ctx.communicator().all_reduce(x); });
+    for (int i = 0; i < 3; ++i) graph.Replay();
+    nn::sum(x).item<float>();
+  }, &seconds);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("rank 1 (cuda:1) threw: injected failure before the capture"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_LT(seconds, 15.0);
+}
+
+// A rank whose thread is inside a device guard for another GPU still runs its
+// collectives: the communicator records its events on its own device (once
+// "invalid resource handle").
+TEST(ShutdownGpuTest, CollectiveFromInsideAnotherDevicesGuardWorks) {
+  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
+                                                << " visible";
+  double seconds = 0;
+  absl::Status s = SpawnWithin(60, 2, "0,1", [](Context& ctx) {
+    Tensor x = nn::ones({16}, {.device = ctx.device()});
+    {
+      nn::DeviceGuard other(nn::Device::CUDA(1 - ctx.device().index));
+      ctx.communicator().all_reduce(x);
+      std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(x);
+      work->wait();
+    }
+    TANDEM_CHECK(x.to_vector<float>()[0] == 4.0f, "all_reduce result ", x.to_vector<float>()[0]);
+  }, &seconds);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 #if TANDEM_WITH_CUDA
