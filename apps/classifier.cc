@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,10 +20,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "apps/common.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
@@ -32,6 +30,7 @@
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "optim/lr_scheduler.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
@@ -320,13 +319,424 @@ std::optional<Progression> LoadRunCheckpoint(dist::Context& ctx, const RunFlags&
   return at;
 }
 
-}  // namespace
+// One rank's training run: what TrainClassifier sets up, in this order (model,
+// DataParallel, optimizer, loader, checkpoints, schedule, resume, outputs), and
+// what its epochs carry on; destroyed in the reverse order.
+struct ClassifierRun {
+  ClassifierRun(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
+                dist::TraceRecorder* trace)
+      : ctx(ctx), flags(flags), data(data), trace(trace) {}
 
-namespace {
+  dist::Context& ctx;
+  const RunFlags& flags;
+  const ClassifierData& data;
+  dist::TraceRecorder* trace;
+  const Clock::time_point start = Clock::now();
+  std::shared_ptr<nn::Module> model;
+  std::optional<dist::DataParallel> dp;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::optional<nn::CrossEntropyLoss> loss_fn;
+  std::optional<data::DataLoader> loader;
+  std::optional<dist::CheckpointManager> checkpoints;
+  // --lr_schedule=cosine (null: a constant lr). Its position is the global step:
+  // a resumed run takes it from the checkpoint's step (the file holds no
+  // "sched." entries), as the lr of every step always was.
+  std::unique_ptr<optim::LRScheduler> schedule;
+  Progression at;
+  dist::TrainingState state;
+  int64_t steps_per_epoch = 0;
+  int64_t global_batch = 0;
+  std::optional<MetricsWriter> metrics;
+  std::optional<Progress> progress;
+  int64_t redraw_every = 0;
+  std::unique_ptr<dist::SummaryWriter> tensorboard;
+  bool tb_on = false;
+  int slow_ms = 0;  // --test_slow_rank: this rank's sleep in every step
+  TrainResult result;
+  double train_seconds = 0;
+  int64_t trained_samples = 0;
+};
+
+// Where one epoch stands between its steps.
+struct EpochRun {
+  int epoch = 0;  // 0-based
+  Clock::time_point start;
+  nn::Tensor loss_sum;    // the epoch's losses so far (this rank)
+  nn::Tensor window_sum;  // the losses since the last progress line
+  int64_t window = 0;
+  int64_t k = 0;        // steps done in the epoch
+  int64_t first_k = 0;  // where this process started it (a mid-epoch resume: > 0)
+  // The epoch's straggler and overlap summary (every rank takes part).
+  std::vector<double> step_ms, busy_ms;  // busy: the step minus its time in collectives
+  double waited_at_start = 0;
+  dist::DataParallel::OverlapStats overlap_at_start;
+  // --tensorboard_dir: the losses and time of the current window of steps.
+  nn::Tensor tb_sum;
+  int64_t tb_window = 0;
+  Clock::time_point tb_window_start;
+};
+
+// Moves the schedule to global step `step` and sets the optimizer's lr to its
+// value there: one step() per training step, a jump to the checkpoint's step
+// after --resume.
+void ScheduleAt(optim::LRScheduler& schedule, int64_t step) {
+  if (schedule.last_epoch() + 1 == step) {
+    schedule.step();
+  } else if (schedule.last_epoch() != step) {
+    std::map<std::string, double> position = schedule.state_dict();
+    position["last_epoch"] = static_cast<double>(step);
+    dist::ThrowIfError(schedule.load_state_dict(position), "the learning-rate schedule: ");
+  }
+}
+
+// The model (every rank the same), DataParallel, the optimizer, the loader of
+// this rank's shard and the checkpoint manager.
+void BuildModelAndData(ClassifierRun& run,
+                       const std::function<std::shared_ptr<nn::Module>()>& make_model) {
+  const RunFlags& flags = run.flags;
+  run.ctx.set_trace(run.trace);
+  run.model = make_model();
+  run.dp.emplace(*run.model, run.ctx);
+  run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
+  run.loss_fn.emplace();
+  auto sampler = std::make_shared<data::DistributedBatchSampler>(
+      run.data.train->size(), flags.batch_size, run.ctx.world_size(), run.ctx.rank(),
+      /*shuffle=*/true, /*drop_last=*/false, flags.seed);
+  run.loader.emplace(run.data.train, sampler,
+                     data::DataLoaderOptions{.num_workers = flags.num_workers,
+                                             .prefetch = std::max(2, 2 * flags.num_workers),
+                                             .device = run.ctx.device(),
+                                             .batch_transform = run.data.batch_transform});
+  if (!flags.checkpoint_dir.empty()) run.checkpoints.emplace(run.ctx, CheckpointOptions(flags));
+}
+
+// The steps of an epoch, the learning-rate schedule over all of them (built on
+// the optimizer's lr before a checkpoint loads into it), and --resume.
+void ScheduleAndResume(ClassifierRun& run) {
+  const RunFlags& flags = run.flags;
+  run.steps_per_epoch = run.loader->num_batches();
+  if (flags.max_steps_per_epoch > 0) {
+    run.steps_per_epoch = std::min(run.steps_per_epoch, flags.max_steps_per_epoch);
+  }
+  if (flags.lr_schedule == "cosine") {
+    const int64_t total_steps = std::max<int64_t>(run.steps_per_epoch * flags.epochs, 1);
+    run.schedule = std::make_unique<optim::CosineAnnealingLR>(*run.optimizer, total_steps);
+  }
+  if (flags.resume) {
+    if (std::optional<Progression> loaded = LoadRunCheckpoint(
+            run.ctx, flags, *run.checkpoints, *run.model, *run.optimizer, *run.loader)) {
+      run.at = *loaded;
+    }
+  }
+  run.state = {.model = run.model.get(), .optimizer = run.optimizer.get(),
+               .loader = &*run.loader, .step = &run.at.step};
+}
+
+// Rank 0's metrics rows, progress and TensorBoard file, and the test hook of a
+// slow rank (--test_slow_rank).
+void OpenOutputs(ClassifierRun& run) {
+  dist::Context& ctx = run.ctx;
+  const RunFlags& flags = run.flags;
+  run.global_batch = int64_t{flags.batch_size} * ctx.world_size();
+  run.metrics.emplace(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
+  run.progress.emplace(ctx, flags);
+  run.redraw_every = run.progress->tty() ? 5 : flags.log_every;
+  // --tensorboard_dir: rank 0 writes; every rank takes part in the step-time
+  // gather every log_every steps (the flag is the same on every rank).
+  run.tensorboard = OpenTensorBoard(ctx, flags);
+  // A resumed run repeats the steps after its checkpoint: TensorBoard drops the
+  // earlier file's events from here on.
+  if (run.tensorboard && flags.resume && run.at.step > 0) {
+    run.tensorboard->AddSessionStart(run.at.step);
+  }
+  run.tb_on = !flags.tensorboard_dir.empty();
+  if (flags.test_slow_rank == ctx.rank()) run.slow_ms = flags.test_slow_ms;
+  run.result.best_accuracy = run.at.best_accuracy;
+}
+
+// Epoch `epoch` from its start, or (resume_mid_epoch) from the step of the
+// checkpoint, where the loader already stands.
+EpochRun StartEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
+  dist::Context& ctx = run.ctx;
+  if (!resume_mid_epoch) run.loader->set_state({.epoch = epoch, .position = 0});
+  run.loader->start_epoch();
+  EpochRun e;
+  e.epoch = epoch;
+  e.start = Clock::now();
+  e.loss_sum = nn::zeros({1}, {.device = ctx.device()});
+  e.window_sum = nn::zeros({1}, {.device = ctx.device()});
+  if (resume_mid_epoch) {
+    e.k = run.at.epoch_step;
+    e.loss_sum = nn::from_vector<float>({static_cast<float>(run.at.epoch_loss_sum)}, {1},
+                                        {.device = ctx.device()});
+  }
+  e.first_k = e.k;
+  e.step_ms.reserve(static_cast<size_t>(run.steps_per_epoch - e.k));  // no allocation in a step
+  e.busy_ms.reserve(static_cast<size_t>(run.steps_per_epoch - e.k));
+  e.waited_at_start = ctx.communicator().waited_seconds();
+  e.overlap_at_start = run.dp->overlap_stats();
+  e.tb_sum = nn::zeros({1}, {.device = ctx.device()});
+  e.tb_window_start = Clock::now();
+  return e;
+}
+
+// Forward (under --bf16's autocast), backward and the optimizer step of one
+// batch, at the schedule's lr of the global step; returns the loss.
+nn::Tensor ForwardBackwardStep(ClassifierRun& run, const data::Batch& batch) {
+  if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+  nn::Tensor loss;
+  {
+    dist::TraceSpan span(run.ctx, "forward");
+    nn::AutocastGuard autocast(run.flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
+    loss = (*run.loss_fn)((*run.dp)(batch.data), batch.target);
+  }
+  {
+    dist::TraceSpan span(run.ctx, "backward");
+    run.optimizer->zero_grad();
+    loss.backward();
+  }
+  {
+    dist::TraceSpan span(run.ctx, "optimizer");
+    run.optimizer->step();
+  }
+  return loss;
+}
+
+// Adds the step's loss to the epoch's sum, the progress window and the
+// TensorBoard window.
+void AccumulateLoss(const ClassifierRun& run, EpochRun& e, const nn::Tensor& loss) {
+  nn::NoGradGuard no_grad;
+  nn::Tensor value = loss.detach().reshape({1});
+  e.loss_sum.add_(value);
+  e.window_sum.add_(value);
+  ++e.window;
+  if (run.tb_on) {
+    e.tb_sum.add_(value);
+    ++e.tb_window;
+  }
+}
+
+// --tensorboard_dir, every --log_every steps and at the epoch's end: every rank's
+// mean loss and step time over the window, gathered; rank 0 writes them.
+void LogTensorBoardWindow(ClassifierRun& run, EpochRun& e) {
+  dist::Context& ctx = run.ctx;
+  const double step_ms = SecondsSince(e.tb_window_start) * 1e3 / static_cast<double>(e.tb_window);
+  nn::Tensor mine = nn::from_vector<double>(
+      {static_cast<double>(e.tb_sum.item()) / static_cast<double>(e.tb_window), step_ms}, {2},
+      {.dtype = nn::kFloat64, .device = ctx.device()});
+  const std::vector<double> all = ctx.communicator().all_gather(mine).to_vector<double>();
+  if (run.tensorboard) {
+    const int64_t step = run.at.step;
+    double loss_mean = 0;
+    for (int r = 0; r < ctx.world_size(); ++r) loss_mean += all[2 * r] / ctx.world_size();
+    run.tensorboard->AddScalar("train/loss", loss_mean, step);
+    run.tensorboard->AddScalar("train/learning_rate", run.optimizer->lr(), step);
+    run.tensorboard->AddScalar("train/samples_per_s",
+                               static_cast<double>(e.tb_window * run.global_batch) /
+                                   std::max(SecondsSince(e.tb_window_start), 1e-9),
+                               step);
+    for (int r = 0; r < ctx.world_size(); ++r) {
+      run.tensorboard->AddScalar(absl::StrCat("step_time_ms/rank_", r), all[2 * r + 1], step);
+    }
+  }
+  e.tb_sum.zero_();
+  e.tb_window = 0;
+  e.tb_window_start = Clock::now();
+}
+
+// Rank 0: the progress bar or line after step e.k of the epoch, with the mean
+// loss since the last one.
+void ShowProgress(ClassifierRun& run, EpochRun& e) {
+  const int64_t done = e.k + 1;
+  const double elapsed = SecondsSince(e.start);
+  const double rate = static_cast<double>(done * run.global_batch) / std::max(elapsed, 1e-9);
+  const double eta = elapsed / static_cast<double>(done) *
+                     static_cast<double>(run.steps_per_epoch - done);
+  run.progress->Update(e.epoch + 1, done, run.steps_per_epoch, e.window_sum.item() / e.window,
+                       rate, eta);
+  e.window_sum.zero_();
+  e.window = 0;
+}
+
+// Periodic checkpoints and stop signals, every rank after every step: a save
+// when one is due or a stop asks for it (then StoppedError after it); without
+// --checkpoint_dir a stop signal throws StoppedError at once.
+void CheckpointOrStop(ClassifierRun& run, const EpochRun& e) {
+  dist::Context& ctx = run.ctx;
+  if (run.checkpoints) {
+    dist::TraceSpan span(ctx, "checkpoint");
+    const absl::Status saved =
+        run.checkpoints->AtStepBoundary(run.state, [&](dist::TrainingState& s) {
+          run.progress->Clear();
+          SetExtra(s, run.flags, run.data, run.at, e.k + 1,
+                   ctx.communicator().all_gather(e.loss_sum).to_vector<float>(),
+                   run.at.elapsed_s + SecondsSince(run.start));
+        });
+    dist::ThrowIfError(saved, "saving a checkpoint: ");
+  } else if (ctx.AtStepBoundary(run.at.step).stop) {
+    run.progress->Clear();
+    throw dist::StoppedError(
+        absl::StrCat("stopped at step ", run.at.step, " (stop signal; no --checkpoint_dir)"),
+        run.at.step);
+  }
+}
+
+enum class StepEnd { kNext, kNoBatch, kStopAtStep };
+
+// Step e.k of the epoch (global step run.at.step): the batch, the training
+// step, the loss windows and their outputs, checkpoints and stops.
+StepEnd TrainStep(ClassifierRun& run, EpochRun& e) {
+  dist::Context& ctx = run.ctx;
+  ctx.check_stop();
+  const Clock::time_point step_start = Clock::now();
+  const double waited_before_step = ctx.communicator().waited_seconds();
+  if (run.trace != nullptr) run.trace->BeginStep(ctx.rank(), run.at.step);
+  std::optional<data::Batch> batch;
+  {
+    dist::TraceSpan span(ctx, "data");
+    batch = run.loader->next();
+  }
+  if (!batch) return StepEnd::kNoBatch;
+  const nn::Tensor loss = ForwardBackwardStep(run, *batch);
+  if (run.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run.slow_ms));
+  ++run.at.step;
+  AccumulateLoss(run, e, loss);
+  const bool epoch_end = e.k + 1 == run.steps_per_epoch;
+  if (run.tb_on && ((e.k + 1) % run.flags.log_every == 0 || epoch_end)) {
+    LogTensorBoardWindow(run, e);
+  }
+  if (ctx.rank() == 0 && ((e.k + 1) % run.redraw_every == 0 || epoch_end)) ShowProgress(run, e);
+  CheckpointOrStop(run, e);
+  e.step_ms.push_back(SecondsSince(step_start) * 1e3);
+  e.busy_ms.push_back(e.step_ms.back() -
+                      (ctx.communicator().waited_seconds() - waited_before_step) * 1e3);
+  if (run.flags.stop_at_step > 0 && run.at.step == run.flags.stop_at_step) {
+    // Every rank is here after the same step, with no collective in flight:
+    // returning (not throwing) ends the run as a finished one, in every process.
+    run.progress->Clear();
+    run.result.stopped_at_step = run.at.step;
+    return StepEnd::kStopAtStep;
+  }
+  return StepEnd::kNext;
+}
+
+// The end of an epoch's outputs: rank 0's log line, the metrics row and the
+// TensorBoard scalars.
+void ReportEpoch(ClassifierRun& run, const EpochRun& e, double epoch_loss, double accuracy,
+                 double rate, double wall_s) {
+  dist::Context& ctx = run.ctx;
+  run.progress->Clear();
+  if (ctx.rank() == 0) {
+    ctx.log().Info("{} epoch {}/{}: step {} train loss {} test accuracy {} ({} samples/s, "
+                   "epoch {}, total {})",
+                   run.data.name, e.epoch + 1, run.flags.epochs, run.at.step,
+                   absl::StrFormat("%.4f", epoch_loss), absl::StrFormat("%.4f", accuracy),
+                   absl::StrFormat("%.0f", rate), FormatDuration(SecondsSince(e.start)),
+                   FormatDuration(wall_s));
+  }
+  run.metrics->Row(run.data.name, e.epoch + 1, run.at.step, epoch_loss, accuracy, rate, wall_s,
+                   run.optimizer->lr());
+  if (run.tensorboard) {
+    run.tensorboard->AddScalar("epoch/train_loss", epoch_loss, run.at.step);
+    run.tensorboard->AddScalar("epoch/test_accuracy", accuracy, run.at.step);
+    run.tensorboard->AddScalar("epoch/samples_per_s", rate, run.at.step);
+    dist::ThrowIfError(run.tensorboard->Flush(), "--tensorboard_dir: ");
+  }
+}
+
+// After the epoch's last step: the mean training loss over every rank, the
+// straggler summary, evaluation, the reports and the epoch's checkpoint.
+void FinishEpoch(ClassifierRun& run, EpochRun& e) {
+  dist::Context& ctx = run.ctx;
+  const double epoch_train_s = SecondsSince(e.start);
+  run.train_seconds += epoch_train_s;
+  run.trained_samples += (e.k - e.first_k) * run.global_batch;
+  // The epoch's mean training loss over every rank (all ranks ran k steps).
+  e.loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(e.k, 1)));
+  ctx.communicator().all_reduce(e.loss_sum, dist::ReduceOp::kAvg);
+  const double epoch_loss = e.loss_sum.item();
+  LogStragglers(ctx, e.epoch + 1, e.step_ms, e.busy_ms,
+                ctx.communicator().waited_seconds() - e.waited_at_start,
+                run.dp->overlap_stats(), e.overlap_at_start);
+  double accuracy = 0;
+  {
+    dist::TraceSpan span(ctx, "evaluate");
+    accuracy = Evaluate(ctx, *run.model, *run.data.test, run.data.batch_transform.get(),
+                        run.flags.bf16);
+  }
+  run.at.epoch = e.epoch + 1;
+  run.at.best_accuracy = std::max(run.at.best_accuracy, accuracy);
+  const double rate =
+      static_cast<double>((e.k - e.first_k) * run.global_batch) / std::max(epoch_train_s, 1e-9);
+  const double wall_s = run.at.elapsed_s + SecondsSince(run.start);
+  ReportEpoch(run, e, epoch_loss, accuracy, rate, wall_s);
+  run.result.final_accuracy = accuracy;
+  run.result.final_loss = epoch_loss;
+  if (run.checkpoints) {
+    // The next epoch starts at its beginning: that is the position the file holds.
+    run.loader->set_state({.epoch = run.at.epoch, .position = 0});
+    SetExtra(run.state, run.flags, run.data, run.at, 0, {}, wall_s);
+    const absl::Status saved = run.checkpoints->Save(run.state);
+    dist::ThrowIfError(saved, "saving the checkpoint: ");
+  }
+  ++run.result.epochs_done;
+}
+
+// One epoch; false when --stop_at_step ended it (no metrics row or checkpoint
+// of a partial epoch).
+bool RunEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
+  EpochRun e = StartEpoch(run, epoch, resume_mid_epoch);
+  for (; e.k < run.steps_per_epoch; ++e.k) {
+    const StepEnd end = TrainStep(run, e);
+    if (end == StepEnd::kNoBatch) break;
+    if (end == StepEnd::kStopAtStep) return false;
+  }
+  FinishEpoch(run, e);
+  return true;
+}
+
+// After the last epoch (or --stop_at_step): the checkpoint write in flight, the
+// --trace file, and what the run did.
+TrainResult FinishRun(ClassifierRun& run) {
+  dist::Context& ctx = run.ctx;
+  if (run.checkpoints) {
+    const absl::Status written = run.checkpoints->Finish();
+    dist::ThrowIfError(written, "saving the checkpoint: ");
+  }
+  if (run.trace != nullptr) {
+    dist::ThrowIfError(dist::WriteTrace(ctx, *run.trace, run.flags.trace), "");
+    if (ctx.rank() == 0) {
+      ctx.log().Info("trace of steps {} written to {}", run.flags.trace_steps, run.flags.trace);
+    }
+  }
+  TrainResult result = run.result;
+  result.best_accuracy = run.at.best_accuracy;
+  result.steps = run.at.step;
+  result.seconds = SecondsSince(run.start);
+  result.samples_per_s =
+      static_cast<double>(run.trained_samples) / std::max(run.train_seconds, 1e-9);
+  result.world_size = ctx.world_size();
+  result.process_index = ctx.process_index();
+  return result;
+}
+
 TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
                                 const ClassifierData& data,
                                 const std::function<std::shared_ptr<nn::Module>()>& make_model,
-                                dist::TraceRecorder* trace);
+                                dist::TraceRecorder* trace) {
+  ClassifierRun run(ctx, flags, data, trace);
+  BuildModelAndData(run, make_model);
+  ScheduleAndResume(run);
+  OpenOutputs(run);
+  // A mid-epoch checkpoint: its epoch continues where the loader stands.
+  bool resume_mid_epoch = run.at.epoch_step > 0;
+  for (int epoch = run.at.epoch; epoch < flags.epochs; ++epoch) {
+    if (!RunEpoch(run, epoch, resume_mid_epoch)) break;
+    resume_mid_epoch = false;
+  }
+  return FinishRun(run);
+}
+
 }  // namespace
 
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,
@@ -350,266 +760,6 @@ TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const Cla
     throw;
   }
 }
-
-namespace {
-TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
-                                const ClassifierData& data,
-                                const std::function<std::shared_ptr<nn::Module>()>& make_model,
-                                dist::TraceRecorder* trace) {
-  const Clock::time_point start = Clock::now();
-  ctx.set_trace(trace);
-  std::shared_ptr<nn::Module> model = make_model();
-  dist::DataParallel dp(*model, ctx);
-  std::unique_ptr<optim::Optimizer> optimizer =
-      MakeOptimizer(flags.optimizer, model->parameters(), flags.lr);
-  nn::CrossEntropyLoss loss_fn;
-
-  auto sampler = std::make_shared<data::DistributedBatchSampler>(
-      data.train->size(), flags.batch_size, ctx.world_size(), ctx.rank(), /*shuffle=*/true,
-      /*drop_last=*/false, flags.seed);
-  data::DataLoader loader(data.train, sampler,
-                          {.num_workers = flags.num_workers,
-                           .prefetch = std::max(2, 2 * flags.num_workers),
-                           .device = ctx.device(),
-                           .batch_transform = data.batch_transform});
-  std::optional<dist::CheckpointManager> checkpoints;
-  if (!flags.checkpoint_dir.empty()) checkpoints.emplace(ctx, CheckpointOptions(flags));
-  Progression at;
-  if (flags.resume) {
-    if (std::optional<Progression> loaded =
-            LoadRunCheckpoint(ctx, flags, *checkpoints, *model, *optimizer, loader)) {
-      at = *loaded;
-    }
-  }
-  dist::TrainingState state{.model = model.get(), .optimizer = optimizer.get(),
-                            .loader = &loader, .step = &at.step};
-  int64_t steps_per_epoch = loader.num_batches();
-  if (flags.max_steps_per_epoch > 0) {
-    steps_per_epoch = std::min(steps_per_epoch, flags.max_steps_per_epoch);
-  }
-  const bool cosine = flags.lr_schedule == "cosine";
-  const int64_t total_steps = std::max<int64_t>(steps_per_epoch * flags.epochs, 1);
-  const int64_t global_batch = int64_t{flags.batch_size} * ctx.world_size();
-  MetricsWriter metrics(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
-  Progress progress(ctx, flags);
-  const int64_t redraw_every = progress.tty() ? 5 : flags.log_every;
-  // --tensorboard_dir: rank 0 writes; every rank takes part in the step-time
-  // gather every log_every steps (the flag is the same on every rank).
-  std::unique_ptr<dist::SummaryWriter> tensorboard = OpenTensorBoard(ctx, flags);
-  // A resumed run repeats the steps after its checkpoint: TensorBoard drops the
-  // earlier file's events from here on.
-  if (tensorboard && flags.resume && at.step > 0) tensorboard->AddSessionStart(at.step);
-  const bool tb_on = !flags.tensorboard_dir.empty();
-  // For the test of the straggler report: TANDEM_TEST_SLOW_RANK=R:MS makes rank R
-  // sleep MS milliseconds in every step.
-  int slow_ms = 0;
-  if (const char* slow = std::getenv("TANDEM_TEST_SLOW_RANK")) {
-    const std::vector<std::string> parts = absl::StrSplit(slow, ':');
-    int rank = -1;
-    if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &rank) && rank == ctx.rank()) {
-      (void)absl::SimpleAtoi(parts[1], &slow_ms);
-    }
-  }
-
-  TrainResult result;
-  result.best_accuracy = at.best_accuracy;
-  double train_seconds = 0;
-  int64_t trained_samples = 0;
-  // A mid-epoch checkpoint: the loader already stands at its position.
-  bool resume_mid_epoch = at.epoch_step > 0;
-  for (int epoch = at.epoch; epoch < flags.epochs; ++epoch) {
-    if (!resume_mid_epoch) loader.set_state({.epoch = epoch, .position = 0});
-    loader.start_epoch();
-    const Clock::time_point epoch_start = Clock::now();
-    nn::Tensor loss_sum = nn::zeros({1}, {.device = ctx.device()});
-    nn::Tensor window_sum = nn::zeros({1}, {.device = ctx.device()});
-    int64_t window = 0;
-    int64_t k = 0;
-    if (resume_mid_epoch) {
-      k = at.epoch_step;
-      loss_sum = nn::from_vector<float>({static_cast<float>(at.epoch_loss_sum)}, {1},
-                                        {.device = ctx.device()});
-      resume_mid_epoch = false;
-    }
-    const int64_t first_k = k;
-    // The epoch's straggler and overlap summary (every rank takes part).
-    std::vector<double> step_ms, busy_ms;  // busy: the step minus its time in collectives
-    step_ms.reserve(static_cast<size_t>(steps_per_epoch - k));  // no allocation in a step
-    busy_ms.reserve(static_cast<size_t>(steps_per_epoch - k));
-    const double waited_at_start = ctx.communicator().waited_seconds();
-    const dist::DataParallel::OverlapStats overlap_at_start = dp.overlap_stats();
-    nn::Tensor tb_sum = nn::zeros({1}, {.device = ctx.device()});
-    int64_t tb_window = 0;
-    Clock::time_point tb_window_start = Clock::now();
-    for (; k < steps_per_epoch; ++k) {
-      ctx.check_stop();
-      const Clock::time_point step_start = Clock::now();
-      const double waited_before_step = ctx.communicator().waited_seconds();
-      if (trace != nullptr) trace->BeginStep(ctx.rank(), at.step);
-      std::optional<data::Batch> batch;
-      {
-        dist::TraceSpan span(ctx, "data");
-        batch = loader.next();
-      }
-      if (!batch) break;
-      if (cosine) {
-        optimizer->set_lr(flags.lr * 0.5 *
-                          (1 + std::cos(M_PI * static_cast<double>(at.step) /
-                                        static_cast<double>(total_steps))));
-      }
-      nn::Tensor loss;
-      {
-        dist::TraceSpan span(ctx, "forward");
-        nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
-        loss = loss_fn(dp(batch->data), batch->target);
-      }
-      {
-        dist::TraceSpan span(ctx, "backward");
-        optimizer->zero_grad();
-        loss.backward();
-      }
-      {
-        dist::TraceSpan span(ctx, "optimizer");
-        optimizer->step();
-      }
-      if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
-      ++at.step;
-      {
-        nn::NoGradGuard no_grad;
-        nn::Tensor value = loss.detach().reshape({1});
-        loss_sum.add_(value);
-        window_sum.add_(value);
-        ++window;
-        if (tb_on) {
-          tb_sum.add_(value);
-          ++tb_window;
-        }
-      }
-      if (tb_on && ((k + 1) % flags.log_every == 0 || k + 1 == steps_per_epoch)) {
-        // Every rank: its mean loss and step time over the window, gathered.
-        const double step_ms = SecondsSince(tb_window_start) * 1e3 / static_cast<double>(tb_window);
-        nn::Tensor mine = nn::from_vector<double>(
-            {static_cast<double>(tb_sum.item()) / static_cast<double>(tb_window), step_ms}, {2},
-            {.dtype = nn::kFloat64, .device = ctx.device()});
-        const std::vector<double> all = ctx.communicator().all_gather(mine).to_vector<double>();
-        if (tensorboard) {
-          double loss_mean = 0;
-          for (int r = 0; r < ctx.world_size(); ++r) loss_mean += all[2 * r] / ctx.world_size();
-          tensorboard->AddScalar("train/loss", loss_mean, at.step);
-          tensorboard->AddScalar("train/learning_rate", optimizer->lr(), at.step);
-          tensorboard->AddScalar(
-              "train/samples_per_s",
-              static_cast<double>(tb_window * global_batch) / std::max(SecondsSince(tb_window_start), 1e-9),
-              at.step);
-          for (int r = 0; r < ctx.world_size(); ++r) {
-            tensorboard->AddScalar(absl::StrCat("step_time_ms/rank_", r), all[2 * r + 1], at.step);
-          }
-        }
-        tb_sum.zero_();
-        tb_window = 0;
-        tb_window_start = Clock::now();
-      }
-      if (ctx.rank() == 0 && ((k + 1) % redraw_every == 0 || k + 1 == steps_per_epoch)) {
-        const double elapsed = SecondsSince(epoch_start);
-        const double rate = static_cast<double>((k + 1) * global_batch) / std::max(elapsed, 1e-9);
-        const double eta = elapsed / static_cast<double>(k + 1) *
-                           static_cast<double>(steps_per_epoch - k - 1);
-        progress.Update(epoch + 1, k + 1, steps_per_epoch, window_sum.item() / window, rate, eta);
-        window_sum.zero_();
-        window = 0;
-      }
-      // Periodic checkpoints and stop signals: every rank, every step.
-      if (checkpoints) {
-        dist::TraceSpan span(ctx, "checkpoint");
-        const absl::Status saved = checkpoints->AtStepBoundary(state, [&](dist::TrainingState& s) {
-          progress.Clear();
-          SetExtra(s, flags, data, at, k + 1,
-                   ctx.communicator().all_gather(loss_sum).to_vector<float>(),
-                   at.elapsed_s + SecondsSince(start));
-        });
-        dist::ThrowIfError(saved, "saving a checkpoint: ");
-      } else if (ctx.AtStepBoundary(at.step).stop) {
-        progress.Clear();
-        throw dist::StoppedError(
-            absl::StrCat("stopped at step ", at.step, " (stop signal; no --checkpoint_dir)"),
-            at.step);
-      }
-      step_ms.push_back(SecondsSince(step_start) * 1e3);
-      busy_ms.push_back(step_ms.back() -
-                        (ctx.communicator().waited_seconds() - waited_before_step) * 1e3);
-      if (flags.stop_at_step > 0 && at.step == flags.stop_at_step) {
-        // Every rank is here after the same step, with no collective in flight:
-        // returning (not throwing) ends the run as a finished one, in every process.
-        progress.Clear();
-        result.stopped_at_step = at.step;
-        break;
-      }
-    }
-    if (result.stopped_at_step > 0) break;  // no metrics row or checkpoint of a partial epoch
-    const double epoch_train_s = SecondsSince(epoch_start);
-    train_seconds += epoch_train_s;
-    trained_samples += (k - first_k) * global_batch;
-    // The epoch's mean training loss over every rank (all ranks ran k steps).
-    loss_sum.mul_(1.0 / static_cast<double>(std::max<int64_t>(k, 1)));
-    ctx.communicator().all_reduce(loss_sum, dist::ReduceOp::kAvg);
-    const double epoch_loss = loss_sum.item();
-    LogStragglers(ctx, epoch + 1, step_ms, busy_ms,
-                  ctx.communicator().waited_seconds() - waited_at_start,
-                  dp.overlap_stats(), overlap_at_start);
-    double accuracy = 0;
-    {
-      dist::TraceSpan span(ctx, "evaluate");
-      accuracy = Evaluate(ctx, *model, *data.test, data.batch_transform.get(), flags.bf16);
-    }
-    at.epoch = epoch + 1;
-    at.best_accuracy = std::max(at.best_accuracy, accuracy);
-    const double rate =
-        static_cast<double>((k - first_k) * global_batch) / std::max(epoch_train_s, 1e-9);
-    const double wall_s = at.elapsed_s + SecondsSince(start);
-    progress.Clear();
-    if (ctx.rank() == 0) {
-      ctx.log().Info("{} epoch {}/{}: step {} train loss {} test accuracy {} ({} samples/s, "
-                     "epoch {}, total {})",
-                     data.name, epoch + 1, flags.epochs, at.step,
-                     absl::StrFormat("%.4f", epoch_loss), absl::StrFormat("%.4f", accuracy),
-                     absl::StrFormat("%.0f", rate), FormatDuration(SecondsSince(epoch_start)),
-                     FormatDuration(wall_s));
-    }
-    metrics.Row(data.name, epoch + 1, at.step, epoch_loss, accuracy, rate, wall_s, optimizer->lr());
-    if (tensorboard) {
-      tensorboard->AddScalar("epoch/train_loss", epoch_loss, at.step);
-      tensorboard->AddScalar("epoch/test_accuracy", accuracy, at.step);
-      tensorboard->AddScalar("epoch/samples_per_s", rate, at.step);
-      dist::ThrowIfError(tensorboard->Flush(), "--tensorboard_dir: ");
-    }
-    result.final_accuracy = accuracy;
-    result.final_loss = epoch_loss;
-    if (checkpoints) {
-      // The next epoch starts at its beginning: that is the position the file holds.
-      loader.set_state({.epoch = at.epoch, .position = 0});
-      SetExtra(state, flags, data, at, 0, {}, wall_s);
-      const absl::Status saved = checkpoints->Save(state);
-      dist::ThrowIfError(saved, "saving the checkpoint: ");
-    }
-    ++result.epochs_done;
-  }
-  if (checkpoints) {
-    const absl::Status written = checkpoints->Finish();
-    dist::ThrowIfError(written, "saving the checkpoint: ");
-  }
-  if (trace != nullptr) {
-    dist::ThrowIfError(dist::WriteTrace(ctx, *trace, flags.trace), "");
-    if (ctx.rank() == 0) ctx.log().Info("trace of steps {} written to {}", flags.trace_steps, flags.trace);
-  }
-  result.best_accuracy = at.best_accuracy;
-  result.steps = at.step;
-  result.seconds = SecondsSince(start);
-  result.samples_per_s = static_cast<double>(trained_samples) / std::max(train_seconds, 1e-9);
-  result.world_size = ctx.world_size();
-  result.process_index = ctx.process_index();
-  return result;
-}
-}  // namespace
 
 int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                   const std::function<std::shared_ptr<nn::Module>()>& make_model,

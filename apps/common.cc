@@ -25,8 +25,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "apps/flag_check.h"
+#include "apps/test_hooks.h"
 #include "nn/error.h"
 #include "nn/ops/conv.h"
 #include "nn/ops/matmul.h"
@@ -150,6 +152,25 @@ bool OnCommandLine(int argc, char** argv, absl::string_view name) {
   return false;
 }
 
+// The test-only flags (apps/test_hooks.h) into flags; a malformed value exits 2.
+void ReadTestHooks(RunFlags& flags) {
+  const std::string slow = absl::GetFlag(FLAGS_test_slow_rank);
+  if (!slow.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(slow, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &flags.test_slow_rank) ||
+        !absl::SimpleAtoi(parts[1], &flags.test_slow_ms) || flags.test_slow_rank < 0 ||
+        flags.test_slow_ms < 0) {
+      FlagErrorExit(flags, absl::StrCat("--test_slow_rank \"", slow,
+                                        "\": expected R:MS (rank R sleeps MS ms in every step)"));
+    }
+  }
+  flags.test_checkpoint_write_delay_ms = absl::GetFlag(FLAGS_test_checkpoint_write_delay_ms);
+  if (!(flags.test_checkpoint_write_delay_ms >= 0)) {
+    FlagErrorExit(flags, absl::StrCat("--test_checkpoint_write_delay_ms ",
+                                      flags.test_checkpoint_write_delay_ms, ": must be >= 0"));
+  }
+}
+
 }  // namespace
 
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
@@ -190,6 +211,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
+  ReadTestHooks(flags);
   return flags;
 }
 
@@ -246,9 +268,8 @@ const std::vector<std::string>& OptimizerNames() {
   return *names;
 }
 
-}  // namespace
-
-void ValidateOrExit(RunFlags& flags, const Validation& v) {
+// --optimizer, --lr_schedule, --epochs, --batch_size, --lr.
+void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   if (v.uses_optimizer) {
     flags.optimizer = absl::AsciiStrToLower(flags.optimizer);
     const auto& names = OptimizerNames();
@@ -270,6 +291,12 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
   }
+}
+
+// Thread and step counts, limits and intervals: --num_workers, --cpu_threads,
+// --log_every, the counts that must be >= 0, --timeout_s,
+// --checkpoint_every_minutes.
+void CheckCountsAndLimits(const RunFlags& flags) {
   if (flags.num_workers < 0) {
     FlagErrorExit(flags, absl::StrCat("--num_workers ", flags.num_workers, ": must be >= 0"));
   }
@@ -294,6 +321,12 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--checkpoint_every_minutes ", flags.checkpoint_every_minutes,
                                       ": must be >= 0"));
   }
+}
+
+// What the run writes and reads back: --trace_steps (parsed into
+// flags.trace_window), the checkpoint flags that need --checkpoint_dir,
+// --tensorboard_dir (created here), the --metrics name, --resume.
+void CheckOutputsAndResume(RunFlags& flags) {
   if (const absl::Status parsed = dist::ParseTraceWindow(flags.trace_steps, &flags.trace_window);
       !parsed.ok()) {
     FlagErrorExit(flags, std::string(parsed.message()));
@@ -319,6 +352,10 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (flags.resume && flags.checkpoint_dir.empty()) {
     FlagErrorExit(flags, "--resume needs --checkpoint_dir (where the checkpoints are)");
   }
+}
+
+// --data_dir, as Validation::data_dir asks.
+void CheckDataDir(const RunFlags& flags, const Validation& v) {
   using DataDir = Validation::DataDir;
   if (v.data_dir == DataDir::kRequired && flags.data_dir.empty()) {
     FlagErrorExit(flags, "--data_dir is empty: name the directory of the dataset files");
@@ -326,6 +363,11 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   if (v.data_dir != DataDir::kUnused && !flags.data_dir.empty() && !IsDirectory(flags.data_dir)) {
     FlagErrorExit(flags, absl::StrCat("--data_dir \"", flags.data_dir, "\": no such directory"));
   }
+}
+
+// flags.devices from --gpus, --nprocs and --share_devices; then, for
+// Validation::rank_per_core, one CPU rank per usable core (see there).
+void SelectDevicesOrExit(RunFlags& flags, const Validation& v) {
   absl::StatusOr<std::vector<nn::Device>> devices =
       dist::SelectDevices(flags.gpus, flags.nprocs, flags.share_devices);
   if (!devices.ok()) {
@@ -351,6 +393,11 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
       if (!batch_given) flags.batch_size /= static_cast<int>(ranks);
     }
   }
+}
+
+// TF32 (--deterministic) and, on CPU ranks, the kernel threads (--cpu_threads,
+// 0: this process's share of the cores per rank).
+void ConfigureKernels(RunFlags& flags) {
   nn::set_allow_tf32(!flags.deterministic);
   if (!flags.devices.empty() && flags.devices[0].is_cpu()) {
     if (flags.cpu_threads == 0) {
@@ -361,6 +408,17 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
     }
     nn::set_cpu_blas_threads(flags.cpu_threads);
   }
+}
+
+}  // namespace
+
+void ValidateOrExit(RunFlags& flags, const Validation& v) {
+  CheckHyperParameters(flags, v);
+  CheckCountsAndLimits(flags);
+  CheckOutputsAndResume(flags);
+  CheckDataDir(flags, v);
+  SelectDevicesOrExit(flags, v);
+  ConfigureKernels(flags);
 }
 
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
@@ -482,8 +540,8 @@ dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags) {
                                          .every_steps = flags.checkpoint_every_steps,
                                          .every_minutes = flags.checkpoint_every_minutes};
   // For the tests of a stop during a write: the writer thread sleeps this long first.
-  if (const char* delay = std::getenv("TANDEM_TEST_CHECKPOINT_WRITE_DELAY_MS")) {
-    options.write_delay_s = std::atof(delay) / 1000;
+  if (flags.test_checkpoint_write_delay_ms > 0) {
+    options.write_delay_s = flags.test_checkpoint_write_delay_ms / 1000;
   }
   return options;
 }

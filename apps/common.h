@@ -9,6 +9,8 @@
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
 //   --tensorboard_dir --trace --trace_steps
+// and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank
+// and --test_checkpoint_write_delay_ms.
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
 // --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
 // into RunFlags by it.
@@ -91,6 +93,10 @@ struct RunFlags {
   int64_t checkpoint_every_steps = 0;   // 0: off
   double checkpoint_every_minutes = 0;  // 0: off
   int keep_checkpoints = 0;             // 0: keep all
+  // Test hooks (--test_slow_rank=R:MS, --test_checkpoint_write_delay_ms).
+  int test_slow_rank = -1;  // -1: no rank sleeps
+  int test_slow_ms = 0;     // what rank test_slow_rank sleeps in every step
+  double test_checkpoint_write_delay_ms = 0;  // CheckpointManagerOptions::write_delay_s * 1000
   // Per-program flags (copied in by the program's main).
   // The program's own flags that every process of a job must agree on.
   std::vector<std::pair<std::string, std::string>> program_agreed;
@@ -100,8 +106,9 @@ struct RunFlags {
   // ParseFlagsOrExit, read by ValidateOrExit's rank_per_core.
   bool batch_size_given = false;
   double lr = 1e-3;
-  // "constant", or "cosine": lr * (1 + cos(pi * step / total_steps)) / 2, set
-  // before every step from the global step count (so a resumed run continues it).
+  // "constant", or "cosine": lr * (1 + cos(pi * step / total_steps)) / 2
+  // (optim::CosineAnnealingLR), set before every step from the global step count
+  // (so a resumed run continues it).
   std::string lr_schedule = "constant";
   std::string optimizer = "adam";
   std::string data_dir;

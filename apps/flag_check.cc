@@ -104,6 +104,11 @@ absl::string_view AppsPath(absl::string_view file) {
   return at == absl::string_view::npos ? absl::string_view() : file.substr(at + 1);
 }
 
+// The test-only flags' file (apps/test_hooks.cc) and the heading --helpfull
+// lists them under; --help and --helpshort leave them out.
+constexpr absl::string_view kTestHooksFile = "apps/test_hooks.cc";
+constexpr absl::string_view kTestHooksHeading = "tests only (not in --help)";
+
 }  // namespace
 
 void SetUpHelp(absl::string_view program, absl::string_view description,
@@ -116,6 +121,7 @@ void SetUpHelp(absl::string_view program, absl::string_view description,
   // (Abseil orders the headings by name).
   config.normalize_filename = [program = std::string(program)](absl::string_view file) {
     const absl::string_view apps = AppsPath(file);
+    if (apps == kTestHooksFile) return std::string(kTestHooksHeading);
     if (apps.empty() || absl::StartsWith(file, program)) return std::string(file);
     if (apps == "apps/common.cc") {
       return absl::StrCat(program, ", common to every tandem training program");
@@ -123,9 +129,10 @@ void SetUpHelp(absl::string_view program, absl::string_view description,
     return program;
   };
   // --help and --helpshort list the flags of apps/ (the program's and the shared
-  // ones), not Abseil's own (--helpfull lists every flag). The filter may be
-  // handed the normalised name.
+  // ones), not Abseil's own nor the test-only ones (--helpfull lists every
+  // flag). The filter may be handed the normalised name.
   config.contains_help_flags = [program = std::string(program)](absl::string_view file) {
+    if (file == kTestHooksHeading || AppsPath(file) == kTestHooksFile) return false;
     return !AppsPath(file).empty() || absl::StartsWith(file, program);
   };
   config.contains_helpshort_flags = config.contains_help_flags;

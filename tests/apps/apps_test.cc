@@ -270,12 +270,12 @@ TEST(TrainMnist, TraceOfTwoProcessesHasATrackPerRankAndProcess) {
 #endif
 
 // The end-of-epoch summary: each rank's step and busy time; a rank made slow
-// (test hook TANDEM_TEST_SLOW_RANK=1:40: 40 ms more per step) is named, a run
+// (test-only flag --test_slow_rank=1:40: 40 ms more per step) is named, a run
 // without one says so.
 TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   const std::string args = "--gpus=cpu --nprocs=2 --epochs=1 --train_limit=1280 --test_limit=200";
-  RunResult slow = RunProgram("TANDEM_TEST_SLOW_RANK=1:40 " + std::string(TRAIN_MNIST), args);
+  RunResult slow = RunProgram(TRAIN_MNIST, args + " --test_slow_rank=1:40");
   ASSERT_EQ(slow.status, 0) << slow.output;
   EXPECT_NE(slow.output.find("epoch 1 ranks: rank 0 "), std::string::npos) << slow.output;
   EXPECT_NE(slow.output.find("straggler: rank 1, busy "), std::string::npos) << slow.output;
@@ -491,13 +491,14 @@ TEST(BadFlags, ExitTwoWithOneLine) {
 }
 
 // --timeout_s reaches spawn's watchdog: rank 1 sleeping 4 s in each step
-// (TANDEM_TEST_SLOW_RANK) keeps rank 0 in the gradient all-reduce longer than
+// (--test_slow_rank=1:4000) keeps rank 0 in the gradient all-reduce longer than
 // --timeout_s=1, and the run ends with the watchdog's line, not after the sleep's
 // whole run.
 TEST(TrainCifar10, TimeoutEndsARunWhoseCollectiveWaitsTooLong) {
-  RunResult r = RunProgram(absl::StrCat("TANDEM_TEST_SLOW_RANK=1:4000 ", TRAIN_CIFAR10),
+  RunResult r = RunProgram(TRAIN_CIFAR10,
                            "--gpus=cpu --nprocs=2 --epochs=1 --max_steps_per_epoch=3 "
-                           "--synthetic_train_size=200 --synthetic_test_size=50 --timeout_s=1");
+                           "--synthetic_train_size=200 --synthetic_test_size=50 --timeout_s=1 "
+                           "--test_slow_rank=1:4000");
   EXPECT_EQ(r.status, 1) << r.output;
   ASSERT_FALSE(r.lines().empty());
   EXPECT_EQ(r.lines().back().rfind(

@@ -61,6 +61,8 @@ class Child {
       : out_path_(out_path) {
     std::vector<std::string> argv = {program};
     for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) argv.emplace_back(a);
+    // Test-only flag: the checkpoint writer sleeps this long before each write.
+    if (!write_delay_ms.empty()) argv.push_back("--test_checkpoint_write_delay_ms=" + write_delay_ms);
     pid_ = ::fork();
     if (pid_ == 0) {
       // Apart: a log line (stderr, from any thread) must not split a loss line.
@@ -68,7 +70,6 @@ class Child {
           std::freopen((out_path + ".err").c_str(), "w", stderr) == nullptr) {
         ::_exit(127);
       }
-      if (!write_delay_ms.empty()) ::setenv("TANDEM_TEST_CHECKPOINT_WRITE_DELAY_MS", write_delay_ms.c_str(), 1);
       std::vector<char*> raw;
       for (auto& a : argv) raw.push_back(a.data());
       raw.push_back(nullptr);
