@@ -18,7 +18,7 @@
 // Exit statuses of the programs (kExitStatusHelp, also in --help): 0 success,
 // 1 a failure during the run (one line naming the rank), 2 a bad flag value (one
 // line naming the flag and the value), 75 (EX_TEMPFAIL) stopped by SIGTERM or
-// SIGUSR1 (in a job of several processes also SIGINT: spawn.h) after every rank
+// SIGUSR1 (in a job of several processes also SIGINT: spawn/launch.h) after every rank
 // saved a checkpoint at the same step: --resume continues, 130 stopped without
 // a checkpoint of that point (Ctrl-C, --stop_at_step, or a stop signal without
 // --checkpoint_dir). A planned stop is no failure in a job of several processes

@@ -1,4 +1,4 @@
-// Error policy of tandem (see README, "Errors"):
+// Error policy of tandem (see docs/architecture.md, "Errors"):
 //  - Graph code (tensors, ops, modules, optimizers) throws tandem::Error for
 //    programming errors such as a shape or dtype mismatch. The message names the
 //    op and the values involved.

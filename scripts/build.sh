@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Configures and builds tandem in build/ (Release, TANDEM_CUDA=AUTO unless set).
+# Configures and builds tandem in build/ (CMakePresets.json's "default": Release,
+# TANDEM_CUDA=AUTO unless the environment sets TANDEM_CUDA).
 # Usage: scripts/build.sh [extra cmake args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA="${TANDEM_CUDA:-AUTO}" "$@"
-cmake --build build -j"$(nproc)"
+cmake --preset default -DTANDEM_CUDA="${TANDEM_CUDA:-AUTO}" "$@"
+cmake --build --preset default -j"$(nproc)"

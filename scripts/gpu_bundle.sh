@@ -34,8 +34,8 @@ jobs="${JOBS:-$(nproc)}"
 # TANDEM_MPI=OFF: the GPU machine runs one process and has no OpenMPI to load.
 # TANDEM_DNNL=OFF: nor oneDNN; the CPU side of the GPU tests (their reference)
 # then runs the im2col + OpenBLAS convolutions.
-cmake -S . -B "$build" -DTANDEM_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_APPS=ON -DTANDEM_MPI=OFF -DTANDEM_DNNL=OFF >/dev/null
+# CMakePresets.json's "gpu" preset (binary dir build-gpu).
+cmake --preset gpu >/dev/null
 # Only what the GPU machine runs: the gpu-labelled tests (target gpu_tests), the
 # programs gpu_test.sh starts and the microbenchmark; the CPU-only tests are not built.
 cmake --build "$build" -j"$jobs" --target gpu_tests quickstart_linear train_mnist tandem_bench \

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The README's second command: install what is missing, build, run every test.
 #  1. A ThreadSanitizer build (CPU-only) runs the threaded tests (ctest label tsan_ok).
-#  2. The main build (Release, TANDEM_CUDA=AUTO: CUDA is compiled when the toolkit is
-#     there; GPU tests skip with a reason when no GPU is visible) runs the whole suite.
+#  2. The main build (preset "default": Release, TANDEM_CUDA=AUTO: CUDA is compiled
+#     when the toolkit is there; GPU tests skip with a reason when no GPU is visible)
+#     runs the whole suite.
 # Output ends with ctest's summary of the main build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 jobs="$(nproc)"
 
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_CUDA=OFF -DTANDEM_TSAN=ON \
-  -DTANDEM_BUILD_APPS=OFF >/dev/null
-# Only the threaded tests are built under TSan: every test labelled tsan_ok, gathered by
-# tests/CMakeLists.txt into the target tsan_ok_tests.
-cmake --build build-tsan -j"$jobs" --target tsan_ok_tests
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-  ctest --test-dir build-tsan -L tsan_ok --output-on-failure -j"$jobs"
+# CMakePresets.json's "tsan" preset (build-tsan): only the threaded tests are built
+# under TSan, every test labelled tsan_ok, gathered by tests/CMakeLists.txt into the
+# target tsan_ok_tests; its test preset runs that label with TSAN_OPTIONS set.
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan -j"$jobs"
+ctest --preset tsan -j"$jobs"
 
 scripts/build.sh
-ctest --test-dir build --output-on-failure -j"$jobs"
+ctest --preset default -j"$jobs"

@@ -81,7 +81,7 @@ class Context {
   // never stops or saves. CheckpointManager::AtStepBoundary calls it for you.
   StepDecision AtStepBoundary(int64_t step, bool propose_save = false);
 
-  // The run's trace recorder (spawn/trace.h), or null: spans (TraceSpan,
+  // The run's trace recorder (spawn/observe/trace.h), or null: spans (TraceSpan,
   // DataParallel's buckets) go to it. Not owned; set by the training function.
   TraceRecorder* trace() const { return trace_; }
   void set_trace(TraceRecorder* trace) { trace_ = trace; }

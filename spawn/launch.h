@@ -44,7 +44,7 @@
 // SIGTERM does (below): cancelling one process's ranks at once would leave the
 // others waiting in collectives with them, and the job would end as a failure.
 // SIGTERM and SIGUSR1 (stop_signals) stop every rank at one agreed step after it
-// saved, see spawn/signals.h and spawn/checkpoint_manager.h; across processes
+// saved, see spawn/signals.h and spawn/train/checkpoint_manager.h; across processes
 // (mpirun, srun) a stop signal sent to any one process stops every process.
 //
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a

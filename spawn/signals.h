@@ -42,7 +42,7 @@
 // that IsStopped() recognises ("stopped by SIGTERM at step S"). A failure of
 // any rank still wins. Ctrl-C (SIGINT) is not a stop signal in one process: it
 // stops at once without an agreed step (see SpawnOptions::handle_sigint); in a
-// job of several processes spawn's watchdog turns it into RequestStop (spawn.h).
+// job of several processes spawn's watchdog turns it into RequestStop (spawn/launch.h).
 //
 // Several processes (mpirun, srun): the target must be the same in every
 // process, and ranks of different processes share no memory. There the

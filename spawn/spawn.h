@@ -2,7 +2,7 @@
 // (spawn/launch.h), dist::Context, the communicators (spawn/comm/), and
 // dist::DataParallel (spawn/train/data_parallel.h). A facade: the launcher's
 // own sources include spawn/launch.h, never this, so that no layer includes
-// the one above it (train -> observe -> spawn -> comm -> nn).
+// the one above it (train -> observe -> launch -> comm -> nn).
 #ifndef TANDEM_SPAWN_SPAWN_H_
 #define TANDEM_SPAWN_SPAWN_H_
 

@@ -20,13 +20,14 @@
 // them. Abort ends the collectives in flight (a peer that failed before issuing
 // one would otherwise leave it waiting for good), so every host wait on a stream
 // behind them returns; implementations serialise it with their own calls
-// (spawn/internal/abort_guard.h). Host waits on a rank thread are stop-aware
+// (spawn/comm/internal/abort_guard.h). Host waits on a rank thread are stop-aware
 // (nn/interrupt.h): they throw CancelledError once the run stops.
 //
 // CUDA graphs (nn/graph.h): NCCL collectives (and hence DataParallel's
 // gradient all-reduce) may be captured in a step and replayed; every rank must
-// replay its graph, as it would run the step. Collectives inside a graph are
-// not followed by the watchdog. barrier() and the in-process communicator
+// replay its graph, as it would run the step, on the rank thread that captured
+// it: each replay is followed by the watchdog as one collective, "graph
+// replay". barrier() and the in-process communicator
 // cannot be captured (both wait on the host) and throw tandem::Error under
 // capture.
 //

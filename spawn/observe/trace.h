@@ -15,7 +15,7 @@
 // CUDA events on the rank's stream, and WriteTrace places those device spans on
 // a second track per rank ("rank R (cuda:N) stream"), aligned with the host
 // timeline through a reference event synchronised once, at the first span.
-// (Written and compiled; not run: no GPU has been lent.) DataParallel adds one
+// (Written and compiled; not yet run on a GPU: no GPU test or GPU run records a trace.) DataParallel adds one
 // span per bucket all-reduce, with the bucket's bytes, from its launch in
 // backward to when it finished (Work::finished_at; the end of its wait where the
 // communicator does not say): the part before the backward span ends overlapped

@@ -1,4 +1,4 @@
-// Training-state checkpoints: the entries of spawn/checkpoint.h's file comment,
+// Training-state checkpoints: the entries of spawn/train/checkpoint.h's file comment,
 // gathered on every rank, written by rank 0, loaded by every rank.
 #include "spawn/train/checkpoint.h"
 
@@ -64,7 +64,7 @@ absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingStat
     if (IsLibraryKey(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint ", path, ": extra entry \"", key,
-          "\" uses a name the training state itself writes (see spawn/checkpoint.h)"));
+          "\" uses a name the training state itself writes (see spawn/train/checkpoint.h)"));
     }
     ck.metadata[key] = value;
   }

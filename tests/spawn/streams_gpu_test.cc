@@ -66,7 +66,7 @@ TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsFreedAfterTheRanksKernels) {
   EXPECT_EQ(Mismatches(mine, 7.0f), 0) << "the rank's kernel wrote into reused memory";
 }
 
-// Needs the CudaDeviceScope in CreateNcclCommunicators (spawn/nccl_communicator.cc).
+// Needs the CudaDeviceScope in CreateNcclCommunicators (spawn/comm/nccl/nccl_communicator.cc).
 TEST(SpawnStreamsGpuTest, SpawnLeavesTheCallersDevice) {
   REQUIRE_GPUS(2);
   nn::DeviceGuard guard(nn::Device::CUDA(0));

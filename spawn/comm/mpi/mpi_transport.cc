@@ -243,7 +243,7 @@ namespace tandem::dist {
 // OpenMPI's non-blocking all-reduce (coll/libnbc) picks its binomial tree
 // (reduce to one process, then broadcast) for every in-place call and for fewer
 // than 4 processes: the hierarchical exchange's two-process all_reduce
-// (spawn/hierarchical_communicator.cc) is both. Its reduce-scatter + all-gather
+// (spawn/comm/mpi/hierarchical_communicator.cc) is both. Its reduce-scatter + all-gather
 // (Rabenseifner, algorithm 3) measured faster at every size from 1 KB to 16 MB
 // on 2 processes and faster than the blocking MPI_Allreduce from 1 MB up
 // (scripts/bench_mpi.sh; docs/multiprocess.md, "Benchmark"). With 2 processes

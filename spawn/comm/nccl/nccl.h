@@ -1,4 +1,4 @@
-// NCCL communicators for ranks on distinct GPUs (spawn/nccl_communicator.cc,
+// NCCL communicators for ranks on distinct GPUs (spawn/comm/nccl/nccl_communicator.cc,
 // compiled only with TANDEM_WITH_CUDA). Keeps nccl.h out of every other file.
 // Internal to spawn.
 #ifndef TANDEM_SPAWN_INTERNAL_NCCL_H_

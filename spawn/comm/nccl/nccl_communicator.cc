@@ -1,6 +1,6 @@
 // NCCL communicators for ranks on distinct GPUs. Compiled only with CUDA; the
-// only file of tandem that includes nccl.h. docs/gpu_shutdown.md has the long
-// form of the arguments below, with references into NCCL 2.28's source.
+// only file of tandem that includes nccl.h. docs/gpu.md ("The contracts") has
+// the long form of the arguments below, with references into NCCL 2.28's source.
 //
 // Creation: one process's world is made by ncclCommInitAll on spawn's thread,
 // before any rank thread starts (one communicator per device, in one group).
@@ -38,7 +38,7 @@
 // and how they hold:
 //  (1) No thread may be inside an NCCL call on the communicator while it is
 //      aborted (or after: it may be freed). Every NCCL call here runs under
-//      guard_ (spawn/internal/abort_guard.h), which Abort() takes too; once
+//      guard_ (spawn/comm/internal/abort_guard.h), which Abort() takes too; once
 //      aborted, calls throw CancelledError instead of touching the communicator.
 //  (2) The abort must not wait for a rank thread stuck in an NCCL call. A rank
 //      thread holds guard_ only inside an enqueue call, and an enqueue of a
@@ -594,7 +594,7 @@ absl::Status PrepareNcclEnvironment() {
       blocking != nullptr && std::string(blocking) == "0") {
     return absl::FailedPreconditionError(
         "NCCL_COMM_BLOCKING=0 is not supported by spawn: its communicators are blocking (see "
-        "spawn/nccl_communicator.cc); unset it");
+        "spawn/comm/nccl/nccl_communicator.cc); unset it");
   }
   // NCCL reads /etc/nccl.conf (or NCCL_CONF_FILE) at its first call and sets
   // what it finds there only where the environment has nothing: the values

@@ -1,4 +1,4 @@
-// AbortGuard (spawn/internal/abort_guard.h): neither a rank's library call nor
+// AbortGuard (spawn/comm/internal/abort_guard.h): neither a rank's library call nor
 // the watchdog's abort waits for good on the other.
 #include "spawn/comm/internal/abort_guard.h"
 

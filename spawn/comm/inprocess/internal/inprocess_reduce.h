@@ -1,4 +1,4 @@
-// CPU loops of the in-process communicator (spawn/inprocess_communicator.cc).
+// CPU loops of the in-process communicator (spawn/comm/inprocess/inprocess_communicator.cc).
 // Internal to spawn.
 //
 // The reduction order is part of the contract: element i of the result is
