@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -118,10 +119,7 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
       if (absl::Status stop = agreement.Poll(); !stop.ok()) Fail(-1, std::move(stop), false);
     }
     if (!stop_.stop_requested()) PollAsyncErrors();
-    if (stop_.stop_requested() && !aborted) {
-      AbortCommunicators(timeout_s, exit_process);
-      CheckAbortOutcome(exit_process);
-    }
+    if (stop_.stop_requested() && !aborted) AbortCommunicators(timeout_s, exit_process);
     for (const auto& comm : *comms_) comm->PollCompleted();
     if (!stop_.stop_requested()) {
       CheckTimeouts(timeout_s, timeout_ns);
@@ -160,34 +158,36 @@ void Watchdog::PollAsyncErrors() {
 void Watchdog::AbortCommunicators(double timeout_s, void (*exit_process)(int)) {
   if (stopped_ns_ == 0) stopped_ns_ = SteadyNowNs();
   const double deadline_s = std::min(timeout_s, kMaxAbortWaitS);
-  bool done;
-  absl::Status status;
+  std::optional<absl::Status> outcome;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    done = abort_done_;
-    status = abort_status_;
+    outcome = abort_outcome_;
   }
-  if (!aborter_.joinable() || (done && !status.ok() && abort_escalated_)) {
-    // The first start, or a retry after an injected exit returned (tests).
-    if (aborter_.joinable()) aborter_.join();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      abort_done_ = false;
-      abort_status_ = absl::OkStatus();
+  if (aborter_.joinable()) {
+    if (outcome.has_value() && outcome->ok()) return;  // aborted_ is set
+    if (outcome.has_value() && !abort_escalated_) return EndProcess(*outcome, exit_process);
+    if (!outcome.has_value()) {  // still aborting
+      const double running_s = static_cast<double>(SteadyNowNs() - abort_started_ns_) * 1e-9;
+      if (abort_escalated_ || running_s <= 2 * deadline_s) return;
+      return EndProcess(
+          absl::DeadlineExceededError(absl::StrCat(
+              "the abort of the communicators has not returned after ", 2 * deadline_s,
+              " s (NCCL's last abort waits until every CUDA graph that holds its collectives "
+              "is destroyed: a rank that keeps one and reaches no collective, stop-aware wait "
+              "or check_stop() holds it)")),
+          exit_process);
     }
-    abort_escalated_ = false;
-    abort_started_ns_ = SteadyNowNs();
-    aborter_ = std::thread([this, deadline_s] { AbortAll(deadline_s); });
-    return;
+    // An abort that could not run, escalated, and the injected exit returned
+    // (tests): try again.
+    aborter_.join();
   }
-  if (done || abort_escalated_) return;  // aborted_ is set on success
-  if (static_cast<double>(SteadyNowNs() - abort_started_ns_) * 1e-9 <= 2 * deadline_s) return;
-  status = absl::DeadlineExceededError(absl::StrCat(
-      "the abort of the communicators has not returned after ", 2 * deadline_s,
-      " s (NCCL's last abort waits until every CUDA graph that holds its collectives is "
-      "destroyed: a rank that keeps one and reaches no collective, stop-aware wait or "
-      "check_stop() holds it)"));
-  EndProcess(status, exit_process);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_outcome_.reset();
+  }
+  abort_escalated_ = false;
+  abort_started_ns_ = SteadyNowNs();
+  aborter_ = std::thread([this, deadline_s] { AbortAll(deadline_s); });
 }
 
 void Watchdog::AbortAll(double deadline_s) {
@@ -198,9 +198,8 @@ void Watchdog::AbortAll(double deadline_s) {
     if (!one.ok() && status.ok()) status = std::move(one);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  abort_done_ = true;
-  abort_status_ = status;
   if (status.ok()) aborted_ = true;
+  abort_outcome_ = std::move(status);
   cv_.notify_all();
 }
 
@@ -211,16 +210,6 @@ void Watchdog::EndProcess(const absl::Status& why, void (*exit_process)(int)) {
                               ") after the run stopped (", result().message(), "): ",
                               why.message()));
   exit_process(kAbortStuckExitStatus);
-}
-
-void Watchdog::CheckAbortOutcome(void (*exit_process)(int)) {
-  absl::Status status;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!abort_done_ || abort_status_.ok()) return;
-    status = abort_status_;
-  }
-  if (!abort_escalated_) EndProcess(status, exit_process);
 }
 
 void Watchdog::CheckExits(double timeout_s, int64_t timeout_ns) {

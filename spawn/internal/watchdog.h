@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -141,9 +142,6 @@ class Watchdog {
   // Watchdog thread, after an abort that could not run or did not return.
   void EndProcess(const absl::Status& why, void (*exit_process)(int));
 
-  // Watchdog thread: escalates an abort that reported it could not run.
-  void CheckAbortOutcome(void (*exit_process)(int));
-
   // Rank threads that all returned but have not exited timeout_s later: their
   // teardown waits on device work that the trace does not show (see Watch).
   void CheckExits(double timeout_s, int64_t timeout_ns);
@@ -181,9 +179,8 @@ class Watchdog {
   bool abort_escalated_ = false;
   std::thread aborter_;  // runs AbortAll; started and joined by the watchdog
   int64_t abort_started_ns_ = 0;
-  // The aborter's outcome (guarded by mutex_).
-  bool abort_done_ = false;
-  absl::Status abort_status_;
+  // The aborter's outcome once it has returned (guarded by mutex_).
+  std::optional<absl::Status> abort_outcome_;
   bool sigint_requested_ = false;  // the agreement was asked to stop (sigint_agreed_)
   std::function<std::string(uint64_t)> describe_remote_;
   bool sigint_agreed_ = false;

@@ -117,14 +117,7 @@ absl::Status Wrap(const absl::Status& status, const std::string& path, const cha
   return absl::Status(status.code(), absl::StrCat("checkpoint ", path, ": ", what, ": ", status.message()));
 }
 
-// One rank's load: every metadata entry is read and checked first, then the
-// objects are loaded in order (model, optimizer, schedule, sampler, step,
-// generator).
-absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& state,
-                       const LoadOptions& options, const absl::StatusOr<nn::Checkpoint>& file) {
-  RETURN_IF_ERROR(CheckPointers(state));
-  RETURN_IF_ERROR(file.status());
-  const nn::Checkpoint& ck = *file;
+absl::Status CheckFormatVersion(const nn::Checkpoint& ck, const std::string& path) {
   if (!ck.metadata.contains(kVersionKey)) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": missing entry \"", kVersionKey,
                                             "\": not a training-state checkpoint"));
@@ -135,7 +128,12 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
                                                    "\" is ", version, ", this build reads ",
                                                    kFormatVersion));
   }
+  return absl::OkStatus();
+}
 
+// The caller's own entries (TrainingState::extra), checked against options.expect.
+absl::StatusOr<std::map<std::string, nn::CheckpointValue>> ExtraEntries(
+    const nn::Checkpoint& ck, const LoadOptions& options, const std::string& path) {
   std::map<std::string, nn::CheckpointValue> extra;
   for (const auto& [key, value] : ck.metadata) {
     if (!IsLibraryKey(key)) extra[key] = value;
@@ -152,38 +150,60 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
                                                         ", expected ", Describe(expected)));
     }
   }
+  return extra;
+}
 
-  ASSIGN_OR_RETURN(const int64_t saved_world, Entry<int64_t>(ck, "world_size", path));
-  if (saved_world < 1) {
+// The world the file was written by, and this rank's generator when it is ours.
+struct SavedGenerator {
+  int64_t saved_world = 0;
+  bool same_world = false;
+  nn::Generator generator;  // set when same_world
+};
+
+absl::StatusOr<SavedGenerator> ReadGenerator(Context& ctx, const nn::Checkpoint& ck,
+                                             const LoadOptions& options, const std::string& path) {
+  SavedGenerator saved;
+  ASSIGN_OR_RETURN(saved.saved_world, Entry<int64_t>(ck, "world_size", path));
+  if (saved.saved_world < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint ", path, ": entry \"world_size\" is ", saved_world));
+        absl::StrCat("checkpoint ", path, ": entry \"world_size\" is ", saved.saved_world));
   }
-  const bool same_world = saved_world == ctx.world_size();
-  if (!same_world && options.require_same_world_size) {
+  saved.same_world = saved.saved_world == ctx.world_size();
+  if (!saved.same_world && options.require_same_world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", path, ": written by ", saved_world, " rank(s), this run has ",
+        "checkpoint ", path, ": written by ", saved.saved_world, " rank(s), this run has ",
         ctx.world_size(), " (generator states cannot be restored)"));
   }
-  nn::Generator generator;
-  if (same_world) {
+  if (saved.same_world) {
     ASSIGN_OR_RETURN(const int64_t seed, Entry<int64_t>(ck, RngKey(ctx.rank(), "seed"), path));
     ASSIGN_OR_RETURN(const int64_t stream, Entry<int64_t>(ck, RngKey(ctx.rank(), "stream"), path));
     ASSIGN_OR_RETURN(const int64_t offset, Entry<int64_t>(ck, RngKey(ctx.rank(), "offset"), path));
-    generator = {static_cast<uint64_t>(seed), static_cast<uint64_t>(stream),
-                 static_cast<uint64_t>(offset)};
+    saved.generator = {static_cast<uint64_t>(seed), static_cast<uint64_t>(stream),
+                       static_cast<uint64_t>(offset)};
   }
+  return saved;
+}
 
-  nn::StateDict model_state;
+// Every object's state as the file holds it, read and checked before any is loaded.
+struct SavedObjects {
+  nn::StateDict model;
+  optim::StateDict optimizer;
+  std::map<std::string, double> scheduler;
+  data::SamplerState sampler;
+  int64_t step = 0;
+};
+
+absl::Status ReadModelAndOptimizer(const nn::Checkpoint& ck, const TrainingState& state,
+                                   const std::string& path, SavedObjects& saved) {
   if (state.model != nullptr) {
     for (const auto& [name, tensor] : ck.tensors) {
-      if (absl::StartsWith(name, "model.")) model_state.emplace_back(name.substr(6), tensor);
+      if (absl::StartsWith(name, "model.")) saved.model.emplace_back(name.substr(6), tensor);
     }
-    if (model_state.empty()) {
+    if (saved.model.empty()) {
       return absl::NotFoundError(absl::StrCat("checkpoint ", path,
                                               ": no \"model.*\" entries (saved without a model)"));
     }
   }
-  optim::StateDict optimizer_state;
   if (state.optimizer != nullptr) {
     if (!ck.metadata.contains("optim.num_groups")) {
       return absl::NotFoundError(absl::StrCat("checkpoint ", path,
@@ -191,14 +211,18 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
                                               "without an optimizer)"));
     }
     for (const auto& [name, tensor] : ck.tensors) {
-      if (absl::StartsWith(name, "optim.")) optimizer_state.tensors.emplace_back(name.substr(6), tensor);
+      if (absl::StartsWith(name, "optim.")) saved.optimizer.tensors.emplace_back(name.substr(6), tensor);
     }
     for (const auto& [key, value] : ck.metadata) {
       if (!absl::StartsWith(key, "optim.")) continue;
-      ASSIGN_OR_RETURN(optimizer_state.scalars[key.substr(6)], Entry<double>(ck, key, path));
+      ASSIGN_OR_RETURN(saved.optimizer.scalars[key.substr(6)], Entry<double>(ck, key, path));
     }
   }
-  std::map<std::string, double> scheduler_state;
+  return absl::OkStatus();
+}
+
+absl::Status ReadScheduleSamplerAndStep(const nn::Checkpoint& ck, const TrainingState& state,
+                                        const std::string& path, SavedObjects& saved) {
   if (state.scheduler != nullptr) {
     if (!ck.metadata.contains("sched.last_epoch")) {
       return absl::NotFoundError(absl::StrCat("checkpoint ", path,
@@ -207,51 +231,74 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
     }
     for (const auto& [key, value] : ck.metadata) {
       if (!absl::StartsWith(key, "sched.")) continue;
-      ASSIGN_OR_RETURN(scheduler_state[key.substr(6)], Entry<double>(ck, key, path));
+      ASSIGN_OR_RETURN(saved.scheduler[key.substr(6)], Entry<double>(ck, key, path));
     }
   }
-  data::SamplerState sampler_state;
   if (state.loader != nullptr || state.sampler != nullptr) {
-    ASSIGN_OR_RETURN(sampler_state.epoch, Entry<int64_t>(ck, "sampler.epoch", path));
-    ASSIGN_OR_RETURN(sampler_state.position, Entry<int64_t>(ck, "sampler.position", path));
+    data::SamplerState& sampler = saved.sampler;
+    ASSIGN_OR_RETURN(sampler.epoch, Entry<int64_t>(ck, "sampler.epoch", path));
+    ASSIGN_OR_RETURN(sampler.position, Entry<int64_t>(ck, "sampler.position", path));
     const int64_t batches =
         state.loader != nullptr ? state.loader->num_batches() : state.sampler->num_batches();
-    if (sampler_state.epoch < 0) {
+    if (sampler.epoch < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", path, ": entry \"sampler.epoch\" is ", sampler_state.epoch));
+          "checkpoint ", path, ": entry \"sampler.epoch\" is ", sampler.epoch));
     }
-    if (sampler_state.position < 0 || sampler_state.position > batches) {
+    if (sampler.position < 0 || sampler.position > batches) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", path, ": entry \"sampler.position\" is ", sampler_state.position,
+          "checkpoint ", path, ": entry \"sampler.position\" is ", sampler.position,
           ", outside 0..", batches, " (the batches per epoch of this run's sampler)"));
     }
   }
-  int64_t step = 0;
   if (state.step != nullptr) {
-    ASSIGN_OR_RETURN(step, Entry<int64_t>(ck, "step", path));
+    ASSIGN_OR_RETURN(saved.step, Entry<int64_t>(ck, "step", path));
   }
+  return absl::OkStatus();
+}
 
+// Loads what was read into the objects, in order (model, optimizer, schedule,
+// sampler, step, generator).
+absl::Status Apply(Context& ctx, const std::string& path, TrainingState& state,
+                   SavedObjects& saved, const SavedGenerator& generator) {
   try {
-    if (state.model != nullptr) RETURN_IF_ERROR(Wrap(state.model->load_state_dict(model_state), path, "model"));
+    if (state.model != nullptr) RETURN_IF_ERROR(Wrap(state.model->load_state_dict(saved.model), path, "model"));
     if (state.optimizer != nullptr) {
-      RETURN_IF_ERROR(Wrap(state.optimizer->load_state_dict(optimizer_state), path, "optimizer"));
+      RETURN_IF_ERROR(Wrap(state.optimizer->load_state_dict(saved.optimizer), path, "optimizer"));
     }
     if (state.scheduler != nullptr) {
-      RETURN_IF_ERROR(Wrap(state.scheduler->load_state_dict(scheduler_state), path, "scheduler"));
+      RETURN_IF_ERROR(Wrap(state.scheduler->load_state_dict(saved.scheduler), path, "scheduler"));
     }
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
   }
-  if (state.loader != nullptr) state.loader->set_state(sampler_state);
-  if (state.sampler != nullptr) state.sampler->set_state(sampler_state);
-  if (state.step != nullptr) *state.step = step;
-  if (same_world) {
-    nn::thread_generator() = generator;
+  if (state.loader != nullptr) state.loader->set_state(saved.sampler);
+  if (state.sampler != nullptr) state.sampler->set_state(saved.sampler);
+  if (state.step != nullptr) *state.step = saved.step;
+  if (generator.same_world) {
+    nn::thread_generator() = generator.generator;
   } else if (ctx.rank() == 0) {
     ctx.log().Warning("checkpoint {} was written by {} rank(s), this run has {}: generator "
                       "states are not restored (the run continues, not bit for bit)",
-                      path, saved_world, ctx.world_size());
+                      path, generator.saved_world, ctx.world_size());
   }
+  return absl::OkStatus();
+}
+
+// One rank's load: every metadata entry is read and checked first, then the
+// objects are loaded in order (model, optimizer, schedule, sampler, step,
+// generator).
+absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& state,
+                       const LoadOptions& options, const absl::StatusOr<nn::Checkpoint>& file) {
+  RETURN_IF_ERROR(CheckPointers(state));
+  RETURN_IF_ERROR(file.status());
+  const nn::Checkpoint& ck = *file;
+  RETURN_IF_ERROR(CheckFormatVersion(ck, path));
+  ASSIGN_OR_RETURN(auto extra, ExtraEntries(ck, options, path));
+  ASSIGN_OR_RETURN(const SavedGenerator generator, ReadGenerator(ctx, ck, options, path));
+  SavedObjects saved;
+  RETURN_IF_ERROR(ReadModelAndOptimizer(ck, state, path, saved));
+  RETURN_IF_ERROR(ReadScheduleSamplerAndStep(ck, state, path, saved));
+  RETURN_IF_ERROR(Apply(ctx, path, state, saved, generator));
   state.extra = std::move(extra);
   return absl::OkStatus();
 }

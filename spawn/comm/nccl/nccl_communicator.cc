@@ -282,13 +282,11 @@ class NcclCommunicator final : public Communicator {
   absl::Status PollAsyncError() override {
     absl::Status status;
     guard_.TryUse([&] {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-        status = absl::InternalError(absl::StrCat(
-            "NCCL reported an asynchronous error on rank ", rank(), " (", device().ToString(),
-            ", after collective #", sequence(), "): ",
-            NcclText(r != ncclSuccess ? r : state, comm_)));
+      const ncclResult_t error = AsyncErrorLocked();
+      if (error != ncclSuccess) {
+        status = absl::InternalError(
+            absl::StrCat("NCCL reported an asynchronous error on rank ", rank(), " (",
+                         device().ToString(), "): ", NcclText(error, comm_)));
       }
     });
     return status;
@@ -375,16 +373,23 @@ class NcclCommunicator final : public Communicator {
       ThrowIfStopping("barrier");
       AbortGuard::Use use(guard_);
       if (use.aborted()) ThrowAborted("barrier");
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      TANDEM_CHECK(r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress),
-                   "NCCL barrier on ",
-                   device().ToString(), ": ", NcclText(r != ncclSuccess ? r : state, comm_));
+      const ncclResult_t error = AsyncErrorLocked();
+      TANDEM_CHECK(error == ncclSuccess, "NCCL barrier on ", device().ToString(), ": ",
+                   NcclText(error, comm_));
       return false;
     });
   }
 
  private:
+  // The communicator's asynchronous error, or ncclSuccess (ncclInProgress, an
+  // operation still under way, is none). Under guard_.
+  ncclResult_t AsyncErrorLocked() {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return r;
+    return state == ncclInProgress ? ncclSuccess : state;
+  }
+
   [[noreturn]] void ThrowAborted(const char* op) const {
     throw CancelledError(absl::StrCat("rank ", rank(), ": ", op, " #", sequence(),
                                       " abandoned: the run is stopping (communicator aborted)"));
