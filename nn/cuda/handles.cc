@@ -30,7 +30,7 @@ struct ThreadHandles {
     if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
     for (auto& [index, entry] : cublaslt) {
       cudaSetDevice(index);
-      cublasLtDestroy(entry.context.handle);
+      CublasLt().Destroy(entry.context.handle);
     }
     for (auto& [index, handle] : cudnn) {
       cudaSetDevice(index);
@@ -69,11 +69,11 @@ const CublasLtContext& ThreadCublasLt(Device device) {
   CheckNotCapturing(device, "cuBLASLt");
   CudaDeviceScope current(device);  // the handle binds to the current device
   CublasLtEntry entry;
-  TANDEM_CHECK_CUBLAS(cublasLtCreate(&entry.context.handle), device, "creating the handle");
+  TANDEM_CHECK_CUBLAS(CublasLt().Create(&entry.context.handle), device, "creating the handle");
   try {
     entry.workspace = empty({kCublasLtWorkspaceBytes}, {.dtype = kUInt8, .device = device});
   } catch (...) {
-    cublasLtDestroy(entry.context.handle);
+    CublasLt().Destroy(entry.context.handle);
     throw;
   }
   entry.context.workspace = entry.workspace.data_ptr();
@@ -99,8 +99,8 @@ cudnnHandle_t ThreadCudnn(Device device) {
 }
 
 void FailCublas(cublasStatus_t status, const char* call, Device device, const std::string& shapes) {
-  Fail(call, " failed on ", device.ToString(), ": cuBLAS status ", static_cast<int>(status),
-       " (", cublasLtGetStatusString(status), ") while ", shapes);
+  Fail(call, " failed on ", device.ToString(), ": cuBLAS status ", static_cast<int>(status), " (",
+       CublasLt().GetStatusString(status), ") while ", shapes);
 }
 
 void FailCudnn(cudnnStatus_t status, const char* call, Device device, const std::string& shapes) {

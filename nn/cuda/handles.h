@@ -4,7 +4,7 @@
 #ifndef TANDEM_NN_CUDA_HANDLES_H_
 #define TANDEM_NN_CUDA_HANDLES_H_
 
-#include <cublasLt.h>
+#include "nn/cuda/cublaslt_api.h"
 #include <cudnn.h>
 
 #include <cstdint>

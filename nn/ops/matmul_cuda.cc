@@ -24,6 +24,7 @@
 namespace tandem::nn::ops::internal {
 namespace {
 
+using nn::internal::CublasLt;
 using nn::internal::ThreadCublasLt;
 using nn::internal::ThreadStream;
 
@@ -68,9 +69,11 @@ uint32_t PointerAlignment(const void* p) {
 }
 
 struct DescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
-  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { CublasLt().MatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { CublasLt().MatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const {
+    CublasLt().MatmulPreferenceDestroy(d);
+  }
 };
 using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
 using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, DescDeleter>;
@@ -80,8 +83,8 @@ Layout MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, Device device
                   const GemmCall& g, const char* op) {
   cublasLtMatrixLayout_t layout = nullptr;
   // Column-major (rows, cols) with leading dimension rows (contiguous).
-  TANDEM_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
-                                                 static_cast<uint64_t>(cols), rows),
+  TANDEM_CHECK_CUBLAS(CublasLt().MatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                    static_cast<uint64_t>(cols), rows),
                       device, Describe(g, op));
   return Layout(layout);
 }
@@ -100,12 +103,12 @@ std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmul
                                                const char* op) {
   const auto& lt = ThreadCublasLt(device);
   cublasLtMatmulPreference_t raw_pref = nullptr;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&raw_pref), device, Describe(g, op));
+  TANDEM_CHECK_CUBLAS(CublasLt().MatmulPreferenceCreate(&raw_pref), device, Describe(g, op));
   Preference pref(raw_pref);
   const uint64_t workspace_bytes = lt.workspace_bytes;
   TANDEM_CHECK_CUBLAS(
-      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace_bytes, sizeof workspace_bytes),
+      CublasLt().MatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                              &workspace_bytes, sizeof workspace_bytes),
       device, Describe(g, op));
   // Tell the heuristic the real alignments (views may start mid-allocation).
   const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
@@ -115,15 +118,14 @@ std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmul
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.out}};
   for (const auto& [attribute, pointer] : alignments) {
     const uint32_t alignment = PointerAlignment(pointer);
-    TANDEM_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref.get(), attribute, &alignment,
-                                                             sizeof alignment),
+    TANDEM_CHECK_CUBLAS(CublasLt().MatmulPreferenceSetAttribute(pref.get(), attribute, &alignment,
+                                                                sizeof alignment),
                         device, Describe(g, op));
   }
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(lt.handle, desc, layout_a, layout_b, layout_c, layout_c,
-                                     pref.get(), 1, &heuristic, &found);
+  const cublasStatus_t status = CublasLt().MatmulAlgoGetHeuristic(
+      lt.handle, desc, layout_a, layout_b, layout_c, layout_c, pref.get(), 1, &heuristic, &found);
   const bool fused = g.bias != nullptr || g.relu;
   // A fused epilogue the library rejects for this problem (NOT_SUPPORTED, no
   // algorithm, or INVALID_VALUE, which cuBLASLt returns for some epilogue shapes)
@@ -163,30 +165,31 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   const auto& lt = ThreadCublasLt(device);
 
   cublasLtMatmulDesc_t raw_desc = nullptr;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw_desc, compute, scale_type), device,
+  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescCreate(&raw_desc, compute, scale_type), device,
                       Describe(g, op));
   MatmulDesc desc(raw_desc);
   // Column-major A' = b, B' = a.
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
-                                                     &op_a, sizeof op_a),
+  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &op_a, sizeof op_a),
                       device, Describe(g, op));
-  TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
-                                                     &op_b, sizeof op_b),
+  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &op_b, sizeof op_b),
                       device, Describe(g, op));
   if (g.bias != nullptr || g.relu) {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (g.bias != nullptr) {
       epilogue = g.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-      TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
-                              desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias),
-                          device, Describe(g, op));
+      TANDEM_CHECK_CUBLAS(
+          CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                            sizeof g.bias),
+          device, Describe(g, op));
     } else {
       epilogue = CUBLASLT_EPILOGUE_RELU;
     }
-    TANDEM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                       &epilogue, sizeof epilogue),
+    TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                          &epilogue, sizeof epilogue),
                         device, Describe(g, op));
   }
   // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
@@ -225,11 +228,11 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   const float one_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
   const void* alpha = is_double ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
-  TANDEM_CHECK_CUBLAS(cublasLtMatmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a,
-                                     layout_b.get(), beta, g.out, layout_c.get(), g.out,
-                                     layout_c.get(), &*it->second, lt.workspace,
-                                     lt.workspace_bytes, ThreadStream(device)),
-                      device, Describe(g, op));
+  TANDEM_CHECK_CUBLAS(
+      CublasLt().Matmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a, layout_b.get(),
+                        beta, g.out, layout_c.get(), g.out, layout_c.get(), &*it->second,
+                        lt.workspace, lt.workspace_bytes, ThreadStream(device)),
+      device, Describe(g, op));
   return true;
 }
 
