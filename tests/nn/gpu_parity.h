@@ -90,7 +90,7 @@ struct ParityCase {
   Fill out_grad;
   std::optional<DType> autocast;  // f runs under AutocastGuard(*autocast) on both devices
   bool tf32 = false;              // TF32 allowed in CUDA GEMMs while f runs on the GPU
-  uint64_t seed = 0;              // set by ParityCases(): the row's position
+  uint64_t seed = 0;              // set by ParityCases() from the row's name
 };
 
 // Every row (gpu_parity_cases.cc).
