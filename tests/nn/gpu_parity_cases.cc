@@ -288,6 +288,11 @@ void AddElementwiseRows(Rows& rows) {
                       .out_grad = grad_fill});
     }
   }
+}
+
+// bfloat16: a tensor used twice, the in-place ops, sum_to.
+void AddBf16AccumulationRows(Rows& rows) {
+  const Fill grad_fill{.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2};
   // A tensor used twice: its two bfloat16 gradients summed in bfloat16 on the device.
   rows.push_back({.op = "add", .attrs = "x * c1 + x * c2 (x used twice)", .dtype = kBFloat16,
                   .inputs = {Uniform({1000}, -3, 3), Uniform({1000}, -2, 2), Uniform({1000}, -2, 2)},
@@ -417,6 +422,7 @@ std::vector<ParityCase> ParityCases() {
   AddBf16ConvRows(rows);
   AddPoolRows(rows);
   AddElementwiseRows(rows);
+  AddBf16AccumulationRows(rows);
   AddReduceSoftmaxRows(rows);
   AddDropoutNormLossRows(rows);
   // A seed from what the row is (FNV-1a of its name), not its position: adding a row
