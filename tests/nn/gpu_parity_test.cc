@@ -25,7 +25,7 @@
 namespace tandem::nn::testing {
 namespace {
 
-// One side of a row: its leaves, the op's output and, after Backward, the leaves' gradients.
+// One side of a row: its leaves (holding their gradients after backward) and the output.
 struct Side {
   std::vector<Tensor> leaves;
   Tensor out;
