@@ -9,6 +9,7 @@
 #include "data/dataloader.h"
 #include "data/device_dataset.h"
 #include "nn/ops/matmul.h"
+#include "tests/gpu_test_util.h"
 #if TANDEM_WITH_CUDA
 #include "nn/internal/cuda_runtime.h"
 #endif
@@ -16,10 +17,7 @@
 namespace tandem::data {
 namespace {
 
-// GTEST_SKIP returns from the enclosing function, so this is a macro.
-#define REQUIRE_GPU()                                                                   \
-  if (nn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (or built " \
-                                                    "without CUDA)"
+class DataGpuTest : public ::tandem::testing::GpuTest {};
 
 TensorDataset Sample() {
   nn::Tensor images = nn::arange(50 * 3 * 4 * 4, {.dtype = nn::kFloat32, .device = nn::Device::CPU()})
@@ -27,8 +25,7 @@ TensorDataset Sample() {
   return TensorDataset(images, nn::arange(50, {.dtype = nn::kInt64, .device = nn::Device::CPU()}));
 }
 
-TEST(DataGpuTest, DeviceDatasetGatherMatchesHost) {
-  REQUIRE_GPU();
+TEST_F(DataGpuTest, DeviceDatasetGatherMatchesHost) {
   TensorDataset host = Sample();
   DeviceDataset cpu(host, nn::Device::CPU());
   DeviceDataset gpu(host, nn::Device::CUDA(0));
@@ -40,8 +37,7 @@ TEST(DataGpuTest, DeviceDatasetGatherMatchesHost) {
   EXPECT_EQ(b.target.to_vector<int64_t>(), a.target.to_vector<int64_t>());
 }
 
-TEST(DataGpuTest, LoaderCopiesBatchesToTheDevice) {
-  REQUIRE_GPU();
+TEST_F(DataGpuTest, LoaderCopiesBatchesToTheDevice) {
   auto dataset = std::make_shared<TensorDataset>(Sample());
   auto make_sampler = [] {
     return std::make_shared<SimpleBatchSampler>(std::make_shared<RandomSampler>(50, 3), 8, false);
@@ -60,8 +56,7 @@ TEST(DataGpuTest, LoaderCopiesBatchesToTheDevice) {
   EXPECT_FALSE(device.next().has_value());
 }
 
-TEST(DataGpuTest, PinnedLoaderMatchesThePlainOne) {
-  REQUIRE_GPU();
+TEST_F(DataGpuTest, PinnedLoaderMatchesThePlainOne) {
   nn::DeviceGuard guard(nn::Device::CUDA(0));
   auto dataset = std::make_shared<TensorDataset>(Sample());
   auto make_sampler = [] {
@@ -92,8 +87,7 @@ TEST(DataGpuTest, PinnedLoaderMatchesThePlainOne) {
   }
 }
 
-TEST(DataGpuTest, PinnedCollateGivesPinnedBatches) {
-  REQUIRE_GPU();
+TEST_F(DataGpuTest, PinnedCollateGivesPinnedBatches) {
   TensorDataset dataset = Sample();
   std::vector<Example> examples = {dataset.get(3), dataset.get(9)};
   Batch batch = Collate(examples, {3, 9}, /*pinned=*/true);
@@ -107,8 +101,7 @@ TEST(DataGpuTest, PinnedCollateGivesPinnedBatches) {
 // of milliseconds of matmuls; a gather from another thread must wait for it
 //. Before the fix the other thread's kernels read the memory at once,
 // and saw what an earlier tensor had left there.
-TEST(DataGpuTest, GatherFromAnotherThreadSeesTheUpload) {
-  REQUIRE_GPU();
+TEST_F(DataGpuTest, GatherFromAnotherThreadSeesTheUpload) {
   const nn::Device gpu = nn::Device::CUDA(0);
   nn::DeviceGuard guard(gpu);
   const int64_t n = 4096, width = 256;
@@ -166,10 +159,8 @@ class DeviceRecordingDataset : public Dataset {
 // Workers collating into pinned memory call the CUDA runtime (cudaHostAlloc,
 // cudaEventQuery); they must do it on the loader's device, never on GPU 0 by
 // default. Before the fix every worker reported device 0.
-TEST(DataGpuTest, LoaderWorkersRunOnTheLoadersDevice) {
-  if (nn::cuda_device_count() < 2) {
-    GTEST_SKIP() << "needs 2 CUDA devices; " << nn::cuda_device_count() << " visible";
-  }
+TEST_F(DataGpuTest, LoaderWorkersRunOnTheLoadersDevice) {
+  TANDEM_REQUIRE_GPUS(2);
   const nn::Device gpu1 = nn::Device::CUDA(1);
   auto dataset = std::make_shared<DeviceRecordingDataset>();
   auto sampler =

@@ -16,17 +16,17 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
+#include "tests/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::nn {
 namespace {
 
-class AutocastGpuTest : public ::testing::Test {
+class AutocastGpuTest : public ::tandem::testing::GpuTest {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
-    }
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
     set_allow_tf32(false);  // for the float32 parts; bfloat16 GEMMs ignore it
   }
 };

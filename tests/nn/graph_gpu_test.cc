@@ -28,6 +28,7 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
+#include "tests/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::nn {
@@ -35,12 +36,11 @@ using ::tandem::testing::ErrorOf;
 using ::tandem::testing::ExpectSameBits;
 namespace {
 
-class CudaGraphGpuTest : public ::testing::Test {
+class CudaGraphGpuTest : public ::tandem::testing::GpuTest {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
-    }
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
     guard_.emplace(Device::CUDA(0));
   }
   std::optional<DeviceGuard> guard_;

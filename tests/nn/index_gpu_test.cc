@@ -13,12 +13,12 @@
 #include "nn/ops/index.h"
 #include "nn/random.h"
 #include "nn/tensor.h"
+#include "tests/gpu_test_util.h"
 
 namespace tandem::nn {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: CPU/CUDA parity not run"
+class IndexGpuTest : public tandem::testing::GpuTest {};
 
 const Device kGpu = Device::CUDA(0);
 
@@ -46,8 +46,7 @@ void ExpectSameGather(const Tensor& cpu_source, const std::vector<int64_t>& idx,
   ASSERT_EQ(0, std::memcmp(a.data_ptr(), back.data_ptr(), static_cast<size_t>(a.nbytes()))) << what;
 }
 
-TEST(IndexGpuTest, EveryDtypeMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
+TEST_F(IndexGpuTest, EveryDtypeMatchesTheCpu) {
   manual_seed(1);
   const std::vector<int64_t> idx = Scrambled(300, 97);
   Tensor f32 = randn({97, 3, 5});
@@ -58,8 +57,7 @@ TEST(IndexGpuTest, EveryDtypeMatchesTheCpu) {
   ExpectSameGather(arange(97 * 7, {.dtype = kFloat32}).reshape({97, 7}).to(kUInt8), idx, "uint8");
 }
 
-TEST(IndexGpuTest, EveryWordWidthAndMisalignedViews) {
-  SKIP_WITHOUT_GPU();
+TEST_F(IndexGpuTest, EveryWordWidthAndMisalignedViews) {
   manual_seed(2);
   // uint8 rows of 32, 24, 12, 6, 5 and 1 bytes pick the 16-, 8-, 4-, 2- and
   // 1-byte words; views starting 1 or 3 rows in move the base address by as
@@ -76,16 +74,14 @@ TEST(IndexGpuTest, EveryWordWidthAndMisalignedViews) {
   ExpectSameGather(randn({40}), Scrambled(10, 40), "one element per row");
 }
 
-TEST(IndexGpuTest, EmptyIndicesAndEmptyRows) {
-  SKIP_WITHOUT_GPU();
+TEST_F(IndexGpuTest, EmptyIndicesAndEmptyRows) {
   Tensor out = index_select(randn({4, 3}, {.device = kGpu}), Indices({}, kGpu));
   EXPECT_EQ(out.shape(), (Shape{0, 3}));
   EXPECT_EQ(index_select(zeros({4, 0}, {.device = kGpu}), Indices({1, 3}, kGpu)).shape(),
             (Shape{2, 0}));
 }
 
-TEST(IndexGpuTest, GradientMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
+TEST_F(IndexGpuTest, GradientMatchesTheCpu) {
   manual_seed(3);
   const std::vector<int64_t> idx = Scrambled(257, 31);  // many repeats
   for (DType dtype : {kFloat64, kFloat32}) {
@@ -108,8 +104,7 @@ TEST(IndexGpuTest, GradientMatchesTheCpu) {
   }
 }
 
-TEST(IndexGpuTest, MixedDevicesAreRejected) {
-  SKIP_WITHOUT_GPU();
+TEST_F(IndexGpuTest, MixedDevicesAreRejected) {
   EXPECT_THROW(index_select(randn({4, 3}, {.device = kGpu}), Indices({0}, Device::CPU())), Error);
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nn/nn.h"
+#include "tests/gpu_test_util.h"
 
 namespace tandem::nn {
 namespace {
@@ -17,11 +18,9 @@ struct LinearNet : Module {
   Linear l1, l2;
 };
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+class ModuleGpuTest : public tandem::testing::GpuTest {};
 
-TEST(ModuleGpuTest, ToCudaMovesInPlaceAndBack) {
-  SKIP_WITHOUT_GPU();
+TEST_F(ModuleGpuTest, ToCudaMovesInPlaceAndBack) {
   manual_seed(1);
   Sequential net({Linear(4, 3), BatchNorm2d(2)});
   const std::vector<Tensor> params = net->parameters();
@@ -70,8 +69,7 @@ std::vector<double> Train(Device device) {
   return losses;
 }
 
-TEST(ModuleGpuTest, LinearNetMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+TEST_F(ModuleGpuTest, LinearNetMatchesCpu) {
   const std::vector<double> cpu = Train(Device::CPU());
   const std::vector<double> gpu = Train(Device::CUDA(0));
   ASSERT_EQ(cpu.size(), gpu.size());

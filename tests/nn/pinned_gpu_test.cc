@@ -15,6 +15,7 @@
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
 #include "nn/tensor.h"
+#include "tests/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::nn {
@@ -23,14 +24,7 @@ namespace {
 
 const Device kGpu = Device::CUDA(0);
 
-class PinnedGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) {
-      GTEST_SKIP() << "no CUDA device visible (built with CUDA: " << cuda_built() << ")";
-    }
-  }
-};
+class PinnedGpuTest : public ::tandem::testing::GpuTest {};
 
 std::vector<float> Iota(int64_t n, float start) {
   std::vector<float> v(static_cast<size_t>(n));

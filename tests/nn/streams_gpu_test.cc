@@ -15,14 +15,10 @@
 #include "nn/internal/cuda_runtime.h"
 #include "nn/ops/matmul.h"
 #include "nn/tensor.h"
+#include "tests/gpu_test_util.h"
 
 namespace tandem::nn {
 namespace {
-
-#define REQUIRE_GPUS(n)                                                                    \
-  if (cuda_device_count() < (n))                                                           \
-  GTEST_SKIP() << "needs " << (n) << " CUDA devices; " << cuda_device_count()              \
-               << " visible (built with CUDA: " << cuda_built() << ")"
 
 constexpr int64_t kElements = int64_t{1} << 22;  // 16 MiB of float32
 
@@ -62,7 +58,7 @@ void SynchronizeAll() {
 
 // Before: ThreadStream and the handles called cudaSetDevice and left it.
 TEST(StreamsGpuTest, WorkOnAnotherDeviceLeavesTheThreadsDevice) {
-  REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_GPUS(2);
   std::thread([] {
     DeviceGuard guard(Device::CUDA(0));
     Tensor t = empty({4}, {.device = Device::CUDA(1)});  // first stream of this thread on cuda:1
@@ -78,7 +74,7 @@ TEST(StreamsGpuTest, WorkOnAnotherDeviceLeavesTheThreadsDevice) {
 // Before: the reader's copy ran on its own stream at once, while the owner's
 // fill was still queued behind the matmuls.
 TEST(StreamsGpuTest, TensorMadeOnAnotherThreadIsReadAfterItsOwnersKernels) {
-  REQUIRE_GPUS(1);
+  TANDEM_REQUIRE_GPUS(1);
   const Device gpu = Device::CUDA(0);
   // This thread's stream exists first, so the other thread gets a stream of its
   // own (not this one back from the pool of spare streams).
@@ -99,7 +95,7 @@ TEST(StreamsGpuTest, TensorMadeOnAnotherThreadIsReadAfterItsOwnersKernels) {
 // the pool on this thread's stream and was handed out again while the owner's
 // stream had yet to write it.
 TEST(StreamsGpuTest, TensorDroppedOnAnotherThreadIsFreedAfterItsOwnersKernels) {
-  REQUIRE_GPUS(1);
+  TANDEM_REQUIRE_GPUS(1);
   const Device gpu = Device::CUDA(0);
   DeviceGuard guard(gpu);
   internal::CudaThreadStream(gpu);  // as above: the other thread gets its own stream
@@ -119,7 +115,7 @@ TEST(StreamsGpuTest, TensorDroppedOnAnotherThreadIsFreedAfterItsOwnersKernels) {
 // Before: the copy was enqueued on cuda:1's stream only, not ordered after the
 // fill on cuda:0 (and a plain cudaMemcpyAsync of pool memory across devices).
 TEST(StreamsGpuTest, PeerCopyIsOrderedAfterTheSourcesKernels) {
-  REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_GPUS(2);
   std::thread([] {
     const Device gpu0 = Device::CUDA(0), gpu1 = Device::CUDA(1);
     DeviceGuard guard(gpu0);
@@ -136,7 +132,7 @@ TEST(StreamsGpuTest, PeerCopyIsOrderedAfterTheSourcesKernels) {
 // Before: dropping the source freed it on cuda:0's stream at once, and the next
 // allocation there got it while cuda:1's stream (busy) had yet to copy it.
 TEST(StreamsGpuTest, PeerCopySourceIsNotReusedWhileTheCopyReadsIt) {
-  REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_GPUS(2);
   std::thread([] {
     const Device gpu0 = Device::CUDA(0), gpu1 = Device::CUDA(1);
     DeviceGuard guard(gpu0);

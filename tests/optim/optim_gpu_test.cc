@@ -17,6 +17,7 @@
 #include "nn/random.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
+#include "tests/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::optim {
@@ -70,12 +71,7 @@ void ExpectParity(const Factory& make, nn::DType dtype, double tol) {
   }
 }
 
-class OptimGpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (nn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  }
-};
+class OptimGpuTest : public ::tandem::testing::GpuTest {};
 
 TEST_F(OptimGpuTest, FusedUpdatesMatchCpu) {
   for (nn::DType dtype : {nn::kFloat64, nn::kFloat32}) {

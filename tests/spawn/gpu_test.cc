@@ -14,6 +14,7 @@
 #include "spawn/train/data_parallel.h"
 #include "optim/adam.h"
 #include "spawn/spawn.h"
+#include "tests/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace tandem::dist {
@@ -59,11 +60,8 @@ void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
   }
 }
 
-class GpuSpawnTest : public ::testing::Test {
+class GpuSpawnTest : public ::tandem::testing::GpuTest {
  protected:
-  void SetUp() override {
-    if (nn::cuda_device_count() == 0) GTEST_SKIP() << "no GPU is visible";
-  }
   std::ostringstream console_;
   SpawnOptions options_{.seed = 7, .console = &console_};
 };

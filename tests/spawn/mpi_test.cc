@@ -20,6 +20,7 @@
 #include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
+#include "tests/gpu_test_util.h"
 #include "tests/spawn/train/dp_models.h"
 
 namespace tandem::dist {
@@ -447,10 +448,7 @@ TEST_F(MpiTest, AsyncAllReduceDoesNotBlockTheRankWhileAPeerIsLate) {
 // (process p on cuda:p). Skips without a GPU per process.
 TEST_F(MpiTest, NcclAllReduceAcrossProcesses) {
   const int processes = LaunchedProcesses();
-  if (nn::cuda_device_count() < processes) {
-    GTEST_SKIP() << "needs " << processes << " visible GPUs (one per process), have "
-                 << nn::cuda_device_count();
-  }
+  TANDEM_REQUIRE_GPUS(processes);  // one per process
   auto result = spawn(
       [](Context& ctx) {
         Tensor x = RankData(ctx.rank(), 1001, nn::kFloat32).to(ctx.device());

@@ -18,6 +18,7 @@
 #include "nn/layers.h"
 #include "nn/ops/reduce.h"
 #include "spawn/spawn.h"
+#include "tests/gpu_test_util.h"
 #if TANDEM_WITH_CUDA
 #include <cuda.h>  // driver types only
 #include <cuda_runtime_api.h>
@@ -51,8 +52,7 @@ absl::Status SpawnWithin(double limit_s, int nprocs, const std::string& gpus,
 // on the host (item()). Before the fix, rank 0's item() never returned (its
 // stream waits on an NCCL kernel waiting for rank 1) and spawn hung.
 void PeerThrowsWhileOtherCallsItem(bool with_conv) {
-  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
-                                                << " visible";
+  TANDEM_REQUIRE_GPUS(2);
   std::atomic<bool> entered{false};
   double seconds = 0;
   absl::Status s = SpawnWithin(60, 2, "0,1", [&](Context& ctx) {
@@ -88,7 +88,7 @@ TEST(ShutdownGpuTest, PeerThrowingBeforeAllReduceDoesNotHangItemWithConv) {
 // Before the fix the storage went (cudaFreeAsync on the compute stream, not
 // ordered after the communication stream) as soon as the tensor did.
 TEST(ShutdownGpuTest, AsyncAllReduceHandleKeepsItsTensorAlive) {
-  if (nn::cuda_device_count() < 1) GTEST_SKIP() << "no GPU is visible";
+  TANDEM_REQUIRE_GPUS(1);
   double seconds = 0;
   absl::Status s = SpawnWithin(60, 1, "0", [&](Context& ctx) {
     Tensor x = nn::ones({1 << 20}, {.device = ctx.device()});
@@ -118,7 +118,7 @@ TEST(ShutdownGpuTest, AsyncAllReduceHandleKeepsItsTensorAlive) {
 // device. The bound is looser than the estimate for a loaded machine.
 TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
   const int gpus = nn::cuda_device_count();
-  if (gpus < 1) GTEST_SKIP() << "no GPU is visible";
+  TANDEM_REQUIRE_GPUS(1);
   const int world = std::min(gpus, 2);
   std::vector<double> median_us(world, 0);
   double seconds = 0;
@@ -149,8 +149,7 @@ TEST(ShutdownGpuTest, SmallAllReduceHostTime) {
 // destroy) would hang spawn. Replays are traced: the watchdog names the stuck
 // "graph replay" after timeout_s and the abort ends it.
 TEST(ShutdownGpuTest, OneRankReplayingOnceMoreIsTimedOutNotHung) {
-  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
-                                                << " visible";
+  TANDEM_REQUIRE_GPUS(2);
   const Clock::time_point start = Clock::now();
   absl::Status s = spawn(
       [](Context& ctx) {
@@ -174,8 +173,7 @@ TEST(ShutdownGpuTest, OneRankReplayingOnceMoreIsTimedOutNotHung) {
 // still run (a rank never waits on the guard behind it, and NCCL's last abort
 // gets its graph back as rank 0 unwinds), and spawn returns rank 1's error.
 TEST(ShutdownGpuTest, PeerFailingBeforeCaptureDoesNotHangTheRun) {
-  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
-                                                << " visible";
+  TANDEM_REQUIRE_GPUS(2);
   double seconds = 0;
   absl::Status s = SpawnWithin(60, 2, "0,1", [](Context& ctx) {
     Tensor x = nn::ones({1024}, {.device = ctx.device()});
@@ -197,8 +195,7 @@ TEST(ShutdownGpuTest, PeerFailingBeforeCaptureDoesNotHangTheRun) {
 // collectives: the communicator records its events on its own device (once
 // "invalid resource handle").
 TEST(ShutdownGpuTest, CollectiveFromInsideAnotherDevicesGuardWorks) {
-  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << nn::cuda_device_count()
-                                                << " visible";
+  TANDEM_REQUIRE_GPUS(2);
   double seconds = 0;
   absl::Status s = SpawnWithin(60, 2, "0,1", [](Context& ctx) {
     Tensor x = nn::ones({16}, {.device = ctx.device()});
@@ -234,7 +231,7 @@ Fn DriverEntry(const char* name) {
 // The watchdog polls the communicators' events and aborts them; before the fix
 // it did so with the thread's default device, GPU 0.
 TEST(ShutdownGpuTest, RunOnGpuOneCreatesNoContextOnGpuZero) {
-  if (nn::cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TANDEM_REQUIRE_GPUS(2);
   const auto device_get = DriverEntry<CUresult (*)(CUdevice*, int)>("cuDeviceGet");
   const auto primary_state =
       DriverEntry<CUresult (*)(CUdevice, unsigned*, int*)>("cuDevicePrimaryCtxGetState");

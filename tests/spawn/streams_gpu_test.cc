@@ -12,16 +12,12 @@
 #include "nn/ops/elementwise.h"
 #include "nn/ops/matmul.h"
 #include "spawn/spawn.h"
+#include "tests/gpu_test_util.h"
 
 namespace tandem::dist {
 namespace {
 
 using nn::Tensor;
-
-#define REQUIRE_GPUS(n)                                                             \
-  if (nn::cuda_device_count() < (n))                                                \
-  GTEST_SKIP() << "needs " << (n) << " CUDA devices; " << nn::cuda_device_count() \
-               << " visible (built with CUDA: " << nn::cuda_built() << ")"
 
 constexpr int64_t kElements = int64_t{1} << 22;
 
@@ -46,7 +42,7 @@ int64_t Mismatches(const Tensor& t, float want) {
 }
 
 TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsReadAfterTheRanksKernels) {
-  REQUIRE_GPUS(1);
+  TANDEM_REQUIRE_GPUS(1);
   nn::DeviceGuard guard(nn::Device::CUDA(0));
   nn::internal::CudaThreadStream(nn::Device::CUDA(0));  // this thread's own stream first
   absl::StatusOr<std::vector<Tensor>> got = spawn(LateTensor, 1, "0", Quiet());
@@ -55,7 +51,7 @@ TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsReadAfterTheRanksKernels) {
 }
 
 TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsFreedAfterTheRanksKernels) {
-  REQUIRE_GPUS(1);
+  TANDEM_REQUIRE_GPUS(1);
   nn::DeviceGuard guard(nn::Device::CUDA(0));
   nn::internal::CudaThreadStream(nn::Device::CUDA(0));
   absl::StatusOr<std::vector<Tensor>> got = spawn(LateTensor, 1, "0", Quiet());
@@ -68,7 +64,7 @@ TEST(SpawnStreamsGpuTest, TensorReturnedFromSpawnIsFreedAfterTheRanksKernels) {
 
 // Needs the CudaDeviceScope in CreateNcclCommunicators (spawn/comm/nccl/nccl_communicator.cc).
 TEST(SpawnStreamsGpuTest, SpawnLeavesTheCallersDevice) {
-  REQUIRE_GPUS(2);
+  TANDEM_REQUIRE_GPUS(2);
   nn::DeviceGuard guard(nn::Device::CUDA(0));
   absl::Status status =
       spawn([](Context&) { (void)nn::ones({4}).to_vector<float>(); }, 2, "0,1", Quiet());
