@@ -1,7 +1,7 @@
 // tandem_bench: times training steps of the MLP, the LeNet and the ConvNet of
 // apps/models.h on device-resident synthetic data, for PyTorch comparisons
-// (the PyTorch side is scripts/bench/torch_bench.py, the driver that
-// runs both and prints ratios is scripts/bench/compare.py).
+// (the PyTorch side is bench/torch_bench.py, the driver that
+// runs both and prints ratios is bench/compare.py).
 //
 //   tandem_bench --device=cpu --models=mlp --batch_sizes=32 --json=/tmp/b.json
 //   tandem_bench --device=cuda:0 --tf32 --export_dir=/tmp/x   # then torch_bench.py
@@ -46,8 +46,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "apps/bench/exchange.h"
-#include "apps/bench/json_writer.h"
+#include "bench/exchange.h"
+#include "bench/json_writer.h"
 #include "apps/flag_check.h"
 #include "apps/models.h"
 #include "nn/graph.h"
@@ -92,8 +92,8 @@ ABSL_FLAG(bool, cuda_graph, false,
 ABSL_FLAG(std::string, json, "", "When set, the report is written to this JSON file.");
 ABSL_FLAG(std::string, export_dir, "",
           "When set, each model's initial weights, the data and the first 10 losses of "
-          "every cell are written there (layout in apps/bench/exchange.h) for "
-          "scripts/bench/torch_bench.py.");
+          "every cell are written there (layout in bench/exchange.h) for "
+          "bench/torch_bench.py.");
 ABSL_FLAG(std::string, import_dir, "",
           "When set, the initial weights and the data are read from this exchange "
           "directory instead of being generated from --seed.");
@@ -697,7 +697,7 @@ int main(int argc, char** argv) {
   apps::SetUpHelp(
       "tandem_bench",
       "Times training steps of the MLP, LeNet and ConvNet on device-resident synthetic data "
-      "(median of repetitions), for the PyTorch comparison of scripts/bench/compare.py.\n\n"
+      "(median of repetitions), for the PyTorch comparison of bench/compare.py.\n\n"
       "Usage: tandem_bench [--flag=value ...]");
   if (std::optional<std::string> bad = apps::FindBadFlag(argc, argv)) FlagError(*bad);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
