@@ -74,7 +74,12 @@ configure() {
   echo "bench.sh: configuring $build (cmake --preset $preset)" >&2
   cmake --preset "$preset" -B "$build" >/dev/null
 }
-has_target() { configure; cmake --build "$build" --target help 2>/dev/null | grep -qw "$1"; }
+target_list=""
+has_target() {  # whether the build defines target $1 (the list is read once)
+  configure
+  [ -n "$target_list" ] || target_list="$(cmake --build "$build" --target help 2>/dev/null || true)"
+  grep -qw -- "$1" <<<"$target_list"
+}
 build_targets() {  # build_targets TARGET...: builds them, or exits naming the one missing
   configure
   local t
