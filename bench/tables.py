@@ -89,6 +89,7 @@ def observe(d, reps):
 TABLES = {"ddp": (ddp, 3), "mpi": (mpi, 3), "observe": (observe, 2)}
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in TABLES or len(sys.argv) != 2 + TABLES[sys.argv[1]][1]:
+    table = TABLES.get(sys.argv[1]) if len(sys.argv) > 1 else None
+    if table is None or len(sys.argv) != 2 + table[1]:
         sys.exit(__doc__)
-    TABLES[sys.argv[1]][0](*sys.argv[2:])
+    table[0](*sys.argv[2:])

@@ -95,7 +95,8 @@ build_targets() {  # build_targets TARGET...: builds them, or exits naming the o
 need_python() {  # need_python MODULE: sets $python to a Python that imports MODULE, or exits
   source scripts/torch_python.sh "$1"
   if [ -z "$python" ]; then
-    echo "bench.sh $suite: no Python that imports $1 (tried python3, /usr/bin/python3); set PYTHON" >&2
+    echo "bench.sh $suite: no Python that imports $1 (tried python3, /usr/bin/python3);" \
+         "set PYTHON" >&2
     exit 2
   fi
 }
@@ -104,7 +105,8 @@ scratch() {  # sets $out to a temporary folder, removed when the script exits
   trap 'rm -rf "$out"' EXIT
 }
 header() {
-  echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(uname -n), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg); build $build"
+  echo "# $(date -u '+%Y-%m-%d %H:%M UTC') $(uname -n), $(nproc) CPUs," \
+       "load: $(cut -d' ' -f1-3 /proc/loadavg); build $build"
 }
 
 # --- The suites ----------------------------------------------------------------------
@@ -165,7 +167,8 @@ suite_mpi() {
   if [ -n "$python" ]; then
     tests/spawn/mpirun.sh -np "$np" "$python" bench/torch_allreduce.py "$min_bytes" \
       "$max_bytes" "$reps" >"$out/torch.csv" 2>"$out/torch.err" ||
-      { echo "bench.sh mpi: the torch gloo run failed:" >&2; cat "$out/torch.err" >&2; : >"$out/torch.csv"; }
+      { echo "bench.sh mpi: the torch gloo run failed:" >&2; cat "$out/torch.err" >&2
+        : >"$out/torch.csv"; }
   else
     echo "bench.sh mpi: no Python that imports torch.distributed (tried python3," \
          "/usr/bin/python3; set PYTHON): no gloo column" >&2
