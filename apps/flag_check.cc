@@ -96,12 +96,16 @@ std::optional<std::string> CheckTimeout(double seconds) {
 
 namespace {
 
-// The part of a flag's source path from its "apps/" folder on ("apps/common.cc"),
-// or "" for a file outside apps/ (Abseil's own flags).
+// The part of a flag's source path from its "apps/" or "bench/" folder on
+// ("apps/common.cc", "bench/comm_bench.cc"), or "" for a file outside both
+// (Abseil's own flags).
 absl::string_view AppsPath(absl::string_view file) {
-  if (absl::StartsWith(file, "apps/")) return file;
-  const size_t at = file.rfind("/apps/");
-  return at == absl::string_view::npos ? absl::string_view() : file.substr(at + 1);
+  for (absl::string_view folder : {"apps/", "bench/"}) {
+    if (absl::StartsWith(file, folder)) return file;
+    const size_t at = file.rfind(absl::StrCat("/", folder));
+    if (at != absl::string_view::npos) return file.substr(at + 1);
+  }
+  return absl::string_view();
 }
 
 // The test-only flags' file (apps/test_hooks.cc) and the heading --helpfull
@@ -128,8 +132,8 @@ void SetUpHelp(absl::string_view program, absl::string_view description,
     }
     return program;
   };
-  // --help and --helpshort list the flags of apps/ (the program's and the shared
-  // ones), not Abseil's own nor the test-only ones (--helpfull lists every
+  // --help and --helpshort list the flags of apps/ and bench/ (the program's and
+  // the shared ones), not Abseil's own nor the test-only ones (--helpfull lists every
   // flag). The filter may be handed the normalised name.
   config.contains_help_flags = [program = std::string(program)](absl::string_view file) {
     if (file == kTestHooksHeading || AppsPath(file) == kTestHooksFile) return false;

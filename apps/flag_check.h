@@ -36,9 +36,10 @@ std::optional<std::string> CheckTimeout(double seconds);
 
 // Sets what --help prints: `description` (what the program does in its own
 // words, then a usage line), the text of `epilogue` when not empty (exit
-// statuses), and the flags defined under apps/, grouped under headings that
-// name the program's own flags and the flags every training program shares
-// instead of the source files' build paths. Call before absl::ParseCommandLine.
+// statuses), and the flags defined under apps/ and bench/, grouped under
+// headings that name the program's own flags and the flags every training
+// program shares instead of the source files' build paths. Call before
+// absl::ParseCommandLine.
 void SetUpHelp(absl::string_view program, absl::string_view description,
                absl::string_view epilogue = "");
 

@@ -1,9 +1,9 @@
-// The models the programs train and the benchmark harness (apps/bench) times.
+// The models the programs train and the benchmarks (bench/) time.
 // Each builds a new model on nn::current_device(), initialised from the calling
 // thread's generator (seed it first with nn::manual_seed for a reproducible one).
 //
 // Parameter names are those of nn::Sequential ("1.weight", ...) and the layer
-// order, shapes and initialisation are PyTorch's: scripts/bench/torch_bench.py
+// order, shapes and initialisation are PyTorch's: bench/torch_bench.py
 // builds the same models as torch.nn.Sequential and loads these weights by name.
 #ifndef TANDEM_APPS_MODELS_H_
 #define TANDEM_APPS_MODELS_H_

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nn/graph.h"
+#include "nn/status_macros.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim {
@@ -221,106 +222,132 @@ StateDict Optimizer::state_dict() const {
   return dict;
 }
 
-absl::Status Optimizer::load_state_dict(const StateDict& dict) {
-  auto scalar = [&](const std::string& key) -> const double* {
+// What load_state_dict has read of a StateDict: every scalar and tensor must be
+// read exactly once, so that a key the optimizer does not know is an error.
+struct Optimizer::DictReader {
+  explicit DictReader(const StateDict& d) : dict(d) {
+    for (const auto& [key, t] : dict.tensors) tensors[key] = &t;
+  }
+  // The scalar named `key` (marked as read), or nullptr.
+  const double* Scalar(const std::string& key) {
     auto it = dict.scalars.find(key);
-    return it == dict.scalars.end() ? nullptr : &it->second;
-  };
-  const double* n = scalar("num_groups");
+    if (it == dict.scalars.end()) return nullptr;
+    used_scalars.insert(key);
+    return &it->second;
+  }
+  // The tensor named `key` (counted as read), or nullptr.
+  const nn::Tensor* Tensor(const std::string& key) {
+    auto it = tensors.find(key);
+    if (it == tensors.end()) return nullptr;
+    ++used_tensors;
+    return it->second;
+  }
+
+  const StateDict& dict;
+  std::map<std::string, const nn::Tensor*> tensors;
+  std::set<std::string> used_scalars;
+  size_t used_tensors = 0;
+};
+
+absl::Status Optimizer::load_state_dict(const StateDict& dict) {
+  DictReader reader(dict);
+  const double* n = reader.Scalar("num_groups");
   if (n == nullptr || *n != static_cast<double>(num_groups())) {
     return absl::InvalidArgumentError(absl::StrCat(
         name_, " load_state_dict: 'num_groups' is ", n ? absl::StrCat(*n) : "missing",
         " but the optimizer has ", num_groups(), " groups"));
   }
-  std::map<std::string, const nn::Tensor*> tensors;
-  for (const auto& [key, t] : dict.tensors) tensors[key] = &t;
-  std::set<std::string> used_scalars = {"num_groups"};
-  size_t used_tensors = 0;
+  // Built aside and swapped in at the end: on error the optimizer is unchanged.
   std::vector<Group> loaded(groups_.size());
-  for (int64_t g = 0; g < num_groups(); ++g) {
-    const Group& group = groups_[g];
-    Group& out = loaded[g];
-    const std::string np_key = GroupKey(g, "num_params");
-    const double* np = scalar(np_key);
-    if (np == nullptr || *np != static_cast<double>(group.params.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name_, " load_state_dict: '", np_key, "' is ", np ? absl::StrCat(*np) : "missing",
-          " but group ", g, " has ", group.params.size(), " parameters"));
-    }
-    used_scalars.insert(np_key);
-    for (const auto& [name, value] : group.hyper) {
-      const std::string key = GroupKey(g, name);
-      const double* v = scalar(key);
-      if (v == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name_, " load_state_dict: missing hyper-parameter '", key, "'"));
-      }
-      out.hyper[name] = *v;
-      used_scalars.insert(key);
-    }
-    out.params = group.params;
-    out.device_tables = group.device_tables;
-    out.state.resize(group.params.size());
-    for (size_t i = 0; i < group.params.size(); ++i) {
-      const nn::Tensor& p = group.params[i];
-      const std::string step_key = StateKey(g, i, "step");
-      const double* step = scalar(step_key);
-      ParamState& st = out.state[i];
-      st.buffers.resize(state_names_.size());
-      if (step != nullptr) {
-        if (*step < 1 || *step != static_cast<double>(static_cast<int64_t>(*step))) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name_, " load_state_dict: '", step_key, "' must be a whole number >= 1 but is ", *step));
-        }
-        st.step = static_cast<int64_t>(*step);
-        used_scalars.insert(step_key);
-      }
-      for (size_t b = 0; b < state_names_.size(); ++b) {
-        const std::string key = StateKey(g, i, state_names_[b]);
-        auto it = tensors.find(key);
-        if (it == tensors.end()) continue;
-        const nn::Tensor& src = *it->second;
-        if (step == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name_, " load_state_dict: '", key, "' is given but '", step_key, "' is not"));
-        }
-        if (!src.defined() || src.shape() != p.shape()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name_, " load_state_dict: '", key, "' has shape ",
-              src.defined() ? nn::ShapeToString(src.shape()) : "undefined",
-              " but the parameter has shape ", nn::ShapeToString(p.shape())));
-        }
-        ++used_tensors;
-        nn::NoGradGuard no_grad;
-        st.buffers[b] = nn::empty_like(p);
-        st.buffers[b].copy_(src);
-      }
-    }
+  for (int64_t g = 0; g < num_groups(); ++g) RETURN_IF_ERROR(LoadGroup(g, reader, loaded[g]));
+  RETURN_IF_ERROR(CheckEverythingRead(reader));
+  groups_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::LoadGroup(int64_t g, DictReader& reader, Group& out) const {
+  const Group& group = groups_[g];
+  const std::string np_key = GroupKey(g, "num_params");
+  const double* np = reader.Scalar(np_key);
+  if (np == nullptr || *np != static_cast<double>(group.params.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, " load_state_dict: '", np_key, "' is ", np ? absl::StrCat(*np) : "missing",
+        " but group ", g, " has ", group.params.size(), " parameters"));
   }
-  for (const auto& [key, value] : dict.scalars) {
-    if (!used_scalars.count(key)) {
+  for (const auto& [name, value] : group.hyper) {
+    const std::string key = GroupKey(g, name);
+    const double* v = reader.Scalar(key);
+    if (v == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, " load_state_dict: missing hyper-parameter '", key, "'"));
+    }
+    out.hyper[name] = *v;
+  }
+  out.params = group.params;
+  out.device_tables = group.device_tables;
+  out.state.resize(group.params.size());
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    RETURN_IF_ERROR(LoadParamState(g, i, reader, out.state[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::LoadParamState(int64_t g, size_t i, DictReader& reader,
+                                       ParamState& st) const {
+  const nn::Tensor& p = groups_[g].params[i];
+  const std::string step_key = StateKey(g, i, "step");
+  const double* step = reader.Scalar(step_key);
+  st.buffers.resize(state_names_.size());
+  if (step != nullptr) {
+    if (*step < 1 || *step != static_cast<double>(static_cast<int64_t>(*step))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, " load_state_dict: '", step_key, "' must be a whole number >= 1 but is ", *step));
+    }
+    st.step = static_cast<int64_t>(*step);
+  }
+  for (size_t b = 0; b < state_names_.size(); ++b) {
+    const std::string key = StateKey(g, i, state_names_[b]);
+    const nn::Tensor* src = reader.Tensor(key);
+    if (src == nullptr) continue;
+    if (step == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, " load_state_dict: '", key, "' is given but '", step_key, "' is not"));
+    }
+    if (!src->defined() || src->shape() != p.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, " load_state_dict: '", key, "' has shape ",
+          src->defined() ? nn::ShapeToString(src->shape()) : "undefined",
+          " but the parameter has shape ", nn::ShapeToString(p.shape())));
+    }
+    nn::NoGradGuard no_grad;
+    st.buffers[b] = nn::empty_like(p);
+    st.buffers[b].copy_(*src);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::CheckEverythingRead(const DictReader& reader) const {
+  for (const auto& [key, value] : reader.dict.scalars) {
+    if (!reader.used_scalars.count(key)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name_, " load_state_dict: unexpected scalar '", key, "'"));
     }
   }
-  if (used_tensors != dict.tensors.size()) {
-    for (const auto& [key, t] : dict.tensors) {
-      bool known = false;
-      for (int64_t g = 0; g < num_groups() && !known; ++g) {
-        for (size_t i = 0; i < groups_[g].params.size() && !known; ++i) {
-          for (const std::string& name : state_names_) known |= key == StateKey(g, i, name);
-        }
-      }
-      if (!known) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name_, " load_state_dict: unexpected tensor '", key, "'"));
+  if (reader.used_tensors == reader.dict.tensors.size()) return absl::OkStatus();
+  for (const auto& [key, t] : reader.dict.tensors) {
+    bool known = false;
+    for (int64_t g = 0; g < num_groups() && !known; ++g) {
+      for (size_t i = 0; i < groups_[g].params.size() && !known; ++i) {
+        for (const std::string& name : state_names_) known |= key == StateKey(g, i, name);
       }
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(name_, " load_state_dict: a state tensor name appears twice"));
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, " load_state_dict: unexpected tensor '", key, "'"));
+    }
   }
-  groups_ = std::move(loaded);
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name_, " load_state_dict: a state tensor name appears twice"));
 }
 
 }  // namespace tandem::optim

@@ -140,6 +140,14 @@ class Optimizer {
                      const std::vector<internal::UpdateTensors>& tensors,
                      const std::vector<size_t>& indices);
 
+  // load_state_dict's steps: group g's hyper-parameters and state, parameter
+  // i's step count and buffers (into `out` / `st`, not the optimizer), and the
+  // check that no key of the dict went unread.
+  struct DictReader;
+  absl::Status LoadGroup(int64_t g, DictReader& reader, Group& out) const;
+  absl::Status LoadParamState(int64_t g, size_t i, DictReader& reader, ParamState& st) const;
+  absl::Status CheckEverythingRead(const DictReader& reader) const;
+
   // Expires with the optimizer: pre-replay hooks of captured graphs check it.
   std::shared_ptr<char> alive_ = std::make_shared<char>(0);
 };

@@ -16,9 +16,9 @@
 #    gpu_test.sh can rewrite CTest's absolute paths to wherever the copy lands,
 #    and the gpu-labelled test binaries (build-gpu/gpu_tests.txt) for machines
 #    without ctest;
-#  - keeps only what the GPU machine runs (gpu-labelled test binaries, apps
-#    including the benchmark harness's tandem_bench (build-gpu/apps/, run there by
-#    gpu_test.sh through scripts/bench/compare.py from the repository copy),
+#  - keeps only what the GPU machine runs (gpu-labelled test binaries, the apps,
+#    and the benchmarks built in build-gpu/bench/: tandem_bench, run there by
+#    gpu_test.sh through bench/compare.py from the repository copy, and
 #    nn_ops_bench; the CPU-only test binaries are deleted), deletes object files
 #    and static libraries, strips the binaries and gzips the libraries over 4 MiB
 #    (OpenBLAS), to keep build-gpu small enough to carry (under ~60 MiB). The next
@@ -37,7 +37,8 @@ jobs="${JOBS:-$(nproc)}"
 # CMakePresets.json's "gpu" preset (binary dir build-gpu).
 cmake --preset gpu >/dev/null
 # Only what the GPU machine runs: the gpu-labelled tests (target gpu_tests), the
-# programs gpu_test.sh starts and the microbenchmark; the CPU-only tests are not built.
+# programs gpu_test.sh starts and the benchmarks it runs (bench/); the CPU-only
+# tests are not built.
 cmake --build "$build" -j"$jobs" --target gpu_tests quickstart_linear train_mnist tandem_bench \
   nn_ops_bench
 
@@ -47,21 +48,22 @@ import json, os, sys
 bins = {os.path.relpath(t["command"][0], sys.argv[1]) for t in json.load(sys.stdin)["tests"]
         if t.get("command")}
 print("\n".join(sorted(bins)))' "$root/$build")"
-# Binaries to ship: those tests, the apps and the microbenchmark. The other
+# Binaries to ship: those tests, the apps and the benchmarks. The other
 # (CPU-only) test binaries are deleted: with OpenBLAS the bundle would not fit.
 mapfile -t binaries < <( { printf '%s\n' "$gpu_tests" | sed "s|^|$build/|"
-  find "$build/apps" -maxdepth 1 -type f -perm -u+x
-  echo "$build/tests/nn/nn_ops_bench"; } | while read -r f; do
+  find "$build/apps" "$build/bench" -maxdepth 1 -type f -perm -u+x; } | while read -r f; do
     [ -f "$f" ] && [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ] && echo "$f"
   done | sort -u)
 if [ -z "$gpu_tests" ] || [ ${#binaries[@]} -eq 0 ]; then
   echo "gpu_bundle: no gpu test binaries found in $build" >&2
   exit 1
 fi
-if ! printf '%s\n' "${binaries[@]}" | grep -qxF "$build/apps/tandem_bench"; then
-  echo "gpu_bundle: $build/apps/tandem_bench was not built (gpu_test.sh's benchmark step needs it)" >&2
-  exit 1
-fi
+for needed in tandem_bench nn_ops_bench; do
+  if ! printf '%s\n' "${binaries[@]}" | grep -qxF "$build/bench/$needed"; then
+    echo "gpu_bundle: $build/bench/$needed was not built (gpu_test.sh's benchmark steps need it)" >&2
+    exit 1
+  fi
+done
 find "$build/tests" -name CMakeFiles -prune -o -type f -perm -u+x -print | while read -r f; do
   if [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ] &&
      ! printf '%s\n' "${binaries[@]}" | grep -qxF "$f"; then

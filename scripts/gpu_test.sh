@@ -11,10 +11,10 @@
 #    location, or, where ctest is not installed, the gpu test binaries directly.
 # 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
 #    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
-# 4. The microbenchmark nn_ops_bench (CPU and CUDA rows, median of 5;
+# 4. The microbenchmark bench/nn_ops_bench (CPU and CUDA rows, median of 5;
 #    OPS_BENCH_ARGS adds arguments, e.g. --benchmark_filter=cuda).
-# 5. The tandem vs PyTorch benchmark on GPU 0 (scripts/bench/compare.py with
-#    build-gpu/apps/tandem_bench and $PYTHON): tandem eager and CUDA graph, torch
+# 5. The tandem vs PyTorch benchmark on GPU 0 (bench/compare.py with
+#    build-gpu/bench/tandem_bench and $PYTHON): tandem eager and CUDA graph, torch
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
 #    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
 #    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
@@ -130,29 +130,29 @@ fi
 
 if wants ops_bench; then
 step "microbenchmark: nn_ops_bench (median of 5 repetitions)"
-if [ -x "$build/tests/nn/nn_ops_bench" ]; then
+if [ -x "$build/bench/nn_ops_bench" ]; then
   # OPS_BENCH_ARGS: more arguments, e.g. --benchmark_filter=cuda (the CPU rows
   # run without oneDNN in the bundle and take most of a short lease).
   # shellcheck disable=SC2086
-  run nn_ops_bench "$build/tests/nn/nn_ops_bench" --benchmark_repetitions=5 \
+  run nn_ops_bench "$build/bench/nn_ops_bench" --benchmark_repetitions=5 \
     --benchmark_report_aggregates_only=true ${OPS_BENCH_ARGS:-}
 else
-  echo "gpu_test: $build/tests/nn/nn_ops_bench was not built (Google Benchmark missing?)"
+  echo "gpu_test: $build/bench/nn_ops_bench was not built (Google Benchmark missing?)"
   failed+=("nn_ops_bench")
 fi
 
 fi
 
 if wants bench; then
-step "benchmark: tandem vs PyTorch on cuda:0 (scripts/bench/compare.py)"
-if [ -x "$build/apps/tandem_bench" ]; then
+step "benchmark: tandem vs PyTorch on cuda:0 (bench/compare.py)"
+if [ -x "$build/bench/tandem_bench" ]; then
   bench_out="${OUT:-$root/bench-out}/bench"
   read -r -a bench_args <<<"${BENCH_ARGS:---cuda_graph --warmup_steps=10 --steps=100 --repetitions=5}"
-  run "bench compare" "$python" "$root/scripts/bench/compare.py" --devices=cuda:0 \
-    --bench="$build/apps/tandem_bench" --python="$python" --out="$bench_out" \
+  run "bench compare" "$python" "$root/bench/compare.py" --devices=cuda:0 \
+    --bench="$build/bench/tandem_bench" --python="$python" --out="$bench_out" \
     --work_dir="${TMPDIR:-/tmp}/tandem_bench_work" "${bench_args[@]}"
 else
-  echo "gpu_test: $build/apps/tandem_bench was not built"
+  echo "gpu_test: $build/bench/tandem_bench was not built"
   failed+=("bench compare")
 fi
 

@@ -40,7 +40,7 @@ void Fold(const std::vector<const void*>& in, void* out, int64_t n, nn::DType dt
 
 // Two processes, messages up to this size: MPI's all-reduce (measured faster
 // than the all-to-all + all-gather below up to 16 MB, slower at 64 MB on one
-// host, scripts/bench_mpi.sh).
+// host, `scripts/bench.sh mpi`).
 constexpr int64_t kMpiAllReduceMaxBytes = 32 << 20;
 
 // x[i] = x[i] / divisor: Fold's kAvg division on its own, in a loop the compiler

@@ -246,7 +246,7 @@ namespace tandem::dist {
 // (spawn/comm/mpi/hierarchical_communicator.cc) is both. Its reduce-scatter + all-gather
 // (Rabenseifner, algorithm 3) measured faster at every size from 1 KB to 16 MB
 // on 2 processes and faster than the blocking MPI_Allreduce from 1 MB up
-// (scripts/bench_mpi.sh; docs/multiprocess.md, "Benchmark"). With 2 processes
+// (`scripts/bench.sh mpi`; docs/multiprocess.md, "Benchmark"). With 2 processes
 // each element is one IEEE addition, commutative, so the bits do not change.
 // Only for exactly 2 processes (the only case where MPI_Iallreduce carries
 // data; with more, the control plane's small rounds keep libnbc's choice), and

@@ -2,7 +2,7 @@
 // communicator (one CPU rank per process, dist::spawn) against a raw
 // MPI_Allreduce on the same processes and sizes. Run under mpirun:
 //
-//   tests/spawn/mpirun.sh -np 2 build/apps/mpi_allreduce_bench [min_bytes max_bytes reps]
+//   tests/spawn/mpirun.sh -np 2 build-cpu/bench/mpi_allreduce_bench [min_bytes max_bytes reps]
 //
 // For each size (powers of 4 from min_bytes, 1 KB, to max_bytes, 64 MB; float32
 // sum): warm-up, then `reps` timed repetitions of an all-reduce loop (enough

@@ -102,7 +102,7 @@ def main(bench, work):
     rc, out = run([bench, "--batch_size=4"] + common[:1])
     check(rc == 2 and "unknown flag --batch_size" in out, f"unknown flag: exit {rc}, {out!r}")
 
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "bench"))
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
     import compare  # noqa: E402 (standard library only)
     torch_cell = dict(cells[0], side="torch", mode="eager")
     bad, n = compare.compare_losses(cells, [torch_cell], tf32=False)

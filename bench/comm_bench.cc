@@ -525,7 +525,7 @@ int RunDp(const std::vector<int>& rank_counts, const std::string& gpus) {
 int Main(int argc, char** argv) {
   SetUpHelp("comm_bench",
             "Times dist::Communicator's collectives nccl-tests style (see the header of "
-            "apps/bench/comm_bench.cc).");
+            "bench/comm_bench.cc).");
   if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
     std::cerr << "comm_bench: " << *bad << "\n";
     return 2;

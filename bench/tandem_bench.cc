@@ -1,7 +1,7 @@
 // tandem_bench: times training steps of the MLP, the LeNet and the ConvNet of
 // apps/models.h on device-resident synthetic data, for PyTorch comparisons
-// (the PyTorch side is scripts/bench/torch_bench.py, the driver that
-// runs both and prints ratios is scripts/bench/compare.py).
+// (the PyTorch side is bench/torch_bench.py, the driver that
+// runs both and prints ratios is bench/compare.py).
 //
 //   tandem_bench --device=cpu --models=mlp --batch_sizes=32 --json=/tmp/b.json
 //   tandem_bench --device=cuda:0 --tf32 --export_dir=/tmp/x   # then torch_bench.py
@@ -46,8 +46,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "apps/bench/exchange.h"
-#include "apps/bench/json_writer.h"
+#include "bench/exchange.h"
+#include "bench/json_writer.h"
 #include "apps/flag_check.h"
 #include "apps/models.h"
 #include "nn/graph.h"
@@ -92,8 +92,8 @@ ABSL_FLAG(bool, cuda_graph, false,
 ABSL_FLAG(std::string, json, "", "When set, the report is written to this JSON file.");
 ABSL_FLAG(std::string, export_dir, "",
           "When set, each model's initial weights, the data and the first 10 losses of "
-          "every cell are written there (layout in apps/bench/exchange.h) for "
-          "scripts/bench/torch_bench.py.");
+          "every cell are written there (layout in bench/exchange.h) for "
+          "bench/torch_bench.py.");
 ABSL_FLAG(std::string, import_dir, "",
           "When set, the initial weights and the data are read from this exchange "
           "directory instead of being generated from --seed.");
@@ -184,22 +184,25 @@ std::vector<std::string> SplitList(const std::string& flag, const std::string& t
   return items;
 }
 
-Config ParseConfig() {
-  Config c;
-  const std::string device_text = absl::GetFlag(FLAGS_device);
+// --device, checked against the CUDA devices this process sees.
+nn::Device ParseDeviceFlag(const std::string& device_text) {
   absl::StatusOr<nn::Device> device = nn::ParseDevice(device_text);
   if (!device.ok()) FlagError(absl::StrCat("--device=", device_text, ": ", device.status().message()));
-  c.device = *device;
-  if (c.device.is_cuda()) {
+  if (device->is_cuda()) {
     const int count = nn::cuda_device_count();
     if (!nn::cuda_built()) {
       FlagError(absl::StrCat("--device=", device_text, ": this binary was built without CUDA"));
     }
-    if (c.device.index >= count) {
+    if (device->index >= count) {
       FlagError(absl::StrCat("--device=", device_text, ": ", count,
                              " CUDA device(s) visible to this process"));
     }
   }
+  return *device;
+}
+
+// The cells' axes: --models, --batch_sizes, --optimizers.
+void ParseCellLists(Config& c) {
   const std::string models_text = absl::GetFlag(FLAGS_models);
   for (const std::string& name : SplitList("models", models_text)) {
     const ModelSpec* found = nullptr;
@@ -229,21 +232,10 @@ Config ParseConfig() {
     }
     c.optimizers.push_back(name);
   }
-  c.warmup_steps = ParseInt("warmup_steps", absl::GetFlag(FLAGS_warmup_steps), 0);
-  c.steps = ParseInt("steps", absl::GetFlag(FLAGS_steps), 1);
-  c.repetitions = ParseInt("repetitions", absl::GetFlag(FLAGS_repetitions), 5);
-  c.threads = static_cast<int>(ParseInt("threads", absl::GetFlag(FLAGS_threads), 0));
-  if (c.threads > 1024) FlagError(absl::StrCat("--threads=", c.threads, ": must be <= 1024"));
-  const std::string seed_text = absl::GetFlag(FLAGS_seed);
-  if (!absl::SimpleAtoi(seed_text, &c.seed)) {
-    FlagError(absl::StrCat("--seed=", seed_text, ": not a non-negative integer"));
-  }
-  c.tf32 = absl::GetFlag(FLAGS_tf32);
-  c.bf16 = absl::GetFlag(FLAGS_bf16);
-  c.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
-  if (c.cuda_graph && !c.device.is_cuda()) {
-    FlagError(absl::StrCat("--cuda_graph: needs a CUDA device, but --device=", device_text));
-  }
+}
+
+// --json, --export_dir, --import_dir: present, creatable, writable, distinct.
+void ParseFileFlags(Config& c) {
   c.json = absl::GetFlag(FLAGS_json);
   c.export_dir = absl::GetFlag(FLAGS_export_dir);
   c.import_dir = absl::GetFlag(FLAGS_import_dir);
@@ -268,6 +260,29 @@ Config ParseConfig() {
     std::ofstream probe(c.json, std::ios::app);
     if (!probe) FlagError(absl::StrCat("--json=", c.json, ": cannot open it for writing"));
   }
+}
+
+Config ParseConfig() {
+  Config c;
+  const std::string device_text = absl::GetFlag(FLAGS_device);
+  c.device = ParseDeviceFlag(device_text);
+  ParseCellLists(c);
+  c.warmup_steps = ParseInt("warmup_steps", absl::GetFlag(FLAGS_warmup_steps), 0);
+  c.steps = ParseInt("steps", absl::GetFlag(FLAGS_steps), 1);
+  c.repetitions = ParseInt("repetitions", absl::GetFlag(FLAGS_repetitions), 5);
+  c.threads = static_cast<int>(ParseInt("threads", absl::GetFlag(FLAGS_threads), 0));
+  if (c.threads > 1024) FlagError(absl::StrCat("--threads=", c.threads, ": must be <= 1024"));
+  const std::string seed_text = absl::GetFlag(FLAGS_seed);
+  if (!absl::SimpleAtoi(seed_text, &c.seed)) {
+    FlagError(absl::StrCat("--seed=", seed_text, ": not a non-negative integer"));
+  }
+  c.tf32 = absl::GetFlag(FLAGS_tf32);
+  c.bf16 = absl::GetFlag(FLAGS_bf16);
+  c.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
+  if (c.cuda_graph && !c.device.is_cuda()) {
+    FlagError(absl::StrCat("--cuda_graph: needs a CUDA device, but --device=", device_text));
+  }
+  ParseFileFlags(c);
   return c;
 }
 
@@ -697,7 +712,7 @@ int main(int argc, char** argv) {
   apps::SetUpHelp(
       "tandem_bench",
       "Times training steps of the MLP, LeNet and ConvNet on device-resident synthetic data "
-      "(median of repetitions), for the PyTorch comparison of scripts/bench/compare.py.\n\n"
+      "(median of repetitions), for the PyTorch comparison of bench/compare.py.\n\n"
       "Usage: tandem_bench [--flag=value ...]");
   if (std::optional<std::string> bad = apps::FindBadFlag(argc, argv)) FlagError(*bad);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

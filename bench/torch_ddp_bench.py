@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch DistributedDataParallel (gloo) training steps: the torch side of
-scripts/bench_ddp.sh, the twin of apps/bench/ddp_bench.cc (same cells, same
+`scripts/bench.sh ddp`, the twin of bench/ddp_bench.cc (same cells, same
 data split, same timing rule, same CSV line). Run under mpirun (rank and world
 from OpenMPI's variables), one CPU process per rank:
 
-    tests/spawn/mpirun.sh -np 2 /usr/bin/python3 scripts/bench/torch_ddp_bench.py \
+    tests/spawn/mpirun.sh -np 2 /usr/bin/python3 bench/torch_ddp_bench.py \
         --import_dir=X --models=mlp,lenet --batch_sizes=32,64,128
 
 X is the exchange directory of `tandem_bench --export_dir=X` (initial weights,

@@ -1,4 +1,4 @@
-#include "apps/bench/exchange.h"
+#include "bench/exchange.h"
 
 #include <bit>
 #include <cerrno>

@@ -3,7 +3,7 @@
 // compare row by row: the reference that separate processes reach.
 //
 //   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
-//       build-cpu/apps/mpi_comm_bench --max_bytes=256M --iters=20
+//       build-cpu/bench/mpi_comm_bench --max_bytes=256M --iters=20
 //
 // Flags (--name=value): --collectives (all_reduce,broadcast,all_gather,
 // reduce_scatter,barrier), --min_bytes (8), --max_bytes (256M; suffixes K M G),

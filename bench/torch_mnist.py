@@ -14,7 +14,7 @@ indexed from them. torch.set_num_threads(--threads), default every core.
 Prints one line `summary: accuracy A% final loss L time T s` (T: wall time from
 the start of the script, data loading included). Standard library and torch only.
 
-    /usr/bin/python3 scripts/bench/torch_mnist.py --threads=2
+    /usr/bin/python3 bench/torch_mnist.py --threads=2
 """
 
 import argparse

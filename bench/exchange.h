@@ -1,5 +1,5 @@
 // The exchange directory through which tandem_bench hands its initial weights,
-// its data and its first losses to the PyTorch side (scripts/bench/torch_bench.py),
+// its data and its first losses to the PyTorch side (bench/torch_bench.py),
 // and from which it can read weights back (--import_dir).
 //
 // Layout (version 1):
@@ -13,8 +13,8 @@
 //   <model>/labels.bin          int64 (N), values in [0, 10)
 // Every .bin file is the tensor's elements in C (row-major) order as raw
 // little-endian values, with no header: its size is numel x element size.
-#ifndef TANDEM_APPS_BENCH_EXCHANGE_H_
-#define TANDEM_APPS_BENCH_EXCHANGE_H_
+#ifndef TANDEM_BENCH_EXCHANGE_H_
+#define TANDEM_BENCH_EXCHANGE_H_
 
 #include <string>
 
@@ -47,4 +47,4 @@ absl::Status ReadModelState(const std::string& dir, const std::string& model_nam
 
 }  // namespace tandem::apps::bench
 
-#endif  // TANDEM_APPS_BENCH_EXCHANGE_H_
+#endif  // TANDEM_BENCH_EXCHANGE_H_

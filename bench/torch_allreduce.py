@@ -1,10 +1,10 @@
 """PyTorch gloo all_reduce bandwidth across processes, the torch side of
-scripts/bench_mpi.sh. Run under mpirun (rank and size from OpenMPI's variables):
+`scripts/bench.sh mpi`. Run under mpirun (rank and size from OpenMPI's variables):
 
-    tests/spawn/mpirun.sh -np 2 /usr/bin/python3 scripts/bench/torch_allreduce.py 1024 67108864 5
+    tests/spawn/mpirun.sh -np 2 /usr/bin/python3 bench/torch_allreduce.py 1024 67108864 5
 
 Prints on rank 0: impl,bytes,us_per_call,algbw_GBps (the same timing rule as
-apps/bench/mpi_allreduce_bench.cc: 3 warm-up calls, ~20 ms loops, median of reps).
+bench/mpi_allreduce_bench.cc: 3 warm-up calls, ~20 ms loops, median of reps).
 """
 import os
 import sys

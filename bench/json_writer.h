@@ -2,8 +2,8 @@
 // objects, arrays, strings (escaped), integers, doubles (NaN and infinities
 // become null, which JSON has no spelling for) and booleans. Commas are placed
 // automatically; the caller pairs Begin/End calls. Not thread-safe.
-#ifndef TANDEM_APPS_BENCH_JSON_WRITER_H_
-#define TANDEM_APPS_BENCH_JSON_WRITER_H_
+#ifndef TANDEM_BENCH_JSON_WRITER_H_
+#define TANDEM_BENCH_JSON_WRITER_H_
 
 #include <cmath>
 #include <cstdint>
@@ -154,4 +154,4 @@ class JsonWriter {
 
 }  // namespace tandem::apps::bench
 
-#endif  // TANDEM_APPS_BENCH_JSON_WRITER_H_
+#endif  // TANDEM_BENCH_JSON_WRITER_H_

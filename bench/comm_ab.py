@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interleaved A/B of comm_bench binaries (e.g. one built from another commit).
 
-    python3 scripts/bench_comm_ab.py REPS LABEL:BINARY[:ENV=VALUE...] ... -- COMM_BENCH_ARGS
+    scripts/bench.sh comm_ab REPS LABEL:BINARY[:ENV=VALUE...] ... -- COMM_BENCH_ARGS
 
 Runs every binary once per repetition, alternating, with the same arguments, and
 prints per (collective, ranks, size) the median and the fastest of the reported
@@ -9,8 +9,8 @@ times, the 1-minute load average seen before the runs, and (when the runs cover
 2 and 4 ranks) the 4-rank / 2-rank ratio of the medians. On a shared machine
 only such interleaved comparisons mean anything. Example (docs/benchmarks.md):
 
-    python3 scripts/bench_comm_ab.py 7 before:/tmp/comm_bench_before \\
-        after:build-cpu/apps/comm_bench -- --ranks=2,4 --collectives=all_reduce \\
+    scripts/bench.sh comm_ab 7 before:/tmp/comm_bench_before \\
+        after:build-cpu/bench/comm_bench -- --ranks=2,4 --collectives=all_reduce \\
         --min_bytes=1K --max_bytes=1K --iters=5000
 """
 import collections

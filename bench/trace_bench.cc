@@ -4,7 +4,7 @@
 // spans on a Context without a recorder: a null check each), and what
 // --tensorboard_dir adds at a log interval (SummaryWriter::AddScalar x 5).
 // Not a ctest: run by hand; docs/benchmarks.md cites it.
-//   build/tests/spawn/spawn_trace_bench --benchmark_repetitions=5
+//   scripts/bench.sh trace    # build-cpu/bench/spawn_trace_bench --benchmark_repetitions=5
 #include <unistd.h>
 
 #include <filesystem>

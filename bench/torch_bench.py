@@ -3,7 +3,7 @@
 
 Runs the models of apps/models.h (same layer order, shapes and parameter names)
 from the initial weights and the data that `tandem_bench --export_dir=DIR`
-wrote (layout: apps/bench/exchange.h; DIR/manifest.json lists every file), with
+wrote (layout: bench/exchange.h; DIR/manifest.json lists every file), with
 the optimizers' hyper-parameters read from the same manifest, and times them
 exactly as tandem_bench does: per repetition, warm-up steps, loss.item() (a
 device sync), the clock, the timed steps, loss.item(), the clock; median of the
@@ -19,7 +19,7 @@ skipped with the reason: nothing is estimated in its place.
 costs on this GPU: graphs of 1 and of N tiny kernels are captured with
 torch.cuda.CUDAGraph and replayed; the per-node cost is the slope.
 
-    python3 scripts/bench/torch_bench.py --import_dir=/tmp/x --device=cpu --json=t.json
+    python3 bench/torch_bench.py --import_dir=/tmp/x --device=cpu --json=t.json
 
 Standard library and torch only. Exit status: 0 ok, 1 failure, 2 bad argument.
 """

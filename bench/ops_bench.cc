@@ -1,7 +1,7 @@
 // Forward + backward time of the layers the apps train, on the CPU and, when a
 // GPU is visible, on CUDA device 0 (a microbenchmark). Not a ctest: run
 // by hand,
-//   build/tests/nn/nn_ops_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
+//   scripts/bench.sh ops      # build-cpu/bench/nn_ops_bench --benchmark_repetitions=5 ...
 // Cases, each at batch 64 and 512:
 //   Linear784x512    nn::Linear(784, 512) on data x (grads: weight, bias)
 //   Conv1x20k5       LeNet's first conv, 1 -> 20, 5x5, padding 2, on 28x28 data

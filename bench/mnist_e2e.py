@@ -9,7 +9,7 @@ from each program's summary line. Prints each run, then the medians and the
 speedup (torch time / tandem time). Exit status 0 when every run succeeded, 1
 otherwise, 2 on a bad argument.
 
-    python3 scripts/bench/mnist_e2e.py --train_mnist=build-cpu/apps/train_mnist --runs=5
+    python3 bench/mnist_e2e.py --train_mnist=build-cpu/apps/train_mnist --runs=5
 """
 
 import argparse
@@ -48,11 +48,13 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="torch.set_num_threads (default: every core)")
     parser.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs of both sides (default: their default, 2); 1 for a quick run")
     parser.add_argument("--tandem_args", default="",
                         help="extra train_mnist flags, space-separated (default: none)")
     args = parser.parse_args()
-    if args.runs < 1 or args.threads < 1:
-        print("mnist_e2e.py: --runs and --threads must be >= 1", file=sys.stderr)
+    if args.runs < 1 or args.threads < 1 or (args.epochs is not None and args.epochs < 1):
+        print("mnist_e2e.py: --runs, --threads and --epochs must be >= 1", file=sys.stderr)
         return 2
     if not os.access(args.train_mnist, os.X_OK):
         print(f"mnist_e2e.py: --train_mnist {args.train_mnist}: not an executable", file=sys.stderr)
@@ -60,6 +62,9 @@ def main():
     tandem_cmd = [args.train_mnist, f"--data_dir={args.data_dir}"] + args.tandem_args.split()
     torch_cmd = [args.python, os.path.join(HERE, "torch_mnist.py"), f"--threads={args.threads}",
                  f"--data_dir={args.data_dir}"]
+    if args.epochs is not None:
+        tandem_cmd.append(f"--epochs={args.epochs}")
+        torch_cmd.append(f"--epochs={args.epochs}")
     results = {"tandem": [], "torch": []}
     try:
         for i in range(args.runs):

@@ -1,6 +1,6 @@
 // How OpenBLAS behaves when several rank threads call it at once (a CPU run of
 // dist::spawn with gpus="cpu" does exactly that). Not a ctest: run by hand,
-//   build/tests/nn/nn_blas_threads_bench [--benchmark_filter=...]
+//   scripts/bench.sh blas [--benchmark_filter=...]      # build-cpu/bench/nn_blas_threads_bench
 // and compare the 1- and 2-thread rows: with real time, "items_per_second" is
 // the total rate of all threads, so 2 threads at twice the 1-thread rate means
 // the calls ran in parallel, the same rate means OpenBLAS serialised them.

@@ -1,13 +1,13 @@
 // tandem_ddp_bench: the data-parallel training step of tandem, for the comparison
 // with PyTorch's DistributedDataParallel on gloo (the PyTorch side is
-// scripts/bench/torch_ddp_bench.py, the driver scripts/bench_ddp.sh).
+// bench/torch_ddp_bench.py, the driver `scripts/bench.sh ddp`).
 //
-//   tests/spawn/mpirun.sh -np 2 build/apps/tandem_ddp_bench --import_dir=X \
+//   tests/spawn/mpirun.sh -np 2 build-cpu/bench/tandem_ddp_bench --import_dir=X \
 //       --models=mlp,lenet --batch_sizes=32,64,128
 //
 // Started by mpirun as P processes, spawn joins them into one world (P x
 // --nprocs ranks); alone, it runs --nprocs ranks in one process. X is an exchange
-// directory written by `tandem_bench --export_dir=X` (apps/bench/exchange.h):
+// directory written by `tandem_bench --export_dir=X` (bench/exchange.h):
 // both sides start from its initial weights and train on its data. For every
 // cell (model x global batch), every rank:
 //  1. loads the initial weights, wraps the model in dist::DataParallel, makes a
@@ -45,7 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "apps/bench/exchange.h"
+#include "bench/exchange.h"
 #include "apps/flag_check.h"
 #include "apps/models.h"
 #include "nn/nn.h"
@@ -177,81 +177,107 @@ Cell RunCell(dist::Context& ctx, const Model& spec, int64_t global_batch, const 
   return cell;
 }
 
+// The checked flags: the cells to run and where their data is.
+struct Config {
+  std::string dir;
+  std::vector<Model> models;
+  std::vector<int64_t> batches;
+};
+
+// Reads and checks the flags; throws BadFlag naming the first bad value.
+Config ParseConfig() {
+  Config config;
+  config.dir = absl::GetFlag(FLAGS_import_dir);
+  if (config.dir.empty()) Bad("--import_dir is required (tandem_bench --export_dir writes one)");
+  for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty())) {
+    config.models.push_back(FindModel(std::string(m)));
+  }
+  for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batch_sizes), ',', absl::SkipEmpty())) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(b, &value) || value < 1) {
+      Bad(absl::StrCat("--batch_sizes: \"", b, "\" is not an integer >= 1"));
+    }
+    config.batches.push_back(value);
+  }
+  if (config.models.empty() || config.batches.empty()) {
+    Bad("--models and --batch_sizes must not be empty");
+  }
+  if (std::optional<std::string> bad = CheckTimeout(absl::GetFlag(FLAGS_timeout_s))) Bad(*bad);
+  if (absl::GetFlag(FLAGS_steps) < 1 || absl::GetFlag(FLAGS_repetitions) < 1 ||
+      absl::GetFlag(FLAGS_warmup_steps) < 0 || absl::GetFlag(FLAGS_threads) < 1) {
+    Bad("--steps, --repetitions and --threads must be >= 1, --warmup_steps >= 0");
+  }
+  return config;
+}
+
+// One cell in `mode` on every rank of a spawned world; global rank 0's result,
+// or nullopt after printing why the run failed.
+std::optional<Cell> SpawnCell(const Model& model, int64_t batch, const std::string& dir,
+                              Mode mode) {
+  static std::ostream* quiet = new std::ostream(nullptr);  // spawn's table goes nowhere
+  dist::SpawnOptions options;
+  options.console = quiet;
+  options.timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  auto cells = dist::spawn(
+      [&](dist::Context& ctx) {
+        TANDEM_CHECK(batch % ctx.world_size() == 0, "--batch_sizes: ", batch,
+                     " is not a multiple of the world size ", ctx.world_size());
+        return RunCell(ctx, model, batch, dir, mode);
+      },
+      absl::GetFlag(FLAGS_nprocs), "cpu", options);
+  if (!cells.ok()) {
+    std::cerr << "tandem_ddp_bench: " << model.name << " batch " << batch << ": "
+              << cells.status() << "\n";
+    return std::nullopt;
+  }
+  return (*cells)[0];
+}
+
+// Times one (model, global batch) cell and prints its CSV lines (global rank 0
+// only): the overlapped step, then with --overlap the sync and compute-only
+// steps and the fraction of the reduction hidden. False when a run failed.
+bool RunAndReport(const Model& model, int64_t batch, const std::string& dir) {
+  const std::optional<Cell> c = SpawnCell(model, batch, dir, Mode::kOverlap);
+  if (!c) return false;
+  const bool report = dist::DetectLaunch().index == 0;  // global rank 0 reports
+  if (report) {
+    std::string line = absl::StrFormat("tandem,%s,%d,%d,%.1f,%.1f,%.1f", model.name, batch,
+                                       c->world, c->median_us, c->min_us, c->max_us);
+    for (double l : c->losses) absl::StrAppendFormat(&line, ",%.7g", l);
+    std::cout << line << std::endl;
+  }
+  if (!absl::GetFlag(FLAGS_overlap)) return true;
+  const std::optional<Cell> sync = SpawnCell(model, batch, dir, Mode::kSync);
+  const std::optional<Cell> compute = SpawnCell(model, batch, dir, Mode::kCompute);
+  if (!sync || !compute) return false;
+  // The reduction's cost is sync - compute; what overlapping saved of it is
+  // sync - overlapped.
+  const double comm_us = sync->median_us - compute->median_us;
+  const double hidden = comm_us > 0 ? (sync->median_us - c->median_us) / comm_us : 0;
+  if (report) {
+    std::cout << absl::StrFormat("tandem_overlap,%s,%d,%d,%.1f,%.1f,%.1f,%.3f", model.name, batch,
+                                 c->world, c->median_us, sync->median_us, compute->median_us,
+                                 hidden)
+              << std::endl;
+  }
+  return true;
+}
+
 int Main(int argc, char** argv) {
   SetUpHelp("tandem_ddp_bench",
             "Times the data-parallel training step for the comparison with PyTorch DDP (see "
-            "the header of apps/bench/ddp_bench.cc).");
+            "the header of bench/ddp_bench.cc).");
   if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
     std::cerr << "tandem_ddp_bench: " << *bad << "\n";
     return 2;
   }
   absl::ParseCommandLine(argc, argv);
   try {
-    const std::string dir = absl::GetFlag(FLAGS_import_dir);
-    if (dir.empty()) Bad("--import_dir is required (tandem_bench --export_dir writes one)");
-    std::vector<Model> models;
-    for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty())) {
-      models.push_back(FindModel(std::string(m)));
-    }
-    std::vector<int64_t> batches;
-    for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_batch_sizes), ',', absl::SkipEmpty())) {
-      int64_t value = 0;
-      if (!absl::SimpleAtoi(b, &value) || value < 1) {
-        Bad(absl::StrCat("--batch_sizes: \"", b, "\" is not an integer >= 1"));
-      }
-      batches.push_back(value);
-    }
-    if (models.empty() || batches.empty()) Bad("--models and --batch_sizes must not be empty");
-    if (std::optional<std::string> bad = CheckTimeout(absl::GetFlag(FLAGS_timeout_s))) Bad(*bad);
-    if (absl::GetFlag(FLAGS_steps) < 1 || absl::GetFlag(FLAGS_repetitions) < 1 ||
-        absl::GetFlag(FLAGS_warmup_steps) < 0 || absl::GetFlag(FLAGS_threads) < 1) {
-      Bad("--steps, --repetitions and --threads must be >= 1, --warmup_steps >= 0");
-    }
+    const Config config = ParseConfig();
     nn::set_cpu_blas_threads(absl::GetFlag(FLAGS_threads));
-    static std::ostream* quiet = new std::ostream(nullptr);  // spawn's table goes nowhere
-    dist::SpawnOptions options;
-    options.console = quiet;
-    options.timeout_s = absl::GetFlag(FLAGS_timeout_s);
-    for (const Model& model : models) {
-      for (int64_t batch : batches) {
-        auto run = [&](Mode mode) -> std::optional<Cell> {
-          auto cells = dist::spawn(
-              [&](dist::Context& ctx) {
-                TANDEM_CHECK(batch % ctx.world_size() == 0, "--batch_sizes: ", batch,
-                             " is not a multiple of the world size ", ctx.world_size());
-                return RunCell(ctx, model, batch, dir, mode);
-              },
-              absl::GetFlag(FLAGS_nprocs), "cpu", options);
-          if (!cells.ok()) {
-            std::cerr << "tandem_ddp_bench: " << model.name << " batch " << batch << ": "
-                      << cells.status() << "\n";
-            return std::nullopt;
-          }
-          return (*cells)[0];
-        };
-        const std::optional<Cell> c = run(Mode::kOverlap);
-        if (!c) return 1;
-        const bool report = dist::DetectLaunch().index == 0;  // global rank 0 reports
-        if (report) {
-          std::string line = absl::StrFormat("tandem,%s,%d,%d,%.1f,%.1f,%.1f", model.name, batch,
-                                             c->world, c->median_us, c->min_us, c->max_us);
-          for (double l : c->losses) absl::StrAppendFormat(&line, ",%.7g", l);
-          std::cout << line << std::endl;
-        }
-        if (!absl::GetFlag(FLAGS_overlap)) continue;
-        const std::optional<Cell> sync = run(Mode::kSync);
-        const std::optional<Cell> compute = run(Mode::kCompute);
-        if (!sync || !compute) return 1;
-        // The reduction's cost is sync - compute; what overlapping saved of it is
-        // sync - overlapped.
-        const double comm_us = sync->median_us - compute->median_us;
-        const double hidden = comm_us > 0 ? (sync->median_us - c->median_us) / comm_us : 0;
-        if (report) {
-          std::cout << absl::StrFormat("tandem_overlap,%s,%d,%d,%.1f,%.1f,%.1f,%.3f", model.name,
-                                       batch, c->world, c->median_us, sync->median_us,
-                                       compute->median_us, hidden)
-                    << std::endl;
-        }
+    for (const Model& model : config.models) {
+      for (int64_t batch : config.batches) {
+        if (!RunAndReport(model, batch, config.dir)) return 1;
       }
     }
     return 0;
