@@ -38,12 +38,12 @@ class ShutdownTest : public ::testing::Test {
   absl::Status Run(int world, const std::function<absl::Status(Context&)>& body,
                    std::chrono::seconds limit = std::chrono::seconds(20)) {
     group_ = std::make_shared<FakeGroup>(world);
-    internal::SpawnHooks hooks = hooks_;
+    SpawnHooks hooks = hooks_;
     hooks.make_communicators = testing::MakeFakeCommunicators(group_, &comms_);
     options_.console = &console_;
     const Clock::time_point start = Clock::now();
     auto result = std::async(std::launch::async, [&] {
-      return internal::RunSpawnWithHooks("cpu", world, options_, hooks, [](int) {}, body);
+      return RunSpawnWithHooks("cpu", world, options_, hooks, [](int) {}, body);
     });
     if (result.wait_for(limit) != std::future_status::ready) {
       ADD_FAILURE() << "spawn did not return within " << limit.count() << " s: a hang";
@@ -62,7 +62,7 @@ class ShutdownTest : public ::testing::Test {
   }
 
   SpawnOptions options_{.log_all_ranks = true, .timeout_s = 60};
-  internal::SpawnHooks hooks_;
+  SpawnHooks hooks_;
   std::ostringstream console_;
   std::shared_ptr<FakeGroup> group_;
   std::vector<FakeAsyncCommunicator*> comms_;
