@@ -162,7 +162,7 @@ absl::Status CheckEquivalence(const TrainingFunction& fn, const EquivalenceOptio
   out = EquivalenceReport();
   auto run = [&](int ranks, RunReport* into) {
     RunOptions run_options{.ranks = ranks, .gpus = options.gpus, .spawn = options.spawn};
-    absl::Status s = Run(fn, run_options, into);
+    absl::Status s = RunRanks(fn, run_options, into);
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat(ranks == 1 ? "the one-rank run: "
                                                           : absl::StrCat("the ", ranks,

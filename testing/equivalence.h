@@ -1,6 +1,6 @@
 // N ranks against one: a data-parallel training function must end where the
 // same function ends on one rank that sees the whole batch (N ranks with batch
-// B each, one rank with N*B). CheckEquivalence runs it both ways (testing::Run)
+// B each, one rank with N*B). CheckEquivalence runs it both ways (testing::RunRanks)
 // and compares, step by step, the losses and every parameter of every rank.
 //
 //   absl::Status s = testing::CheckEquivalence(Train, {.ranks = 4});

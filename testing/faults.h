@@ -1,11 +1,11 @@
-// Faults that testing::Run (testing/run.h) injects into a training function at
+// Faults that testing::RunRanks (testing/run.h) injects into a training function at
 // a chosen rank, at a step it reports or at one of its collectives: for testing
 // how a training program fails, stops and reports.
 //
 //   testing::RunOptions options{.ranks = 2};
 //   options.spawn.timeout_s = 1;
 //   options.faults = {{.action = testing::FaultAction::kHang, .rank = 1, .step = 2}};
-//   absl::Status s = testing::Run(train, options);   // DeadlineExceeded naming rank 1
+//   absl::Status s = testing::RunRanks(train, options);   // DeadlineExceeded naming rank 1
 //
 // Where a fault fires (exactly one of the two):
 //   step        when the rank reports step `step` (StepLog::EndStep; 0 for the
@@ -36,7 +36,7 @@
 //                 rank's last collective.
 //   kSlow         sleeps `delay`, then goes on (a straggler).
 //
-// Faults are checked by Run before anything starts (ValidateFaults); each fires
+// Faults are checked by RunRanks before anything starts (ValidateFaults); each fires
 // at most once. RunReport::faults says which fired and how each ended.
 #ifndef TANDEM_TESTING_FAULTS_H_
 #define TANDEM_TESTING_FAULTS_H_

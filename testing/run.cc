@@ -67,7 +67,7 @@ absl::Status ValidateRunOptions(const RunOptions& options) {
 
 }  // namespace
 
-absl::Status Run(const TrainingFunction& fn, const RunOptions& options, RunReport* report) {
+absl::Status RunRanks(const TrainingFunction& fn, const RunOptions& options, RunReport* report) {
   RETURN_IF_ERROR(ValidateRunOptions(options));
   internal::FaultPlan plan(options.faults, options.ranks, options.hang_limit_s);
   std::ostringstream captured;

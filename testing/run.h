@@ -1,4 +1,4 @@
-// testing::Run: runs a training function on N in-process ranks (one thread
+// testing::RunRanks: runs a training function on N in-process ranks (one thread
 // each, through spawn), records what each rank reports per step, and injects
 // faults (testing/faults.h) and fake communicators (testing/fake_communicator.h).
 // testing/equivalence.h compares a run of N ranks with a run of one.
@@ -16,17 +16,17 @@
 //     return absl::OkStatus();
 //   }
 //   testing::RunReport report;
-//   absl::Status s = testing::Run(Train, {.ranks = 2}, &report);
+//   absl::Status s = testing::RunRanks(Train, {.ranks = 2}, &report);
 //
-// Errors: Run returns InvalidArgument for bad options (naming the value) and
+// Errors: RunRanks returns InvalidArgument for bad options (naming the value) and
 // otherwise exactly what spawn returns for the run: the first failure, naming
 // the rank (spawn/launch.h).
 //
-// Threads: the training function runs on spawn's rank threads; Run returns
-// after every one has been joined. Run may be called from any thread but not
+// Threads: the training function runs on spawn's rank threads; RunRanks returns
+// after every one has been joined. RunRanks may be called from any thread but not
 // from a rank thread (runs do not nest). A rank that never reaches a
 // collective, a stop-aware wait or check_stop() after a stop cannot be ended
-// (threads are not killed): spawn's watchdog then logs it and Run waits.
+// (threads are not killed): spawn's watchdog then logs it and RunRanks waits.
 #ifndef TANDEM_TESTING_RUN_H_
 #define TANDEM_TESTING_RUN_H_
 
@@ -65,12 +65,12 @@ struct RankRecord {
   std::vector<std::vector<NamedValues>> parameters;  // [step][parameter], parameters() order
 };
 
-// One rank's side of a run, handed to the training function by Run.
+// One rank's side of a run, handed to the training function by RunRanks.
 // Thread-safety: belongs to its rank's thread.
 class StepLog {
  public:
-  // Run makes one per rank. Made by hand (plan null), it records into *record
-  // and fires nothing: a training function can then run without Run.
+  // RunRanks makes one per rank. Made by hand (plan null), it records into *record
+  // and fires nothing: a training function can then run without RunRanks.
   StepLog(dist::Context& ctx, RankRecord* record, internal::FaultPlan* plan = nullptr,
           bool record_parameters = true);
   // After every training step: records the step's loss (this rank's) and, when
@@ -100,7 +100,7 @@ class StepLog {
 // The function under test. It runs on every rank; it may also throw.
 using TrainingFunction = std::function<absl::Status(dist::Context& ctx, StepLog& log)>;
 
-// The spawn options Run uses unless told otherwise: every rank's log lines,
+// The spawn options RunRanks uses unless told otherwise: every rank's log lines,
 // a 60 s watchdog, seed 0, no signal handlers (a test binary keeps its own),
 // one process even under mpirun, and the log captured into RunReport::log
 // (console null).
@@ -145,7 +145,7 @@ struct RunReport {
 
 // Runs `fn` on options.ranks ranks (see the top of this file). `report` (may
 // be null) receives what the ranks recorded, also when the run failed.
-absl::Status Run(const TrainingFunction& fn, const RunOptions& options = {},
+absl::Status RunRanks(const TrainingFunction& fn, const RunOptions& options = {},
                  RunReport* report = nullptr);
 
 }  // namespace tandem::testing

@@ -63,7 +63,7 @@ class SameOnEveryRank {
 // For the lifetime of the object: TF32 off for float32 GEMMs and convolutions
 // on the GPU (nn::set_allow_tf32), so that a run's float32 results depend on
 // the data and not on the tensor cores' rounding; the previous setting comes
-// back after. Process-wide: make it outside spawn (testing::Run does, with
+// back after. Process-wide: make it outside spawn (testing::RunRanks does, with
 // RunOptions::deterministic), not on a rank thread.
 class ScopedDeterminism {
  public:

@@ -1,4 +1,4 @@
-// The faults of one testing::Run, shared by its rank threads: the step side
+// The faults of one testing::RunRanks, shared by its rank threads: the step side
 // (StepLog::EndStep) and the collective side (FaultyCommunicator, which wraps
 // each rank's communicator through SpawnHooks::wrap_communicators).
 #ifndef TANDEM_TESTING_INTERNAL_FAULT_PLAN_H_
