@@ -12,7 +12,9 @@ namespace tandem::testing {
 namespace {
 
 bool Close(double n_ranks, double one_rank, const Tolerance& tol) {
-  if (std::isnan(n_ranks) || std::isnan(one_rank)) return std::isnan(n_ranks) && std::isnan(one_rank);
+  if (std::isnan(n_ranks) || std::isnan(one_rank)) {
+    return std::isnan(n_ranks) && std::isnan(one_rank);
+  }
   if (n_ranks == one_rank) return true;  // infinities of one sign too
   return std::fabs(n_ranks - one_rank) <= tol.atol + tol.rtol * std::fabs(one_rank);
 }

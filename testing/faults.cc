@@ -218,8 +218,9 @@ absl::Status FaultPlan::Fire(const Fault& fault, const std::string& where,
                                  "came, so nothing in the run waited for this rank"));
       }
       Record(fault, where, "cancelled by the stop", SecondsSince(start));
-      throw dist::CancelledError(absl::StrCat("injected hang (", where, ") ended by the stop after ",
-                                              SecondsSince(start), " s"));
+      throw dist::CancelledError(absl::StrCat("injected hang (", where,
+                                              ") ended by the stop after ", SecondsSince(start),
+                                              " s"));
     case FaultAction::kSlow:
       cv.wait_for(lock, stop, fault.delay, [] { return false; });
       Record(fault, where, stop.stop_requested() ? "slept, cut short by the stop" : "slept",

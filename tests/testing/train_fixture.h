@@ -24,7 +24,8 @@ namespace tandem::testing {
 
 // x: (N, 6) -> (N, 1).
 struct Mlp : nn::Module {
-  Mlp() : l1(register_module("l1", nn::Linear(6, 8))), l2(register_module("l2", nn::Linear(8, 1))) {}
+  Mlp()
+      : l1(register_module("l1", nn::Linear(6, 8))), l2(register_module("l2", nn::Linear(8, 1))) {}
   nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
   nn::Linear l1, l2;
 };

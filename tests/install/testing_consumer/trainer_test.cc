@@ -20,7 +20,8 @@ namespace tt = ::tandem::testing;
 
 struct Regressor : nn::Module {
   Regressor()
-      : l1(register_module("l1", nn::Linear(4, 16))), l2(register_module("l2", nn::Linear(16, 1))) {}
+      : l1(register_module("l1", nn::Linear(4, 16))),
+        l2(register_module("l2", nn::Linear(16, 1))) {}
   nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
   nn::Linear l1, l2;
 };
