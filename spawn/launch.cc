@@ -180,7 +180,7 @@ absl::Status StartThread(std::vector<std::thread>& threads, const std::function<
 absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                       const std::function<void(int world_size)>& on_world_size,
                       const std::function<absl::Status(Context&)>& body) {
-  return RunSpawnWithHooks(gpus, nprocs, options, SpawnHooks(), on_world_size, body);
+  return dist::RunSpawnWithHooks(gpus, nprocs, options, SpawnHooks(), on_world_size, body);
 }
 
 namespace {
@@ -197,10 +197,10 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
   return StopSignalScope::Validate(options.stop_signals);
 }
 
-// The run's communicators, rank r's at index r: the test hook's, NCCL's (distinct
+// The run's communicators, rank r's at index r: the hook's, NCCL's (distinct
 // GPUs, one process or several), the hierarchical ones (CPU ranks across
 // processes) or in-process ones over *group (CPU ranks, ranks sharing a GPU).
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeUnwrappedCommunicators(
     const std::vector<nn::Device>& devices, ProcessWorld* procs, const SpawnHooks& hooks,
     std::shared_ptr<InProcessGroup>* group) {
   const bool use_nccl = devices[0].is_cuda() && !HasSharedGpu(devices);
@@ -228,6 +228,40 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(
     comms.push_back(std::make_unique<InProcessCommunicator>(r, devices[r], *group));
   }
   return comms;
+}
+
+// The communicators of MakeUnwrappedCommunicators, through the wrap hook when
+// there is one; a wrapper that does not stand for the rank it replaces is an
+// error before any thread starts.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(
+    const std::vector<nn::Device>& devices, ProcessWorld* procs, const SpawnHooks& hooks,
+    std::shared_ptr<InProcessGroup>* group) {
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
+                   MakeUnwrappedCommunicators(devices, procs, hooks, group));
+  if (!hooks.wrap_communicators) return comms;
+  std::vector<std::pair<int, int>> expected;  // (rank, world size) of each
+  for (const auto& comm : comms) expected.emplace_back(comm->rank(), comm->world_size());
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> wrapped,
+                   hooks.wrap_communicators(std::move(comms)));
+  if (wrapped.size() != devices.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("SpawnHooks::wrap_communicators returned ",
+                                                   wrapped.size(), " communicators for ",
+                                                   devices.size(), " ranks"));
+  }
+  for (size_t r = 0; r < wrapped.size(); ++r) {
+    const Communicator* c = wrapped[r].get();
+    if (c == nullptr || c->rank() != expected[r].first ||
+        c->world_size() != expected[r].second || c->device() != devices[r]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SpawnHooks::wrap_communicators: the communicator at index ", r,
+          c == nullptr ? " is null"
+                       : absl::StrCat(" is rank ", c->rank(), " of ", c->world_size(), " on ",
+                                      c->device().ToString()),
+          "; it replaces rank ", expected[r].first, " of ", expected[r].second, " on ",
+          devices[r].ToString()));
+    }
+  }
+  return wrapped;
 }
 
 // What every rank thread of one run shares (owned by RunSpawnWithHooks).
@@ -339,12 +373,11 @@ absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* pr
   return status;
 }
 
-}  // namespace
-
-absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
-                               const SpawnHooks& hooks,
-                               const std::function<void(int world_size)>& on_world_size,
-                               const std::function<absl::Status(Context&)>& body) {
+// The run itself: dist::RunSpawnWithHooks.
+absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                          const SpawnHooks& hooks,
+                          const std::function<void(int world_size)>& on_world_size,
+                          const std::function<absl::Status(Context&)>& body) {
   RETURN_IF_ERROR(ValidateOptions(options));
   const int visible_gpus = nn::cuda_device_count();
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
@@ -412,7 +445,19 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
   return FinishRun(run, agreement, procs.get(), comms, *logger);
 }
 
+}  // namespace
 }  // namespace tandem::dist::internal
+
+namespace tandem::dist {
+
+absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                               const SpawnHooks& hooks,
+                               const std::function<void(int world_size)>& on_world_size,
+                               const std::function<absl::Status(Context&)>& body) {
+  return internal::RunWithHooks(gpus, nprocs, options, hooks, on_world_size, body);
+}
+
+}  // namespace tandem::dist
 
 #if !TANDEM_WITH_MPI
 namespace tandem::dist {

@@ -144,22 +144,26 @@ struct SpawnOptions {
 // environment are kept. Nothing in a build without MPI.
 void PrepareMpiInit();
 
-namespace internal {
-
-// Runs body on every rank of this process. on_world_size is called once, before
-// the rank threads start, with the number of ranks of this process (indexed by
-// Context::local_rank()).
-absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
-                      const std::function<void(int world_size)>& on_world_size,
-                      const std::function<absl::Status(Context&)>& body);
-
-// Seams of RunSpawn for tests (tests/spawn/shutdown_test.cc); defaults: none.
+// Seams of a run, for test harnesses: tandem::testing (testing/run.h) injects
+// faults and fake communicators through them, and tests/spawn/shutdown_test.cc
+// drives them directly. A supported interface; each field defaults to none.
 struct SpawnHooks {
   // Makes the run's communicators (rank r's at index r) instead of NCCL or
   // in-process ones; called on spawn's thread before the rank threads start.
+  // The watchdog aborts them (Communicator::Abort) when the run stops; an
+  // implementation must end its waits there.
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
       const std::vector<nn::Device>& devices)>
       make_communicators;
+  // Replaces the run's communicators (spawn's own or make_communicators') by
+  // ones that wrap them, on spawn's thread before the rank threads start: it
+  // gets rank r's at index r and must return as many, each with the rank,
+  // world size and device of the one it replaces (spawn checks). The wrapper
+  // owns the wrapped communicator and forwards Abort, PollCompleted,
+  // PollAsyncError and ReleaseGraphs to it.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
+      std::vector<std::unique_ptr<Communicator>> communicators)>
+      wrap_communicators;
   // Called instead of _exit, with the exit status: from the SIGINT handler on
   // the second Ctrl-C (so it must be async-signal-safe), and from the watchdog
   // when a communicator cannot be aborted because a rank stays inside a library
@@ -168,10 +172,23 @@ struct SpawnHooks {
   void (*exit_process)(int status) = nullptr;
 };
 
+// dist::spawn with hooks: runs body on every rank of this process and returns
+// the run's outcome, as spawn does. on_world_size is called once, before the
+// rank threads start, with the number of ranks of this process (indexed by
+// Context::local_rank()).
 absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                                const SpawnHooks& hooks,
                                const std::function<void(int world_size)>& on_world_size,
                                const std::function<absl::Status(Context&)>& body);
+
+namespace internal {
+
+// Runs body on every rank of this process. on_world_size is called once, before
+// the rank threads start, with the number of ranks of this process (indexed by
+// Context::local_rank()).
+absl::Status RunSpawn(absl::string_view gpus, int nprocs, const SpawnOptions& options,
+                      const std::function<void(int world_size)>& on_world_size,
+                      const std::function<absl::Status(Context&)>& body);
 
 template <typename T>
 struct IsStatusOr : std::false_type {};

@@ -2,7 +2,10 @@
 # which), run as cmake -DSTEP=... -P install_test.cmake:
 #   install  `cmake --install` of the build into a staged prefix; fails when a file
 #            lands outside the prefix. Writes the installed headers' list.
-#   example  configures, builds and runs consumer/ against that prefix.
+#   example  configures, builds and runs consumer/ against that prefix, with
+#            GoogleTest's find disabled (the core package must not need it).
+#   testing  configures, builds and runs testing_consumer/: a user's GoogleTest
+#            tests of a training function through tandem::testing_gtest.
 #   headers  configures and builds headers/: every installed header compiled alone.
 # Inputs: STEP, BUILD_DIR (the tandem build), WORK_DIR (this test's scratch folder),
 # CONFIG, GENERATOR, CXX_COMPILER, CXX_LAUNCHER (may be empty), INCLUDEDIR; and the
@@ -82,11 +85,16 @@ if(STEP STREQUAL "install")
   list(JOIN headers "\n" headers)
   file(WRITE "${headers_list}" "${headers}\n")
 elseif(STEP STREQUAL "example")
-  build_outside("${CMAKE_CURRENT_LIST_DIR}/consumer" "${WORK_DIR}/example")
+  build_outside("${CMAKE_CURRENT_LIST_DIR}/consumer" "${WORK_DIR}/example"
+                -DCMAKE_DISABLE_FIND_PACKAGE_GTest=TRUE)
   run("${WORK_DIR}/example/train_two_ranks")
+  run("${WORK_DIR}/example/fault_check")
+elseif(STEP STREQUAL "testing")
+  build_outside("${CMAKE_CURRENT_LIST_DIR}/testing_consumer" "${WORK_DIR}/testing")
+  run("${WORK_DIR}/testing/trainer_test")
 elseif(STEP STREQUAL "headers")
   build_outside("${CMAKE_CURRENT_LIST_DIR}/headers" "${WORK_DIR}/headers"
                 "-DTANDEM_HEADERS_FILE=${headers_list}")
 else()
-  message(FATAL_ERROR "STEP must be install, example or headers, not '${STEP}'")
+  message(FATAL_ERROR "STEP must be install, example, testing or headers, not '${STEP}'")
 endif()

@@ -1,7 +1,8 @@
 // spawn's shutdown and the Work lifetime rules, on CPU ranks, driven by the
-// asynchronous fake communicator (fake_async_communicator.h): the abort from the
+// asynchronous fake communicator (testing/fake_communicator.h): the abort from the
 // watchdog, stop-aware host waits, the teardown order, the guard between abort
 // and use, the second Ctrl-C, and what an unwaited handle keeps alive.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -13,10 +14,11 @@
 
 #include "gtest/gtest.h"
 #include "nn/autograd.h"
+#include "nn/interrupt.h"
 #include "nn/layers.h"
 #include "nn/ops/loss.h"
 #include "spawn/spawn.h"
-#include "tests/spawn/comm/fake_async_communicator.h"
+#include "testing/fake_communicator.h"
 
 namespace tandem::dist {
 namespace {
@@ -38,12 +40,12 @@ class ShutdownTest : public ::testing::Test {
   absl::Status Run(int world, const std::function<absl::Status(Context&)>& body,
                    std::chrono::seconds limit = std::chrono::seconds(20)) {
     group_ = std::make_shared<FakeGroup>(world);
-    internal::SpawnHooks hooks = hooks_;
+    SpawnHooks hooks = hooks_;
     hooks.make_communicators = testing::MakeFakeCommunicators(group_, &comms_);
     options_.console = &console_;
     const Clock::time_point start = Clock::now();
     auto result = std::async(std::launch::async, [&] {
-      return internal::RunSpawnWithHooks("cpu", world, options_, hooks, [](int) {}, body);
+      return RunSpawnWithHooks("cpu", world, options_, hooks, [](int) {}, body);
     });
     if (result.wait_for(limit) != std::future_status::ready) {
       ADD_FAILURE() << "spawn did not return within " << limit.count() << " s: a hang";
@@ -62,7 +64,7 @@ class ShutdownTest : public ::testing::Test {
   }
 
   SpawnOptions options_{.log_all_ranks = true, .timeout_s = 60};
-  internal::SpawnHooks hooks_;
+  SpawnHooks hooks_;
   std::ostringstream console_;
   std::shared_ptr<FakeGroup> group_;
   std::vector<FakeAsyncCommunicator*> comms_;
@@ -96,6 +98,27 @@ TEST_F(ShutdownTest, PeerFailingBeforeACollectiveEndsAHostWaitOnIt) {
   EXPECT_LT(seconds_, 10.0);
   for (int r = 0; r < 2; ++r) EXPECT_EQ(group_->abort_calls(r), 1) << "rank " << r;
   EXPECT_TRUE(Logged("stopped as a consequence of the first failure")) << console_.str();
+}
+
+// SpawnHooks::wrap_communicators: a wrapper must stand for the rank it
+// replaces; communicators in the wrong order are refused before any rank runs.
+TEST_F(ShutdownTest, WrappedCommunicatorsMustKeepTheirRanks) {
+  hooks_.wrap_communicators = [](std::vector<std::unique_ptr<Communicator>> comms)
+      -> absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> {
+    std::reverse(comms.begin(), comms.end());
+    return comms;
+  };
+  std::atomic<int> ran{0};
+  absl::Status s = Run(2, [&](Context&) -> absl::Status {
+    ran.fetch_add(1);
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("the communicator at index 0 is rank 1 of 2 on cpu; it replaces "
+                             "rank 0 of 2 on cpu"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(ran.load(), 0);
 }
 
 // The stop-aware wait is the installed interrupt check: a plain host wait
