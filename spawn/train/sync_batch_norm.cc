@@ -28,6 +28,7 @@ void SyncBatchNormReducer::CheckSameChannels(Communicator& comm, int64_t channel
       nn::from_vector(std::vector<int64_t>{channels}, {1}, {.device = nn::Device::CPU()})
           .to(comm.device());
   const std::vector<int64_t> all = comm.all_gather(mine).to_vector<int64_t>();
+  if (Joining()) join_->Record(internal::JoinState::Kind::kAllGather, mine, /*once=*/true);
   for (size_t r = 1; r < all.size(); ++r) {
     TANDEM_CHECK(all[r] == all[0], "SyncBatchNorm2d: the channel counts differ across ranks: ",
                  absl::StrJoin(all, ", "), " on ranks 0..", all.size() - 1,
@@ -44,6 +45,7 @@ nn::Tensor SyncBatchNormReducer::CombineStatistics(const nn::Tensor& stats) {
   // k groups: n = sum n_r, mean = sum n_r mean_r / n,
   // M2 = sum M2_r + sum n_r (mean_r - mean)^2: sums of non-negative terms.
   const nn::Tensor all = c.all_gather(stats);
+  if (Joining()) join_->Record(internal::JoinState::Kind::kAllGather, stats);
   const int64_t world = all.size(0);
   const int64_t channels = all.size(2);
   nn::Tensor n_r = nn::empty({world, channels}, {.dtype = nn::kFloat64, .device = all.device()});
@@ -69,7 +71,14 @@ nn::Tensor SyncBatchNormReducer::CombineStatistics(const nn::Tensor& stats) {
 nn::Tensor SyncBatchNormReducer::ReduceGradientSums(const nn::Tensor& sums) {
   nn::NoGradGuard no_grad;
   nn::Tensor out = sums.clone();
+  // Inside a join the loss is the mean over the step's samples, sum_r w_r L_r
+  // (w_r = n_r / n): the sums over the ranks are weighted by w_r, and divided
+  // by this rank's own w_r since DataParallel weighs this rank's gradients by it.
+  const double weight = Joining() ? join_->sample_weight() : 0.0;
+  if (weight > 0) out.mul_(weight);
   comm().all_reduce(out, ReduceOp::kSum);
+  if (Joining()) join_->Record(internal::JoinState::Kind::kAllReduce, out);
+  if (weight > 0) out.mul_(1.0 / weight);
   return out;
 }
 

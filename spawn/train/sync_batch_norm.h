@@ -30,6 +30,10 @@
 // the mean loss. So N ranks x batch B with SyncBatchNorm train as one rank x batch
 // N*B with BatchNorm (tests/spawn/train/sync_batch_norm_test.cc).
 //
+// Inside DataParallel::join() (convert before making the DataParallel) a rank
+// whose data ran out answers these collectives with a count of 0 and zero sums,
+// and the gradient sums are weighted by each rank's share of the step's samples.
+//
 // Errors: tandem::Error for mismatched layers or no communicator; the
 // communicator's CancelledError when the run stops.
 //
@@ -44,6 +48,7 @@
 #include "nn/module.h"
 #include "nn/ops/batch_norm.h"
 #include "spawn/comm/communicator.h"
+#include "spawn/train/join.h"
 
 namespace tandem::dist {
 
@@ -60,14 +65,20 @@ class SyncBatchNormReducer : public nn::BatchNormReducer {
   bool Combines() override;
   nn::Tensor CombineStatistics(const nn::Tensor& stats) override;
   nn::Tensor ReduceGradientSums(const nn::Tensor& sums) override;
+  // DataParallel points its layers at its join state (null: none), so that its
+  // join() records their collectives and weighs their gradient sums.
+  void set_join(internal::JoinState* join) { join_ = join; }
 
  private:
   Communicator& comm() const;
   // First call: every rank's channel count must match (one all_gather).
   void CheckSameChannels(Communicator& comm, int64_t channels);
 
+  bool Joining() const { return join_ != nullptr && join_->joining(); }
+
   SyncBatchNormOptions options_;
   bool checked_ = false;
+  internal::JoinState* join_ = nullptr;
 };
 
 // nn::BatchNorm2d whose training statistics span the ranks: the same constructor,
