@@ -27,9 +27,9 @@ void CheckChannelTensor(const Tensor& t, const Tensor& x, const char* what, bool
   CheckSameDType(t, x, kOp);
 }
 
-// The running statistics: r = (1 - momentum) r + momentum * batch statistic, the
-// variance unbiased (an m-1 divisor). Buffers, not parameters: updated in place,
-// never recorded. Tensor is a handle: copies share the buffers' storage.
+// The running statistics with a reducer: r = (1 - momentum) r + momentum * the
+// combined statistic, the variance unbiased with the combined count. In place,
+// never recorded, as batch_norm2d's own update.
 void UpdateRunning(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                    const Tensor& unbiased_var, double momentum) {
   NoGradGuard no_grad;
@@ -131,10 +131,12 @@ Tensor batch_norm2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
       CombinedStatistics(*reducer, x, Tensor(mean), Tensor(var), m, running_mean, running_var,
                          momentum, mean, var, count);
     } else if (running_mean.defined()) {
+      // Buffers, not parameters: updated in place, never recorded.
+      // Tensor is a handle: copies share the buffers' storage.
       NoGradGuard no_grad;
-      const double unbias = static_cast<double>(m) / static_cast<double>(m - 1);
       Tensor rm = running_mean, rv = running_var;
       rm.mul_(1.0 - momentum).add_(mean, momentum);
+      const double unbias = static_cast<double>(m) / static_cast<double>(m - 1);
       rv.mul_(1.0 - momentum).add_(var, momentum * unbias);
     }
   } else {

@@ -41,7 +41,9 @@ class BatchNormReducer {
 // variance unbiased with the combined count), and backward reduces its two
 // per-channel sums over the workers for dx; weight and bias get this worker's
 // own share of their gradients (data parallelism then averages them). x needs
-// at least one value per channel, the combined batch more than one.
+// at least one value per channel, the combined batch more than one (checked for
+// CPU tensors; on a GPU a combined count of one gives a NaN running variance,
+// as an unchecked division by count - 1 would).
 Tensor batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training,
                     double momentum = 0.1, double eps = 1e-5,

@@ -58,8 +58,9 @@ int JoinState::Agree(bool active, int64_t samples) {
     TANDEM_CHECK(row[kUnjoinable] == 0, "DataParallel::join: rank ", r, " made ",
                  row[kUnjoinable], " collective(s) in a step that a rank whose data ran out ",
                  "cannot answer; inside join() only DataParallel's gradient all-reduces, "
-                 "SyncBatchNorm's collectives and JoinGuard::all_reduce are joinable (make "
-                 "the others outside the join, or through the guard)");
+                 "SyncBatchNorm's collectives (of layers converted before the DataParallel "
+                 "was made) and JoinGuard::all_reduce are joinable; make the others outside "
+                 "the join, or through the guard");
     TANDEM_CHECK(row[kActive] > 0 || row[kStepped] > 0 || active_ranks == 0,
                  "DataParallel::join: rank ", r, " ran out of data before its first step ",
                  "inside join(), so it cannot answer the other ranks' steps; give every rank ",
