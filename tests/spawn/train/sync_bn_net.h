@@ -1,6 +1,6 @@
 // The model and training loop of SyncBatchNorm's equivalence tests, shared by the
 // in-process tests (sync_batch_norm_test.cc) and the multi-process ones
-// (sync_batch_norm_mpi_test.cc): N ranks x batch B with SyncBatchNorm must train
+// (sync_bn_join_mpi_test.cc): N ranks x batch B with SyncBatchNorm must train
 // as 1 rank x batch N*B with BatchNorm.
 #ifndef TANDEM_TESTS_SPAWN_TRAIN_SYNC_BN_NET_H_
 #define TANDEM_TESTS_SPAWN_TRAIN_SYNC_BN_NET_H_

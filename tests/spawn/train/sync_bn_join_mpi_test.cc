@@ -1,12 +1,15 @@
-// SyncBatchNorm across processes (ctest label mpi; run by mpirun): P processes x 1
-// rank give the bits of 1 process x P ranks, and P processes x L ranks x batch B
-// train as 1 rank x batch P*L*B with BatchNorm. Without mpirun every test skips.
+// SyncBatchNorm and DataParallel::join() across processes (ctest label mpi; run
+// by mpirun): P processes x 1 rank give the bits of 1 process x P ranks; P
+// processes x L ranks x batch B with SyncBatchNorm train as 1 rank x batch P*L*B
+// with BatchNorm; ranks of different processes with different step counts train
+// under join() as one rank on each step's union. Without mpirun every test skips.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
 #include "gtest/gtest.h"
 #include "spawn/spawn.h"
+#include "tests/spawn/train/join_net.h"
 #include "tests/spawn/train/sync_bn_net.h"
 #include "tests/test_util.h"
 
@@ -68,6 +71,30 @@ TEST_F(SyncBatchNormMpiTest, ProcessesTimesRanksMatchOneRankOnTheWholeBatch) {
       EXPECT_LE(params, 1e-5);
       EXPECT_LE(buffers, 1e-5);
     }
+  }
+}
+
+// One rank per process, the last with 7 steps where the others have 10.
+TEST_F(SyncBatchNormMpiTest, JoinAcrossProcessesMatchesOneRankAndTheInProcessBits) {
+  const int world = LaunchedProcesses();
+  for (bool sync : {false, true}) {
+    auto one = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, true, false); }, 1,
+                     "cpu", Local());
+    auto across = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, false, sync); },
+                        1, "cpu", Options());
+    auto local = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, false, sync); },
+                       world, "cpu", Local());
+    ASSERT_TRUE(one.ok() && across.ok() && local.ok())
+        << one.status() << across.status() << local.status();
+    const double params = ::tandem::testing::ScaledError((*across)[0].params, (*one)[0].params);
+    std::printf("join across %d processes (%s): max relative difference of the parameters to 1 "
+                "rank on each step's union %.3g\n",
+                world, sync ? "SyncBatchNorm" : "per-rank BatchNorm", params);
+    if (sync) EXPECT_LE(params, 1e-5);  // per-rank BatchNorm is not one rank's
+    ::tandem::testing::ExpectSameBits((*across)[0].params.to_vector<float>(),
+                                      (*local)[0].params.to_vector<float>(), "parameters");
+    ::tandem::testing::ExpectSameBits((*across)[0].buffers.to_vector<float>(),
+                                      (*local)[0].buffers.to_vector<float>(), "buffers");
   }
 }
 
