@@ -200,29 +200,31 @@ class Progress {
   bool tty_;
 };
 
-// Test accuracy: each rank evaluates the contiguous shard [n r / W, n (r+1) / W)
-// of the test set; correct and total counts are summed over the ranks.
+// Test accuracy: each rank evaluates its shard of the test set, every image
+// exactly once over the ranks (DistributedTail::kUneven, in order); correct and
+// total counts are summed over the ranks.
 double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test,
                 const data::Transform* batch_transform, bool bf16) {
   nn::NoGradGuard no_grad;
   model.eval();
-  const int64_t n = test.size();
-  const int64_t begin = n * ctx.rank() / ctx.world_size();
-  const int64_t end = n * (ctx.rank() + 1) / ctx.world_size();
   // 100 images a batch: the activations of 500 (LeNet: 31 MB per conv output,
   // kept in the host allocator's cache afterwards) raised train_mnist's peak RSS
   // from 130 MB to 290 MB per rank, for no faster evaluation.
   constexpr int64_t kBatch = 100;
+  data::DistributedBatchSampler shard({.dataset_size = test.size(),
+                                       .batch_size = kBatch,
+                                       .num_replicas = ctx.world_size(),
+                                       .rank = ctx.rank(),
+                                       .shuffle = false,
+                                       .tail = data::DistributedTail::kUneven});
   // Summed on the device: one host read per evaluation, not one per batch.
   nn::Tensor correct = nn::zeros({}, {.device = ctx.device()});
-  for (int64_t i = begin; i < end; i += kBatch) {
+  int64_t seen = 0;
+  while (std::optional<std::vector<int64_t>> indices = shard.next()) {
     std::vector<data::Example> examples;
-    std::vector<int64_t> indices;
-    for (int64_t j = i; j < std::min(end, i + kBatch); ++j) {
-      examples.push_back(test.get(j));
-      indices.push_back(j);
-    }
-    data::Batch batch = data::Collate(examples, indices);
+    for (int64_t j : *indices) examples.push_back(test.get(j));
+    seen += static_cast<int64_t>(indices->size());
+    data::Batch batch = data::Collate(examples, *indices);
     if (batch_transform != nullptr) {
       nn::Generator unused{};
       batch.data = (*batch_transform)(batch.data, unused);
@@ -233,10 +235,10 @@ double Evaluate(dist::Context& ctx, nn::Module& model, const data::Dataset& test
       logits = model.forward(batch.data.to(ctx.device())).to(nn::kFloat32);
     }
     correct.add_(nn::accuracy(logits, batch.target.to(ctx.device())) *
-                 static_cast<double>(indices.size()));
+                 static_cast<double>(indices->size()));
   }
   model.train();
-  nn::Tensor counts = nn::from_vector<double>({std::round(correct.item()), static_cast<double>(end - begin)},
+  nn::Tensor counts = nn::from_vector<double>({std::round(correct.item()), static_cast<double>(seen)},
                                               {2}, {.device = ctx.device()});
   ctx.communicator().all_reduce(counts, dist::ReduceOp::kSum);
   const std::vector<double> total = counts.to_vector<double>();

@@ -23,10 +23,16 @@
 #include "data/readers.h"
 #include "data/transforms.h"
 #include "nn/nn.h"
+#include "spawn/train/sync_batch_norm.h"
 
 ABSL_FLAG(std::string, model, "convnet",
           "convnet (the quick start's ConvNet) or mobilenet_v2 (torchvision's MobileNetV2, "
           "width 1.0, 10 classes, classifier Dropout(0.2) + Linear(1280, 10)).");
+ABSL_FLAG(bool, sync_bn, false,
+          "Synchronised BatchNorm (dist::ConvertSyncBatchNorm): training statistics over the "
+          "global batch, every rank's slice together, instead of each rank's own; one "
+          "all_gather forward and one all_reduce backward per BatchNorm layer. Needs a model "
+          "with BatchNorm (mobilenet_v2).");
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
           "Examples per step on each rank (the global batch is batch_size x ranks). Unset in "
@@ -114,6 +120,12 @@ int main(int argc, char** argv) {
                                             "\": not a model (convnet, mobilenet_v2)"));
   }
   flags.program_agreed.emplace_back("--model", model);
+  const bool sync_bn = absl::GetFlag(FLAGS_sync_bn);
+  if (sync_bn && model != "mobilenet_v2") {
+    apps::FlagErrorExit(flags, absl::StrCat("--sync_bn: --model \"", model,
+                                            "\" has no BatchNorm to synchronise (mobilenet_v2 has)"));
+  }
+  flags.program_agreed.emplace_back("--sync_bn", sync_bn ? "true" : "false");
   apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
                                .rank_per_core = true});
   const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
@@ -152,12 +164,17 @@ int main(int argc, char** argv) {
   const bool mobilenet = model == "mobilenet_v2";
   return apps::RunClassifier(
       flags, set,
-      mobilenet ? std::function<std::shared_ptr<nn::Module>()>([] { return apps::MakeMobileNetV2(); })
+      mobilenet ? std::function<std::shared_ptr<nn::Module>()>([sync_bn] {
+        std::shared_ptr<nn::Module> net = apps::MakeMobileNetV2();
+        if (sync_bn) ::tandem::dist::ConvertSyncBatchNorm(*net);
+        return net;
+      })
                 : std::function<std::shared_ptr<nn::Module>()>(apps::MakeConvNet),
       {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)" : flags.data_dir),
        mobilenet ? "model=MobileNetV2 (torchvision's, width 1.0): 17 inverted residual blocks, "
                    "depthwise convolutions, ReLU6, BatchNorm; Dropout(0.2) + fc(1280->10); "
-                   "2,236,682 parameters"
+                   "2,236,682 parameters" +
+                       std::string(sync_bn ? "; SyncBatchNorm over the ranks" : "")
                  : "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "
                    "maxpool2, conv3x3(64)+ReLU, fc(1024->64)+ReLU, fc(64->10)"});
 }

@@ -1,5 +1,6 @@
 #include "data/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "nn/error.h"
@@ -94,6 +95,15 @@ std::vector<int64_t> SimpleBatchSampler::Batch(int64_t k) const {
 }
 
 // --- DistributedBatchSampler ---------------------------------------------------------------------
+const char* DistributedTailName(DistributedTail tail) {
+  switch (tail) {
+    case DistributedTail::kWrapGlobalBatch: return "wrap_global_batch";
+    case DistributedTail::kPaddle: return "paddle";
+    case DistributedTail::kUneven: return "uneven";
+  }
+  return "unknown";
+}
+
 DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& options)
     : options_(options) {
   TANDEM_CHECK(options.dataset_size >= 0, "DistributedBatchSampler: negative dataset size ",
@@ -103,6 +113,11 @@ DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& optio
   TANDEM_CHECK(options.num_replicas > 0 && options.rank >= 0 && options.rank < options.num_replicas,
                "DistributedBatchSampler: rank ", options.rank, " outside 0..",
                options.num_replicas - 1);
+  TANDEM_CHECK(!(options.tail == DistributedTail::kUneven && options.drop_last),
+               "DistributedBatchSampler: tail 'uneven' yields every sample exactly once and "
+               "cannot drop_last (dataset size ", options.dataset_size, ", batch size ",
+               options.batch_size, ", ", options.num_replicas, " replicas)");
+  if (options.tail != DistributedTail::kWrapGlobalBatch) PlanTail();
 }
 
 DistributedBatchSampler::DistributedBatchSampler(int64_t dataset_size, int64_t batch_size,
@@ -111,22 +126,73 @@ DistributedBatchSampler::DistributedBatchSampler(int64_t dataset_size, int64_t b
     : DistributedBatchSampler(DistributedOptions{dataset_size, batch_size, num_replicas, rank,
                                                  shuffle, drop_last, seed}) {}
 
+void DistributedBatchSampler::PlanTail() {
+  const int64_t n = options_.dataset_size;
+  const int64_t b = options_.batch_size;
+  const int64_t replicas = options_.num_replicas;
+  const int64_t rank = options_.rank;
+  // kPaddle slices the order padded to ceil(n/N)*N; kUneven the order itself.
+  const int64_t total = options_.tail == DistributedTail::kPaddle
+                            ? (n + replicas - 1) / replicas * replicas
+                            : n;
+  const int64_t global = b * replicas;
+  const int64_t full = total / global * global;  // positions in full global batches
+  for (int64_t g = 0; g < full; g += global) {
+    for (int64_t j = 0; j < b; ++j) positions_.push_back(g + rank * b + j);
+  }
+  // The remainder, split evenly: kPaddle's is a multiple of N; kUneven gives the
+  // first (rest mod N) ranks one sample more.
+  const int64_t rest = total - full;
+  const int64_t share = rest / replicas;
+  const int64_t extra = rest % replicas;
+  const int64_t first = full + rank * share + std::min(rank, extra);
+  const int64_t count = share + (rank < extra ? 1 : 0);
+  for (int64_t j = 0; j < count; ++j) positions_.push_back(first + j);
+  // This rank's positions in batches of B; the last one partial unless drop_last.
+  const int64_t mine = static_cast<int64_t>(positions_.size());
+  const int64_t kept = options_.drop_last ? mine / b * b : mine;
+  for (int64_t k = 0; k < kept; k += b) batch_starts_.push_back(k);
+  batch_starts_.push_back(kept);
+}
+
 int64_t DistributedBatchSampler::num_batches() const {
+  if (options_.tail != DistributedTail::kWrapGlobalBatch) {
+    return static_cast<int64_t>(batch_starts_.size()) - 1;
+  }
   const int64_t global = options_.batch_size * options_.num_replicas;
   const int64_t n = options_.dataset_size;
   return options_.drop_last ? n / global : (n + global - 1) / global;
 }
 
 void DistributedBatchSampler::BeginEpoch(int64_t epoch) {
+  const int64_t n = options_.dataset_size;
+  if (options_.tail == DistributedTail::kPaddle) {
+    // Paddle pads the index list 0..n-1 by wrapping (padded[i] = i mod n), then
+    // shuffles the padded list.
+    const int64_t total = (n + options_.num_replicas - 1) / options_.num_replicas *
+                          options_.num_replicas;
+    order_ = options_.shuffle ? RandomPermutation(total, options_.seed, epoch)
+                              : std::vector<int64_t>(total);
+    if (!options_.shuffle) std::iota(order_.begin(), order_.end(), 0);
+    for (int64_t& i : order_) i %= n;
+    return;
+  }
   if (options_.shuffle) {
-    order_ = RandomPermutation(options_.dataset_size, options_.seed, epoch);
+    order_ = RandomPermutation(n, options_.seed, epoch);
   } else {
-    order_.resize(options_.dataset_size);
+    order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0);
   }
 }
 
 std::vector<int64_t> DistributedBatchSampler::Batch(int64_t k) const {
+  if (options_.tail != DistributedTail::kWrapGlobalBatch) {
+    std::vector<int64_t> batch;
+    for (int64_t j = batch_starts_[k]; j < batch_starts_[k + 1]; ++j) {
+      batch.push_back(order_[positions_[j]]);
+    }
+    return batch;
+  }
   const int64_t b = options_.batch_size;
   const int64_t first = k * b * options_.num_replicas + options_.rank * b;
   const int64_t n = static_cast<int64_t>(order_.size());

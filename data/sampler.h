@@ -114,6 +114,33 @@ class SimpleBatchSampler : public EpochBatchSampler {
   std::vector<int64_t> order_;
 };
 
+// How a DistributedBatchSampler ends an epoch whose samples do not fill the last
+// global batch of N*B (N replicas, per-rank batch B; n samples). Every rule gives
+// the same full global batches before the tail; they differ in the tail.
+enum class DistributedTail {
+  // The last partial global batch is filled by wrapping around the epoch's order
+  // (up to N*B-1 repeated samples), so every rank gets B samples in every batch and
+  // N ranks with batch B see exactly what one rank with batch N*B sees. drop_last
+  // drops the partial global batch.
+  kWrapGlobalBatch,
+  // paddle.io.DistributedBatchSampler's indices: the order is padded by wrapping to
+  // ceil(n/N)*N (at most N-1 repeats), full global batches are sliced
+  // contiguously, and the remainder (a multiple of N) is split evenly: every rank
+  // gets the same number of samples and of batches, the last batch smaller than B.
+  // drop_last drops each rank's partial batch. Without shuffle the indices are
+  // exactly Paddle's; with shuffle the padded order is permuted by tandem's own
+  // (seed, epoch) permutation where Paddle uses numpy's (same structure, other
+  // draws).
+  kPaddle,
+  // Every sample exactly once: the last partial global batch is split evenly and
+  // contiguously (ranks r < L mod N get one sample more), so ranks may get fewer
+  // samples, and a rank whose share is empty one batch fewer. For evaluation, and
+  // for training under DataParallel::join(). drop_last is refused (it would drop
+  // samples).
+  kUneven,
+};
+const char* DistributedTailName(DistributedTail tail);  // "wrap_global_batch", ...
+
 struct DistributedOptions {
   int64_t dataset_size = 0;
   int64_t batch_size = 1;  // per rank
@@ -122,6 +149,7 @@ struct DistributedOptions {
   bool shuffle = true;
   bool drop_last = false;
   uint64_t seed = 0;
+  DistributedTail tail = DistributedTail::kWrapGlobalBatch;
 };
 
 // This rank's batches of a data-parallel epoch.
@@ -130,13 +158,16 @@ struct DistributedOptions {
 // without shuffle). Global batch g holds permutation positions
 // [g*B*N, (g+1)*B*N) for per-rank batch B and N replicas; rank r takes the
 // contiguous slice [g*B*N + r*B, g*B*N + (r+1)*B). So N ranks with batch B see
-// exactly the samples one rank with batch N*B sees, in the same order. The last
-// partial global batch is padded by wrapping around the permutation (so every
-// rank gets B samples), or dropped with drop_last. A dataset smaller than N*B,
-// or than N, still yields one full (wrapped) global batch unless drop_last.
+// exactly the samples one rank with batch N*B sees, in the same order. The
+// last partial global batch follows options.tail (above); by default it is
+// padded by wrapping around the permutation (so every rank gets B samples), or
+// dropped with drop_last, and a dataset smaller than N*B, or than N, still
+// yields one full (wrapped) global batch unless drop_last. num_batches() is the
+// same on every rank except under kUneven.
 class DistributedBatchSampler : public EpochBatchSampler {
  public:
-  // Throws tandem::Error on a bad rank, size or batch size.
+  // Throws tandem::Error on a bad rank, size or batch size, and on kUneven with
+  // drop_last.
   explicit DistributedBatchSampler(const DistributedOptions& options);
   DistributedBatchSampler(int64_t dataset_size, int64_t batch_size, int num_replicas, int rank,
                           bool shuffle = true, bool drop_last = false, uint64_t seed = 0);
@@ -147,8 +178,14 @@ class DistributedBatchSampler : public EpochBatchSampler {
   std::vector<int64_t> Batch(int64_t k) const override;
 
  private:
+  // kPaddle / kUneven: this rank's positions in the epoch's order and where each
+  // batch starts in them (the same every epoch).
+  void PlanTail();
+
   DistributedOptions options_;
   std::vector<int64_t> order_;
+  std::vector<int64_t> positions_;      // kPaddle, kUneven
+  std::vector<int64_t> batch_starts_;   // kPaddle, kUneven: + positions_.size() at the end
 };
 
 }  // namespace tandem::data

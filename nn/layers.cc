@@ -96,7 +96,8 @@ BatchNorm2dImpl::BatchNorm2dImpl(int64_t num_features, double eps, double moment
 }
 
 Tensor BatchNorm2dImpl::forward(const Tensor& x) {
-  return batch_norm2d(x, weight, bias, running_mean, running_var, is_training(), momentum, eps);
+  return batch_norm2d(x, weight, bias, running_mean, running_var, is_training(), momentum, eps,
+                      reducer);
 }
 
 // --- Sequential ----------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "nn/module.h"
+#include "nn/ops/batch_norm.h"  // BatchNormReducer
 #include "nn/ops/conv.h"
 #include "nn/ops/loss.h"  // Reduction
 #include "nn/ops/pool.h"
@@ -145,7 +146,8 @@ TANDEM_MODULE(Flatten);
 // x: (N, C, H, W). Parameters weight (ones) and bias (zeros), buffers
 // running_mean (zeros) and running_var (ones), all (C). Training mode normalises
 // with batch statistics and updates the running ones; eval mode uses the running
-// ones (see batch_norm2d).
+// ones (see batch_norm2d). `reducer`, when set, makes the training statistics
+// those of every worker's slice together (dist::ConvertSyncBatchNorm sets it).
 class BatchNorm2dImpl : public Module {
  public:
   explicit BatchNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
@@ -154,6 +156,7 @@ class BatchNorm2dImpl : public Module {
   int64_t num_features;
   double eps, momentum;
   Tensor weight, bias, running_mean, running_var;
+  std::shared_ptr<BatchNormReducer> reducer;
 };
 TANDEM_MODULE(BatchNorm2d);
 

@@ -154,6 +154,9 @@ class Communicator {
   nn::Tensor reduce_scatter(const nn::Tensor& input, ReduceOp op = ReduceOp::kSum);
   // Returns when every rank has called barrier.
   void barrier();
+  // How many collectives this rank has entered (the sequence number of the last);
+  // DataParallel::join() counts the collectives of a step with it.
+  uint64_t collectives_entered() const { return sequence_; }
 
   // Host seconds this rank has spent inside collectives and in wait() of
   // asynchronous ones since the communicator was made (any thread may read it).

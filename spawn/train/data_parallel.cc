@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -9,6 +10,7 @@
 #include "nn/autograd.h"
 #include "nn/ops/elementwise.h"
 #include "spawn/observe/trace.h"
+#include "spawn/train/sync_batch_norm.h"
 
 namespace tandem::dist {
 namespace {
@@ -46,6 +48,7 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
     params_.push_back({.name = name, .param = p});
   }
   BuildBuckets();
+  ConnectSyncBatchNorm(&join_);
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     params_[i].hook =
         params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
@@ -56,6 +59,60 @@ DataParallel::~DataParallel() {
   for (Slot& s : params_) {
     if (s.hook >= 0) s.param.remove_grad_ready_hook(s.hook);
   }
+  ConnectSyncBatchNorm(nullptr);
+}
+
+void DataParallel::ConnectSyncBatchNorm(internal::JoinState* join) {
+  std::vector<nn::Module*> pending = {&module_};
+  while (!pending.empty()) {
+    nn::Module* m = pending.back();
+    pending.pop_back();
+    if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(m)) {
+      if (auto* sync = dynamic_cast<SyncBatchNormReducer*>(bn->reducer.get())) sync->set_join(join);
+    }
+    for (const std::shared_ptr<nn::Module>& child : m->children()) pending.push_back(child.get());
+  }
+}
+
+DataParallel::NoSyncGuard DataParallel::no_sync() {
+  TANDEM_CHECK(!join_.joining(), "DataParallel: no_sync() inside join(): a rank whose data ran "
+               "out answers whole synchronised steps");
+  return NoSyncGuard(this);
+}
+
+DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
+    : dp_(dp), exceptions_(std::uncaught_exceptions()) {
+  TANDEM_CHECK(!dp->join_.joining(), "DataParallel: join() inside join()");
+  TANDEM_CHECK(dp->sync_ && dp->options_.reduce_in_backward,
+               "DataParallel: join() needs gradients reduced in backward (not inside no_sync(), "
+               "not with reduce_in_backward off)");
+  TANDEM_CHECK(!dp->options_.broadcast_buffers,
+               "DataParallel: join() with broadcast_buffers: a rank whose data ran out cannot "
+               "tell whether it is the one to broadcast");
+  dp->join_.Begin(dp->ctx_.communicator());
+}
+
+DataParallel::JoinGuard::~JoinGuard() noexcept(false) {
+  if (std::uncaught_exceptions() > exceptions_) {
+    dp_->join_.Abandon();  // the rank fails; spawn stops the others
+    return;
+  }
+  // Before answering: this rank's last backward may still have buckets in flight.
+  dp_->DropUnwaitedWork();
+  const int trained = dp_->join_.Shadow();
+  // Ranks that joined early skipped the last updates: every rank takes the
+  // model (parameters and buffers) of a rank that ran to the end.
+  nn::NoGradGuard no_grad;
+  Communicator& comm = dp_->ctx_.communicator();
+  for (nn::Tensor& p : dp_->module_.parameters()) comm.broadcast(p, trained);
+  for (nn::Tensor& b : dp_->module_.buffers()) comm.broadcast(b, trained);
+}
+
+void DataParallel::JoinGuard::all_reduce(nn::Tensor& x, ReduceOp op) {
+  TANDEM_CHECK(op == ReduceOp::kSum, "JoinGuard::all_reduce: only a sum is joinable (a rank "
+               "whose data ran out adds zeros), not ", ReduceOpName(op));
+  dp_->ctx_.communicator().all_reduce(x, op);
+  dp_->join_.Record(internal::JoinState::Kind::kAllReduce, x);
 }
 
 void DataParallel::CheckSameModelOnEveryRank() {
@@ -160,6 +217,7 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
   // collectives may still run. Start afresh, after them.
   DropUnwaitedWork();
   pass_started_ = false;
+  if (join_.joining()) join_.BeginStep(x.dim() > 0 ? x.size(0) : 1);
   if (options_.broadcast_buffers && ctx_.world_size() > 1) {
     nn::NoGradGuard no_grad;
     for (nn::Tensor& b : module_.buffers()) ctx_.communicator().broadcast(b, 0);
@@ -204,7 +262,18 @@ void DataParallel::LaunchReadyBuckets() {
       options_.on_bucket_launch(next_bucket_, static_cast<int>(b.params.size()));
     }
     b.launched = std::chrono::steady_clock::now();
-    b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+    if (join_.joining()) {
+      // Weighted by this rank's share of the step's samples, then summed: a
+      // joined rank adds zeros.
+      {
+        nn::NoGradGuard no_grad;
+        b.buffer.mul_(join_.sample_weight());
+      }
+      b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kSum);
+      join_.Record(internal::JoinState::Kind::kAllReduceAsync, b.buffer);
+    } else {
+      b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+    }
     b.returned = std::chrono::steady_clock::now();
     ++next_bucket_;
   }

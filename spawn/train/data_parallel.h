@@ -31,6 +31,39 @@
 // waits for them), so no bucket is zeroed (zero_grad, forward) or refilled while
 // a collective may still reduce it.
 //
+// Uneven inputs: join() returns a guard (PyTorch's DistributedDataParallel.join()):
+//
+//   {
+//     auto join = dp.join();                // every rank, before its loop
+//     while (auto batch = loader.next()) {  // ranks may have different step counts
+//       auto loss = loss_fn(dp(batch->data), batch->target);
+//       loss.backward();
+//       sgd.step();
+//       sgd.zero_grad();
+//     }
+//   }  // a rank whose data ran out answers the others' steps here until all are done
+//
+// Inside it each step starts (at forward) with one small all_gather, the step
+// agreement, and the gradients are weighted by the samples actually seen: the
+// result is sum_r n_r g_r / sum_r n_r (n_r: rows of rank r's x, g_r: its
+// gradient of its mean loss), which a joined rank (n_r = 0) answers with zero
+// gradients; SyncBatchNorm layers converted before this DataParallel was made
+// answer with a count of 0 and weigh their gradient sums the same way. So ranks
+// with 10, 10 and 7 batches neither hang nor bias the update: they train as one
+// rank on the union of each step's batches. Rules: one forward per step; no
+// no_sync() and no broadcast_buffers inside; every other collective of a step
+// must go through JoinGuard::all_reduce (a sum; a joined rank adds zeros).
+// Another collective in a step is found at the next step agreement, where every
+// rank throws the same error naming the rank (a step that made one while a rank
+// had already joined fails at that collective: the in-process communicator's
+// mismatch error, or the watchdog's timeout). A rank that joins before its first
+// step is the same kind of error. When every rank has joined, each takes the
+// parameters and buffers of the lowest rank that ran the last step (a rank that
+// joined early missed the last updates; PyTorch does the same), so all ranks
+// leave the guard with one model; the optimizer states of early joiners are
+// their own. An exception leaving the loop skips the answering: the rank fails
+// and the run stops at once, as outside a join.
+//
 // CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
 // (bucket all-reduces on the communication stream, joined back into the compute
 // stream at the end of backward) can be captured after one eager step and
@@ -53,6 +86,7 @@
 #include "nn/tensor.h"
 #include "spawn/comm/communicator.h"
 #include "spawn/context.h"
+#include "spawn/train/join.h"
 
 namespace tandem::dist {
 
@@ -103,7 +137,28 @@ class DataParallel {
     DataParallel* dp_;
     bool previous_;
   };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  [[nodiscard]] NoSyncGuard no_sync();
+
+  // See the file comment. Not a collective itself; every rank must make its
+  // guard before its loop. Throws tandem::Error inside another join, inside
+  // no_sync(), with broadcast_buffers or without reduce_in_backward.
+  class JoinGuard {
+   public:
+    explicit JoinGuard(DataParallel* dp);
+    // Answers the other ranks' steps until every rank has joined (collectives;
+    // may throw their errors), unless an exception is leaving the scope.
+    ~JoinGuard() noexcept(false);
+    JoinGuard(const JoinGuard&) = delete;
+    JoinGuard& operator=(const JoinGuard&) = delete;
+    // A joinable sum over the ranks, inside a step (a loss or a count for a
+    // log line): a rank that has joined adds zeros. Only ReduceOp::kSum.
+    void all_reduce(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
+
+   private:
+    DataParallel* dp_;
+    int exceptions_;
+  };
+  [[nodiscard]] JoinGuard join() { return JoinGuard(this); }
 
   // Paddle's explicit API, for gradients reduced by hand (inside no_sync() or
   // with reduce_in_backward off): loss / world_size, then after backward
@@ -155,6 +210,9 @@ class DataParallel {
   // Destroys the handles of collectives no pass waited for (a backward that threw).
   void DropUnwaitedWork();
 
+  // Points the SyncBatchNorm layers of the module at join_ (or, null, away).
+  void ConnectSyncBatchNorm(internal::JoinState* join);
+
   nn::Module& module_;
   Context& ctx_;
   DataParallelOptions options_;
@@ -164,6 +222,7 @@ class DataParallel {
   bool pass_started_ = false;
   int next_bucket_ = 0;
   OverlapStats overlap_;
+  internal::JoinState join_;
 };
 
 }  // namespace tandem::dist

@@ -439,6 +439,23 @@ TEST(TrainCifar10, DirectoryWithoutFilesFallsBackToSynthetic) {
   EXPECT_NE(r.output.find("CIFAR-10 (synthetic) epoch 1/1"), std::string::npos) << r.output;
 }
 
+// --sync_bn: MobileNetV2's BatchNorms synchronised over two CPU ranks (the
+// equivalence itself is tests/spawn/train/sync_batch_norm_test.cc); a model
+// without BatchNorm is a bad flag.
+TEST(TrainCifar10, SyncBnTrainsMobileNetV2OnTwoRanks) {
+  RunResult r = RunProgram(TRAIN_CIFAR10, "--gpus=cpu --nprocs=2 --model=mobilenet_v2 --sync_bn "
+                                          "--epochs=1 --batch_size=4 --max_steps_per_epoch=2 "
+                                          "--synthetic_train_size=16 --synthetic_test_size=8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("SyncBatchNorm over the ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 rank(s), 1 epoch(s) run (2 steps"), std::string::npos) << r.output;
+  RunResult bad = RunProgram(TRAIN_CIFAR10, "--gpus=cpu --sync_bn");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  ASSERT_EQ(bad.lines().size(), 1u) << bad.output;
+  EXPECT_NE(bad.output.find("--sync_bn: --model \"convnet\" has no BatchNorm"), std::string::npos)
+      << bad.output;
+}
+
 // A bad flag: exit status 2 and exactly one line, naming the flag and the value.
 void ExpectBadFlag(const char* program, const std::string& args, const std::string& expected) {
   RunResult r = RunProgram(program, args);

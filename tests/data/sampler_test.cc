@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
 #include <set>
 
 #include "nn/error.h"
@@ -158,6 +161,184 @@ TEST(DistributedBatchSamplerTest, RejectsBadArguments) {
   EXPECT_THROW(DistributedBatchSampler(10, 0, 2, 0), Error);
   EXPECT_THROW(DistributedBatchSampler(10, 2, 0, 0), Error);
   EXPECT_THROW(DistributedBatchSampler(-1, 2, 1, 0), Error);
+}
+
+// paddle.io.DistributedBatchSampler.__iter__ (shuffle off) restated step by step
+// as Paddle's Python writes it: pad the index list by repeating it to
+// total = ceil(n/N)*N, take each global batch's contiguous slice, split the last
+// (partial) global batch evenly, then cut this rank's list into batches.
+std::vector<std::vector<int64_t>> PaddleBatches(int64_t n, int64_t batch, int64_t nranks,
+                                                int64_t rank, bool drop_last) {
+  const int64_t num_samples = (n + nranks - 1) / nranks;  // math.ceil(n / nranks)
+  const int64_t total_size = num_samples * nranks;
+  std::vector<int64_t> indices(n);
+  std::iota(indices.begin(), indices.end(), 0);
+  const int64_t padding_size = total_size - n;
+  if (padding_size <= n) {
+    indices.insert(indices.end(), indices.begin(), indices.begin() + padding_size);
+  } else {
+    std::vector<int64_t> repeated;
+    for (int64_t k = 0; k < (padding_size + n - 1) / n; ++k) {
+      repeated.insert(repeated.end(), indices.begin(), indices.begin() + n);
+    }
+    indices.insert(indices.end(), repeated.begin(), repeated.begin() + padding_size);
+  }
+  EXPECT_EQ(static_cast<int64_t>(indices.size()), total_size);
+  if (nranks > 1) {
+    std::vector<int64_t> subsampled;
+    const int64_t last_batch_size = total_size % (batch * nranks);
+    EXPECT_EQ(last_batch_size % nranks, 0);
+    const int64_t last_local_batch_size = last_batch_size / nranks;
+    const int64_t end = static_cast<int64_t>(indices.size()) - last_batch_size;
+    for (int64_t i = rank * batch; i < end; i += batch * nranks) {
+      subsampled.insert(subsampled.end(), indices.begin() + i, indices.begin() + i + batch);
+    }
+    const std::vector<int64_t> tail(indices.begin() + end, indices.end());
+    subsampled.insert(subsampled.end(), tail.begin() + rank * last_local_batch_size,
+                      tail.begin() + (rank + 1) * last_local_batch_size);
+    indices = subsampled;
+  }
+  EXPECT_EQ(static_cast<int64_t>(indices.size()), num_samples);
+  std::vector<std::vector<int64_t>> batches;
+  std::vector<int64_t> current;
+  for (int64_t idx : indices) {
+    current.push_back(idx);
+    if (static_cast<int64_t>(current.size()) == batch) {
+      batches.push_back(current);
+      current.clear();
+    }
+  }
+  if (!drop_last && !current.empty()) batches.push_back(current);
+  // __len__
+  EXPECT_EQ(static_cast<int64_t>(batches.size()),
+            (num_samples + (drop_last ? 0 : batch - 1)) / batch);
+  return batches;
+}
+
+DistributedBatchSampler Tailed(int64_t n, int64_t batch, int replicas, int rank, bool shuffle,
+                               bool drop_last, DistributedTail tail) {
+  return DistributedBatchSampler(DistributedOptions{.dataset_size = n,
+                                                    .batch_size = batch,
+                                                    .num_replicas = replicas,
+                                                    .rank = rank,
+                                                    .shuffle = shuffle,
+                                                    .drop_last = drop_last,
+                                                    .seed = 5,
+                                                    .tail = tail});
+}
+
+TEST(DistributedTailTest, PaddleTailIsPaddlesIndicesForEverySize) {
+  int64_t cases = 0;
+  for (int64_t n = 0; n <= 41; ++n) {
+    for (int64_t batch = 1; batch <= 7; ++batch) {
+      for (int replicas = 1; replicas <= 6; ++replicas) {
+        for (bool drop_last : {false, true}) {
+          for (int r = 0; r < replicas; ++r) {
+            DistributedBatchSampler s =
+                Tailed(n, batch, replicas, r, /*shuffle=*/false, drop_last, DistributedTail::kPaddle);
+            const auto expected = PaddleBatches(n, batch, replicas, r, drop_last);
+            ASSERT_EQ(s.num_batches(), static_cast<int64_t>(expected.size()));
+            ASSERT_EQ(Pass(s), expected) << "n=" << n << " B=" << batch << " N=" << replicas
+                                         << " rank " << r << " drop_last=" << drop_last;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 42 * 7 * 21 * 2);
+}
+
+// With shuffle, kPaddle permutes the padded list: the same batch sizes as
+// Paddle's, every sample at least once, at most N-1 repeats, a new order each epoch.
+TEST(DistributedTailTest, PaddleTailShuffledHasPaddlesStructure) {
+  for (int64_t n : {1, 5, 10, 23, 64}) {
+    for (int64_t batch : {1, 3, 4}) {
+      for (int replicas : {1, 2, 3, 4}) {
+        std::vector<int64_t> seen;
+        for (int r = 0; r < replicas; ++r) {
+          DistributedBatchSampler s =
+              Tailed(n, batch, replicas, r, /*shuffle=*/true, false, DistributedTail::kPaddle);
+          const auto shuffled = Pass(s);
+          const auto plain = PaddleBatches(n, batch, replicas, r, false);
+          ASSERT_EQ(shuffled.size(), plain.size());
+          for (size_t k = 0; k < plain.size(); ++k) EXPECT_EQ(shuffled[k].size(), plain[k].size());
+          for (const auto& b : shuffled) seen.insert(seen.end(), b.begin(), b.end());
+          if (n >= 10) EXPECT_NE(Pass(s), shuffled) << "epoch 1 repeats epoch 0";
+        }
+        const int64_t total = (n + replicas - 1) / replicas * replicas;
+        EXPECT_EQ(static_cast<int64_t>(seen.size()), total);
+        EXPECT_EQ(static_cast<int64_t>(std::set<int64_t>(seen.begin(), seen.end()).size()), n)
+            << "n=" << n << " B=" << batch << " N=" << replicas;
+      }
+    }
+  }
+}
+
+// kUneven: every sample exactly once; the ranks' batches, global batch by global
+// batch, concatenate to one rank's batches of N*B; batch counts differ by at most one.
+TEST(DistributedTailTest, UnevenTailVisitsEverySampleOnce) {
+  for (int64_t n = 0; n <= 41; ++n) {
+    for (int64_t batch = 1; batch <= 6; ++batch) {
+      for (int replicas = 1; replicas <= 5; ++replicas) {
+        for (bool shuffle : {false, true}) {
+          std::vector<std::vector<std::vector<int64_t>>> per_rank;
+          int64_t most = 0, fewest = INT64_MAX;
+          for (int r = 0; r < replicas; ++r) {
+            DistributedBatchSampler s =
+                Tailed(n, batch, replicas, r, shuffle, false, DistributedTail::kUneven);
+            per_rank.push_back(Pass(s));
+            ASSERT_EQ(static_cast<int64_t>(per_rank.back().size()), s.num_batches());
+            most = std::max(most, s.num_batches());
+            fewest = std::min(fewest, s.num_batches());
+            for (const auto& b : per_rank.back()) {
+              EXPECT_TRUE(!b.empty() && static_cast<int64_t>(b.size()) <= batch);
+            }
+          }
+          EXPECT_LE(most - fewest, 1);
+          std::vector<int64_t> order;
+          for (int64_t g = 0; g < most; ++g) {
+            for (int r = 0; r < replicas; ++r) {
+              if (g < static_cast<int64_t>(per_rank[r].size())) {
+                order.insert(order.end(), per_rank[r][g].begin(), per_rank[r][g].end());
+              }
+            }
+          }
+          DistributedBatchSampler one =
+              Tailed(n, batch * replicas, 1, 0, shuffle, false, DistributedTail::kUneven);
+          std::vector<int64_t> expected;
+          for (const auto& b : Pass(one)) expected.insert(expected.end(), b.begin(), b.end());
+          ASSERT_EQ(order, expected) << "n=" << n << " B=" << batch << " N=" << replicas;
+          std::sort(order.begin(), order.end());
+          std::vector<int64_t> all(n);
+          std::iota(all.begin(), all.end(), 0);
+          ASSERT_EQ(order, all);
+        }
+      }
+    }
+  }
+  // 10 samples, 3 ranks x 3: one full global batch, then 1 sample for rank 0.
+  EXPECT_EQ(Pass(*std::make_unique<DistributedBatchSampler>(
+                Tailed(10, 3, 3, 0, false, false, DistributedTail::kUneven))),
+            (std::vector<std::vector<int64_t>>{{0, 1, 2}, {9}}));
+  EXPECT_EQ(Tailed(10, 3, 3, 2, false, false, DistributedTail::kUneven).num_batches(), 1);
+}
+
+TEST(DistributedTailTest, DefaultIsWrapGlobalBatchAndUnevenRefusesDropLast) {
+  EXPECT_EQ(DistributedOptions{}.tail, DistributedTail::kWrapGlobalBatch);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(Pass(*std::make_unique<DistributedBatchSampler>(
+                  Tailed(10, 3, 2, r, true, false, DistributedTail::kWrapGlobalBatch))),
+              Pass(*std::make_unique<DistributedBatchSampler>(10, 3, 2, r, true, false, 5)));
+  }
+  try {
+    Tailed(10, 3, 2, 0, false, /*drop_last=*/true, DistributedTail::kUneven);
+    FAIL() << "kUneven with drop_last was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'uneven'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("drop_last"), std::string::npos) << e.what();
+  }
+  EXPECT_STREQ(DistributedTailName(DistributedTail::kPaddle), "paddle");
 }
 
 }  // namespace

@@ -1,0 +1,118 @@
+#include "spawn/train/join.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "nn/error.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+// One row per rank of the step agreement.
+enum Column { kActive, kSamples, kUnjoinable, kStepped, kColumns };
+
+}  // namespace
+
+void JoinState::Begin(Communicator& comm) {
+  comm_ = &comm;
+  last_active_ = 0;
+  step_.clear();
+  last_step_.clear();
+  in_step_ = false;
+  stepped_ = false;
+  unjoinable_ = 0;
+  weight_ = 0;
+}
+
+void JoinState::CloseStep() {
+  if (!in_step_) return;
+  const uint64_t made = comm_->collectives_entered() - step_start_;
+  unjoinable_ = static_cast<int64_t>(made) - static_cast<int64_t>(step_.size());
+  last_step_ = std::move(step_);
+  step_.clear();
+  in_step_ = false;
+}
+
+int JoinState::Agree(bool active, int64_t samples) {
+  nn::NoGradGuard no_grad;
+  const std::vector<double> mine = {active ? 1.0 : 0.0, static_cast<double>(samples),
+                                    static_cast<double>(unjoinable_), stepped_ ? 1.0 : 0.0};
+  const nn::Tensor sent =
+      nn::from_vector(mine, {kColumns}, {.dtype = nn::kFloat64, .device = nn::Device::CPU()})
+          .to(comm_->device());
+  const std::vector<double> table = comm_->all_gather(sent).to_vector<double>();
+  const int world = comm_->world_size();
+  int active_ranks = 0;
+  double total = 0;
+  for (int r = world - 1; r >= 0; --r) {
+    const double* row = &table[static_cast<size_t>(r) * kColumns];
+    if (row[kActive] > 0) {
+      ++active_ranks;
+      last_active_ = r;
+    }
+    total += row[kSamples];
+  }
+  // Every rank reads the same table, so every rank throws the same error or none.
+  for (int r = 0; r < world; ++r) {
+    const double* row = &table[static_cast<size_t>(r) * kColumns];
+    TANDEM_CHECK(row[kUnjoinable] == 0, "DataParallel::join: rank ", r, " made ",
+                 row[kUnjoinable], " collective(s) in a step that a rank whose data ran out ",
+                 "cannot answer; inside join() only DataParallel's gradient all-reduces, "
+                 "SyncBatchNorm's collectives (of layers converted before the DataParallel "
+                 "was made) and JoinGuard::all_reduce are joinable; make the others outside "
+                 "the join, or through the guard");
+    TANDEM_CHECK(row[kActive] > 0 || row[kStepped] > 0 || active_ranks == 0,
+                 "DataParallel::join: rank ", r, " ran out of data before its first step ",
+                 "inside join(), so it cannot answer the other ranks' steps; give every rank ",
+                 "at least one batch (data::DistributedTail::kUneven does when the dataset ",
+                 "has at least as many samples as ranks)");
+  }
+  weight_ = active && total > 0 ? static_cast<double>(samples) / total : 0.0;
+  step_start_ = comm_->collectives_entered();
+  return active_ranks;
+}
+
+void JoinState::BeginStep(int64_t samples) {
+  CloseStep();
+  Agree(/*active=*/true, samples);
+  in_step_ = true;
+  stepped_ = true;
+}
+
+void JoinState::Record(Kind kind, const nn::Tensor& t, bool once) {
+  if (!in_step_) return;
+  step_.push_back({kind, t.shape(), t.dtype(), once});
+}
+
+void JoinState::Replay() {
+  nn::NoGradGuard no_grad;
+  for (const Entry& e : last_step_) {
+    if (e.once) continue;
+    nn::Tensor zeros = nn::zeros(e.shape, {.dtype = e.dtype, .device = comm_->device()});
+    switch (e.kind) {
+      case Kind::kAllReduce:
+        comm_->all_reduce(zeros, ReduceOp::kSum);
+        break;
+      case Kind::kAllReduceAsync:
+        comm_->all_reduce_async(zeros, ReduceOp::kSum)->wait();
+        break;
+      case Kind::kAllGather:
+        comm_->all_gather(zeros);
+        break;
+    }
+  }
+}
+
+int JoinState::Shadow() {
+  CloseStep();
+  while (Agree(/*active=*/false, 0) > 0) Replay();
+  comm_ = nullptr;
+  return last_active_;
+}
+
+void JoinState::Abandon() {
+  comm_ = nullptr;
+  in_step_ = false;
+}
+
+}  // namespace tandem::dist::internal

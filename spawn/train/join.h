@@ -1,0 +1,74 @@
+// internal::JoinState: the bookkeeping behind DataParallel::join() (see
+// data_parallel.h for the contract). Inside a join, every step of a rank that
+// still has data starts with a step agreement (one all_gather of each rank's
+// state: active, samples in its batch, collectives it made last step that no
+// joined rank could answer); the joinable collectives of the step
+// (DataParallel's bucket all-reduces, SyncBatchNorm's statistics and gradient
+// sums, JoinGuard::all_reduce) are recorded in order. A rank whose data ran out
+// replays its last step's record with nothing to contribute (zeros: zero
+// gradients, a sample count of 0) until the agreement says every rank has joined.
+//
+// Thread-safety: belongs to its rank's thread, like the DataParallel that owns it.
+#ifndef TANDEM_SPAWN_TRAIN_JOIN_H_
+#define TANDEM_SPAWN_TRAIN_JOIN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/tensor.h"
+#include "spawn/comm/communicator.h"
+
+namespace tandem::dist::internal {
+
+class JoinState {
+ public:
+  enum class Kind { kAllReduce, kAllReduceAsync, kAllGather };
+
+  bool joining() const { return comm_ != nullptr; }
+  // Enters join mode on `comm` (no collective).
+  void Begin(Communicator& comm);
+  // An active rank's step begins (DataParallel::forward): closes the previous
+  // step's record and runs the step agreement. samples: the rows of this rank's
+  // batch. Throws tandem::Error, the same on every rank, when a rank made
+  // collectives that are not joinable or joined before its first step.
+  void BeginStep(int64_t samples);
+  // A joinable collective of the current step, on `t` (its shape and dtype are
+  // what a joined rank replays). once: made only in this step (SyncBatchNorm's
+  // first-use check), not replayed.
+  void Record(Kind kind, const nn::Tensor& t, bool once = false);
+  // This rank's data ran out: answers the other ranks' steps until every rank
+  // has joined, then leaves join mode. Returns the lowest rank that was active
+  // in the last step any rank ran (one of the last to join: its model is the
+  // trained one), the same on every rank.
+  int Shadow();
+  // Leaves join mode without a collective (an exception is leaving the loop).
+  void Abandon();
+  // This rank's share of the current step's samples, n_r / sum of n (0 once joined).
+  double sample_weight() const { return weight_; }
+
+ private:
+  struct Entry {
+    Kind kind;
+    nn::Shape shape;
+    nn::DType dtype;
+    bool once;
+  };
+  void CloseStep();
+  // The step agreement; returns the number of ranks still active.
+  int Agree(bool active, int64_t samples);
+  void Replay();
+
+  Communicator* comm_ = nullptr;
+  std::vector<Entry> step_;       // the current step's joinable collectives
+  std::vector<Entry> last_step_;  // the last finished step's
+  bool in_step_ = false;
+  bool stepped_ = false;          // at least one step inside this join
+  uint64_t step_start_ = 0;       // collectives entered when the step began
+  int64_t unjoinable_ = 0;        // collectives of the last step not recorded
+  double weight_ = 0;
+  int last_active_ = 0;           // lowest active rank of the last step any rank ran
+};
+
+}  // namespace tandem::dist::internal
+
+#endif  // TANDEM_SPAWN_TRAIN_JOIN_H_

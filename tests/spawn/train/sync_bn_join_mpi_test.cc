@@ -1,0 +1,102 @@
+// SyncBatchNorm and DataParallel::join() across processes (ctest label mpi; run
+// by mpirun): P processes x 1 rank give the bits of 1 process x P ranks; P
+// processes x L ranks x batch B with SyncBatchNorm train as 1 rank x batch P*L*B
+// with BatchNorm; ranks of different processes with different step counts train
+// under join() as one rank on each step's union. Without mpirun every test skips.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "spawn/spawn.h"
+#include "tests/spawn/train/join_net.h"
+#include "tests/spawn/train/sync_bn_net.h"
+#include "tests/test_util.h"
+
+namespace tandem::dist {
+namespace {
+
+int LaunchedProcesses() {
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return size != nullptr ? std::atoi(size) : 1;
+}
+
+class SyncBatchNormMpiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (LaunchedProcesses() < 2) GTEST_SKIP() << "not started by mpirun with -np >= 2";
+  }
+  SpawnOptions Options() { return {.timeout_s = 60, .seed = 7, .console = &console_}; }
+  SpawnOptions Local() {
+    SpawnOptions o = Options();
+    o.processes = Processes::kOff;
+    return o;
+  }
+  std::ostringstream console_;
+};
+
+TEST_F(SyncBatchNormMpiTest, OneRankPerProcessHasTheInProcessBits) {
+  const int world = LaunchedProcesses();
+  auto across = spawn([](Context& ctx) { return TrainBn(ctx, 3, 3, true); }, 1, "cpu", Options());
+  auto local = spawn([](Context& ctx) { return TrainBn(ctx, 3, 3, true); }, world, "cpu", Local());
+  ASSERT_TRUE(across.ok() && local.ok()) << across.status() << local.status();
+  const BnRun& a = (*across)[0];
+  const BnRun& b = (*local)[0];
+  EXPECT_EQ(a.losses, b.losses);
+  ::tandem::testing::ExpectSameBits(a.first_grads.to_vector<float>(),
+                                    b.first_grads.to_vector<float>(), "first gradients");
+  ::tandem::testing::ExpectSameBits(a.params.to_vector<float>(), b.params.to_vector<float>(),
+                                    "parameters");
+  ::tandem::testing::ExpectSameBits(a.buffers.to_vector<float>(), b.buffers.to_vector<float>(),
+                                    "running statistics");
+}
+
+TEST_F(SyncBatchNormMpiTest, ProcessesTimesRanksMatchOneRankOnTheWholeBatch) {
+  for (int local : {1, 2}) {
+    const int world = LaunchedProcesses() * local;
+    auto one = spawn([&](Context& ctx) { return TrainBn(ctx, 3 * world, 3, false); }, 1, "cpu",
+                     Local());
+    auto many = spawn([](Context& ctx) { return TrainBn(ctx, 3, 3, true); }, local, "cpu",
+                      Options());
+    ASSERT_TRUE(one.ok() && many.ok()) << one.status() << many.status();
+    const BnRun& ref = (*one)[0];
+    for (const BnRun& run : *many) {
+      const double grads = ::tandem::testing::ScaledError(run.first_grads, ref.first_grads);
+      const double params = ::tandem::testing::ScaledError(run.params, ref.params);
+      const double buffers = ::tandem::testing::ScaledError(run.buffers, ref.buffers);
+      std::printf("SyncBatchNorm %d processes x %d ranks x 3 vs 1 rank x %d: max relative "
+                  "difference first gradients %.3g, parameters %.3g, running statistics %.3g\n",
+                  LaunchedProcesses(), local, 3 * world, grads, params, buffers);
+      EXPECT_LE(grads, 1e-5);
+      EXPECT_LE(params, 1e-5);
+      EXPECT_LE(buffers, 1e-5);
+    }
+  }
+}
+
+// One rank per process, the last with 7 steps where the others have 10.
+TEST_F(SyncBatchNormMpiTest, JoinAcrossProcessesMatchesOneRankAndTheInProcessBits) {
+  const int world = LaunchedProcesses();
+  for (bool sync : {false, true}) {
+    auto one = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, true, false); }, 1,
+                     "cpu", Local());
+    auto across = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, false, sync); },
+                        1, "cpu", Options());
+    auto local = spawn([&](Context& ctx) { return TrainUneven<BnNet>(ctx, world, false, sync); },
+                       world, "cpu", Local());
+    ASSERT_TRUE(one.ok() && across.ok() && local.ok())
+        << one.status() << across.status() << local.status();
+    const double params = ::tandem::testing::ScaledError((*across)[0].params, (*one)[0].params);
+    std::printf("join across %d processes (%s): max relative difference of the parameters to 1 "
+                "rank on each step's union %.3g\n",
+                world, sync ? "SyncBatchNorm" : "per-rank BatchNorm", params);
+    if (sync) EXPECT_LE(params, 1e-5);  // per-rank BatchNorm is not one rank's
+    ::tandem::testing::ExpectSameBits((*across)[0].params.to_vector<float>(),
+                                      (*local)[0].params.to_vector<float>(), "parameters");
+    ::tandem::testing::ExpectSameBits((*across)[0].buffers.to_vector<float>(),
+                                      (*local)[0].buffers.to_vector<float>(), "buffers");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::dist
