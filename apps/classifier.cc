@@ -414,7 +414,9 @@ void BuildModelAndData(ClassifierRun& run,
 // the optimizer's lr before a checkpoint loads into it), and --resume.
 void ScheduleAndResume(ClassifierRun& run) {
   const RunFlags& flags = run.flags;
-  run.steps_per_epoch = run.loader->num_batches();
+  // Optimizer steps: --grad_accum_steps micro-batches each (the last one may have fewer).
+  const int64_t k = flags.grad_accum_steps;
+  run.steps_per_epoch = (run.loader->num_batches() + k - 1) / k;
   if (flags.max_steps_per_epoch > 0) {
     run.steps_per_epoch = std::min(run.steps_per_epoch, flags.max_steps_per_epoch);
   }
@@ -437,7 +439,7 @@ void ScheduleAndResume(ClassifierRun& run) {
 void OpenOutputs(ClassifierRun& run) {
   dist::Context& ctx = run.ctx;
   const RunFlags& flags = run.flags;
-  run.global_batch = int64_t{flags.batch_size} * ctx.world_size();
+  run.global_batch = int64_t{flags.batch_size} * ctx.world_size() * flags.grad_accum_steps;
   run.metrics.emplace(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
   run.progress.emplace(ctx, flags);
   run.redraw_every = run.progress->tty() ? 5 : flags.log_every;
@@ -480,10 +482,17 @@ EpochRun StartEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
   return e;
 }
 
-// Forward (under --bf16's autocast), backward and the optimizer step of one
-// batch, at the schedule's lr of the global step; returns the loss.
-nn::Tensor ForwardBackwardStep(ClassifierRun& run, const data::Batch& batch) {
-  if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+// The micro-batches of step e.k: --grad_accum_steps, fewer in the epoch's last
+// step when the epoch's batches do not divide by it.
+int64_t MicroBatchesOf(const ClassifierRun& run, const EpochRun& e) {
+  const int64_t k = run.flags.grad_accum_steps;
+  return std::min<int64_t>(k, run.loader->num_batches() - e.k * k);
+}
+
+// Forward (under --bf16's autocast) and backward of one micro-batch, its loss
+// divided by the step's micro-batch count (the gradients then sum to those of
+// one batch of all of them); returns the undivided loss.
+nn::Tensor ForwardBackward(ClassifierRun& run, const data::Batch& batch, int64_t micro) {
   nn::Tensor loss;
   {
     dist::TraceSpan span(run.ctx, "forward");
@@ -492,14 +501,40 @@ nn::Tensor ForwardBackwardStep(ClassifierRun& run, const data::Batch& batch) {
   }
   {
     dist::TraceSpan span(run.ctx, "backward");
-    run.optimizer->zero_grad();
-    loss.backward();
+    (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+  }
+  return loss;
+}
+
+// One optimizer step at the schedule's lr of the global step: its micro-batches
+// (all but the last under DataParallel::no_sync(), so the gradients are reduced
+// once), then the update. Returns the mean loss of the micro-batches, nullopt
+// when the loader has no batch left.
+std::optional<nn::Tensor> TrainOnBatches(ClassifierRun& run, const EpochRun& e) {
+  if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+  const int64_t micro = MicroBatchesOf(run, e);
+  nn::Tensor loss_sum;
+  for (int64_t i = 0; i < micro; ++i) {
+    std::optional<data::Batch> batch;
+    {
+      dist::TraceSpan span(run.ctx, "data");
+      batch = run.loader->next();
+    }
+    if (!batch && i == 0) return std::nullopt;
+    // The step's count comes from the loader's, so only a loader that lies ends early.
+    TANDEM_CHECK(batch.has_value(), "--grad_accum_steps: the loader ran out after ", i, " of ",
+                 micro, " micro-batches of step ", run.at.step);
+    if (i == 0) run.optimizer->zero_grad();
+    std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+    if (i + 1 < micro) no_sync.emplace(&*run.dp);
+    const nn::Tensor loss = ForwardBackward(run, *batch, micro);
+    loss_sum = i == 0 ? loss.detach() : loss_sum + loss.detach();
   }
   {
     dist::TraceSpan span(run.ctx, "optimizer");
     run.optimizer->step();
   }
-  return loss;
+  return micro > 1 ? loss_sum / static_cast<double>(micro) : loss_sum;
 }
 
 // Adds the step's loss to the epoch's sum, the progress window and the
@@ -591,13 +626,9 @@ StepEnd TrainStep(ClassifierRun& run, EpochRun& e) {
   const Clock::time_point step_start = Clock::now();
   const double waited_before_step = ctx.communicator().waited_seconds();
   if (run.trace != nullptr) run.trace->BeginStep(ctx.rank(), run.at.step);
-  std::optional<data::Batch> batch;
-  {
-    dist::TraceSpan span(ctx, "data");
-    batch = run.loader->next();
-  }
-  if (!batch) return StepEnd::kNoBatch;
-  const nn::Tensor loss = ForwardBackwardStep(run, *batch);
+  const std::optional<nn::Tensor> step_loss = TrainOnBatches(run, e);
+  if (!step_loss) return StepEnd::kNoBatch;
+  const nn::Tensor& loss = *step_loss;
   if (run.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run.slow_ms));
   ++run.at.step;
   AccumulateLoss(run, e, loss);
@@ -774,7 +805,13 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
       absl::StrCat("dataset=", data.name, " (", data.train->size(), " train, ", data.test->size(),
                    " test examples)"),
       absl::StrCat("batch=", flags.batch_size, " per rank, ", flags.batch_size * flags.world_size(),
-                   " global"),
+                   " global",
+                   flags.grad_accum_steps > 1
+                       ? absl::StrCat(", ", flags.grad_accum_steps, " micro-batches per step (",
+                                      int64_t{flags.batch_size} * flags.world_size() *
+                                          flags.grad_accum_steps,
+                                      " samples)")
+                       : std::string()),
       absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr, " (", flags.lr_schedule,
                    " schedule)"),
       absl::StrCat("epochs=", flags.epochs,

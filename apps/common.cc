@@ -124,6 +124,12 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "End the run after this global step (exit status 130 and one line on every "
           "process; no checkpoint beyond the periodic ones); for testing --resume. 0: never.");
 ABSL_FLAG(double, timeout_s, 300, tandem::apps::kTimeoutHelp);
+ABSL_FLAG(int, grad_accum_steps, 1,
+          "Gradient accumulation: each optimizer step runs this many micro-batches of "
+          "--batch_size per rank, reducing the gradients once, after the last (the others run "
+          "under DataParallel::no_sync()); each micro-batch's loss is divided by their count, "
+          "so K micro-batches of B step like one batch of K*B. Steps, the learning-rate "
+          "schedule and checkpoints count optimizer steps.");
 
 namespace tandem::apps {
 namespace {
@@ -211,6 +217,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
+  flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
   ReadTestHooks(flags);
   return flags;
 }
@@ -287,6 +294,10 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   }
   if (flags.batch_size < 1) {
     FlagErrorExit(flags, absl::StrCat("--batch_size ", flags.batch_size, ": must be at least 1"));
+  }
+  if (flags.grad_accum_steps < 1) {
+    FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
+                                      ": must be at least 1"));
   }
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
@@ -474,6 +485,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--log_every", absl::StrCat(flags.log_every)},
       {"--trace", flags.trace.empty() ? "(off)" : "(on)"},
       {"--trace_steps", flags.trace_steps},
+      {"--grad_accum_steps", absl::StrCat(flags.grad_accum_steps)},
   };
   for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;
