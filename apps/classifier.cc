@@ -396,7 +396,10 @@ void BuildModelAndData(ClassifierRun& run,
   const RunFlags& flags = run.flags;
   run.ctx.set_trace(run.trace);
   run.model = make_model();
-  run.dp.emplace(*run.model, run.ctx);
+  run.dp.emplace(*run.model, run.ctx,
+                 dist::DataParallelOptions{
+                     .comm_hook = flags.comm_hook == "bf16" ? dist::Bf16CompressHook()
+                                                            : dist::CommHook()});
   run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
   run.loss_fn.emplace();
   auto sampler = std::make_shared<data::DistributedBatchSampler>(

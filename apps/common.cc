@@ -130,6 +130,10 @@ ABSL_FLAG(int, grad_accum_steps, 1,
           "under DataParallel::no_sync()); each micro-batch's loss is divided by their count, "
           "so K micro-batches of B step like one batch of K*B. Steps, the learning-rate "
           "schedule and checkpoints count optimizer steps.");
+ABSL_FLAG(std::string, comm_hook, "allreduce",
+          "How DataParallel reduces each gradient bucket: allreduce (float32 all-reduce) or "
+          "bf16 (dist::Bf16CompressHook: the bucket travels as bfloat16, half the bytes; the "
+          "in-process and MPI paths add in float32, NCCL in bfloat16).");
 
 namespace tandem::apps {
 namespace {
@@ -218,6 +222,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
   flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
   ReadTestHooks(flags);
   return flags;
 }
@@ -298,6 +303,16 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   if (flags.grad_accum_steps < 1) {
     FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
                                       ": must be at least 1"));
+  }
+  if (!v.uses_epochs && (flags.grad_accum_steps != 1 || flags.comm_hook != "allreduce")) {
+    FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
+                                      " --comm_hook ", flags.comm_hook,
+                                      ": only the classifier programs (train_mnist, "
+                                      "train_cifar10) take these"));
+  }
+  if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16") {
+    FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
+                                      "\": unknown hook (allreduce, bf16)"));
   }
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
@@ -486,6 +501,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--trace", flags.trace.empty() ? "(off)" : "(on)"},
       {"--trace_steps", flags.trace_steps},
       {"--grad_accum_steps", absl::StrCat(flags.grad_accum_steps)},
+      {"--comm_hook", flags.comm_hook},
   };
   for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;
