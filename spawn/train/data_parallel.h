@@ -93,6 +93,10 @@ class DataParallel {
   std::vector<std::string> bucket_parameter_names(int b) const;
   // Bucket b as a comm hook sees it (its buffer: the gradients of this rank).
   GradBucket bucket(int b) const;
+  // Replaces options.comm_hook (ZeroRedundancyOptimizer installs its own); call
+  // it between backward passes, on every rank.
+  void register_comm_hook(CommHook hook) { options_.comm_hook = std::move(hook); }
+  bool has_comm_hook() const { return static_cast<bool>(options_.comm_hook); }
 
   // While the returned guard lives, backward passes only accumulate local
   // gradients (gradient accumulation); the next synchronised backward reduces the
