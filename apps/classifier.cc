@@ -33,6 +33,7 @@
 #include "optim/lr_scheduler.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/checkpoint_manager.h"
+#include "spawn/train/zero_redundancy_optimizer.h"
 #include "spawn/signals.h"
 
 namespace tandem::apps {
@@ -334,7 +335,13 @@ struct ClassifierRun {
   const Clock::time_point start = Clock::now();
   std::shared_ptr<nn::Module> model;
   std::optional<dist::DataParallel> dp;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;  // null with --zero
+  // --zero: the sharded optimizer (after dp: it goes first) and, while a
+  // checkpoint is taken, its state gathered into an unsharded optimizer.
+  std::optional<dist::ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<optim::Optimizer> consolidated;
+  // The optimizer whose lr the schedule sets and the reports read.
+  optim::Optimizer& optim() { return zero ? zero->optimizer() : *optimizer; }
   std::optional<nn::CrossEntropyLoss> loss_fn;
   std::optional<data::DataLoader> loader;
   std::optional<dist::CheckpointManager> checkpoints;
@@ -400,7 +407,13 @@ void BuildModelAndData(ClassifierRun& run,
                  dist::DataParallelOptions{
                      .comm_hook = flags.comm_hook == "bf16" ? dist::Bf16CompressHook()
                                                             : dist::CommHook()});
-  run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
+  if (flags.zero) {
+    run.zero.emplace(*run.dp, [name = flags.optimizer, lr = flags.lr](std::vector<nn::Tensor> p) {
+      return MakeOptimizer(name, std::move(p), lr);
+    });
+  } else {
+    run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
+  }
   run.loss_fn.emplace();
   auto sampler = std::make_shared<data::DistributedBatchSampler>(
       run.data.train->size(), flags.batch_size, run.ctx.world_size(), run.ctx.rank(),
@@ -425,12 +438,16 @@ void ScheduleAndResume(ClassifierRun& run) {
   }
   if (flags.lr_schedule == "cosine") {
     const int64_t total_steps = std::max<int64_t>(run.steps_per_epoch * flags.epochs, 1);
-    run.schedule = std::make_unique<optim::CosineAnnealingLR>(*run.optimizer, total_steps);
+    run.schedule = std::make_unique<optim::CosineAnnealingLR>(run.optim(), total_steps);
   }
   if (flags.resume) {
-    if (std::optional<Progression> loaded = LoadRunCheckpoint(
-            run.ctx, flags, *run.checkpoints, *run.model, *run.optimizer, *run.loader)) {
+    // --zero: the file holds the unsharded state; each rank keeps its shards of it.
+    std::unique_ptr<optim::Optimizer> unsharded = run.zero ? run.zero->MakeUnsharded() : nullptr;
+    if (std::optional<Progression> loaded =
+            LoadRunCheckpoint(run.ctx, flags, *run.checkpoints, *run.model,
+                              run.zero ? *unsharded : *run.optimizer, *run.loader)) {
       run.at = *loaded;
+      if (run.zero) dist::ThrowIfError(run.zero->LoadFrom(*unsharded), "--resume: ");
     }
   }
   run.state = {.model = run.model.get(), .optimizer = run.optimizer.get(),
@@ -527,7 +544,7 @@ std::optional<nn::Tensor> TrainOnBatches(ClassifierRun& run, const EpochRun& e) 
     // The step's count comes from the loader's, so only a loader that lies ends early.
     TANDEM_CHECK(batch.has_value(), "--grad_accum_steps: the loader ran out after ", i, " of ",
                  micro, " micro-batches of step ", run.at.step);
-    if (i == 0) run.optimizer->zero_grad();
+    if (i == 0) run.zero ? run.zero->zero_grad() : run.optimizer->zero_grad();
     std::optional<dist::DataParallel::NoSyncGuard> no_sync;
     if (i + 1 < micro) no_sync.emplace(&*run.dp);
     const nn::Tensor loss = ForwardBackward(run, *batch, micro);
@@ -535,7 +552,7 @@ std::optional<nn::Tensor> TrainOnBatches(ClassifierRun& run, const EpochRun& e) 
   }
   {
     dist::TraceSpan span(run.ctx, "optimizer");
-    run.optimizer->step();
+    run.zero ? run.zero->step() : run.optimizer->step();
   }
   return micro > 1 ? loss_sum / static_cast<double>(micro) : loss_sum;
 }
@@ -568,7 +585,7 @@ void LogTensorBoardWindow(ClassifierRun& run, EpochRun& e) {
     double loss_mean = 0;
     for (int r = 0; r < ctx.world_size(); ++r) loss_mean += all[2 * r] / ctx.world_size();
     run.tensorboard->AddScalar("train/loss", loss_mean, step);
-    run.tensorboard->AddScalar("train/learning_rate", run.optimizer->lr(), step);
+    run.tensorboard->AddScalar("train/learning_rate", run.optim().lr(), step);
     run.tensorboard->AddScalar("train/samples_per_s",
                                static_cast<double>(e.tb_window * run.global_batch) /
                                    std::max(SecondsSince(e.tb_window_start), 1e-9),
@@ -596,6 +613,14 @@ void ShowProgress(ClassifierRun& run, EpochRun& e) {
   e.window = 0;
 }
 
+// --zero, every rank before a save: the state gathered into an unsharded
+// optimizer for the file (it resumes with or without --zero, on any rank count).
+void GatherShardedState(ClassifierRun& run, dist::TrainingState& state) {
+  if (!run.zero) return;
+  run.consolidated = run.zero->Consolidated();
+  state.optimizer = run.consolidated.get();
+}
+
 // Periodic checkpoints and stop signals, every rank after every step: a save
 // when one is due or a stop asks for it (then StoppedError after it); without
 // --checkpoint_dir a stop signal throws StoppedError at once.
@@ -606,10 +631,12 @@ void CheckpointOrStop(ClassifierRun& run, const EpochRun& e) {
     const absl::Status saved =
         run.checkpoints->AtStepBoundary(run.state, [&](dist::TrainingState& s) {
           run.progress->Clear();
+          GatherShardedState(run, s);
           SetExtra(s, run.flags, run.data, run.at, e.k + 1,
                    ctx.communicator().all_gather(e.loss_sum).to_vector<float>(),
                    run.at.elapsed_s + SecondsSince(run.start));
         });
+    run.consolidated.reset();
     dist::ThrowIfError(saved, "saving a checkpoint: ");
   } else if (ctx.AtStepBoundary(run.at.step).stop) {
     run.progress->Clear();
@@ -669,7 +696,7 @@ void ReportEpoch(ClassifierRun& run, const EpochRun& e, double epoch_loss, doubl
                    FormatDuration(wall_s));
   }
   run.metrics->Row(run.data.name, e.epoch + 1, run.at.step, epoch_loss, accuracy, rate, wall_s,
-                   run.optimizer->lr());
+                   run.optim().lr());
   if (run.tensorboard) {
     run.tensorboard->AddScalar("epoch/train_loss", epoch_loss, run.at.step);
     run.tensorboard->AddScalar("epoch/test_accuracy", accuracy, run.at.step);
@@ -710,7 +737,9 @@ void FinishEpoch(ClassifierRun& run, EpochRun& e) {
     // The next epoch starts at its beginning: that is the position the file holds.
     run.loader->set_state({.epoch = run.at.epoch, .position = 0});
     SetExtra(run.state, run.flags, run.data, run.at, 0, {}, wall_s);
+    GatherShardedState(run, run.state);
     const absl::Status saved = run.checkpoints->Save(run.state);
+    run.consolidated.reset();
     dist::ThrowIfError(saved, "saving the checkpoint: ");
   }
   ++run.result.epochs_done;
@@ -733,6 +762,17 @@ bool RunEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
 // --trace file, and what the run did.
 TrainResult FinishRun(ClassifierRun& run) {
   dist::Context& ctx = run.ctx;
+  if (ctx.rank() == 0) {
+    int64_t state_bytes = 0;
+    if (run.zero) {
+      state_bytes = run.zero->state_bytes();
+    } else {
+      for (const auto& [key, t] : run.optimizer->state_dict().tensors) state_bytes += t.nbytes();
+    }
+    ctx.log().Info("optimizer state: {} bytes on rank 0 ({})", state_bytes,
+                   run.zero ? absl::StrCat("sharded over ", ctx.world_size(), " ranks")
+                            : std::string("unsharded"));
+  }
   if (run.checkpoints) {
     const absl::Status written = run.checkpoints->Finish();
     dist::ThrowIfError(written, "saving the checkpoint: ");

@@ -134,6 +134,12 @@ ABSL_FLAG(std::string, comm_hook, "allreduce",
           "How DataParallel reduces each gradient bucket: allreduce (float32 all-reduce) or "
           "bf16 (dist::Bf16CompressHook: the bucket travels as bfloat16, half the bytes; the "
           "in-process and MPI paths add in float32, NCCL in bfloat16).");
+ABSL_FLAG(bool, zero, false,
+          "Shard the optimizer state over the ranks (dist::ZeroRedundancyOptimizer, ZeRO-1): "
+          "each rank keeps 1/N of it, gradients are reduce-scattered during backward and the "
+          "parameters all-gathered after each step; the same parameters as without it. "
+          "Checkpoints hold the unsharded state (gathered on save) and resume with or without "
+          "--zero on any number of ranks.");
 
 namespace tandem::apps {
 namespace {
@@ -223,6 +229,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
   flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
   flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
+  flags.zero = absl::GetFlag(FLAGS_zero);
   ReadTestHooks(flags);
   return flags;
 }
@@ -304,15 +311,22 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
                                       ": must be at least 1"));
   }
-  if (!v.uses_epochs && (flags.grad_accum_steps != 1 || flags.comm_hook != "allreduce")) {
+  if (!v.uses_epochs &&
+      (flags.grad_accum_steps != 1 || flags.comm_hook != "allreduce" || flags.zero)) {
     FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
-                                      " --comm_hook ", flags.comm_hook,
+                                      " --comm_hook ", flags.comm_hook, " --zero ",
+                                      flags.zero ? "true" : "false",
                                       ": only the classifier programs (train_mnist, "
                                       "train_cifar10) take these"));
   }
   if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16") {
     FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
                                       "\": unknown hook (allreduce, bf16)"));
+  }
+  if (flags.zero && flags.comm_hook != "allreduce") {
+    FlagErrorExit(flags, absl::StrCat("--zero with --comm_hook ", flags.comm_hook,
+                                      ": the sharded optimizer reduce-scatters the gradients "
+                                      "itself (use --comm_hook=allreduce)"));
   }
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
@@ -502,6 +516,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--trace_steps", flags.trace_steps},
       {"--grad_accum_steps", absl::StrCat(flags.grad_accum_steps)},
       {"--comm_hook", flags.comm_hook},
+      {"--zero", flags.zero ? "true" : "false"},
   };
   for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;
