@@ -4,7 +4,8 @@
 // communicator: with one rank per process they give the bits of one process
 // with as many in-process ranks (float32 addition, one rounding); with two
 // ranks per process reduce_scatter_async gives reduce_scatter's bits; and
-// DataParallel with Bf16CompressHook gives the gradients of the in-process run.
+// DataParallel with Bf16CompressHook gives the gradients of the in-process run;
+// ZeroRedundancyOptimizer across processes gives the unsharded parameters.
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -13,7 +14,9 @@
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 #include "spawn/spawn.h"
+#include "optim/adam.h"
 #include "spawn/train/comm_hooks.h"
+#include "spawn/train/zero_redundancy_optimizer.h"
 #include "tests/spawn/train/dp_models.h"
 #include "tests/test_util.h"
 
@@ -125,6 +128,45 @@ TEST_F(MpiBf16ScatterTest, Bf16CompressHookGivesTheInProcessGradients) {
   auto local = spawn(HookedGrads, LaunchedProcesses(), "cpu", Local());
   ASSERT_TRUE(across.ok() && local.ok()) << across.status() << local.status();
   testing::ExpectSameBits((*across)[0], (*local)[0], "Bf16CompressHook across processes");
+}
+
+// Three Adam steps of ConvNet, sharded or not, on a global batch of 12 rows.
+std::vector<float> AdamSteps(Context& ctx, bool sharded) {
+  ConvNet net;
+  DataParallel dp(net, ctx, {.bucket_bytes = 400, .first_bucket_bytes = 100});
+  auto make = [](std::vector<Tensor> p) {
+    return std::make_unique<optim::Adam>(std::move(p), optim::AdamOptions{.lr = 1e-2});
+  };
+  std::unique_ptr<ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<optim::Optimizer> plain;
+  if (sharded) {
+    zero = std::make_unique<ZeroRedundancyOptimizer>(dp, make);
+  } else {
+    plain = make(net.parameters());
+  }
+  const int64_t per_rank = 12 / ctx.world_size();
+  for (int step = 0; step < 3; ++step) {
+    nn::manual_seed(3000 + step);
+    Tensor x = nn::randn({12, 1, 6, 6}), y = nn::randn({12, 2});
+    const int64_t lo = ctx.rank() * per_rank;
+    if (zero) zero->zero_grad(); else plain->zero_grad();
+    nn::mse_loss(dp(x.slice(lo, lo + per_rank)), y.slice(lo, lo + per_rank)).backward();
+    if (zero) zero->step(); else plain->step();
+  }
+  return testing::FlatParams(net);
+}
+
+TEST_F(MpiBf16ScatterTest, ZeroRedundancyOptimizerGivesTheUnshardedParameters) {
+  // One rank per process: the in-process bits; two: the unsharded job's bits.
+  auto across = spawn([](Context& ctx) { return AdamSteps(ctx, true); }, 1, "cpu", Options());
+  auto local = spawn([](Context& ctx) { return AdamSteps(ctx, false); }, LaunchedProcesses(),
+                     "cpu", Local());
+  ASSERT_TRUE(across.ok() && local.ok()) << across.status() << local.status();
+  testing::ExpectSameBits((*across)[0], (*local)[0], "ZeRO, 1 rank per process");
+  auto across2 = spawn([](Context& ctx) { return AdamSteps(ctx, true); }, 2, "cpu", Options());
+  auto plain2 = spawn([](Context& ctx) { return AdamSteps(ctx, false); }, 2, "cpu", Options());
+  ASSERT_TRUE(across2.ok() && plain2.ok()) << across2.status() << plain2.status();
+  testing::ExpectSameBits((*across2)[1], (*plain2)[0], "ZeRO, 2 ranks per process");
 }
 
 }  // namespace
