@@ -173,6 +173,23 @@ nn::Tensor Communicator::all_gather(const nn::Tensor& input) {
   return output;
 }
 
+void Communicator::all_gather_into(const nn::Tensor& input, nn::Tensor& output) {
+  nn::CheckDefined(input, "all_gather_into", "input");
+  nn::CheckDefined(output, "all_gather_into", "output");
+  TANDEM_CHECK(output.numel() == input.numel() * world_size_ && output.dtype() == input.dtype() &&
+                   output.device() == input.device(),
+               "all_gather_into: output ", output.ToString(), " must hold ", world_size_, " x ",
+               input.numel(), " elements of ", nn::DTypeName(input.dtype()), " on ",
+               input.device().ToString(), " for input ", input.ToString());
+  const char* in = static_cast<const char*>(input.data_ptr());
+  const char* out = static_cast<const char*>(output.data_ptr());
+  TANDEM_CHECK(in + input.nbytes() <= out || out + output.nbytes() <= in,
+               "all_gather_into: output ", output.ToString(), " overlaps input ", input.ToString());
+  Scope scope(this, "all_gather");
+  AllGatherImpl(input, output);
+  scope.Done();
+}
+
 nn::Tensor Communicator::reduce_scatter(const nn::Tensor& input, ReduceOp op) {
   nn::CheckDefined(input, "reduce_scatter", "input");
   TANDEM_CHECK(input.dim() >= 1 && input.size(0) % world_size_ == 0, "reduce_scatter: input ",

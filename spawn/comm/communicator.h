@@ -149,6 +149,11 @@ class Communicator {
   void broadcast(nn::Tensor& x, int root = 0);
   // input: the same shape S on every rank. Returns (world_size, *S), row r = rank r's input.
   nn::Tensor all_gather(const nn::Tensor& input);
+  // The same into `output`, allocated by the caller: world_size * input.numel()
+  // elements of input's dtype on input's device, any shape (rank r's input at
+  // elements [r*n, (r+1)*n)); it must not overlap input. The sharded optimizer
+  // gathers each bucket's parameters into the bucket's gradient buffer so.
+  void all_gather_into(const nn::Tensor& input, nn::Tensor& output);
   // input: (world_size * k, ...) on every rank. Returns (k, ...): rank r gets the
   // reduction of every rank's rows [r*k, (r+1)*k).
   nn::Tensor reduce_scatter(const nn::Tensor& input, ReduceOp op = ReduceOp::kSum);

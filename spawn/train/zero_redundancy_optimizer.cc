@@ -148,13 +148,17 @@ void ZeroRedundancyOptimizer::step() {
   optimizer_->step();
   nn::NoGradGuard no_grad;
   for (Shard& s : shards_) {
-    // (world, block): row r is rank r's block, so the rows in order are the bucket.
-    const nn::Tensor all = comm_.all_gather(s.param).reshape({s.bucket.buffer.numel()});
+    // Into the bucket's gradient buffer, which the update no longer needs (no
+    // buffer of the bucket's size per step): rank r's block lands at block r,
+    // so the buffer then holds the bucket's parameters in bucket order.
+    nn::Tensor& all = s.bucket.buffer;
+    comm_.all_gather_into(s.param, all);
     for (size_t j = 0; j < s.bucket.params.size(); ++j) {
       nn::Tensor p = s.bucket.params[j];
       const int64_t off = s.bucket.offsets[j];
       p.copy_(all.slice(off, off + p.numel()).reshape(p.shape()));
     }
+    all.zero_();
   }
 }
 

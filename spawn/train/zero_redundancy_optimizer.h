@@ -20,8 +20,11 @@
 // (Communicator::reduce_scatter_async, kAvg), so no gradient is copied. So the
 // optimizer state (Adam's two moments, momentum, Adagrad's sums) is 1/N per
 // rank. step() runs the wrapped optimizer on the shards, then all-gathers each
-// bucket's updated block from every rank and copies the values into the
-// model's parameters, so every rank ends with the same model.
+// bucket's updated block from every rank into the bucket's gradient buffer
+// (spent by then) and copies the values into the model's parameters, so every
+// rank ends with the same model and the gradients are zero. Per rank this
+// keeps the parameters, the gradient buckets, 1/N of the state and a 1/N copy
+// of the parameters (the shards the wrapped optimizer updates).
 //
 // Results: every elementwise optimizer (SGD with or without momentum and
 // Nesterov, Adam, AdamW, Adagrad) gives the parameters of the unsharded
@@ -80,7 +83,8 @@ class ZeroRedundancyOptimizer {
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
 
   // A collective: updates this rank's shards, all-gathers every bucket's
-  // parameters and copies them into the model's.
+  // parameters into the bucket's gradient buffer (no buffer of its own) and
+  // copies them into the model's. The gradients are zero afterwards.
   void step();
   // Zeroes every gradient bucket of the DataParallel (the model's gradients).
   void zero_grad();
