@@ -155,7 +155,11 @@ TEST(ZeroClipTest, GlobalNormAcrossShardsMatchesUnshardedClipping) {
     auto a = spawn([&](Context& ctx) { return Train(ctx, sharded, 0, 4); }, ranks, "cpu", Options());
     auto b = spawn([&](Context& ctx) { return Train(ctx, plain, 0, 4); }, ranks, "cpu", Options());
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-    EXPECT_LE(MaxRelativeError((*a)[0].params, (*b)[0].params), 1e-6) << ranks << " ranks";
+    const double error = MaxRelativeError((*a)[0].params, (*b)[0].params);
+    EXPECT_LE(error, 1e-6) << ranks << " ranks";
+    std::ostringstream text;
+    text << error;
+    RecordProperty(("max_relative_error_" + std::to_string(ranks) + "_ranks").c_str(), text.str());
     // Clipping changed the run: without it the parameters differ.
     RunSetup unclipped = plain;
     unclipped.clip = 0;
@@ -220,7 +224,11 @@ TEST(ZeroCheckpointTest, StateOfTwoRanksResumesOnThree) {
   ASSERT_TRUE(resumed.ok() && resumed_plain.ok() && whole.ok())
       << resumed.status() << resumed_plain.status() << whole.status();
   testing::ExpectSameBits((*resumed)[0].params, (*resumed_plain)[0].params, "resumed sharded");
-  EXPECT_LE(MaxRelativeError((*resumed)[0].params, (*whole)[0].params), 1e-6);
+  const double error = MaxRelativeError((*resumed)[0].params, (*whole)[0].params);
+  EXPECT_LE(error, 1e-6);
+  std::ostringstream text;
+  text << error;
+  RecordProperty("max_relative_error", text.str());
 }
 
 std::string ErrorOfRun(const std::function<void(Context&)>& fn) {
