@@ -1,8 +1,8 @@
 // Communicator::reduce_scatter_async on in-process CPU ranks: the same bits as
 // reduce_scatter, into a separate output and in place (output = this rank's
 // block of the input, as the sharded optimizer reduces its buckets), for
-// float32 and bfloat16, sum and avg, 1 to 4 ranks; bad outputs are errors
-// naming the shapes.
+// float32 and bfloat16, sum and avg, 1 to 4 ranks; all_gather_into gives
+// all_gather's bytes; bad outputs are errors naming the shapes.
 #include <cmath>
 #include <sstream>
 #include <tuple>
@@ -93,6 +93,46 @@ TEST(ReduceScatterAsyncErrorTest, InputNotDivisibleByTheWorldSize) {
       2, "cpu", {.console = &console});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("divisible by the world size 2"), std::string::npos) << s;
+}
+
+TEST(AllGatherIntoTest, SameBytesAsAllGatherIntoAFlatOutput) {
+  std::ostringstream console;
+  for (const int64_t n : {int64_t{3}, int64_t{3000}}) {
+    auto result = spawn(
+        [&](Context& ctx) {
+          const Tensor input = RankData(ctx.rank(), n, nn::kFloat32);
+          Tensor flat = nn::empty({n * ctx.world_size()});
+          ctx.communicator().all_gather_into(input, flat);
+          return std::vector<std::vector<float>>{
+              ctx.communicator().all_gather(input).to_vector<float>(), flat.to_vector<float>()};
+        },
+        3, "cpu", {.console = &console});
+    ASSERT_TRUE(result.ok()) << result.status();
+    for (const auto& r : *result) testing::ExpectSameBits(r[1], r[0], "all_gather_into");
+  }
+}
+
+TEST(AllGatherIntoTest, OverlappingOrWrongSizedOutputIsAnError) {
+  std::ostringstream console;
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        Tensor buffer = nn::zeros({8});
+        Tensor input = buffer.slice(0, 4);
+        ctx.communicator().all_gather_into(input, buffer);
+      },
+      2, "cpu", {.console = &console});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("all_gather_into: output"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("overlaps input"), std::string::npos) << s;
+  s = spawn(
+      [](Context& ctx) {
+        Tensor input = nn::zeros({4});
+        Tensor out = nn::zeros({7});
+        ctx.communicator().all_gather_into(input, out);
+      },
+      2, "cpu", {.console = &console});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("must hold 2 x 4 elements"), std::string::npos) << s;
 }
 
 }  // namespace
