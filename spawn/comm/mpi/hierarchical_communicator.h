@@ -8,6 +8,9 @@
 //   2. one transport collective per process (non-blocking, polled against the
 //      run's stop flag; the watchdog sees the ranks' traces as in flight),
 //   3. the in-process step back to every local rank.
+// all_reduce_async and reduce_scatter_async post their request and return at
+// once (the gradient buckets' collectives then overlap backward); wait() waits
+// for the communication thread.
 //
 // Reduction tree (all_reduce, reduce_scatter): partial_p = x_{p,0} + x_{p,1} + ...
 // in local order; then process q reduces its slice of the element range over
