@@ -33,6 +33,7 @@
 #include "optim/lr_scheduler.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/checkpoint_manager.h"
+#include "spawn/train/zero_redundancy_optimizer.h"
 #include "spawn/signals.h"
 
 namespace tandem::apps {
@@ -336,7 +337,13 @@ struct ClassifierRun {
   const Clock::time_point start = Clock::now();
   std::shared_ptr<nn::Module> model;
   std::optional<dist::DataParallel> dp;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;  // null with --zero
+  // --zero: the sharded optimizer (after dp: it goes first) and, while a
+  // checkpoint is taken, its state gathered into an unsharded optimizer.
+  std::optional<dist::ZeroRedundancyOptimizer> zero;
+  std::unique_ptr<optim::Optimizer> consolidated;
+  // The optimizer whose lr the schedule sets and the reports read.
+  optim::Optimizer& optim() { return zero ? zero->optimizer() : *optimizer; }
   std::optional<nn::CrossEntropyLoss> loss_fn;
   std::optional<data::DataLoader> loader;
   std::optional<dist::CheckpointManager> checkpoints;
@@ -398,8 +405,17 @@ void BuildModelAndData(ClassifierRun& run,
   const RunFlags& flags = run.flags;
   run.ctx.set_trace(run.trace);
   run.model = make_model();
-  run.dp.emplace(*run.model, run.ctx);
-  run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
+  run.dp.emplace(*run.model, run.ctx,
+                 dist::DataParallelOptions{
+                     .comm_hook = flags.comm_hook == "bf16" ? dist::Bf16CompressHook()
+                                                            : dist::CommHook()});
+  if (flags.zero) {
+    run.zero.emplace(*run.dp, [name = flags.optimizer, lr = flags.lr](std::vector<nn::Tensor> p) {
+      return MakeOptimizer(name, std::move(p), lr);
+    });
+  } else {
+    run.optimizer = MakeOptimizer(flags.optimizer, run.model->parameters(), flags.lr);
+  }
   run.loss_fn.emplace();
   auto sampler = std::make_shared<data::DistributedBatchSampler>(
       run.data.train->size(), flags.batch_size, run.ctx.world_size(), run.ctx.rank(),
@@ -416,18 +432,24 @@ void BuildModelAndData(ClassifierRun& run,
 // the optimizer's lr before a checkpoint loads into it), and --resume.
 void ScheduleAndResume(ClassifierRun& run) {
   const RunFlags& flags = run.flags;
-  run.steps_per_epoch = run.loader->num_batches();
+  // Optimizer steps: --grad_accum_steps micro-batches each (the last one may have fewer).
+  const int64_t k = flags.grad_accum_steps;
+  run.steps_per_epoch = (run.loader->num_batches() + k - 1) / k;
   if (flags.max_steps_per_epoch > 0) {
     run.steps_per_epoch = std::min(run.steps_per_epoch, flags.max_steps_per_epoch);
   }
   if (flags.lr_schedule == "cosine") {
     const int64_t total_steps = std::max<int64_t>(run.steps_per_epoch * flags.epochs, 1);
-    run.schedule = std::make_unique<optim::CosineAnnealingLR>(*run.optimizer, total_steps);
+    run.schedule = std::make_unique<optim::CosineAnnealingLR>(run.optim(), total_steps);
   }
   if (flags.resume) {
-    if (std::optional<Progression> loaded = LoadRunCheckpoint(
-            run.ctx, flags, *run.checkpoints, *run.model, *run.optimizer, *run.loader)) {
+    // --zero: the file holds the unsharded state; each rank keeps its shards of it.
+    std::unique_ptr<optim::Optimizer> unsharded = run.zero ? run.zero->MakeUnsharded() : nullptr;
+    if (std::optional<Progression> loaded =
+            LoadRunCheckpoint(run.ctx, flags, *run.checkpoints, *run.model,
+                              run.zero ? *unsharded : *run.optimizer, *run.loader)) {
       run.at = *loaded;
+      if (run.zero) dist::ThrowIfError(run.zero->LoadFrom(*unsharded), "--resume: ");
     }
   }
   run.state = {.model = run.model.get(), .optimizer = run.optimizer.get(),
@@ -439,7 +461,7 @@ void ScheduleAndResume(ClassifierRun& run) {
 void OpenOutputs(ClassifierRun& run) {
   dist::Context& ctx = run.ctx;
   const RunFlags& flags = run.flags;
-  run.global_batch = int64_t{flags.batch_size} * ctx.world_size();
+  run.global_batch = int64_t{flags.batch_size} * ctx.world_size() * flags.grad_accum_steps;
   run.metrics.emplace(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
   run.progress.emplace(ctx, flags);
   run.redraw_every = run.progress->tty() ? 5 : flags.log_every;
@@ -482,10 +504,17 @@ EpochRun StartEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
   return e;
 }
 
-// Forward (under --bf16's autocast), backward and the optimizer step of one
-// batch, at the schedule's lr of the global step; returns the loss.
-nn::Tensor ForwardBackwardStep(ClassifierRun& run, const data::Batch& batch) {
-  if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+// The micro-batches of step e.k: --grad_accum_steps, fewer in the epoch's last
+// step when the epoch's batches do not divide by it.
+int64_t MicroBatchesOf(const ClassifierRun& run, const EpochRun& e) {
+  const int64_t k = run.flags.grad_accum_steps;
+  return std::min<int64_t>(k, run.loader->num_batches() - e.k * k);
+}
+
+// Forward (under --bf16's autocast) and backward of one micro-batch, its loss
+// divided by the step's micro-batch count (the gradients then sum to those of
+// one batch of all of them); returns the undivided loss.
+nn::Tensor ForwardBackward(ClassifierRun& run, const data::Batch& batch, int64_t micro) {
   nn::Tensor loss;
   {
     dist::TraceSpan span(run.ctx, "forward");
@@ -494,14 +523,40 @@ nn::Tensor ForwardBackwardStep(ClassifierRun& run, const data::Batch& batch) {
   }
   {
     dist::TraceSpan span(run.ctx, "backward");
-    run.optimizer->zero_grad();
-    loss.backward();
+    (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+  }
+  return loss;
+}
+
+// One optimizer step at the schedule's lr of the global step: its micro-batches
+// (all but the last under DataParallel::no_sync(), so the gradients are reduced
+// once), then the update. Returns the mean loss of the micro-batches, nullopt
+// when the loader has no batch left.
+std::optional<nn::Tensor> TrainOnBatches(ClassifierRun& run, const EpochRun& e) {
+  if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+  const int64_t micro = MicroBatchesOf(run, e);
+  nn::Tensor loss_sum;
+  for (int64_t i = 0; i < micro; ++i) {
+    std::optional<data::Batch> batch;
+    {
+      dist::TraceSpan span(run.ctx, "data");
+      batch = run.loader->next();
+    }
+    if (!batch && i == 0) return std::nullopt;
+    // The step's count comes from the loader's, so only a loader that lies ends early.
+    TANDEM_CHECK(batch.has_value(), "--grad_accum_steps: the loader ran out after ", i, " of ",
+                 micro, " micro-batches of step ", run.at.step);
+    if (i == 0) run.zero ? run.zero->zero_grad() : run.optimizer->zero_grad();
+    std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+    if (i + 1 < micro) no_sync.emplace(&*run.dp);
+    const nn::Tensor loss = ForwardBackward(run, *batch, micro);
+    loss_sum = i == 0 ? loss.detach() : loss_sum + loss.detach();
   }
   {
     dist::TraceSpan span(run.ctx, "optimizer");
-    run.optimizer->step();
+    run.zero ? run.zero->step() : run.optimizer->step();
   }
-  return loss;
+  return micro > 1 ? loss_sum / static_cast<double>(micro) : loss_sum;
 }
 
 // Adds the step's loss to the epoch's sum, the progress window and the
@@ -532,7 +587,7 @@ void LogTensorBoardWindow(ClassifierRun& run, EpochRun& e) {
     double loss_mean = 0;
     for (int r = 0; r < ctx.world_size(); ++r) loss_mean += all[2 * r] / ctx.world_size();
     run.tensorboard->AddScalar("train/loss", loss_mean, step);
-    run.tensorboard->AddScalar("train/learning_rate", run.optimizer->lr(), step);
+    run.tensorboard->AddScalar("train/learning_rate", run.optim().lr(), step);
     run.tensorboard->AddScalar("train/samples_per_s",
                                static_cast<double>(e.tb_window * run.global_batch) /
                                    std::max(SecondsSince(e.tb_window_start), 1e-9),
@@ -560,6 +615,14 @@ void ShowProgress(ClassifierRun& run, EpochRun& e) {
   e.window = 0;
 }
 
+// --zero, every rank before a save: the state gathered into an unsharded
+// optimizer for the file (it resumes with or without --zero, on any rank count).
+void GatherShardedState(ClassifierRun& run, dist::TrainingState& state) {
+  if (!run.zero) return;
+  run.consolidated = run.zero->Consolidated();
+  state.optimizer = run.consolidated.get();
+}
+
 // Periodic checkpoints and stop signals, every rank after every step: a save
 // when one is due or a stop asks for it (then StoppedError after it); without
 // --checkpoint_dir a stop signal throws StoppedError at once.
@@ -570,10 +633,12 @@ void CheckpointOrStop(ClassifierRun& run, const EpochRun& e) {
     const absl::Status saved =
         run.checkpoints->AtStepBoundary(run.state, [&](dist::TrainingState& s) {
           run.progress->Clear();
+          GatherShardedState(run, s);
           SetExtra(s, run.flags, run.data, run.at, e.k + 1,
                    ctx.communicator().all_gather(e.loss_sum).to_vector<float>(),
                    run.at.elapsed_s + SecondsSince(run.start));
         });
+    run.consolidated.reset();
     dist::ThrowIfError(saved, "saving a checkpoint: ");
   } else if (ctx.AtStepBoundary(run.at.step).stop) {
     run.progress->Clear();
@@ -593,13 +658,9 @@ StepEnd TrainStep(ClassifierRun& run, EpochRun& e) {
   const Clock::time_point step_start = Clock::now();
   const double waited_before_step = ctx.communicator().waited_seconds();
   if (run.trace != nullptr) run.trace->BeginStep(ctx.rank(), run.at.step);
-  std::optional<data::Batch> batch;
-  {
-    dist::TraceSpan span(ctx, "data");
-    batch = run.loader->next();
-  }
-  if (!batch) return StepEnd::kNoBatch;
-  const nn::Tensor loss = ForwardBackwardStep(run, *batch);
+  const std::optional<nn::Tensor> step_loss = TrainOnBatches(run, e);
+  if (!step_loss) return StepEnd::kNoBatch;
+  const nn::Tensor& loss = *step_loss;
   if (run.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(run.slow_ms));
   ++run.at.step;
   AccumulateLoss(run, e, loss);
@@ -637,7 +698,7 @@ void ReportEpoch(ClassifierRun& run, const EpochRun& e, double epoch_loss, doubl
                    FormatDuration(wall_s));
   }
   run.metrics->Row(run.data.name, e.epoch + 1, run.at.step, epoch_loss, accuracy, rate, wall_s,
-                   run.optimizer->lr());
+                   run.optim().lr());
   if (run.tensorboard) {
     run.tensorboard->AddScalar("epoch/train_loss", epoch_loss, run.at.step);
     run.tensorboard->AddScalar("epoch/test_accuracy", accuracy, run.at.step);
@@ -678,7 +739,9 @@ void FinishEpoch(ClassifierRun& run, EpochRun& e) {
     // The next epoch starts at its beginning: that is the position the file holds.
     run.loader->set_state({.epoch = run.at.epoch, .position = 0});
     SetExtra(run.state, run.flags, run.data, run.at, 0, {}, wall_s);
+    GatherShardedState(run, run.state);
     const absl::Status saved = run.checkpoints->Save(run.state);
+    run.consolidated.reset();
     dist::ThrowIfError(saved, "saving the checkpoint: ");
   }
   ++run.result.epochs_done;
@@ -701,6 +764,17 @@ bool RunEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
 // --trace file, and what the run did.
 TrainResult FinishRun(ClassifierRun& run) {
   dist::Context& ctx = run.ctx;
+  if (ctx.rank() == 0) {
+    int64_t state_bytes = 0;
+    if (run.zero) {
+      state_bytes = run.zero->state_bytes();
+    } else {
+      for (const auto& [key, t] : run.optimizer->state_dict().tensors) state_bytes += t.nbytes();
+    }
+    ctx.log().Info("optimizer state: {} bytes on rank 0 ({})", state_bytes,
+                   run.zero ? absl::StrCat("sharded over ", ctx.world_size(), " ranks")
+                            : std::string("unsharded"));
+  }
   if (run.checkpoints) {
     const absl::Status written = run.checkpoints->Finish();
     dist::ThrowIfError(written, "saving the checkpoint: ");
@@ -776,7 +850,13 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
       absl::StrCat("dataset=", data.name, " (", data.train->size(), " train, ", data.test->size(),
                    " test examples)"),
       absl::StrCat("batch=", flags.batch_size, " per rank, ", flags.batch_size * flags.world_size(),
-                   " global"),
+                   " global",
+                   flags.grad_accum_steps > 1
+                       ? absl::StrCat(", ", flags.grad_accum_steps, " micro-batches per step (",
+                                      int64_t{flags.batch_size} * flags.world_size() *
+                                          flags.grad_accum_steps,
+                                      " samples)")
+                       : std::string()),
       absl::StrCat("optimizer=", flags.optimizer, ", lr ", flags.lr, " (", flags.lr_schedule,
                    " schedule)"),
       absl::StrCat("epochs=", flags.epochs,

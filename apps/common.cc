@@ -124,6 +124,22 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "End the run after this global step (exit status 130 and one line on every "
           "process; no checkpoint beyond the periodic ones); for testing --resume. 0: never.");
 ABSL_FLAG(double, timeout_s, 300, tandem::apps::kTimeoutHelp);
+ABSL_FLAG(int, grad_accum_steps, 1,
+          "Gradient accumulation: each optimizer step runs this many micro-batches of "
+          "--batch_size per rank, reducing the gradients once, after the last (the others run "
+          "under DataParallel::no_sync()); each micro-batch's loss is divided by their count, "
+          "so K micro-batches of B step like one batch of K*B. Steps, the learning-rate "
+          "schedule and checkpoints count optimizer steps.");
+ABSL_FLAG(std::string, comm_hook, "allreduce",
+          "How DataParallel reduces each gradient bucket: allreduce (float32 all-reduce) or "
+          "bf16 (dist::Bf16CompressHook: the bucket travels as bfloat16, half the bytes; the "
+          "in-process and MPI paths add in float32, NCCL in bfloat16).");
+ABSL_FLAG(bool, zero, false,
+          "Shard the optimizer state over the ranks (dist::ZeroRedundancyOptimizer, ZeRO-1): "
+          "each rank keeps 1/N of it, gradients are reduce-scattered during backward and the "
+          "parameters all-gathered after each step; the same parameters as without it. "
+          "Checkpoints hold the unsharded state (gathered on save) and resume with or without "
+          "--zero on any number of ranks.");
 
 namespace tandem::apps {
 namespace {
@@ -211,6 +227,9 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
+  flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
+  flags.zero = absl::GetFlag(FLAGS_zero);
   ReadTestHooks(flags);
   return flags;
 }
@@ -287,6 +306,27 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   }
   if (flags.batch_size < 1) {
     FlagErrorExit(flags, absl::StrCat("--batch_size ", flags.batch_size, ": must be at least 1"));
+  }
+  if (flags.grad_accum_steps < 1) {
+    FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
+                                      ": must be at least 1"));
+  }
+  if (!v.uses_epochs &&
+      (flags.grad_accum_steps != 1 || flags.comm_hook != "allreduce" || flags.zero)) {
+    FlagErrorExit(flags, absl::StrCat("--grad_accum_steps ", flags.grad_accum_steps,
+                                      " --comm_hook ", flags.comm_hook, " --zero ",
+                                      flags.zero ? "true" : "false",
+                                      ": only the classifier programs (train_mnist, "
+                                      "train_cifar10) take these"));
+  }
+  if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16") {
+    FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
+                                      "\": unknown hook (allreduce, bf16)"));
+  }
+  if (flags.zero && flags.comm_hook != "allreduce") {
+    FlagErrorExit(flags, absl::StrCat("--zero with --comm_hook ", flags.comm_hook,
+                                      ": the sharded optimizer reduce-scatters the gradients "
+                                      "itself (use --comm_hook=allreduce)"));
   }
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
@@ -474,6 +514,9 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--log_every", absl::StrCat(flags.log_every)},
       {"--trace", flags.trace.empty() ? "(off)" : "(on)"},
       {"--trace_steps", flags.trace_steps},
+      {"--grad_accum_steps", absl::StrCat(flags.grad_accum_steps)},
+      {"--comm_hook", flags.comm_hook},
+      {"--zero", flags.zero ? "true" : "false"},
   };
   for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;

@@ -8,7 +8,7 @@
 //   --checkpoint_dir --resume --checkpoint_every_steps --checkpoint_every_minutes
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
-//   --tensorboard_dir --trace --trace_steps
+//   --tensorboard_dir --trace --trace_steps --grad_accum_steps --comm_hook --zero
 // and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank
 // and --test_checkpoint_write_delay_ms.
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
@@ -97,6 +97,9 @@ struct RunFlags {
   int test_slow_rank = -1;  // -1: no rank sleeps
   int test_slow_ms = 0;     // what rank test_slow_rank sleeps in every step
   double test_checkpoint_write_delay_ms = 0;  // CheckpointManagerOptions::write_delay_s * 1000
+  int grad_accum_steps = 1;  // micro-batches of batch_size per optimizer step
+  std::string comm_hook = "allreduce";  // how buckets are reduced: "allreduce" or "bf16"
+  bool zero = false;  // dist::ZeroRedundancyOptimizer: 1/N of the optimizer state per rank
   // Per-program flags (copied in by the program's main).
   // The program's own flags that every process of a job must agree on.
   std::vector<std::pair<std::string, std::string>> program_agreed;

@@ -56,11 +56,14 @@ class DoneWork final : public Work {
 // collective, or waits for it) has gone.
 class TensorHoldingWork final : public Work {
  public:
-  TensorHoldingWork(std::shared_ptr<Work> work, nn::Tensor tensor, Communicator* comm)
-      : work_(std::move(work)), tensor_(std::move(tensor)), comm_(comm) {}
+  TensorHoldingWork(std::shared_ptr<Work> work, nn::Tensor tensor, Communicator* comm,
+                    nn::Tensor second = nn::Tensor())
+      : work_(std::move(work)), tensor_(std::move(tensor)), second_(std::move(second)),
+        comm_(comm) {}
   ~TensorHoldingWork() override {
     work_.reset();
     tensor_ = nn::Tensor();
+    second_ = nn::Tensor();
   }
   std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
     return work_ ? work_->finished_at() : std::nullopt;
@@ -69,12 +72,14 @@ class TensorHoldingWork final : public Work {
     const auto start = std::chrono::steady_clock::now();
     work_->wait();
     tensor_ = nn::Tensor();
+    second_ = nn::Tensor();
     comm_->AddWaitedSince(start);
   }
 
  private:
   std::shared_ptr<Work> work_;
   nn::Tensor tensor_;
+  nn::Tensor second_;  // reduce_scatter_async: the output
   Communicator* comm_;  // outlives the handles of its collectives (a run's)
 };
 }  // namespace
@@ -168,6 +173,23 @@ nn::Tensor Communicator::all_gather(const nn::Tensor& input) {
   return output;
 }
 
+void Communicator::all_gather_into(const nn::Tensor& input, nn::Tensor& output) {
+  nn::CheckDefined(input, "all_gather_into", "input");
+  nn::CheckDefined(output, "all_gather_into", "output");
+  TANDEM_CHECK(output.numel() == input.numel() * world_size_ && output.dtype() == input.dtype() &&
+                   output.device() == input.device(),
+               "all_gather_into: output ", output.ToString(), " must hold ", world_size_, " x ",
+               input.numel(), " elements of ", nn::DTypeName(input.dtype()), " on ",
+               input.device().ToString(), " for input ", input.ToString());
+  const char* in = static_cast<const char*>(input.data_ptr());
+  const char* out = static_cast<const char*>(output.data_ptr());
+  TANDEM_CHECK(in + input.nbytes() <= out || out + output.nbytes() <= in,
+               "all_gather_into: output ", output.ToString(), " overlaps input ", input.ToString());
+  Scope scope(this, "all_gather");
+  AllGatherImpl(input, output);
+  scope.Done();
+}
+
 nn::Tensor Communicator::reduce_scatter(const nn::Tensor& input, ReduceOp op) {
   nn::CheckDefined(input, "reduce_scatter", "input");
   TANDEM_CHECK(input.dim() >= 1 && input.size(0) % world_size_ == 0, "reduce_scatter: input ",
@@ -180,6 +202,35 @@ nn::Tensor Communicator::reduce_scatter(const nn::Tensor& input, ReduceOp op) {
   ReduceScatterImpl(input, output, op);
   scope.Done();
   return output;
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter_async(const nn::Tensor& input,
+                                                         nn::Tensor& output, ReduceOp op) {
+  nn::CheckDefined(input, "reduce_scatter_async", "input");
+  nn::CheckDefined(output, "reduce_scatter_async", "output");
+  TANDEM_CHECK(input.dim() >= 1 && input.size(0) % world_size_ == 0,
+               "reduce_scatter_async: input ", input.ToString(),
+               " must have a first dimension divisible by the world size ",
+               world_size_);
+  nn::Shape shape = input.shape();
+  shape[0] /= world_size_;
+  TANDEM_CHECK(output.shape() == shape && output.dtype() == input.dtype() &&
+                   output.device() == input.device(),
+               "reduce_scatter_async: output ", output.ToString(), " must be ",
+               nn::ShapeToString(shape), " ", nn::DTypeName(input.dtype()), " on ",
+               input.device().ToString(), " for input ", input.ToString());
+  Enter("reduce_scatter_async");
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<Work> work = ReduceScatterAsyncImpl(input, output, op);
+  AddWaitedSince(start);
+  return std::make_shared<TensorHoldingWork>(std::move(work), input, this, output);
+}
+
+std::shared_ptr<Work> Communicator::ReduceScatterAsyncImpl(const nn::Tensor& input,
+                                                           nn::Tensor& output, ReduceOp op) {
+  ReduceScatterImpl(input, output, op);
+  if (CompletesOnReturn()) MarkCompleted(sequence());
+  return std::make_shared<DoneWork>();
 }
 
 void Communicator::barrier() {

@@ -149,9 +149,23 @@ class Communicator {
   void broadcast(nn::Tensor& x, int root = 0);
   // input: the same shape S on every rank. Returns (world_size, *S), row r = rank r's input.
   nn::Tensor all_gather(const nn::Tensor& input);
+  // The same into `output`, allocated by the caller: world_size * input.numel()
+  // elements of input's dtype on input's device, any shape (rank r's input at
+  // elements [r*n, (r+1)*n)); it must not overlap input. The sharded optimizer
+  // gathers each bucket's parameters into the bucket's gradient buffer so.
+  void all_gather_into(const nn::Tensor& input, nn::Tensor& output);
   // input: (world_size * k, ...) on every rank. Returns (k, ...): rank r gets the
   // reduction of every rank's rows [r*k, (r+1)*k).
   nn::Tensor reduce_scatter(const nn::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // The same into `output` (input.size(0) / world_size, ...), allocated by the
+  // caller with input's dtype and device, started now; the result is in output
+  // after wait(). output may be this rank's own block of input (rows
+  // [rank*k, (rank+1)*k): the sharded optimizer reduces
+  // each gradient bucket in place so). In-process the collective runs inside
+  // the call (like all_reduce_async); hierarchical: on the communication
+  // thread; NCCL: on the communication stream.
+  std::shared_ptr<Work> reduce_scatter_async(const nn::Tensor& input, nn::Tensor& output,
+                                             ReduceOp op = ReduceOp::kSum);
   // Returns when every rank has called barrier.
   void barrier();
   // How many collectives this rank has entered (the sequence number of the last);
@@ -215,6 +229,9 @@ class Communicator {
   virtual void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) = 0;
   // output: (input.size(0) / world_size, ...), allocated by the caller.
   virtual void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) = 0;
+  // Default: runs ReduceScatterImpl now and returns a finished Work.
+  virtual std::shared_ptr<Work> ReduceScatterAsyncImpl(const nn::Tensor& input, nn::Tensor& output,
+                                                       ReduceOp op);
   virtual void BarrierImpl() = 0;
 
   // The run's stop token (never stops before Attach).

@@ -167,6 +167,8 @@ void DataParallel::BuildBuckets() {
     Bucket bucket;
     int64_t numel = 0;
     for (int i : group) numel += params_[i].param.numel();
+    // Zeros up to a multiple of the world size: a reduce-scatter splits it evenly.
+    numel = (numel + ctx_.world_size() - 1) / ctx_.world_size() * ctx_.world_size();
     const nn::Tensor& first = params_[group.front()].param;
     bucket.buffer = nn::zeros({numel}, {.dtype = first.dtype(), .device = first.device()});
     int64_t offset = 0;
@@ -185,6 +187,17 @@ std::vector<std::string> DataParallel::bucket_parameter_names(int b) const {
   std::vector<std::string> names;
   for (int i : buckets_.at(b).params) names.push_back(params_[i].name);
   return names;
+}
+
+GradBucket DataParallel::bucket(int b) const {
+  GradBucket view{.index = b, .buffer = buckets_.at(b).buffer, .comm = &ctx_.communicator()};
+  int64_t offset = 0;
+  for (int i : buckets_[b].params) {
+    view.params.push_back(params_[i].param);
+    view.offsets.push_back(offset);
+    offset += params_[i].param.numel();
+  }
+  return view;
 }
 
 void DataParallel::PlaceGrad(int i, bool zero_if_undefined) {
@@ -264,15 +277,21 @@ void DataParallel::LaunchReadyBuckets() {
     b.launched = std::chrono::steady_clock::now();
     if (join_.joining()) {
       // Weighted by this rank's share of the step's samples, then summed: a
-      // joined rank adds zeros.
+      // joined rank adds zeros. A comm hook is not applied while joining (the
+      // weighted sum is the reduction a joined rank can answer).
       {
         nn::NoGradGuard no_grad;
         b.buffer.mul_(join_.sample_weight());
       }
       b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kSum);
+      b.wire_bytes = b.buffer.nbytes();
       join_.Record(internal::JoinState::Kind::kAllReduceAsync, b.buffer);
+    } else if (options_.comm_hook) {
+      GradBucket view = bucket(next_bucket_);
+      b.work = internal::LaunchCommHook(options_.comm_hook, view, &b.wire_bytes);
     } else {
       b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+      b.wire_bytes = b.buffer.nbytes();
     }
     b.returned = std::chrono::steady_clock::now();
     ++next_bucket_;
@@ -329,7 +348,7 @@ void DataParallel::FinishBackward() {
       // From the launch in backward to when it finished (or, not known, to the
       // end of its wait).
       trace->Span(ctx_.rank(), "all_reduce bucket", b.launched, finished ? *finished : done,
-                  absl::StrCat("\"bucket\": ", i, ", \"bytes\": ", b.buffer.nbytes(),
+                  absl::StrCat("\"bucket\": ", i, ", \"bytes\": ", b.wire_bytes,
                                ", \"params\": ", b.params.size()));
     }
     b.work.reset();

@@ -87,6 +87,7 @@
 #include "spawn/comm/communicator.h"
 #include "spawn/context.h"
 #include "spawn/train/join.h"
+#include "spawn/train/comm_hooks.h"
 
 namespace tandem::dist {
 
@@ -103,6 +104,8 @@ struct DataParallelOptions {
   // Called on the backward thread as each bucket's all-reduce is launched
   // (bucket index, number of parameters in it): for tests and profiling.
   std::function<void(int bucket, int params)> on_bucket_launch;
+  // How each bucket is reduced (spawn/train/comm_hooks.h); empty: all_reduce_async(kAvg).
+  CommHook comm_hook;
 };
 
 class DataParallel {
@@ -122,6 +125,12 @@ class DataParallel {
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Parameter names of bucket b, in the bucket's order.
   std::vector<std::string> bucket_parameter_names(int b) const;
+  // Bucket b as a comm hook sees it (its buffer: the gradients of this rank).
+  GradBucket bucket(int b) const;
+  // Replaces options.comm_hook (ZeroRedundancyOptimizer installs its own); call
+  // it between backward passes, on every rank.
+  void register_comm_hook(CommHook hook) { options_.comm_hook = std::move(hook); }
+  bool has_comm_hook() const { return static_cast<bool>(options_.comm_hook); }
 
   // While the returned guard lives, backward passes only accumulate local
   // gradients (gradient accumulation); the next synchronised backward reduces the
@@ -187,6 +196,7 @@ class DataParallel {
     int pending = 0;                   // gradients not yet final in this pass
     std::chrono::steady_clock::time_point launched;  // the all_reduce_async call began
     std::chrono::steady_clock::time_point returned;  // ... and returned
+    int64_t wire_bytes = 0;            // of the tensor its collective reduces
     // The bucket's all-reduce in flight. Declared last: destroyed first, so the
     // buffer outlives it (see Work's contract on unwaited handles).
     std::shared_ptr<Work> work;

@@ -103,9 +103,10 @@ void ReduceSlice(const PtrList& in, const MutPtrList& out, int64_t begin, int64_
 #if TANDEM_WITH_CUDA
   if (device.is_cuda()) {
     // Checked here, not only in the kernel launch, so a rank with an empty slice rejects it too.
-    TANDEM_CHECK(dtype == nn::kFloat32 || dtype == nn::kFloat64 || dtype == nn::kInt64, name,
-                 " on ", device.ToString(), ": dtype ", nn::DTypeName(dtype),
-                 " is not supported (float32, float64, int64)");
+    TANDEM_CHECK(dtype == nn::kFloat32 || dtype == nn::kFloat64 || dtype == nn::kBFloat16 ||
+                     dtype == nn::kInt64,
+                 name, " on ", device.ToString(), ": dtype ", nn::DTypeName(dtype),
+                 " is not supported (float32, float64, bfloat16, int64)");
     if (begin >= end) return;
     internal::ReduceSliceCuda(std::vector<const void*>(in.begin(), in.end()),
                               std::vector<void*>(out.begin(), out.end()), begin, end, dtype,

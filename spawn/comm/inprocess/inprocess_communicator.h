@@ -24,7 +24,8 @@
 // those that wait for a CPU). float32, float64, bfloat16 (summed in
 // float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
 // the rank's compute stream, ordered against the other ranks' streams with
-// events; the host does not wait for the GPU (float32, float64, int64).
+// events; the host does not wait for the GPU (float32, float64, int64, and
+// bfloat16 summed in float32 and rounded once, as on the CPU).
 //
 // Not capturable in a CUDA graph (nn/graph.h): every collective meets the other
 // ranks on the host. A collective called while nn::CudaGraph captures on the

@@ -21,19 +21,48 @@ struct Pointers {
   T* out[kMaxRanks];
 };
 
+// bfloat16 in device memory: the upper 16 bits of a float32 (nn::BFloat16's layout).
+struct Bf16Bits {
+  uint16_t bits;
+};
+
+// What an element is combined in: itself, or float32 for bfloat16 (rounded once
+// at the end, to nearest even as nn::BFloat16::FromFloat: the CPU path's bits).
+template <typename T>
+struct Acc {
+  using type = T;
+  __device__ static T Load(T v) { return v; }
+  __device__ static T Store(T a) { return a; }
+};
+template <>
+struct Acc<Bf16Bits> {
+  using type = float;
+  __device__ static float Load(Bf16Bits v) { return __uint_as_float(static_cast<uint32_t>(v.bits) << 16); }
+  __device__ static Bf16Bits Store(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+      return Bf16Bits{static_cast<uint16_t>((u >> 16) | 0x0040u)};  // quiet NaN stays NaN
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return Bf16Bits{static_cast<uint16_t>(u >> 16)};
+  }
+};
+
 // One thread per element of [begin, end): ranks combined in order 0, 1, ...
 template <typename T>
 __global__ void ReduceSliceKernel(Pointers<T> p, int n_in, int n_out, int64_t begin, int64_t end,
                                   int op) {
+  using A = typename Acc<T>::type;
   const int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= end) return;
-  T acc = p.in[0][i];
+  A acc = Acc<T>::Load(p.in[0][i]);
   for (int k = 1; k < n_in; ++k) {
-    const T v = p.in[k][i];
-    acc = op == 2 ? (v > acc ? v : acc) : static_cast<T>(acc + v);
+    const A v = Acc<T>::Load(p.in[k][i]);
+    acc = op == 2 ? (v > acc ? v : acc) : static_cast<A>(acc + v);
   }
-  if (op == 1) acc = static_cast<T>(acc / static_cast<T>(n_in));
-  for (int k = 0; k < n_out; ++k) p.out[k][i] = acc;
+  if (op == 1) acc = static_cast<A>(acc / static_cast<A>(n_in));
+  const T result = Acc<T>::Store(acc);
+  for (int k = 0; k < n_out; ++k) p.out[k][i] = result;
 }
 
 template <typename T>
@@ -94,9 +123,10 @@ void ReduceSliceCuda(const std::vector<const void*>& in, const std::vector<void*
       case nn::DType::kFloat32: Launch<float>(in, out, lo, hi, op, device); break;
       case nn::DType::kFloat64: Launch<double>(in, out, lo, hi, op, device); break;
       case nn::DType::kInt64: Launch<int64_t>(in, out, lo, hi, op, device); break;
+      case nn::DType::kBFloat16: Launch<Bf16Bits>(in, out, lo, hi, op, device); break;
       default:
         tandem::Fail("in-process collective on ", device.ToString(), ": dtype ",
-                     nn::DTypeName(dtype), " is not supported (float32, float64, int64)");
+                     nn::DTypeName(dtype), " is not supported (float32, float64, bfloat16, int64)");
     }
   }
 }

@@ -26,15 +26,32 @@ void FoldTyped(const std::vector<const void*>& in, void* out, int64_t n, ReduceO
   }
 }
 
+// bfloat16: added (or compared) in float32 and rounded once, after kAvg's
+// division: the in-process communicator's rule, so only the wire is bfloat16.
+void FoldBf16(const std::vector<const void*>& in, void* out, int64_t n, ReduceOp op,
+              int divisor) {
+  nn::BFloat16* o = static_cast<nn::BFloat16*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = static_cast<float>(static_cast<const nn::BFloat16*>(in[0])[i]);
+    for (size_t k = 1; k < in.size(); ++k) {
+      const float v = static_cast<float>(static_cast<const nn::BFloat16*>(in[k])[i]);
+      acc = op == ReduceOp::kMax ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == ReduceOp::kAvg && divisor > 0) acc = acc / static_cast<float>(divisor);
+    o[i] = nn::BFloat16(acc);
+  }
+}
+
 void Fold(const std::vector<const void*>& in, void* out, int64_t n, nn::DType dtype, ReduceOp op,
           int divisor) {
   switch (dtype) {
     case nn::DType::kFloat32: return FoldTyped<float>(in, out, n, op, divisor);
     case nn::DType::kFloat64: return FoldTyped<double>(in, out, n, op, divisor);
     case nn::DType::kInt64: return FoldTyped<int64_t>(in, out, n, op, divisor);
+    case nn::DType::kBFloat16: return FoldBf16(in, out, n, op, divisor);
     default:
       Fail("cross-process reduction: dtype ", nn::DTypeName(dtype),
-           " is not supported (float32, float64, int64)");
+           " is not supported (float32, float64, bfloat16, int64)");
   }
 }
 
@@ -241,7 +258,8 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
     Fold(inputs, partial_.data(), n, dtype, op == ReduceOp::kMax ? op : ReduceOp::kSum, 0);
     partial = partial_.data();
   }
-  if (processes == 2 && n * es <= kMpiAllReduceMaxBytes) {
+  // bfloat16 takes the all-to-all below: MPI has no bfloat16 type to sum.
+  if (processes == 2 && n * es <= kMpiAllReduceMaxBytes && dtype != nn::DType::kBFloat16) {
     // Two processes: the cross-process step is one two-operand sum (or max),
     // commutative in IEEE arithmetic, so MPI's own all-reduce cannot change the
     // bits of the tree below (partial_0 + partial_1), and it is faster.
@@ -375,7 +393,8 @@ void HierarchicalCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
   Run("all_reduce", op, 0, x, x);
 }
 
-std::shared_ptr<Work> HierarchicalCommunicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) {
+std::shared_ptr<Work> HierarchicalCommunicator::Start(const char* op, ReduceOp reduce,
+                                                     const nn::Tensor& in, const nn::Tensor& out) {
   class PendingWork final : public Work {
    public:
     PendingWork(HierarchicalCommunicator* comm, std::shared_ptr<HierarchicalExchange::Request> r)
@@ -397,9 +416,19 @@ std::shared_ptr<Work> HierarchicalCommunicator::AllReduceAsyncImpl(nn::Tensor& x
     bool waited_ = false;
   };
   auto request = exchange_->Post(
-      local_rank_, {.op = "all_reduce", .reduce = op, .root = 0, .in = x, .out = x,
+      local_rank_, {.op = op, .reduce = reduce, .root = 0, .in = in, .out = out,
                     .sequence = sequence()});
   return std::make_shared<PendingWork>(this, std::move(request));
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) {
+  return Start("all_reduce", op, x, x);
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::ReduceScatterAsyncImpl(const nn::Tensor& input,
+                                                                       nn::Tensor& output,
+                                                                       ReduceOp op) {
+  return Start("reduce_scatter", op, input, output);
 }
 
 void HierarchicalCommunicator::BroadcastImpl(nn::Tensor& x, int root) {

@@ -8,6 +8,9 @@
 //   2. one transport collective per process (non-blocking, polled against the
 //      run's stop flag; the watchdog sees the ranks' traces as in flight),
 //   3. the in-process step back to every local rank.
+// all_reduce_async and reduce_scatter_async post their request and return at
+// once (the gradient buckets' collectives then overlap backward); wait() waits
+// for the communication thread.
 //
 // Reduction tree (all_reduce, reduce_scatter): partial_p = x_{p,0} + x_{p,1} + ...
 // in local order; then process q reduces its slice of the element range over
@@ -16,6 +19,10 @@
 // x_0 + x_1 + ... + x_{N-1}, the in-process communicator's tree: P processes x 1
 // rank give the same bits as 1 process x P ranks. Every run gives the same bits.
 // kAvg divides the sum by the global world size at the end, as in-process does.
+// bfloat16 (what Bf16CompressHook sends): every fold adds in float32 and rounds
+// once, so the wire carries bfloat16 and the sums lose nothing more; with one
+// rank per process the bits are the in-process communicator's, with several
+// the local partial sum is rounded to bfloat16 before it leaves the process.
 //
 // Traffic per process for n bytes: (P-1)/P * n out and in for the all-to-all,
 // the same again for the all-gather: a ring all-reduce's volume.
@@ -137,9 +144,14 @@ class HierarchicalCommunicator final : public Communicator {
   void BroadcastImpl(nn::Tensor& x, int root) override;
   void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) override;
   void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) override;
+  std::shared_ptr<Work> ReduceScatterAsyncImpl(const nn::Tensor& input, nn::Tensor& output,
+                                               ReduceOp op) override;
   void BarrierImpl() override;
 
  private:
+  // Hands the collective to the communication thread and returns at once.
+  std::shared_ptr<Work> Start(const char* op, ReduceOp reduce, const nn::Tensor& in,
+                              const nn::Tensor& out);
   void Run(const char* op, ReduceOp reduce, int root, const nn::Tensor& in, const nn::Tensor& out);
 
   int local_rank_;

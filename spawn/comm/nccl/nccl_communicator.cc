@@ -320,14 +320,18 @@ class NcclCommunicator final : public Communicator {
       return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
                            comm_, stream_);
     });
-    nn::internal::CudaDeviceScope on_device(device());
-    cudaEvent_t done = events_->Take();
-    const cudaError_t recorded = cudaEventRecord(done, stream_);
-    if (recorded != cudaSuccess) {
-      events_->Give(done);
-      TANDEM_CHECK_CUDA(recorded, device());
-    }
-    return std::make_shared<NcclWork>(done, device(), events_);
+    return DoneOnStream();
+  }
+
+  // In place when output is this rank's block of input (NCCL's in-place
+  // reduce-scatter: recvbuff == sendbuff + rank * recvcount).
+  std::shared_ptr<Work> ReduceScatterAsyncImpl(const nn::Tensor& input, nn::Tensor& output,
+                                               ReduceOp op) override {
+    Launch("reduce_scatter_async", input, [&] {
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                               NcclType(input.dtype()), NcclOp(op), comm_, stream_);
+    });
+    return DoneOnStream();
   }
 
   void BroadcastImpl(nn::Tensor& x, int root) override {
@@ -381,6 +385,19 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // The handle of the collective just queued on stream_: an event recorded
+  // after it, which wait() makes the compute stream wait for.
+  std::shared_ptr<Work> DoneOnStream() {
+    nn::internal::CudaDeviceScope on_device(device());
+    cudaEvent_t done = events_->Take();
+    const cudaError_t recorded = cudaEventRecord(done, stream_);
+    if (recorded != cudaSuccess) {
+      events_->Give(done);
+      TANDEM_CHECK_CUDA(recorded, device());
+    }
+    return std::make_shared<NcclWork>(done, device(), events_);
+  }
+
   // The communicator's asynchronous error, or ncclSuccess (ncclInProgress, an
   // operation still under way, is none). Under guard_.
   ncclResult_t AsyncErrorLocked() {

@@ -1,0 +1,98 @@
+// Gradient communication hooks: how DataParallel reduces a bucket
+// (DataParallelOptions::comm_hook), after PyTorch's DDP register_comm_hook.
+//
+//   dist::DataParallel dp(net, ctx, {.comm_hook = dist::Bf16CompressHook()});
+//   loss.backward();   // each bucket: cast to bfloat16, summed, cast back, / world size
+//
+// A hook is called on the backward thread when a bucket's last gradient is
+// final (the same point as the default all-reduce, overlapping the rest of
+// backward), with the bucket's flat buffer holding this rank's local gradients.
+// It starts a collective and returns a BucketReduction: the collective's Work
+// and where its result will be. DataParallel waits for the Work at the end of
+// backward, then copies the result into the bucket (casting it to the bucket's
+// dtype) and, unless the hook says it averaged, divides by the world size:
+// DataParallel owns the divisor of the average, hooks reduce sums.
+//
+// Built-in hooks:
+//   AllReduceHook      the default reduction: all_reduce_async(kAvg) in place
+//                      (the same bits as DataParallel without a hook).
+//   Bf16CompressHook   the bucket cast to bfloat16 (half the bytes on the
+//                      wire), summed, cast back to float32 and divided. The
+//                      in-process and cross-process (MPI) communicators add in
+//                      float32 and round the sum once, so only the wire is
+//                      compressed (the inputs and the sum are rounded to
+//                      bfloat16); NCCL adds in bfloat16.
+//
+// Errors: a hook that returns no Work, or a result of the wrong size, dtype or
+// device, throws tandem::Error naming the bucket and both sizes or dtypes, on
+// the backward pass that launched it (the first one: before the first
+// optimizer step), on every rank that runs the same hook.
+//
+// CUDA graphs: a hook that allocates (Bf16CompressHook's casts) runs under
+// capture only where its collective can be captured (NCCL); the in-process
+// communicator cannot be captured at all (communicator.h).
+//
+// Thread-safety: a hook runs on its rank's thread; one hook object may be
+// shared by every rank of a run if it keeps no state of its own (the built-in
+// ones keep none).
+#ifndef TANDEM_SPAWN_TRAIN_COMM_HOOKS_H_
+#define TANDEM_SPAWN_TRAIN_COMM_HOOKS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/tensor.h"
+#include "spawn/comm/communicator.h"
+
+namespace tandem::dist {
+
+// One gradient bucket of a DataParallel, as a hook sees it.
+struct GradBucket {
+  int index = 0;                     // 0 is the first bucket backward fills
+  // buffer: (numel,) flat, every gradient of the bucket back to back, then
+  // zeros up to a multiple of the world size (so that it splits evenly).
+  nn::Tensor buffer;
+  std::vector<nn::Tensor> params;    // the bucket's parameters, in buffer order
+  std::vector<int64_t> offsets;      // where each parameter's gradient starts in buffer
+  Communicator* comm = nullptr;      // this rank's
+};
+
+// What a hook returns: the bucket's reduction in flight.
+struct BucketReduction {
+  // The collective; DataParallel waits for it at the end of backward.
+  std::shared_ptr<Work> work;
+  // Where the reduced values will be once work is done: elements [begin, end)
+  // of the bucket (end -1: the whole bucket), (end - begin,) in a floating
+  // dtype on the bucket's device. Undefined: the hook reduced into the bucket's
+  // buffer itself.
+  nn::Tensor result;
+  int64_t begin = 0;
+  int64_t end = -1;
+  // True: the result holds the mean over the ranks; false: their sum, which
+  // DataParallel divides by the world size.
+  bool averaged = false;
+};
+
+using CommHook = std::function<BucketReduction(GradBucket& bucket)>;
+
+CommHook AllReduceHook();
+CommHook Bf16CompressHook();
+
+namespace internal {
+
+// Runs `hook` on `bucket` and returns the Work DataParallel keeps for it: its
+// wait() waits for the hook's collective, then copies the result into the
+// bucket and divides by the world size when the hook did not average. Checks
+// the hook's answer now and throws tandem::Error naming what is wrong.
+// *wire_bytes: the bytes of the tensor the hook reduces (its result's, or the
+// range's of the bucket), for the trace.
+std::shared_ptr<Work> LaunchCommHook(const CommHook& hook, GradBucket& bucket,
+                                     int64_t* wire_bytes);
+
+}  // namespace internal
+}  // namespace tandem::dist
+
+#endif  // TANDEM_SPAWN_TRAIN_COMM_HOOKS_H_

@@ -1,0 +1,151 @@
+// DataParallel's comm hooks on CPU ranks: AllReduceHook gives the bits of no
+// hook; a hook that returns a sum is divided by DataParallel; Bf16CompressHook
+// gives exactly bf16(sum_r bf16(g_r)) / N (float32 addition, one rounding);
+// a hook with a result of the wrong size, dtype or no Work is an error naming it.
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "nn/ops/loss.h"
+#include "nn/random.h"
+#include "spawn/spawn.h"
+#include "spawn/train/comm_hooks.h"
+#include "tests/spawn/train/dp_models.h"
+#include "tests/test_util.h"
+
+namespace tandem::dist {
+namespace {
+
+using nn::Tensor;
+
+// Every gradient of ConvNet after one backward of rank-dependent data, flattened.
+std::vector<float> GradsAfterBackward(Context& ctx, const CommHook& hook) {
+  ConvNet net;
+  DataParallel dp(net, ctx, {.bucket_bytes = 512, .first_bucket_bytes = 256, .comm_hook = hook});
+  nn::manual_seed(100 + ctx.rank());
+  Tensor x = nn::randn({5, 1, 6, 6}), y = nn::randn({5, 2});
+  nn::mse_loss(dp(x), y).backward();
+  std::vector<float> grads;
+  for (const Tensor& p : net.parameters()) {
+    for (float v : p.grad().to_vector<float>()) grads.push_back(v);
+  }
+  return grads;
+}
+
+class CommHookTest : public ::testing::TestWithParam<int> {
+ protected:
+  std::ostringstream console_;
+  SpawnOptions options_{.seed = 7, .console = &console_};
+};
+
+TEST_P(CommHookTest, AllReduceHookGivesTheBitsOfNoHook) {
+  const int ranks = GetParam();
+  auto none = spawn([](Context& ctx) { return GradsAfterBackward(ctx, nullptr); }, ranks, "cpu",
+                    options_);
+  auto hooked = spawn([](Context& ctx) { return GradsAfterBackward(ctx, AllReduceHook()); }, ranks,
+                      "cpu", options_);
+  ASSERT_TRUE(none.ok() && hooked.ok()) << none.status() << hooked.status();
+  for (int r = 0; r < ranks; ++r) testing::ExpectSameBits((*hooked)[r], (*none)[0], "AllReduceHook");
+}
+
+// A hook that sums (averaged false): DataParallel divides by the world size.
+// With a power-of-two world size x * (1/N) is x / N exactly, so the bits match.
+TEST_P(CommHookTest, SumHookIsDividedByDataParallel) {
+  const int ranks = GetParam();
+  if ((ranks & (ranks - 1)) != 0) GTEST_SKIP() << "bits match kAvg for power-of-two worlds";
+  CommHook sum = [](GradBucket& b) {
+    return BucketReduction{.work = b.comm->all_reduce_async(b.buffer, ReduceOp::kSum)};
+  };
+  auto none = spawn([](Context& ctx) { return GradsAfterBackward(ctx, nullptr); }, ranks, "cpu",
+                    options_);
+  auto hooked = spawn([&](Context& ctx) { return GradsAfterBackward(ctx, sum); }, ranks, "cpu",
+                      options_);
+  ASSERT_TRUE(none.ok() && hooked.ok()) << none.status() << hooked.status();
+  for (int r = 0; r < ranks; ++r) testing::ExpectSameBits((*hooked)[r], (*none)[0], "sum hook");
+}
+
+// Each bucket's local gradients are kept (a hook around Bf16CompressHook),
+// gathered after backward, and the expected result computed on the host.
+TEST_P(CommHookTest, Bf16CompressHookRoundsTheInputsAndTheSumOnly) {
+  const int ranks = GetParam();
+  auto result = spawn(
+      [](Context& ctx) {
+        std::map<int, Tensor> local;
+        const CommHook bf16 = Bf16CompressHook();
+        CommHook keep = [&](GradBucket& b) {
+          local[b.index] = b.buffer.clone();
+          return bf16(b);
+        };
+        ConvNet net;
+        DataParallel dp(net, ctx,
+                        {.bucket_bytes = 512, .first_bucket_bytes = 256, .comm_hook = keep});
+        nn::manual_seed(100 + ctx.rank());
+        Tensor x = nn::randn({5, 1, 6, 6}), y = nn::randn({5, 2});
+        nn::mse_loss(dp(x), y).backward();
+        EXPECT_GT(dp.num_buckets(), 1);
+        double err = 0, scale = 0;
+        for (int b = 0; b < dp.num_buckets(); ++b) {
+          const std::vector<float> all = ctx.communicator().all_gather(local.at(b)).to_vector<float>();
+          const std::vector<float> got = dp.bucket(b).buffer.to_vector<float>();
+          const size_t n = got.size();
+          for (size_t i = 0; i < n; ++i) {
+            float sum = 0;
+            for (int r = 0; r < ctx.world_size(); ++r) {
+              sum += static_cast<float>(nn::BFloat16(all[r * n + i]));
+            }
+            // DataParallel's division: Tensor::mul_ by float(1 / N).
+            const float expected = static_cast<float>(nn::BFloat16(sum)) *
+                                   static_cast<float>(1.0 / ctx.world_size());
+            EXPECT_EQ(got[i], expected) << "bucket " << b << " element " << i;
+            // And against the float32 mean: bf16 rounding (2^-8 relative) of
+            // the inputs and the sum, not more, relative to the gradients' scale.
+            double mean = 0;
+            for (int r = 0; r < ctx.world_size(); ++r) {
+              mean += all[r * n + i];
+              scale = std::max(scale, std::fabs(static_cast<double>(all[r * n + i])));
+            }
+            mean /= ctx.world_size();
+            err = std::max(err, std::fabs(got[i] - mean));
+          }
+        }
+        return err / scale;
+      },
+      ranks, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (double worst : *result) EXPECT_LT(worst, 2.0 / 256);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CommHookTest, ::testing::Values(1, 2, 3, 4));
+
+std::string HookError(const CommHook& hook) {
+  std::ostringstream console;
+  absl::Status s = spawn([&](Context& ctx) { GradsAfterBackward(ctx, hook); }, 2, "cpu",
+                         {.console = &console});
+  return s.ok() ? "" : std::string(s.message());
+}
+
+TEST(CommHookErrorTest, ResultOfTheWrongSizeNamesBoth) {
+  const std::string e = HookError([](GradBucket& b) {
+    Tensor half = b.buffer.slice(0, b.buffer.numel() / 2).clone();
+    return BucketReduction{.work = b.comm->all_reduce_async(half), .result = half};
+  });
+  EXPECT_NE(e.find("comm_hook: bucket 0: the hook's result"), std::string::npos) << e;
+  EXPECT_NE(e.find("elements, the bucket range"), std::string::npos) << e;
+}
+
+TEST(CommHookErrorTest, ResultOfAnIntegerDtypeIsAnError) {
+  const std::string e = HookError([](GradBucket& b) {
+    Tensor ints = b.buffer.to(nn::kInt64);
+    return BucketReduction{.work = b.comm->all_reduce_async(ints), .result = ints};
+  });
+  EXPECT_NE(e.find("the hook's result is int64"), std::string::npos) << e;
+}
+
+TEST(CommHookErrorTest, NoWorkIsAnError) {
+  const std::string e = HookError([](GradBucket&) { return BucketReduction{}; });
+  EXPECT_NE(e.find("the hook returned no Work"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace tandem::dist
