@@ -124,6 +124,15 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "End the run after this global step (exit status 130 and one line on every "
           "process; no checkpoint beyond the periodic ones); for testing --resume. 0: never.");
 ABSL_FLAG(double, timeout_s, 300, tandem::apps::kTimeoutHelp);
+ABSL_FLAG(std::string, init_from, "",
+          "A safetensors file of the model's weights (PyTorch state-dict names, e.g. saved by "
+          "--save_safetensors or by PyTorch) to start from; names, shapes and dtypes must "
+          "match. With --epochs=0 the program only evaluates them on the test set. "
+          "train_mnist and train_cifar10 only.");
+ABSL_FLAG(std::string, save_safetensors, "",
+          "Write the trained model's parameters and buffers to this safetensors file at the "
+          "end (rank 0; atomic), for PyTorch's load_state_dict or --init_from. train_mnist and "
+          "train_cifar10 only.");
 
 namespace tandem::apps {
 namespace {
@@ -210,6 +219,8 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  flags.init_from = absl::GetFlag(FLAGS_init_from);
+  flags.save_safetensors = absl::GetFlag(FLAGS_save_safetensors);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
   ReadTestHooks(flags);
   return flags;
@@ -268,6 +279,25 @@ const std::vector<std::string>& OptimizerNames() {
   return *names;
 }
 
+// --init_from names a readable file; --save_safetensors a file in an existing directory.
+void CheckSafetensorsPaths(const RunFlags& flags) {
+  if (!flags.init_from.empty()) {
+    struct stat st;
+    if (::stat(flags.init_from.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      FlagErrorExit(flags, absl::StrCat("--init_from \"", flags.init_from,
+                                        "\": not a readable file"));
+    }
+  }
+  if (!flags.save_safetensors.empty()) {
+    const std::filesystem::path parent =
+        std::filesystem::path(flags.save_safetensors).parent_path();
+    if (IsDirectory(flags.save_safetensors) || (!parent.empty() && !IsDirectory(parent))) {
+      FlagErrorExit(flags, absl::StrCat("--save_safetensors \"", flags.save_safetensors,
+                                        "\": not a file path in an existing directory"));
+    }
+  }
+}
+
 // --optimizer, --lr_schedule, --epochs, --batch_size, --lr.
 void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   if (v.uses_optimizer) {
@@ -282,8 +312,9 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--lr_schedule \"", flags.lr_schedule,
                                       "\": unknown schedule (constant, cosine)"));
   }
-  if (v.uses_epochs && flags.epochs < 1) {
-    FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1"));
+  if (v.uses_epochs && flags.epochs < (flags.init_from.empty() ? 1 : 0)) {
+    FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1 (0 ",
+                                      "evaluates --init_from's weights only)"));
   }
   if (flags.batch_size < 1) {
     FlagErrorExit(flags, absl::StrCat("--batch_size ", flags.batch_size, ": must be at least 1"));
@@ -416,6 +447,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   CheckHyperParameters(flags, v);
   CheckCountsAndLimits(flags);
   CheckOutputsAndResume(flags);
+  CheckSafetensorsPaths(flags);
   CheckDataDir(flags, v);
   SelectDevicesOrExit(flags, v);
   ConfigureKernels(flags);
