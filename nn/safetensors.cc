@@ -302,7 +302,12 @@ absl::StatusOr<std::string> HeaderJson(const std::string& path, const StateDict&
                   {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string text = root.dump();
+  std::string text;
+  try {
+    text = root.dump();
+  } catch (const nlohmann::json::exception& e) {  // a name or metadata that is not UTF-8
+    return absl::InvalidArgumentError(absl::StrCat("safetensors ", path, ": ", e.what()));
+  }
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
 }

@@ -316,6 +316,9 @@ TEST(SafetensorsTest, FileErrorsNameThePath) {
   EXPECT_FALSE(SaveSafetensors(TempPath("dup.safetensors"),
                                StateDict{{"a", zeros({1})}, {"a", zeros({1})}})
                    .ok());
+  const absl::Status not_utf8 =
+      SaveSafetensors(TempPath("utf8.safetensors"), StateDict{{"w\xff", zeros({1})}});
+  EXPECT_EQ(not_utf8.code(), absl::StatusCode::kInvalidArgument) << not_utf8;
   EXPECT_FALSE(SaveSafetensors(TempPath("reserved.safetensors"),
                                StateDict{{"__metadata__", zeros({1})}})
                    .ok());

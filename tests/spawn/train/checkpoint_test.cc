@@ -443,7 +443,7 @@ TEST_F(CheckpointErrorTest, ModelWithoutBatchNormCountsLoads) {
   auto loaded = spawn(
       [&](Context& ctx) {
         nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
-        auto* bn = static_cast<nn::BatchNorm2dImpl*>(net[1].get());
+        auto* bn = static_cast<nn::BatchNorm2dImpl*>((*net)[1].get());
         bn->num_batches_tracked.fill_(5);
         int64_t step = 0;
         TrainingState state{.model = net.get(), .step = &step};
