@@ -279,8 +279,14 @@ const std::vector<std::string>& OptimizerNames() {
   return *names;
 }
 
-// --init_from names a readable file; --save_safetensors a file in an existing directory.
-void CheckSafetensorsPaths(const RunFlags& flags) {
+// --init_from names a readable file; --save_safetensors a file in an existing directory;
+// neither is given to a program without model files.
+void CheckSafetensorsPaths(const RunFlags& flags, const Validation& v) {
+  if (!v.uses_model_files && (!flags.init_from.empty() || !flags.save_safetensors.empty())) {
+    FlagErrorExit(flags, absl::StrCat(flags.init_from.empty() ? "--save_safetensors" : "--init_from",
+                                      ": ", flags.program, " has no model file to read or write "
+                                      "(train_mnist and train_cifar10 do)"));
+  }
   if (!flags.init_from.empty()) {
     struct stat st;
     if (::stat(flags.init_from.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -447,7 +453,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   CheckHyperParameters(flags, v);
   CheckCountsAndLimits(flags);
   CheckOutputsAndResume(flags);
-  CheckSafetensorsPaths(flags);
+  CheckSafetensorsPaths(flags, v);
   CheckDataDir(flags, v);
   SelectDevicesOrExit(flags, v);
   ConfigureKernels(flags);

@@ -133,6 +133,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage);
 struct Validation {
   bool uses_optimizer = true;  // check --optimizer
   bool uses_epochs = true;     // check --epochs, --batch_size
+  bool uses_model_files = true;  // --init_from, --save_safetensors (else they are refused)
   // "required": --data_dir must name a directory; "optional": an empty
   // --data_dir is allowed, a non-empty one must name a directory; "unused".
   enum class DataDir { kRequired, kOptional, kUnused } data_dir = DataDir::kUnused;

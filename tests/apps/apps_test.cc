@@ -468,6 +468,8 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --save_safetensors=/nonexistent/w.safetensors",
                 "--save_safetensors \"/nonexistent/w.safetensors\": not a file path in an "
                 "existing directory");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --save_safetensors=w.safetensors",
+                "--save_safetensors: train_linear has no model file to read or write");
   ExpectBadFlag(TRAIN_CIFAR10, "--model=resnet34",
                 "--model \"resnet34\": not a model (convnet, mobilenet_v2, resnet18)");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
