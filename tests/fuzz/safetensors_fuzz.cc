@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "absl/strings/string_view.h"
+
 #include "nn/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -15,10 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       tandem::nn::ParseSafetensors(bytes, "fuzz.safetensors");
   if (!file.ok()) {
     // The contract of the errors: DataLoss, one line, naming the file first.
-    const std::string_view message = file.status().message();
+    const absl::string_view message = file.status().message();
     if (file.status().code() != absl::StatusCode::kDataLoss ||
         message.substr(0, 29) != "safetensors fuzz.safetensors:" ||
-        message.find('\n') != std::string_view::npos) {
+        message.find('\n') != absl::string_view::npos) {
       std::abort();
     }
     return 0;
