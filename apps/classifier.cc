@@ -30,6 +30,7 @@
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/safetensors.h"
 #include "optim/lr_scheduler.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/checkpoint_manager.h"
@@ -405,6 +406,9 @@ void BuildModelAndData(ClassifierRun& run,
   const RunFlags& flags = run.flags;
   run.ctx.set_trace(run.trace);
   run.model = make_model();
+  if (!flags.init_from.empty()) {
+    dist::ThrowIfError(nn::LoadSafetensors(flags.init_from, *run.model).status(), "--init_from: ");
+  }
   run.dp.emplace(*run.model, run.ctx,
                  dist::DataParallelOptions{
                      .comm_hook = flags.comm_hook == "bf16" ? dist::Bf16CompressHook()
@@ -760,8 +764,18 @@ bool RunEpoch(ClassifierRun& run, int epoch, bool resume_mid_epoch) {
   return true;
 }
 
+// --epochs=0: the test accuracy of --init_from's weights, nothing trained.
+void EvaluateOnly(ClassifierRun& run) {
+  dist::TraceSpan span(run.ctx, "evaluate");
+  const double accuracy = Evaluate(run.ctx, *run.model, *run.data.test,
+                                   run.data.batch_transform.get(), run.flags.bf16);
+  run.at.best_accuracy = accuracy;
+  run.result.final_accuracy = accuracy;
+  run.result.evaluated_only = true;
+}
+
 // After the last epoch (or --stop_at_step): the checkpoint write in flight, the
-// --trace file, and what the run did.
+// --save_safetensors file, the --trace file, and what the run did.
 TrainResult FinishRun(ClassifierRun& run) {
   dist::Context& ctx = run.ctx;
   if (ctx.rank() == 0) {
@@ -778,6 +792,14 @@ TrainResult FinishRun(ClassifierRun& run) {
   if (run.checkpoints) {
     const absl::Status written = run.checkpoints->Finish();
     dist::ThrowIfError(written, "saving the checkpoint: ");
+  }
+  if (!run.flags.save_safetensors.empty() && ctx.rank() == 0 && run.result.stopped_at_step == 0) {
+    dist::ThrowIfError(nn::SaveSafetensors(run.flags.save_safetensors, *run.model,
+                                           {{"format", "pt"},
+                                            {"program", run.flags.program},
+                                            {"step", absl::StrCat(run.at.step)}}),
+                       "--save_safetensors: ");
+    ctx.log().Info("model written to {}", run.flags.save_safetensors);
   }
   if (run.trace != nullptr) {
     dist::ThrowIfError(dist::WriteTrace(ctx, *run.trace, run.flags.trace), "");
@@ -806,6 +828,7 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
   OpenOutputs(run);
   // A mid-epoch checkpoint: its epoch continues where the loader stands.
   bool resume_mid_epoch = run.at.epoch_step > 0;
+  if (flags.epochs == 0) EvaluateOnly(run);
   for (int epoch = run.at.epoch; epoch < flags.epochs; ++epoch) {
     if (!RunEpoch(run, epoch, resume_mid_epoch)) break;
     resume_mid_epoch = false;
@@ -879,6 +902,14 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
   // Every rank of every process stopped at the same step: each process says so.
   if (r.stopped_at_step > 0) return StoppedAtStepExit(flags, r.stopped_at_step);
   if (r.process_index != 0) return kExitOk;  // several processes: the first one reports
+  if (r.evaluated_only) {
+    std::cout << absl::StrFormat("summary: %s, %d rank(s), evaluated %s (--epochs=0, nothing "
+                                 "trained): test accuracy %.2f%% on %d examples\n",
+                                 data.name, r.world_size, flags.init_from,
+                                 100 * r.final_accuracy, data.test->size())
+              << std::flush;
+    return kExitOk;
+  }
   if (r.epochs_done == 0) {
     std::cout << absl::StrFormat("summary: %s: nothing left to train (the checkpoint is at "
                                  "or past --epochs=%d); best test accuracy %.2f%%\n",

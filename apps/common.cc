@@ -140,6 +140,15 @@ ABSL_FLAG(bool, zero, false,
           "parameters all-gathered after each step; the same parameters as without it. "
           "Checkpoints hold the unsharded state (gathered on save) and resume with or without "
           "--zero on any number of ranks.");
+ABSL_FLAG(std::string, init_from, "",
+          "A safetensors file of the model's weights (PyTorch state-dict names, e.g. saved by "
+          "--save_safetensors or by PyTorch) to start from; names, shapes and dtypes must "
+          "match. With --epochs=0 the program only evaluates them on the test set. "
+          "train_mnist and train_cifar10 only.");
+ABSL_FLAG(std::string, save_safetensors, "",
+          "Write the trained model's parameters and buffers to this safetensors file at the "
+          "end (rank 0; atomic), for PyTorch's load_state_dict or --init_from. train_mnist and "
+          "train_cifar10 only.");
 
 namespace tandem::apps {
 namespace {
@@ -226,6 +235,8 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   flags.checkpoint_every_minutes = absl::GetFlag(FLAGS_checkpoint_every_minutes);
   flags.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  flags.init_from = absl::GetFlag(FLAGS_init_from);
+  flags.save_safetensors = absl::GetFlag(FLAGS_save_safetensors);
   flags.batch_size_given = OnCommandLine(argc, argv, "batch_size");
   flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
   flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
@@ -287,6 +298,31 @@ const std::vector<std::string>& OptimizerNames() {
   return *names;
 }
 
+// --init_from names a readable file; --save_safetensors a file in an existing directory;
+// neither is given to a program without model files.
+void CheckSafetensorsPaths(const RunFlags& flags, const Validation& v) {
+  if (!v.uses_model_files && (!flags.init_from.empty() || !flags.save_safetensors.empty())) {
+    FlagErrorExit(flags, absl::StrCat(flags.init_from.empty() ? "--save_safetensors" : "--init_from",
+                                      ": ", flags.program, " has no model file to read or write "
+                                      "(train_mnist and train_cifar10 do)"));
+  }
+  if (!flags.init_from.empty()) {
+    struct stat st;
+    if (::stat(flags.init_from.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      FlagErrorExit(flags, absl::StrCat("--init_from \"", flags.init_from,
+                                        "\": not a readable file"));
+    }
+  }
+  if (!flags.save_safetensors.empty()) {
+    const std::filesystem::path parent =
+        std::filesystem::path(flags.save_safetensors).parent_path();
+    if (IsDirectory(flags.save_safetensors) || (!parent.empty() && !IsDirectory(parent))) {
+      FlagErrorExit(flags, absl::StrCat("--save_safetensors \"", flags.save_safetensors,
+                                        "\": not a file path in an existing directory"));
+    }
+  }
+}
+
 // --optimizer, --lr_schedule, --epochs, --batch_size, --lr.
 void CheckHyperParameters(RunFlags& flags, const Validation& v) {
   if (v.uses_optimizer) {
@@ -301,8 +337,9 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--lr_schedule \"", flags.lr_schedule,
                                       "\": unknown schedule (constant, cosine)"));
   }
-  if (v.uses_epochs && flags.epochs < 1) {
-    FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1"));
+  if (v.uses_epochs && flags.epochs < (flags.init_from.empty() ? 1 : 0)) {
+    FlagErrorExit(flags, absl::StrCat("--epochs ", flags.epochs, ": must be at least 1 (0 ",
+                                      "evaluates --init_from's weights only)"));
   }
   if (flags.batch_size < 1) {
     FlagErrorExit(flags, absl::StrCat("--batch_size ", flags.batch_size, ": must be at least 1"));
@@ -456,6 +493,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   CheckHyperParameters(flags, v);
   CheckCountsAndLimits(flags);
   CheckOutputsAndResume(flags);
+  CheckSafetensorsPaths(flags, v);
   CheckDataDir(flags, v);
   SelectDevicesOrExit(flags, v);
   ConfigureKernels(flags);

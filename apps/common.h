@@ -9,6 +9,7 @@
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
 //   --tensorboard_dir --trace --trace_steps --grad_accum_steps --comm_hook --zero
+//   --init_from --save_safetensors
 // and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank
 // and --test_checkpoint_write_delay_ms.
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
@@ -93,6 +94,13 @@ struct RunFlags {
   int64_t checkpoint_every_steps = 0;   // 0: off
   double checkpoint_every_minutes = 0;  // 0: off
   int keep_checkpoints = 0;             // 0: keep all
+  // Weights exchanged with other tools as safetensors files (nn/safetensors.h):
+  // --init_from loads the model's parameters and buffers (strictly: names,
+  // shapes and dtypes) before training (a --resume checkpoint, when one loads,
+  // replaces them); with --epochs=0 the run only evaluates them on the test set.
+  // --save_safetensors: global rank 0 writes the model there at the end.
+  std::string init_from;         // "" : the model's own initialisation
+  std::string save_safetensors;  // "" : not written
   // Test hooks (--test_slow_rank=R:MS, --test_checkpoint_write_delay_ms).
   int test_slow_rank = -1;  // -1: no rank sleeps
   int test_slow_ms = 0;     // what rank test_slow_rank sleeps in every step
@@ -129,6 +137,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage);
 struct Validation {
   bool uses_optimizer = true;  // check --optimizer
   bool uses_epochs = true;     // check --epochs, --batch_size
+  bool uses_model_files = true;  // --init_from, --save_safetensors (else they are refused)
   // "required": --data_dir must name a directory; "optional": an empty
   // --data_dir is allowed, a non-empty one must name a directory; "unused".
   enum class DataDir { kRequired, kOptional, kUnused } data_dir = DataDir::kUnused;
@@ -213,6 +222,7 @@ struct TrainResult {
   int world_size = 0;         // global ranks (every process of an mpirun/srun job)
   int process_index = 0;      // this process in such a job (0: the one that prints the summary)
   int64_t stopped_at_step = 0;  // > 0: --stop_at_step ended the run after this step
+  bool evaluated_only = false;  // --epochs=0: final_accuracy is --init_from's weights'
 };
 
 // Trains the model that make_model() builds (on ctx.device(); called once per
@@ -232,6 +242,8 @@ struct TrainResult {
 // training. At --stop_at_step it returns right after that step (stopped_at_step
 // set; no metrics row or checkpoint for the partial epoch, but an earlier
 // checkpoint's write in flight completes and the --trace file is written).
+// --init_from loads weights after the model is built; --epochs=0 evaluates
+// them only; --save_safetensors writes the model at the end (global rank 0).
 // Throws tandem::Error on a failure, dist::StoppedError after a stop signal
 // (every rank at the same step, after the checkpoint is complete).
 TrainResult TrainClassifier(dist::Context& ctx, const RunFlags& flags, const ClassifierData& data,

@@ -8,6 +8,7 @@
 #ifndef TANDEM_APPS_MODELS_H_
 #define TANDEM_APPS_MODELS_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "nn/module.h"
@@ -41,6 +42,33 @@ std::shared_ptr<nn::Module> MakeConvNet();
 // normal(0, 0.01) with a zero bias. `dropout`: the classifier's Dropout p (the
 // benchmark's loss comparison with PyTorch uses 0: masks are not shared).
 std::shared_ptr<nn::Module> MakeMobileNetV2(double dropout = 0.2);
+
+struct ResNetOptions {
+  int64_t num_classes = 1000;
+  // The CIFAR-10 stem: conv1 is 3x3 stride 1 padding 1 and there is no max-pool,
+  // so a 32x32 image reaches layer4 at 4x4 (torchvision's ImageNet stem, conv1
+  // 7x7 stride 2 padding 3 and a 3x3 stride 2 max-pool, would leave 1x1).
+  bool cifar_stem = false;
+};
+
+// ResNet-18 and ResNet-50 as torchvision 0.14 defines them
+// (torchvision.models.resnet18 / resnet50, weights=None): conv1 7x7 64 stride 2
+// + bn1 + ReLU + max-pool 3x3 stride 2 padding 1 (or the CIFAR stem above),
+// layer1..layer4 of 64, 128, 256, 512 planes with stride 1, 2, 2, 2 in their
+// first block, adaptive average pool to 1x1, fc. ResNet-18: [2, 2, 2, 2]
+// BasicBlocks (conv1 3x3 + bn1 + ReLU, conv2 3x3 + bn2, plus x, ReLU);
+// ResNet-50: [3, 4, 6, 3] Bottlenecks (conv1 1x1 + bn1 + ReLU, conv2 3x3 with
+// the stride + bn2 + ReLU, conv3 1x1 to 4x the planes + bn3, plus x, ReLU). A
+// block whose stride or channels change adds "downsample" (conv 1x1 with the
+// stride + BN) to x. Convolutions have no bias. Names are torchvision's
+// ("layer1.0.conv1.weight", "layer2.0.downsample.1.running_var", "fc.bias"),
+// and so are the parameter counts: ResNet-18 11,689,512 (1000 classes) /
+// 11,181,642 (10), ResNet-50 25,557,032 / 23,528,522 (tests/apps/resnet_test.cc
+// compares them with torchvision's). Init as torchvision: convolutions
+// kaiming-normal (fan_out), BatchNorm ones / zeros, fc PyTorch's Linear default.
+// Input (N, 3, H, W).
+std::shared_ptr<nn::Module> MakeResNet18(const ResNetOptions& options = {});
+std::shared_ptr<nn::Module> MakeResNet50(const ResNetOptions& options = {});
 
 }  // namespace tandem::apps
 

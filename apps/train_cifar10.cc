@@ -1,5 +1,6 @@
-// train_cifar10: the ConvNet of the data-parallel quick start (--model=convnet)
-// or torchvision's MobileNetV2 (--model=mobilenet_v2, OneFlow's DDP example:
+// train_cifar10: the ConvNet of the data-parallel quick start (--model=convnet),
+// torchvision's ResNet-18 with the CIFAR stem (--model=resnet18) or torchvision's
+// MobileNetV2 (--model=mobilenet_v2, OneFlow's DDP example:
 // width 1.0, 10 classes; use --optimizer=sgd --lr=1e-3 --batch_size=64 as OneFlow
 // does) on CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin in --data_dir). Without
 // real files it says so and trains on a generated CIFAR-shaped dataset
@@ -10,9 +11,11 @@
 //   train_cifar10 --data_dir=/data/cifar-10-batches-bin
 //   train_cifar10 --epochs=1 --max_steps_per_epoch=20      # synthetic, a smoke run
 //   train_cifar10 --model=mobilenet_v2 --gpus=cpu --nprocs=2 --optimizer=sgd --batch_size=64
+//   train_cifar10 --model=resnet18 --gpus=cpu --nprocs=2 --optimizer=momentum --lr=0.05
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,13 +29,15 @@
 #include "spawn/train/sync_batch_norm.h"
 
 ABSL_FLAG(std::string, model, "convnet",
-          "convnet (the quick start's ConvNet) or mobilenet_v2 (torchvision's MobileNetV2, "
-          "width 1.0, 10 classes, classifier Dropout(0.2) + Linear(1280, 10)).");
+          "convnet (the quick start's ConvNet), mobilenet_v2 (torchvision's MobileNetV2, "
+          "width 1.0, 10 classes, classifier Dropout(0.2) + Linear(1280, 10)) or resnet18 "
+          "(torchvision's ResNet-18, 10 classes, with the CIFAR stem: conv1 3x3 stride 1, no "
+          "max-pool).");
 ABSL_FLAG(bool, sync_bn, false,
           "Synchronised BatchNorm (dist::ConvertSyncBatchNorm): training statistics over the "
           "global batch, every rank's slice together, instead of each rank's own; one "
           "all_gather forward and one all_reduce backward per BatchNorm layer. Needs a model "
-          "with BatchNorm (mobilenet_v2).");
+          "with BatchNorm (mobilenet_v2, resnet18).");
 ABSL_FLAG(int, epochs, 10, "Passes over the training set.");
 ABSL_FLAG(int, batch_size, 32,
           "Examples per step on each rank (the global batch is batch_size x ranks). Unset in "
@@ -91,6 +96,35 @@ data::TensorDataset Synthetic(int64_t n, uint64_t seed, uint64_t stream) {
                                                                           {.dtype = nn::DType::kInt64}));
 }
 
+// --model: the model factory and its line in the environment table; nullopt
+// for an unknown name.
+struct ModelChoice {
+  std::function<std::shared_ptr<nn::Module>()> make;
+  std::string description;
+  bool has_batch_norm = false;  // --sync_bn applies
+};
+std::optional<ModelChoice> ChooseModel(const std::string& name) {
+  if (name == "convnet") {
+    return ModelChoice{apps::MakeConvNet,
+                       "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "
+                       "maxpool2, conv3x3(64)+ReLU, fc(1024->64)+ReLU, fc(64->10)"};
+  }
+  if (name == "mobilenet_v2") {
+    return ModelChoice{[] { return apps::MakeMobileNetV2(); },
+                       "model=MobileNetV2 (torchvision's, width 1.0): 17 inverted residual "
+                       "blocks, depthwise convolutions, ReLU6, BatchNorm; Dropout(0.2) + "
+                       "fc(1280->10); 2,236,682 parameters",
+                       true};
+  }
+  if (name == "resnet18") {
+    return ModelChoice{[] { return apps::MakeResNet18({.num_classes = 10, .cifar_stem = true}); },
+                       "model=ResNet-18 (torchvision's, CIFAR stem: conv1 3x3 stride 1, no "
+                       "max-pool): 8 BasicBlocks, fc(512->10); 11,173,962 parameters",
+                       true};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,8 +132,9 @@ int main(int argc, char** argv) {
       argc, argv,
       "Trains an image classifier on CIFAR-10 (32x32 colour photos of 10 classes: "
       "airplanes, cars, birds, cats, ...): a small convolutional network (--model=convnet: "
-      "three 3x3 convolutions, two fully connected layers) or MobileNetV2 as torchvision "
-      "builds it (--model=mobilenet_v2). It reads the CIFAR-10 binary files from "
+      "three 3x3 convolutions, two fully connected layers), MobileNetV2 as torchvision "
+      "builds it (--model=mobilenet_v2) or ResNet-18 (--model=resnet18, CIFAR stem). It "
+      "reads the CIFAR-10 binary files from "
       "--data_dir; without them it trains on a generated CIFAR-shaped dataset and labels "
       "every report synthetic. Training is data-parallel: every rank holds the same model, "
       "trains on its share of each batch, and the ranks average their gradients; one rank "
@@ -115,15 +150,17 @@ int main(int argc, char** argv) {
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
   const std::string model = absl::GetFlag(FLAGS_model);
-  if (model != "convnet" && model != "mobilenet_v2") {
+  const std::optional<ModelChoice> choice = ChooseModel(model);
+  if (!choice) {
     apps::FlagErrorExit(flags, absl::StrCat("--model \"", model,
-                                            "\": not a model (convnet, mobilenet_v2)"));
+                                            "\": not a model (convnet, mobilenet_v2, resnet18)"));
   }
   flags.program_agreed.emplace_back("--model", model);
   const bool sync_bn = absl::GetFlag(FLAGS_sync_bn);
-  if (sync_bn && model != "mobilenet_v2") {
+  if (sync_bn && !choice->has_batch_norm) {
     apps::FlagErrorExit(flags, absl::StrCat("--sync_bn: --model \"", model,
-                                            "\" has no BatchNorm to synchronise (mobilenet_v2 has)"));
+                                            "\" has no BatchNorm to synchronise (mobilenet_v2 "
+                                            "and resnet18 have)"));
   }
   flags.program_agreed.emplace_back("--sync_bn", sync_bn ? "true" : "false");
   apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
@@ -161,20 +198,14 @@ int main(int argc, char** argv) {
     set.batch_transform = Standardise(1.0);
     set.name = "CIFAR-10 (synthetic)";
   }
-  const bool mobilenet = model == "mobilenet_v2";
   return apps::RunClassifier(
       flags, set,
-      mobilenet ? std::function<std::shared_ptr<nn::Module>()>([sync_bn] {
-        std::shared_ptr<nn::Module> net = apps::MakeMobileNetV2();
-        if (sync_bn) ::tandem::dist::ConvertSyncBatchNorm(*net);
+      sync_bn ? std::function<std::shared_ptr<nn::Module>()>([make = choice->make] {
+        std::shared_ptr<nn::Module> net = make();
+        ::tandem::dist::ConvertSyncBatchNorm(*net);
         return net;
       })
-                : std::function<std::shared_ptr<nn::Module>()>(apps::MakeConvNet),
+              : choice->make,
       {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)" : flags.data_dir),
-       mobilenet ? "model=MobileNetV2 (torchvision's, width 1.0): 17 inverted residual blocks, "
-                   "depthwise convolutions, ReLU6, BatchNorm; Dropout(0.2) + fc(1280->10); "
-                   "2,236,682 parameters" +
-                       std::string(sync_bn ? "; SyncBatchNorm over the ranks" : "")
-                 : "model=ConvNet: conv3x3(32)+ReLU, maxpool2, conv3x3(64)+ReLU, "
-                   "maxpool2, conv3x3(64)+ReLU, fc(1024->64)+ReLU, fc(64->10)"});
+       choice->description + std::string(sync_bn ? "; SyncBatchNorm over the ranks" : "")});
 }

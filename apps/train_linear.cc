@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   flags.lr = absl::GetFlag(FLAGS_lr);
   flags.optimizer = absl::GetFlag(FLAGS_optimizer);
   const int steps = absl::GetFlag(FLAGS_steps);
-  apps::ValidateOrExit(flags, {.uses_epochs = false});
+  apps::ValidateOrExit(flags, {.uses_epochs = false, .uses_model_files = false});
   if (steps < 1) apps::FlagErrorExit(flags, absl::StrCat("--steps ", steps, ": must be at least 1"));
   apps::PrintEnvironment(flags, {absl::StrCat("batch=", flags.batch_size, " per rank, ",
                                               flags.batch_size * flags.world_size(), " global"),

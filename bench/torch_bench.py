@@ -374,10 +374,9 @@ def main(argv):
         entry = manifest["models"][name]
         model = make_model(name).to(device)
         initial = {p["name"]: read_raw(args.import_dir, p).to(device) for p in entry["params"]}
-        # tandem's state is the parameters and the buffers; torch's BatchNorm also
-        # counts its batches (num_batches_tracked), which tandem does not keep.
-        own = {k: v for k, v in model.state_dict().items()
-               if not k.endswith("num_batches_tracked")}
+        # tandem's state is the parameters and the buffers, BatchNorm's batch count
+        # (num_batches_tracked) included, as torch's.
+        own = model.state_dict()
         if set(own) != set(initial):
             raise ValueError(f"{name}: parameters {sorted(own)} vs manifest {sorted(initial)}")
         for key, t in initial.items():

@@ -15,10 +15,10 @@ double Uniform(nn::Generator& generator) {
   return nn::UniformFromBits(nn::PhiloxAt(generator.seed, generator.stream, offset, 0).out[0]);
 }
 
-// An element as double (bfloat16 through its float value).
+// An element as double (bfloat16 and float16 through their float value).
 template <typename T>
 double Widen(T v) {
-  if constexpr (std::is_same_v<T, nn::BFloat16>) {
+  if constexpr (std::is_same_v<T, nn::BFloat16> || std::is_same_v<T, nn::Float16>) {
     return static_cast<double>(static_cast<float>(v));
   } else {
     return static_cast<double>(v);

@@ -190,7 +190,7 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::
     if (!r.String(tensor_name) || !r.U8(dtype_code) || !r.U32(ndim)) {
       return error("truncated record of tensor #", t);
     }
-    if (dtype_code > static_cast<uint8_t>(DType::kUInt8)) {
+    if (dtype_code > static_cast<uint8_t>(DType::kFloat16)) {
       return error("tensor '", tensor_name, "' has unknown dtype code ", dtype_code);
     }
     if (ndim > 16 || r.remaining() < ndim * 8ull) {

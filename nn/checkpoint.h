@@ -5,6 +5,8 @@
 //   "TANDEMCK" | version u32 | payload_bytes u64 | crc32(payload) u32 | payload
 //   payload: tensor_count u32, then per tensor
 //              name_len u32, name, dtype u8, ndim u32, dims i64[ndim], nbytes u64, bytes
+//              (dtype: nn::DType's value: 0 float32, 1 float64, 2 bfloat16, 3 int64,
+//              4 uint8, 5 float16)
 //            metadata_count u32, then per entry
 //              key_len u32, key, kind u8 (0 string, 1 int64, 2 double), value
 //              (string: len u32 + bytes; int64 / double: 8 bytes)

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <typeinfo>
+#include <unordered_set>
 
 #include "nn/ops/batch_norm.h"
 #include "nn/ops/dropout.h"
@@ -93,11 +95,36 @@ BatchNorm2dImpl::BatchNorm2dImpl(int64_t num_features, double eps, double moment
   bias = register_parameter("bias", zeros({num_features}));
   running_mean = register_buffer("running_mean", zeros({num_features}));
   running_var = register_buffer("running_var", ones({num_features}));
+  num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, {.dtype = kInt64}));
 }
 
 Tensor BatchNorm2dImpl::forward(const Tensor& x) {
-  return batch_norm2d(x, weight, bias, running_mean, running_var, is_training(), momentum, eps,
-                      reducer);
+  Tensor y = batch_norm2d(x, weight, bias, running_mean, running_var, is_training(), momentum, eps,
+                          reducer);
+  if (is_training()) CountBatch();
+  return y;
+}
+
+void BatchNorm2dImpl::CountBatch() {
+  // The module may have moved (to()) or been converted since the last call.
+  if (!one_.defined() || one_.device() != num_batches_tracked.device() ||
+      one_.dtype() != num_batches_tracked.dtype()) {
+    one_ = ones({}, {.dtype = num_batches_tracked.dtype(), .device = num_batches_tracked.device()});
+  }
+  num_batches_tracked.add_(one_);
+}
+
+void AddMissingBatchCounts(const Module& model, StateDict& state) {
+  std::unordered_set<std::string> present;
+  for (const auto& [name, unused] : state) present.insert(name);
+  constexpr std::string_view kCount = "num_batches_tracked";
+  for (const auto& [name, buffer] : model.named_buffers()) {
+    if (!name.ends_with(kCount) || present.contains(name)) continue;
+    const std::string prefix = name.substr(0, name.size() - kCount.size());
+    // Only where the rest of that BatchNorm2d is in the state (not a missing layer).
+    if (!present.contains(prefix + "running_mean")) continue;
+    state.emplace_back(name, zeros({}, {.dtype = buffer.dtype(), .device = Device::CPU()}));
+  }
 }
 
 // --- Sequential ----------------------------------------------------------------------

@@ -144,10 +144,14 @@ class FlattenImpl : public Module {
 TANDEM_MODULE(Flatten);
 
 // x: (N, C, H, W). Parameters weight (ones) and bias (zeros), buffers
-// running_mean (zeros) and running_var (ones), all (C). Training mode normalises
-// with batch statistics and updates the running ones; eval mode uses the running
-// ones (see batch_norm2d). `reducer`, when set, makes the training statistics
-// those of every worker's slice together (dist::ConvertSyncBatchNorm sets it).
+// running_mean (zeros) and running_var (ones), all (C), and num_batches_tracked
+// (int64, 0-dim, zero): PyTorch's state-dict entries, in its order. Training mode
+// normalises with batch statistics, updates the running ones and adds 1 to
+// num_batches_tracked (on the tensor's device, no host wait); eval mode uses the
+// running ones (see batch_norm2d). The count is bookkeeping only (momentum is
+// always a number here), kept so that state dicts match torchvision's.
+// `reducer`, when set, makes the training statistics those of every worker's slice
+// together (dist::ConvertSyncBatchNorm sets it).
 class BatchNorm2dImpl : public Module {
  public:
   explicit BatchNorm2dImpl(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
@@ -155,10 +159,19 @@ class BatchNorm2dImpl : public Module {
 
   int64_t num_features;
   double eps, momentum;
-  Tensor weight, bias, running_mean, running_var;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   std::shared_ptr<BatchNormReducer> reducer;
+
+ private:
+  void CountBatch();
+  Tensor one_;  // 1 in num_batches_tracked's dtype and on its device, made on first use
 };
 TANDEM_MODULE(BatchNorm2d);
+
+// Adds a zero num_batches_tracked to `state` for every BatchNorm2d of `model`
+// whose entry `state` lacks (state dicts saved before BatchNorm2d kept the
+// count), so that such files still load strictly. Other keys are untouched.
+void AddMissingBatchCounts(const Module& model, StateDict& state);
 
 // Chains its children: forward(x) = m_k(...m_1(m_0(x))). Children are named
 // "0", "1", ... in order. A Conv2d directly followed by a ReLU (exactly these

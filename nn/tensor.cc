@@ -365,9 +365,10 @@ void ConvertHost(const void* src, DType src_dtype, void* dst, DType dst_dtype, i
       const S* s = static_cast<const S*>(src);
       D* d = static_cast<D*>(dst);
       for (int64_t i = 0; i < n; ++i) {
-        if constexpr (std::is_same_v<D, BFloat16>) {
-          d[i] = BFloat16(static_cast<float>(s[i]));
-        } else if constexpr (std::is_same_v<S, BFloat16>) {
+        // The 16-bit floats convert through float32, as the CUDA kernel does.
+        if constexpr (std::is_same_v<D, BFloat16> || std::is_same_v<D, Float16>) {
+          d[i] = D(static_cast<float>(s[i]));
+        } else if constexpr (std::is_same_v<S, BFloat16> || std::is_same_v<S, Float16>) {
           d[i] = static_cast<D>(static_cast<float>(s[i]));
         } else {
           d[i] = static_cast<D>(s[i]);

@@ -224,7 +224,7 @@ class Tensor {
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // same numel; converts dtype and device (copies as to() does)
-  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape; floats and int64
   Tensor& mul_(double value);
 
   TensorImpl* impl() const { return impl_.get(); }

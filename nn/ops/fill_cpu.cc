@@ -17,8 +17,8 @@ void Fill(const Tensor& t, double value) {
   TANDEM_DISPATCH_ALL(t.dtype(), [&]<typename T>() {
     T* p = t.host_data<T>();
     T v;
-    if constexpr (std::is_same_v<T, BFloat16>) {
-      v = BFloat16(static_cast<float>(value));
+    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>) {
+      v = T(static_cast<float>(value));
     } else {
       v = static_cast<T>(value);
     }
@@ -33,6 +33,13 @@ void Axpy(const Tensor& y, const Tensor& x, double alpha) {
 #endif
   }
   const int64_t n = y.numel();
+  if (y.dtype() == kInt64) {  // counters (BatchNorm2d's num_batches_tracked)
+    int64_t* py = y.host_data<int64_t>();
+    const int64_t* px = x.host_data<int64_t>();
+    const auto a = static_cast<int64_t>(alpha);
+    for (int64_t i = 0; i < n; ++i) py[i] += a * px[i];
+    return;
+  }
   TANDEM_DISPATCH_FLOATING(y.dtype(), "add_", [&]<typename T>() {
     T* py = y.host_data<T>();
     const T* px = x.host_data<T>();

@@ -1,6 +1,7 @@
 // CUDA kernels of the core's in-place methods, random factories and dtype
 // conversion. One thread per element, int64 indices, on the thread's stream.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <type_traits>
 
@@ -17,17 +18,31 @@ int64_t Blocks(int64_t n) { return (n + kThreads - 1) / kThreads; }
 // One element converted as the CPU's ConvertHost does: a direct cast (so
 // int64 -> uint8 wraps and int64 -> float32 rounds once, not via double), and
 // bfloat16 through float with round-to-nearest-even.
+// float16 likewise through float (round to nearest even).
+template <typename S> __device__ auto Widen(S s) {
+  if constexpr (std::is_same_v<S, BFloat16>) {
+    return __bfloat162float(__ushort_as_bfloat16(s.bits));
+  } else if constexpr (std::is_same_v<S, Float16>) {
+    return __half2float(__ushort_as_half(s.bits));
+  } else {
+    return s;
+  }
+}
 template <typename S, typename D> __device__ D ConvertOne(S s) {
   if constexpr (std::is_same_v<S, D>) {
     return s;
   } else if constexpr (std::is_same_v<D, BFloat16>) {
     D d;
-    d.bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(s)));
+    d.bits = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(Widen(s))));
     return d;
-  } else if constexpr (std::is_same_v<S, BFloat16>) {
-    return static_cast<D>(__bfloat162float(__ushort_as_bfloat16(s.bits)));
+  } else if constexpr (std::is_same_v<D, Float16>) {
+    // NaN as the host's Float16::FromFloat writes it (CUDA's own is 0x7fff).
+    const float f = static_cast<float>(Widen(s));
+    D d;
+    d.bits = isnan(f) ? (signbit(f) ? 0xfe00 : 0x7e00) : __half_as_ushort(__float2half_rn(f));
+    return d;
   } else {
-    return static_cast<D>(s);
+    return static_cast<D>(Widen(s));
   }
 }
 
@@ -74,8 +89,8 @@ void FillCuda(const Tensor& t, double value) {
   cudaStream_t stream = nn::internal::ThreadStream(t.device());
   TANDEM_DISPATCH_ALL(t.dtype(), [&]<typename T>() {
     T v;
-    if constexpr (std::is_same_v<T, BFloat16>) {
-      v = BFloat16(static_cast<float>(value));
+    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>) {
+      v = T(static_cast<float>(value));
     } else {
       v = static_cast<T>(value);
     }
@@ -88,6 +103,12 @@ void AxpyCuda(const Tensor& y, const Tensor& x, double alpha) {
   const int64_t n = y.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(y.device());
+  if (y.dtype() == kInt64) {  // counters (BatchNorm2d's num_batches_tracked)
+    AxpyKernel<int64_t><<<Blocks(n), kThreads, 0, stream>>>(y.data<int64_t>(), x.data<int64_t>(), n,
+                                                            static_cast<int64_t>(alpha));
+    TANDEM_CHECK_LAUNCH("AxpyKernel", y.device());
+    return;
+  }
   TANDEM_DISPATCH_FLOATING(y.dtype(), "add_", [&]<typename T>() {
     if constexpr (std::is_same_v<T, BFloat16>) {
       AxpyBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(

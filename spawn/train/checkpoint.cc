@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "nn/error.h"
+#include "nn/layers.h"  // AddMissingBatchCounts
 #include "nn/random.h"
 #include "nn/status_macros.h"
 
@@ -203,6 +204,7 @@ absl::Status ReadModelAndOptimizer(const nn::Checkpoint& ck, const TrainingState
       return absl::NotFoundError(absl::StrCat("checkpoint ", path,
                                               ": no \"model.*\" entries (saved without a model)"));
     }
+    nn::AddMissingBatchCounts(*state.model, saved.model);
   }
   if (state.optimizer != nullptr) {
     if (!ck.metadata.contains("optim.num_groups")) {

@@ -480,6 +480,15 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --checkpoint_dir=/tmp/x --checkpoint_every_minutes=-2",
                 "--checkpoint_every_minutes -2: must be >= 0");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --epochs=0", "--epochs 0: must be at least 1");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --init_from=/nonexistent/w.safetensors",
+                "--init_from \"/nonexistent/w.safetensors\": not a readable file");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --save_safetensors=/nonexistent/w.safetensors",
+                "--save_safetensors \"/nonexistent/w.safetensors\": not a file path in an "
+                "existing directory");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --save_safetensors=w.safetensors",
+                "--save_safetensors: train_linear has no model file to read or write");
+  ExpectBadFlag(TRAIN_CIFAR10, "--model=resnet34",
+                "--model \"resnet34\": not a model (convnet, mobilenet_v2, resnet18)");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
                 "--lr_schedule \"step\": unknown schedule (constant, cosine)");
   ExpectBadFlag(TRAIN_MNIST, "stray", "unexpected argument \"stray\"");

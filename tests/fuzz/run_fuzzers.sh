@@ -11,11 +11,13 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -g -O
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF \
   -DTANDEM_BUILD_APPS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-cmake --build "$build" -j"$(nproc)" --target mnist_fuzz cifar_fuzz checkpoint_fuzz
+cmake --build "$build" -j"$(nproc)" --target mnist_fuzz cifar_fuzz checkpoint_fuzz \
+  safetensors_fuzz
 
-# Seeds: a small valid IDX pair (raw and gzip), a CIFAR record, a checkpoint.
+# Seeds: a small valid IDX pair (raw and gzip), a CIFAR record, a checkpoint,
+# safetensors files (several dtypes and shapes, with metadata; an empty one).
 corpus="$build/fuzz-corpus"
-mkdir -p "$corpus/mnist" "$corpus/cifar" "$corpus/checkpoint"
+mkdir -p "$corpus/mnist" "$corpus/cifar" "$corpus/checkpoint" "$corpus/safetensors"
 python3 - "$corpus" <<'PY'
 import gzip, struct, sys
 c = sys.argv[1]
@@ -26,9 +28,19 @@ open(f"{c}/mnist/idx_gz", "wb").write(b"\0\0\0" + gzip.compress(img))
 open(f"{c}/mnist/pair", "wb").write(b"\x01" + struct.pack(">H", len(img)) + img + lbl)
 open(f"{c}/mnist/gunzip", "wb").write(b"\x02\x01\x00" + gzip.compress(b"hello" * 20))
 open(f"{c}/cifar/record", "wb").write(b"\x03" + bytes(3072))
+def safetensors(header, data):
+    text = header.encode()
+    return struct.pack("<Q", len(text)) + text + data
+open(f"{c}/safetensors/tensors", "wb").write(safetensors(
+    '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},'
+    '"n":{"dtype":"I64","shape":[],"data_offsets":[16,24]},'
+    '"h":{"dtype":"F16","shape":[3],"data_offsets":[24,30]},'
+    '"b":{"dtype":"BF16","shape":[1],"data_offsets":[30,32]},'
+    '"e":{"dtype":"F64","shape":[0,4],"data_offsets":[32,32]}}', bytes(range(32))))
+open(f"{c}/safetensors/empty", "wb").write(safetensors("{}", b""))
 PY
 status=0
-for target in mnist cifar checkpoint; do
+for target in mnist cifar checkpoint safetensors; do
   echo "== ${target}_fuzz for ${seconds}s"
   mkdir -p "$build/fuzz-artifacts/$target"
   if ! "$build/tests/fuzz/${target}_fuzz" "$corpus/$target" -max_total_time="$seconds" \

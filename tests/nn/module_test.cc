@@ -321,7 +321,7 @@ TEST(LayersTest, BatchNorm2dTrainUsesBatchStatsEvalUsesRunning) {
   BatchNorm2d bn(3);
   EXPECT_EQ(Names(bn->named_parameters()), (std::vector<std::string>{"weight", "bias"}));
   EXPECT_EQ(Names(bn->named_buffers()),
-            (std::vector<std::string>{"running_mean", "running_var"}));
+            (std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"}));
   const int64_t n = 4, c = 3, hw = 5;
   Tensor x = randn({n, c, hw, 1}) * 3.0 + 1.0;
   const std::vector<float> xv = x.to_vector<float>();

@@ -117,6 +117,7 @@ ncclDataType_t NcclType(nn::DType dtype) {
     case nn::DType::kBFloat16: return ncclBfloat16;
     case nn::DType::kInt64: return ncclInt64;
     case nn::DType::kUInt8: return ncclUint8;
+    case nn::DType::kFloat16: return ncclFloat16;
   }
   Fail("NCCL: unsupported dtype");
 }

@@ -421,5 +421,54 @@ TEST_F(CheckpointErrorTest, MissingPartsAndBadSaves) {
   EXPECT_FALSE(std::filesystem::exists(TempPath("bad.ckpt")));
 }
 
+// Checkpoints written before BatchNorm2d kept PyTorch's num_batches_tracked
+// lack that entry: they still load (strictly otherwise), with the count at 0.
+TEST_F(CheckpointErrorTest, ModelWithoutBatchNormCountsLoads) {
+  const std::string path = TempPath("no-batch-count.ckpt");
+  std::vector<float> running_mean;
+  auto saved = spawn(
+      [&](Context& ctx) {
+        nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
+        net(nn::randn({2, 1, 3, 3}));
+        running_mean = net->state_dict()[4].second.to_vector<float>();
+        int64_t step = 1;
+        return SaveTrainingCheckpoint(ctx, path, {.model = net.get(), .step = &step});
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(saved.ok()) << saved;
+  absl::StatusOr<nn::Checkpoint> ck = nn::LoadCheckpoint(path);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_EQ(ck->tensors.erase("model.1.num_batches_tracked"), 1u);
+  ASSERT_TRUE(nn::SaveCheckpoint(path, *ck).ok());
+  auto loaded = spawn(
+      [&](Context& ctx) {
+        nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
+        auto* bn = static_cast<nn::BatchNorm2dImpl*>((*net)[1].get());
+        bn->num_batches_tracked.fill_(5);
+        int64_t step = 0;
+        TrainingState state{.model = net.get(), .step = &step};
+        const absl::Status s = LoadTrainingCheckpoint(ctx, path, state);
+        EXPECT_EQ(bn->running_mean.to_vector<float>(), running_mean);
+        EXPECT_EQ(bn->num_batches_tracked.item(), 0.0);
+        return s.ToString();
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, std::vector<std::string>{"OK"});
+  // A missing running statistic is still an error naming it.
+  ck->tensors.erase("model.1.running_var");
+  ASSERT_TRUE(nn::SaveCheckpoint(path, *ck).ok());
+  auto broken = spawn(
+      [&](Context& ctx) {
+        nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
+        int64_t step = 0;
+        TrainingState state{.model = net.get(), .step = &step};
+        return LoadTrainingCheckpoint(ctx, path, state).ToString();
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  EXPECT_TRUE(Contains((*broken)[0], "missing key '1.running_var'")) << (*broken)[0];
+}
+
 }  // namespace
 }  // namespace tandem::dist
