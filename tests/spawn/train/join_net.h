@@ -88,7 +88,7 @@ JoinRun TrainUneven(Context& ctx, int world, bool one_rank, bool sync) {
     }
   }
   run.params = Flat(net.parameters());
-  run.buffers = Flat(net.buffers());
+  run.buffers = Flat(RunningStatistics(net));
   return run;
 }
 

@@ -54,6 +54,16 @@ inline Tensor Flat(const std::vector<Tensor>& tensors) {
   return nn::from_vector(out, {static_cast<int64_t>(out.size())}, {.device = nn::Device::CPU()});
 }
 
+// The running statistics: the floating-point buffers (num_batches_tracked, an
+// int64 count, would enter the comparisons' scale).
+inline std::vector<Tensor> RunningStatistics(const nn::Module& net) {
+  std::vector<Tensor> out;
+  for (const Tensor& b : net.buffers()) {
+    if (nn::IsFloatingPoint(b.dtype())) out.push_back(b);
+  }
+  return out;
+}
+
 // `steps` of SGD (lr 0.1) through DataParallel; rank r takes rows [r*B, (r+1)*B)
 // of each step's global batch of world*B. sync: ConvertSyncBatchNorm first.
 inline BnRun TrainBn(Context& ctx, int64_t per_rank, int steps, bool sync) {
@@ -82,7 +92,7 @@ inline BnRun TrainBn(Context& ctx, int64_t per_rank, int steps, bool sync) {
     }
   }
   run.params = Flat(net.parameters());
-  run.buffers = Flat(net.buffers());
+  run.buffers = Flat(RunningStatistics(net));
   return run;
 }
 
