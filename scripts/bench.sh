@@ -47,6 +47,9 @@ Suites:
            (nn_blas_threads_bench; ARGS go to it)
   trace    Google Benchmark: the per-step cost of trace spans and summary scalars
            (spawn_trace_bench; ARGS added to --benchmark_repetitions=5)
+  resnet   ResNet training steps on the CPU vs PyTorch eager, interleaved runs
+           (resnet_step_bench, bench/resnet_step_bench.py; ARGS: [MODEL] [BATCH]
+           [THREADS] [RUNS] [WARMUP] [STEPS], default resnet18_cifar 32 2 5 2 5)
 EOF
 }
 
@@ -239,8 +242,15 @@ suite_trace() {
   "$build/bench/spawn_trace_bench" --benchmark_repetitions=5 "$@"
 }
 
+suite_resnet() {
+  build_targets resnet_step_bench
+  header
+  bench/resnet_step_bench.sh "$build" "$@"
+}
+
 case "$suite" in
-  steps | mnist | comm | comm_ab | mpi | ddp | observe | ops | blas | trace) "suite_$suite" "$@" ;;
+  steps | mnist | comm | comm_ab | mpi | ddp | observe | ops | blas | trace | resnet)
+    "suite_$suite" "$@" ;;
   *)
     echo "bench.sh: unknown suite '$suite'" >&2
     usage >&2

@@ -28,7 +28,7 @@ struct Regressor : nn::Module {
 
 // The user's training function: one global batch of 32 per step, drawn alike
 // on every rank; each rank trains on its part. `bug_on_ranks`: with several
-// ranks, the first step's update is skipped (a deliberate bug).
+// ranks, step 2's update is skipped (a deliberate bug).
 absl::Status Train(dist::Context& ctx, tt::StepLog& log, bool bug_on_ranks) {
   Regressor net;
   dist::DataParallel dp(net, ctx);

@@ -2,9 +2,9 @@
 # ResNet training-step time on the CPU, tandem against PyTorch eager, runs
 # interleaved (tandem, torch, tandem, ...) so that both see the same load:
 #
-#   tests/apps/resnet_step_bench.sh BUILD_DIR [MODEL] [BATCH] [THREADS] [RUNS] [WARMUP] [STEPS]
+#   bench/resnet_step_bench.sh BUILD_DIR [MODEL] [BATCH] [THREADS] [RUNS] [WARMUP] [STEPS]
 #
-# Defaults: resnet18_cifar, batch 32, 2 threads, 5 runs of 2 warm-up + 5 timed
+# scripts/bench.sh resnet builds the binary and runs this. Defaults: resnet18_cifar, batch 32, 2 threads, 5 runs of 2 warm-up + 5 timed
 # steps. Prints every run's line, then the median over the runs of each side's
 # per-run median step time and the ratio torch / tandem.
 set -euo pipefail
@@ -12,9 +12,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:?usage: resnet_step_bench.sh BUILD_DIR [MODEL] [BATCH] [THREADS] [RUNS] [WARMUP] [STEPS]}"
 model="${2:-resnet18_cifar}" batch="${3:-32}" threads="${4:-2}" runs="${5:-5}"
 warmup="${6:-2}" steps="${7:-5}"
-source "$here/../../scripts/torch_python.sh" torchvision
+source "$here/../scripts/torch_python.sh" torchvision
 if [ -z "$python" ]; then echo "no Python with torch and torchvision" >&2; exit 1; fi
-bench="$build/tests/apps/resnet_step_bench"
+bench="$build/bench/resnet_step_bench"
 lines=()
 for run in $(seq "$runs"); do
   lines+=("$("$bench" "$model" "$batch" "$threads" "$warmup" "$steps")")

@@ -1,5 +1,5 @@
 // resnet_step_bench: the per-step time of a ResNet training step on the CPU, the
-// tandem half of tests/apps/resnet_step_bench.sh (resnet_step_bench.py is the
+// tandem half of bench/resnet_step_bench.sh (resnet_step_bench.py is the
 // PyTorch half; the script interleaves them).
 //
 //   resnet_step_bench MODEL BATCH THREADS WARMUP STEPS

@@ -1,4 +1,4 @@
-"""The PyTorch eager half of tests/apps/resnet_step_bench.sh: the per-step time of
+"""The PyTorch eager half of bench/resnet_step_bench.sh: the per-step time of
 torchvision's ResNet-18 / ResNet-50 with the CIFAR stem (conv1 3x3 stride 1, no
 max-pool), 10 classes, on the CPU, as resnet_step_bench.cc times tandem's.
 
