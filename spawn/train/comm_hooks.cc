@@ -45,14 +45,24 @@ CommHook AllReduceHook() {
   };
 }
 
-CommHook Bf16CompressHook() {
-  return [](GradBucket& bucket) {
+namespace {
+
+// The bucket cast to `dtype`, summed over the ranks; DataParallel casts the
+// sum back to the bucket's dtype and divides it.
+CommHook CompressHook(nn::DType dtype) {
+  return [dtype](GradBucket& bucket) {
     nn::NoGradGuard no_grad;
-    nn::Tensor half = bucket.buffer.to(nn::kBFloat16);
+    nn::Tensor half = bucket.buffer.to(dtype);
     std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
     return BucketReduction{.work = std::move(work), .result = std::move(half)};
   };
 }
+
+}  // namespace
+
+CommHook Bf16CompressHook() { return CompressHook(nn::kBFloat16); }
+
+CommHook Fp16CompressHook() { return CompressHook(nn::kFloat16); }
 
 namespace internal {
 
