@@ -34,7 +34,7 @@
 //                      gradients can be that large (unscaled losses summed over
 //                      large batches). At the other end, magnitudes below
 //                      2^-14 (6.1e-5) keep less precision (subnormal, steps of
-//                      2^-24) and below 2^-25 (3e-8) become zero.
+//                      2^-24) and those up to 2^-25 (3e-8) become zero.
 //
 // Errors: a hook that returns no Work, or a result of the wrong size, dtype or
 // device, throws tandem::Error naming the bucket and both sizes or dtypes, on
