@@ -409,10 +409,11 @@ void BuildModelAndData(ClassifierRun& run,
   if (!flags.init_from.empty()) {
     dist::ThrowIfError(nn::LoadSafetensors(flags.init_from, *run.model).status(), "--init_from: ");
   }
+  dist::CommHook comm_hook;  // empty: DataParallel's own all-reduce
+  if (flags.comm_hook == "bf16") comm_hook = dist::Bf16CompressHook();
+  if (flags.comm_hook == "fp16") comm_hook = dist::Fp16CompressHook();
   run.dp.emplace(*run.model, run.ctx,
-                 dist::DataParallelOptions{
-                     .comm_hook = flags.comm_hook == "bf16" ? dist::Bf16CompressHook()
-                                                            : dist::CommHook()});
+                 dist::DataParallelOptions{.comm_hook = std::move(comm_hook)});
   if (flags.zero) {
     run.zero.emplace(*run.dp, [name = flags.optimizer, lr = flags.lr](std::vector<nn::Tensor> p) {
       return MakeOptimizer(name, std::move(p), lr);

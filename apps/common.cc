@@ -131,9 +131,11 @@ ABSL_FLAG(int, grad_accum_steps, 1,
           "so K micro-batches of B step like one batch of K*B. Steps, the learning-rate "
           "schedule and checkpoints count optimizer steps.");
 ABSL_FLAG(std::string, comm_hook, "allreduce",
-          "How DataParallel reduces each gradient bucket: allreduce (float32 all-reduce) or "
+          "How DataParallel reduces each gradient bucket: allreduce (float32 all-reduce), "
           "bf16 (dist::Bf16CompressHook: the bucket travels as bfloat16, half the bytes; the "
-          "in-process and MPI paths add in float32, NCCL in bfloat16).");
+          "in-process and MPI paths add in float32, NCCL in bfloat16) or fp16 "
+          "(dist::Fp16CompressHook: likewise as float16, finer than bfloat16 but gradients or "
+          "sums of 65520 or more become infinite).");
 ABSL_FLAG(bool, zero, false,
           "Shard the optimizer state over the ranks (dist::ZeroRedundancyOptimizer, ZeRO-1): "
           "each rank keeps 1/N of it, gradients are reduce-scattered during backward and the "
@@ -356,9 +358,9 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
                                       ": only the classifier programs (train_mnist, "
                                       "train_cifar10) take these"));
   }
-  if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16") {
+  if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16" && flags.comm_hook != "fp16") {
     FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
-                                      "\": unknown hook (allreduce, bf16)"));
+                                      "\": unknown hook (allreduce, bf16, fp16)"));
   }
   if (flags.zero && flags.comm_hook != "allreduce") {
     FlagErrorExit(flags, absl::StrCat("--zero with --comm_hook ", flags.comm_hook,

@@ -45,14 +45,24 @@ CommHook AllReduceHook() {
   };
 }
 
-CommHook Bf16CompressHook() {
-  return [](GradBucket& bucket) {
+namespace {
+
+// The bucket cast to `dtype`, summed over the ranks; DataParallel casts the
+// sum back to the bucket's dtype and divides it.
+CommHook CompressHook(nn::DType dtype) {
+  return [dtype](GradBucket& bucket) {
     nn::NoGradGuard no_grad;
-    nn::Tensor half = bucket.buffer.to(nn::kBFloat16);
+    nn::Tensor half = bucket.buffer.to(dtype);
     std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
     return BucketReduction{.work = std::move(work), .result = std::move(half)};
   };
 }
+
+}  // namespace
+
+CommHook Bf16CompressHook() { return CompressHook(nn::kBFloat16); }
+
+CommHook Fp16CompressHook() { return CompressHook(nn::kFloat16); }
 
 namespace internal {
 
@@ -71,7 +81,9 @@ std::shared_ptr<Work> LaunchCommHook(const CommHook& hook, GradBucket& bucket,
                  bucket.index, ": the hook's result ", r.result.ToString(), " has ",
                  r.result.numel(), " elements, the bucket range [", r.begin, ", ", end, ") ",
                  end - r.begin);
-    TANDEM_CHECK(nn::IsFloating(r.result.dtype()), "DataParallel comm_hook: bucket ",
+    // float16 is a storage dtype, not among IsFloating's, but copy_ converts it.
+    const bool floating = nn::IsFloating(r.result.dtype()) || r.result.dtype() == nn::kFloat16;
+    TANDEM_CHECK(floating, "DataParallel comm_hook: bucket ",
                  bucket.index, ": the hook's result is ", nn::DTypeName(r.result.dtype()),
                  "; a gradient reduction must be floating (the bucket is ",
                  nn::DTypeName(bucket.buffer.dtype()), ")");

@@ -22,13 +22,26 @@
 //                      float32 and round the sum once, so only the wire is
 //                      compressed (the inputs and the sum are rounded to
 //                      bfloat16); NCCL adds in bfloat16.
+//   Fp16CompressHook   the same with IEEE float16 (10 mantissa bits against
+//                      bfloat16's 7, so about 8x less rounding error, but a
+//                      range of only +-65504): summed in float32 and rounded
+//                      once in-process and across processes, in float16 by
+//                      NCCL. A gradient element of magnitude 65520 or more,
+//                      or a sum over the ranks that reaches it, becomes +-inf
+//                      (and inf - inf NaN) and the step's gradient with it;
+//                      nothing rescales the bucket (PyTorch's fp16_compress_hook
+//                      has the same limit). Use bf16 or allreduce where
+//                      gradients can be that large (unscaled losses summed over
+//                      large batches). At the other end, magnitudes below
+//                      2^-14 (6.1e-5) keep less precision (subnormal, steps of
+//                      2^-24) and those up to 2^-25 (3e-8) become zero.
 //
 // Errors: a hook that returns no Work, or a result of the wrong size, dtype or
 // device, throws tandem::Error naming the bucket and both sizes or dtypes, on
 // the backward pass that launched it (the first one: before the first
 // optimizer step), on every rank that runs the same hook.
 //
-// CUDA graphs: a hook that allocates (Bf16CompressHook's casts) runs under
+// CUDA graphs: a hook that allocates (the compress hooks' casts) runs under
 // capture only where its collective can be captured (NCCL); the in-process
 // communicator cannot be captured at all (communicator.h).
 //
@@ -80,6 +93,7 @@ using CommHook = std::function<BucketReduction(GradBucket& bucket)>;
 
 CommHook AllReduceHook();
 CommHook Bf16CompressHook();
+CommHook Fp16CompressHook();
 
 namespace internal {
 

@@ -104,9 +104,9 @@ void ReduceSlice(const PtrList& in, const MutPtrList& out, int64_t begin, int64_
   if (device.is_cuda()) {
     // Checked here, not only in the kernel launch, so a rank with an empty slice rejects it too.
     TANDEM_CHECK(dtype == nn::kFloat32 || dtype == nn::kFloat64 || dtype == nn::kBFloat16 ||
-                     dtype == nn::kInt64,
+                     dtype == nn::kFloat16 || dtype == nn::kInt64,
                  name, " on ", device.ToString(), ": dtype ", nn::DTypeName(dtype),
-                 " is not supported (float32, float64, bfloat16, int64)");
+                 " is not supported (float32, float64, bfloat16, float16, int64)");
     if (begin >= end) return;
     internal::ReduceSliceCuda(std::vector<const void*>(in.begin(), in.end()),
                               std::vector<void*>(out.begin(), out.end()), begin, end, dtype,
@@ -119,7 +119,7 @@ void ReduceSlice(const PtrList& in, const MutPtrList& out, int64_t begin, int64_
       internal::ReduceCpu(in.data(), static_cast<int>(in.size()), out.data(),
                           static_cast<int>(out.size()), begin, end, dtype, static_cast<int>(op));
   TANDEM_CHECK(supported, name, ": dtype ", nn::DTypeName(dtype),
-               " is not supported (float32, float64, bfloat16, int64)");
+               " is not supported (float32, float64, bfloat16, float16, int64)");
 }
 
 void Copy(void* dst, const void* src, int64_t bytes, nn::Device device) {

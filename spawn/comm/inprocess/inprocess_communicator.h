@@ -21,11 +21,11 @@
 // reduce-scatter and an all-gather in one pass (rank r reduces slice r of every
 // buffer and writes it into every buffer; large ones are cut in 64 KB chunks that
 // the ranks claim from a shared counter, so the ranks that run do the work of
-// those that wait for a CPU). float32, float64, bfloat16 (summed in
-// float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
+// those that wait for a CPU). float32, float64, bfloat16 and float16 (summed
+// in float32, rounded once) and int64. CUDA tensors (ranks on one GPU): kernels on
 // the rank's compute stream, ordered against the other ranks' streams with
 // events; the host does not wait for the GPU (float32, float64, int64, and
-// bfloat16 summed in float32 and rounded once, as on the CPU).
+// bfloat16 and float16 summed in float32 and rounded once, as on the CPU).
 //
 // Not capturable in a CUDA graph (nn/graph.h): every collective meets the other
 // ranks on the host. A collective called while nn::CudaGraph captures on the

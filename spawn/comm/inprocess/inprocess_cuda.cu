@@ -1,6 +1,7 @@
 // CUDA side of the in-process communicator: ranks sharing one GPU reduce each
 // other's buffers with a kernel on their own compute stream (see
 // spawn/internal/inprocess_cuda.h for the event protocol).
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -26,8 +27,14 @@ struct Bf16Bits {
   uint16_t bits;
 };
 
-// What an element is combined in: itself, or float32 for bfloat16 (rounded once
-// at the end, to nearest even as nn::BFloat16::FromFloat: the CPU path's bits).
+// float16 in device memory: IEEE binary16 bits (nn::Float16's layout).
+struct F16Bits {
+  uint16_t bits;
+};
+
+// What an element is combined in: itself, or float32 for bfloat16 and float16
+// (rounded once at the end, to nearest even as nn::BFloat16::FromFloat and
+// nn::Float16::FromFloat: the CPU path's bits).
 template <typename T>
 struct Acc {
   using type = T;
@@ -45,6 +52,17 @@ struct Acc<Bf16Bits> {
     }
     u += 0x7fffu + ((u >> 16) & 1u);
     return Bf16Bits{static_cast<uint16_t>(u >> 16)};
+  }
+};
+template <>
+struct Acc<F16Bits> {
+  using type = float;
+  __device__ static float Load(F16Bits v) { return __half2float(__ushort_as_half(v.bits)); }
+  __device__ static F16Bits Store(float f) {
+    // NaN as the host's Float16::FromFloat writes it (CUDA's own is 0x7fff);
+    // otherwise __float2half_rn rounds as the host does (overflow to infinity).
+    if (isnan(f)) return F16Bits{static_cast<uint16_t>(signbit(f) ? 0xfe00u : 0x7e00u)};
+    return F16Bits{__half_as_ushort(__float2half_rn(f))};
   }
 };
 
@@ -124,9 +142,11 @@ void ReduceSliceCuda(const std::vector<const void*>& in, const std::vector<void*
       case nn::DType::kFloat64: Launch<double>(in, out, lo, hi, op, device); break;
       case nn::DType::kInt64: Launch<int64_t>(in, out, lo, hi, op, device); break;
       case nn::DType::kBFloat16: Launch<Bf16Bits>(in, out, lo, hi, op, device); break;
+      case nn::DType::kFloat16: Launch<F16Bits>(in, out, lo, hi, op, device); break;
       default:
         tandem::Fail("in-process collective on ", device.ToString(), ": dtype ",
-                     nn::DTypeName(dtype), " is not supported (float32, float64, bfloat16, int64)");
+                     nn::DTypeName(dtype),
+                     " is not supported (float32, float64, bfloat16, float16, int64)");
     }
   }
 }

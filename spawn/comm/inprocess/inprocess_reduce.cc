@@ -34,6 +34,10 @@ template <>
 struct AccOf<nn::BFloat16> {
   using type = float;
 };
+template <>
+struct AccOf<nn::Float16> {
+  using type = float;
+};
 
 template <typename T>
 inline typename AccOf<T>::type Widen(T v) {
@@ -46,6 +50,14 @@ inline float Widen<nn::BFloat16>(nn::BFloat16 v) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+template <>
+inline float Widen<nn::Float16>(nn::Float16 v) {
+  return nn::Float16::ToFloat(v.bits);
+}
+
+// The one rounding of a float32 accumulator to a 16-bit storage type.
+inline void Narrow(float a, nn::BFloat16* o) { o->bits = nn::BFloat16::FromFloat(a); }
+inline void Narrow(float a, nn::Float16* o) { o->bits = nn::Float16::FromFloat(a); }
 
 template <int kOp, typename A>
 inline A Combine(A acc, A v) {
@@ -136,7 +148,7 @@ void ReduceBlocks(const void* const* in, int n_in, void* const* out, int n_out, 
       if constexpr (std::is_same_v<T, A>) {
         std::memcpy(o, acc, static_cast<size_t>(len) * sizeof(T));
       } else {
-        for (int64_t i = 0; i < len; ++i) o[i].bits = nn::BFloat16::FromFloat(acc[i]);
+        for (int64_t i = 0; i < len; ++i) Narrow(acc[i], &o[i]);
       }
     }
   }
@@ -181,6 +193,9 @@ bool ReduceCpu(const void* const* in, int n_in, void* const* out, int n_out, int
     case nn::DType::kFloat64: ReduceOp<double>(in, n_in, out, n_out, begin, end, op); return true;
     case nn::DType::kBFloat16:
       ReduceOp<nn::BFloat16>(in, n_in, out, n_out, begin, end, op);
+      return true;
+    case nn::DType::kFloat16:
+      ReduceOp<nn::Float16>(in, n_in, out, n_out, begin, end, op);
       return true;
     case nn::DType::kInt64: ReduceOp<int64_t>(in, n_in, out, n_out, begin, end, op); return true;
     default: return false;

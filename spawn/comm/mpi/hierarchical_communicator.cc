@@ -26,19 +26,20 @@ void FoldTyped(const std::vector<const void*>& in, void* out, int64_t n, ReduceO
   }
 }
 
-// bfloat16: added (or compared) in float32 and rounded once, after kAvg's
-// division: the in-process communicator's rule, so only the wire is bfloat16.
-void FoldBf16(const std::vector<const void*>& in, void* out, int64_t n, ReduceOp op,
-              int divisor) {
-  nn::BFloat16* o = static_cast<nn::BFloat16*>(out);
+// bfloat16 and float16 (T: nn::BFloat16, nn::Float16): added (or compared) in
+// float32 and rounded once, after kAvg's division: the in-process
+// communicator's rule, so only the wire is 16-bit.
+template <typename T>
+void Fold16(const std::vector<const void*>& in, void* out, int64_t n, ReduceOp op, int divisor) {
+  T* o = static_cast<T*>(out);
   for (int64_t i = 0; i < n; ++i) {
-    float acc = static_cast<float>(static_cast<const nn::BFloat16*>(in[0])[i]);
+    float acc = static_cast<float>(static_cast<const T*>(in[0])[i]);
     for (size_t k = 1; k < in.size(); ++k) {
-      const float v = static_cast<float>(static_cast<const nn::BFloat16*>(in[k])[i]);
+      const float v = static_cast<float>(static_cast<const T*>(in[k])[i]);
       acc = op == ReduceOp::kMax ? (v > acc ? v : acc) : acc + v;
     }
     if (op == ReduceOp::kAvg && divisor > 0) acc = acc / static_cast<float>(divisor);
-    o[i] = nn::BFloat16(acc);
+    o[i] = T(acc);
   }
 }
 
@@ -48,10 +49,11 @@ void Fold(const std::vector<const void*>& in, void* out, int64_t n, nn::DType dt
     case nn::DType::kFloat32: return FoldTyped<float>(in, out, n, op, divisor);
     case nn::DType::kFloat64: return FoldTyped<double>(in, out, n, op, divisor);
     case nn::DType::kInt64: return FoldTyped<int64_t>(in, out, n, op, divisor);
-    case nn::DType::kBFloat16: return FoldBf16(in, out, n, op, divisor);
+    case nn::DType::kBFloat16: return Fold16<nn::BFloat16>(in, out, n, op, divisor);
+    case nn::DType::kFloat16: return Fold16<nn::Float16>(in, out, n, op, divisor);
     default:
       Fail("cross-process reduction: dtype ", nn::DTypeName(dtype),
-           " is not supported (float32, float64, bfloat16, int64)");
+           " is not supported (float32, float64, bfloat16, float16, int64)");
   }
 }
 
@@ -258,8 +260,10 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
     Fold(inputs, partial_.data(), n, dtype, op == ReduceOp::kMax ? op : ReduceOp::kSum, 0);
     partial = partial_.data();
   }
-  // bfloat16 takes the all-to-all below: MPI has no bfloat16 type to sum.
-  if (processes == 2 && n * es <= kMpiAllReduceMaxBytes && dtype != nn::DType::kBFloat16) {
+  // bfloat16 and float16 take the all-to-all below: MPI has no type to sum
+  // them in float32.
+  if (processes == 2 && n * es <= kMpiAllReduceMaxBytes && dtype != nn::DType::kBFloat16 &&
+      dtype != nn::DType::kFloat16) {
     // Two processes: the cross-process step is one two-operand sum (or max),
     // commutative in IEEE arithmetic, so MPI's own all-reduce cannot change the
     // bits of the tree below (partial_0 + partial_1), and it is faster.

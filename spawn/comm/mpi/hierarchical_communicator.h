@@ -19,10 +19,11 @@
 // x_0 + x_1 + ... + x_{N-1}, the in-process communicator's tree: P processes x 1
 // rank give the same bits as 1 process x P ranks. Every run gives the same bits.
 // kAvg divides the sum by the global world size at the end, as in-process does.
-// bfloat16 (what Bf16CompressHook sends): every fold adds in float32 and rounds
-// once, so the wire carries bfloat16 and the sums lose nothing more; with one
-// rank per process the bits are the in-process communicator's, with several
-// the local partial sum is rounded to bfloat16 before it leaves the process.
+// bfloat16 and float16 (what Bf16CompressHook and Fp16CompressHook send):
+// every fold adds in float32 and rounds once, so the wire carries the 16-bit
+// type and the sums lose nothing more; with one rank per process the bits are
+// the in-process communicator's, with several the local partial sum is rounded
+// to the 16-bit type before it leaves the process.
 //
 // Traffic per process for n bytes: (P-1)/P * n out and in for the all-to-all,
 // the same again for the all-gather: a ring all-reduce's volume.

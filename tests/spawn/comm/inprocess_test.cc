@@ -82,6 +82,11 @@ std::vector<char> Input(nn::DType dtype, int rank, int64_t n, bool for_max) {
         std::memcpy(&bytes[i * 2], &b, 2);
         break;
       }
+      case nn::kFloat16: {  // 1e7 is out of range: +-inf, so inf - inf (NaN) is covered
+        const uint16_t h = nn::Float16(f).bits;
+        std::memcpy(&bytes[i * 2], &h, 2);
+        break;
+      }
       default: {
         const int64_t v = (i * 7919 + rank * 104729) % 2001 - 1000;
         std::memcpy(&bytes[i * 8], &v, 8);
@@ -146,6 +151,13 @@ std::vector<char> Expected(nn::DType dtype, const std::vector<std::vector<char>>
         std::memcpy(&out[i * size], &r, size);
         break;
       }
+      case nn::kFloat16: {
+        float xs[8];  // float16 likewise
+        for (size_t k = 0; k < world; ++k) xs[k] = nn::Float16::ToFloat(At<uint16_t>(inputs[k], j));
+        const uint16_t r = nn::Float16(Fold(xs, world, op)).bits;
+        std::memcpy(&out[i * size], &r, size);
+        break;
+      }
       default: {
         int64_t xs[8];
         for (size_t k = 0; k < world; ++k) xs[k] = At<int64_t>(inputs[k], j);
@@ -187,7 +199,8 @@ class BitExactTest : public ::testing::TestWithParam<std::tuple<int, int64_t>> {
   InProcessGroupOptions options() const { return {.staged_bytes = std::get<1>(GetParam())}; }
 };
 
-constexpr nn::DType kDTypes[] = {nn::kFloat32, nn::kFloat64, nn::kBFloat16, nn::kInt64};
+constexpr nn::DType kDTypes[] = {nn::kFloat32, nn::kFloat64, nn::kBFloat16, nn::kFloat16,
+                                 nn::kInt64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 // 1 element; fewer than the ranks' cache lines; across the loops' 8 KB blocks;
 // odd and not divisible by 2, 3 or 4.

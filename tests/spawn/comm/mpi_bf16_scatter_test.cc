@@ -1,10 +1,11 @@
 // Across processes (run under mpirun; ctest does: label mpi), e.g.
 //   tests/spawn/mpirun.sh -np 2 build-cpu/tests/spawn/comm/spawn_mpi_bf16_scatter_test
-// bfloat16 reductions and reduce_scatter_async through the hierarchical
-// communicator: with one rank per process they give the bits of one process
-// with as many in-process ranks (float32 addition, one rounding); with two
-// ranks per process reduce_scatter_async gives reduce_scatter's bits; and
-// DataParallel with Bf16CompressHook gives the gradients of the in-process run;
+// bfloat16 and float16 reductions and reduce_scatter_async through the
+// hierarchical communicator: with one rank per process they give the bits of
+// one process with as many in-process ranks (float32 addition, one rounding);
+// with two ranks per process reduce_scatter_async gives reduce_scatter's bits;
+// DataParallel with Bf16CompressHook or Fp16CompressHook gives the gradients of
+// the in-process run; and
 // ZeroRedundancyOptimizer across processes gives the unsharded parameters.
 #include <cmath>
 #include <cstdlib>
@@ -54,10 +55,11 @@ Tensor RankData(int rank, int64_t n, nn::DType dtype) {
 
 std::vector<float> AsFloats(const Tensor& t) { return t.to(nn::kFloat32).to_vector<float>(); }
 
-// All-reduce (sum, avg) and in-place reduce_scatter_async of bfloat16 and float32 data.
+// All-reduce (sum, avg) and in-place reduce_scatter_async of bfloat16, float16
+// and float32 data.
 std::vector<std::vector<float>> Collectives(Context& ctx, int64_t per_rank) {
   std::vector<std::vector<float>> out;
-  for (nn::DType dtype : {nn::kBFloat16, nn::kFloat32}) {
+  for (nn::DType dtype : {nn::kBFloat16, nn::kFloat16, nn::kFloat32}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       Tensor x = RankData(ctx.rank(), per_rank * ctx.world_size(), dtype);
       Tensor all = x.clone();
@@ -91,7 +93,7 @@ TEST_F(MpiBf16ScatterTest, ReduceScatterAsyncGivesReduceScattersBitsWithTwoRanks
   auto result = spawn(
       [](Context& ctx) {
         std::vector<std::vector<float>> out;
-        for (nn::DType dtype : {nn::kBFloat16, nn::kFloat32}) {
+        for (nn::DType dtype : {nn::kBFloat16, nn::kFloat16, nn::kFloat32}) {
           const int64_t k = 3000;
           Tensor x = RankData(ctx.rank(), k * ctx.world_size(), dtype);
           out.push_back(AsFloats(ctx.communicator().reduce_scatter(x, ReduceOp::kAvg)));
@@ -105,14 +107,14 @@ TEST_F(MpiBf16ScatterTest, ReduceScatterAsyncGivesReduceScattersBitsWithTwoRanks
   ASSERT_TRUE(result.ok()) << result.status();
   for (const auto& r : *result) {
     testing::ExpectSameBits(r[1], r[0], "bfloat16");
-    testing::ExpectSameBits(r[3], r[2], "float32");
+    testing::ExpectSameBits(r[3], r[2], "float16");
+    testing::ExpectSameBits(r[5], r[4], "float32");
   }
 }
 
-std::vector<float> HookedGrads(Context& ctx) {
+std::vector<float> HookedGrads(Context& ctx, const CommHook& hook) {
   ConvNet net;
-  DataParallel dp(net, ctx,
-                  {.bucket_bytes = 512, .first_bucket_bytes = 256, .comm_hook = Bf16CompressHook()});
+  DataParallel dp(net, ctx, {.bucket_bytes = 512, .first_bucket_bytes = 256, .comm_hook = hook});
   nn::manual_seed(100 + ctx.rank());
   Tensor x = nn::randn({5, 1, 6, 6}), y = nn::randn({5, 2});
   nn::mse_loss(dp(x), y).backward();
@@ -124,10 +126,19 @@ std::vector<float> HookedGrads(Context& ctx) {
 }
 
 TEST_F(MpiBf16ScatterTest, Bf16CompressHookGivesTheInProcessGradients) {
-  auto across = spawn(HookedGrads, 1, "cpu", Options());
-  auto local = spawn(HookedGrads, LaunchedProcesses(), "cpu", Local());
+  auto grads = [](Context& ctx) { return HookedGrads(ctx, Bf16CompressHook()); };
+  auto across = spawn(grads, 1, "cpu", Options());
+  auto local = spawn(grads, LaunchedProcesses(), "cpu", Local());
   ASSERT_TRUE(across.ok() && local.ok()) << across.status() << local.status();
   testing::ExpectSameBits((*across)[0], (*local)[0], "Bf16CompressHook across processes");
+}
+
+TEST_F(MpiBf16ScatterTest, Fp16CompressHookGivesTheInProcessGradients) {
+  auto grads = [](Context& ctx) { return HookedGrads(ctx, Fp16CompressHook()); };
+  auto across = spawn(grads, 1, "cpu", Options());
+  auto local = spawn(grads, LaunchedProcesses(), "cpu", Local());
+  ASSERT_TRUE(across.ok() && local.ok()) << across.status() << local.status();
+  testing::ExpectSameBits((*across)[0], (*local)[0], "Fp16CompressHook across processes");
 }
 
 // Three Adam steps of ConvNet, sharded or not, on a global batch of 12 rows.

@@ -1,13 +1,16 @@
 // DataParallel's comm hooks on CPU ranks: AllReduceHook gives the bits of no
 // hook; a hook that returns a sum is divided by DataParallel; Bf16CompressHook
-// gives exactly bf16(sum_r bf16(g_r)) / N (float32 addition, one rounding);
+// and Fp16CompressHook give exactly h(sum_r h(g_r)) / N (float32 addition, one
+// rounding to the 16-bit type h); float16 overflows to infinity;
 // a hook with a result of the wrong size, dtype or no Work is an error naming it.
 #include <cmath>
 #include <map>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "nn/layers.h"
 #include "nn/ops/loss.h"
+#include "nn/ops/reduce.h"
 #include "nn/random.h"
 #include "spawn/spawn.h"
 #include "spawn/train/comm_hooks.h"
@@ -65,17 +68,20 @@ TEST_P(CommHookTest, SumHookIsDividedByDataParallel) {
   for (int r = 0; r < ranks; ++r) testing::ExpectSameBits((*hooked)[r], (*none)[0], "sum hook");
 }
 
-// Each bucket's local gradients are kept (a hook around Bf16CompressHook),
-// gathered after backward, and the expected result computed on the host.
-TEST_P(CommHookTest, Bf16CompressHookRoundsTheInputsAndTheSumOnly) {
-  const int ranks = GetParam();
-  auto result = spawn(
-      [](Context& ctx) {
+// Each bucket's local gradients are kept (a hook around `compress`, which
+// sends the 16-bit type H), gathered after backward, and the expected result
+// computed on the host: every element exactly H(sum_r H(g_r)) / N, the sum in
+// float32. Returns each rank's worst difference from the float32 mean,
+// relative to the gradients' largest magnitude.
+template <typename H>
+absl::StatusOr<std::vector<double>> CompressedAgainstHost(const CommHook& compress, int ranks,
+                                                          const SpawnOptions& options) {
+  return spawn(
+      [&compress](Context& ctx) {
         std::map<int, Tensor> local;
-        const CommHook bf16 = Bf16CompressHook();
         CommHook keep = [&](GradBucket& b) {
           local[b.index] = b.buffer.clone();
-          return bf16(b);
+          return compress(b);
         };
         ConvNet net;
         DataParallel dp(net, ctx,
@@ -91,15 +97,11 @@ TEST_P(CommHookTest, Bf16CompressHookRoundsTheInputsAndTheSumOnly) {
           const size_t n = got.size();
           for (size_t i = 0; i < n; ++i) {
             float sum = 0;
-            for (int r = 0; r < ctx.world_size(); ++r) {
-              sum += static_cast<float>(nn::BFloat16(all[r * n + i]));
-            }
+            for (int r = 0; r < ctx.world_size(); ++r) sum += static_cast<float>(H(all[r * n + i]));
             // DataParallel's division: Tensor::mul_ by float(1 / N).
-            const float expected = static_cast<float>(nn::BFloat16(sum)) *
-                                   static_cast<float>(1.0 / ctx.world_size());
+            const float expected =
+                static_cast<float>(H(sum)) * static_cast<float>(1.0 / ctx.world_size());
             EXPECT_EQ(got[i], expected) << "bucket " << b << " element " << i;
-            // And against the float32 mean: bf16 rounding (2^-8 relative) of
-            // the inputs and the sum, not more, relative to the gradients' scale.
             double mean = 0;
             for (int r = 0; r < ctx.world_size(); ++r) {
               mean += all[r * n + i];
@@ -111,9 +113,49 @@ TEST_P(CommHookTest, Bf16CompressHookRoundsTheInputsAndTheSumOnly) {
         }
         return err / scale;
       },
+      ranks, "cpu", options);
+}
+
+TEST_P(CommHookTest, Bf16CompressHookRoundsTheInputsAndTheSumOnly) {
+  auto result = CompressedAgainstHost<nn::BFloat16>(Bf16CompressHook(), GetParam(), options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // bf16 rounding (2^-8 relative) of the inputs and the sum, not more.
+  for (double worst : *result) EXPECT_LT(worst, 2.0 / 256);
+}
+
+TEST_P(CommHookTest, Fp16CompressHookRoundsTheInputsAndTheSumOnly) {
+  auto result = CompressedAgainstHost<nn::Float16>(Fp16CompressHook(), GetParam(), options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // float16 rounding (2^-11 relative) of the inputs and the sum, not more.
+  for (double worst : *result) EXPECT_LT(worst, 2.0 / 2048);
+}
+
+// float16's range ends at 65504: a gradient of 1e5 (or a sum that reaches
+// 65520) comes back infinite, the documented limit of Fp16CompressHook; the
+// other elements of the bucket are unaffected.
+TEST_P(CommHookTest, Fp16CompressHookOverflowsToInfinity) {
+  const int ranks = GetParam();
+  auto result = spawn(
+      [](Context& ctx) {
+        nn::Linear net(3, 1);
+        DataParallel dp(*net, ctx, {.comm_hook = Fp16CompressHook()});
+        // d(sum(w x))/dw = sum of x's rows: 1e5 (out of range on every rank),
+        // 4e4 (in range, but 2 ranks sum to 8e4) and 0.5.
+        Tensor x = nn::from_vector<float>({1e5f, 4e4f, 0.5f}, {1, 3});
+        nn::sum(dp(x)).backward();
+        return net->weight.grad().to_vector<float>();
+      },
       ranks, "cpu", options_);
   ASSERT_TRUE(result.ok()) << result.status();
-  for (double worst : *result) EXPECT_LT(worst, 2.0 / 256);
+  for (const std::vector<float>& g : *result) {
+    EXPECT_TRUE(std::isinf(g[0]) && g[0] > 0) << g[0];
+    if (ranks == 1) {
+      EXPECT_EQ(g[1], 40000.0f);
+    } else {
+      EXPECT_TRUE(std::isinf(g[1]) && g[1] > 0) << g[1];
+    }
+    EXPECT_EQ(g[2], 0.5f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CommHookTest, ::testing::Values(1, 2, 3, 4));

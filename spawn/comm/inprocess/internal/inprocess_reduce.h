@@ -3,8 +3,8 @@
 //
 // The reduction order is part of the contract: element i of the result is
 //   ((in[0][i] op in[1][i]) op in[2][i]) op ... op in[n-1][i]
-// evaluated left to right in the element type (bfloat16: in float32, rounded to
-// bfloat16 once at the end), then, for avg, divided by n (integer division for
+// evaluated left to right in the element type (bfloat16 and float16: in
+// float32, rounded to the 16-bit type once at the end), then, for avg, divided by n (integer division for
 // int64). Any split of [begin, end) between threads gives the same bits.
 #ifndef TANDEM_SPAWN_INTERNAL_INPROCESS_REDUCE_H_
 #define TANDEM_SPAWN_INTERNAL_INPROCESS_REDUCE_H_
@@ -21,7 +21,7 @@ namespace tandem::dist::internal {
 // element is read before it is written. Works through [begin, end) in blocks that
 // stay in the L1 cache, so the inputs are read from memory once and each output
 // written once. Returns false (and writes nothing) for a dtype it does not reduce
-// (float32, float64, bfloat16 and int64 are reduced).
+// (float32, float64, bfloat16, float16 and int64 are reduced).
 bool ReduceCpu(const void* const* in, int n_in, void* const* out, int n_out, int64_t begin,
                int64_t end, nn::DType dtype, int op);
 
