@@ -461,6 +461,6 @@ absl::Status RunSpawnWithHooks(absl::string_view gpus, int nprocs, const SpawnOp
 
 #if !TANDEM_WITH_MPI
 namespace tandem::dist {
-void PrepareMpiInit() {}  // spawn/mpi_world.cc: the MPI build's
+void PrepareMpiInit() {}  // spawn/comm/mpi/mpi_transport.cc: the MPI build's
 }  // namespace tandem::dist
 #endif

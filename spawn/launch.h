@@ -138,7 +138,7 @@ struct SpawnOptions {
 
 // MPI settings spawn applies before it initializes MPI itself (tuning of
 // OpenMPI's non-blocking all-reduce for two processes, which tandem's
-// cross-process all_reduce uses; spawn/mpi_world.cc says which, when and why).
+// cross-process all_reduce uses; spawn/comm/mpi/mpi_transport.cc says which, when and why).
 // A program that calls MPI_Init itself before spawn should call this first,
 // before it starts other threads (it may setenv). Values already in the
 // environment are kept. Nothing in a build without MPI.

@@ -12,8 +12,9 @@
 //               first step), after the step's record.
 //   collective  in the rank's collective number `collective` (1 for the first),
 //               counted as spawn's watchdog counts them: every all_reduce,
-//               all_reduce_async, broadcast, all_gather, reduce_scatter and
-//               barrier of the rank's communicator (DataParallel's bucket
+//               all_reduce_async, broadcast, all_gather, all_gather_into,
+//               reduce_scatter, reduce_scatter_async and barrier of the rank's
+//               communicator (DataParallel's bucket
 //               all-reduces and its initial broadcasts included). The fault
 //               fires after the rank entered the collective and before its
 //               communicator runs it.

@@ -13,7 +13,8 @@
 // (they run collectives). Save: every rank's generator state is gathered, rank 0
 // writes the file, and no rank returns before the file is complete (rank 0
 // broadcasts its outcome after the write, which is also the barrier). Load:
-// every rank reads the file and loads it into its own objects; the ranks then
+// every rank loads the file into its own objects (in a job of several processes
+// rank 0 reads it and broadcasts its bytes); the ranks then
 // exchange their outcomes, so either every rank returns OK or every rank
 // returns an error. What is saved comes from rank 0 except the generators
 // (DataParallel keeps the model, optimizer, schedule, sampler position and step

@@ -4,6 +4,9 @@
 //   dist::DataParallel dp(net, ctx, {.comm_hook = dist::Bf16CompressHook()});
 //   loss.backward();   // each bucket: cast to bfloat16, summed, cast back, / world size
 //
+// Inside DataParallel::join() no hook runs: every bucket is all-reduced as a
+// sample-weighted float32 sum (what a joined rank can answer).
+//
 // A hook is called on the backward thread when a bucket's last gradient is
 // final (the same point as the default all-reduce, overlapping the rest of
 // backward), with the bucket's flat buffer holding this rank's local gradients.

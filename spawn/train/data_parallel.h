@@ -105,6 +105,7 @@ struct DataParallelOptions {
   // (bucket index, number of parameters in it): for tests and profiling.
   std::function<void(int bucket, int params)> on_bucket_launch;
   // How each bucket is reduced (spawn/train/comm_hooks.h); empty: all_reduce_async(kAvg).
+  // Not applied inside join(), where buckets are all-reduced as weighted sums.
   CommHook comm_hook;
 };
 

@@ -2,7 +2,7 @@
 // training statistics are those of the global batch, every rank's slice together
 // (PyTorch's SyncBatchNorm / convert_sync_batchnorm, Paddle's SyncBatchNorm).
 //
-//   MobileNetV2 net;                       // nn::BatchNorm2d members
+//   Net net;                               // a module with nn::BatchNorm2d members
 //   dist::ConvertSyncBatchNorm(net);       // every BatchNorm2d now synchronised
 //   dist::DataParallel dp(net, ctx);
 //
