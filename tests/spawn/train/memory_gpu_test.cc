@@ -1,7 +1,8 @@
 // The memory and bandwidth features on GPU ranks against the same runs on CPU
-// ranks: ZeroRedundancyOptimizer (Adam) and Bf16CompressHook on two ranks
-// sharing GPU 0 (the in-process communicator's CUDA kernels, bfloat16 included)
-// and on GPUs 0 and 1 (NCCL: reduce_scatter_async in place, bfloat16 all-reduce).
+// ranks: ZeroRedundancyOptimizer (Adam), Bf16CompressHook and Fp16CompressHook on
+// two ranks sharing GPU 0 (the in-process communicator's CUDA kernels, bfloat16 and
+// float16 included) and on GPUs 0 and 1 (NCCL: reduce_scatter_async in place,
+// bfloat16 and float16 all-reduces).
 // Skipped without a GPU (the NCCL case without two).
 #include <cmath>
 #include <memory>
@@ -22,13 +23,19 @@ namespace {
 
 using nn::Tensor;
 
-enum class Mode { kUnsharded, kZero, kBf16Hook };
+enum class Mode { kUnsharded, kZero, kBf16Hook, kFp16Hook };
+
+CommHook HookOf(Mode mode) {
+  if (mode == Mode::kBf16Hook) return Bf16CompressHook();
+  if (mode == Mode::kFp16Hook) return Fp16CompressHook();
+  return CommHook();
+}
 
 // Three Adam steps of ConvNet on a global batch of 8 rows split over the ranks.
 std::vector<float> Steps(Context& ctx, Mode mode) {
   ConvNet net;
   DataParallel dp(net, ctx, {.bucket_bytes = 400, .first_bucket_bytes = 100,
-                             .comm_hook = mode == Mode::kBf16Hook ? Bf16CompressHook() : CommHook()});
+                             .comm_hook = HookOf(mode)});
   auto make = [](std::vector<Tensor> p) {
     return std::make_unique<optim::Adam>(std::move(p), optim::AdamOptions{.lr = 1e-2});
   };
@@ -77,8 +84,8 @@ class MemoryGpuTest : public ::testing::TestWithParam<const char*> {
   SpawnOptions options_{.seed = 7, .console = &console_};
 };
 
-TEST_P(MemoryGpuTest, ZeroAndBf16HookMatchTheCpuRuns) {
-  for (Mode mode : {Mode::kZero, Mode::kBf16Hook}) {
+TEST_P(MemoryGpuTest, ZeroAndCompressHooksMatchTheCpuRuns) {
+  for (Mode mode : {Mode::kZero, Mode::kBf16Hook, Mode::kFp16Hook}) {
     auto gpu = spawn([&](Context& ctx) { return Steps(ctx, mode); }, 2, GetParam(), options_);
     auto cpu = spawn([&](Context& ctx) { return Steps(ctx, mode); }, 2, "cpu",
                      SpawnOptions{.seed = 7, .console = &console_});
@@ -91,7 +98,7 @@ TEST_P(MemoryGpuTest, ZeroAndBf16HookMatchTheCpuRuns) {
       EXPECT_LE(MaxRelativeError((*gpu)[0], (*unsharded)[0]), 1e-6) << GetParam();
       EXPECT_LE(MaxRelativeError((*gpu)[0], (*cpu)[0]), 1e-5) << GetParam();
     } else {
-      // bfloat16 on the wire: close to the float32 run, and to the CPU's bfloat16 run.
+      // 16 bits on the wire: close to the float32 run, and to the CPU's 16-bit run.
       EXPECT_LE(MaxRelativeError((*gpu)[0], (*unsharded)[0]), 1e-2) << GetParam();
       EXPECT_LE(MaxRelativeError((*gpu)[0], (*cpu)[0]), 1e-2) << GetParam();
     }
