@@ -597,9 +597,14 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
                       absl::StrCat(nn::cpu_blas_threads(), " per rank (float32 GEMM and conv: ",
                                    nn::cpu_conv_backend(), ")"));
   }
-  rows.emplace_back("precision", flags.bf16 ? "bfloat16 autocast (float32 parameters)"
-                                 : flags.deterministic ? "float32"
-                                                       : "float32 (TF32 allowed on CUDA)");
+  // The CPU's bfloat16 GEMMs and convolutions are emulated (converted to float32), so the
+  // run says it will be slower rather than let --bf16 pass for a speed-up there.
+  rows.emplace_back("precision",
+                    flags.bf16 ? (cpu ? "bfloat16 autocast (float32 parameters), emulated on the "
+                                        "CPU: slower than float32"
+                                      : "bfloat16 autocast (float32 parameters)")
+                    : flags.deterministic ? "float32"
+                                          : "float32 (TF32 allowed on CUDA)");
   if (!flags.log_dir.empty()) rows.emplace_back("log dir", flags.log_dir);
   if (!flags.checkpoint_dir.empty()) {
     rows.emplace_back("checkpoint dir", absl::StrCat(flags.checkpoint_dir,
