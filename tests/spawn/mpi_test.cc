@@ -20,35 +20,17 @@
 #include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
+#include "tests/spawn/mpi_fixture.h"
 #include "tests/gpu_test_util.h"
 #include "tests/spawn/train/dp_models.h"
 
 namespace tandem::dist {
 namespace {
 
-int LaunchedProcesses() {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return size != nullptr ? std::atoi(size) : 1;
-}
+using testing::LaunchedIndex;
+using testing::LaunchedProcesses;
 
-int LaunchedIndex() {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  return rank != nullptr ? std::atoi(rank) : 0;
-}
-
-class MpiTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (LaunchedProcesses() < 2) GTEST_SKIP() << "not started by mpirun with -np >= 2";
-  }
-  SpawnOptions Options() { return {.timeout_s = 60, .seed = 7, .console = &console_}; }
-  SpawnOptions Local() {
-    SpawnOptions o = Options();
-    o.processes = Processes::kOff;
-    return o;
-  }
-  std::ostringstream console_;
-};
+class MpiTest : public testing::MpiFixture {};
 
 // Deterministic per-rank data: value depends on the global rank and the index,
 // with magnitudes that make the summation order visible in float32.

@@ -15,6 +15,7 @@
 #include "nn/ops/loss.h"
 #include "nn/random.h"
 #include "spawn/spawn.h"
+#include "tests/spawn/mpi_fixture.h"
 #include "optim/adam.h"
 #include "spawn/train/comm_hooks.h"
 #include "spawn/train/zero_redundancy_optimizer.h"
@@ -24,26 +25,11 @@
 namespace tandem::dist {
 namespace {
 
+using testing::LaunchedProcesses;
+
 using nn::Tensor;
 
-int LaunchedProcesses() {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return size != nullptr ? std::atoi(size) : 1;
-}
-
-class MpiBf16ScatterTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (LaunchedProcesses() < 2) GTEST_SKIP() << "not started by mpirun with -np >= 2";
-  }
-  SpawnOptions Options() { return {.timeout_s = 60, .seed = 7, .console = &console_}; }
-  SpawnOptions Local() {
-    SpawnOptions o = Options();
-    o.processes = Processes::kOff;
-    return o;
-  }
-  std::ostringstream console_;
-};
+class MpiBf16ScatterTest : public testing::MpiFixture {};
 
 Tensor RankData(int rank, int64_t n, nn::DType dtype) {
   std::vector<double> v(static_cast<size_t>(n));

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "spawn/spawn.h"
+#include "tests/spawn/mpi_fixture.h"
 #include "tests/spawn/train/join_net.h"
 #include "tests/spawn/train/sync_bn_net.h"
 #include "tests/test_util.h"
@@ -16,24 +17,9 @@
 namespace tandem::dist {
 namespace {
 
-int LaunchedProcesses() {
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  return size != nullptr ? std::atoi(size) : 1;
-}
+using testing::LaunchedProcesses;
 
-class SyncBatchNormMpiTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (LaunchedProcesses() < 2) GTEST_SKIP() << "not started by mpirun with -np >= 2";
-  }
-  SpawnOptions Options() { return {.timeout_s = 60, .seed = 7, .console = &console_}; }
-  SpawnOptions Local() {
-    SpawnOptions o = Options();
-    o.processes = Processes::kOff;
-    return o;
-  }
-  std::ostringstream console_;
-};
+class SyncBatchNormMpiTest : public testing::MpiFixture {};
 
 TEST_F(SyncBatchNormMpiTest, OneRankPerProcessHasTheInProcessBits) {
   const int world = LaunchedProcesses();
