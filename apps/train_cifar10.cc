@@ -125,30 +125,9 @@ std::optional<ModelChoice> ChooseModel(const std::string& name) {
   return std::nullopt;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  apps::RunFlags flags = apps::ParseFlagsOrExit(
-      argc, argv,
-      "Trains an image classifier on CIFAR-10 (32x32 colour photos of 10 classes: "
-      "airplanes, cars, birds, cats, ...): a small convolutional network (--model=convnet: "
-      "three 3x3 convolutions, two fully connected layers), MobileNetV2 as torchvision "
-      "builds it (--model=mobilenet_v2) or ResNet-18 (--model=resnet18, CIFAR stem). It "
-      "reads the CIFAR-10 binary files from "
-      "--data_dir; without them it trains on a generated CIFAR-shaped dataset and labels "
-      "every report synthetic. Training is data-parallel: every rank holds the same model, "
-      "trains on its share of each batch, and the ranks average their gradients; one rank "
-      "per visible GPU, else CPU ranks (--gpus, --nprocs), and several hosts when mpirun or "
-      "srun starts it as several processes. After each epoch it prints the test accuracy, "
-      "at the end a summary.\n\n"
-      "Usage: train_cifar10 [--flag=value ...]\n"
-      "  train_cifar10 --data_dir=/data/cifar-10-batches-bin --epochs=2");
-  flags.epochs = absl::GetFlag(FLAGS_epochs);
-  flags.batch_size = absl::GetFlag(FLAGS_batch_size);
-  flags.lr = absl::GetFlag(FLAGS_lr);
-  flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
-  flags.optimizer = absl::GetFlag(FLAGS_optimizer);
-  flags.data_dir = absl::GetFlag(FLAGS_data_dir);
+// --model and --sync_bn: the model factory (converted to SyncBatchNorm when asked)
+// and its line in the environment table; a bad choice exits 2.
+ModelChoice ChooseModelOrExit(apps::RunFlags& flags) {
   const std::string model = absl::GetFlag(FLAGS_model);
   const std::optional<ModelChoice> choice = ChooseModel(model);
   if (!choice) {
@@ -163,14 +142,19 @@ int main(int argc, char** argv) {
                                             "and resnet18 have)"));
   }
   flags.program_agreed.emplace_back("--sync_bn", sync_bn ? "true" : "false");
-  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
-                               .rank_per_core = true});
-  const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
-  const int64_t synthetic_test = absl::GetFlag(FLAGS_synthetic_test_size);
-  if (synthetic_train < 1 || synthetic_test < 1) {
-    apps::FlagErrorExit(flags, "--synthetic_train_size and --synthetic_test_size must be >= 1");
-  }
+  if (!sync_bn) return *choice;
+  return ModelChoice{[make = choice->make] {
+                       std::shared_ptr<nn::Module> net = make();
+                       ::tandem::dist::ConvertSyncBatchNorm(*net);
+                       return net;
+                     },
+                     choice->description + "; SyncBatchNorm over the ranks", true};
+}
 
+// CIFAR-10 from --data_dir, else (no folder, or unusable files: said on stderr) a
+// generated CIFAR-shaped dataset labelled synthetic.
+apps::ClassifierData LoadDataOrSynthetic(const apps::RunFlags& flags, int64_t synthetic_train,
+                                         int64_t synthetic_test) {
   apps::ClassifierData set;
   std::string why_synthetic;
   if (flags.data_dir.empty()) {
@@ -198,14 +182,45 @@ int main(int argc, char** argv) {
     set.batch_transform = Standardise(1.0);
     set.name = "CIFAR-10 (synthetic)";
   }
+  return set;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  apps::RunFlags flags = apps::ParseFlagsOrExit(
+      argc, argv,
+      "Trains an image classifier on CIFAR-10 (32x32 colour photos of 10 classes: "
+      "airplanes, cars, birds, cats, ...): a small convolutional network (--model=convnet: "
+      "three 3x3 convolutions, two fully connected layers), MobileNetV2 as torchvision "
+      "builds it (--model=mobilenet_v2) or ResNet-18 (--model=resnet18, CIFAR stem). It "
+      "reads the CIFAR-10 binary files from "
+      "--data_dir; without them it trains on a generated CIFAR-shaped dataset and labels "
+      "every report synthetic. Training is data-parallel: every rank holds the same model, "
+      "trains on its share of each batch, and the ranks average their gradients; one rank "
+      "per visible GPU, else CPU ranks (--gpus, --nprocs), and several hosts when mpirun or "
+      "srun starts it as several processes. After each epoch it prints the test accuracy, "
+      "at the end a summary.\n\n"
+      "Usage: train_cifar10 [--flag=value ...]\n"
+      "  train_cifar10 --data_dir=/data/cifar-10-batches-bin --epochs=2");
+  flags.epochs = absl::GetFlag(FLAGS_epochs);
+  flags.batch_size = absl::GetFlag(FLAGS_batch_size);
+  flags.lr = absl::GetFlag(FLAGS_lr);
+  flags.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
+  flags.optimizer = absl::GetFlag(FLAGS_optimizer);
+  flags.data_dir = absl::GetFlag(FLAGS_data_dir);
+  const ModelChoice choice = ChooseModelOrExit(flags);
+  apps::ValidateOrExit(flags, {.data_dir = apps::Validation::DataDir::kOptional,
+                               .rank_per_core = true});
+  const int64_t synthetic_train = absl::GetFlag(FLAGS_synthetic_train_size);
+  const int64_t synthetic_test = absl::GetFlag(FLAGS_synthetic_test_size);
+  if (synthetic_train < 1 || synthetic_test < 1) {
+    apps::FlagErrorExit(flags, "--synthetic_train_size and --synthetic_test_size must be >= 1");
+  }
+
+  const apps::ClassifierData set = LoadDataOrSynthetic(flags, synthetic_train, synthetic_test);
   return apps::RunClassifier(
-      flags, set,
-      sync_bn ? std::function<std::shared_ptr<nn::Module>()>([make = choice->make] {
-        std::shared_ptr<nn::Module> net = make();
-        ::tandem::dist::ConvertSyncBatchNorm(*net);
-        return net;
-      })
-              : choice->make,
+      flags, set, choice.make,
       {absl::StrCat("data dir=", flags.data_dir.empty() ? "(none)" : flags.data_dir),
-       choice->description + std::string(sync_bn ? "; SyncBatchNorm over the ranks" : "")});
+       choice.description});
 }

@@ -52,7 +52,7 @@ TEST(FaultsTest, HangAtAStepIsEndedByTheWatchdogWithinTheTimeoutNamingTheRank) {
 }
 
 // A hang inside a collective: the rank entered it and stays there, its peer
-// waits in it too. (DataParallel's constructor issues 6 collectives for this
+// waits in it too. (DataParallel's constructor makes 6 collectives for this
 // model; collective 8 is step 1's gradient all-reduce.)
 TEST(FaultsTest, HangInACollectiveIsEndedByTheWatchdog) {
   RunReport report;
