@@ -81,9 +81,8 @@ std::shared_ptr<Work> LaunchCommHook(const CommHook& hook, GradBucket& bucket,
                  bucket.index, ": the hook's result ", r.result.ToString(), " has ",
                  r.result.numel(), " elements, the bucket range [", r.begin, ", ", end, ") ",
                  end - r.begin);
-    // float16 is a storage dtype, not among IsFloating's, but copy_ converts it.
-    const bool floating = nn::IsFloating(r.result.dtype()) || r.result.dtype() == nn::kFloat16;
-    TANDEM_CHECK(floating, "DataParallel comm_hook: bucket ",
+    // float16 (a storage dtype) counts: copy_ converts it.
+    TANDEM_CHECK(nn::IsFloatingPoint(r.result.dtype()), "DataParallel comm_hook: bucket ",
                  bucket.index, ": the hook's result is ", nn::DTypeName(r.result.dtype()),
                  "; a gradient reduction must be floating (the bucket is ",
                  nn::DTypeName(bucket.buffer.dtype()), ")");
