@@ -36,6 +36,19 @@ void MoveInPlace(const Tensor& t, Device device) {
   if (grad.defined()) t.set_grad(grad.detach().to(device));
 }
 
+// Points `t`'s TensorImpl at a copy of its data converted to `dtype`.
+void ConvertInPlace(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype || !IsFloatingPoint(t.dtype())) return;
+  NoGradGuard no_grad;
+  Tensor converted = t.detach().to(dtype);
+  Tensor grad = t.grad();
+  if (grad.defined()) t.set_grad(Tensor());  // set_grad checks the dtype against t's
+  t.impl()->storage = converted.storage();
+  t.impl()->offset = converted.storage_offset();
+  t.impl()->dtype = dtype;
+  if (grad.defined()) t.set_grad(grad.detach().to(dtype));
+}
+
 }  // namespace
 
 Tensor Module::forward(const Tensor&) {
@@ -147,6 +160,13 @@ void Module::train(bool on) {
 void Module::to(Device device) {
   for (const Tensor& p : parameters()) MoveInPlace(p, device);
   for (const Tensor& b : buffers()) MoveInPlace(b, device);
+}
+
+void Module::to(DType dtype) {
+  TANDEM_CHECK(IsFloatingPoint(dtype), type_name(), ".to(", DTypeName(dtype),
+               "): a module converts to a floating-point dtype only");
+  for (const Tensor& p : parameters()) ConvertInPlace(p, dtype);
+  for (const Tensor& b : buffers()) ConvertInPlace(b, dtype);
 }
 
 void Module::zero_grad() {

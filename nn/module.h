@@ -106,6 +106,12 @@ class Module {
   // afterwards. Enqueued on the thread's stream for CUDA. A parameter that shared
   // storage with a tensor outside the module no longer does after a move.
   void to(Device device);
+  // Converts every floating-point parameter and buffer (and existing gradient) to
+  // the floating-point `dtype` IN PLACE, as to(Device) does (PyTorch's
+  // module.double() / .to(dtype)); integer buffers such as BatchNorm2d's
+  // num_batches_tracked stay as they are. For a float64 copy of a model to check
+  // a float32 run against. Convert before making an optimizer over the parameters.
+  void to(DType dtype);
   // Drops every parameter's gradient (grad() becomes undefined).
   void zero_grad();
 

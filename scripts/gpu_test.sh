@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU checks ON THE GPU MACHINE, from the repository root, with the
-# build-gpu made elsewhere by scripts/gpu_bundle.sh carried along:
+# build-gpu made elsewhere by scripts/gpu_bundle.sh carried along (as build-gpu,
+# or as its archive build-carry/gpu.tar.xz, unpacked here when build-gpu is absent):
 #
 #   scripts/gpu_test.sh
 #
@@ -30,6 +31,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd -P)"
 build="$root/build-gpu"
+# gpu_bundle.sh's archive, when build-gpu itself was not carried.
+if [ ! -d "$build" ] && [ -f "$root/build-carry/gpu.tar.xz" ]; then
+  tar -xJf "$root/build-carry/gpu.tar.xz" -C "$root"
+fi
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   exec > >(tee -a "$OUT/gpu_test.log") 2>&1

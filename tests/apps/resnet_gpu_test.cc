@@ -1,14 +1,25 @@
 // ResNet blocks on CUDA against the CPU: the same weights and input give the
-// same outputs, input gradients and parameter gradients (BasicBlock through
-// ResNet-18's CIFAR stem and layers, Bottleneck through ResNet-50's), in
-// training mode (batch statistics) and in eval mode. Skips without a GPU.
+// same outputs, input gradients, parameter gradients and running statistics
+// (BasicBlock through ResNet-18's CIFAR stem and layers, Bottleneck through
+// ResNet-50's). Skips without a GPU.
+//
+// float32 is compared in eval mode (running statistics) and, in training mode,
+// on the forward output. A whole ResNet's float32 gradients in training mode are
+// not a parity check: BatchNorm over a handful of values per channel (8 in
+// ResNet-50's last stage here) and ReLUs whose inputs sit within rounding of zero
+// turn last-bit differences into percent-level ones (the CPU against itself on an
+// input changed by one part in 10^7: up to 20% of a gradient's largest element in
+// ResNet-50, 3% in ResNet-18). Training-mode gradients are therefore compared in
+// float64 (Module::to(kFloat64)), where no such flip happens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/models.h"
@@ -29,50 +40,94 @@ class ResNetGpuTest : public ::testing::Test {
   }
 };
 
-void ExpectNear(const nn::Tensor& want, const nn::Tensor& got, double tol, const std::string& what) {
+// max |got - want| / max |want| (the difference itself when want is all zero).
+double ScaledError(const nn::Tensor& want, const nn::Tensor& got) {
   const std::vector<double> w = want.to_vector<double>(), g = got.to_vector<double>();
-  ASSERT_EQ(w.size(), g.size()) << what;
-  double scale = 0;
-  for (double v : w) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < w.size(); ++i) {
-    ASSERT_NEAR(g[i], w[i], tol * (1 + scale)) << what << " element " << i;
+  EXPECT_EQ(w.size(), g.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
+    err = std::max(err, std::abs(g[i] - w[i]));
+    scale = std::max(scale, std::abs(w[i]));
   }
+  return scale == 0 ? err : err / scale;
 }
 
-// Builds the model twice from one seed (CPU and CUDA copies of the same
-// weights), runs forward and backward on both, compares.
+struct Pass {
+  nn::Tensor output;
+  std::vector<std::pair<std::string, nn::Tensor>> tensors;  // input gradient, gradients, buffers
+};
+
+// One forward and backward of `model` on `x` with upstream gradient `grad`.
+Pass Run(nn::Module& model, const nn::Tensor& x, const nn::Tensor& grad, nn::Device device) {
+  nn::Tensor input = x.to(device).detach().set_requires_grad(true);
+  Pass pass;
+  pass.output = model.forward(input);
+  pass.output.backward(grad.to(device));
+  pass.tensors.emplace_back("input gradient", input.grad());
+  for (const auto& [name, p] : model.named_parameters()) pass.tensors.emplace_back(name, p.grad());
+  for (const auto& [name, b] : model.named_buffers()) pass.tensors.emplace_back(name, b);
+  return pass;
+}
+
+struct Check {
+  nn::DType dtype;
+  bool training;
+  bool gradients;  // compare the input gradient, gradients and buffers (else the output only)
+  double tol;      // on ScaledError
+};
+
+// Builds the model from one seed, copies its weights to a CUDA copy, converts
+// both to check.dtype, runs forward and backward on both, compares.
 void ExpectParity(const std::function<std::shared_ptr<nn::Module>()>& make, const nn::Shape& input,
-                  bool training, double tol) {
+                  const Check& check, const std::string& what) {
   nn::manual_seed(11);
-  std::shared_ptr<nn::Module> cpu = make();
-  std::shared_ptr<nn::Module> gpu = make();
+  std::shared_ptr<nn::Module> cpu = make(), gpu = make();
   ASSERT_TRUE(gpu->load_state_dict(cpu->state_dict()).ok());
+  for (nn::Module* m : {cpu.get(), gpu.get()}) {
+    m->to(check.dtype);
+    m->train(check.training);
+  }
   gpu->to(nn::Device::CUDA(0));
-  cpu->train(training);
-  gpu->train(training);
-  const nn::Tensor x = nn::randn(input, {.device = nn::Device::CPU()});
-  nn::Tensor x_cpu = x.clone().set_requires_grad(true);
-  nn::Tensor x_gpu = x.to(nn::Device::CUDA(0)).set_requires_grad(true);
-  nn::Tensor y_cpu = cpu->forward(x_cpu), y_gpu = gpu->forward(x_gpu);
-  ExpectNear(y_cpu, y_gpu, tol, "output");
-  const nn::Tensor grad = nn::randn(y_cpu.shape(), {.device = nn::Device::CPU()});
-  y_cpu.backward(grad);
-  y_gpu.backward(grad.to(nn::Device::CUDA(0)));
-  ExpectNear(x_cpu.grad(), x_gpu.grad(), tol, "input gradient");
-  const auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
-  for (size_t i = 0; i < pc.size(); ++i) ExpectNear(pc[i].second.grad(), pg[i].second.grad(), tol, pc[i].first);
-  const auto bc = cpu->named_buffers(), bg = gpu->named_buffers();
-  for (size_t i = 0; i < bc.size(); ++i) ExpectNear(bc[i].second, bg[i].second, tol, bc[i].first);
+  const nn::TensorOptions host{.dtype = check.dtype, .device = nn::Device::CPU()};
+  const nn::Tensor x = nn::randn(input, host);
+  nn::Shape output_shape;
+  {
+    nn::NoGradGuard no_grad;
+    std::shared_ptr<nn::Module> probe = make();  // for the shape; leaves cpu's statistics alone
+    probe->eval();
+    output_shape = probe->forward(nn::randn(input)).shape();
+  }
+  const nn::Tensor grad = nn::randn(output_shape, host);
+  const Pass want = Run(*cpu, x, grad, nn::Device::CPU());
+  const Pass got = Run(*gpu, x, grad, nn::Device::CUDA(0));
+
+  double worst = ScaledError(want.output, got.output);
+  EXPECT_LE(worst, check.tol) << what << ": output";
+  if (check.gradients) {
+    for (size_t i = 0; i < want.tensors.size(); ++i) {
+      const double error = ScaledError(want.tensors[i].second, got.tensors[i].second);
+      worst = std::max(worst, error);
+      EXPECT_LE(error, check.tol) << what << ": " << want.tensors[i].first;
+    }
+  }
+  std::printf("%s: max scaled difference GPU vs CPU %.3g (tolerance %.3g)\n", what.c_str(), worst,
+              check.tol);
 }
 
-TEST_F(ResNetGpuTest, BasicBlocksMatchTheCpuInTraining) {
-  ExpectParity([] { return MakeResNet18({.num_classes = 10, .cifar_stem = true}); }, {4, 3, 32, 32},
-               /*training=*/true, 1e-3);
+void ExpectModelParity(const std::function<std::shared_ptr<nn::Module>()>& make,
+                       const nn::Shape& input, const std::string& name) {
+  ExpectParity(make, input, {nn::kFloat32, false, true, 1e-3}, name + ", float32, eval");
+  ExpectParity(make, input, {nn::kFloat32, true, false, 1e-3}, name + ", float32, training, output");
+  ExpectParity(make, input, {nn::kFloat64, true, true, 1e-10}, name + ", float64, training");
 }
 
-TEST_F(ResNetGpuTest, BottlenecksMatchTheCpuInTrainingAndEval) {
-  ExpectParity([] { return MakeResNet50({.num_classes = 10}); }, {2, 3, 64, 64}, true, 1e-3);
-  ExpectParity([] { return MakeResNet50({.num_classes = 10}); }, {2, 3, 64, 64}, false, 1e-3);
+TEST_F(ResNetGpuTest, BasicBlocksMatchTheCpu) {
+  ExpectModelParity([] { return MakeResNet18({.num_classes = 10, .cifar_stem = true}); },
+                    {4, 3, 32, 32}, "ResNet-18 (CIFAR stem)");
+}
+
+TEST_F(ResNetGpuTest, BottlenecksMatchTheCpu) {
+  ExpectModelParity([] { return MakeResNet50({.num_classes = 10}); }, {2, 3, 64, 64}, "ResNet-50");
 }
 
 }  // namespace

@@ -379,15 +379,20 @@ void AddDropoutNormLossRows(Rows& rows) {
                   },
                   .tol = Ulps(2, 3), .out_grad = {.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2}});
   // Running statistics start at 0 / 1 on each side (ops_gpu_test.cc compares their updates).
-  for (bool training : {true, false}) {
-    rows.push_back({.op = "batch_norm2d", .attrs = training ? "training" : "eval",
-                    .inputs = {Randn({8, 3, 5, 7}), Randn({3}), Randn({3})},
-                    .f = [training](Ins in) {
-                      Tensor mean = zeros({3}, {.device = in[0].device()});
-                      Tensor var = ones({3}, {.device = in[0].device()});
-                      return batch_norm2d(in[0], in[1], in[2], mean, var, training);
-                    },
-                    .tol = Rel(1e-4)});
+  for (DType dt : kFloats) {
+    for (bool training : {true, false}) {
+      rows.push_back({.op = "batch_norm2d", .attrs = training ? "training" : "eval",
+                      .dtype = dt,
+                      .inputs = {Randn({8, 3, 5, 7}), Randn({3}), Randn({3})},
+                      .f = [training](Ins in) {
+                        const TensorOptions options{.dtype = in[0].dtype(),
+                                                    .device = in[0].device()};
+                        Tensor mean = zeros({3}, options);
+                        Tensor var = ones({3}, options);
+                        return batch_norm2d(in[0], in[1], in[2], mean, var, training);
+                      },
+                      .tol = Rel(dt == kFloat64 ? 1e-12 : 1e-4)});
+    }
   }
   for (Reduction r : {Reduction::kMean, Reduction::kNone, Reduction::kSum}) {
     const std::string name(ReductionName(r));

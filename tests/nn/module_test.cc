@@ -11,6 +11,7 @@
 
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
+#include "nn/ops/reduce.h"
 #include "nn/random.h"
 
 namespace tandem::nn {
@@ -227,6 +228,40 @@ TEST(ModuleTest, ToCpuKeepsHandlesAndData) {
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(after[i].is_same(before[i]));
   EXPECT_EQ(before[0].data_ptr(), data);  // already there: nothing moved
   EXPECT_EQ(before[0].to_vector<float>(), values);
+}
+
+TEST(ModuleTest, ToDtypeConvertsFloatingTensorsInPlaceAndKeepsCounts) {
+  manual_seed(5);
+  Sequential net({Conv2d(2, 3, 3), BatchNorm2d(3)});
+  const Tensor x = randn({2, 2, 5, 5});
+  sum(net->forward(x)).backward();
+  const std::vector<Tensor> handles = net->parameters();
+  const std::vector<float> before = handles[0].to_vector<float>();
+  const std::vector<float> grad_before = handles[0].grad().to_vector<float>();
+  net->to(kFloat64);
+  EXPECT_EQ(handles[0].dtype(), kFloat64);  // the same handle sees the new dtype
+  EXPECT_EQ(handles[0].grad().dtype(), kFloat64);
+  const std::vector<double> after = handles[0].to_vector<double>();
+  const std::vector<double> grad_after = handles[0].grad().to_vector<double>();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(after[i], static_cast<double>(before[i])) << i;
+    EXPECT_EQ(grad_after[i], static_cast<double>(grad_before[i])) << i;
+  }
+  for (const auto& [name, b] : net->named_buffers()) {
+    EXPECT_EQ(b.dtype(), name.find("num_batches_tracked") != std::string::npos ? kInt64 : kFloat64)
+        << name;
+  }
+  net->zero_grad();
+  const Tensor y = net->forward(x.to(kFloat64));
+  EXPECT_EQ(y.dtype(), kFloat64);
+  sum(y).backward();
+  EXPECT_EQ(handles[1].grad().dtype(), kFloat64);
+  try {
+    net->to(kInt64);
+    ADD_FAILURE() << "to(int64) did not throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("int64"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModuleTest, HoldersShareOneModule) {
