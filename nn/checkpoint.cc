@@ -1,17 +1,14 @@
 #include "nn/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "nn/internal/atomic_file.h"
 
 namespace tandem::nn {
 namespace {
@@ -89,26 +86,6 @@ uint32_t Crc32(const char* data, size_t size) {
 }
 
 std::string ErrnoText() { return std::strerror(errno); }
-
-absl::Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("checkpoint ", path, ": write failed: ", ErrnoText()));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 }  // namespace
 
@@ -265,38 +242,9 @@ absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoin
 }
 
 absl::Status WriteCheckpointBytes(const std::string& path, const std::string& bytes) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("checkpoint ", path, ": cannot create ", temp, ": ", ErrnoText()));
-  }
-  absl::Status status = WriteAll(fd, bytes, temp);
-  if (status.ok() && ::fsync(fd) != 0) {
-    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": fsync of ", temp, " failed: ", ErrnoText()));
-  }
-  if (::close(fd) != 0 && status.ok()) {
-    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": close of ", temp, " failed: ", ErrnoText()));
-  }
-  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    status = absl::InternalError(absl::StrCat("checkpoint ", path, ": rename from ", temp, " failed: ", ErrnoText()));
-  }
-  if (!status.ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  const std::string dir = DirectoryOf(path);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    return absl::InternalError(absl::StrCat("checkpoint ", path, ": cannot open directory ", dir, ": ", ErrnoText()));
-  }
-  const int rc = ::fsync(dir_fd);
-  const std::string fsync_error = rc != 0 ? ErrnoText() : "";
-  ::close(dir_fd);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat("checkpoint ", path, ": fsync of directory ", dir, " failed: ", fsync_error));
-  }
-  return absl::OkStatus();
+  return internal::WriteFileAtomically(path, "checkpoint", [&bytes](internal::AtomicFileSink& sink) {
+    return sink.Write(bytes.data(), bytes.size());
+  });
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -19,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nn/internal/atomic_file.h"
 #include "nn/status_macros.h"
 
 namespace tandem::nn {
@@ -312,61 +312,18 @@ absl::StatusOr<std::string> HeaderJson(const std::string& path, const StateDict&
   return text;
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& path,
-                      const std::string& temp) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrCat("safetensors ", path, ": write to ", temp, " failed: ", ErrnoText()));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteContents(int fd, const std::string& path, const std::string& temp,
-                           const std::string& header, const StateDict& state) {
+// The file's bytes: the header's length, the header, every tensor's data.
+absl::Status WriteContents(internal::AtomicFileSink& sink, const std::string& header,
+                           const StateDict& state) {
   const uint64_t length = header.size();
   char length_bytes[kLengthBytes];
   std::memcpy(length_bytes, &length, kLengthBytes);
-  RETURN_IF_ERROR(WriteAll(fd, length_bytes, kLengthBytes, path, temp));
-  RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), path, temp));
+  RETURN_IF_ERROR(sink.Write(length_bytes, kLengthBytes));
+  RETURN_IF_ERROR(sink.Write(header.data(), header.size()));
   for (const auto& [name, t] : state) {
     const Tensor host = t.detach().to(Device::CPU());
     if (host.nbytes() == 0) continue;
-    RETURN_IF_ERROR(WriteAll(fd, static_cast<const char*>(host.host_ptr()),
-                             static_cast<size_t>(host.nbytes()), path, temp));
-  }
-  if (::fsync(fd) != 0) {
-    return absl::InternalError(
-        absl::StrCat("safetensors ", path, ": fsync of ", temp, " failed: ", ErrnoText()));
-  }
-  return absl::OkStatus();
-}
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-absl::Status SyncDirectory(const std::string& path) {
-  const std::string dir = DirectoryOf(path);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("safetensors ", path, ": cannot open directory ", dir, ": ", ErrnoText()));
-  }
-  const int rc = ::fsync(dir_fd);
-  const std::string why = rc != 0 ? ErrnoText() : "";
-  ::close(dir_fd);
-  if (rc != 0) {
-    return absl::InternalError(
-        absl::StrCat("safetensors ", path, ": fsync of directory ", dir, " failed: ", why));
+    RETURN_IF_ERROR(sink.Write(host.host_ptr(), static_cast<size_t>(host.nbytes())));
   }
   return absl::OkStatus();
 }
@@ -415,32 +372,14 @@ bool SafetensorsDTypeFromName(std::string_view name, DType& dtype) {
 absl::Status SaveSafetensors(const std::string& path, const StateDict& state,
                              const SafetensorsMetadata& metadata) {
   ASSIGN_OR_RETURN(const std::string header, HeaderJson(path, state, metadata));
-  static std::atomic<uint64_t> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("safetensors ", path, ": cannot create ", temp, ": ", ErrnoText()));
-  }
-  absl::Status status;
   try {
-    status = WriteContents(fd, path, temp, header, state);
+    return internal::WriteFileAtomically(path, "safetensors",
+                                         [&](internal::AtomicFileSink& sink) {
+                                           return WriteContents(sink, header, state);
+                                         });
   } catch (const Error& e) {  // a device copy that failed
-    status = absl::InternalError(absl::StrCat("safetensors ", path, ": ", e.what()));
+    return absl::InternalError(absl::StrCat("safetensors ", path, ": ", e.what()));
   }
-  if (::close(fd) != 0 && status.ok()) {
-    status = absl::InternalError(
-        absl::StrCat("safetensors ", path, ": close of ", temp, " failed: ", ErrnoText()));
-  }
-  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    status = absl::InternalError(
-        absl::StrCat("safetensors ", path, ": rename from ", temp, " failed: ", ErrnoText()));
-  }
-  if (!status.ok()) {
-    ::unlink(temp.c_str());
-    return status;
-  }
-  return SyncDirectory(path);
 }
 
 absl::Status SaveSafetensors(const std::string& path, const Module& module,

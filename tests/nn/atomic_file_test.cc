@@ -1,0 +1,89 @@
+// internal::WriteFileAtomically, the writer behind checkpoints and safetensors
+// files: a new file or a replaced one holds exactly the written bytes; a writer
+// that fails or throws leaves the old file and no temporary file behind; errors
+// name the kind of file, the path and the step that failed.
+#include "nn/internal/atomic_file.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace tandem::nn::internal {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "tandem_atomic_XXXXXX").string();
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+int FilesIn(const std::string& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+absl::Status WriteText(const std::string& path, const std::string& text) {
+  return WriteFileAtomically(path, "test file", [&text](AtomicFileSink& sink) {
+    return sink.Write(text.data(), text.size());
+  });
+}
+
+TEST(AtomicFileTest, CreatesAndReplacesWithExactlyTheWrittenBytes) {
+  const std::string dir = TempDir(), path = dir + "/f.bin";
+  ASSERT_TRUE(WriteText(path, "first").ok());
+  EXPECT_EQ(Read(path), "first");
+  const std::string big(3 << 20, 'x');
+  ASSERT_TRUE(WriteText(path, big).ok());
+  EXPECT_EQ(Read(path), big);
+  EXPECT_EQ(FilesIn(dir), 1);  // no temporary file left
+  fs::remove_all(dir);
+}
+
+TEST(AtomicFileTest, AFailingOrThrowingWriterLeavesTheOldFileAndNoTemporary) {
+  const std::string dir = TempDir(), path = dir + "/f.bin";
+  ASSERT_TRUE(WriteText(path, "old").ok());
+  const absl::Status failed = WriteFileAtomically(path, "test file", [](AtomicFileSink& sink) {
+    EXPECT_TRUE(sink.Write("partial", 7).ok());
+    return absl::DataLossError("the writer gave up");
+  });
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_EQ(Read(path), "old");
+  EXPECT_EQ(FilesIn(dir), 1);
+  EXPECT_THROW(WriteFileAtomically(path, "test file",
+                                   [](AtomicFileSink& sink) -> absl::Status {
+                                     EXPECT_TRUE(sink.Write("partial", 7).ok());
+                                     throw std::runtime_error("device copy failed");
+                                   }),
+               std::runtime_error);
+  EXPECT_EQ(Read(path), "old");
+  EXPECT_EQ(FilesIn(dir), 1);
+  fs::remove_all(dir);
+}
+
+TEST(AtomicFileTest, AMissingDirectoryIsAnErrorNamingTheFileAndTheStep) {
+  const std::string path = "/nonexistent_tandem_dir/f.bin";
+  const absl::Status status = WriteText(path, "x");
+  ASSERT_FALSE(status.ok());
+  const std::string message(status.message());
+  EXPECT_NE(message.find("test file " + path + ": creating " + path + ".tmp."), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace tandem::nn::internal
