@@ -72,13 +72,14 @@ void RunOnce(const std::string& collective, std::vector<float>& a, std::vector<f
   }
 }
 
-}  // namespace
+struct Config {
+  std::vector<std::string> collectives;
+  int64_t min_bytes, max_bytes;
+  int factor, iters, warmup;
+};
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, n = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
+// Parses --name=value flags; false (after printing why on rank 0) on a bad one.
+bool ParseConfig(int argc, char** argv, int rank, Config& config) {
   std::map<std::string, std::string> flags = {
       {"collectives", "all_reduce,broadcast,all_gather,reduce_scatter,barrier"},
       {"min_bytes", "8"}, {"max_bytes", "256M"}, {"step_factor", "2"},
@@ -90,67 +91,85 @@ int main(int argc, char** argv) {
     const std::string name = dashes && eq != std::string::npos ? arg.substr(2, eq - 2) : "";
     if (flags.count(name) == 0) {
       if (rank == 0) std::fprintf(stderr, "mpi_comm_bench: bad flag %s\n", arg.c_str());
-      MPI_Finalize();
-      return 2;
+      return false;
     }
     flags[name] = arg.substr(eq + 1);
   }
-  const int64_t min_bytes = ParseBytes(flags["min_bytes"]);
-  const int64_t max_bytes = ParseBytes(flags["max_bytes"]);
-  const int factor = std::atoi(flags["step_factor"].c_str());
-  const int iters = std::atoi(flags["iters"].c_str());
-  const int warmup = std::atoi(flags["warmup_iters"].c_str());
-  if (min_bytes < 1 || max_bytes < min_bytes || max_bytes > (int64_t{1} << 33) || factor < 2 ||
-      iters < 1 || warmup < 0) {
+  config.min_bytes = ParseBytes(flags["min_bytes"]);
+  config.max_bytes = ParseBytes(flags["max_bytes"]);
+  config.factor = std::atoi(flags["step_factor"].c_str());
+  config.iters = std::atoi(flags["iters"].c_str());
+  config.warmup = std::atoi(flags["warmup_iters"].c_str());
+  if (config.min_bytes < 1 || config.max_bytes < config.min_bytes ||
+      config.max_bytes > (int64_t{1} << 33) || config.factor < 2 || config.iters < 1 ||
+      config.warmup < 0) {
     if (rank == 0) std::fprintf(stderr, "mpi_comm_bench: bad sizes or counts\n");
+    return false;
+  }
+  std::stringstream list(flags["collectives"]);
+  for (std::string c; std::getline(list, c, ',');) config.collectives.push_back(c);
+  return true;
+}
+
+void PrintHeader(const std::string& collective, int n, bool reduces) {
+  std::printf("#\n# %s: %d MPI processes (MPI_COMM_WORLD), float32%s\n", collective.c_str(), n,
+              reduces ? ", sum" : "");
+  std::printf("# %12s %12s %9s %6s %10s %9s %9s\n", "size", "count", "type", "redop", "time",
+              "algbw", "busbw");
+  std::printf("# %12s %12s %9s %6s %10s %9s %9s\n", "(B)", "(elements)", "", "", "(us)",
+              "(GB/s)", "(GB/s)");
+}
+
+// Times `collective` on `bytes` (the slowest process's mean per call) and prints
+// its row on rank 0; skips sizes too small to give every process an element.
+void TimeOneSize(const std::string& collective, int64_t bytes, const Config& config, int rank,
+                 int n) {
+  const bool per_process = collective == "all_gather" || collective == "reduce_scatter";
+  int64_t count = bytes / 4;
+  if (per_process) count = count / n * n;
+  if (collective != "barrier" && count / (per_process ? n : 1) == 0) return;
+  std::vector<float> a(static_cast<size_t>(std::max<int64_t>(count, 1)), 1.0f);
+  std::vector<float> b(a.size(), 0.0f);
+  for (int i = 0; i < config.warmup; ++i) RunOnce(collective, a, b, count, n);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  for (int i = 0; i < config.iters; ++i) RunOnce(collective, a, b, count, n);
+  double seconds = (MPI_Wtime() - start) / config.iters;
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  const bool reduces = collective == "all_reduce" || collective == "reduce_scatter";
+  const int64_t row_bytes = count * 4;
+  const double algbw = row_bytes > 0 ? row_bytes / seconds / 1e9 : 0;
+  std::printf("  %12lld %12lld %9s %6s %10.2f %9.2f %9.2f\n", static_cast<long long>(row_bytes),
+              static_cast<long long>(count), "float32", reduces ? "sum" : "-", seconds * 1e6,
+              algbw, algbw * BusFactor(collective, n));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  Config config;
+  if (!ParseConfig(argc, argv, rank, config)) {
     MPI_Finalize();
     return 2;
   }
-  std::vector<std::string> collectives;
-  std::stringstream list(flags["collectives"]);
-  for (std::string c; std::getline(list, c, ',');) collectives.push_back(c);
-
-  for (const std::string& collective : collectives) {
-    const bool reduces = collective == "all_reduce" || collective == "reduce_scatter";
+  for (const std::string& collective : config.collectives) {
     if (rank == 0) {
-      std::printf("#\n# %s: %d MPI processes (MPI_COMM_WORLD), float32%s\n", collective.c_str(), n,
-                  reduces ? ", sum" : "");
-      std::printf("# %12s %12s %9s %6s %10s %9s %9s\n", "size", "count", "type", "redop", "time",
-                  "algbw", "busbw");
-      std::printf("# %12s %12s %9s %6s %10s %9s %9s\n", "(B)", "(elements)", "", "", "(us)",
-                  "(GB/s)", "(GB/s)");
+      PrintHeader(collective, n, collective == "all_reduce" || collective == "reduce_scatter");
     }
-    std::vector<int64_t> sizes;
-    if (collective == "barrier") {
-      sizes = {0};
-    } else {
-      for (int64_t b = min_bytes; b <= max_bytes; b *= factor) sizes.push_back(b);
-    }
-    for (int64_t bytes : sizes) {
-      int64_t count = bytes / 4;
-      if (collective == "all_gather" || collective == "reduce_scatter") count = count / n * n;
-      if (collective != "barrier" && count / (collective == "all_gather" ||
-                                              collective == "reduce_scatter" ? n : 1) == 0) {
-        continue;
-      }
-      std::vector<float> a(static_cast<size_t>(std::max<int64_t>(count, 1)), 1.0f);
-      std::vector<float> b(a.size(), 0.0f);
-      for (int i = 0; i < warmup; ++i) RunOnce(collective, a, b, count, n);
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double start = MPI_Wtime();
-      for (int i = 0; i < iters; ++i) RunOnce(collective, a, b, count, n);
-      double seconds = (MPI_Wtime() - start) / iters;
-      MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (rank == 0) {
-        const int64_t row_bytes = count * 4;
-        const double algbw = row_bytes > 0 ? row_bytes / seconds / 1e9 : 0;
-        std::printf("  %12lld %12lld %9s %6s %10.2f %9.2f %9.2f\n",
-                    static_cast<long long>(row_bytes), static_cast<long long>(count), "float32",
-                    reduces ? "sum" : "-", seconds * 1e6, algbw,
-                    algbw * BusFactor(collective, n));
-        std::fflush(stdout);
+    std::vector<int64_t> sizes = {0};  // barrier
+    if (collective != "barrier") {
+      sizes.clear();
+      for (int64_t b = config.min_bytes; b <= config.max_bytes; b *= config.factor) {
+        sizes.push_back(b);
       }
     }
+    for (int64_t bytes : sizes) TimeOneSize(collective, bytes, config, rank, n);
   }
   MPI_Finalize();
   return 0;

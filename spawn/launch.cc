@@ -374,6 +374,46 @@ absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* pr
 }
 
 // The run itself: dist::RunSpawnWithHooks.
+// The run's logger: this process's ranks, numbered from the process's first rank.
+absl::StatusOr<std::unique_ptr<Logger>> CreateLogger(int world, const SpawnOptions& options,
+                                                     const ProcessWorld* procs) {
+  return Logger::Create(world, {.console = options.console,
+                                .all_ranks_to_console = options.log_all_ranks,
+                                .log_dir = options.log_dir,
+                                .first_rank = procs ? procs->rank_offset() : 0,
+                                .first_process = !procs || procs->process_index() == 0,
+                                .process_tag = procs ? procs->Where() : ""});
+}
+
+// Starts the rank threads and the watchdog; across processes this thread then
+// serves MPI until every rank exited. Returns when every rank and the watchdog
+// have been joined.
+void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
+                        uint64_t sigint_at_start) {
+  Watchdog& run = env.run;
+  std::vector<std::thread> threads = StartRankThreads(env);
+  if (env.procs) {
+    run.set_describe_remote(
+        [p = env.procs](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
+    run.set_sigint_agreed();
+  }
+  std::thread watchdog([&] {
+    run.Watch(env.options.timeout_s, g_sigint_count, sigint_at_start, env.agreement,
+              hooks.exit_process != nullptr ? hooks.exit_process : &ExitProcessNow);
+  });
+  // Several processes: this thread is the process's MPI thread until every rank exited.
+  if (env.procs) {
+    env.procs->Serve(
+        run.stop_token(),
+        {.agreement = &env.agreement,
+         .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
+         .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
+  }
+  for (std::thread& t : threads) t.join();
+  run.Joined();
+  watchdog.join();
+}
+
 absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                           const SpawnHooks& hooks,
                           const std::function<void(int world_size)>& on_world_size,
@@ -387,13 +427,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   // Several processes (mpirun, srun): agree with the others, or stop here.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
   const int rank_offset = procs ? procs->rank_offset() : 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger,
-                   Logger::Create(world, {.console = options.console,
-                                          .all_ranks_to_console = options.log_all_ranks,
-                                          .log_dir = options.log_dir,
-                                          .first_rank = rank_offset,
-                                          .first_process = !procs || procs->process_index() == 0,
-                                          .process_tag = procs ? procs->Where() : ""}));
+  ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger, CreateLogger(world, options, procs.get()));
   LogEnvironment(*logger, devices, options, gpus, visible_gpus, procs.get());
   std::shared_ptr<InProcessGroup> group;
   ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
@@ -422,26 +456,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
                           .body = body,
                           .rank_offset = rank_offset,
                           .global_world = procs ? procs->world_size() : world};
-  std::vector<std::thread> threads = StartRankThreads(env);
-  if (procs) {
-    run.set_describe_remote(
-        [p = procs.get()](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
-    run.set_sigint_agreed();
-  }
-  std::thread watchdog([&] {
-    run.Watch(options.timeout_s, g_sigint_count, sigint_at_start, agreement,
-              hooks.exit_process != nullptr ? hooks.exit_process : &ExitProcessNow);
-  });
-  // Several processes: this thread is the process's MPI thread until every rank exited.
-  if (procs) {
-    procs->Serve(run.stop_token(),
-                 {.agreement = &agreement,
-                  .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
-                  .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
-  }
-  for (std::thread& t : threads) t.join();
-  run.Joined();
-  watchdog.join();
+  RunRanksUnderWatch(env, hooks, sigint_at_start);
   return FinishRun(run, agreement, procs.get(), comms, *logger);
 }
 

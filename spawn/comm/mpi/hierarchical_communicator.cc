@@ -292,8 +292,7 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
   return Poll(transport_->AllGatherInPlace(result, send_counts).get(), stop);
 }
 
-bool HierarchicalExchange::Execute(const std::vector<std::shared_ptr<Request>>& batch,
-                                   const std::stop_token& stop) {
+void HierarchicalExchange::CheckSameCollective(const Batch& batch) const {
   const Request& first = *batch[0];
   for (size_t l = 1; l < batch.size(); ++l) {
     const Request& other = *batch[l];
@@ -306,63 +305,88 @@ bool HierarchicalExchange::Execute(const std::vector<std::shared_ptr<Request>>& 
                  first.sequence, " while rank ", rank_offset_ + static_cast<int>(l), " called ",
                  other.op, " #", other.sequence, " (op, size, dtype or root differ)");
   }
-  const std::string op = first.op;
+}
+
+namespace {
+
+// Copies `bytes` from `src` into every request's output that is not `src` itself.
+void CopyToOtherOutputs(const std::vector<std::shared_ptr<HierarchicalExchange::Request>>& batch,
+                        const void* src, int64_t bytes) {
+  for (const auto& r : batch) {
+    void* dst = r->out.host_ptr();
+    if (dst != src) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+}
+
+std::vector<const void*> Inputs(
+    const std::vector<std::shared_ptr<HierarchicalExchange::Request>>& batch) {
+  std::vector<const void*> inputs;
+  for (const auto& r : batch) inputs.push_back(r->in.host_ptr());
+  return inputs;
+}
+
+}  // namespace
+
+bool HierarchicalExchange::ExecuteAllReduce(const Batch& batch, const std::stop_token& stop) {
+  const Request& first = *batch[0];
+  void* result = first.out.host_ptr();
+  if (!AllReduceInto(Inputs(batch), result, first.in.numel(), first.in.dtype(), first.reduce,
+                     stop)) {
+    return false;
+  }
+  CopyToOtherOutputs(batch, result, first.in.nbytes());
+  return true;
+}
+
+bool HierarchicalExchange::ExecuteReduceScatter(const Batch& batch, const std::stop_token& stop) {
+  const Request& first = *batch[0];
+  result_.resize(static_cast<size_t>(first.in.nbytes()));
+  if (!AllReduceInto(Inputs(batch), result_.data(), first.in.numel(), first.in.dtype(),
+                     first.reduce, stop)) {
+    return false;
+  }
+  const int64_t out_bytes = first.out.nbytes();
+  for (size_t l = 0; l < batch.size(); ++l) {
+    std::memcpy(batch[l]->out.host_ptr(),
+                result_.data() + (rank_offset_ + static_cast<int64_t>(l)) * out_bytes,
+                static_cast<size_t>(out_bytes));
+  }
+  return true;
+}
+
+bool HierarchicalExchange::ExecuteBroadcast(const Batch& batch, const std::stop_token& stop) {
+  const Request& first = *batch[0];
+  int owner = 0, offset = 0;
+  while (first.root >= offset + ranks_per_process_[owner]) offset += ranks_per_process_[owner++];
+  void* data = owner == process_index_ ? batch[first.root - offset]->out.host_ptr()
+                                       : first.out.host_ptr();
+  if (!Poll(transport_->Broadcast(data, first.in.nbytes(), owner).get(), stop)) return false;
+  CopyToOtherOutputs(batch, data, first.in.nbytes());
+  return true;
+}
+
+bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_token& stop) {
+  const int64_t bytes = batch[0]->in.nbytes();
+  char* out = static_cast<char*>(batch[0]->out.host_ptr());
+  for (size_t l = 0; l < batch.size(); ++l) {
+    std::memcpy(out + (rank_offset_ + static_cast<int64_t>(l)) * bytes, batch[l]->in.host_ptr(),
+                static_cast<size_t>(bytes));
+  }
+  std::vector<int64_t> counts;
+  for (int ranks : ranks_per_process_) counts.push_back(ranks * bytes);
+  if (!Poll(transport_->AllGatherInPlace(out, counts).get(), stop)) return false;
+  CopyToOtherOutputs(batch, out, world_size_ * bytes);
+  return true;
+}
+
+bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
+  CheckSameCollective(batch);
+  const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
-
-  const int64_t n = first.in.numel();
-  const nn::DType dtype = first.in.dtype();
-  const int64_t bytes = first.in.nbytes();
-  auto copy_to_others = [&](const void* src, const nn::Tensor& (*pick)(const Request&),
-                            int64_t count) {
-    for (const auto& r : batch) {
-      void* dst = pick(*r).host_ptr();
-      if (dst != src) std::memcpy(dst, src, static_cast<size_t>(count));
-    }
-  };
-  auto out_of = [](const Request& r) -> const nn::Tensor& { return r.out; };
-
-  if (op == "all_reduce") {
-    std::vector<const void*> inputs;
-    for (const auto& r : batch) inputs.push_back(r->in.host_ptr());
-    void* result = batch[0]->out.host_ptr();
-    if (!AllReduceInto(inputs, result, n, dtype, first.reduce, stop)) return false;
-    copy_to_others(result, out_of, bytes);
-    return true;
-  }
-  if (op == "reduce_scatter") {
-    std::vector<const void*> inputs;
-    for (const auto& r : batch) inputs.push_back(r->in.host_ptr());
-    result_.resize(static_cast<size_t>(bytes));
-    if (!AllReduceInto(inputs, result_.data(), n, dtype, first.reduce, stop)) return false;
-    const int64_t out_bytes = batch[0]->out.nbytes();
-    for (size_t l = 0; l < batch.size(); ++l) {
-      std::memcpy(batch[l]->out.host_ptr(),
-                  result_.data() + (rank_offset_ + static_cast<int64_t>(l)) * out_bytes,
-                  static_cast<size_t>(out_bytes));
-    }
-    return true;
-  }
-  if (op == "broadcast") {
-    int owner = 0, offset = 0;
-    while (first.root >= offset + ranks_per_process_[owner]) offset += ranks_per_process_[owner++];
-    void* data = owner == process_index_ ? batch[first.root - offset]->out.host_ptr()
-                                         : batch[0]->out.host_ptr();
-    if (!Poll(transport_->Broadcast(data, bytes, owner).get(), stop)) return false;
-    copy_to_others(data, out_of, bytes);
-    return true;
-  }
-  if (op == "all_gather") {
-    char* out = static_cast<char*>(batch[0]->out.host_ptr());
-    for (size_t l = 0; l < batch.size(); ++l) {
-      std::memcpy(out + (rank_offset_ + static_cast<int64_t>(l)) * bytes,
-                  batch[l]->in.host_ptr(), static_cast<size_t>(bytes));
-    }
-    std::vector<int64_t> counts;
-    for (int ranks : ranks_per_process_) counts.push_back(ranks * bytes);
-    if (!Poll(transport_->AllGatherInPlace(out, counts).get(), stop)) return false;
-    copy_to_others(out, out_of, world_size_ * bytes);
-    return true;
-  }
+  if (op == "all_reduce") return ExecuteAllReduce(batch, stop);
+  if (op == "reduce_scatter") return ExecuteReduceScatter(batch, stop);
+  if (op == "broadcast") return ExecuteBroadcast(batch, stop);
+  if (op == "all_gather") return ExecuteAllGather(batch, stop);
   Fail("cross-process collective ", op, " is not implemented");
 }
 

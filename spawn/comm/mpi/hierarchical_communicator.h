@@ -107,6 +107,15 @@ class HierarchicalExchange {
   // stop was requested while it was in flight; throws tandem::Error on a
   // mismatch or a transport error.
   bool Execute(const std::vector<std::shared_ptr<Request>>& batch, const std::stop_token& stop);
+  // Throws tandem::Error naming both ranks unless every request of `batch` is the
+  // same collective (op, size, dtype, reduction, root).
+  void CheckSameCollective(const std::vector<std::shared_ptr<Request>>& batch) const;
+  // Execute's steps, one per collective; each returns false when stopped.
+  using Batch = std::vector<std::shared_ptr<Request>>;
+  bool ExecuteAllReduce(const Batch& batch, const std::stop_token& stop);
+  bool ExecuteReduceScatter(const Batch& batch, const std::stop_token& stop);
+  bool ExecuteBroadcast(const Batch& batch, const std::stop_token& stop);
+  bool ExecuteAllGather(const Batch& batch, const std::stop_token& stop);
   bool Poll(PendingOp* op, const std::stop_token& stop);
   // inputs: local ranks' n elements each; result: n elements (may alias inputs[0]).
   bool AllReduceInto(const std::vector<const void*>& inputs, void* result, int64_t n,
