@@ -6,9 +6,11 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "nn/internal/atomic_file.h"
+#include "nn/status_macros.h"
 
 namespace tandem::nn {
 namespace {
@@ -125,10 +127,22 @@ std::string SerializeCheckpoint(const Checkpoint& checkpoint) {
   return out;
 }
 
-absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::string& name) {
-  auto error = [&](const auto&... pieces) {
+namespace {
+
+// The error of a bad checkpoint file: DataLoss, "checkpoint <name>: <pieces>".
+struct ParseError {
+  const std::string& name;
+  template <typename... Pieces>
+  absl::Status operator()(const Pieces&... pieces) const {
     return absl::DataLossError(absl::StrCat("checkpoint ", name, ": ", pieces...));
-  };
+  }
+};
+
+// ParseCheckpoint's steps, in order.
+
+// Checks magic, version, length and checksum; sets `payload` to the checked bytes.
+absl::Status CheckHeader(const std::string& bytes, const ParseError& error,
+                         std::string_view& payload) {
   if (bytes.empty()) return error("file is empty");
   if (bytes.size() < kMagicBytes || bytes.compare(0, kMagicBytes, kCheckpointMagic) != 0) {
     return error("wrong magic (not a tandem checkpoint)");
@@ -149,83 +163,105 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::
   if (payload_bytes < available) {
     return error(available - payload_bytes, " trailing bytes after the payload");
   }
-  const char* payload = bytes.data() + kHeaderBytes;
-  const uint32_t actual_crc = Crc32(payload, payload_bytes);
+  payload = std::string_view(bytes.data() + kHeaderBytes, payload_bytes);
+  const uint32_t actual_crc = Crc32(payload.data(), payload.size());
   if (actual_crc != crc) {
     return error("checksum mismatch (stored crc32 ", crc, ", computed ", actual_crc, ")");
   }
-  // The checksum matched, so what follows is what a writer produced; the checks
-  // below still guard against a file crafted with a valid checksum.
-  Reader r(payload, payload_bytes);
+  return absl::OkStatus();
+}
+
+// One tensor record (the checksum matched, so what follows is what a writer
+// produced; the checks still guard against a file crafted with a valid checksum).
+absl::Status ReadTensor(Reader& r, uint32_t index, const ParseError& error,
+                        Checkpoint& checkpoint) {
+  std::string tensor_name;
+  uint8_t dtype_code;
+  uint32_t ndim;
+  if (!r.String(tensor_name) || !r.U8(dtype_code) || !r.U32(ndim)) {
+    return error("truncated record of tensor #", index);
+  }
+  if (dtype_code > static_cast<uint8_t>(DType::kFloat16)) {
+    return error("tensor '", tensor_name, "' has unknown dtype code ", dtype_code);
+  }
+  if (ndim > 16 || r.remaining() < ndim * 8ull) {
+    return error("tensor '", tensor_name, "' has a bad dimension count ", ndim);
+  }
+  Shape shape(ndim);
+  uint64_t elements = 1;
+  for (uint32_t d = 0; d < ndim; ++d) {
+    uint64_t dim;
+    r.U64(dim);
+    if (dim > (1ull << 40) || (dim != 0 && elements > (1ull << 40) / dim)) {
+      return error("tensor '", tensor_name, "' has an implausible dimension ", dim);
+    }
+    elements *= dim;
+    shape[d] = static_cast<int64_t>(dim);
+  }
+  const DType dtype = static_cast<DType>(dtype_code);
+  uint64_t nbytes;
+  const char* data;
+  if (!r.U64(nbytes)) return error("truncated byte count of tensor '", tensor_name, "'");
+  if (nbytes != elements * static_cast<uint64_t>(ElementSize(dtype))) {
+    return error("tensor '", tensor_name, "' of shape ", ShapeToString(shape), " and dtype ",
+                 DTypeName(dtype), " stores ", nbytes, " bytes");
+  }
+  if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", tensor_name, "'");
+  Tensor tensor = empty(shape, {.dtype = dtype, .device = Device::CPU()});
+  if (nbytes > 0) std::memcpy(tensor.host_ptr(), data, nbytes);
+  if (!checkpoint.tensors.emplace(tensor_name, tensor).second) {
+    return error("duplicate tensor name '", tensor_name, "'");
+  }
+  return absl::OkStatus();
+}
+
+// One metadata entry: a string (kind 0), an int64 (1) or a double (2).
+absl::Status ReadMetadataEntry(Reader& r, uint32_t index, const ParseError& error,
+                               Checkpoint& checkpoint) {
+  std::string key;
+  uint8_t kind;
+  if (!r.String(key) || !r.U8(kind)) return error("truncated metadata entry #", index);
+  CheckpointValue value;
+  if (kind == 0) {
+    std::string s;
+    if (!r.String(s)) return error("truncated metadata '", key, "'");
+    value = std::move(s);
+  } else if (kind == 1 || kind == 2) {
+    uint64_t bits;
+    if (!r.U64(bits)) return error("truncated metadata '", key, "'");
+    if (kind == 1) {
+      value = static_cast<int64_t>(bits);
+    } else {
+      double d;
+      std::memcpy(&d, &bits, sizeof d);
+      value = d;
+    }
+  } else {
+    return error("metadata '", key, "' has unknown kind ", kind);
+  }
+  if (!checkpoint.metadata.emplace(key, std::move(value)).second) {
+    return error("duplicate metadata key '", key, "'");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> ParseCheckpoint(const std::string& bytes, const std::string& name) {
+  const ParseError error{name};
+  std::string_view payload;
+  RETURN_IF_ERROR(CheckHeader(bytes, error, payload));
+  Reader r(payload.data(), payload.size());
   Checkpoint checkpoint;
   uint32_t tensor_count;
   if (!r.U32(tensor_count)) return error("truncated tensor count");
   for (uint32_t t = 0; t < tensor_count; ++t) {
-    std::string tensor_name;
-    uint8_t dtype_code;
-    uint32_t ndim;
-    if (!r.String(tensor_name) || !r.U8(dtype_code) || !r.U32(ndim)) {
-      return error("truncated record of tensor #", t);
-    }
-    if (dtype_code > static_cast<uint8_t>(DType::kFloat16)) {
-      return error("tensor '", tensor_name, "' has unknown dtype code ", dtype_code);
-    }
-    if (ndim > 16 || r.remaining() < ndim * 8ull) {
-      return error("tensor '", tensor_name, "' has a bad dimension count ", ndim);
-    }
-    Shape shape(ndim);
-    uint64_t elements = 1;
-    for (uint32_t d = 0; d < ndim; ++d) {
-      uint64_t dim;
-      r.U64(dim);
-      if (dim > (1ull << 40) || (dim != 0 && elements > (1ull << 40) / dim)) {
-        return error("tensor '", tensor_name, "' has an implausible dimension ", dim);
-      }
-      elements *= dim;
-      shape[d] = static_cast<int64_t>(dim);
-    }
-    const DType dtype = static_cast<DType>(dtype_code);
-    uint64_t nbytes;
-    const char* data;
-    if (!r.U64(nbytes)) return error("truncated byte count of tensor '", tensor_name, "'");
-    if (nbytes != elements * static_cast<uint64_t>(ElementSize(dtype))) {
-      return error("tensor '", tensor_name, "' of shape ", ShapeToString(shape), " and dtype ",
-                   DTypeName(dtype), " stores ", nbytes, " bytes");
-    }
-    if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", tensor_name, "'");
-    Tensor tensor = empty(shape, {.dtype = dtype, .device = Device::CPU()});
-    if (nbytes > 0) std::memcpy(tensor.host_ptr(), data, nbytes);
-    if (!checkpoint.tensors.emplace(tensor_name, tensor).second) {
-      return error("duplicate tensor name '", tensor_name, "'");
-    }
+    RETURN_IF_ERROR(ReadTensor(r, t, error, checkpoint));
   }
   uint32_t meta_count;
   if (!r.U32(meta_count)) return error("truncated metadata count");
   for (uint32_t m = 0; m < meta_count; ++m) {
-    std::string key;
-    uint8_t kind;
-    if (!r.String(key) || !r.U8(kind)) return error("truncated metadata entry #", m);
-    CheckpointValue value;
-    if (kind == 0) {
-      std::string s;
-      if (!r.String(s)) return error("truncated metadata '", key, "'");
-      value = std::move(s);
-    } else if (kind == 1 || kind == 2) {
-      uint64_t bits;
-      if (!r.U64(bits)) return error("truncated metadata '", key, "'");
-      if (kind == 1) {
-        value = static_cast<int64_t>(bits);
-      } else {
-        double d;
-        std::memcpy(&d, &bits, sizeof d);
-        value = d;
-      }
-    } else {
-      return error("metadata '", key, "' has unknown kind ", kind);
-    }
-    if (!checkpoint.metadata.emplace(key, std::move(value)).second) {
-      return error("duplicate metadata key '", key, "'");
-    }
+    RETURN_IF_ERROR(ReadMetadataEntry(r, m, error, checkpoint));
   }
   if (r.remaining() != 0) return error(r.remaining(), " unparsed bytes at the end of the payload");
   return checkpoint;

@@ -299,119 +299,126 @@ bool CudaGraph::AddPostReplayHook(const void* key, std::function<void()> hook) {
   return true;
 }
 
-void CudaGraph::Capture(const std::function<void()>& step) {
-  TANDEM_CHECK(impl_->exec == nullptr, "CudaGraph::Capture: this graph of ", device_.ToString(),
-               " was already captured (a CudaGraph captures once; make a new one)");
+namespace {
+
+// Capture's steps, in the order it runs them.
+
+// The thread may start a capture on `device` now: returns the thread's stream.
+cudaStream_t CheckCaptureCanStart(Device device, const std::function<void()>& step) {
   TANDEM_CHECK(t_capture == nullptr,
                "CudaGraph::Capture: a capture is already running on this thread (nested capture)");
-  TANDEM_CHECK(current_device() == device_, "CudaGraph::Capture: the calling thread's current "
+  TANDEM_CHECK(current_device() == device, "CudaGraph::Capture: the calling thread's current "
                "device is ", current_device().ToString(), " but the graph is for ",
-               device_.ToString(), " (use nn::DeviceGuard)");
+               device.ToString(), " (use nn::DeviceGuard)");
   TANDEM_CHECK(step != nullptr, "CudaGraph::Capture: empty step");
-  cudaStream_t stream = internal::ThreadStream(device_);
-  {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    TANDEM_CHECK_CUDA(cudaStreamIsCapturing(stream, &status), device_);
-    TANDEM_CHECK(status == cudaStreamCaptureStatusNone, "CudaGraph::Capture: the thread's stream "
-                 "on ", device_.ToString(), " is already being captured by someone else");
+  cudaStream_t stream = internal::ThreadStream(device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TANDEM_CHECK_CUDA(cudaStreamIsCapturing(stream, &status), device);
+  TANDEM_CHECK(status == cudaStreamCaptureStatusNone, "CudaGraph::Capture: the thread's stream "
+               "on ", device.ToString(), " is already being captured by someone else");
+  return stream;
+}
+
+// What a capture left: the CUDA results of beginning and ending it, the error
+// it left behind, the graph (null unless it ended well), the step's exception.
+struct CaptureRun {
+  cudaError_t begin = cudaSuccess;
+  cudaError_t end = cudaSuccess;
+  cudaError_t last = cudaSuccess;
+  cudaGraph_t graph = nullptr;
+  std::exception_ptr step_error;
+
+  void DestroyGraph() {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    graph = nullptr;
   }
+};
+
+// Runs `step` with the thread's stream in capture mode and its CUDA memory from
+// `arena`; restores the thread's allocator and deferred frees afterwards, and
+// releases the graph memory that waited for the capture to end. Throws nothing
+// (the step's exception is in the result).
+CaptureRun CaptureStep(Device device, cudaStream_t stream, CaptureArena& arena,
+                       std::shared_ptr<Allocator> arena_allocator, CaptureState& state,
+                       const std::function<void()>& step) {
   // An earlier, unrelated error must not be blamed on the capture.
   cudaGetLastError();
-
-  auto arena = std::make_shared<CaptureArena>(device_);
-  std::vector<std::function<void()>> hooks;
-  std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
   internal::DeferredCudaFrees deferred;
-  CaptureState state{&hooks, &post_hooks,
-                     [impl = std::weak_ptr<Impl>(impl_), device = device_](
-                         const std::string& reason) -> std::string {
-                       std::shared_ptr<Impl> graph = impl.lock();
-                       if (graph == nullptr || graph->exec == nullptr) return "";
-                       // Safe while a launch is pending: the driver defers the
-                       // release. The graph memory (arena) stays until the
-                       // CudaGraph goes.
-                       cudaGraphExecDestroy(graph->exec);
-                       graph->exec = nullptr;
-                       graph->released = reason;
-                       return absl::StrCat("CUDA graph of ", device.ToString(), " (",
-                                           graph->num_nodes, " nodes)");
-                     },
-                     {}};
-
-  std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
+  std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(std::move(arena_allocator));
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
-  ActiveCaptures::Get().Begin(device_.index);
-  const cudaError_t begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-  std::exception_ptr step_error;
-  cudaError_t end = cudaSuccess;
-  cudaGraph_t graph = nullptr;
-  if (begin == cudaSuccess) {
+  ActiveCaptures::Get().Begin(device.index);
+  CaptureRun run;
+  run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (run.begin == cudaSuccess) {
     t_capture = &state;
     try {
       step();
     } catch (...) {
-      step_error = std::current_exception();
+      run.step_error = std::current_exception();
     }
     t_capture = nullptr;
     // Always end the capture (also after a throw or an invalidation), so the
     // stream and the thread leave capture mode.
-    end = cudaStreamEndCapture(stream, &graph);
+    run.end = cudaStreamEndCapture(stream, &run.graph);
   }
-  const cudaError_t last = cudaGetLastError();  // clears a sticky capture error
+  run.last = cudaGetLastError();  // clears a sticky capture error
   SetThreadCudaAllocator(std::move(previous_allocator));
   internal::SetThreadDeferredCudaFrees(previous_deferred);
   // Pool memory released during the step may be read by the graph: it lives
   // with the arena.
-  arena->Keep(deferred);
+  arena.Keep(deferred);
   // Graph memory of others that died during the capture, and releases that
   // waited for captures on this device to end: now, unless another capture on
   // their devices still runs (Release defers them again).
-  std::vector<GraphMemory> ready = ActiveCaptures::Get().End(device_.index);
+  std::vector<GraphMemory> ready = ActiveCaptures::Get().End(device.index);
   for (GraphMemory& memory : state.released) Release(std::move(memory));
   for (GraphMemory& memory : ready) Release(std::move(memory));
-  if (begin != cudaSuccess) {
-    Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device_.ToString(), " failed: ",
-         cudaGetErrorName(begin), " (", cudaGetErrorString(begin), ")");
-  }
-  auto destroy_graph = [&] {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    graph = nullptr;
-  };
-  const bool invalidated = IsCaptureFailure(end) || IsCaptureFailure(last);
-  if (step_error) {
-    destroy_graph();
-    if (invalidated) {
-      std::string what = "an exception";
-      try {
-        std::rethrow_exception(step_error);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      Fail("CudaGraph::Capture: the step synchronised with the host (", what,
-           "); a captured step must not read values on the host (item(), copies to the "
-           "host, stream or device synchronisation)");
-    }
-    std::rethrow_exception(step_error);
-  }
-  if (end != cudaSuccess || graph == nullptr) {
-    destroy_graph();
-    if (end == cudaErrorStreamCaptureUnjoined) {
-      Fail("CudaGraph::Capture: the step forked work onto another stream and did not join it "
-           "back into the thread's stream on ", device_.ToString(), " (",
-           cudaGetErrorName(end), "); wait for every collective (Work::wait) inside the step");
-    }
-    if (invalidated || end == cudaErrorStreamCaptureInvalidated) {
-      Fail("CudaGraph::Capture: the step synchronised with the host (",
-           cudaGetErrorName(end != cudaSuccess ? end : last),
-           "); a captured step must not read values on the host (item(), copies to the "
-           "host, stream or device synchronisation)");
-    }
-    Fail("CudaGraph::Capture: cudaStreamEndCapture on ", device_.ToString(), " failed: ",
-         cudaGetErrorName(end), " (", cudaGetErrorString(end), ")");
-  }
+  return run;
+}
 
-  // Count the work nodes (the benchmark's launch-cost model).
+[[noreturn]] void FailSynchronised(const std::string& what) {
+  Fail("CudaGraph::Capture: the step synchronised with the host (", what,
+       "); a captured step must not read values on the host (item(), copies to the "
+       "host, stream or device synchronisation)");
+}
+
+// Throws the error that explains a failed capture (destroying its graph): the
+// step's own exception, or what CUDA reported.
+void ThrowIfCaptureFailed(CaptureRun& run, Device device) {
+  if (run.begin != cudaSuccess) {
+    Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device.ToString(), " failed: ",
+         cudaGetErrorName(run.begin), " (", cudaGetErrorString(run.begin), ")");
+  }
+  const bool invalidated = IsCaptureFailure(run.end) || IsCaptureFailure(run.last);
+  if (run.step_error) {
+    run.DestroyGraph();
+    if (!invalidated) std::rethrow_exception(run.step_error);
+    std::string what = "an exception";
+    try {
+      std::rethrow_exception(run.step_error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    FailSynchronised(what);
+  }
+  if (run.end == cudaSuccess && run.graph != nullptr) return;
+  run.DestroyGraph();
+  if (run.end == cudaErrorStreamCaptureUnjoined) {
+    Fail("CudaGraph::Capture: the step forked work onto another stream and did not join it "
+         "back into the thread's stream on ", device.ToString(), " (",
+         cudaGetErrorName(run.end), "); wait for every collective (Work::wait) inside the step");
+  }
+  if (invalidated || run.end == cudaErrorStreamCaptureInvalidated) {
+    FailSynchronised(cudaGetErrorName(run.end != cudaSuccess ? run.end : run.last));
+  }
+  Fail("CudaGraph::Capture: cudaStreamEndCapture on ", device.ToString(), " failed: ",
+       cudaGetErrorName(run.end), " (", cudaGetErrorString(run.end), ")");
+}
+
+// The graph's work nodes: kernels, copies and memsets (the benchmark's
+// launch-cost model).
+int64_t CountWorkNodes(cudaGraph_t graph) {
   size_t count = 0;
   const cudaError_t nodes_status = cudaGraphGetNodes(graph, nullptr, &count);
   std::vector<cudaGraphNode_t> nodes(count);
@@ -427,22 +434,57 @@ void CudaGraph::Capture(const std::function<void()>& step) {
       }
     }
   }
+  return work_nodes;
+}
+
+// The executable graph of `run.graph` (destroyed here), uploaded on `stream`.
+cudaGraphExec_t InstantiateAndUpload(CaptureRun& run, cudaStream_t stream, Device device) {
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  destroy_graph();
+  const cudaError_t inst = cudaGraphInstantiate(&exec, run.graph, 0);
+  run.DestroyGraph();
   if (inst != cudaSuccess) {
     cudaGetLastError();
-    Fail("CudaGraph::Capture: cudaGraphInstantiate on ", device_.ToString(), " failed: ",
+    Fail("CudaGraph::Capture: cudaGraphInstantiate on ", device.ToString(), " failed: ",
          cudaGetErrorName(inst), " (", cudaGetErrorString(inst), ")");
   }
   const cudaError_t upload = cudaGraphUpload(exec, stream);
   if (upload != cudaSuccess) {
     cudaGraphExecDestroy(exec);
     cudaGetLastError();
-    Fail("CudaGraph::Capture: cudaGraphUpload on ", device_.ToString(), " failed: ",
+    Fail("CudaGraph::Capture: cudaGraphUpload on ", device.ToString(), " failed: ",
          cudaGetErrorName(upload), " (", cudaGetErrorString(upload), ")");
   }
-  impl_->exec = exec;
+  return exec;
+}
+
+}  // namespace
+
+void CudaGraph::Capture(const std::function<void()>& step) {
+  TANDEM_CHECK(impl_->exec == nullptr, "CudaGraph::Capture: this graph of ", device_.ToString(),
+               " was already captured (a CudaGraph captures once; make a new one)");
+  cudaStream_t stream = CheckCaptureCanStart(device_, step);
+  auto arena = std::make_shared<CaptureArena>(device_);
+  std::vector<std::function<void()>> hooks;
+  std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
+  CaptureState state{&hooks, &post_hooks,
+                     [impl = std::weak_ptr<Impl>(impl_), device = device_](
+                         const std::string& reason) -> std::string {
+                       std::shared_ptr<Impl> graph = impl.lock();
+                       if (graph == nullptr || graph->exec == nullptr) return "";
+                       // Safe while a launch is pending: the driver defers the
+                       // release. The graph memory (arena) stays until the
+                       // CudaGraph goes.
+                       cudaGraphExecDestroy(graph->exec);
+                       graph->exec = nullptr;
+                       graph->released = reason;
+                       return absl::StrCat("CUDA graph of ", device.ToString(), " (",
+                                           graph->num_nodes, " nodes)");
+                     },
+                     {}};
+  CaptureRun run = CaptureStep(device_, stream, *arena, arena, state, step);
+  ThrowIfCaptureFailed(run, device_);
+  const int64_t work_nodes = CountWorkNodes(run.graph);
+  impl_->exec = InstantiateAndUpload(run, stream, device_);
   impl_->num_nodes = work_nodes;
   impl_->arena = std::move(arena);
   impl_->hooks = std::move(hooks);
