@@ -112,7 +112,11 @@ void QueueCallback(std::function<void()> callback) {
 
 bool InBackward() { return t_backward != nullptr; }
 
-void Backward(const Tensor& root, const Tensor& grad_root) {
+namespace {
+
+// Backward's steps.
+
+void CheckBackwardArguments(const Tensor& root, const Tensor& grad_root) {
   TANDEM_CHECK(root.defined(), "backward(): undefined tensor");
   TANDEM_CHECK(root.requires_grad(), "backward(): ", root.ToString(),
                " does not require grad (no parameter or input with requires_grad reached it)");
@@ -122,91 +126,128 @@ void Backward(const Tensor& root, const Tensor& grad_root) {
                "backward(): gradient ", grad_root.ToString(), " must have the dtype and device of ",
                root.ToString(), " (convert it with .to())");
   TANDEM_CHECK(t_backward == nullptr, "backward(): nested backward passes are not supported");
+}
 
-  std::shared_ptr<Node> start = EdgeOf(root);
-  // Count, for every reachable node, how many edges lead into it.
+// For every node reachable from `start`, how many edges lead into it.
+std::unordered_map<Node*, int> CountDependencies(Node* start) {
   std::unordered_map<Node*, int> dependencies;
-  {
-    std::vector<Node*> stack{start.get()};
-    std::unordered_set<Node*> seen{start.get()};
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (const auto& next : node->next_edges()) {
-        if (!next) continue;
-        dependencies[next.get()]++;
-        if (seen.insert(next.get()).second) stack.push_back(next.get());
+  std::vector<Node*> stack{start};
+  std::unordered_set<Node*> seen{start};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& next : node->next_edges()) {
+      if (!next) continue;
+      dependencies[next.get()]++;
+      if (seen.insert(next.get()).second) stack.push_back(next.get());
+    }
+  }
+  return dependencies;
+}
+
+// The nodes of one backward pass: a node runs once every edge into it has
+// delivered (its incoming gradients summed), latest-created first among the
+// ready ones; a node that no gradient reached is skipped with everything only
+// it feeds.
+class BackwardQueue {
+ public:
+  BackwardQueue(const std::shared_ptr<Node>& start, const Tensor& grad_root)
+      : dependencies_(CountDependencies(start.get())) {
+    pending_[start.get()] = grad_root;
+    ready_.push(start);
+  }
+
+  bool empty() const { return ready_.empty(); }
+
+  // The next node to run and its summed incoming gradient.
+  std::pair<std::shared_ptr<Node>, Tensor> Pop() {
+    std::shared_ptr<Node> node = ready_.top();
+    ready_.pop();
+    Tensor grad = std::move(pending_[node.get()]);
+    pending_.erase(node.get());
+    return {std::move(node), std::move(grad)};
+  }
+
+  // `from` delivered `g` (maybe undefined: nothing) along its edge to `target`.
+  void Deliver(const Node& from, const std::shared_ptr<Node>& target, const Tensor& g) {
+    if (g.defined()) {
+      Tensor& slot = pending_[target.get()];
+      if (!slot.defined()) {
+        slot = g;
+      } else {
+        TANDEM_CHECK(slot.shape() == g.shape(), "backward of ", from.name(), ": gradient ",
+                     g.ToString(), " does not match ", slot.ToString());
+        // Sum into a fresh tensor: `slot` may alias a tensor an op saved.
+        Tensor sum = slot.clone();
+        sum.add_(g);
+        slot = sum;
+      }
+    }
+    EdgeDone(target);
+  }
+
+ private:
+  bool HasGradient(Node* node) const {
+    auto it = pending_.find(node);
+    return it != pending_.end() && it->second.defined();
+  }
+
+  // One edge into `target` is done: queue it once all are, or skip it (and
+  // release its own inputs) when no gradient reached it.
+  void EdgeDone(const std::shared_ptr<Node>& target) {
+    if (--dependencies_[target.get()] != 0) return;
+    if (HasGradient(target.get())) {
+      ready_.push(target);
+      return;
+    }
+    pending_.erase(target.get());  // nothing to run below it
+    std::vector<Node*> skip{target.get()};
+    while (!skip.empty()) {
+      Node* s = skip.back();
+      skip.pop_back();
+      for (const auto& n : s->next_edges()) {
+        if (!n || --dependencies_[n.get()] != 0) continue;
+        if (HasGradient(n.get())) {
+          ready_.push(n);
+        } else {
+          pending_.erase(n.get());
+          skip.push_back(n.get());
+        }
       }
     }
   }
 
+  struct LaterFirst {
+    bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+      return a->sequence_nr() < b->sequence_nr();
+    }
+  };
+  std::unordered_map<Node*, int> dependencies_;
+  std::unordered_map<Node*, Tensor> pending_;  // summed incoming gradient per node
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst>
+      ready_;
+};
+
+}  // namespace
+
+void Backward(const Tensor& root, const Tensor& grad_root) {
+  CheckBackwardArguments(root, grad_root);
+  BackwardQueue queue(EdgeOf(root), grad_root);
   NoGradGuard no_grad;
   BackwardState state;
   t_backward = &state;
   struct Clear {
     ~Clear() { t_backward = nullptr; }
   } clear;
-
-  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
-    return a->sequence_nr() < b->sequence_nr();
-  };
-  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
-                      decltype(later_first)>
-      ready(later_first);
-  std::unordered_map<Node*, Tensor> pending;  // summed incoming gradient per node
-  pending[start.get()] = grad_root;
-  ready.push(start);
-  while (!ready.empty()) {
-    std::shared_ptr<Node> node = ready.top();
-    ready.pop();
-    Tensor grad = std::move(pending[node.get()]);
-    pending.erase(node.get());
+  while (!queue.empty()) {
+    auto [node, grad] = queue.Pop();
     std::vector<Tensor> input_grads = node->Apply(grad);
     const auto& next = node->next_edges();
     TANDEM_CHECK(input_grads.size() == next.size() || next.empty(), "backward of ",
                  node->name(), " returned ", input_grads.size(), " gradients for ", next.size(),
                  " inputs");
     for (size_t i = 0; i < next.size(); ++i) {
-      Node* target = next[i].get();
-      if (target == nullptr) continue;
-      const Tensor& g = input_grads[i];
-      if (g.defined()) {
-        Tensor& slot = pending[target];
-        if (!slot.defined()) {
-          slot = g;
-        } else {
-          TANDEM_CHECK(slot.shape() == g.shape(), "backward of ", node->name(), ": gradient ",
-                       g.ToString(), " does not match ", slot.ToString());
-          // Sum into a fresh tensor: `slot` may alias a tensor an op saved.
-          Tensor sum = slot.clone();
-          sum.add_(g);
-          slot = sum;
-        }
-      }
-      if (--dependencies[target] == 0) {
-        if (pending.count(target) && pending[target].defined()) {
-          ready.push(next[i]);
-        } else {
-          pending.erase(target);  // no gradient reached it: nothing to run below it
-          // Its own inputs still wait on it; release them so they can run if others feed them.
-          std::vector<Node*> skip{target};
-          while (!skip.empty()) {
-            Node* s = skip.back();
-            skip.pop_back();
-            for (const auto& n : s->next_edges()) {
-              if (!n) continue;
-              if (--dependencies[n.get()] == 0) {
-                if (pending.count(n.get()) && pending[n.get()].defined()) {
-                  ready.push(n);
-                } else {
-                  pending.erase(n.get());
-                  skip.push_back(n.get());
-                }
-              }
-            }
-          }
-        }
-      }
+      if (next[i] != nullptr) queue.Deliver(*node, next[i], input_grads[i]);
     }
   }
   // Index loop: a callback may queue another.
