@@ -137,6 +137,65 @@ std::optional<cublasLtMatmulAlgo_t> ChooseAlgo(const GemmCall& g, cublasLtMatmul
   return heuristic.algo;
 }
 
+// TryGemm's steps.
+
+// cuBLASLt's compute type of `g`: float64 for float64, float32 for bfloat16,
+// float32 or TF32 (set_allow_tf32) for float32.
+cublasComputeType_t ComputeType(const GemmCall& g) {
+  if (g.dtype == kFloat64) return CUBLAS_COMPUTE_64F;
+  if (g.dtype == kBFloat16) return CUBLAS_COMPUTE_32F;
+  return AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+// The operation descriptor: transposes (column-major A' = b, B' = a) and the
+// fused epilogue (bias, ReLU, both).
+MatmulDesc MakeMatmulDesc(const GemmCall& g, cublasComputeType_t compute, Device device,
+                          const char* op) {
+  // alpha/beta (and the epilogue's arithmetic) are double for float64, else float.
+  const cudaDataType_t scale_type = g.dtype == kFloat64 ? CUDA_R_64F : CUDA_R_32F;
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescCreate(&raw_desc, compute, scale_type), device,
+                      Describe(g, op));
+  MatmulDesc desc(raw_desc);
+  auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t size) {
+    TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), attribute, value, size),
+                        device, Describe(g, op));
+  };
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b);
+  if (g.bias != nullptr || g.relu) {
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_RELU;
+    if (g.bias != nullptr) {
+      epilogue = g.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+    }
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+  }
+  return desc;
+}
+
+// What the chosen algorithm depends on: the problem, the epilogue and the
+// operands' alignments.
+AlgoKey AlgoKeyOf(const GemmCall& g, cublasComputeType_t compute, Device device) {
+  const bool fused = g.bias != nullptr || g.relu;
+  return AlgoKey{device.index,
+                 static_cast<int>(compute),
+                 static_cast<int>(g.dtype),
+                 static_cast<int>(OutDType(g)),
+                 static_cast<int>(fused ? (g.bias != nullptr ? 1 + g.relu : 3) : 0),
+                 g.trans_a,
+                 g.trans_b,
+                 g.m,
+                 g.n,
+                 g.k,
+                 PointerAlignment(g.a),
+                 PointerAlignment(g.b),
+                 PointerAlignment(g.out),
+                 g.bias != nullptr ? PointerAlignment(g.bias) : 0u};
+}
+
 // Runs one cuBLASLt matmul. Returns false (having enqueued nothing) when the
 // requested epilogue has no algorithm for this problem, so the caller can fall
 // back to an unfused sequence; any other failure throws.
@@ -152,70 +211,19 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   }
   TANDEM_CHECK(!g.float_out || g.dtype == kBFloat16, op, ": float32 output only for bfloat16 ",
                "operands, got ", Describe(g, op));
-  const bool is_double = g.dtype == kFloat64;
-  const cudaDataType_t type = CudaType(g.dtype);
-  const cudaDataType_t out_type = CudaType(OutDType(g));
-  // alpha/beta (and the epilogue's arithmetic) are double for float64, else float.
-  const cudaDataType_t scale_type = is_double ? CUDA_R_64F : CUDA_R_32F;
-  const cublasComputeType_t compute =
-      is_double ? CUBLAS_COMPUTE_64F
-      : g.dtype == kBFloat16
-          ? CUBLAS_COMPUTE_32F
-          : (AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
-  const auto& lt = ThreadCublasLt(device);
-
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescCreate(&raw_desc, compute, scale_type), device,
-                      Describe(g, op));
-  MatmulDesc desc(raw_desc);
-  // Column-major A' = b, B' = a.
-  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
-                                                        &op_a, sizeof op_a),
-                      device, Describe(g, op));
-  TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
-                                                        &op_b, sizeof op_b),
-                      device, Describe(g, op));
-  if (g.bias != nullptr || g.relu) {
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    if (g.bias != nullptr) {
-      epilogue = g.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-      TANDEM_CHECK_CUBLAS(
-          CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
-                                            sizeof g.bias),
-          device, Describe(g, op));
-    } else {
-      epilogue = CUBLASLT_EPILOGUE_RELU;
-    }
-    TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                          &epilogue, sizeof epilogue),
-                        device, Describe(g, op));
-  }
+  const cublasComputeType_t compute = ComputeType(g);
+  MatmulDesc desc = MakeMatmulDesc(g, compute, device, op);
   // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
   const int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
   const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
-  Layout layout_a = MakeLayout(type, cols_b, rows_b, device, g, op);
-  Layout layout_b = MakeLayout(type, cols_a, rows_a, device, g, op);
-  Layout layout_c = MakeLayout(out_type, g.n, g.m, device, g, op);
+  Layout layout_a = MakeLayout(CudaType(g.dtype), cols_b, rows_b, device, g, op);
+  Layout layout_b = MakeLayout(CudaType(g.dtype), cols_a, rows_a, device, g, op);
+  Layout layout_c = MakeLayout(CudaType(OutDType(g)), g.n, g.m, device, g, op);
 
   // The algorithm of a problem is chosen once per thread: the heuristic query
   // costs more host time than a small matmul's launch.
-  const AlgoKey key{device.index,
-                    static_cast<int>(compute),
-                    static_cast<int>(g.dtype),
-                    static_cast<int>(OutDType(g)),
-                    static_cast<int>(fused ? (g.bias != nullptr ? 1 + g.relu : 3) : 0),
-                    g.trans_a,
-                    g.trans_b,
-                    g.m,
-                    g.n,
-                    g.k,
-                    PointerAlignment(g.a),
-                    PointerAlignment(g.b),
-                    PointerAlignment(g.out),
-                    g.bias != nullptr ? PointerAlignment(g.bias) : 0u};
   thread_local std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  const AlgoKey key = AlgoKeyOf(g, compute, device);
   auto it = cache.find(key);
   if (it == cache.end()) {
     it = cache.emplace(key, ChooseAlgo(g, desc.get(), layout_a.get(), layout_b.get(),
@@ -224,10 +232,12 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   }
   if (!it->second.has_value()) return false;  // no fused algorithm: caller falls back
 
+  const bool is_double = g.dtype == kFloat64;
   const double one_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
   const float one_f = 1.0f, beta_f = g.accumulate ? 1.0f : 0.0f;
   const void* alpha = is_double ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
+  const auto& lt = ThreadCublasLt(device);
   TANDEM_CHECK_CUBLAS(
       CublasLt().Matmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a, layout_b.get(),
                         beta, g.out, layout_c.get(), g.out, layout_c.get(), &*it->second,
