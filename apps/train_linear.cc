@@ -45,6 +45,65 @@ struct LinearNet : nn::Module {
   nn::Linear l1, l2;
 };
 
+// With --checkpoint_dir: a dist::CheckpointManager, as a user's own training
+// function would use it (periodic checkpoints, stop signals); with --resume it
+// first restores `state` from the newest checkpoint. (The manager is neither
+// copied nor moved: it is made in place in `checkpoints`.)
+void OpenCheckpoints(dist::Context& ctx, const apps::RunFlags& flags, dist::TrainingState& state,
+                     std::optional<dist::CheckpointManager>& checkpoints) {
+  if (flags.checkpoint_dir.empty()) return;
+  checkpoints.emplace(ctx, apps::CheckpointOptions(flags));
+  if (flags.resume) {
+    const absl::StatusOr<std::string> from =
+        checkpoints->Restore(state, {.expect = {{"program", flags.program}}});
+    dist::ThrowIfError(from.status(), "--resume: ");
+    if (ctx.rank() == 0 && !from->empty()) {
+      ctx.log().Info("resumed from {} at step {}", *from, *state.step);
+    }
+  }
+  state.extra["program"] = flags.program;
+}
+
+// One optimizer step on a fresh random batch; returns the loss.
+nn::Tensor TrainStep(dist::DataParallel& dp, nn::MSELoss& loss_fn,
+                     tandem::optim::Optimizer& optimizer, const apps::RunFlags& flags) {
+  nn::Tensor x = nn::randn({flags.batch_size, 10});
+  nn::Tensor y = nn::randn({flags.batch_size, 1});
+  nn::Tensor loss;
+  {
+    nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
+    loss = loss_fn(dp(x), y);
+  }
+  optimizer.zero_grad();
+  loss.backward();
+  optimizer.step();
+  return loss;
+}
+
+// Rank 0 prints "step:N loss:X" (and writes TensorBoard scalars with --tensorboard_dir).
+void Report(dist::Context& ctx, const nn::Tensor& loss, int64_t step,
+            const tandem::optim::Optimizer& optimizer, dist::SummaryWriter* tensorboard) {
+  if (ctx.rank() != 0) return;
+  const double value = loss.item();
+  std::cout << "step:" << step << " loss:" << value << std::endl;
+  if (tensorboard) {
+    tensorboard->AddScalar("train/loss", value, step + 1);
+    tensorboard->AddScalar("train/learning_rate", optimizer.lr(), step + 1);
+  }
+}
+
+// The final state, for a later --resume with more --steps; none after
+// --stop_at_step (no checkpoint of that step), none twice when a periodic save
+// wrote this step already. Finish: a periodic write in flight completes.
+void SaveFinal(dist::CheckpointManager& checkpoints, dist::TrainingState& state,
+               const apps::RunFlags& flags, bool stopped_early) {
+  const bool written = checkpoints.last_path() ==
+                       dist::CheckpointManager::PathFor(flags.checkpoint_dir, *state.step);
+  absl::Status saved = stopped_early || written ? absl::OkStatus() : checkpoints.Save(state);
+  if (saved.ok()) saved = checkpoints.Finish();
+  dist::ThrowIfError(saved, "saving the checkpoint: ");
+}
+
 // Returns the step after which --stop_at_step ended the run (every rank the
 // same), or 0 when it ran all `steps`.
 int64_t Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
@@ -53,43 +112,16 @@ int64_t Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
   std::unique_ptr<tandem::optim::Optimizer> optimizer =
       apps::MakeOptimizer(flags.optimizer, net.parameters(), flags.lr);
   nn::MSELoss loss_fn;
-  // With --checkpoint_dir: a dist::CheckpointManager, as a user's own training
-  // function would use it (periodic checkpoints, stop signals, --resume).
   int64_t step = 0;
   dist::TrainingState state{.model = &net, .optimizer = optimizer.get(), .step = &step};
   std::optional<dist::CheckpointManager> checkpoints;
-  if (!flags.checkpoint_dir.empty()) {
-    checkpoints.emplace(ctx, apps::CheckpointOptions(flags));
-    if (flags.resume) {
-      const absl::StatusOr<std::string> from =
-          checkpoints->Restore(state, {.expect = {{"program", flags.program}}});
-      dist::ThrowIfError(from.status(), "--resume: ");
-      if (ctx.rank() == 0 && !from->empty()) ctx.log().Info("resumed from {} at step {}", *from, step);
-    }
-    state.extra["program"] = flags.program;
-  }
+  OpenCheckpoints(ctx, flags, state, checkpoints);
   std::unique_ptr<dist::SummaryWriter> tensorboard = apps::OpenTensorBoard(ctx, flags);
   int64_t stopped_at = 0;
   while (step < steps) {
     ctx.check_stop();
-    nn::Tensor x = nn::randn({flags.batch_size, 10});
-    nn::Tensor y = nn::randn({flags.batch_size, 1});
-    nn::Tensor loss;
-    {
-      nn::AutocastGuard autocast(flags.bf16 ? nn::kBFloat16 : nn::kFloat32);
-      loss = loss_fn(dp(x), y);
-    }
-    optimizer->zero_grad();
-    loss.backward();
-    optimizer->step();
-    if (ctx.rank() == 0) {
-      const double value = loss.item();
-      std::cout << "step:" << step << " loss:" << value << std::endl;
-      if (tensorboard) {
-        tensorboard->AddScalar("train/loss", value, step + 1);
-        tensorboard->AddScalar("train/learning_rate", optimizer->lr(), step + 1);
-      }
-    }
+    const nn::Tensor loss = TrainStep(dp, loss_fn, *optimizer, flags);
+    Report(ctx, loss, step, *optimizer, tensorboard.get());
     ++step;
     if (checkpoints) {
       const absl::Status saved = checkpoints->AtStepBoundary(state);  // may throw StoppedError
@@ -102,16 +134,7 @@ int64_t Train(dist::Context& ctx, const apps::RunFlags& flags, int steps) {
       break;
     }
   }
-  if (checkpoints) {
-    // The final state, for a later --resume with more --steps; none after
-    // --stop_at_step (no checkpoint of that step), none twice when a periodic
-    // save wrote this step already. Finish: a periodic write in flight completes.
-    const bool written =
-        checkpoints->last_path() == dist::CheckpointManager::PathFor(flags.checkpoint_dir, step);
-    absl::Status saved = stopped_at > 0 || written ? absl::OkStatus() : checkpoints->Save(state);
-    if (saved.ok()) saved = checkpoints->Finish();
-    dist::ThrowIfError(saved, "saving the checkpoint: ");
-  }
+  if (checkpoints) SaveFinal(*checkpoints, state, flags, stopped_at > 0);
   return stopped_at;
 }
 
