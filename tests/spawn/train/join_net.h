@@ -13,6 +13,7 @@
 
 #include "nn/nn.h"
 #include "optim/adam.h"
+#include "optim/clip_grad.h"
 #include "optim/sgd.h"
 #include "spawn/spawn.h"
 #include "spawn/train/zero_redundancy_optimizer.h"
@@ -66,6 +67,7 @@ struct JoinRun {
   // The optimizer's state tensors by state-dict key (ZeRO: gathered into the
   // unsharded layout after the join); none for the loop's own SGD.
   std::map<std::string, Tensor> state;
+  std::vector<double> norms;  // with clip: each step's gradient norm before clipping
 };
 
 struct JoinSetup {
@@ -78,6 +80,7 @@ struct JoinSetup {
   // when zero (one_rank: never sharded).
   std::string optimizer;
   bool zero = false;
+  double clip = 0;        // > 0: the gradients' global norm clipped to it before each step
   CommHook hook;          // DataParallelOptions::comm_hook (one_rank: none)
 };
 
@@ -123,6 +126,10 @@ JoinRun TrainJoin(Context& ctx, int world, const JoinSetup& setup) {
     if (plain) plain->zero_grad();
     Tensor loss = nn::mse_loss(dp(x_all.slice(lo, hi)), y_all.slice(lo, hi));
     loss.backward();
+    if (setup.clip > 0) {
+      run.norms.push_back(zero ? zero->clip_grad_norm_(setup.clip)
+                               : optim::clip_grad_norm_(dp.parameters(), setup.clip).item());
+    }
     if (zero) {
       zero->step();
     } else if (plain) {

@@ -51,25 +51,33 @@ double StateError(const JoinRun& run, const JoinRun& ref) {
 // others' steps, reduce-scattering zeros and stepping its shard of the optimizer
 // with the reduced gradient. Every rank must end with one rank's parameters and
 // optimizer state.
+// clip: the global norm clipped to 0.05 (below every step's norm here) through
+// ZeroRedundancyOptimizer::clip_grad_norm_, which a joined rank replays too.
 TEST_F(JoinZeroHooksTest, ZeroInsideJoinTrainsAsOneRankWithThePlainOptimizer) {
-  for (const std::string optimizer : {"momentum", "adam"}) {
+  struct Case {
+    std::string optimizer;
+    double clip;
+  };
+  for (const auto& [optimizer, clip] : {Case{"momentum", 0}, Case{"adam", 0}, Case{"adam", 0.05}}) {
     auto one = spawn([&](Context& ctx) {
-      return TrainJoin<PlainNet>(ctx, kWorld, {.one_rank = true, .optimizer = optimizer});
+      return TrainJoin<PlainNet>(ctx, kWorld,
+                                 {.one_rank = true, .optimizer = optimizer, .clip = clip});
     }, 1, "cpu", options_);
     auto many = spawn([&](Context& ctx) {
-      return TrainJoin<PlainNet>(ctx, kWorld, {.optimizer = optimizer, .zero = true});
+      return TrainJoin<PlainNet>(ctx, kWorld, {.optimizer = optimizer, .zero = true, .clip = clip});
     }, kWorld, "cpu", options_);
     ASSERT_TRUE(one.ok() && many.ok()) << one.status() << many.status();
     const JoinRun& ref = (*one)[0];
     ASSERT_FALSE(ref.state.empty());
+    for (double norm : ref.norms) EXPECT_GT(norm, clip) << "the clipping must act";
     for (int r = 0; r < kWorld; ++r) {
       const JoinRun& run = (*many)[r];
       const double params = ScaledError(run.params, ref.params);
       const double state = StateError(run, ref);
-      std::printf("join + ZeroRedundancyOptimizer (%s), 3 ranks with 10/10/7 steps vs 1 rank on "
-                  "each step's union (unsharded), rank %d: max relative difference parameters "
+      std::printf("join + ZeroRedundancyOptimizer (%s%s), 3 ranks with 10/10/7 steps vs 1 rank "
+                  "on each step's union (unsharded), rank %d: max relative difference parameters "
                   "%.3g, optimizer state %.3g\n",
-                  optimizer.c_str(), r, params, state);
+                  optimizer.c_str(), clip > 0 ? ", clipped" : "", r, params, state);
       EXPECT_LE(params, 1e-5) << optimizer << " rank " << r;
       EXPECT_LE(state, 1e-5) << optimizer << " rank " << r;
       // One model on every rank, whichever joined first.
@@ -120,8 +128,9 @@ TEST_F(JoinZeroHooksTest, CompressedBucketsInsideJoinMatchOneRankWithin16BitRoun
   };
   const std::vector<Case> cases = {{"Bf16CompressHook", Bf16CompressHook(), 2.0 / 256},
                                    {"Fp16CompressHook", Fp16CompressHook(), 2.0 / 2048}};
-  auto one = spawn([](Context& ctx) { return TrainJoin<PlainNet>(ctx, kWorld, {.one_rank = true}); },
-                   1, "cpu", options_);
+  auto one = spawn(
+      [](Context& ctx) { return TrainJoin<PlainNet>(ctx, kWorld, {.one_rank = true}); }, 1, "cpu",
+      options_);
   ASSERT_TRUE(one.ok()) << one.status();
   for (const Case& c : cases) {
     auto many = spawn([&](Context& ctx) {
