@@ -4,8 +4,15 @@
 //   dist::DataParallel dp(net, ctx, {.comm_hook = dist::Bf16CompressHook()});
 //   loss.backward();   // each bucket: cast to bfloat16, summed, cast back, / world size
 //
-// Inside DataParallel::join() no hook runs: every bucket is all-reduced as a
-// sample-weighted float32 sum (what a joined rank can answer).
+// Inside DataParallel::join() the hook runs too, on the bucket scaled by
+// n_r N / sum_r n_r (rank r's share of the step's samples times the world
+// size N; exactly 1 with equal batches, 0 on a rank that has joined), so the
+// mean it produces is the sample-weighted gradient; a joined rank calls the
+// same hook on its zeroed bucket, answering the hook's collectives whatever
+// they are. So a hook must make the same collectives (kind, shape, dtype,
+// order) whatever the gradients hold, as the built-in ones do. The scaling
+// can raise a rank's gradients up to N times (one rank with nearly all of a
+// step's samples): Fp16CompressHook's range limit below applies to them.
 //
 // A hook is called on the backward thread when a bucket's last gradient is
 // final (the same point as the default all-reduce, overlapping the rest of

@@ -275,10 +275,11 @@ void DataParallel::LaunchReadyBuckets() {
       options_.on_bucket_launch(next_bucket_, static_cast<int>(b.params.size()));
     }
     b.launched = std::chrono::steady_clock::now();
-    if (join_.joining()) {
+    if (join_.joining() && options_.comm_hook) {
+      LaunchHookedBucketInJoin(next_bucket_);
+    } else if (join_.joining()) {
       // Weighted by this rank's share of the step's samples, then summed: a
-      // joined rank adds zeros. A comm hook is not applied while joining (the
-      // weighted sum is the reduction a joined rank can answer).
+      // joined rank adds zeros.
       {
         nn::NoGradGuard no_grad;
         b.buffer.mul_(join_.sample_weight());
@@ -296,6 +297,31 @@ void DataParallel::LaunchReadyBuckets() {
     b.returned = std::chrono::steady_clock::now();
     ++next_bucket_;
   }
+}
+
+void DataParallel::LaunchHookedBucketInJoin(int index) {
+  // The hook's result is the mean over the ranks of what it was given (it
+  // averaged, or DataParallel divides its sum by N): given n_r N / sum n times
+  // this rank's gradient, that mean is the sample-weighted sum, and a joined
+  // rank (factor 0) gives zeros. With equal batches the factor is exactly 1.
+  Bucket& b = buckets_[index];
+  {
+    nn::NoGradGuard no_grad;
+    b.buffer.mul_(join_.sample_scale());
+  }
+  Communicator& comm = ctx_.communicator();
+  const uint64_t before = comm.collectives_entered();
+  GradBucket view = bucket(index);
+  b.work = internal::LaunchCommHook(options_.comm_hook, view, &b.wire_bytes);
+  const int made = static_cast<int>(comm.collectives_entered() - before);
+  // A joined rank runs the same hook (the one of this step) on its zeroed bucket.
+  join_.RecordReplay(made, [this, index, hook = options_.comm_hook] {
+    nn::NoGradGuard no_grad;
+    buckets_[index].buffer.zero_();
+    GradBucket zeros = bucket(index);
+    int64_t wire_bytes = 0;
+    internal::LaunchCommHook(hook, zeros, &wire_bytes)->wait();
+  });
 }
 
 void DataParallel::FinishBackward() {

@@ -50,9 +50,20 @@
 // gradients; SyncBatchNorm layers converted before this DataParallel was made
 // answer with a count of 0 and weigh their gradient sums the same way. So ranks
 // with 10, 10 and 7 batches neither hang nor bias the update: they train as one
-// rank on the union of each step's batches. Rules: one forward per step; no
-// no_sync() and no broadcast_buffers inside; every other collective of a step
-// must go through JoinGuard::all_reduce (a sum; a joined rank adds zeros).
+// rank on the union of each step's batches. A comm hook (options.comm_hook)
+// runs inside the join too, on each rank's bucket scaled by n_r N / sum_r n_r
+// (its mean over the ranks is then the weighted sum; the factor is exactly 1
+// when every batch has the same rows, which gives the bits of the run without
+// join); a joined rank runs the same hook on its zeroed bucket, so it makes the
+// hook's own collectives (compressed zeros). The hook must make the same
+// collectives whatever the gradients hold. A ZeroRedundancyOptimizer (made
+// before the guard) keeps working: its reduce-scatter hook runs as above, and a
+// joined rank replays its step() (and clip_grad_norm_()): it steps its own
+// shard's optimizer with the reduced gradient and all-gathers the updated
+// parameters with the others (see zero_redundancy_optimizer.h). Rules: one
+// forward per step; no no_sync() and no broadcast_buffers inside; every other
+// collective of a step must go through JoinGuard::all_reduce (a sum; a joined
+// rank adds zeros).
 // Another collective in a step is found at the next step agreement, where every
 // rank throws the same error naming the rank (a step that made one while a rank
 // had already joined fails at that collective: the in-process communicator's
@@ -61,7 +72,8 @@
 // parameters and buffers of the lowest rank that ran the last step (a rank that
 // joined early missed the last updates; PyTorch does the same), so all ranks
 // leave the guard with one model; the optimizer states of early joiners are
-// their own. An exception leaving the loop skips the answering: the rank fails
+// their own (with ZeroRedundancyOptimizer every rank's shard of the state saw
+// every step). An exception leaving the loop skips the answering: the rank fails
 // and the run stops at once, as outside a join.
 //
 // CUDA graphs (nn/graph.h): with the NCCL communicator, forward + backward
@@ -105,7 +117,7 @@ struct DataParallelOptions {
   // (bucket index, number of parameters in it): for tests and profiling.
   std::function<void(int bucket, int params)> on_bucket_launch;
   // How each bucket is reduced (spawn/train/comm_hooks.h); empty: all_reduce_async(kAvg).
-  // Not applied inside join(), where buckets are all-reduced as weighted sums.
+  // Inside join() too, on gradients scaled to the step's sample weighting.
   CommHook comm_hook;
 };
 
@@ -169,6 +181,9 @@ class DataParallel {
     int exceptions_;
   };
   [[nodiscard]] JoinGuard join() { return JoinGuard(this); }
+  // The join's bookkeeping, for the work of other classes that a joined rank
+  // must answer (ZeroRedundancyOptimizer records its step; see join.h).
+  internal::JoinState& join_state() { return join_; }
 
   // Paddle's explicit API, for gradients reduced by hand (inside no_sync() or
   // with reduce_in_backward off): loss / world_size, then after backward
@@ -217,6 +232,9 @@ class DataParallel {
   void PlaceGrad(int i, bool zero_if_undefined);
   void OnGradReady(int i);
   void LaunchReadyBuckets();
+  // Inside join(), with a comm hook: bucket `index` scaled to its share of the
+  // step's samples, then the hook; recorded for a joined rank to replay.
+  void LaunchHookedBucketInJoin(int index);
   void FinishBackward();
   // Destroys the handles of collectives no pass waited for (a backward that threw).
   void DropUnwaitedWork();

@@ -22,12 +22,15 @@ void JoinState::Begin(Communicator& comm) {
   stepped_ = false;
   unjoinable_ = 0;
   weight_ = 0;
+  scale_ = 0;
 }
 
 void JoinState::CloseStep() {
   if (!in_step_) return;
   const uint64_t made = comm_->collectives_entered() - step_start_;
-  unjoinable_ = static_cast<int64_t>(made) - static_cast<int64_t>(step_.size());
+  int64_t covered = 0;
+  for (const Entry& e : step_) covered += e.collectives;
+  unjoinable_ = static_cast<int64_t>(made) - covered;
   last_step_ = std::move(step_);
   step_.clear();
   in_step_ = false;
@@ -57,10 +60,11 @@ int JoinState::Agree(bool active, int64_t samples) {
     const double* row = &table[static_cast<size_t>(r) * kColumns];
     TANDEM_CHECK(row[kUnjoinable] == 0, "DataParallel::join: rank ", r, " made ",
                  row[kUnjoinable], " collective(s) in a step that a rank whose data ran out ",
-                 "cannot answer; inside join() only DataParallel's gradient all-reduces, "
-                 "SyncBatchNorm's collectives (of layers converted before the DataParallel "
-                 "was made) and JoinGuard::all_reduce are joinable; make the others outside "
-                 "the join, or through the guard");
+                 "cannot answer; inside join() only DataParallel's gradient reductions (with or "
+                 "without a comm hook), SyncBatchNorm's collectives (of layers converted "
+                 "before the DataParallel was made), ZeroRedundancyOptimizer's step() and "
+                 "clip_grad_norm_() and JoinGuard::all_reduce are joinable; make the others "
+                 "outside the join, or through the guard");
     TANDEM_CHECK(row[kActive] > 0 || row[kStepped] > 0 || active_ranks == 0,
                  "DataParallel::join: rank ", r, " ran out of data before its first step ",
                  "inside join(), so it cannot answer the other ranks' steps; give every rank ",
@@ -68,6 +72,8 @@ int JoinState::Agree(bool active, int64_t samples) {
                  "has at least as many samples as ranks)");
   }
   weight_ = active && total > 0 ? static_cast<double>(samples) / total : 0.0;
+  // From the integers, so that equal batches give exactly 1.
+  scale_ = active && total > 0 ? static_cast<double>(samples) * world / total : 0.0;
   step_start_ = comm_->collectives_entered();
   return active_ranks;
 }
@@ -81,13 +87,23 @@ void JoinState::BeginStep(int64_t samples) {
 
 void JoinState::Record(Kind kind, const nn::Tensor& t, bool once) {
   if (!in_step_) return;
-  step_.push_back({kind, t.shape(), t.dtype(), once});
+  step_.push_back({.kind = kind, .shape = t.shape(), .dtype = t.dtype(), .once = once});
+}
+
+void JoinState::RecordReplay(int collectives, std::function<void()> replay) {
+  if (!in_step_) return;
+  step_.push_back({.kind = Kind::kAllReduce, .shape = {}, .dtype = nn::kFloat32, .once = false,
+                   .collectives = collectives, .replay = std::move(replay)});
 }
 
 void JoinState::Replay() {
   nn::NoGradGuard no_grad;
   for (const Entry& e : last_step_) {
     if (e.once) continue;
+    if (e.replay) {
+      e.replay();
+      continue;
+    }
     nn::Tensor zeros = nn::zeros(e.shape, {.dtype = e.dtype, .device = comm_->device()});
     switch (e.kind) {
       case Kind::kAllReduce:

@@ -49,6 +49,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DataParallel& dp, OptimizerFact
   TANDEM_CHECK(make_optimizer_ != nullptr, "ZeroRedundancyOptimizer: no optimizer factory");
   TANDEM_CHECK(!dp.has_comm_hook(), "ZeroRedundancyOptimizer: the DataParallel already has a "
                "comm hook; the sharded optimizer reduce-scatters the buckets itself");
+  TANDEM_CHECK(!dp.join_state().joining(), "ZeroRedundancyOptimizer: made inside "
+               "DataParallel::join(); make it before the join guard, so that it outlives the "
+               "guard, whose end steps it on a rank whose data ran out");
   CheckSameBucketsOnEveryRank();
   for (const nn::Tensor& p : dp.parameters()) {
     if (p.requires_grad()) trainable_.push_back(p);
@@ -144,7 +147,23 @@ void ZeroRedundancyOptimizer::RefreshShards() {
   }
 }
 
+void ZeroRedundancyOptimizer::RecordForJoin(uint64_t entered_before,
+                                            std::function<void()> replay) {
+  internal::JoinState& join = dp_.join_state();
+  if (!join.joining()) return;
+  join.RecordReplay(static_cast<int>(comm_.collectives_entered() - entered_before),
+                    std::move(replay));
+}
+
 void ZeroRedundancyOptimizer::step() {
+  const uint64_t before = comm_.collectives_entered();
+  StepShards();
+  // A joined rank owns its shard too: it steps it with the reduced gradient (its
+  // reduce-scatter replay put it in the shard's gradient) and gathers with the rest.
+  RecordForJoin(before, [this] { StepShards(); });
+}
+
+void ZeroRedundancyOptimizer::StepShards() {
   optimizer_->step();
   nn::NoGradGuard no_grad;
   for (Shard& s : shards_) {
@@ -168,6 +187,14 @@ void ZeroRedundancyOptimizer::zero_grad() {
 }
 
 double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
+  const uint64_t before = comm_.collectives_entered();
+  const double norm = ClipShards(max_norm);
+  // A joined rank's shard of the reduced gradient counts in the norm and is clipped.
+  RecordForJoin(before, [this, max_norm] { ClipShards(max_norm); });
+  return norm;
+}
+
+double ZeroRedundancyOptimizer::ClipShards(double max_norm) {
   nn::NoGradGuard no_grad;
   nn::Tensor squares = nn::zeros({1}, {.dtype = nn::kFloat64, .device = comm_.device()});
   for (Shard& s : shards_) {

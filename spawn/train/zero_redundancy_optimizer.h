@@ -45,6 +45,25 @@
 // rank 0); LoadFrom() takes one back. Both gather or hold the whole state on
 // every rank while they run.
 //
+// Uneven inputs (DataParallel::join()): with ZeRO every rank owns the update
+// of its shard, so a rank whose data ran out cannot stop stepping. Each bucket's
+// reduce-scatter runs as DataParallel's comm hook, on the gradients scaled to
+// the rank's share of the step's samples (a joined rank's bucket is zero), and
+// the join records step() and clip_grad_norm_() with a replay function
+// (spawn/train/join.h): a joined rank, answering each step the others still
+// run, gets its shard of the reduced gradient from the replayed reduce-scatter,
+// runs the wrapped optimizer on its shard (its moments, momentum and step count
+// advance exactly as an active rank's would) and takes part in the all-gathers,
+// so every rank holds the same parameters after every step: those of one rank
+// training on each step's union of batches with the unsharded optimizer
+// (tests/spawn/train/join_zero_hooks_test.cc). This is recording rather than
+// a JoinState that knows optimizers: the join stays a list of the step's
+// collectives in order, and each class says how its own are answered. The
+// optimizer must be made before the join guard (so that it outlives the guard,
+// whose end runs the replays); made inside, it throws. state_dict(),
+// Consolidated() and the other collectives are not joinable inside a step:
+// the join's error, on every rank.
+//
 // Construction is a collective: every rank checks that all ranks have the same
 // buckets (count and sizes; a difference throws tandem::Error naming the bucket
 // and both sizes on every rank). It throws when the model has no trainable
@@ -84,7 +103,8 @@ class ZeroRedundancyOptimizer {
 
   // A collective: updates this rank's shards, all-gathers every bucket's
   // parameters into the bucket's gradient buffer (no buffer of its own) and
-  // copies them into the model's. The gradients are zero afterwards.
+  // copies them into the model's. The gradients are zero afterwards. Joinable
+  // (see the file comment).
   void step();
   // Zeroes every gradient bucket of the DataParallel (the model's gradients).
   void zero_grad();
@@ -99,7 +119,7 @@ class ZeroRedundancyOptimizer {
   // (the squares of this rank's shards, summed over the ranks), and each
   // shard's gradient scaled by min(1, max_norm / (norm + 1e-6)), as
   // optim::clip_grad_norm_ does unsharded. Call it after backward, before
-  // step(); reads the norm on the host (a synchronisation on CUDA).
+  // step(); reads the norm on the host (a synchronisation on CUDA). Joinable.
   double clip_grad_norm_(double max_norm);
 
   // A collective: the wrapped optimizer's state in its unsharded layout over
@@ -137,6 +157,12 @@ class ZeroRedundancyOptimizer {
   };
 
   void CheckSameBucketsOnEveryRank();
+  // step() and clip_grad_norm_() without the join's record.
+  void StepShards();
+  double ClipShards(double max_norm);
+  // Inside DataParallel::join(): records the collectives made since
+  // `entered_before` as joinable work that a joined rank answers with `replay`.
+  void RecordForJoin(uint64_t entered_before, std::function<void()> replay);
   BucketReduction ReduceScatter(GradBucket& bucket);
   // Copies block [lo, hi) of the bucket's flat parameter values (model -> flat or back).
   void CopyBlockFromParams(Shard& s, nn::Tensor& flat_block, int64_t lo) const;

@@ -1,8 +1,8 @@
 // DataParallel::join() on in-process CPU ranks: ranks with 10, 10 and 7 batches
 // (of unequal sizes) train as one rank on the union of each step's batches, with
 // and without SyncBatchNorm; an error inside the loop still fails the run at
-// once; a collective that is not joinable, and a rank with no step, are one error;
-// a ZeroRedundancyOptimizer inside join() (its all-gathers are not joinable) too.
+// once; a collective that is not joinable, and a rank with no step, are one error.
+// ZeroRedundancyOptimizer and comm hooks inside join(): join_zero_hooks_test.cc.
 #include <chrono>
 #include <numeric>
 #include <stdexcept>
@@ -11,9 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "nn/nn.h"
-#include "optim/sgd.h"
 #include "spawn/spawn.h"
-#include "spawn/train/zero_redundancy_optimizer.h"
 #include "tests/spawn/train/join_net.h"
 #include "tests/spawn/train/sync_bn_net.h"
 #include "tests/test_util.h"
@@ -102,33 +100,6 @@ TEST_F(JoinTest, CollectiveThatIsNotJoinableIsOneErrorOnEveryRank) {
                       "whose data ran out cannot answer"),
             std::string::npos)
       << result;
-}
-
-// A joined rank cannot answer the sharded optimizer's all-gathers, so ZeRO inside
-// join() ends at the first step agreement with the join's error, not in a hang.
-TEST_F(JoinTest, ZeroRedundancyOptimizerInsideJoinIsOneErrorNotAHang) {
-  const auto start = std::chrono::steady_clock::now();
-  auto result = spawn([](Context& ctx) {
-    PlainNet net;
-    DataParallel dp(net, ctx);
-    ZeroRedundancyOptimizer zero(dp, [](std::vector<Tensor> shard) {
-      return std::make_unique<optim::SGD>(std::move(shard), optim::SGDOptions{.lr = 0.1});
-    });
-    auto join = dp.join();
-    for (int s = 0; s < (ctx.rank() == 0 ? 3 : 4); ++s) {
-      zero.zero_grad();
-      nn::sum(dp(nn::randn({2, 2, 5, 5}))).backward();
-      zero.step();
-    }
-  }, 2, "cpu", options_);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_FALSE(result.ok());
-  EXPECT_NE(std::string(result.message())
-                .find("collective(s) in a step that a rank whose data ran out cannot answer"),
-            std::string::npos)
-      << result;
-  EXPECT_LT(seconds, 30.0) << result;
 }
 
 TEST_F(JoinTest, RankWithoutAStepIsOneErrorAndBadUsesAreRefused) {

@@ -2,13 +2,18 @@
 // by mpirun): P processes x 1 rank give the bits of 1 process x P ranks; P
 // processes x L ranks x batch B with SyncBatchNorm train as 1 rank x batch P*L*B
 // with BatchNorm; ranks of different processes with different step counts train
-// under join() as one rank on each step's union. Without mpirun every test skips.
+// under join() as one rank on each step's union, also with a
+// ZeroRedundancyOptimizer (the rank that joined early keeps stepping its shard)
+// and with Bf16CompressHook. Without mpirun every test skips.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "spawn/spawn.h"
+#include "spawn/train/comm_hooks.h"
 #include "tests/spawn/mpi_fixture.h"
 #include "tests/spawn/train/join_net.h"
 #include "tests/spawn/train/sync_bn_net.h"
@@ -81,6 +86,44 @@ TEST_F(SyncBatchNormMpiTest, JoinAcrossProcessesMatchesOneRankAndTheInProcessBit
                                       (*local)[0].params.to_vector<float>(), "parameters");
     ::tandem::testing::ExpectSameBits((*across)[0].buffers.to_vector<float>(),
                                       (*local)[0].buffers.to_vector<float>(), "buffers");
+  }
+}
+
+// One rank per process, the last with 7 steps: the sharded optimizer (SGD with
+// momentum, Adam) under join() across processes ends at the parameters of one
+// rank with the unsharded optimizer, and at the bits of the same ranks in one
+// process; so does a bfloat16-compressed join (within its rounding of one rank).
+TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
+  const int world = LaunchedProcesses();
+  struct Case {
+    std::string name;
+    JoinSetup setup;
+    double bound;  // against one rank in float32 with the unsharded optimizer
+  };
+  const std::vector<Case> cases = {
+      {"ZeroRedundancyOptimizer (momentum)", {.optimizer = "momentum", .zero = true}, 1e-5},
+      {"ZeroRedundancyOptimizer (adam)", {.optimizer = "adam", .zero = true}, 1e-5},
+      {"Bf16CompressHook", {.hook = Bf16CompressHook()}, 2.0 / 256},
+  };
+  for (const Case& c : cases) {
+    JoinSetup single = c.setup;
+    single.one_rank = true;
+    auto one = spawn([&](Context& ctx) { return TrainJoin<PlainNet>(ctx, world, single); }, 1,
+                     "cpu", Local());
+    auto across = spawn([&](Context& ctx) { return TrainJoin<PlainNet>(ctx, world, c.setup); }, 1,
+                        "cpu", Options());
+    auto local = spawn([&](Context& ctx) { return TrainJoin<PlainNet>(ctx, world, c.setup); },
+                       world, "cpu", Local());
+    ASSERT_TRUE(one.ok() && across.ok() && local.ok())
+        << one.status() << across.status() << local.status();
+    const double params = ::tandem::testing::ScaledError((*across)[0].params, (*one)[0].params);
+    std::printf("join + %s across %d processes (process %d, 10/7 steps): max relative difference "
+                "of the parameters to 1 rank on each step's union %.3g\n",
+                c.name.c_str(), world, testing::LaunchedIndex(), params);
+    EXPECT_LE(params, c.bound) << c.name;
+    ::tandem::testing::ExpectSameBits((*across)[0].params.to_vector<float>(),
+                                      (*local)[testing::LaunchedIndex()].params.to_vector<float>(),
+                                      "parameters");
   }
 }
 
