@@ -344,7 +344,8 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream, CaptureArena& arena,
   // An earlier, unrelated error must not be blamed on the capture.
   cudaGetLastError();
   internal::DeferredCudaFrees deferred;
-  std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(std::move(arena_allocator));
+  std::shared_ptr<Allocator> previous_allocator =
+      SetThreadCudaAllocator(std::move(arena_allocator));
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
   ActiveCaptures::Get().Begin(device.index);
   CaptureRun run;

@@ -117,7 +117,8 @@ void ExpectParity(const std::function<std::shared_ptr<nn::Module>()>& make, cons
 void ExpectModelParity(const std::function<std::shared_ptr<nn::Module>()>& make,
                        const nn::Shape& input, const std::string& name) {
   ExpectParity(make, input, {nn::kFloat32, false, true, 1e-3}, name + ", float32, eval");
-  ExpectParity(make, input, {nn::kFloat32, true, false, 1e-3}, name + ", float32, training, output");
+  ExpectParity(make, input, {nn::kFloat32, true, false, 1e-3},
+               name + ", float32, training, output");
   ExpectParity(make, input, {nn::kFloat64, true, true, 1e-10}, name + ", float64, training");
 }
 
