@@ -1,7 +1,7 @@
 // The direct depthwise conv2d kernels (nn/ops/conv_depthwise_cpu.cc, the default
-// float32 path for groups == channels): float64 parity with the im2col
-// reference, adjoint (gradient) identities, relu fused, and the same bits at 1
-// and 2 threads.
+// float32 path for groups == channels; stride 1 on zero-padded planes, other
+// strides row by row): float64 parity with the im2col reference, adjoint
+// (gradient) identities, relu fused, and the same bits at 1 and 2 threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,6 +38,8 @@ std::vector<Case> Cases() {
       {{2, 6, 2, 2}, 3, 3, {.stride = {2, 2}, .padding = {1, 1}}, "2x2 input, stride 2"},
       {{4, 3, 1, 1}, 3, 3, {.padding = {1, 1}}, "1x1 input, pad 1"},
       {{2, 3, 5, 4}, 1, 1, {}, "1x1 kernel"},
+      {{2, 3, 7, 6}, 3, 3, {.padding = {0, 2}, .dilation = {2, 1}},
+       "stride 1, dilation (2, 1), padding (0, 2)"},
       {{1, 2, 19, 21}, 3, 3, {.stride = {3, 3}, .padding = {2, 2}}, "stride 3, pad 2"},
       {{4, 32, 16, 16}, 3, 3, {.padding = {1, 1}}, "MobileNetV2 16x16, 32 channels"},
   };
