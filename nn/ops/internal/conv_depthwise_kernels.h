@@ -9,9 +9,14 @@
 // conv_cpu.cc sends float32 depthwise calls here on the default path
 // (CpuConvPath::kAuto); float64 instantiations exist for the gradient checks.
 //
-// Threads: ParallelFor over the (image, channel) planes (forward, backward data)
-// or the channels (backward weights); each plane or channel is computed whole by
-// one thread in a fixed order, so the bits do not depend on the thread count.
+// Stride 1 (most of MobileNetV2's layers): a chunk of images' planes of one
+// channel zero-padded side by side, each tap one shifted multiply-add (or, for
+// the weight gradient, one dot product) over the whole chunk; other strides row
+// by row.
+// Threads: ParallelFor over the channels (stride 1, and every weight gradient) or
+// the (image, channel) planes (other strides); each channel or plane is computed
+// whole by one thread in a fixed order, so the bits do not depend on the thread
+// count.
 #ifndef TANDEM_NN_OPS_INTERNAL_CONV_DEPTHWISE_KERNELS_H_
 #define TANDEM_NN_OPS_INTERNAL_CONV_DEPTHWISE_KERNELS_H_
 
