@@ -6,8 +6,13 @@ Runs `train_mnist` (its defaults unless --tandem_args says otherwise) and
 torch, tandem, ...) so that a change in the machine's load hits both alike. Each
 run is wrapped in /usr/bin/time for its wall time and peak RSS; accuracy comes
 from each program's summary line. Prints each run, then the medians and the
-speedup (torch time / tandem time). Exit status 0 when every run succeeded, 1
-otherwise, 2 on a bad argument.
+speedup (torch time / tandem time), and train_mnist's float32 floor: the
+job's multiply-add FLOPs (LeNet's convolutions and linear layer, training and the
+per-epoch test pass) over this machine's sgemm peak, measured with --threads
+threads (torch.mm on 2048-square float32 matrices, best of several). The floor
+ignores everything that is not a GEMM-like FLOP (data loading, pooling, ReLU,
+the optimizer), so no program reaches it; the ratio says how far train_mnist is.
+Exit status 0 when every run succeeded, 1 otherwise, 2 on a bad argument.
 
     python3 bench/mnist_e2e.py --train_mnist=build-cpu/apps/train_mnist --runs=5
 """
@@ -40,6 +45,70 @@ def run(cmd, env=None):
     return wall_s, rss_mb, float(acc.group(1))
 
 
+# LeNet (apps/models.cc MakeLeNet) on 1x28x28 images: per layer the multiply-adds
+# of one image's forward pass, and whether its input needs a gradient (the first
+# convolution's input is the data: no backward-data pass).
+LENET_MACS = [
+    (20 * 28 * 28 * 1 * 5 * 5, False),   # conv 1 -> 20, 5x5, pad 2: 28x28 out
+    (20 * 14 * 14 * 20 * 5 * 5, True),   # conv 20 -> 20, 5x5, pad 2 (after 2x2 pool): 14x14
+    (20 * 7 * 7 * 10, True),             # linear 980 -> 10 (after 2x2 pool)
+]
+
+
+def lenet_job_flops(epochs, train_images, test_images):
+    """FLOPs (2 per multiply-add) of train_mnist's job: each epoch one training pass
+    (forward, backward-weights, and backward-data where the input needs it) over the
+    training images and one forward pass over the test images."""
+    forward = sum(macs for macs, _ in LENET_MACS)
+    train = sum(macs * (3 if needs_dx else 2) for macs, needs_dx in LENET_MACS)
+    return 2 * epochs * (train * train_images + forward * test_images)
+
+
+def idx_count(path):
+    """The item count of an MNIST idx file (gzipped or not): the first dimension."""
+    import gzip
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        header = f.read(8)
+    return int.from_bytes(header[4:8], "big")
+
+
+def dataset_counts(data_dir):
+    """(train images, test images) of an MNIST-format directory."""
+    counts = []
+    for stem in ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"):
+        for name in (stem, stem + ".gz"):
+            if os.path.exists(os.path.join(data_dir, name)):
+                counts.append(idx_count(os.path.join(data_dir, name)))
+                break
+        else:
+            raise RuntimeError(f"--data_dir {data_dir}: no {stem}[.gz]")
+    return tuple(counts)
+
+
+SGEMM_PEAK = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+n = 2048
+a, b = torch.randn(n, n), torch.randn(n, n)
+best = float("inf")
+for _ in range(12):
+    start = time.perf_counter()
+    torch.mm(a, b)
+    best = min(best, time.perf_counter() - start)
+print(2 * n ** 3 / best)
+"""
+
+
+def sgemm_peak_flops(python, threads):
+    """The best float32 GEMM rate (FLOP/s) torch.mm reaches with `threads` threads."""
+    proc = subprocess.run([python, "-c", SGEMM_PEAK, str(threads)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sgemm peak with {python}: {proc.stderr[-2000:]}")
+    return float(proc.stdout.strip())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train_mnist", default="build-cpu/apps/train_mnist")
@@ -59,6 +128,9 @@ def main():
     if not os.access(args.train_mnist, os.X_OK):
         print(f"mnist_e2e.py: --train_mnist {args.train_mnist}: not an executable", file=sys.stderr)
         return 2
+    if args.tandem_args.strip():
+        print("mnist_e2e.py: note: the floor assumes train_mnist's default model and schedule",
+              file=sys.stderr)
     tandem_cmd = [args.train_mnist, f"--data_dir={args.data_dir}"] + args.tandem_args.split()
     torch_cmd = [args.python, os.path.join(HERE, "torch_mnist.py"), f"--threads={args.threads}",
                  f"--data_dir={args.data_dir}"]
@@ -84,6 +156,18 @@ def main():
     for k in ("tandem", "torch"):
         print(f"  {k:8s} {med[k][0]:8.2f} {med[k][1]:12.0f} {med[k][2]:11.2f}")
     print(f"  speedup (torch time / tandem time): {med['torch'][0] / med['tandem'][0]:.2f}x")
+    try:
+        train_images, test_images = dataset_counts(args.data_dir)
+        peak = sgemm_peak_flops(args.python, args.threads)
+    except RuntimeError as e:
+        print(f"mnist_e2e.py: {e}", file=sys.stderr)
+        return 1
+    flops = lenet_job_flops(args.epochs or 2, train_images, test_images)
+    floor_s = flops / peak
+    print(f"  float32 floor: {flops / 1e12:.3f} TFLOP (LeNet, {args.epochs or 2} epochs of "
+          f"{train_images} training + {test_images} test images) / sgemm peak "
+          f"{peak / 1e9:.1f} GFLOP/s ({args.threads} threads) = {floor_s:.2f} s")
+    print(f"  train_mnist / floor: {med['tandem'][0] / floor_s:.2f}x")
     return 0
 
 

@@ -90,18 +90,29 @@ Tensor Conv2dOp(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_
   const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
   const TensorOptions like_x{.dtype = x.dtype(), .device = x.device()};
   Tensor y = empty({g.n, g.o, g.oh, g.ow}, like_x);
-  if (g.n > 0) {
-    TANDEM_ON_DEVICE(x, ops::internal::Conv2dForward, x, weight, bias, g, y, relu);
-  }
   const bool gx = x.requires_grad(), gw = weight.requires_grad();
   const bool gb = bias.defined() && bias.requires_grad();
+  // The weight gradient reads x; the CPU kernels hand over the copy of x they
+  // reordered, so that backward need not reorder it again.
+  ops::internal::Conv2dSavedInput saved_x;
+  if (g.n > 0) {
+#if TANDEM_WITH_CUDA
+    if (x.is_cuda()) {
+      ops::internal::Conv2dForwardCuda(x, weight, bias, g, y, relu);
+    } else
+#endif
+    {
+      ops::internal::Conv2dForwardCpu(x, weight, bias, g, y, relu,
+                                      gw && grad_mode_enabled() ? &saved_x : nullptr);
+    }
+  }
   return autograd::Record(
       relu ? "conv2d_relu" : "conv2d", {x, weight, bias}, y,
       // dx needs only the weight and dweight only x: keep just what backward reads
       // (and y for relu's mask).
       [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(),
-       y_kept = relu ? y.detach() : Tensor(), x_shape = x.shape(), w_shape = weight.shape(), g,
-       gx, gw, gb, like_x](const Tensor& dy_in) {
+       y_kept = relu ? y.detach() : Tensor(), saved_x = std::move(saved_x), x_shape = x.shape(),
+       w_shape = weight.shape(), g, gx, gw, gb, like_x](const Tensor& dy_in) {
         Tensor dy = dy_in;
         if (y_kept.defined()) {  // relu: at y == 0 the subgradient 0, as relu()
           dy = empty_like(dy_in);
@@ -114,7 +125,14 @@ Tensor Conv2dOp(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_
         Tensor dw = gw ? empty(w_shape, like_x) : Tensor();
         Tensor db = gb ? empty({g.o}, like_x) : Tensor();
         if (g.n > 0) {
-          TANDEM_ON_DEVICE(dy, ops::internal::Conv2dBackward, dy, x, w, g, dx, dw, db);
+#if TANDEM_WITH_CUDA
+          if (dy.is_cuda()) {
+            ops::internal::Conv2dBackwardCuda(dy, x, w, g, dx, dw, db);
+          } else
+#endif
+          {
+            ops::internal::Conv2dBackwardCpu(dy, x, w, g, dx, dw, db, saved_x);
+          }
         } else {  // an empty batch: zero gradients (dx is empty)
           if (gw) dw.fill_(0.0);
           if (gb) db.fill_(0.0);

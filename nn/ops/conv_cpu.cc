@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nn/error.h"
+#include "nn/ops/internal/conv_depthwise_kernels.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
@@ -221,15 +222,27 @@ namespace tandem::nn::ops::internal {
 // with its threads than without, on the per-image sizes of small convs).
 // Results are deterministic: same inputs and OpenBLAS thread count, same bits.
 
+namespace {
+// float32 depthwise calls on the default path take the direct kernels
+// (conv_depthwise_cpu.cc): on oneDNN their layout reorders cost more than the
+// convolution. The other paths keep them, for the tests that compare paths.
+bool DirectDepthwise(DType dtype, const Conv2dGeometry& g) {
+  return dtype == kFloat32 && IsDepthwise(g) && GetCpuConvPath() == CpuConvPath::kAuto;
+}
+}  // namespace
+
 // oneDNN takes float32 convolutions with a non-empty input; an empty one (H or W
 // 0, the output all padding) takes im2col, whose windows see only zeros.
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                      const Conv2dGeometry& g, const Tensor& y, bool relu) {
+                      const Conv2dGeometry& g, const Tensor& y, bool relu,
+                      Conv2dSavedInput* saved_x) {
+  if (DirectDepthwise(x.dtype(), g)) return DepthwiseConv2dForwardCpu(x, weight, bias, g, y, relu);
 #if TANDEM_WITH_DNNL
   if (x.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
-    return Conv2dForwardDnnl(x, weight, bias, g, y, relu);
+    return Conv2dForwardDnnl(x, weight, bias, g, y, relu, saved_x);
   }
 #endif
+  (void)saved_x;  // only the oneDNN path reorders x
   if (relu) {  // im2col: the convolution, then relu's own kernel in place
     Conv2dForwardCpu(x, weight, bias, g, y, false);
     return UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
@@ -300,6 +313,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx) {
+  if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardDataCpu(dy, weight, g, dx);
 #if TANDEM_WITH_DNNL
   if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardDataDnnl(dy, weight, g, dx);
@@ -345,6 +359,7 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
 
 void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                              const Tensor& dweight) {
+  if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardFilterCpu(dy, x, g, dweight);
 #if TANDEM_WITH_DNNL
   if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardFilterDnnl(dy, x, g, dweight);
@@ -389,12 +404,14 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
 
 void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
-                       const Tensor& dbias) {
+                       const Tensor& dbias, const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
-    return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias);
+  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
+      !DirectDepthwise(dy.dtype(), g)) {
+    return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias, saved_x);
   }
 #endif
+  (void)saved_x;
   if (dx.defined()) Conv2dBackwardDataCpu(dy, weight, g, dx);
   if (dweight.defined()) Conv2dBackwardFilterCpu(dy, x, g, dweight);
   if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);

@@ -272,8 +272,14 @@ Tensor Buffer(const memory::desc& desc) {
 // same call that wants the same input in the same layout (the two backward
 // primitives both read dy): one reorder instead of two.
 struct Reordered {
-  std::vector<std::tuple<const void*, memory::desc, memory>> inputs;
-  std::vector<Tensor> keep;  // the reordered copies, alive until the call ends
+  struct Input {
+    const void* data;  // the plain tensor's elements
+    memory::desc desc;  // the layout of the copy
+    memory copy;
+    Tensor buffer;  // the copy's elements
+  };
+  std::vector<Input> inputs;
+  std::vector<Tensor> outputs;  // the outputs' copies, alive until the call ends
 };
 
 // Runs `e` on plain tensors: inputs in `in` and outputs in `out` (argument ->
@@ -293,20 +299,21 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
       return;
     }
     if (!is_output) {
-      for (const auto& [data, desc, copy] : reordered.inputs) {
-        if (data == t.host_ptr() && desc == want) {
-          args.emplace(arg, copy);
+      for (const Reordered::Input& input : reordered.inputs) {
+        if (input.data == t.host_ptr() && input.desc == want) {
+          args.emplace(arg, input.copy);
           return;
         }
       }
     }
-    reordered.keep.push_back(Buffer(want));
-    memory blocked(want, Engine(), reordered.keep.back().host_ptr());
+    Tensor buffer = Buffer(want);
+    memory blocked(want, Engine(), buffer.host_ptr());
     if (is_output) {
       copy_back.emplace_back(blocked, user);
+      reordered.outputs.push_back(std::move(buffer));
     } else {
       dnnl::reorder(user, blocked).execute(stream, user, blocked);
-      reordered.inputs.emplace_back(t.host_ptr(), want, blocked);
+      reordered.inputs.push_back({t.host_ptr(), want, blocked, std::move(buffer)});
     }
     args.emplace(arg, blocked);
   };
@@ -349,23 +356,39 @@ std::string DnnlVersion() {
 }
 
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y, bool relu) {
+                       const Conv2dGeometry& g, const Tensor& y, bool relu,
+                       Conv2dSavedInput* saved_x) {
   const bool has_bias = bias.defined();
   const Entry& e = Lookup(Kind::kForward, g, has_bias, relu);
   const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
   std::map<int, std::pair<memory::desc, const Tensor*>> in = {
       {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
   if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
-  Run(e, in, {{DNNL_ARG_DST, {d.dst, &y}}});
+  Reordered reordered;
+  Run(e, in, {{DNNL_ARG_DST, {d.dst, &y}}}, reordered);
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+  if (saved_x == nullptr) return;
+  *saved_x = {};
+  for (Reordered::Input& input : reordered.inputs) {
+    if (input.data == x.host_ptr() && input.desc == e.want.at(DNNL_ARG_SRC)) {
+      saved_x->data = std::move(input.buffer);
+      saved_x->layout = std::make_shared<const memory::desc>(input.desc);
+    }
+  }
 }
 
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
-                        const Tensor& dbias) {
+                        const Tensor& dbias, const Conv2dSavedInput& saved_x) {
   const bool bias_here = dbias.defined() && dweight.defined();
   const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g));
-  Reordered reordered;  // dy, reordered once for both primitives where they agree
+  // dy, reordered once for both primitives where they agree; x, the forward's copy.
+  Reordered reordered;
+  if (dweight.defined() && saved_x.data.defined()) {
+    const auto& desc = *static_cast<const memory::desc*>(saved_x.layout.get());
+    reordered.inputs.push_back({x.host_ptr(), desc, memory(desc, Engine(), saved_x.data.host_ptr()),
+                                saved_x.data});
+  }
   if (dx.defined()) {
     const Entry& e = Lookup(Kind::kBackwardData, g, false);
     Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},

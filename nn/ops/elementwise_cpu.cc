@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "nn/ops/internal/cpu_parallel.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -37,6 +38,11 @@ BroadcastPlan PlanBroadcast(const Shape& a, const Shape& b, const char* op) {
 }
 
 namespace {
+// Elements per thread at the least before a map splits over the kernel threads
+// (ParallelFor; a map's bits do not depend on the split): below this the
+// OpenMP fork and join costs more than the second core gives.
+constexpr int64_t kMinPerThread = int64_t{1} << 15;
+
 // The op a compile-time constant, as UnaryLoop below: no switch per element, so
 // the loops vectorise (relu's backward select becomes a mask instead of a
 // branch that random data mispredicts). Each element gets the same operations
@@ -44,13 +50,20 @@ namespace {
 // a one-element b. No __restrict: out may alias an operand (the compiler checks
 // for overlap before its vector loop).
 template <BinaryOp kOp, typename T>
-void BinaryLoop(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
+void BinaryRange(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
   if (b_step == 0) {
     const Compute<T> vb = Load(pb[0]);
     for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), vb));
   } else {
     for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), Load(pb[i])));
   }
+}
+
+template <BinaryOp kOp, typename T>
+void BinaryLoop(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
+  ParallelFor(n, kMinPerThread, [&](int64_t begin, int64_t end) {
+    BinaryRange<kOp, T>(pa + begin, pb + begin * b_step, b_step, po + begin, end - begin);
+  });
 }
 
 template <typename T>
@@ -103,8 +116,15 @@ namespace {
 // where the op allows (affine, rdiv, relu). C = Compute<T>: for float and double
 // Load/Store are the identity and the loop is the plain one.
 template <UnaryOp kOp, typename T>
-void UnaryLoop(const T* __restrict px, T* __restrict po, int64_t n, Compute<T> a, Compute<T> b) {
+void UnaryRange(const T* __restrict px, T* __restrict po, int64_t n, Compute<T> a, Compute<T> b) {
   for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyUnary(kOp, Load(px[i]), a, b));
+}
+
+template <UnaryOp kOp, typename T>
+void UnaryLoop(const T* px, T* po, int64_t n, Compute<T> a, Compute<T> b) {
+  ParallelFor(n, kMinPerThread, [&](int64_t begin, int64_t end) {
+    UnaryRange<kOp, T>(px + begin, po + begin, end - begin, a, b);
+  });
 }
 }  // namespace
 

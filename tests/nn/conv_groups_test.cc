@@ -187,13 +187,13 @@ TEST(ConvGroupsTest, BatchAcrossChunksMatchesPerGroupConvolutions) {
   }
 }
 
-// float32 on each CPU path (oneDNN blocked and plain where built, im2col +
-// OpenBLAS) against the float64 per-group reference; each path repeats its own
-// bits at 1 and 2 threads.
+// float32 on each CPU path (the default, with its direct depthwise kernels;
+// oneDNN blocked and plain where built; im2col + OpenBLAS) against the float64
+// per-group reference; each path repeats its own bits at 1 and 2 threads.
 TEST(ConvGroupsTest, EachFloat32CpuPathMatchesReferenceAndRepeats) {
   using ops::internal::CpuConvPath;
   const testing::RestoreCpuConv restore;
-  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare();
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare(/*with_auto=*/true);
   manual_seed(42);
   for (const Case& c : Cases()) {
     Tensor x = randn(c.x, {.dtype = kFloat64});
@@ -207,7 +207,8 @@ TEST(ConvGroupsTest, EachFloat32CpuPathMatchesReferenceAndRepeats) {
         set_cpu_blas_threads(t);
         const std::string where =
             absl::StrCat(c.name, ", path ", static_cast<int>(path),
-                         " (1 im2col, 2 oneDNN, 3 oneDNN blocked), ", t, " thread(s)");
+                         " (0 default, 1 im2col, 2 oneDNN, 3 oneDNN blocked, 4 oneDNN nhwc), ",
+                         t, " thread(s)");
         const Result got = RunGrouped(x, w, b, dy, c.p, kFloat32);
         ExpectNear(got.y, want.y, 2e-4, where + ": output");
         ExpectNear(got.dx, want.dx, 2e-4, where + ": dx");

@@ -25,14 +25,15 @@ class RestoreCpuConv {
   int threads_ = cpu_blas_threads();
 };
 
-// im2col, then (when tandem is built with oneDNN) oneDNN on plain NCHW, blocked
-// and channels-last layouts, and with_auto: kAuto's choice too.
+// im2col, with_auto: kAuto's choice (oneDNN by shape where built; the direct
+// depthwise kernels on every build), then (when tandem is built with oneDNN)
+// oneDNN on plain NCHW, blocked and channels-last layouts.
 inline std::vector<ops::internal::CpuConvPath> CpuConvPathsToCompare(bool with_auto = false) {
   using ops::internal::CpuConvPath;
   std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
   ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (with_auto) paths.push_back(CpuConvPath::kAuto);
   if (ops::internal::CpuConvUsesDnnl()) {
-    if (with_auto) paths.push_back(CpuConvPath::kAuto);
     paths.insert(paths.end(),
                  {CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked, CpuConvPath::kDnnlNhwc});
   }

@@ -6,6 +6,7 @@
 #define TANDEM_NN_OPS_INTERNAL_CONV_KERNELS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "nn/ops/conv.h"
@@ -22,11 +23,22 @@ struct Conv2dGeometry {
   Conv2dParams params;                 // params.groups divides c and o
 };
 
+// x as a forward call's primitive read it, kept for the backward call of the same
+// convolution: the oneDNN path reorders x into its blocked layout in forward and
+// its weight gradient reads the same layout, so backward reuses the copy instead
+// of reordering x again. Empty (data undefined) where forward did not reorder x.
+struct Conv2dSavedInput {
+  Tensor data;                         // x in `layout`
+  std::shared_ptr<const void> layout;  // conv_dnnl.cc's description of the layout
+};
+
 // y = conv(x, weight) + bias (bias undefined: none); relu: y = max(y, 0) after
 // the bias, with the bits of relu() on the unfused result (oneDNN's JIT kernels:
 // a post-op of the primitive; the other kernels: in place after the convolution).
+// saved_x: when given, receives x as the primitive read it (see Conv2dSavedInput).
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                      const Conv2dGeometry& g, const Tensor& y, bool relu = false);
+                      const Conv2dGeometry& g, const Tensor& y, bool relu = false,
+                      Conv2dSavedInput* saved_x = nullptr);
 // dx = gradient of x from dy (overwritten, not accumulated).
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx);
@@ -37,11 +49,12 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias);
 // All three gradients of one call: each of dx, dweight, dbias that is defined is
 // overwritten as above (x is read only for dweight, weight only for dx). The
-// oneDNN path reorders dy once for both primitives and sums dbias inside the
-// dweight pass; the others run the three kernels above.
+// oneDNN path reorders dy once for both primitives, reads x from saved_x (the
+// forward's copy) where its layout is the one the dweight primitive reads, and
+// sums dbias inside the dweight pass; the others run the three kernels above.
 void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
-                       const Tensor& dbias);
+                       const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
 
 // The float32 CPU implementation (float64 and bfloat16 always take im2col +
 // OpenBLAS). kAuto: oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in
@@ -62,14 +75,15 @@ bool CpuConvUsesDnnl();
 std::string DnnlVersion();
 // conv_dnnl.cc: float32 only, the contracts of the Cpu kernels above.
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y, bool relu = false);
+                       const Conv2dGeometry& g, const Tensor& y, bool relu = false,
+                       Conv2dSavedInput* saved_x = nullptr);
 void Conv2dBackwardDataDnnl(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                             const Tensor& dx);
 void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                               const Tensor& dweight);
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
-                        const Tensor& dbias);
+                        const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
 #endif
 
 #if TANDEM_WITH_CUDA

@@ -1,0 +1,79 @@
+// Direct depthwise conv2d on the CPU (internal/conv_depthwise_kernels.h).
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "nn/ops/internal/conv_depthwise_kernels.h"
+#include "nn/ops/internal/cpu_parallel.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+// The kernels twice: for the baseline instruction set, and with AVX2 and FMA (8
+// floats per vector, fused multiply-adds) for the CPUs that have them (chosen
+// once per process, see UseAvx2; the bits differ between the two, as oneDNN's
+// do between instruction sets).
+namespace baseline {
+#include "nn/ops/conv_depthwise_kernels.inc"
+}  // namespace baseline
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "nn/ops/conv_depthwise_kernels.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+// AVX2 and FMA where the CPU has them, unless ONEDNN_MAX_CPU_ISA (which pins
+// oneDNN's instruction set, and so the bits of a run) names one below AVX2.
+bool UseAvx2() {
+  static const bool avx2 = [] {
+    const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+    if (isa != nullptr && (std::string_view(isa) == "SSE41" || std::string_view(isa) == "AVX")) {
+      return false;
+    }
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return avx2;
+}
+#define TANDEM_DEPTHWISE_KERNEL(Name, T) (UseAvx2() ? avx2::Name<T> : baseline::Name<T>)
+#else
+#define TANDEM_DEPTHWISE_KERNEL(Name, T) baseline::Name<T>
+#endif
+
+}  // namespace
+
+bool IsDepthwise(const Conv2dGeometry& g) {
+  return g.params.groups == g.c && g.o == g.c && g.h > 0 && g.w > 0;
+}
+
+void DepthwiseConv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                               const Conv2dGeometry& g, const Tensor& y, bool relu) {
+  TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d: groups ", g.params.groups, ", in_channels ",
+               g.c, ", out_channels ", g.o, " is not depthwise");
+  TANDEM_DISPATCH_FLOAT(x.dtype(), "depthwise conv2d", [&]<typename T>() {
+    TANDEM_DEPTHWISE_KERNEL(Forward, T)(x, weight, bias, g, y, relu);
+  });
+}
+
+void DepthwiseConv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight,
+                                    const Conv2dGeometry& g, const Tensor& dx) {
+  TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d backward: groups ", g.params.groups,
+               ", in_channels ", g.c, ", out_channels ", g.o, " is not depthwise");
+  TANDEM_DISPATCH_FLOAT(dy.dtype(), "depthwise conv2d backward", [&]<typename T>() {
+    TANDEM_DEPTHWISE_KERNEL(BackwardData, T)(dy, weight, g, dx);
+  });
+}
+
+void DepthwiseConv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                                      const Tensor& dweight) {
+  TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d backward: groups ", g.params.groups,
+               ", in_channels ", g.c, ", out_channels ", g.o, " is not depthwise");
+  TANDEM_DISPATCH_FLOAT(dy.dtype(), "depthwise conv2d backward", [&]<typename T>() {
+    TANDEM_DEPTHWISE_KERNEL(BackwardFilter, T)(dy, x, g, dweight);
+  });
+}
+
+}  // namespace tandem::nn::ops::internal
