@@ -233,18 +233,17 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   return e;
 }
 
-// kAuto's layout for a shape. The blocked layouts pad channels to multiples of
-// 16 (AVX-512): 20 -> 32 channels on both sides makes LeNet's second conv do
-// 2.56x the useful work, and channels-last runs it 1.5x faster (nn_ops_bench,
-// docs/benchmarks.md). Channels-last where an ungrouped conv has a channel
-// count off the block on either side and a real (C >= 8) input; the blocked
-// layouts everywhere else: they measured faster on every 16-multiple shape and on
-// the first convs (C = 1, 3), whose input oneDNN keeps plain.
-// Without AVX-512 (oneDNN's AVX2 kernels block channels by 8) a first conv with
-// fewer than 8 input channels runs channels-last too: there its input is the
-// NCHW tensor itself (no reorder) and LeNet's first conv's forward + backward
-// took 2.0 ms against 5.1 ms blocked (nn_ops_bench BM_Conv1x20k5, batch 64, AMD
-// EPYC AVX2).
+// kAuto's layout for a shape (grouped convs: blocked). The blocked layouts pad
+// channels to multiples of 16 with AVX-512: 20 -> 32 channels on both sides makes
+// LeNet's second conv do 2.56x the useful work, and channels-last runs it 1.5x
+// faster (nn_ops_bench, docs/benchmarks.md). So for a real (C >= 8) input:
+// channels-last where a channel count is off the 16-block on either side, blocked
+// on 16-multiples, where it measured faster. For a first conv (C < 8, whose input
+// is the NCHW tensor): blocked with AVX-512 (faster on the Intel machine); without
+// it (oneDNN's AVX2 kernels block by 8) channels-last, where the input needs no
+// reorder: LeNet's first conv's forward + backward took 2.0 ms against 5.1 ms
+// blocked (BM_Conv1x20k5, batch 64, AMD EPYC AVX2). ONEDNN_MAX_CPU_ISA below
+// AVX-512 counts as without.
 Layout AutoLayout(const Conv2dGeometry& g) {
   if (g.params.groups != 1) return Layout::kBlocked;
   static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
