@@ -2,10 +2,13 @@
 #ifndef TANDEM_TESTS_TEST_UTIL_H_
 #define TANDEM_TESTS_TEST_UTIL_H_
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <exception>
 #include <functional>
 #include <string>
@@ -37,6 +40,14 @@ inline void ExpectSameBits(const std::vector<float>& a, const std::vector<float>
     std::memcpy(&y, &b[i], 4);
     ASSERT_EQ(x, y) << what << " element " << i << ": " << a[i] << " vs " << b[i];
   }
+}
+
+// A new empty directory under the system's temporary directory, named
+// <prefix>_XXXXXX (mkdtemp); the test removes it when it wants to.
+inline std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << tmpl;
+  return tmpl;
 }
 
 // Every parameter of `m`, in parameters() order, flattened into one float vector.

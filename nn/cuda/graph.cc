@@ -338,14 +338,13 @@ struct CaptureRun {
 // `arena`; restores the thread's allocator and deferred frees afterwards, and
 // releases the graph memory that waited for the capture to end. Throws nothing
 // (the step's exception is in the result).
-CaptureRun CaptureStep(Device device, cudaStream_t stream, CaptureArena& arena,
-                       std::shared_ptr<Allocator> arena_allocator, CaptureState& state,
+CaptureRun CaptureStep(Device device, cudaStream_t stream,
+                       const std::shared_ptr<CaptureArena>& arena, CaptureState& state,
                        const std::function<void()>& step) {
   // An earlier, unrelated error must not be blamed on the capture.
   cudaGetLastError();
   internal::DeferredCudaFrees deferred;
-  std::shared_ptr<Allocator> previous_allocator =
-      SetThreadCudaAllocator(std::move(arena_allocator));
+  std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
   ActiveCaptures::Get().Begin(device.index);
   CaptureRun run;
@@ -367,7 +366,7 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream, CaptureArena& arena,
   internal::SetThreadDeferredCudaFrees(previous_deferred);
   // Pool memory released during the step may be read by the graph: it lives
   // with the arena.
-  arena.Keep(deferred);
+  arena->Keep(deferred);
   // Graph memory of others that died during the capture, and releases that
   // waited for captures on this device to end: now, unless another capture on
   // their devices still runs (Release defers them again).
@@ -482,7 +481,7 @@ void CudaGraph::Capture(const std::function<void()>& step) {
                                            graph->num_nodes, " nodes)");
                      },
                      {}};
-  CaptureRun run = CaptureStep(device_, stream, *arena, arena, state, step);
+  CaptureRun run = CaptureStep(device_, stream, arena, state, step);
   ThrowIfCaptureFailed(run, device_);
   const int64_t work_nodes = CountWorkNodes(run.graph);
   impl_->exec = InstantiateAndUpload(run, stream, device_);

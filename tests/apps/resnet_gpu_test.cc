@@ -26,6 +26,7 @@
 #include "nn/device.h"
 #include "nn/ops/matmul.h"  // set_allow_tf32
 #include "nn/random.h"
+#include "tests/test_util.h"
 
 namespace tandem::apps {
 namespace {
@@ -39,18 +40,6 @@ class ResNetGpuTest : public ::testing::Test {
     nn::set_allow_tf32(false);
   }
 };
-
-// max |got - want| / max |want| (the difference itself when want is all zero).
-double ScaledError(const nn::Tensor& want, const nn::Tensor& got) {
-  const std::vector<double> w = want.to_vector<double>(), g = got.to_vector<double>();
-  EXPECT_EQ(w.size(), g.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < w.size() && i < g.size(); ++i) {
-    err = std::max(err, std::abs(g[i] - w[i]));
-    scale = std::max(scale, std::abs(w[i]));
-  }
-  return scale == 0 ? err : err / scale;
-}
 
 struct Pass {
   nn::Tensor output;
@@ -101,11 +90,11 @@ void ExpectParity(const std::function<std::shared_ptr<nn::Module>()>& make, cons
   const Pass want = Run(*cpu, x, grad, nn::Device::CPU());
   const Pass got = Run(*gpu, x, grad, nn::Device::CUDA(0));
 
-  double worst = ScaledError(want.output, got.output);
+  double worst = testing::ScaledError(got.output, want.output);
   EXPECT_LE(worst, check.tol) << what << ": output";
   if (check.gradients) {
     for (size_t i = 0; i < want.tensors.size(); ++i) {
-      const double error = ScaledError(want.tensors[i].second, got.tensors[i].second);
+      const double error = testing::ScaledError(got.tensors[i].second, want.tensors[i].second);
       worst = std::max(worst, error);
       EXPECT_LE(error, check.tol) << what << ": " << want.tensors[i].first;
     }

@@ -13,16 +13,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/test_util.h"
+
 namespace tandem::nn::internal {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "tandem_atomic_XXXXXX").string();
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+std::string TempDir() { return testing::MakeTempDir("tandem_atomic"); }
 
 std::string Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

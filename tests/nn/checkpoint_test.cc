@@ -13,17 +13,14 @@
 #include <random>
 #include <thread>
 
+#include "tests/test_util.h"
+
 namespace tandem::nn {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "tandem_ckpt_XXXXXX").string();
-  char* dir = ::mkdtemp(tmpl.data());
-  EXPECT_NE(dir, nullptr);
-  return tmpl;
-}
+std::string TempDir() { return testing::MakeTempDir("tandem_ckpt"); }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
