@@ -27,6 +27,10 @@
 //   MaxPoolCifar1    32 channels, 30x30 -> 15x15 (ConvNet)
 //   MaxPoolCifar2    64 channels, 13x13 -> 6x6 (ConvNet)
 //   AvgPoolLeNet1, AvgPoolCifar1  avg_pool2d on the LeNet1 / Cifar1 shapes
+// and, at batch 32 and 128, LeNet's conv + ReLU + 2x2 max-pool blocks as
+// conv2d_relu_max_pool2d and, "/unfused" rows, as conv2d_relu then max_pool2d:
+//   LeNetBlock1      1 -> 20, 5x5, padding 2, on 28x28 data
+//   LeNetBlock2      20 -> 20, 5x5, padding 2, on 14x14 (grads: x, weight, bias)
 // One iteration is forward, backward from a fixed output gradient (ones; the
 // loss's own 1 for cross_entropy) and zero_grad. On CUDA each iteration ends
 // with a synchronisation of the thread's stream, so the time is the whole step's
@@ -140,6 +144,28 @@ StepFn MaxPoolStep(int64_t batch, int64_t channels, int64_t hw, DType dtype = kF
 StepFn MaxPool20x28(int64_t batch) { return MaxPoolStep(batch, 20, 28); }
 StepFn MaxPool64x30(int64_t batch) { return MaxPoolStep(batch, 64, 30); }
 StepFn MaxPool64x30F64(int64_t batch) { return MaxPoolStep(batch, 64, 30, kFloat64); }
+
+// A conv (in -> out, 5x5, padding 2, on (batch, in, hw, hw)) + ReLU + 2x2 max
+// pool, fused (conv2d_relu_max_pool2d) or not.
+StepFn ConvReluPoolStep(int64_t batch, int64_t in, int64_t hw, bool fused) {
+  constexpr int64_t kOut = 20;
+  Tensor w = randn({kOut, in, 5, 5}).set_requires_grad(true);
+  Tensor b = randn({kOut}).set_requires_grad(true);
+  Tensor x = randn({batch, in, hw, hw}).set_requires_grad(in > 1);
+  Tensor dy = randn({batch, kOut, hw / 2, hw / 2});
+  const Conv2dParams conv{.padding = {2, 2}};
+  return [w, b, x, dy, conv, fused]() mutable {
+    (fused ? conv2d_relu_max_pool2d(x, w, b, conv, {}) : max_pool2d(conv2d_relu(x, w, b, conv)))
+        .backward(dy);
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    x.set_grad(Tensor());
+  };
+}
+StepFn LeNetBlock1(int64_t batch) { return ConvReluPoolStep(batch, 1, 28, true); }
+StepFn LeNetBlock2(int64_t batch) { return ConvReluPoolStep(batch, 20, 14, true); }
+StepFn LeNetBlock1Unfused(int64_t batch) { return ConvReluPoolStep(batch, 1, 28, false); }
+StepFn LeNetBlock2Unfused(int64_t batch) { return ConvReluPoolStep(batch, 20, 14, false); }
 
 // max_pool2d (or avg_pool2d) 2x2 stride 2 on (batch, channels, hw, hw)
 // requiring grad: the pools of the apps' models (apps/models.cc).
@@ -296,6 +322,20 @@ void Register(Device device) {
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }
+    }
+  }
+  const Case blocks[] = {{"LeNetBlock1", LeNetBlock1},
+                         {"LeNetBlock1/unfused", LeNetBlock1Unfused},
+                         {"LeNetBlock2", LeNetBlock2},
+                         {"LeNetBlock2/unfused", LeNetBlock2Unfused}};
+  for (const Case& c : blocks) {
+    for (int64_t batch : {32, 128}) {
+      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch,
+                                   CpuConvPath::kAuto, CpuPoolPath::kAuto)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
   }
   const Case pools[] = {{"MaxPool20x28", MaxPool20x28},

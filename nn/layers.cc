@@ -60,6 +60,9 @@ Conv2dImpl::Conv2dImpl(int64_t in_channels, int64_t out_channels, std::array<int
 
 Tensor Conv2dImpl::forward(const Tensor& x) { return conv2d(x, weight, bias, params); }
 Tensor Conv2dImpl::forward_relu(const Tensor& x) { return conv2d_relu(x, weight, bias, params); }
+Tensor Conv2dImpl::forward_relu_max_pool(const Tensor& x, const Pool2dParams& pool) {
+  return conv2d_relu_max_pool2d(x, weight, bias, params, pool);
+}
 
 // --- Pooling and activations ---------------------------------------------------------
 Tensor MaxPool2dImpl::forward(const Tensor& x) { return max_pool2d(x, params); }
@@ -141,11 +144,18 @@ Tensor SequentialImpl::forward(const Tensor& x) {
   Tensor y = x;
   for (size_t i = 0; i < modules_.size(); ++i) {
     // Exact types only: a subclass may override forward.
+    // Conv2d, ReLU [, MaxPool2d]: one fused op (conv.h), the same bits.
     const Module& m = *modules_[i];
     if (typeid(m) == typeid(Conv2dImpl) && i + 1 < modules_.size() &&
         typeid(*modules_[i + 1]) == typeid(ReLUImpl)) {
-      y = static_cast<Conv2dImpl&>(*modules_[i]).forward_relu(y);
-      ++i;
+      auto& conv = static_cast<Conv2dImpl&>(*modules_[i]);
+      if (i + 2 < modules_.size() && typeid(*modules_[i + 2]) == typeid(MaxPool2dImpl)) {
+        y = conv.forward_relu_max_pool(y, static_cast<MaxPool2dImpl&>(*modules_[i + 2]).params);
+        i += 2;
+      } else {
+        y = conv.forward_relu(y);
+        ++i;
+      }
       continue;
     }
     y = modules_[i]->forward(y);

@@ -46,6 +46,9 @@ class Conv2dImpl : public Module {
   // relu(forward(x)) as one op (conv2d_relu): what Sequential runs for a Conv2d
   // followed by a ReLU.
   Tensor forward_relu(const Tensor& x);
+  // max_pool2d(relu(forward(x)), pool) as one op (conv2d_relu_max_pool2d): what
+  // Sequential runs for a Conv2d followed by a ReLU and a MaxPool2d.
+  Tensor forward_relu_max_pool(const Tensor& x, const Pool2dParams& pool);
 
   Conv2dParams params;
   Tensor weight, bias;

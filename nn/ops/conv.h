@@ -10,6 +10,7 @@
 #include <array>
 #include <string>
 
+#include "nn/ops/pool.h"
 #include "nn/tensor.h"
 
 namespace tandem::nn {
@@ -44,6 +45,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // by a ReLU.
 Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                    const Conv2dParams& params = {});
+
+// max_pool2d(conv2d_relu(x, weight, bias, params), pool) as one op, with the
+// same values and gradients bit for bit. On the CPU, for float32 outside
+// autocast, where the convolution runs on oneDNN channels-last (channel counts
+// off the 16-block; first convolutions without AVX-512) or blocked with the
+// output channels filling the blocks, and the pooling windows tile the output
+// (no padding, kernel == stride): y never leaves that layout. The pooling reads
+// it there and writes the NCHW output, and backward builds the convolution's dy
+// in the same layout in one pass: no reorders of y or dy, no pass for relu's
+// mask. Elsewhere the two ops run one after the other. nn::Sequential uses it
+// for a Conv2d, a ReLU and a MaxPool2d in a row.
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              const Conv2dParams& params, const Pool2dParams& pool);
 
 // What float32 CPU convolutions (and GEMMs) run on in this build, for reports:
 // "oneDNN <version>" (libdnnl, when tandem is built with it) or "im2col +

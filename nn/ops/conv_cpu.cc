@@ -11,6 +11,7 @@
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/internal/pool_kernels.h"
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -415,6 +416,48 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (dx.defined()) Conv2dBackwardDataCpu(dy, weight, g, dx);
   if (dweight.defined()) Conv2dBackwardFilterCpu(dy, x, g, dweight);
   if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);
+}
+
+int64_t Conv2dReluMaxPoolGroupCpu(const Tensor& x, const Tensor& bias, const Conv2dGeometry& g,
+                                  const Pool2dGeometry& pool) {
+#if TANDEM_WITH_DNNL
+  const bool applies = !x.is_cuda() && x.dtype() == kFloat32 && g.n > 0 && g.h > 0 && g.w > 0 &&
+                       CpuConvUsesDnnl() && !DirectDepthwise(x.dtype(), g) &&
+                       MaxPoolTilesChannelsLast(pool) && pool.oh > 0 && pool.ow > 0 &&
+                       ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
+  return applies ? Conv2dReluMaxPoolGroupDnnl(g, bias.defined()) : 0;
+#else
+  (void)x, (void)bias, (void)g, (void)pool;
+  return 0;
+#endif
+}
+
+void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                 int64_t group, const Tensor& out, const Tensor& where,
+                                 Conv2dSavedInput* saved_x) {
+#if TANDEM_WITH_DNNL
+  Conv2dReluMaxPoolForwardDnnl(x, weight, bias, g, pool, group, out, where, saved_x);
+#else
+  (void)x, (void)weight, (void)bias, (void)g, (void)pool, (void)group, (void)out, (void)where,
+      (void)saved_x;
+  TANDEM_CHECK(false, "conv2d_relu_max_pool2d: the fused path needs oneDNN");
+#endif
+}
+
+void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const Tensor& x,
+                                  const Tensor& weight, const Conv2dGeometry& g,
+                                  const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
+                                  const Tensor& dweight, const Tensor& dbias,
+                                  const Conv2dSavedInput& saved_x) {
+#if TANDEM_WITH_DNNL
+  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, group, dx, dweight, dbias,
+                                saved_x);
+#else
+  (void)dout, (void)where, (void)x, (void)weight, (void)g, (void)pool, (void)group, (void)dx,
+      (void)dweight, (void)dbias, (void)saved_x;
+  TANDEM_CHECK(false, "conv2d_relu_max_pool2d: the fused path needs oneDNN");
+#endif
 }
 
 void Conv2dBackwardBiasCpu(const Tensor& dy, const Tensor& dbias) {

@@ -38,6 +38,7 @@
 #include "nn/ops/internal/dnnl_runtime.h"
 #include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/internal/pool_kernels.h"
 #include "nn/ops/matmul.h"
 
 namespace tandem::nn::ops::internal {
@@ -108,6 +109,7 @@ struct Entry {
   // Forward with relu asked: whether the primitive applies it (a post-op of a
   // JIT kernel); else Conv2dForwardDnnl runs relu's kernel after it.
   bool relu_inside = false;
+  Layout layout = Layout::kPlain;  // the activations' layout (key.layout)
 };
 
 struct Descs {
@@ -178,6 +180,7 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   const Tag wei = key.layout == Layout::kPlain ? PlainWeightTag(g) : Tag::any;
   const Descs d = DescsOf(g, key.bias, act, wei);
   Entry e;
+  e.layout = key.layout;
   switch (key.kind) {
     case Kind::kForward: {
       auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
@@ -362,18 +365,11 @@ std::string DnnlVersion() {
          std::to_string(v->patch);
 }
 
-void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       const Conv2dGeometry& g, const Tensor& y, bool relu,
-                       Conv2dSavedInput* saved_x) {
-  const bool has_bias = bias.defined();
-  const Entry& e = Lookup(Kind::kForward, g, has_bias, relu);
-  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
-  std::map<int, std::pair<memory::desc, const Tensor*>> in = {
-      {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
-  if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
-  Reordered reordered;
-  Run(e, in, {{DNNL_ARG_DST, {d.dst, &y}}}, reordered);
-  if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+namespace {
+
+// Hands forward's reordered copy of x (if it made one) to saved_x.
+void KeepReorderedInput(const Entry& e, const Tensor& x, Reordered& reordered,
+                        Conv2dSavedInput* saved_x) {
   if (saved_x == nullptr) return;
   *saved_x = {};
   for (Reordered::Input& input : reordered.inputs) {
@@ -384,9 +380,27 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
   }
 }
 
-void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
-                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
-                        const Tensor& dbias, const Conv2dSavedInput& saved_x) {
+// Runs the forward primitive `e` on our NCHW x, OIHW weight and bias, writing y
+// in `y_desc` (ours, NCHW, or the primitive's own layout: then no reorder).
+void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor& bias,
+             const Conv2dGeometry& g, const memory::desc& y_desc, const Tensor& y,
+             Conv2dSavedInput* saved_x) {
+  const bool has_bias = bias.defined();
+  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
+  std::map<int, std::pair<memory::desc, const Tensor*>> in = {
+      {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
+  if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
+  Reordered reordered;
+  Run(e, in, {{DNNL_ARG_DST, {y_desc, &y}}}, reordered);
+  KeepReorderedInput(e, x, reordered, saved_x);
+}
+
+// Conv2dBackwardDnnl's work with dy in `dy_desc` (NCHW, or a primitive's own
+// layout: then the primitives read it as it is). dbias without dweight needs an
+// NCHW dy (Conv2dBackwardBiasCpu's).
+void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
+              const Tensor& weight, const Conv2dGeometry& g, const Tensor& dx,
+              const Tensor& dweight, const Tensor& dbias, const Conv2dSavedInput& saved_x) {
   const bool bias_here = dbias.defined() && dweight.defined();
   const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g));
   // dy, reordered once for both primitives where they agree; x, the forward's copy.
@@ -398,7 +412,7 @@ void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
   }
   if (dx.defined()) {
     const Entry& e = Lookup(Kind::kBackwardData, g, false);
-    Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
+    Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
         {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}}, reordered);
   }
   if (dweight.defined()) {
@@ -406,9 +420,95 @@ void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
     std::map<int, std::pair<memory::desc, const Tensor*>> out = {
         {DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}};
     if (bias_here) out[DNNL_ARG_DIFF_BIAS] = {d.bias, &dbias};
-    Run(e, {{DNNL_ARG_DIFF_DST, {d.dst, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
+    Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
   }
-  if (dbias.defined() && !bias_here) Conv2dBackwardBiasCpu(dy, dbias);
+  if (dbias.defined() && !bias_here) {
+    if (dy_desc == d.dst) return Conv2dBackwardBiasCpu(dy, dbias);
+    const Tensor dy_nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = kFloat32, .device = Device::CPU()});
+    memory from(dy_desc, Engine(), dy.host_ptr()), to(d.dst, Engine(), dy_nchw.host_ptr());
+    dnnl::reorder(from, to).execute(Stream(), from, to);
+    Stream().wait();
+    Conv2dBackwardBiasCpu(dy_nchw, dbias);
+  }
+}
+
+}  // namespace
+
+void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dGeometry& g, const Tensor& y, bool relu,
+                       Conv2dSavedInput* saved_x) {
+  const Entry& e = Lookup(Kind::kForward, g, bias.defined(), relu);
+  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
+  Forward(e, x, weight, bias, g, d.dst, y, saved_x);
+  if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+}
+
+void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
+                        const Tensor& dbias, const Conv2dSavedInput& saved_x) {
+  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
+  Backward(dy, d.dst, x, weight, g, dx, dweight, dbias, saved_x);
+}
+
+namespace {
+
+// The fused path's view of y's layout `y`: channels-last (NHWC: one group of all
+// o channels) or blocked nChw8c / nChw16c with o a multiple of the block; either
+// way (n * o / block) images of `block` channels-last channels, which is what the
+// pooling kernels read. 0: neither (padded blocks, other layouts).
+int64_t ChannelGroup(const memory::desc& y, const Conv2dGeometry& g) {
+  const memory::dims dims = {g.n, g.o, g.oh, g.ow};
+  if (y == memory::desc(dims, DataType::f32, Tag::nhwc)) return g.o;
+  if (g.o % 8 == 0 && y == memory::desc(dims, DataType::f32, Tag::nChw8c)) return 8;
+  if (g.o % 16 == 0 && y == memory::desc(dims, DataType::f32, Tag::nChw16c)) return 16;
+  return 0;
+}
+
+memory::desc GroupedDesc(const Conv2dGeometry& g, int64_t group) {
+  const memory::dims dims = {g.n, g.o, g.oh, g.ow};
+  const Tag tag = group == g.o ? Tag::nhwc : group == 8 ? Tag::nChw8c : Tag::nChw16c;
+  return memory::desc(dims, DataType::f32, tag);
+}
+
+// The pooling of (n, o, oh, ow) as (n * o / group) images of `group` channels.
+Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
+  pool.n *= pool.c / group;
+  pool.c = group;
+  return pool;
+}
+
+}  // namespace
+
+int64_t Conv2dReluMaxPoolGroupDnnl(const Conv2dGeometry& g, bool bias) {
+  const Entry& e = Lookup(Kind::kForward, g, bias, /*relu=*/true);
+  return e.relu_inside ? ChannelGroup(e.want.at(DNNL_ARG_DST), g) : 0;
+}
+
+void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                  const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                                  int64_t group, const Tensor& out, const Tensor& where,
+                                  Conv2dSavedInput* saved_x) {
+  const Entry& e = Lookup(Kind::kForward, g, bias.defined(), /*relu=*/true);
+  const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
+  TANDEM_CHECK(e.relu_inside && ChannelGroup(y_desc, g) == group,
+               "conv2d_relu_max_pool2d: the convolution's layout changed since "
+               "Conv2dReluMaxPoolGroupDnnl chose the fused path");
+  const Tensor y = Buffer(y_desc);
+  Forward(e, x, weight, bias, g, y_desc, y, saved_x);
+  MaxPool2dReluChannelsLastForwardCpu(y.host_data<float>(), Grouped(pool, group),
+                                      out.host_data<float>(), where.host_data<uint8_t>());
+}
+
+void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, const Tensor& x,
+                                   const Tensor& weight, const Conv2dGeometry& g,
+                                   const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
+                                   const Tensor& dweight, const Tensor& dbias,
+                                   const Conv2dSavedInput& saved_x) {
+  const memory::desc dy_desc = GroupedDesc(g, group);
+  const Tensor dy = Buffer(dy_desc);
+  MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<float>(), where.host_data<uint8_t>(),
+                                       Grouped(pool, group), dy.host_data<float>());
+  Backward(dy, dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
 }
 
 // The single-gradient entry points (the bfloat16 path's float32 calls): the

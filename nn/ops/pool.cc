@@ -15,13 +15,13 @@ std::string PairToString(const std::array<int64_t, 2>& v) {
   return absl::StrCat("(", v[0], ", ", v[1], ")");
 }
 
-Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const char* op) {
-  CheckDefined(x, op, "x");
-  TANDEM_CHECK(IsFloating(x.dtype()), op, ": expected a float32, float64 or bfloat16 tensor, got ",
-               x.ToString());
-  CheckDim(x, 4, op, "x (N, C, H, W)");
+}  // namespace
+
+namespace ops::internal {
+
+Pool2dGeometry Pool2dGeometryOf(const Shape& x_shape, const Pool2dParams& params, const char* op) {
   Pool2dGeometry g;
-  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
+  g.n = x_shape[0], g.c = x_shape[1], g.h = x_shape[2], g.w = x_shape[3];
   g.kh = params.kernel[0], g.kw = params.kernel[1];
   g.sh = params.stride[0] == 0 ? g.kh : params.stride[0];
   g.sw = params.stride[1] == 0 ? g.kw : params.stride[1];
@@ -37,10 +37,22 @@ Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const ch
                PairToString(params.kernel));
   TANDEM_CHECK(g.h + 2 * g.ph >= g.kh && g.w + 2 * g.pw >= g.kw, op, ": kernel ",
                PairToString(params.kernel), " is larger than the padded input ",
-               ShapeToString(x.shape()), " + padding ", PairToString(params.padding));
+               ShapeToString(x_shape), " + padding ", PairToString(params.padding));
   g.oh = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
   g.ow = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
   return g;
+}
+
+}  // namespace ops::internal
+
+namespace {
+
+Pool2dGeometry CheckPool2d(const Tensor& x, const Pool2dParams& params, const char* op) {
+  CheckDefined(x, op, "x");
+  TANDEM_CHECK(IsFloating(x.dtype()), op, ": expected a float32, float64 or bfloat16 tensor, got ",
+               x.ToString());
+  CheckDim(x, 4, op, "x (N, C, H, W)");
+  return ops::internal::Pool2dGeometryOf(x.shape(), params, op);
 }
 
 // The float32 CPU implementation for g (kOwn elsewhere: CUDA, other dtypes).

@@ -11,6 +11,7 @@
 #endif
 
 #include "nn/error.h"
+#include "nn/ops/internal/cpu_parallel.h"
 #include "nn/ops/internal/elementwise_kernels.h"  // Compute<T>
 #include "nn/ops/internal/pool_kernels.h"
 
@@ -352,6 +353,143 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
         if (pi[k] >= 0) plane[pi[k]] += static_cast<Acc<T>>(pdy[k]);
       }
     });
+  });
+}
+
+bool MaxPoolTilesChannelsLast(const Pool2dGeometry& g) {
+  return g.ph == 0 && g.pw == 0 && g.kh == g.sh && g.kw == g.sw &&
+         g.kh * g.kw < kMaxPoolNoGradient;
+}
+
+namespace {
+
+// One output pixel of MaxPool2dReluChannelsLastForwardCpu: window points at the
+// window's first element of channel 0 (channels-last), `offsets` at each window
+// position's offset from it; y_pixel at channel 0's output (channel ch at
+// ch * plane), where_pixel at the pixel's c positions. Scalar selects, and SSE2
+// lanes running the same selects ('>' is cmpgt, false on NaN).
+void MaxPoolReluPixel(const float* window, const int64_t* offsets, int64_t positions, int64_t c,
+                      int64_t plane, float* y_pixel, uint8_t* where_pixel) {
+  int64_t ch = 0;
+#if defined(__SSE2__)
+  alignas(16) float best_out[4];
+  alignas(16) int32_t at_out[4];
+  for (; ch + 4 <= c; ch += 4) {
+    __m128 best = _mm_loadu_ps(window + ch);
+    __m128i at = _mm_setzero_si128();
+    for (int64_t k = 1; k < positions; ++k) {
+      const __m128 v = _mm_loadu_ps(window + offsets[k] + ch);
+      const __m128 more = _mm_cmpgt_ps(v, best);
+      best = _mm_or_ps(_mm_and_ps(more, v), _mm_andnot_ps(more, best));
+      const __m128i m = _mm_castps_si128(more);
+      at = _mm_or_si128(_mm_and_si128(m, _mm_set1_epi32(static_cast<int32_t>(k))),
+                        _mm_andnot_si128(m, at));
+    }
+    const __m128i keep = _mm_castps_si128(_mm_cmpgt_ps(best, _mm_setzero_ps()));
+    at = _mm_or_si128(_mm_and_si128(keep, at),
+                      _mm_andnot_si128(keep, _mm_set1_epi32(kMaxPoolNoGradient)));
+    _mm_store_ps(best_out, best);
+    _mm_store_si128(reinterpret_cast<__m128i*>(at_out), at);
+    for (int l = 0; l < 4; ++l) {
+      y_pixel[(ch + l) * plane] = best_out[l];
+      where_pixel[ch + l] = static_cast<uint8_t>(at_out[l]);
+    }
+  }
+#endif
+  for (; ch < c; ++ch) {
+    float best = window[ch];
+    int64_t at = 0;
+    for (int64_t k = 1; k < positions; ++k) {
+      const float v = window[offsets[k] + ch];
+      if (v > best) best = v, at = k;
+    }
+    y_pixel[ch * plane] = best;
+    where_pixel[ch] = best > 0.0f ? static_cast<uint8_t>(at) : kMaxPoolNoGradient;
+  }
+}
+
+// One window of MaxPool2dReluChannelsLastBackwardCpu: writes every element of
+// the window (channels-last, at `window`): 0 + dy at the position `at` names, 0
+// at the others and where `at` is kMaxPoolNoGradient; dy_pixel: channel 0's
+// gradient (channel ch at ch * plane). Branch-free (the ReLU's mask is data).
+void MaxPoolReluPixelBackward(const float* dy_pixel, const uint8_t* at, const int64_t* offsets,
+                              int64_t positions, int64_t c, int64_t plane, float* window) {
+  int64_t ch = 0;
+#if defined(__SSE2__)
+  for (; ch + 4 <= c; ch += 4) {
+    const __m128 d = _mm_add_ps(
+        _mm_setzero_ps(), _mm_set_ps(dy_pixel[(ch + 3) * plane], dy_pixel[(ch + 2) * plane],
+                                     dy_pixel[(ch + 1) * plane], dy_pixel[ch * plane]));
+    const __m128i a = _mm_set_epi32(at[ch + 3], at[ch + 2], at[ch + 1], at[ch]);
+    for (int64_t k = 0; k < positions; ++k) {
+      const __m128i hit = _mm_cmpeq_epi32(a, _mm_set1_epi32(static_cast<int32_t>(k)));
+      _mm_storeu_ps(window + offsets[k] + ch, _mm_and_ps(_mm_castsi128_ps(hit), d));
+    }
+  }
+#endif
+  for (; ch < c; ++ch) {
+    const float d = 0.0f + dy_pixel[ch * plane];
+    for (int64_t k = 0; k < positions; ++k) window[offsets[k] + ch] = at[ch] == k ? d : 0.0f;
+  }
+}
+
+// Each window position's element offset from the window's first element, in
+// row-major window order (the position numbers `where` holds).
+std::vector<int64_t> ChannelsLastWindowOffsets(const Pool2dGeometry& g) {
+  std::vector<int64_t> offsets;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    for (int64_t j = 0; j < g.kw; ++j) offsets.push_back((i * g.w + j) * g.c);
+  }
+  return offsets;
+}
+
+}  // namespace
+
+// Rows (image, oy) split over the rank's threads; each output whole on one
+// thread, so the bits do not depend on the thread count.
+void MaxPool2dReluChannelsLastForwardCpu(const float* x, const Pool2dGeometry& g, float* y,
+                                         uint8_t* where) {
+  const std::vector<int64_t> offsets = ChannelsLastWindowOffsets(g);
+  const int64_t c = g.c, h = g.h, w = g.w, oh = g.oh, ow = g.ow, sh = g.sh, sw = g.sw;
+  const int64_t plane = oh * ow, positions = static_cast<int64_t>(offsets.size());
+  ParallelFor(g.n * oh, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t n = row / oh, oy = row % oh;
+      const float* x_row = x + (n * h + oy * sh) * w * c;
+      float* y_row = y + n * c * plane + oy * ow;
+      uint8_t* where_row = where + row * ow * c;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        MaxPoolReluPixel(x_row + ox * sw * c, offsets.data(), positions, c, plane, y_row + ox,
+                         where_row + ox * c);
+      }
+    }
+  });
+}
+
+void MaxPool2dReluChannelsLastBackwardCpu(const float* dy, const uint8_t* where,
+                                          const Pool2dGeometry& g, float* dx) {
+  const std::vector<int64_t> offsets = ChannelsLastWindowOffsets(g);
+  const int64_t c = g.c, h = g.h, w = g.w, oh = g.oh, ow = g.ow, sh = g.sh, sw = g.sw;
+  const int64_t plane = oh * ow, kh = g.kh, positions = static_cast<int64_t>(offsets.size());
+  ParallelFor(g.n * oh, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t n = row / oh, oy = row % oh;
+      float* dx_band = dx + (n * h + oy * sh) * w * c;
+      const float* dy_row = dy + n * c * plane + oy * ow;
+      const uint8_t* where_row = where + row * ow * c;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        MaxPoolReluPixelBackward(dy_row + ox, where_row + ox * c, offsets.data(), positions, c,
+                                 plane, dx_band + ox * sw * c);
+      }
+      // Columns right of the last window and rows below it get no gradient.
+      if (ow * sw < w) {
+        for (int64_t i = 0; i < kh; ++i) {
+          float* line = dx_band + i * w * c;
+          std::fill(line + ow * sw * c, line + w * c, 0.0f);
+        }
+      }
+      if (oy == oh - 1) std::fill(dx_band + kh * w * c, dx + (n + 1) * h * w * c, 0.0f);
+    }
   });
 }
 

@@ -426,12 +426,12 @@ int CountOps(const Tensor& t, const std::string& op) {
 // Sequential runs Conv2d + ReLU as conv2d_relu: the same bits as the modules
 // one by one, forward and backward. The autograd graphs tell that the first
 // ran fused (two conv2d_relu, no separate relu) and the second did not, so the
-// comparison is between the two.
+// comparison is between the two. (Conv2d, ReLU, MaxPool2d: conv_relu_pool_test.)
 TEST(ConvReluTest, SequentialFusesConvThenReluWithTheSameBits) {
   manual_seed(16);
-  Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2),
-                  Conv2d(20, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2), Flatten(),
-                  Linear(20 * 7 * 7, 10)});
+  Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), AvgPool2d(2),
+                  Conv2d(20, 20, 5, {.padding = {2, 2}}), ReLU(), Flatten(),
+                  Linear(20 * 14 * 14, 10)});
   const Tensor x = randn({6, 1, 28, 28});
   Tensor fused = net->forward(x);
   EXPECT_EQ(CountOps(fused, "conv2d_relu"), 2);
