@@ -171,6 +171,60 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
   return dnnl::convolution_forward::primitive_desc(desc, Attr(relu), Engine());
 }
 
+// The three kinds of primitive for `key`, with the tags of its activations (act)
+// and weights (wei) and their descriptions d; each fills e's primitive, scratchpad
+// and the layouts it wants.
+void MakeForward(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei, Entry& e) {
+  auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
+  // The JIT kernels clamp with max(y, 0): negative -> +0, the bits of relu()'s
+  // kernel. oneDNN's gemm and reference kernels compute y > 0 ? y : 0 * y (-0 for
+  // negatives; they differ on the plain layouts here): those run without the
+  // post-op.
+  const std::string impl = pd.impl_info_str();
+  e.relu_inside = key.relu && impl.find("gemm") == std::string::npos &&
+                  impl.find("ref") == std::string::npos;  // e.g. "x64:gemm:jit", "ref:any"
+  if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, false);
+  e.primitive = dnnl::convolution_forward(pd);
+  e.scratchpad = pd.scratchpad_desc();
+  e.want[DNNL_ARG_SRC] = pd.src_desc();
+  e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
+  e.want[DNNL_ARG_DST] = pd.dst_desc();
+  if (key.bias) e.want[DNNL_ARG_BIAS] = pd.bias_desc();
+}
+
+void MakeBackwardData(const Conv2dGeometry& g, Tag act, Tag wei, const Descs& d, Entry& e) {
+  const auto hint = ForwardDesc(g, false, act, wei);
+  const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
+                                                   d.weights, d.dst, d.strides, d.dilates,
+                                                   d.padding, d.padding);
+  const dnnl::convolution_backward_data::primitive_desc pd(desc, Attr(), Engine(), hint);
+  e.primitive = dnnl::convolution_backward_data(pd);
+  e.scratchpad = pd.scratchpad_desc();
+  e.want[DNNL_ARG_DIFF_SRC] = pd.diff_src_desc();
+  e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
+  e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+}
+
+// key.bias: the bias gradient in the same pass over dy.
+void MakeBackwardWeights(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei,
+                         const Descs& d, Entry& e) {
+  const auto hint = ForwardDesc(g, key.bias, act, wei);
+  const dnnl::convolution_backward_weights::desc desc =
+      key.bias ? dnnl::convolution_backward_weights::desc(
+                     dnnl::algorithm::convolution_direct, d.src, d.weights, d.bias, d.dst,
+                     d.strides, d.dilates, d.padding, d.padding)
+               : dnnl::convolution_backward_weights::desc(
+                     dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
+                     d.dilates, d.padding, d.padding);
+  const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
+  e.primitive = dnnl::convolution_backward_weights(pd);
+  e.scratchpad = pd.scratchpad_desc();
+  e.want[DNNL_ARG_SRC] = pd.src_desc();
+  e.want[DNNL_ARG_DIFF_WEIGHTS] = pd.diff_weights_desc();
+  e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+  if (key.bias) e.want[DNNL_ARG_DIFF_BIAS] = pd.diff_bias_desc();
+}
+
 // The layouts the primitives see (key.layout), reordered to and from ours inside
 // each call where they are not plain NCHW / OIHW.
 Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
@@ -182,56 +236,9 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   Entry e;
   e.layout = key.layout;
   switch (key.kind) {
-    case Kind::kForward: {
-      auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
-      // The JIT kernels clamp with max(y, 0): negative -> +0, the bits of
-      // relu()'s kernel. oneDNN's gemm and reference kernels compute y > 0 ? y :
-      // 0 * y (-0 for negatives; they differ on the plain layouts here): those
-      // run without the post-op.
-      const std::string impl = pd.impl_info_str();
-      e.relu_inside = key.relu && impl.find("gemm") == std::string::npos &&
-                      impl.find("ref") == std::string::npos;  // e.g. "x64:gemm:jit", "ref:any"
-      if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, false);
-      e.primitive = dnnl::convolution_forward(pd);
-      e.scratchpad = pd.scratchpad_desc();
-      e.want[DNNL_ARG_SRC] = pd.src_desc();
-      e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
-      e.want[DNNL_ARG_DST] = pd.dst_desc();
-      if (key.bias) e.want[DNNL_ARG_BIAS] = pd.bias_desc();
-      break;
-    }
-    case Kind::kBackwardData: {
-      const auto hint = ForwardDesc(g, false, act, wei);
-      const dnnl::convolution_backward_data::desc desc(
-          dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides, d.dilates,
-          d.padding, d.padding);
-      const dnnl::convolution_backward_data::primitive_desc pd(desc, Attr(), Engine(), hint);
-      e.primitive = dnnl::convolution_backward_data(pd);
-      e.scratchpad = pd.scratchpad_desc();
-      e.want[DNNL_ARG_DIFF_SRC] = pd.diff_src_desc();
-      e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
-      e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
-      break;
-    }
-    case Kind::kBackwardWeights: {
-      // key.bias: the bias gradient in the same pass over dy.
-      const auto hint = ForwardDesc(g, key.bias, act, wei);
-      const dnnl::convolution_backward_weights::desc desc =
-          key.bias ? dnnl::convolution_backward_weights::desc(
-                         dnnl::algorithm::convolution_direct, d.src, d.weights, d.bias, d.dst,
-                         d.strides, d.dilates, d.padding, d.padding)
-                   : dnnl::convolution_backward_weights::desc(
-                         dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
-                         d.dilates, d.padding, d.padding);
-      const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
-      e.primitive = dnnl::convolution_backward_weights(pd);
-      e.scratchpad = pd.scratchpad_desc();
-      e.want[DNNL_ARG_SRC] = pd.src_desc();
-      e.want[DNNL_ARG_DIFF_WEIGHTS] = pd.diff_weights_desc();
-      e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
-      if (key.bias) e.want[DNNL_ARG_DIFF_BIAS] = pd.diff_bias_desc();
-      break;
-    }
+    case Kind::kForward: MakeForward(key, g, act, wei, e); break;
+    case Kind::kBackwardData: MakeBackwardData(g, act, wei, d, e); break;
+    case Kind::kBackwardWeights: MakeBackwardWeights(key, g, act, wei, d, e); break;
   }
   return e;
 }
