@@ -126,6 +126,18 @@ void AddConvRows(Rows& rows) {
                       .inputs = {Randn({4, 3, 12, 11}), Randn({5, 3, 3, 3}), Randn({5})},
                       .f = [p](Ins in) { return conv2d_relu(in[0], in[1], in[2], p); }, .tol = tol});
     }
+    // Conv + ReLU + max pool as one op: on the CPU (float32) the fused
+    // channels-last and blocked paths, on the GPU the ops one by one.
+    rows.push_back({.op = "conv2d_relu_max_pool2d", .attrs = "LeNet's second block", .dtype = dt,
+                    .inputs = {Randn({4, 20, 14, 14}), Randn({20, 20, 5, 5}), Randn({20})},
+                    .f = [](Ins in) {
+                      return conv2d_relu_max_pool2d(in[0], in[1], in[2], {.padding = {2, 2}}, {});
+                    },
+                    .tol = tol});
+    rows.push_back({.op = "conv2d_relu_max_pool2d", .attrs = "ConvNet's second block", .dtype = dt,
+                    .inputs = {Randn({4, 32, 15, 15}), Randn({64, 32, 3, 3}), Randn({64})},
+                    .f = [](Ins in) { return conv2d_relu_max_pool2d(in[0], in[1], in[2], {}, {}); },
+                    .tol = tol});
     for (const Grouped& g : grouped) {
       rows.push_back({.op = "conv2d", .attrs = ConvAttrs(g.p), .dtype = dt,
                       .inputs = {Randn(g.x), Randn(g.w), Randn({g.w[0]})},
