@@ -143,27 +143,28 @@ Tensor Conv2dOp(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_
       });
 }
 
-// conv2d_relu_max_pool2d on the fused CPU path, y in channel groups of `group`
-// (Conv2dReluMaxPoolGroupCpu).
+// conv2d_relu_max_pool2d on the fused CPU path, y in `layout`
+// (Conv2dReluMaxPoolLayoutCpu).
 Tensor ConvReluMaxPoolFused(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                            const Conv2dGeometry& g, const Pool2dGeometry& pool, int64_t group) {
+                            const Conv2dGeometry& g, const Pool2dGeometry& pool,
+                            const ops::internal::Conv2dReluMaxPoolLayout& layout) {
   const TensorOptions like_x{.dtype = x.dtype(), .device = x.device()};
   Tensor out = empty({g.n, g.o, pool.oh, pool.ow}, like_x);
   Tensor where = empty({out.numel()}, {.dtype = kUInt8, .device = x.device()});
   const bool gx = x.requires_grad(), gw = weight.requires_grad();
   const bool gb = bias.defined() && bias.requires_grad();
   ops::internal::Conv2dSavedInput saved_x;
-  ops::internal::Conv2dReluMaxPoolForwardCpu(x, weight, bias, g, pool, group, out, where,
+  ops::internal::Conv2dReluMaxPoolForwardCpu(x, weight, bias, g, pool, layout, out, where,
                                              gw && grad_mode_enabled() ? &saved_x : nullptr);
   return autograd::Record(
       "conv2d_relu_max_pool2d", {x, weight, bias}, out,
       [x = gw ? x.detach() : Tensor(), w = gx ? weight.detach() : Tensor(), where,
        saved_x = std::move(saved_x), x_shape = x.shape(), w_shape = weight.shape(), g, pool,
-       group, gx, gw, gb, like_x](const Tensor& dout) {
+       layout, gx, gw, gb, like_x](const Tensor& dout) {
         Tensor dx = gx ? empty(x_shape, like_x) : Tensor();
         Tensor dw = gw ? empty(w_shape, like_x) : Tensor();
         Tensor db = gb ? empty({g.o}, like_x) : Tensor();
-        ops::internal::Conv2dReluMaxPoolBackwardCpu(dout, where, x, w, g, pool, group, dx, dw,
+        ops::internal::Conv2dReluMaxPoolBackwardCpu(dout, where, x, w, g, pool, layout, dx, dw,
                                                     db, saved_x);
         return std::vector<Tensor>{dx, dw, db};
       });
@@ -188,8 +189,9 @@ Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tenso
     const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
     const Pool2dGeometry pool =
         ops::internal::Pool2dGeometryOf({g.n, g.o, g.oh, g.ow}, pool_params, "max_pool2d");
-    const int64_t group = ops::internal::Conv2dReluMaxPoolGroupCpu(x, bias, g, pool);
-    if (group > 0) return ConvReluMaxPoolFused(x, weight, bias, g, pool, group);
+    const ops::internal::Conv2dReluMaxPoolLayout layout =
+        ops::internal::Conv2dReluMaxPoolLayoutCpu(x, bias, g, pool);
+    if (layout.group > 0) return ConvReluMaxPoolFused(x, weight, bias, g, pool, layout);
   }
   return max_pool2d(conv2d_relu(x, weight, bias, params), pool_params);
 }

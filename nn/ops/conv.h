@@ -47,15 +47,17 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
                    const Conv2dParams& params = {});
 
 // max_pool2d(conv2d_relu(x, weight, bias, params), pool) as one op, with the
-// same values and gradients bit for bit. On the CPU, for float32 outside
-// autocast, where the convolution runs on oneDNN channels-last (channel counts
-// off the 16-block; first convolutions without AVX-512) or blocked with the
-// output channels filling the blocks, and the pooling windows tile the output
-// (no padding, kernel == stride): y never leaves that layout. The pooling reads
-// it there and writes the NCHW output, and backward builds the convolution's dy
-// in the same layout in one pass: no reorders of y or dy, no pass for relu's
-// mask. Elsewhere the two ops run one after the other. nn::Sequential uses it
-// for a Conv2d, a ReLU and a MaxPool2d in a row.
+// same values and gradients bit for bit. Fused on the CPU for float32 outside
+// autocast where the convolution runs on a oneDNN JIT kernel (relu its post-op)
+// channels-last (channel counts off the 16-block; first convolutions without
+// AVX-512) or blocked with the output channels filling the blocks, and max
+// pooling runs on tandem's kernels with windows that tile the output (no
+// padding, kernel == stride): y never leaves the primitive's layout. The
+// pooling reads it there and writes the NCHW output, and backward builds the
+// convolution's dy in the same layout in one pass: no reorders of y or dy, no
+// pass for relu's mask. Elsewhere (CUDA, other dtypes and layouts, overlapping
+// or padded windows) the two ops run one after the other. nn::Sequential uses
+// it for a Conv2d, a ReLU and a MaxPool2d in a row.
 Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               const Conv2dParams& params, const Pool2dParams& pool);
 

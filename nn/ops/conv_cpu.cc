@@ -418,28 +418,29 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);
 }
 
-int64_t Conv2dReluMaxPoolGroupCpu(const Tensor& x, const Tensor& bias, const Conv2dGeometry& g,
-                                  const Pool2dGeometry& pool) {
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Tensor& x, const Tensor& bias,
+                                                   const Conv2dGeometry& g,
+                                                   const Pool2dGeometry& pool) {
 #if TANDEM_WITH_DNNL
   const bool applies = !x.is_cuda() && x.dtype() == kFloat32 && g.n > 0 && g.h > 0 && g.w > 0 &&
                        CpuConvUsesDnnl() && !DirectDepthwise(x.dtype(), g) &&
                        MaxPoolTilesChannelsLast(pool) && pool.oh > 0 && pool.ow > 0 &&
                        ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
-  return applies ? Conv2dReluMaxPoolGroupDnnl(g, bias.defined()) : 0;
+  return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias.defined()) : Conv2dReluMaxPoolLayout{};
 #else
   (void)x, (void)bias, (void)g, (void)pool;
-  return 0;
+  return {};
 #endif
 }
 
 void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  const Conv2dGeometry& g, const Pool2dGeometry& pool,
-                                 int64_t group, const Tensor& out, const Tensor& where,
-                                 Conv2dSavedInput* saved_x) {
+                                 const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
+                                 const Tensor& where, Conv2dSavedInput* saved_x) {
 #if TANDEM_WITH_DNNL
-  Conv2dReluMaxPoolForwardDnnl(x, weight, bias, g, pool, group, out, where, saved_x);
+  Conv2dReluMaxPoolForwardDnnl(x, weight, bias, g, pool, layout, out, where, saved_x);
 #else
-  (void)x, (void)weight, (void)bias, (void)g, (void)pool, (void)group, (void)out, (void)where,
+  (void)x, (void)weight, (void)bias, (void)g, (void)pool, (void)layout, (void)out, (void)where,
       (void)saved_x;
   TANDEM_CHECK(false, "conv2d_relu_max_pool2d: the fused path needs oneDNN");
 #endif
@@ -447,14 +448,17 @@ void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Te
 
 void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const Tensor& x,
                                   const Tensor& weight, const Conv2dGeometry& g,
-                                  const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
+                                  const Pool2dGeometry& pool,
+                                  const Conv2dReluMaxPoolLayout& layout, const Tensor& dx,
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
-  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, group, dx, dweight, dbias,
-                                saved_x);
+  // Conv2dBackwardCpu's choice now (the path may have changed since forward).
+  const bool on_dnnl = CpuConvUsesDnnl() && !DirectDepthwise(kFloat32, g);
+  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, on_dnnl, dx, dweight,
+                                dbias, saved_x);
 #else
-  (void)dout, (void)where, (void)x, (void)weight, (void)g, (void)pool, (void)group, (void)dx,
+  (void)dout, (void)where, (void)x, (void)weight, (void)g, (void)pool, (void)layout, (void)dx,
       (void)dweight, (void)dbias, (void)saved_x;
   TANDEM_CHECK(false, "conv2d_relu_max_pool2d: the fused path needs oneDNN");
 #endif

@@ -402,6 +402,16 @@ void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor
   KeepReorderedInput(e, x, reordered, saved_x);
 }
 
+// dy (n, o, oh, ow) in the layout `desc`, as an NCHW tensor.
+Tensor ToNchw(const Tensor& dy, const memory::desc& desc, const Conv2dGeometry& g) {
+  Tensor nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = kFloat32, .device = Device::CPU()});
+  const memory::desc plain({g.n, g.o, g.oh, g.ow}, DataType::f32, Tag::nchw);
+  memory from(desc, Engine(), dy.host_ptr()), to(plain, Engine(), nchw.host_ptr());
+  dnnl::reorder(from, to).execute(Stream(), from, to);
+  Stream().wait();
+  return nchw;
+}
+
 // Conv2dBackwardDnnl's work with dy in `dy_desc` (NCHW, or a primitive's own
 // layout: then the primitives read it as it is). dbias without dweight needs an
 // NCHW dy (Conv2dBackwardBiasCpu's).
@@ -430,12 +440,7 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
     Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
   }
   if (dbias.defined() && !bias_here) {
-    if (dy_desc == d.dst) return Conv2dBackwardBiasCpu(dy, dbias);
-    const Tensor dy_nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = kFloat32, .device = Device::CPU()});
-    memory from(dy_desc, Engine(), dy.host_ptr()), to(d.dst, Engine(), dy_nchw.host_ptr());
-    dnnl::reorder(from, to).execute(Stream(), from, to);
-    Stream().wait();
-    Conv2dBackwardBiasCpu(dy_nchw, dbias);
+    Conv2dBackwardBiasCpu(dy_desc == d.dst ? dy : ToNchw(dy, dy_desc, g), dbias);
   }
 }
 
@@ -471,12 +476,6 @@ int64_t ChannelGroup(const memory::desc& y, const Conv2dGeometry& g) {
   return 0;
 }
 
-memory::desc GroupedDesc(const Conv2dGeometry& g, int64_t group) {
-  const memory::dims dims = {g.n, g.o, g.oh, g.ow};
-  const Tag tag = group == g.o ? Tag::nhwc : group == 8 ? Tag::nChw8c : Tag::nChw16c;
-  return memory::desc(dims, DataType::f32, tag);
-}
-
 // The pooling of (n, o, oh, ow) as (n * o / group) images of `group` channels.
 Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
   pool.n *= pool.c / group;
@@ -486,36 +485,44 @@ Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
 
 }  // namespace
 
-int64_t Conv2dReluMaxPoolGroupDnnl(const Conv2dGeometry& g, bool bias) {
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(const Conv2dGeometry& g, bool bias) {
   const Entry& e = Lookup(Kind::kForward, g, bias, /*relu=*/true);
-  return e.relu_inside ? ChannelGroup(e.want.at(DNNL_ARG_DST), g) : 0;
+  const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
+  const int64_t group = e.relu_inside ? ChannelGroup(y_desc, g) : 0;
+  if (group == 0) return {};
+  return {.group = group, .y_layout = std::make_shared<const memory::desc>(y_desc)};
 }
 
 void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
-                                  int64_t group, const Tensor& out, const Tensor& where,
-                                  Conv2dSavedInput* saved_x) {
+                                  const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
+                                  const Tensor& where, Conv2dSavedInput* saved_x) {
   const Entry& e = Lookup(Kind::kForward, g, bias.defined(), /*relu=*/true);
   const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
-  TANDEM_CHECK(e.relu_inside && ChannelGroup(y_desc, g) == group,
+  TANDEM_CHECK(e.relu_inside && y_desc == *static_cast<const memory::desc*>(layout.y_layout.get()),
                "conv2d_relu_max_pool2d: the convolution's layout changed since "
-               "Conv2dReluMaxPoolGroupDnnl chose the fused path");
+               "Conv2dReluMaxPoolLayoutDnnl chose the fused path");
   const Tensor y = Buffer(y_desc);
   Forward(e, x, weight, bias, g, y_desc, y, saved_x);
-  MaxPool2dReluChannelsLastForwardCpu(y.host_data<float>(), Grouped(pool, group),
+  MaxPool2dReluChannelsLastForwardCpu(y.host_data<float>(), Grouped(pool, layout.group),
                                       out.host_data<float>(), where.host_data<uint8_t>());
 }
 
 void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, const Tensor& x,
                                    const Tensor& weight, const Conv2dGeometry& g,
-                                   const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
-                                   const Tensor& dweight, const Tensor& dbias,
+                                   const Pool2dGeometry& pool,
+                                   const Conv2dReluMaxPoolLayout& layout, bool on_dnnl,
+                                   const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                    const Conv2dSavedInput& saved_x) {
-  const memory::desc dy_desc = GroupedDesc(g, group);
+  const memory::desc& dy_desc = *static_cast<const memory::desc*>(layout.y_layout.get());
   const Tensor dy = Buffer(dy_desc);
   MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<float>(), where.host_data<uint8_t>(),
-                                       Grouped(pool, group), dy.host_data<float>());
-  Backward(dy, dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
+                                       Grouped(pool, layout.group), dy.host_data<float>());
+  if (on_dnnl) return Backward(dy, dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
+  // The convolution's backward runs elsewhere now (the path changed since
+  // forward): as conv2d_relu's would, from an NCHW dy.
+  const Tensor dy_nchw = ToNchw(dy, dy_desc, g);
+  Conv2dBackwardCpu(dy_nchw, x, weight, g, dx, dweight, dbias, saved_x);
 }
 
 // The single-gradient entry points (the bfloat16 path's float32 calls): the

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ std::vector<Case> Cases() {
       {"convnet conv2", {2, 32, 15, 15}, {64, 32, 3, 3}, {}, {}},
       // Odd sizes: the last row and column of y belong to no window.
       {"odd sizes", {2, 12, 13, 11}, {20, 12, 3, 3}, pad1, {}},
+      // Channel counts off the 4-lane vectors, and exactly one 8-channel block.
+      {"13 channels", {2, 5, 9, 9}, {13, 5, 3, 3}, pad1, {}},
+      {"one block", {2, 8, 10, 10}, {8, 8, 3, 3}, pad1, {}},
       {"3x3 windows", {2, 3, 9, 9}, {12, 3, 3, 3}, pad1, {.kernel = {3, 3}}},
       {"2x3 windows", {2, 20, 8, 9}, {20, 20, 3, 3}, pad1, {.kernel = {2, 3}}},
       {"no bias", {2, 20, 14, 14}, {20, 20, 5, 5}, pad2, {}, /*bias=*/false},
@@ -71,10 +75,26 @@ std::vector<Case> Cases() {
       {"frozen weight", {2, 20, 14, 14}, {20, 20, 5, 5}, pad2, {}, true, true, /*gw=*/false},
       {"only the bias", {2, 20, 14, 14}, {20, 20, 5, 5}, pad2, {}, true, false, false, true},
       // Overlapping and padded windows: the ops one by one.
-      {"overlapping windows", {2, 20, 14, 14}, {20, 20, 5, 5}, pad2,
-       {.kernel = {3, 3}, .stride = {2, 2}}, true, true, true, true, /*tiles=*/false},
-      {"padded windows", {2, 20, 14, 14}, {20, 20, 5, 5}, pad2,
-       {.kernel = {2, 2}, .padding = {1, 1}}, true, true, true, true, /*tiles=*/false},
+      {"overlapping windows",
+       {2, 20, 14, 14},
+       {20, 20, 5, 5},
+       pad2,
+       {.kernel = {3, 3}, .stride = {2, 2}},
+       true,
+       true,
+       true,
+       true,
+       /*tiles=*/false},
+      {"padded windows",
+       {2, 20, 14, 14},
+       {20, 20, 5, 5},
+       pad2,
+       {.kernel = {2, 2}, .padding = {1, 1}},
+       true,
+       true,
+       true,
+       true,
+       /*tiles=*/false},
   };
 }
 
@@ -88,7 +108,7 @@ Tensor Coarse(const Shape& shape, float scale) {
 }
 
 std::vector<Tensor> RunCase(const Case& c, const Tensor& x0, const Tensor& w0, const Tensor& b0,
-                        const Tensor& dy, bool fused, Tensor* out = nullptr) {
+                            const Tensor& dy, bool fused, Tensor* out = nullptr) {
   Tensor x = x0.detach().set_requires_grad(c.gx);
   Tensor w = w0.detach().set_requires_grad(c.gw);
   Tensor b = c.bias ? b0.detach().set_requires_grad(c.gb) : Tensor();
@@ -112,36 +132,112 @@ void ExpectSameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b,
   }
 }
 
+// Each case twice: on a coarse grid (exact sums: ties in the windows and whole
+// windows zeroed by the ReLU) and from randn (sums that depend on the order the
+// convolution adds in, so a different primitive in forward would show).
 TEST(ConvReluPoolTest, FusedEqualsTheOpsOneByOneBitForBit) {
   const testing::RestoreCpuConv restore;
   const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare(/*with_auto=*/true);
   manual_seed(31);
   for (const Case& c : Cases()) {
-    const Tensor x0 = Coarse(c.x, 0.5), w0 = Coarse(c.w, 0.125);
-    const Tensor b0 = Coarse({c.w[0]}, 0.5);
-    Shape y_shape = max_pool2d(conv2d_relu(x0, w0, b0, c.conv), c.pool).shape();
-    const Tensor dy = randn(y_shape);
-    for (CpuConvPath path : paths) {
-      ops::internal::SetCpuConvPath(path);
-      const std::string what = c.name + ", path " + std::to_string(static_cast<int>(path));
-      Tensor y;
-      const std::vector<Tensor> fused = RunCase(c, x0, w0, b0, dy, true, &y);
-      const std::vector<Tensor> plain = RunCase(c, x0, w0, b0, dy, false);
-      ExpectSameBits(fused, plain, what);
-      // Channels-last oneDNN takes every tiling case, blocked oneDNN those whose
-      // output channels fill its 8- or 16-channel blocks; kAuto chooses between
-      // them by shape. The fused node is what tells the fused kernels ran.
-      const int fused_ops = CountOps(y, "conv2d_relu_max_pool2d");
-      if (path == CpuConvPath::kDnnlNhwc) EXPECT_EQ(fused_ops, c.tiles ? 1 : 0) << what;
-      if (path == CpuConvPath::kDnnlBlocked && c.w[0] % 16 == 0) {
-        EXPECT_EQ(fused_ops, c.tiles ? 1 : 0) << what;
+    for (bool coarse : {true, false}) {
+      const Tensor x0 = coarse ? Coarse(c.x, 0.5) : randn(c.x);
+      const Tensor w0 = coarse ? Coarse(c.w, 0.125) : mul_scalar(randn(c.w), 0.3);
+      const Tensor b0 = coarse ? Coarse({c.w[0]}, 0.5) : randn({c.w[0]});
+      Shape y_shape = max_pool2d(conv2d_relu(x0, w0, b0, c.conv), c.pool).shape();
+      const Tensor dy = randn(y_shape);
+      for (CpuConvPath path : paths) {
+        ops::internal::SetCpuConvPath(path);
+        const std::string what = c.name + (coarse ? ", coarse" : ", randn") + ", path " +
+                                 std::to_string(static_cast<int>(path));
+        Tensor y;
+        const std::vector<Tensor> fused = RunCase(c, x0, w0, b0, dy, true, &y);
+        const std::vector<Tensor> plain = RunCase(c, x0, w0, b0, dy, false);
+        ExpectSameBits(fused, plain, what);
+        // Channels-last oneDNN takes every tiling case, blocked oneDNN those whose
+        // output channels fill its 8- or 16-channel blocks; kAuto chooses between
+        // them by shape. The fused node is what tells the fused kernels ran.
+        const int fused_ops = CountOps(y, "conv2d_relu_max_pool2d");
+        if (path == CpuConvPath::kDnnlNhwc) EXPECT_EQ(fused_ops, c.tiles ? 1 : 0) << what;
+        if (path == CpuConvPath::kDnnlBlocked && c.w[0] % 16 == 0) {
+          EXPECT_EQ(fused_ops, c.tiles ? 1 : 0) << what;
+        }
+        if (path == CpuConvPath::kIm2col || path == CpuConvPath::kDnnl) EXPECT_EQ(fused_ops, 0);
+        // The ReLU zeroed whole windows and ties happened: both rules were tested.
+        const std::vector<float> v = fused[0].to_vector<float>();
+        EXPECT_GT(std::count(v.begin(), v.end(), 0.0f), 0) << what;
+        EXPECT_GT(std::count_if(v.begin(), v.end(), [](float e) { return e > 0; }), 0) << what;
       }
-      if (path == CpuConvPath::kIm2col || path == CpuConvPath::kDnnl) EXPECT_EQ(fused_ops, 0);
-      // The ReLU zeroed whole windows and ties happened: both rules were tested.
-      const std::vector<float> v = fused[0].to_vector<float>();
-      EXPECT_GT(std::count(v.begin(), v.end(), 0.0f), 0) << what;
-      EXPECT_GT(std::count_if(v.begin(), v.end(), [](float e) { return e > 0; }), 0) << what;
     }
+  }
+}
+
+// NaN, infinities and -0 in x and NaN and -0 in the output gradient: the rules
+// of the ops one by one (a NaN stays only as a window's first element, -0 and +0
+// tie, routed gradients are 0 + dy).
+TEST(ConvReluPoolTest, SpecialValuesGiveTheSameBits) {
+  const testing::RestoreCpuConv restore;
+  manual_seed(35);
+  const Case c = {"special", {2, 8, 12, 12}, {20, 8, 1, 1}, {}, {}};
+  std::vector<float> x = randn(c.x).to_vector<float>();
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < x.size(); i += 37) x[i] = kNan;
+  for (size_t i = 5; i < x.size(); i += 41) x[i] = kInf;
+  for (size_t i = 9; i < x.size(); i += 43) x[i] = -kInf;
+  for (size_t i = 13; i < x.size(); i += 29) x[i] = -0.0f;
+  const Tensor x0 = from_vector<float>(x, c.x), w0 = randn(c.w), b0 = randn({20});
+  std::vector<float> d = randn({2, 20, 6, 6}).to_vector<float>();
+  for (size_t i = 0; i < d.size(); i += 17) d[i] = -0.0f;
+  for (size_t i = 3; i < d.size(); i += 31) d[i] = kNan;
+  const Tensor dy = from_vector<float>(d, {2, 20, 6, 6});
+  for (CpuConvPath path : testing::CpuConvPathsToCompare(/*with_auto=*/true)) {
+    ops::internal::SetCpuConvPath(path);
+    ExpectSameBits(RunCase(c, x0, w0, b0, dy, true), RunCase(c, x0, w0, b0, dy, false),
+                   "path " + std::to_string(static_cast<int>(path)));
+  }
+}
+
+// The CPU path changed between forward and backward (a test or benchmark
+// switching kernels mid-step): the fused op's backward takes the new path's
+// kernels as conv2d_relu's backward does, with the same bits.
+TEST(ConvReluPoolTest, PathChangedBeforeBackwardGivesTheSameBits) {
+  const testing::RestoreCpuConv restore;
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  if (!ops::internal::CpuConvUsesDnnl()) GTEST_SKIP() << "built without oneDNN: no fused path";
+  struct Switch {
+    CpuConvPath forward, backward;
+    Case c;
+  };
+  const Case lenet2 = Cases()[1];
+  const Case depthwise = {
+      "depthwise", {2, 16, 10, 10}, {16, 1, 3, 3}, {.padding = {1, 1}, .groups = 16}, {}};
+  const std::vector<Switch> switches = {
+      {CpuConvPath::kDnnlNhwc, CpuConvPath::kIm2col, lenet2},
+      {CpuConvPath::kAuto, CpuConvPath::kIm2col, lenet2},
+      {CpuConvPath::kDnnlNhwc, CpuConvPath::kDnnlBlocked, lenet2},
+      {CpuConvPath::kDnnlBlocked, CpuConvPath::kDnnl, Cases()[3]},
+      {CpuConvPath::kDnnlNhwc, CpuConvPath::kAuto, depthwise},  // direct depthwise kernels
+  };
+  manual_seed(36);
+  for (const Switch& s : switches) {
+    const Tensor x0 = randn(s.c.x), w0 = randn(s.c.w), b0 = randn({s.c.w[0]});
+    const Tensor dy = randn(max_pool2d(conv2d_relu(x0, w0, b0, s.c.conv), s.c.pool).shape());
+    std::vector<std::vector<Tensor>> runs;
+    for (bool fused : {true, false}) {
+      Tensor x = x0.detach().set_requires_grad(true), w = w0.detach().set_requires_grad(true);
+      Tensor b = b0.detach().set_requires_grad(true);
+      ops::internal::SetCpuConvPath(s.forward);
+      Tensor y = fused ? conv2d_relu_max_pool2d(x, w, b, s.c.conv, s.c.pool)
+                       : max_pool2d(conv2d_relu(x, w, b, s.c.conv), s.c.pool);
+      if (fused) EXPECT_EQ(CountOps(y, "conv2d_relu_max_pool2d"), 1) << s.c.name;
+      ops::internal::SetCpuConvPath(s.backward);
+      y.backward(dy);
+      runs.push_back({y, x.grad(), w.grad(), b.grad()});
+    }
+    ExpectSameBits(runs[0], runs[1],
+                   s.c.name + ", path " + std::to_string(static_cast<int>(s.forward)) + " then " +
+                       std::to_string(static_cast<int>(s.backward)));
   }
 }
 
@@ -151,20 +247,24 @@ TEST(ConvReluPoolTest, FusedEqualsTheOpsOneByOneBitForBit) {
 TEST(ConvReluPoolTest, SameBitsAtOneAndTwoThreadsAndInEvaluation) {
   const testing::RestoreCpuConv restore;
   ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
-  const Case c = Cases()[1];  // LeNet's second convolution: channels-last on kAuto
   manual_seed(32);
-  const Tensor x0 = randn({16, 20, 14, 14}), w0 = randn(c.w), b0 = randn({20});
-  const Tensor dy = randn({16, 20, 7, 7});
-  for (int threads : {1, 2}) {
-    set_cpu_blas_threads(threads);
-    Tensor y;
-    const std::vector<Tensor> fused = RunCase(c, x0, w0, b0, dy, true, &y);
-    if (ops::internal::CpuConvUsesDnnl()) EXPECT_EQ(CountOps(y, "conv2d_relu_max_pool2d"), 1);
-    const std::string what = std::to_string(threads) + " thread(s)";
-    ExpectSameBits(fused, RunCase(c, x0, w0, b0, dy, false), what);
-    NoGradGuard no_grad;
-    ExpectSameBits({conv2d_relu_max_pool2d(x0, w0, b0, c.conv, c.pool)}, {fused[0]},
-                   "evaluation, " + what);
+  // LeNet's second convolution (channels-last on kAuto) and the ConvNet's
+  // second (blocked), with enough rows to split.
+  for (Case c : {Cases()[1], Cases()[3]}) {
+    c.x[0] = 16;
+    const Tensor x0 = randn(c.x), w0 = randn(c.w), b0 = randn({c.w[0]});
+    const Tensor dy = randn(max_pool2d(conv2d_relu(x0, w0, b0, c.conv), c.pool).shape());
+    for (int threads : {1, 2}) {
+      set_cpu_blas_threads(threads);
+      Tensor y;
+      const std::vector<Tensor> fused = RunCase(c, x0, w0, b0, dy, true, &y);
+      if (ops::internal::CpuConvUsesDnnl()) EXPECT_EQ(CountOps(y, "conv2d_relu_max_pool2d"), 1);
+      const std::string what = c.name + ", " + std::to_string(threads) + " thread(s)";
+      ExpectSameBits(fused, RunCase(c, x0, w0, b0, dy, false), what);
+      NoGradGuard no_grad;
+      ExpectSameBits({conv2d_relu_max_pool2d(x0, w0, b0, c.conv, c.pool)}, {fused[0]},
+                     "evaluation, " + what);
+    }
   }
 }
 

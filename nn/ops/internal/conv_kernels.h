@@ -58,28 +58,37 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                        const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
 
-// conv2d_relu_max_pool2d's fused CPU path (float32 on a oneDNN JIT convolution
-// with relu as its post-op and y channels-last or blocked nChw8c / nChw16c, then
-// max pooling whose windows tile y): y stays in the primitive's layout, the
-// pooling reads it there (as images of `group` channels-last channels: NHWC is
-// one group of all channels, a blocked layout one per block) and writes `out`
-// (NCHW) and `where` (uint8, numel of out; pool_kernels.h's
-// MaxPool2dReluChannelsLastForwardCpu); backward scatters dout into a dy in the
-// same layout, which the backward primitives read as it is. No reorder of y or
-// dy, no pass for relu's mask. Same bits as conv2d_relu then max_pool2d
-// (conv_relu_pool_test).
-// Group: the channel group of this call's fused path, or 0 where it does not
-// apply (the ops then run one by one).
-int64_t Conv2dReluMaxPoolGroupCpu(const Tensor& x, const Tensor& bias, const Conv2dGeometry& g,
-                                  const Pool2dGeometry& pool);
+// conv2d_relu_max_pool2d's fused CPU path: float32 on a oneDNN JIT convolution
+// with relu as its post-op and y channels-last (NHWC) or blocked nChw8c /
+// nChw16c with the output channels filling the blocks, then max pooling whose
+// windows tile y (no padding, kernel == stride, < 255 positions) on tandem's
+// own pooling path. y stays in the primitive's layout: the pooling reads it
+// there (as images of `group` channels-last channels: NHWC is one group of all
+// channels, a blocked layout one per block) and writes `out` (NCHW) and `where`
+// (uint8, numel of out; pool_kernels.h's MaxPool2dReluChannelsLastForwardCpu);
+// backward scatters dout into a dy in the same layout, which the backward
+// primitives read as they get it (no reorders of y or dy and no pass for relu's
+// mask, where their layout is forward's). Same bits as conv2d_relu then
+// max_pool2d (conv_relu_pool_test): the gradient of the bias alone (weight
+// frozen) takes an NCHW copy of dy, and where the CPU path changed since
+// forward to one whose backward is not oneDNN's, the ops' own backward runs on
+// an NCHW copy of dy.
+struct Conv2dReluMaxPoolLayout {
+  int64_t group = 0;  // 0: the fused path does not apply to the call
+  std::shared_ptr<const void> y_layout;  // conv_dnnl.cc's description of y's layout
+};
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Tensor& x, const Tensor& bias,
+                                                   const Conv2dGeometry& g,
+                                                   const Pool2dGeometry& pool);
 void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  const Conv2dGeometry& g, const Pool2dGeometry& pool,
-                                 int64_t group, const Tensor& out, const Tensor& where,
-                                 Conv2dSavedInput* saved_x);
+                                 const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
+                                 const Tensor& where, Conv2dSavedInput* saved_x);
 // dx, dweight, dbias: as Conv2dBackwardCpu's, from dout (the pooled output's gradient).
 void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const Tensor& x,
                                   const Tensor& weight, const Conv2dGeometry& g,
-                                  const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
+                                  const Pool2dGeometry& pool,
+                                  const Conv2dReluMaxPoolLayout& layout, const Tensor& dx,
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x);
 // The float32 CPU implementation (float64 and bfloat16 always take im2col +
@@ -110,15 +119,17 @@ void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeo
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
-int64_t Conv2dReluMaxPoolGroupDnnl(const Conv2dGeometry& g, bool bias);
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(const Conv2dGeometry& g, bool bias);
 void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
-                                  int64_t group, const Tensor& out, const Tensor& where,
-                                  Conv2dSavedInput* saved_x);
+                                  const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
+                                  const Tensor& where, Conv2dSavedInput* saved_x);
+// on_dnnl: whether conv2d's backward runs on oneDNN now (else Conv2dBackwardCpu).
 void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, const Tensor& x,
                                    const Tensor& weight, const Conv2dGeometry& g,
-                                   const Pool2dGeometry& pool, int64_t group, const Tensor& dx,
-                                   const Tensor& dweight, const Tensor& dbias,
+                                   const Pool2dGeometry& pool,
+                                   const Conv2dReluMaxPoolLayout& layout, bool on_dnnl,
+                                   const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                    const Conv2dSavedInput& saved_x);
 #endif
 
