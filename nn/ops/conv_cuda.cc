@@ -60,7 +60,9 @@ cudnnDataType_t ComputeType(DType dtype) {
 class ConvDescriptors {
  public:
   ConvDescriptors(const Conv2dGeometry& g, DType dtype, Device device)
-      : x_(dtype, g.n, g.c, g.h, g.w, device, "conv2d"),
+      : g_(g),
+        dtype_(dtype),
+        x_(dtype, g.n, g.c, g.h, g.w, device, "conv2d"),
         y_(dtype, g.n, g.o, g.oh, g.ow, device, "conv2d") {
     const cudnnDataType_t type = CudnnDataType(dtype, "conv2d");
     const auto& p = g.params;
@@ -70,34 +72,35 @@ class ConvDescriptors {
     const int conv[6] = {CudnnInt(p.padding[0], "conv2d"),  CudnnInt(p.padding[1], "conv2d"),
                          CudnnInt(p.stride[0], "conv2d"),   CudnnInt(p.stride[1], "conv2d"),
                          CudnnInt(p.dilation[0], "conv2d"), CudnnInt(p.dilation[1], "conv2d")};
-    const std::string what = Describe(g, dtype);
+    // Error messages name the call (Describe), built only on a failure.
     cudnnFilterDescriptor_t w = nullptr;
-    TANDEM_CHECK_CUDNN(cudnnCreateFilterDescriptor(&w), device, what);
+    TANDEM_CHECK_CUDNN(cudnnCreateFilterDescriptor(&w), device, Describe(g, dtype));
     w_.reset(w);
     cudnnConvolutionDescriptor_t conv_desc = nullptr;
-    TANDEM_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&conv_desc), device, what);
+    TANDEM_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&conv_desc), device, Describe(g, dtype));
     conv_.reset(conv_desc);
     TANDEM_CHECK_CUDNN(cudnnSetFilter4dDescriptor(w_.get(), type, CUDNN_TENSOR_NCHW, filter[0],
                                                   filter[1], filter[2], filter[3]),
-                       device, what);
+                       device, Describe(g, dtype));
     TANDEM_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(conv_.get(), conv[0], conv[1], conv[2], conv[3],
                                                        conv[4], conv[5], CUDNN_CROSS_CORRELATION,
                                                        ComputeType(dtype)),
-                       device, what);
+                       device, Describe(g, dtype));
     if (p.groups != 1) {
       TANDEM_CHECK_CUDNN(cudnnSetConvolutionGroupCount(conv_.get(), CudnnInt(p.groups, "conv2d")),
-                         device, what);
+                         device, Describe(g, dtype));
     }
     // TF32 only when allowed (set_allow_tf32); FMA math keeps float32 exact-ish.
     // Each call then sets the math type of the algorithm it runs (SetMathType).
     const bool tf32 = dtype == kFloat32 && AllowTf32();
-    SetMathType(BaseMathType(dtype, tf32), device, what);
+    SetMathType(BaseMathType(dtype, tf32), device);
   }
   // cuDNN (7.4 and later) picks tensor-core kernels from the algorithm *and* the
   // descriptor's math type, so the math type a heuristic result reports must be
   // set before its workspace is sized and before it runs.
-  void SetMathType(cudnnMathType_t math, Device device, const std::string& what) const {
-    TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), math), device, what);
+  void SetMathType(cudnnMathType_t math, Device device) const {
+    TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), math), device,
+                       Describe(g_, dtype_));
   }
   ConvDescriptors(const ConvDescriptors&) = delete;
   ConvDescriptors& operator=(const ConvDescriptors&) = delete;
@@ -112,6 +115,8 @@ class ConvDescriptors {
     void operator()(cudnnFilterStruct* d) const { cudnnDestroyFilterDescriptor(d); }
     void operator()(cudnnConvolutionStruct* d) const { cudnnDestroyConvolutionDescriptor(d); }
   };
+  Conv2dGeometry g_;  // for error messages
+  DType dtype_;
   CudnnTensor4d x_, y_;
   std::unique_ptr<cudnnFilterStruct, Deleter> w_;
   std::unique_ptr<cudnnConvolutionStruct, Deleter> conv_;
@@ -175,7 +180,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
   const cudnnMathType_t base_math = BaseMathType(dtype, tf32);
   ConvAlgos algos;
   {
-    d.SetMathType(base_math, device, what);
+    d.SetMathType(base_math, device);
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perfs(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x(), d.w(), d.conv(), d.y(),
@@ -186,13 +191,13 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no forward algorithm for ", what);
     algos.forward = best->algo;
     algos.forward_math = RunMathType(best->mathType, dtype, tf32);
-    d.SetMathType(algos.forward_math, device, what);
+    d.SetMathType(algos.forward_math, device);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(handle, d.x(), d.w(), d.conv(), d.y(),
                                                                algos.forward, &algos.forward_bytes),
                        device, what);
   }
   {
-    d.SetMathType(base_math, device, what);
+    d.SetMathType(base_math, device);
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -203,14 +208,14 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-data algorithm for ", what);
     algos.backward_data = best->algo;
     algos.backward_data_math = RunMathType(best->mathType, dtype, tf32);
-    d.SetMathType(algos.backward_data_math, device, what);
+    d.SetMathType(algos.backward_data_math, device);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(
                            handle, d.w(), d.y(), d.conv(), d.x(), algos.backward_data,
                            &algos.backward_data_bytes),
                        device, what);
   }
   {
-    d.SetMathType(base_math, device, what);
+    d.SetMathType(base_math, device);
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perfs(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     int count = 0;
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -221,7 +226,7 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
     TANDEM_CHECK(best != nullptr, "conv2d: cuDNN has no backward-filter algorithm for ", what);
     algos.backward_filter = best->algo;
     algos.backward_filter_math = RunMathType(best->mathType, dtype, tf32);
-    d.SetMathType(algos.backward_filter_math, device, what);
+    d.SetMathType(algos.backward_filter_math, device);
     TANDEM_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(
                            handle, d.x(), d.y(), d.conv(), d.w(), algos.backward_filter,
                            &algos.backward_filter_bytes),
@@ -264,7 +269,7 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
   } else {
     ConvDescriptors d(g, x.dtype(), device);
     const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
-    d.SetMathType(algos.forward_math, device, Describe(g, x.dtype()));
+    d.SetMathType(algos.forward_math, device);
     Tensor workspace = Workspace(algos.forward_bytes, device);
     TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
                                                weight.data_ptr(), d.conv(), algos.forward,
@@ -298,7 +303,7 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
   if (dx.numel() == 0) return;  // H or W is 0 (see Conv2dForwardCuda)
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
-  d.SetMathType(algos.backward_data_math, device, Describe(g, dy.dtype()));
+  d.SetMathType(algos.backward_data_math, device);
   Tensor workspace = Workspace(algos.backward_data_bytes, device);
   const Scalars s(dy.dtype());
   TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardData(
@@ -317,7 +322,7 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
   }
   ConvDescriptors d(g, dy.dtype(), device);
   const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
-  d.SetMathType(algos.backward_filter_math, device, Describe(g, dy.dtype()));
+  d.SetMathType(algos.backward_filter_math, device);
   Tensor workspace = Workspace(algos.backward_filter_bytes, device);
   const Scalars s(dy.dtype());
   TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
