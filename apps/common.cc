@@ -562,17 +562,18 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   return options;
 }
 
-void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows) {
-  std::vector<std::pair<std::string, std::string>> rows;
+namespace {
+
+// PrintEnvironment's table: (name, value) rows.
+using EnvironmentRows = std::vector<std::pair<std::string, std::string>>;
+
+// Where the run runs: the program, its processes or world, devices, GPUs and communicator.
+void AddPlacementRows(const RunFlags& flags, const dist::LaunchInfo& launch, bool cpu,
+                      EnvironmentRows& rows) {
   std::string devices;
   for (size_t r = 0; r < flags.devices.size(); ++r) {
     absl::StrAppend(&devices, r ? " " : "", flags.devices[r].ToString());
   }
-  const bool cpu = flags.devices.empty() || !flags.devices[0].is_cuda();
-  // Several processes (mpirun, srun): process 0 prints the header; spawn's own
-  // header then lists every process's host and devices and the global world.
-  const dist::LaunchInfo launch = dist::DetectLaunch();
-  if (launch.index != 0) return;
   rows.emplace_back("program", flags.program);
   if (launch.processes > 1) {
     rows.emplace_back("processes", absl::StrCat(launch.processes, " (", launch.evidence,
@@ -587,10 +588,18 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
                     launch.processes > 1 && cpu ? "hierarchical: in-process + MPI"
                     : cpu || dist::HasSharedGpu(flags.devices) ? "in-process"
                                                                : "nccl");
+}
+
+// The program's own rows, "name=value" each ("name" alone: an empty value).
+void AddProgramRows(const std::vector<std::string>& extra_rows, EnvironmentRows& rows) {
   for (const std::string& row : extra_rows) {
     const size_t colon = row.find('=');
     rows.emplace_back(row.substr(0, colon), colon == std::string::npos ? "" : row.substr(colon + 1));
   }
+}
+
+// How it computes: the seed, the CPU's kernel threads and the precision.
+void AddNumericsRows(const RunFlags& flags, bool cpu, EnvironmentRows& rows) {
   rows.emplace_back("seed", absl::StrCat(flags.seed));
   if (cpu) {
     rows.emplace_back("CPU kernel threads",
@@ -605,12 +614,20 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
                                       : "bfloat16 autocast (float32 parameters)")
                     : flags.deterministic ? "float32"
                                           : "float32 (TF32 allowed on CUDA)");
+}
+
+// Where it writes: logs, checkpoints, metrics (each when given).
+void AddOutputRows(const RunFlags& flags, EnvironmentRows& rows) {
   if (!flags.log_dir.empty()) rows.emplace_back("log dir", flags.log_dir);
   if (!flags.checkpoint_dir.empty()) {
     rows.emplace_back("checkpoint dir", absl::StrCat(flags.checkpoint_dir,
                                                      flags.resume ? " (resume)" : ""));
   }
   if (!flags.metrics.empty()) rows.emplace_back("metrics", flags.metrics);
+}
+
+// The rows between two rules, their names padded to one width.
+std::string FormatTable(const EnvironmentRows& rows) {
   size_t width = 0;
   for (const auto& row : rows) width = std::max(width, row.first.size());
   std::string rule(width + 40, '-');
@@ -619,7 +636,23 @@ void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& ext
     absl::StrAppend(&out, "  ", key, std::string(width - key.size(), ' '), " : ", value, "\n");
   }
   absl::StrAppend(&out, rule, "\n");
-  std::cerr << out << std::flush;
+  return out;
+}
+
+}  // namespace
+
+void PrintEnvironment(const RunFlags& flags, const std::vector<std::string>& extra_rows) {
+  // Several processes (mpirun, srun): process 0 prints the header; spawn's own
+  // header then lists every process's host and devices and the global world.
+  const dist::LaunchInfo launch = dist::DetectLaunch();
+  if (launch.index != 0) return;
+  const bool cpu = flags.devices.empty() || !flags.devices[0].is_cuda();
+  EnvironmentRows rows;
+  AddPlacementRows(flags, launch, cpu, rows);
+  AddProgramRows(extra_rows, rows);
+  AddNumericsRows(flags, cpu, rows);
+  AddOutputRows(flags, rows);
+  std::cerr << FormatTable(rows) << std::flush;
 }
 
 dist::CheckpointManagerOptions CheckpointOptions(const RunFlags& flags) {

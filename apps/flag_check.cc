@@ -28,10 +28,8 @@ bool IsAbseilBuiltin(absl::string_view name) {
   return name == "undefok";
 }
 
-}  // namespace
-
-std::optional<std::string> FindBadFlag(int argc, char** argv) {
-  // --undefok=a,b: names Abseil lets pass undefined; they pass here too.
+// The names that --undefok=a,b lets pass undefined (Abseil lets them pass too).
+std::vector<std::string> UndefOkNames(int argc, char** argv) {
   std::vector<std::string> undefok;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -44,12 +42,58 @@ std::optional<std::string> FindBadFlag(int argc, char** argv) {
       }
     }
   }
-  auto allowed_undefined = [&](absl::string_view name) {
-    for (const std::string& ok : undefok) {
-      if (name == ok || (absl::StartsWith(name, "no") && name.substr(2) == ok)) return true;
+  return undefok;
+}
+
+// Whether `name`, or `name` less a "no" prefix, is one of `undefok`.
+bool AllowedUndefined(const std::vector<std::string>& undefok, absl::string_view name) {
+  for (const std::string& ok : undefok) {
+    if (name == ok || (absl::StartsWith(name, "no") && name.substr(2) == ok)) return true;
+  }
+  return false;
+}
+
+// The problem with `arg`, whose flag `name` is not defined: nullopt for --noX
+// of a bool flag X without a value and for a name --undefok lists.
+std::optional<std::string> CheckUndefined(absl::string_view arg, absl::string_view name,
+                                          bool has_value,
+                                          const std::vector<std::string>& undefok) {
+  if (absl::StartsWith(name, "no")) {
+    absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+    if (negated != nullptr && negated->IsOfType<bool>()) {
+      if (has_value) return absl::StrCat("--", name, " takes no value (got \"", arg, "\")");
+      return std::nullopt;
     }
-    return false;
-  };
+  }
+  if (AllowedUndefined(undefok, name)) return std::nullopt;
+  return absl::StrCat("unknown flag --", name, " (see --help)");
+}
+
+// The problem with the value of the defined `flag` (`value` from "--name=value",
+// nullopt without "="), or nullopt. "--name value" takes argv[i + 1] and
+// advances i past it.
+std::optional<std::string> CheckValue(absl::CommandLineFlag& flag, absl::string_view name,
+                                      std::optional<absl::string_view> value, int& i, int argc,
+                                      char** argv) {
+  std::string text;
+  if (value.has_value()) {
+    text = std::string(*value);
+  } else if (flag.IsOfType<bool>()) {
+    return std::nullopt;  // --flag alone sets a bool
+  } else if (i + 1 < argc) {
+    text = argv[++i];  // "--flag value"
+  } else {
+    return absl::StrCat("--", name, " needs a value (--", name, "=...)");
+  }
+  std::string error;
+  if (!flag.ParseFrom(text, &error)) return absl::StrCat("--", name, "=", text, ": ", error);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> FindBadFlag(int argc, char** argv) {
+  const std::vector<std::string> undefok = UndefOkNames(argc, argv);
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
@@ -57,34 +101,14 @@ std::optional<std::string> FindBadFlag(int argc, char** argv) {
     absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
     const size_t eq = body.find('=');
     const absl::string_view name = body.substr(0, eq);
-    const bool has_value = eq != absl::string_view::npos;
     if (IsAbseilBuiltin(name)) continue;
+    std::optional<absl::string_view> value;
+    if (eq != absl::string_view::npos) value = body.substr(eq + 1);
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && absl::StartsWith(name, "no")) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) {
-        if (has_value) return absl::StrCat("--", name, " takes no value (got \"", arg, "\")");
-        continue;
-      }
-    }
-    if (flag == nullptr) {
-      if (allowed_undefined(name)) continue;
-      return absl::StrCat("unknown flag --", name, " (see --help)");
-    }
-    std::string value;
-    if (has_value) {
-      value = std::string(body.substr(eq + 1));
-    } else if (flag->IsOfType<bool>()) {
-      continue;  // --flag alone sets a bool
-    } else if (i + 1 < argc) {
-      value = argv[++i];  // "--flag value"
-    } else {
-      return absl::StrCat("--", name, " needs a value (--", name, "=...)");
-    }
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      return absl::StrCat("--", name, "=", value, ": ", error);
-    }
+    std::optional<std::string> problem =
+        flag == nullptr ? CheckUndefined(arg, name, value.has_value(), undefok)
+                        : CheckValue(*flag, name, value, i, argc, argv);
+    if (problem.has_value()) return problem;
   }
   return std::nullopt;
 }

@@ -292,6 +292,59 @@ char ProcessState(int64_t pid) {
   return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
 }
 
+// "process 1 (host h, pid 7, ranks 2..3)": process p, whose first global rank is `first`.
+std::string ProcessName(const std::vector<ProcessInfo>& processes, size_t p, int first) {
+  const int count = static_cast<int>(processes[p].devices.size());
+  return absl::StrCat("process ", p, " (host ", processes[p].host, ", pid ", processes[p].pid,
+                      ", rank", count > 1 ? absl::StrCat("s ", first, "..", first + count - 1)
+                                          : absl::StrCat(" ", first),
+                      ")");
+}
+
+// "; process 1 (...) is stopped (SIGSTOP or a debugger)" for each process other
+// than `self` on `host` that /proc shows stopped, exited or waiting in the kernel.
+std::string LocalProcessStates(const std::vector<ProcessInfo>& processes, int self,
+                               const std::string& host) {
+  std::string text;
+  int first = 0;
+  for (size_t p = 0; p < processes.size(); ++p) {
+    if (static_cast<int>(p) != self && processes[p].host == host) {
+      const char state = ProcessState(processes[p].pid);
+      if (state == 'T' || state == 't') {
+        absl::StrAppend(&text, "; ", ProcessName(processes, p, first),
+                        " is stopped (SIGSTOP or a debugger)");
+      } else if (state == 0 || state == 'Z' || state == 'X') {
+        absl::StrAppend(&text, "; ", ProcessName(processes, p, first), " has exited");
+      } else if (state == 'D') {
+        absl::StrAppend(&text, "; ", ProcessName(processes, p, first),
+                        " waits in the kernel (I/O)");
+      }
+    }
+    first += static_cast<int>(processes[p].devices.size());
+  }
+  return text;
+}
+
+// "; at that exchange not yet at #N: process 1 (...) at #M, ...": the processes
+// that had not entered collective #`waiting_for` at the last round, or "" when
+// none or when every process was at the same collective (that says nothing).
+std::string LateProcesses(const std::vector<ProcessInfo>& processes,
+                          const std::vector<int64_t>& entered, uint64_t waiting_for) {
+  std::string late;
+  bool all_same = true;
+  int first = 0;
+  for (size_t p = 0; p < processes.size(); ++p) {
+    all_same = all_same && entered[p] == entered[0];
+    if (entered[p] < static_cast<int64_t>(waiting_for)) {
+      absl::StrAppend(&late, late.empty() ? "" : ", ", ProcessName(processes, p, first), " at #",
+                      entered[p]);
+    }
+    first += static_cast<int>(processes[p].devices.size());
+  }
+  if (late.empty() || all_same) return "";
+  return absl::StrCat("; at that exchange not yet at #", waiting_for, ": ", late);
+}
+
 }  // namespace
 
 std::string ProcessWorld::DescribeProgress(uint64_t waiting_for) const {
@@ -300,59 +353,23 @@ std::string ProcessWorld::DescribeProgress(uint64_t waiting_for) const {
     std::lock_guard<std::mutex> lock(progress_mutex_);
     progress = progress_;
   }
-  const auto name = [&](size_t p, int first) {
-    const int count = static_cast<int>(processes_[p].devices.size());
-    return absl::StrCat("process ", p, " (host ", processes_[p].host, ", pid ", processes_[p].pid,
-                        ", rank", count > 1 ? absl::StrCat("s ", first, "..", first + count - 1)
-                                            : absl::StrCat(" ", first),
-                        ")");
-  };
-  std::string text;
   const bool rounds = progress.entered.size() == processes_.size();
   const double age_s =
       rounds ? std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.at).count()
              : 0;
-  if (!rounds) {
-    text = " no exchange between the processes (step-agreement round) has completed yet";
-  } else {
-    text = absl::StrFormat(" the processes' last exchange (a step-agreement round) completed "
-                           "%.2f s ago", age_s);
-  }
+  std::string text =
+      rounds ? absl::StrFormat(" the processes' last exchange (a step-agreement round) completed "
+                               "%.2f s ago", age_s)
+             : " no exchange between the processes (step-agreement round) has completed yet";
   if (!rounds || age_s > 1.0) {
     // Rounds stalled: a process does not take part. Processes of this host can
     // be looked at directly.
-    absl::StrAppend(&text, ": a process stopped responding");
-    int first = 0;
-    for (size_t p = 0; p < processes_.size(); ++p) {
-      if (static_cast<int>(p) != process_index_ && processes_[p].host == host()) {
-        const char state = ProcessState(processes_[p].pid);
-        if (state == 'T' || state == 't') {
-          absl::StrAppend(&text, "; ", name(p, first), " is stopped (SIGSTOP or a debugger)");
-        } else if (state == 0 || state == 'Z' || state == 'X') {
-          absl::StrAppend(&text, "; ", name(p, first), " has exited");
-        } else if (state == 'D') {
-          absl::StrAppend(&text, "; ", name(p, first), " waits in the kernel (I/O)");
-        }
-      }
-      first += static_cast<int>(processes_[p].devices.size());
-    }
+    absl::StrAppend(&text, ": a process stopped responding",
+                    LocalProcessStates(processes_, process_index_, host()));
   }
   if (!rounds) return text;
   // Who had not entered the collective at the last round (when that says anything).
-  std::string late;
-  bool all_same = true;
-  int first = 0;
-  for (size_t p = 0; p < processes_.size(); ++p) {
-    all_same = all_same && progress.entered[p] == progress.entered[0];
-    if (progress.entered[p] < static_cast<int64_t>(waiting_for)) {
-      absl::StrAppend(&late, late.empty() ? "" : ", ", name(p, first), " at #",
-                      progress.entered[p]);
-    }
-    first += static_cast<int>(processes_[p].devices.size());
-  }
-  if (!late.empty() && !all_same) {
-    absl::StrAppend(&text, "; at that exchange not yet at #", waiting_for, ": ", late);
-  }
+  absl::StrAppend(&text, LateProcesses(processes_, progress.entered, waiting_for));
   return text;
 }
 

@@ -60,17 +60,26 @@ inline std::vector<float> FlatParams(const nn::Module& m) {
 }
 
 // max |a - b| / max |b| over the elements (max |a - b| where b is all zeros), in
-// float64 on the host: a distance relative to the reference's scale.
-inline double ScaledError(const nn::Tensor& a, const nn::Tensor& b) {
-  const std::vector<double> x = a.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>();
-  const std::vector<double> y = b.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>();
-  EXPECT_EQ(x.size(), y.size());
+// float64: a distance relative to the reference's scale.
+inline double ScaledError(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
   double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    err = std::max(err, std::fabs(x[i] - y[i]));
-    scale = std::max(scale, std::fabs(y[i]));
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    err = std::max(err, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
   }
   return scale > 0 ? err / scale : err;
+}
+
+inline double ScaledError(const std::vector<float>& a, const std::vector<float>& b) {
+  return ScaledError(std::vector<double>(a.begin(), a.end()),
+                     std::vector<double>(b.begin(), b.end()));
+}
+
+// The same for tensors of any device and dtype, compared on the host.
+inline double ScaledError(const nn::Tensor& a, const nn::Tensor& b) {
+  return ScaledError(a.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>(),
+                     b.detach().to(nn::Device::CPU()).to(nn::kFloat64).to_vector<double>());
 }
 
 }  // namespace tandem::testing

@@ -17,8 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace {
+
+using ::tandem::testing::MakeTempDir;
 
 constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
 
@@ -48,16 +51,6 @@ std::vector<std::string> ReadLines(const std::string& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
-}
-
-// A fresh directory under the test's temporary folder.
-std::string TempDir(const std::string& name) {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                              absl::StrCat("tandem_apps_", ::getpid(), "_", info->name(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
 }
 
 // Debian's python3 (where python3-torch and friends live), else the one on PATH.
@@ -163,7 +156,7 @@ TEST(TrainLinear, RunsOnTwoCpuRanks) {
 
 TEST(TrainMnist, SmokeRunWritesMetrics) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string dir = TempDir("m");
+  const std::string dir = MakeTempDir("tandem_apps_m");
   const std::string metrics = dir + "/m.csv";
   RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --epochs=2 --max_steps_per_epoch=5 "
                                               "--train_limit=640 --test_limit=200 --metrics=",
@@ -189,7 +182,7 @@ TEST(TrainMnist, TensorBoardScalarsDecodeWithAnIndependentReader) {
   if (!PythonHas("google.protobuf")) {
     GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
   }
-  const std::string dir = TempDir("tb") + "/tb";
+  const std::string dir = MakeTempDir("tandem_apps_tb") + "/tb";
   RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --nprocs=2 --epochs=1 "
                                                      "--train_limit=640 "
                                                      "--test_limit=200 --log_every=3 "
@@ -221,7 +214,7 @@ TEST(TrainMnist, ResumedRunMarksASessionStartForTensorBoard) {
   if (!PythonHas("google.protobuf")) {
     GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
   }
-  const std::string dir = TempDir("tbresume");
+  const std::string dir = MakeTempDir("tandem_apps_tbresume");
   const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --train_limit=1280 --test_limit=200 "
                                         "--checkpoint_dir=", dir, "/ck --tensorboard_dir=", dir, "/tb");
   ASSERT_EQ(RunProgram(TRAIN_MNIST, args + " --epochs=1").status, 0);
@@ -245,7 +238,7 @@ TEST(TrainMnist, ResumedRunMarksASessionStartForTensorBoard) {
 // backward (overlapping it), only the --trace_steps window.
 void ExpectValidTrace(const std::string& launcher, int processes, int ranks_per_process) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string path = TempDir(absl::StrCat("trace", processes)) + "/t.json";
+  const std::string path = MakeTempDir(absl::StrCat("tandem_apps_trace", processes)) + "/t.json";
   RunResult r = RunProgram(launcher + TRAIN_MNIST,
                            absl::StrCat("--gpus=cpu --nprocs=", ranks_per_process,
                                         " --epochs=1 --train_limit=1280 --test_limit=200 "
@@ -300,7 +293,7 @@ TEST(PlotMetrics, DrawsCsvAndJsonLinesAndRejectsOtherFiles) {
   if (!PythonHas("matplotlib")) {
     GTEST_SKIP() << "python3 with matplotlib (python3-matplotlib) missing";
   }
-  const std::string dir = TempDir("plot");
+  const std::string dir = MakeTempDir("tandem_apps_plot");
   {
     std::ofstream csv(dir + "/m.csv");
     csv << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr\n"
@@ -328,7 +321,7 @@ TEST(PlotMetrics, DrawsCsvAndJsonLinesAndRejectsOtherFiles) {
 // batch 2 x 32 take the LeNet from 10% (chance) to well above half right.
 TEST(TrainMnist, Bf16AutocastLearnsOnTwoCpuRanks) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string metrics = TempDir("bf16") + "/m.csv";
+  const std::string metrics = MakeTempDir("tandem_apps_bf16") + "/m.csv";
   RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --nprocs=2 --bf16 --epochs=1 "
                                               "--batch_size=32 --max_steps_per_epoch=40 "
                                               "--lr_schedule=constant --test_limit=1000 --metrics=",
@@ -403,7 +396,7 @@ TEST(TrainMnist, DefaultCpuRunTakesARankPerCoreAndKeepsTheGlobalBatch) {
 // steps 1-15, 1.87 over steps 46-60 (a mean over 240 images varies by a few
 // hundredths).
 TEST(TrainCifar10, SyntheticSmokeRunSaysSynthetic) {
-  const std::string dir = TempDir("c");
+  const std::string dir = MakeTempDir("tandem_apps_c");
   const std::string metrics = dir + "/m.jsonl";
   RunResult r = RunProgram(TRAIN_CIFAR10, absl::StrCat("--gpus=cpu --epochs=1 --batch_size=16 "
                                                 "--max_steps_per_epoch=60 --log_every=15 "
@@ -432,7 +425,7 @@ TEST(TrainCifar10, SyntheticSmokeRunSaysSynthetic) {
 }
 
 TEST(TrainCifar10, DirectoryWithoutFilesFallsBackToSynthetic) {
-  const std::string dir = TempDir("empty");
+  const std::string dir = MakeTempDir("tandem_apps_empty");
   RunResult r = RunProgram(TRAIN_CIFAR10, absl::StrCat("--gpus=cpu --epochs=1 --max_steps_per_epoch=1 "
                                                 "--synthetic_train_size=40 "
                                                 "--synthetic_test_size=20 --data_dir=",
@@ -539,7 +532,7 @@ TEST(TrainCifar10, TimeoutEndsARunWhoseCollectiveWaitsTooLong) {
 // A failure inside the run: exit status 1 and a last line naming the rank.
 TEST(TrainMnist, CorruptCheckpointIsOneLineNamingTheRank) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
-  const std::string dir = TempDir("bad");
+  const std::string dir = MakeTempDir("tandem_apps_bad");
   std::ofstream(dir + "/epoch-3.ckpt") << "not a checkpoint";
   RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --nprocs=2 --max_steps_per_epoch=2 "
                                                      "--checkpoint_dir=", dir, " --resume"));
@@ -613,7 +606,7 @@ TEST(Help, EveryProgramSaysWhatItDoesWithoutBuildPaths) {
 // 2 epochs straight vs. a run stopped in the middle of epoch 2 and resumed from
 // the epoch-1 checkpoint: the same per-epoch loss and test accuracy.
 void ExpectResumeMatches(const std::string& ranks) {
-  const std::string dir = TempDir("resume");
+  const std::string dir = MakeTempDir("tandem_apps_resume");
   const std::string common = absl::StrCat(ranks, " --epochs=2 --batch_size=32 --train_limit=960 "
                                                  "--test_limit=500 --seed=7 --num_workers=2");
   RunResult straight = RunProgram(TRAIN_MNIST, absl::StrCat(common, " --metrics=", dir, "/straight.csv"));

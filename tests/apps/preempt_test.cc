@@ -28,23 +28,15 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nn/checkpoint.h"
+#include "tests/test_util.h"
 
 namespace {
 
+using ::tandem::testing::MakeTempDir;
 using Clock = std::chrono::steady_clock;
 constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string TempDir(const std::string& name) {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("tandem_preempt_apps_", ::getpid(), "_",
-                                                 info->name(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -174,7 +166,7 @@ bool AwaitFile(const std::string& path, double timeout_s) {
 }
 
 TEST(TrainLinearPreempt, SigtermAtRandomMomentsThenResumeEndsBitForBit) {
-  const std::string base = TempDir("t");
+  const std::string base = MakeTempDir("tandem_preempt_apps_t");
   // The reference run, timed from its first periodic checkpoint (training under
   // way: the program's load time, which varies with the build, is left out).
   Clock::time_point first_checkpoint;
@@ -247,7 +239,7 @@ TEST(TrainLinearPreempt, SigkillRightAfterAPeriodicCheckpointLosesAtMostNSteps) 
   constexpr int kN = 50;
   const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --steps=400 --batch_size=2000 "
                                         "--checkpoint_every_steps=", kN, " --checkpoint_dir=");
-  const std::string base = TempDir("k");
+  const std::string base = MakeTempDir("tandem_preempt_apps_k");
   const Finished ref = RunToEnd(TRAIN_LINEAR, args + base + "/ref", base + "/ref.out");
   ASSERT_EQ(ref.status, 0) << ref.output;
   const std::string dir = base + "/killed";
@@ -283,7 +275,7 @@ TEST(TrainLinearPreempt, SigkillRightAfterAPeriodicCheckpointLosesAtMostNSteps) 
 // --resume names it and the reason in one line, uses the one before, and the
 // run ends as the uninterrupted one.
 TEST(TrainLinearPreempt, DamagedNewestOfThreeFallsBackAndSaysSo) {
-  const std::string base = TempDir("d");
+  const std::string base = MakeTempDir("tandem_preempt_apps_d");
   const std::string args = absl::StrCat("--gpus=cpu --nprocs=2 --seed=3 --checkpoint_every_steps=",
                                         kEvery, " --keep_checkpoints=3 --checkpoint_dir=");
   const int early = kLinearSteps - 2 * kEvery + 60;  // not a multiple of kEvery
@@ -339,7 +331,7 @@ TEST(TrainLinearPreempt, DamagedNewestOfThreeFallsBackAndSaysSo) {
 // the one line that says so, and no line says ERROR (neither the stop itself
 // nor the ranks it cancelled mid-collective), periodic writes in flight or not.
 TEST(TrainLinearPreempt, CtrlCStopsWithOneLineAndNoErrorLine) {
-  const std::string base = TempDir("ctrlc");
+  const std::string base = MakeTempDir("tandem_preempt_apps_ctrlc");
   for (int trial = 0; trial < 3; ++trial) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     const std::string dir = absl::StrCat(base, "/", trial);
@@ -367,7 +359,7 @@ TEST(TrainMnistPreempt, SigtermMidEpochThenResumeEndsBitForBit) {
   if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   }
-  const std::string base = TempDir("m");
+  const std::string base = MakeTempDir("tandem_preempt_apps_m");
   const std::string args =
       "--gpus=cpu --nprocs=2 --epochs=2 --batch_size=32 --train_limit=960 --test_limit=200 "
       "--seed=7 --num_workers=2 --checkpoint_every_steps=4 --keep_checkpoints=3 ";
@@ -459,7 +451,7 @@ std::vector<int64_t> StoppedSteps(const std::string& output, const std::string& 
 // docs/preemption.md.)
 TEST(TrainLinearPreemptMpi, StopSignalToOneProcessStopsTheJobThenResumeEndsBitForBit) {
   constexpr int kSteps = 30000, kEveryMpi = 2000;
-  const std::string base = TempDir("mpi");
+  const std::string base = MakeTempDir("tandem_preempt_apps_mpi");
   const std::string args =
       absl::StrCat("-np 2 ", TRAIN_LINEAR, " --gpus=cpu --nprocs=1 --seed=3 --steps=", kSteps,
                    " --checkpoint_every_steps=", kEveryMpi, " --keep_checkpoints=3 --checkpoint_dir=");
@@ -535,7 +527,7 @@ TEST(TrainMnistPreemptMpi, CtrlCToMpirunStopsEveryProcessWithItsCheckpoint) {
   if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   }
-  const std::string dir = TempDir("ctrlc");
+  const std::string dir = MakeTempDir("tandem_preempt_apps_ctrlc");
   const std::string args = absl::StrCat(
       "-np 2 ", TRAIN_MNIST, " --gpus=cpu --nprocs=1 --epochs=1 --train_limit=32000 ",
       "--test_limit=200 --seed=7 --checkpoint_every_steps=4 --keep_checkpoints=3 ",

@@ -30,21 +30,12 @@
 #include "spawn/train/checkpoint_manager.h"
 #include "spawn/signals.h"
 #include "spawn/spawn.h"
+#include "tests/test_util.h"
 
 namespace tandem::dist {
 namespace {
 
 using internal::StepAgreement;
-
-std::string TempDir(const std::string& name) {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("tandem_preempt_", ::getpid(), "_",
-                                                 info->name(), "_", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 // --- The agreement on its own ----------------------------------------------------
 
@@ -388,7 +379,7 @@ std::vector<std::string> Names(const std::vector<std::string>& paths) {
 }
 
 TEST(CheckpointManager, KeepsTheNewestAndListsByStep) {
-  const std::string dir = TempDir("keep");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_keep");
   std::ofstream(dir + "/epoch-7.ckpt") << "an older version's file";
   std::ofstream(dir + "/step-9.ckpt.tmp.999999999.0") << "a write cut short";
   std::ostringstream log;
@@ -451,9 +442,9 @@ Outcome Train(const std::string& dir, int64_t total, int64_t stop_at, double wri
 }
 
 TEST(CheckpointManager, StopThenResumeEndsBitForBitWithAnUninterruptedRun) {
-  const Outcome straight = Train(TempDir("straight"), 30, -1);
+  const Outcome straight = Train(testing::MakeTempDir("tandem_preempt_straight"), 30, -1);
   ASSERT_TRUE(straight.status.ok()) << straight.status << straight.log;
-  const std::string dir = TempDir("stopped");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_stopped");
   const Outcome stopped = Train(dir, 30, 13);
   ASSERT_TRUE(IsStopped(stopped.status)) << stopped.status << stopped.log;
   const int64_t at = *StoppedAtStep(stopped.status);
@@ -468,7 +459,7 @@ TEST(CheckpointManager, StopThenResumeEndsBitForBitWithAnUninterruptedRun) {
 }
 
 TEST(CheckpointManager, StopDuringABackgroundWriteWaitsForItThenSaves) {
-  const std::string dir = TempDir("inflight");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_inflight");
   // Saves every 4 steps take 0.3 s to write: one is always in flight.
   const Outcome stopped = Train(dir, 30, 5, 0.3);
   ASSERT_TRUE(IsStopped(stopped.status)) << stopped.status << stopped.log;
@@ -483,9 +474,9 @@ TEST(CheckpointManager, StopDuringABackgroundWriteWaitsForItThenSaves) {
 }
 
 TEST(CheckpointManager, RestoreFallsBackToAnOlderFileAndSaysSo) {
-  const Outcome straight = Train(TempDir("straight"), 20, -1);
+  const Outcome straight = Train(testing::MakeTempDir("tandem_preempt_straight"), 20, -1);
   ASSERT_TRUE(straight.status.ok()) << straight.status;
-  const std::string dir = TempDir("fallback");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_fallback");
   const Outcome first = Train(dir, 12, -1);  // step-4, -8, -12
   ASSERT_TRUE(first.status.ok()) << first.status;
   const std::string newest = CheckpointManager::PathFor(dir, 12);
@@ -499,7 +490,7 @@ TEST(CheckpointManager, RestoreFallsBackToAnOlderFileAndSaysSo) {
 }
 
 TEST(CheckpointManager, NoLoadableFileIsAnErrorNamingTheNewest) {
-  const std::string dir = TempDir("bad");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_bad");
   std::ofstream(dir + "/step-3.ckpt") << "junk";
   std::ofstream(dir + "/step-1.ckpt") << "junk";
   const Outcome out = Train(dir, 5, -1);
@@ -513,7 +504,7 @@ TEST(CheckpointManager, NoLoadableFileIsAnErrorNamingTheNewest) {
 // every_minutes: rank 0's clock proposes, the ranks agree; ranks that saved at
 // different steps would pair the snapshot's collectives with a step's and fail.
 TEST(CheckpointManager, TimedSavesHappenAtOneStepOnEveryRank) {
-  const std::string dir = TempDir("timed");
+  const std::string dir = testing::MakeTempDir("tandem_preempt_timed");
   std::ostringstream log;
   const absl::Status s = spawn(
       [&](Context& ctx) -> absl::Status {

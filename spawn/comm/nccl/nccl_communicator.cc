@@ -568,15 +568,13 @@ void SetEnvOnce(const char* name, const char* value) {
   if (now == nullptr || std::string(now) != value) setenv(name, value, /*overwrite=*/1);
 }
 
-// The environment spawn's shutdown needs from NCCL, set before any
-// communicator is made; a user's setting that would break it is refused.
-absl::Status PrepareNcclEnvironment() {
-  // NCCL_LAUNCH_MODE=GROUP makes every launch of an intra-process communicator
-  // spin in a barrier with the other ranks' launches (group.cc, doLaunches ->
-  // ncclCommIntraBarrierIn/Out), which no abort flag ends: a rank inside an
-  // enqueue (under its AbortGuard) would wait for good for a peer that failed
-  // before the collective, and the watchdog's abort would wait for that rank.
-  // That breaks condition (2) of the file comment; only PARALLEL (the default) works.
+// NCCL_LAUNCH_MODE=GROUP makes every launch of an intra-process communicator
+// spin in a barrier with the other ranks' launches (group.cc, doLaunches ->
+// ncclCommIntraBarrierIn/Out), which no abort flag ends: a rank inside an
+// enqueue (under its AbortGuard) would wait for good for a peer that failed
+// before the collective, and the watchdog's abort would wait for that rank.
+// That breaks condition (2) of the file comment; only PARALLEL (the default) works.
+absl::Status RefuseGroupLaunchMode() {
   if (const char* mode = std::getenv("NCCL_LAUNCH_MODE");
       mode != nullptr && strcasecmp(mode, "GROUP") == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -584,15 +582,20 @@ absl::Status PrepareNcclEnvironment() {
         "rank's launch in a barrier that an abort cannot end, so one failing rank would hang "
         "the run; unset it or set NCCL_LAUNCH_MODE=PARALLEL"));
   }
-  // Lazy connection (NCCL_RUNTIME_CONNECT=1) would make a rank's first collective
-  // wait, inside its guarded enqueue, for its peers' connection set-up: a peer
-  // that failed first would hold it there, and the abort behind it (the same
-  // shape as NCCL_LAUNCH_MODE=GROUP above). Every connection is made at init.
-  // Graph buffer registration (NCCL_GRAPH_REGISTER=1, NCCL's default) runs
-  // inside an enqueue under capture and, with NVLS (NVSwitch systems), exchanges
-  // with the other ranks in loops that check no abort flag (nvls.cc,
-  // ncclShmemAllgather): the same shape again. It is turned off; captured
-  // collectives then use NCCL's own buffers (a copy more on NVLS systems).
+  return absl::OkStatus();
+}
+
+// Lazy connection (NCCL_RUNTIME_CONNECT=1) would make a rank's first collective
+// wait, inside its guarded enqueue, for its peers' connection set-up: a peer
+// that failed first would hold it there, and the abort behind it (the same
+// shape as NCCL_LAUNCH_MODE=GROUP above). Every connection is made at init.
+// Graph buffer registration (NCCL_GRAPH_REGISTER=1, NCCL's default) runs
+// inside an enqueue under capture and, with NVLS (NVSwitch systems), exchanges
+// with the other ranks in loops that check no abort flag (nvls.cc,
+// ncclShmemAllgather): the same shape again. It is turned off; captured
+// collectives then use NCCL's own buffers (a copy more on NVLS systems).
+// Each is refused when set otherwise, else set to 0.
+absl::Status TurnOffSetUpInsideCollectives() {
   struct Required {
     const char* name;
     const char* why;
@@ -610,15 +613,28 @@ absl::Status PrepareNcclEnvironment() {
     }
     SetEnvOnce(r.name, "0");
   }
-  // ncclCommInitAll takes no config: its communicators are blocking unless
-  // NCCL_COMM_BLOCKING=0 says otherwise, which this code does not handle
-  // (every call would return ncclInProgress).
+  return absl::OkStatus();
+}
+
+// ncclCommInitAll takes no config: its communicators are blocking unless
+// NCCL_COMM_BLOCKING=0 says otherwise, which this code does not handle
+// (every call would return ncclInProgress).
+absl::Status RefuseNonBlocking() {
   if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
       blocking != nullptr && std::string(blocking) == "0") {
     return absl::FailedPreconditionError(
         "NCCL_COMM_BLOCKING=0 is not supported by spawn: its communicators are blocking (see "
         "spawn/comm/nccl/nccl_communicator.cc); unset it");
   }
+  return absl::OkStatus();
+}
+
+// The environment spawn's shutdown needs from NCCL, set before any
+// communicator is made; a user's setting that would break it is refused.
+absl::Status PrepareNcclEnvironment() {
+  RETURN_IF_ERROR(RefuseGroupLaunchMode());
+  RETURN_IF_ERROR(TurnOffSetUpInsideCollectives());
+  RETURN_IF_ERROR(RefuseNonBlocking());
   // NCCL reads /etc/nccl.conf (or NCCL_CONF_FILE) at its first call and sets
   // what it finds there only where the environment has nothing: the values
   // spawn relies on are set here, so a config file cannot bring GROUP or

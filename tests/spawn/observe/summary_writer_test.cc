@@ -5,8 +5,6 @@
 // threads at once.
 #include "spawn/observe/summary_writer.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -19,17 +17,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace tandem::dist {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    absl::StrCat("tandem_tb_", ::getpid(), "_", info->name(), "_", name);
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
 
 // Debian's Python (python3-protobuf is a Debian package), else the one on PATH.
 std::string Python() {
@@ -75,7 +66,7 @@ TEST(SummaryWriter, ScalarEventBytesAreTheProtobufEncoding) {
 
 TEST(SummaryWriter, FileDecodesWithAnIndependentReader) {
   if (!ReaderAvailable()) GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
-  const std::string dir = TempDir("one");
+  const std::string dir = testing::MakeTempDir("tandem_tb_one");
   std::string path;
   {
     absl::StatusOr<std::unique_ptr<SummaryWriter>> tb = SummaryWriter::Open(dir + "/sub", "rank0");
@@ -105,7 +96,7 @@ TEST(SummaryWriter, FileDecodesWithAnIndependentReader) {
 
 TEST(SummaryWriter, DamagedFileIsCaughtByTheReader) {
   if (!ReaderAvailable()) GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
-  const std::string dir = TempDir("bad");
+  const std::string dir = testing::MakeTempDir("tandem_tb_bad");
   std::string path;
   {
     auto tb = SummaryWriter::Open(dir);
@@ -129,7 +120,7 @@ TEST(SummaryWriter, DamagedFileIsCaughtByTheReader) {
 
 TEST(SummaryWriter, ConcurrentWritersProduceWholeRecords) {
   if (!ReaderAvailable()) GTEST_SKIP() << "python3 with google.protobuf (python3-protobuf) missing";
-  const std::string dir = TempDir("threads");
+  const std::string dir = testing::MakeTempDir("tandem_tb_threads");
   std::string path;
   {
     auto tb = SummaryWriter::Open(dir);

@@ -8,8 +8,6 @@
 // files, another model, unmet expectations, world-size changes.
 #include "spawn/train/checkpoint.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +29,7 @@
 #include "optim/lr_scheduler.h"
 #include "spawn/train/data_parallel.h"
 #include "spawn/spawn.h"
+#include "tests/test_util.h"
 
 namespace tandem::dist {
 namespace {
@@ -155,15 +154,13 @@ Snapshot Take(Trainer& t, std::vector<double> losses) {
   return s;
 }
 
-std::filesystem::path TempDir() {
-  return std::filesystem::temp_directory_path() /
-         ("tandem_spawn_checkpoint_test_" + std::to_string(::getpid()));
+// The program's one directory for its files, made at first use.
+const std::filesystem::path& TempDir() {
+  static const std::filesystem::path dir = testing::MakeTempDir("tandem_spawn_checkpoint_test");
+  return dir;
 }
 
-std::string TempPath(const std::string& name) {
-  std::filesystem::create_directories(TempDir());
-  return (TempDir() / name).string();
-}
+std::string TempPath(const std::string& name) { return (TempDir() / name).string(); }
 
 // Removes the test's files when the program ends.
 class TempDirCleanup : public ::testing::Environment {

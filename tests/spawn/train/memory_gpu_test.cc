@@ -4,7 +4,6 @@
 // float16 included) and on GPUs 0 and 1 (NCCL: reduce_scatter_async in place,
 // bfloat16 and float16 all-reduces).
 // Skipped without a GPU (the NCCL case without two).
-#include <cmath>
 #include <memory>
 #include <sstream>
 
@@ -61,16 +60,6 @@ std::vector<float> Steps(Context& ctx, Mode mode) {
   return testing::FlatParams(net);
 }
 
-double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return err / scale;
-}
-
 class MemoryGpuTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -95,12 +84,12 @@ TEST_P(MemoryGpuTest, ZeroAndCompressHooksMatchTheCpuRuns) {
         << gpu.status() << cpu.status() << unsharded.status();
     testing::ExpectSameBits((*gpu)[1], (*gpu)[0], "ranks agree");
     if (mode == Mode::kZero) {
-      EXPECT_LE(MaxRelativeError((*gpu)[0], (*unsharded)[0]), 1e-6) << GetParam();
-      EXPECT_LE(MaxRelativeError((*gpu)[0], (*cpu)[0]), 1e-5) << GetParam();
+      EXPECT_LE(testing::ScaledError((*gpu)[0], (*unsharded)[0]), 1e-6) << GetParam();
+      EXPECT_LE(testing::ScaledError((*gpu)[0], (*cpu)[0]), 1e-5) << GetParam();
     } else {
       // 16 bits on the wire: close to the float32 run, and to the CPU's 16-bit run.
-      EXPECT_LE(MaxRelativeError((*gpu)[0], (*unsharded)[0]), 1e-2) << GetParam();
-      EXPECT_LE(MaxRelativeError((*gpu)[0], (*cpu)[0]), 1e-2) << GetParam();
+      EXPECT_LE(testing::ScaledError((*gpu)[0], (*unsharded)[0]), 1e-2) << GetParam();
+      EXPECT_LE(testing::ScaledError((*gpu)[0], (*cpu)[0]), 1e-2) << GetParam();
     }
   }
 }
