@@ -3,6 +3,7 @@
 #define TANDEM_TESTS_TEST_UTIL_H_
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,11 +44,35 @@ inline void ExpectSameBits(const std::vector<float>& a, const std::vector<float>
   }
 }
 
+// Removes `dir` and what it holds when the process that called this exits (not
+// in a forked child that exits), unless TANDEM_KEEP_TEST_DIRS is set (to look at
+// a failed test's files).
+inline void RemoveAtExit(const std::string& dir) {
+  static std::mutex mu;
+  static auto* dirs = new std::vector<std::string>;
+  static const pid_t owner = ::getpid();
+  static const bool registered = [] {
+    std::atexit([] {
+      if (::getpid() != owner || ::getenv("TANDEM_KEEP_TEST_DIRS") != nullptr) return;
+      std::lock_guard<std::mutex> lock(mu);
+      for (const std::string& d : *dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(d, ignored);
+      }
+    });
+    return true;
+  }();
+  (void)registered;
+  std::lock_guard<std::mutex> lock(mu);
+  dirs->push_back(dir);
+}
+
 // A new empty directory under the system's temporary directory, named
-// <prefix>_XXXXXX (mkdtemp); the test removes it when it wants to.
+// <prefix>_XXXXXX (mkdtemp), removed when the test process exits (RemoveAtExit).
 inline std::string MakeTempDir(const std::string& prefix) {
   std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
   EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << tmpl;
+  RemoveAtExit(tmpl);
   return tmpl;
 }
 

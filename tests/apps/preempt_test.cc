@@ -527,7 +527,8 @@ TEST(TrainMnistPreemptMpi, CtrlCToMpirunStopsEveryProcessWithItsCheckpoint) {
   if (!std::filesystem::exists(std::filesystem::path(kFashion) / "train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   }
-  const std::string dir = MakeTempDir("tandem_preempt_apps_ctrlc");
+  // The run's output files (dir + ".out", ...) inside the removed directory too.
+  const std::string dir = MakeTempDir("tandem_preempt_apps_ctrlc") + "/run";
   const std::string args = absl::StrCat(
       "-np 2 ", TRAIN_MNIST, " --gpus=cpu --nprocs=1 --epochs=1 --train_limit=32000 ",
       "--test_limit=200 --seed=7 --checkpoint_every_steps=4 --keep_checkpoints=3 ",
