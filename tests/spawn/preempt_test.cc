@@ -1,8 +1,9 @@
 // Preemption: the step-boundary agreement (stop signals, agreed saves),
 // dist::CheckpointManager (periodic saves, rotation, fallback to an older file,
 // a stop during a background write, bit-identical resume), on CPU ranks.
-// Signals are real (kill(getpid(), SIGTERM) from a rank thread while spawn's
-// handlers are installed).
+// Signals are real (SendStopSignal: a rank thread signals itself while spawn's
+// process-wide handlers are installed).
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,6 +35,13 @@
 
 namespace tandem::dist {
 namespace {
+
+// Raises `signal` on the calling rank thread (as std::raise does). Not
+// kill(getpid()): ThreadSanitizer holds a signal the kernel hands to a thread
+// blocked in pthread_join (spawn's caller) until the join returns, and a run
+// whose ranks wait for the stop would then never end. spawn's handlers are
+// process-wide, so what the tests check does not depend on the thread.
+void SendStopSignal(int signal) { ::pthread_kill(::pthread_self(), signal); }
 
 using internal::StepAgreement;
 
@@ -267,7 +275,7 @@ TEST(SpawnStopSignal, EveryRankStopsAtTheSameStep) {
             nn::Tensor x = nn::ones({4});
             ctx.communicator().all_reduce(x, ReduceOp::kSum);
             std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 2000));
-            if (ctx.rank() == sender && step == at) ::kill(::getpid(), SIGTERM);
+            if (ctx.rank() == sender && step == at) SendStopSignal(SIGTERM);
             auto note = [&] {
               if (first_seen[ctx.rank()] < 0 && seen.Received() != 0) first_seen[ctx.rank()] = step;
             };
@@ -301,7 +309,7 @@ TEST(SpawnStopSignal, FunctionWithoutBoundariesIsCancelledAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   const absl::Status s = spawn(
       [&](Context& ctx) {
-        if (ctx.rank() == 0) ::kill(::getpid(), SIGUSR1);
+        if (ctx.rank() == 0) SendStopSignal(SIGUSR1);
         for (;;) {  // never calls AtStepBoundary
           ctx.check_stop();
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -318,7 +326,7 @@ TEST(SpawnStopSignal, RankThatNeverStopsEndsTheRunAfterTheGracePeriod) {
   const absl::Status s = spawn(
       [&](Context& ctx) {
         for (int64_t step = 1;; ++step) {
-          if (ctx.rank() == 0 && step == 3) ::kill(::getpid(), SIGTERM);
+          if (ctx.rank() == 0 && step == 3) SendStopSignal(SIGTERM);
           if (ctx.rank() == 1 && step > 1) {  // stops calling the boundary
             ctx.check_stop();
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -425,7 +433,7 @@ Outcome Train(const std::string& dir, int64_t total, int64_t stop_at, double wri
         if (!from.ok()) return from.status();
         while (t.step < total) {
           t.Step();
-          if (ctx.rank() == 0 && t.step == stop_at) ::kill(::getpid(), SIGTERM);
+          if (ctx.rank() == 0 && t.step == stop_at) SendStopSignal(SIGTERM);
           absl::Status saved = m.AtStepBoundary(t.state);
           if (!saved.ok()) return saved;
         }
