@@ -324,25 +324,15 @@ void Register(Device device) {
       }
     }
   }
-  const Case blocks[] = {{"LeNetBlock1", LeNetBlock1},
-                         {"LeNetBlock1/unfused", LeNetBlock1Unfused},
-                         {"LeNetBlock2", LeNetBlock2},
-                         {"LeNetBlock2/unfused", LeNetBlock2Unfused}};
-  for (const Case& c : blocks) {
-    for (int64_t batch : {32, 128}) {
-      const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
-                               "/batch:" + std::to_string(batch);
-      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch,
-                                   CpuConvPath::kAuto, CpuPoolPath::kAuto)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-    }
-  }
-  const Case pools[] = {{"MaxPool20x28", MaxPool20x28},
+  const Case small[] = {{"MaxPool20x28", MaxPool20x28},
                         {"MaxPool64x30", MaxPool64x30},
                         {"MaxPool64x30F64", MaxPool64x30F64},
-                        {"Relu32x30", Relu32x30}};
-  for (const Case& c : pools) {
+                        {"Relu32x30", Relu32x30},
+                        {"LeNetBlock1", LeNetBlock1},
+                        {"LeNetBlock1/unfused", LeNetBlock1Unfused},
+                        {"LeNetBlock2", LeNetBlock2},
+                        {"LeNetBlock2/unfused", LeNetBlock2Unfused}};
+  for (const Case& c : small) {
     for (int64_t batch : {32, 128}) {
       const std::string name = std::string("BM_") + c.name + "/" + device.ToString() +
                                "/batch:" + std::to_string(batch);

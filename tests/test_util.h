@@ -12,12 +12,16 @@
 #include <filesystem>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/autograd.h"
+#include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/random.h"
 #include "nn/tensor.h"
 
 namespace tandem::testing {
@@ -74,6 +78,50 @@ inline std::string MakeTempDir(const std::string& prefix) {
   EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << tmpl;
   RemoveAtExit(tmpl);
   return tmpl;
+}
+
+// How many autograd nodes named `op` produced `t` (each node counted once): which
+// ops (fused or not) a forward recorded.
+inline int CountOps(const nn::Tensor& t, const std::string& op) {
+  int count = 0;
+  std::vector<std::shared_ptr<nn::autograd::Node>> stack{t.grad_fn()};
+  std::vector<const nn::autograd::Node*> seen;
+  while (!stack.empty()) {
+    std::shared_ptr<nn::autograd::Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (!node || std::find(seen.begin(), seen.end(), node.get()) != seen.end()) continue;
+    seen.push_back(node.get());
+    count += node->name() == op;
+    for (const auto& next : node->next_edges()) stack.push_back(next);
+  }
+  return count;
+}
+
+// `net` run on x as a whole (its forward, with Sequential's fused ops) and child
+// by child (no fusion), each followed by backward from one random output
+// gradient: the outputs and every parameter's gradient, for tests that compare
+// the two runs bit for bit and check which ops each recorded.
+struct WholeAndOneByOne {
+  nn::Tensor whole, one_by_one;  // the outputs (their graphs name the ops)
+  std::vector<std::vector<float>> whole_grads, one_by_one_grads;  // per parameter
+};
+inline WholeAndOneByOne RunWholeAndOneByOne(nn::Sequential& net, const nn::Tensor& x) {
+  WholeAndOneByOne r;
+  auto grads = [&net] {
+    std::vector<std::vector<float>> g;
+    for (const nn::Tensor& p : net->parameters()) g.push_back(p.grad().to_vector<float>());
+    net->zero_grad();
+    return g;
+  };
+  r.whole = net->forward(x);
+  const nn::Tensor dy = nn::randn(r.whole.shape());
+  r.whole.backward(dy);
+  r.whole_grads = grads();
+  r.one_by_one = x;
+  for (int64_t i = 0; i < net->size(); ++i) r.one_by_one = (*net)[i]->forward(r.one_by_one);
+  r.one_by_one.backward(dy);
+  r.one_by_one_grads = grads();
+  return r;
 }
 
 // Every parameter of `m`, in parameters() order, flattened into one float vector.

@@ -21,27 +21,15 @@
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
 #include "tests/nn/gradcheck.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
 namespace {
 
 using ops::internal::CpuConvPath;
 
-// How many autograd nodes named `op` produced `t` (each node counted once).
-int CountOps(const Tensor& t, const std::string& op) {
-  int count = 0;
-  std::vector<std::shared_ptr<autograd::Node>> stack{t.grad_fn()};
-  std::vector<const autograd::Node*> seen;
-  while (!stack.empty()) {
-    std::shared_ptr<autograd::Node> node = std::move(stack.back());
-    stack.pop_back();
-    if (!node || std::find(seen.begin(), seen.end(), node.get()) != seen.end()) continue;
-    seen.push_back(node.get());
-    count += node->name() == op;
-    for (const auto& next : node->next_edges()) stack.push_back(next);
-  }
-  return count;
-}
+using ::tandem::testing::CountOps;
+using ::tandem::testing::RunWholeAndOneByOne;
 
 struct Case {
   std::string name;
@@ -288,30 +276,17 @@ TEST(ConvReluPoolTest, SequentialFusesConvReluPoolWithTheSameBits) {
   Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2),
                   Conv2d(20, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2), Flatten(),
                   Linear(20 * 7 * 7, 10)});
-  const Tensor x = randn({6, 1, 28, 28});
-  Tensor fused = net->forward(x);
-  const int triples = CountOps(fused, "conv2d_relu_max_pool2d");
-  EXPECT_EQ(triples + CountOps(fused, "conv2d_relu"), 2);
-  EXPECT_EQ(triples + CountOps(fused, "max_pool2d"), 2);
-  EXPECT_EQ(CountOps(fused, "relu"), 0);
+  const ::tandem::testing::WholeAndOneByOne r = RunWholeAndOneByOne(net, randn({6, 1, 28, 28}));
+  const int triples = CountOps(r.whole, "conv2d_relu_max_pool2d");
+  EXPECT_EQ(triples + CountOps(r.whole, "conv2d_relu"), 2);
+  EXPECT_EQ(triples + CountOps(r.whole, "max_pool2d"), 2);
+  EXPECT_EQ(CountOps(r.whole, "relu"), 0);
   // LeNet's second convolution (20 channels) is channels-last on oneDNN.
   if (ops::internal::CpuConvUsesDnnl()) EXPECT_GE(triples, 1);
-  const Tensor dy = randn(fused.shape());
-  fused.backward(dy);
-  std::vector<std::vector<float>> grads;
-  for (const Tensor& p : net->parameters()) grads.push_back(p.grad().to_vector<float>());
-  net->zero_grad();
-  Tensor y = x;  // the children one by one: no fusion
-  for (int64_t i = 0; i < net->size(); ++i) y = (*net)[i]->forward(y);
-  EXPECT_EQ(CountOps(y, "conv2d_relu_max_pool2d"), 0);
-  EXPECT_EQ(CountOps(y, "relu"), 2);
-  y.backward(dy);
-  EXPECT_EQ(fused.to_vector<float>(), y.to_vector<float>());
-  size_t k = 0;
-  for (const Tensor& p : net->parameters()) {
-    EXPECT_EQ(p.grad().to_vector<float>(), grads[k]) << "parameter " << k;
-    ++k;
-  }
+  EXPECT_EQ(CountOps(r.one_by_one, "conv2d_relu_max_pool2d"), 0);
+  EXPECT_EQ(CountOps(r.one_by_one, "relu"), 2);
+  EXPECT_EQ(r.whole.to_vector<float>(), r.one_by_one.to_vector<float>());
+  EXPECT_EQ(r.whole_grads, r.one_by_one_grads);
 }
 
 }  // namespace
