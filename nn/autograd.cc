@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/internal/fill_kernels.h"
 
 namespace tandem::nn::autograd {
@@ -178,9 +179,7 @@ class BackwardQueue {
         TANDEM_CHECK(slot.shape() == g.shape(), "backward of ", from.name(), ": gradient ",
                      g.ToString(), " does not match ", slot.ToString());
         // Sum into a fresh tensor: `slot` may alias a tensor an op saved.
-        Tensor sum = slot.clone();
-        sum.add_(g);
-        slot = sum;
+        slot = add(slot, g);
       }
     }
     EdgeDone(target);

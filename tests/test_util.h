@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,11 @@
 #include "nn/tensor.h"
 
 namespace tandem::testing {
+
+// Seconds of the steady clock since `start`.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // The message of the exception `f` throws, or "" when it throws none.
 inline std::string ErrorOf(const std::function<void()>& f) {

@@ -190,7 +190,7 @@ Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tenso
     const Pool2dGeometry pool =
         ops::internal::Pool2dGeometryOf({g.n, g.o, g.oh, g.ow}, pool_params, "max_pool2d");
     const ops::internal::Conv2dReluMaxPoolLayout layout =
-        ops::internal::Conv2dReluMaxPoolLayoutCpu(x, bias, g, pool);
+        ops::internal::Conv2dReluMaxPoolLayoutCpu(g, pool, bias.defined());
     if (layout.group > 0) return ConvReluMaxPoolFused(x, weight, bias, g, pool, layout);
   }
   return max_pool2d(conv2d_relu(x, weight, bias, params), pool_params);

@@ -418,17 +418,16 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);
 }
 
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Tensor& x, const Tensor& bias,
-                                                   const Conv2dGeometry& g,
-                                                   const Pool2dGeometry& pool) {
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
+                                                   const Pool2dGeometry& pool, bool bias) {
 #if TANDEM_WITH_DNNL
-  const bool applies = !x.is_cuda() && x.dtype() == kFloat32 && g.n > 0 && g.h > 0 && g.w > 0 &&
-                       CpuConvUsesDnnl() && !DirectDepthwise(x.dtype(), g) &&
-                       MaxPoolTilesChannelsLast(pool) && pool.oh > 0 && pool.ow > 0 &&
+  const bool applies = g.n > 0 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
+                       !DirectDepthwise(kFloat32, g) && MaxPoolTilesChannelsLast(pool) &&
+                       pool.oh > 0 && pool.ow > 0 &&
                        ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
-  return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias.defined()) : Conv2dReluMaxPoolLayout{};
+  return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias) : Conv2dReluMaxPoolLayout{};
 #else
-  (void)x, (void)bias, (void)g, (void)pool;
+  (void)g, (void)pool, (void)bias;
   return {};
 #endif
 }

@@ -109,7 +109,6 @@ struct Entry {
   // Forward with relu asked: whether the primitive applies it (a post-op of a
   // JIT kernel); else Conv2dForwardDnnl runs relu's kernel after it.
   bool relu_inside = false;
-  Layout layout = Layout::kPlain;  // the activations' layout (key.layout)
 };
 
 struct Descs {
@@ -234,7 +233,6 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
   const Tag wei = key.layout == Layout::kPlain ? PlainWeightTag(g) : Tag::any;
   const Descs d = DescsOf(g, key.bias, act, wei);
   Entry e;
-  e.layout = key.layout;
   switch (key.kind) {
     case Kind::kForward: MakeForward(key, g, act, wei, e); break;
     case Kind::kBackwardData: MakeBackwardData(g, act, wei, d, e); break;
@@ -374,6 +372,11 @@ std::string DnnlVersion() {
 
 namespace {
 
+// y's (or dy's) description (n, o, oh, ow) in layout `tag`.
+memory::desc YDesc(const Conv2dGeometry& g, Tag tag) {
+  return memory::desc({g.n, g.o, g.oh, g.ow}, DataType::f32, tag);
+}
+
 // Hands forward's reordered copy of x (if it made one) to saved_x.
 void KeepReorderedInput(const Entry& e, const Tensor& x, Reordered& reordered,
                         Conv2dSavedInput* saved_x) {
@@ -405,8 +408,7 @@ void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor
 // dy (n, o, oh, ow) in the layout `desc`, as an NCHW tensor.
 Tensor ToNchw(const Tensor& dy, const memory::desc& desc, const Conv2dGeometry& g) {
   Tensor nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = kFloat32, .device = Device::CPU()});
-  const memory::desc plain({g.n, g.o, g.oh, g.ow}, DataType::f32, Tag::nchw);
-  memory from(desc, Engine(), dy.host_ptr()), to(plain, Engine(), nchw.host_ptr());
+  memory from(desc, Engine(), dy.host_ptr()), to(YDesc(g, Tag::nchw), Engine(), nchw.host_ptr());
   dnnl::reorder(from, to).execute(Stream(), from, to);
   Stream().wait();
   return nchw;
@@ -450,16 +452,14 @@ void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias
                        const Conv2dGeometry& g, const Tensor& y, bool relu,
                        Conv2dSavedInput* saved_x) {
   const Entry& e = Lookup(Kind::kForward, g, bias.defined(), relu);
-  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
-  Forward(e, x, weight, bias, g, d.dst, y, saved_x);
+  Forward(e, x, weight, bias, g, YDesc(g, Tag::nchw), y, saved_x);
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
 
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias, const Conv2dSavedInput& saved_x) {
-  const Descs d = DescsOf(g, false, Tag::nchw, PlainWeightTag(g));
-  Backward(dy, d.dst, x, weight, g, dx, dweight, dbias, saved_x);
+  Backward(dy, YDesc(g, Tag::nchw), x, weight, g, dx, dweight, dbias, saved_x);
 }
 
 namespace {
@@ -469,10 +469,9 @@ namespace {
 // way (n * o / block) images of `block` channels-last channels, which is what the
 // pooling kernels read. 0: neither (padded blocks, other layouts).
 int64_t ChannelGroup(const memory::desc& y, const Conv2dGeometry& g) {
-  const memory::dims dims = {g.n, g.o, g.oh, g.ow};
-  if (y == memory::desc(dims, DataType::f32, Tag::nhwc)) return g.o;
-  if (g.o % 8 == 0 && y == memory::desc(dims, DataType::f32, Tag::nChw8c)) return 8;
-  if (g.o % 16 == 0 && y == memory::desc(dims, DataType::f32, Tag::nChw16c)) return 16;
+  if (y == YDesc(g, Tag::nhwc)) return g.o;
+  if (g.o % 8 == 0 && y == YDesc(g, Tag::nChw8c)) return 8;
+  if (g.o % 16 == 0 && y == YDesc(g, Tag::nChw16c)) return 16;
   return 0;
 }
 

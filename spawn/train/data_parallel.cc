@@ -309,13 +309,11 @@ void DataParallel::LaunchHookedBucketInJoin(int index) {
     nn::NoGradGuard no_grad;
     b.buffer.mul_(join_.sample_scale());
   }
-  Communicator& comm = ctx_.communicator();
-  const uint64_t before = comm.collectives_entered();
+  const uint64_t before = ctx_.communicator().collectives_entered();
   GradBucket view = bucket(index);
   b.work = internal::LaunchCommHook(options_.comm_hook, view, &b.wire_bytes);
-  const int made = static_cast<int>(comm.collectives_entered() - before);
   // A joined rank runs the same hook (the one of this step) on its zeroed bucket.
-  join_.RecordReplay(made, [this, index, hook = options_.comm_hook] {
+  join_.RecordReplay(before, [this, index, hook = options_.comm_hook] {
     nn::NoGradGuard no_grad;
     buckets_[index].buffer.zero_();
     GradBucket zeros = bucket(index);

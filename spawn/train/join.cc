@@ -90,8 +90,9 @@ void JoinState::Record(Kind kind, const nn::Tensor& t, bool once) {
   step_.push_back({.kind = kind, .shape = t.shape(), .dtype = t.dtype(), .once = once});
 }
 
-void JoinState::RecordReplay(int collectives, std::function<void()> replay) {
+void JoinState::RecordReplay(uint64_t entered_before, std::function<void()> replay) {
   if (!in_step_) return;
+  const int collectives = static_cast<int>(comm_->collectives_entered() - entered_before);
   step_.push_back({.kind = Kind::kAllReduce, .shape = {}, .dtype = nn::kFloat32, .once = false,
                    .collectives = collectives, .replay = std::move(replay)});
 }

@@ -50,9 +50,10 @@ class JoinState {
   // what a joined rank replays). once: made only in this step (SyncBatchNorm's
   // first-use check), not replayed.
   void Record(Kind kind, const nn::Tensor& t, bool once = false);
-  // Joinable work of the current step that made `collectives` collectives: a
-  // joined rank answers it by calling `replay`, which must make the same ones.
-  void RecordReplay(int collectives, std::function<void()> replay);
+  // Joinable work of the current step: the collectives the communicator entered
+  // since it counted `entered_before` (Communicator::collectives_entered()). A
+  // joined rank answers them by calling `replay`, which must make the same ones.
+  void RecordReplay(uint64_t entered_before, std::function<void()> replay);
   // This rank's data ran out: answers the other ranks' steps until every rank
   // has joined, then leaves join mode. Returns the lowest rank that was active
   // in the last step any rank ran (one of the last to join: its model is the

@@ -147,20 +147,12 @@ void ZeroRedundancyOptimizer::RefreshShards() {
   }
 }
 
-void ZeroRedundancyOptimizer::RecordForJoin(uint64_t entered_before,
-                                            std::function<void()> replay) {
-  internal::JoinState& join = dp_.join_state();
-  if (!join.joining()) return;
-  join.RecordReplay(static_cast<int>(comm_.collectives_entered() - entered_before),
-                    std::move(replay));
-}
-
 void ZeroRedundancyOptimizer::step() {
   const uint64_t before = comm_.collectives_entered();
   StepShards();
   // A joined rank owns its shard too: it steps it with the reduced gradient (its
   // reduce-scatter replay put it in the shard's gradient) and gathers with the rest.
-  RecordForJoin(before, [this] { StepShards(); });
+  dp_.join_state().RecordReplay(before, [this] { StepShards(); });
 }
 
 void ZeroRedundancyOptimizer::StepShards() {
@@ -190,7 +182,7 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   const uint64_t before = comm_.collectives_entered();
   const double norm = ClipShards(max_norm);
   // A joined rank's shard of the reduced gradient counts in the norm and is clipped.
-  RecordForJoin(before, [this, max_norm] { ClipShards(max_norm); });
+  dp_.join_state().RecordReplay(before, [this, max_norm] { ClipShards(max_norm); });
   return norm;
 }
 

@@ -160,9 +160,6 @@ class ZeroRedundancyOptimizer {
   // step() and clip_grad_norm_() without the join's record.
   void StepShards();
   double ClipShards(double max_norm);
-  // Inside DataParallel::join(): records the collectives made since
-  // `entered_before` as joinable work that a joined rank answers with `replay`.
-  void RecordForJoin(uint64_t entered_before, std::function<void()> replay);
   BucketReduction ReduceScatter(GradBucket& bucket);
   // Copies block [lo, hi) of the bucket's flat parameter values (model -> flat or back).
   void CopyBlockFromParams(Shard& s, nn::Tensor& flat_block, int64_t lo) const;

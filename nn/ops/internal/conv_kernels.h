@@ -77,9 +77,10 @@ struct Conv2dReluMaxPoolLayout {
   int64_t group = 0;  // 0: the fused path does not apply to the call
   std::shared_ptr<const void> y_layout;  // conv_dnnl.cc's description of y's layout
 };
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Tensor& x, const Tensor& bias,
-                                                   const Conv2dGeometry& g,
-                                                   const Pool2dGeometry& pool);
+// For float32 CPU operands outside autocast (the caller's checks); bias: whether
+// the convolution has one.
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
+                                                   const Pool2dGeometry& pool, bool bias);
 void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                  const Conv2dReluMaxPoolLayout& layout, const Tensor& out,

@@ -74,8 +74,7 @@ TEST_F(JoinTest, ErrorInsideTheLoopFailsTheRunAtOnce) {
       nn::sum(dp(nn::randn({2, 2, 5, 5}))).backward();
     }
   }, 3, "cpu", options_);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = ::tandem::testing::SecondsSince(start);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(std::string(result.message()).find("rank 1's own failure"), std::string::npos)
       << result;
