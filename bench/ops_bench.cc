@@ -250,6 +250,7 @@ std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool f
     paths.emplace_back("/dnnl_plain", CpuConvPath::kDnnl);
     paths.emplace_back("/dnnl_nhwc", CpuConvPath::kDnnlNhwc);
     paths.emplace_back("/dnnl_blocked", CpuConvPath::kDnnlBlocked);
+    paths.emplace_back("/winograd", CpuConvPath::kWinograd);
   }
   return paths;
 }

@@ -26,13 +26,15 @@ class RestoreCpuConv {
 };
 
 // im2col, with_auto: kAuto's choice (oneDNN by shape where built; the direct
-// depthwise kernels on every build), then (when tandem is built with oneDNN)
-// oneDNN on plain NCHW, blocked and channels-last layouts.
+// depthwise kernels on every build), Winograd for every shape it applies to,
+// then (when tandem is built with oneDNN) oneDNN on plain NCHW, blocked and
+// channels-last layouts.
 inline std::vector<ops::internal::CpuConvPath> CpuConvPathsToCompare(bool with_auto = false) {
   using ops::internal::CpuConvPath;
   std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
   ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
   if (with_auto) paths.push_back(CpuConvPath::kAuto);
+  paths.push_back(CpuConvPath::kWinograd);
   if (ops::internal::CpuConvUsesDnnl()) {
     paths.insert(paths.end(),
                  {CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked, CpuConvPath::kDnnlNhwc});
