@@ -244,8 +244,14 @@ TEST(ConvTest, EachFloat32CpuPathMatchesFloat64AndRepeatsBitForBit) {
           }
           for (size_t k = 0; k < got.size(); ++k) {
             ASSERT_EQ(got[k].size(), want[k].size());
+            // Winograd's transforms mix the values of a tile, so its error scales
+            // with the tensor's largest magnitude rather than each element's
+            // (conv_winograd_test bounds it at 2e-5 of that).
+            double largest = 0;
+            for (double v : want[k]) largest = std::max(largest, std::abs(v));
             for (size_t i = 0; i < got[k].size(); ++i) {
-              ASSERT_NEAR(got[k][i], want[k][i], 2e-4 * (1 + std::abs(want[k][i])))
+              const double scale = path == CpuConvPath::kWinograd ? largest : std::abs(want[k][i]);
+              ASSERT_NEAR(got[k][i], want[k][i], 2e-4 * (1 + scale))
                   << "output/gradient " << k << " element " << i << ", " << where;
             }
           }
