@@ -201,7 +201,10 @@ void SetCpuConvPath(CpuConvPath path) { cpu_conv_path.store(path, std::memory_or
 CpuConvPath GetCpuConvPath() { return cpu_conv_path.load(std::memory_order_relaxed); }
 
 bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
-  if (dtype != kFloat32 || !WinogradApplies(g)) return false;
+  // bfloat16 never gets here as such: its kernels re-enter as float32 on widened
+  // copies and take float32's choice. Depthwise shapes (one channel) take the
+  // direct kernels first on both paths that allow Winograd.
+  if (dtype != kFloat32 || !WinogradApplies(g) || IsDepthwise(g)) return false;
   switch (GetCpuConvPath()) {
     case CpuConvPath::kWinograd:
       return true;

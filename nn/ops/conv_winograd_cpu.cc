@@ -15,14 +15,18 @@
 // Images go in chunks whose transformed tiles (V and M) stay within a few MiB,
 // so the GEMMs read what the transforms wrote while it is still in cache. The
 // transforms split channels over the rank's OpenMP team (ParallelFor); the
-// GEMMs are GemmRaw<float> (dnnl_sgemm, threaded the same way). Rounding: F(4x4,
+// GEMMs are GemmRaw<float> (oneDNN's sgemm on the same team where tandem is
+// built with oneDNN, else OpenBLAS's). Rounding: F(4x4,
 // 3x3)'s transforms multiply by up to 8 and divide by 24, so results carry
 // roughly ten times the float32 error of a direct convolution (about 1e-5 of
 // the largest value against float64 on ResNet's layers; conv_winograd_test
-// bounds it at 2e-5). A non-finite input value makes all 16 outputs of every
-// tile whose patch holds it non-finite.
+// bounds it at 2e-5). A non-finite input value can make non-finite the whole
+// 4x4 block of outputs of each tile whose 6x6 patch holds it (the transforms mix
+// the patch), more than the 3x3 window around it that a direct convolution
+// spoils.
 // Results repeat bit for bit at a fixed instruction set and thread count.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -89,6 +93,23 @@ int64_t ChunkImages(int64_t n, int64_t channels, int64_t tiles_per_image) {
 // Channels per ParallelFor range: enough work per thread to pay for the split.
 constexpr int64_t kMinChannelsPerRange = 4;
 
+// ParallelFor over n channels of a transform whose scratch buffers may fail to
+// allocate: the failure cannot leave the OpenMP region, so it is caught there
+// and thrown after it.
+template <typename Fn>
+void ForChannels(int64_t n, Fn&& fn) {
+  std::atomic<bool> failed{false};
+  ParallelFor(n, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+    try {
+      fn(begin, end);
+    } catch (...) {
+      failed.store(true, std::memory_order_relaxed);
+    }
+  });
+  TANDEM_CHECK(!failed.load(std::memory_order_relaxed),
+               "conv2d: out of host memory for the Winograd transforms' scratch buffers");
+}
+
 const float* F32(const Tensor& t) { return t.defined() ? t.host_data<float>() : nullptr; }
 
 // y (n, out_channels, oh, ow) = the convolution of x (n, in_channels, h, w) at
@@ -109,7 +130,7 @@ void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t
     const int64_t count = std::min(chunk, n - first), tiles = count * th * tw;
     const TileGrid in{h, w, ph, pw, th, tw, count};
     const float* x_chunk = x + first * in_channels * h * w;
-    ParallelFor(in_channels, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+    ForChannels(in_channels, [&](int64_t begin, int64_t end) {
       TANDEM_WINOGRAD(InputTransform)(x_chunk, in_channels, in, begin, end, v, ld);
     });
     for (int64_t p = 0; p < kPositions; ++p) {
@@ -119,7 +140,7 @@ void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t
     }
     const TileGrid out{oh, ow, 0, 0, th, tw, count};
     float* y_chunk = y + first * out_channels * oh * ow;
-    ParallelFor(out_channels, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+    ForChannels(out_channels, [&](int64_t begin, int64_t end) {
       TANDEM_WINOGRAD(OutputTransform)(m, ld, out_channels, out, bias, begin, end, y_chunk);
     });
   }
@@ -188,10 +209,10 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
     const TileGrid out{g.oh, g.ow, 0, 0, th, tw, count};
     const float* x_chunk = px + first * g.c * g.h * g.w;
     const float* dy_chunk = pdy + first * g.o * g.oh * g.ow;
-    ParallelFor(g.c, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+    ForChannels(g.c, [&](int64_t begin, int64_t end) {
       TANDEM_WINOGRAD(InputTransform)(x_chunk, g.c, in, begin, end, v, ld);
     });
-    ParallelFor(g.o, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+    ForChannels(g.o, [&](int64_t begin, int64_t end) {
       TANDEM_WINOGRAD(OutputGradTransform)(dy_chunk, g.o, out, begin, end, dm, ld);
     });
     // dU[p] (o, c) (+)= dM[p] (o, tiles) V[p]^T (tiles, c).
@@ -201,7 +222,7 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
     }
   }
   float* pdw = dweight.host_data<float>();
-  ParallelFor(g.o, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
+  ForChannels(g.o, [&](int64_t begin, int64_t end) {
     TANDEM_WINOGRAD(WeightGradTransform)(du, g.o, g.c, begin, end, pdw);
   });
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "nn/autograd.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
@@ -19,18 +20,11 @@
 namespace tandem::nn {
 namespace {
 
-using ops::internal::Conv2dGeometry;
 using ops::internal::CpuConvPath;
 using ops::internal::UseWinograd;
 using ::tandem::testing::ScaledError;
-
-Conv2dGeometry GeometryOf(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  Conv2dGeometry g{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2], .kw = w[3]};
-  g.params = p;
-  g.oh = (g.h + 2 * p.padding[0] - p.dilation[0] * (g.kh - 1) - 1) / p.stride[0] + 1;
-  g.ow = (g.w + 2 * p.padding[1] - p.dilation[1] * (g.kw - 1) - 1) / p.stride[1] + 1;
-  return g;
-}
+using testing::ConvGeometryOf;
+using testing::TakesWinograd;
 
 // y, dx, dweight, dbias of conv2d on copies of x, w, b in `dtype`, with dy.
 std::vector<Tensor> RunConv(const Tensor& x0, const Tensor& w0, const Tensor& b0,
@@ -64,6 +58,7 @@ TEST(ConvWinogradTest, MatchesFloat64AcrossPaddingsAndSizes) {
   cases.push_back({{3, 4, 1, 2}, {2, 4, 3, 3}, {.padding = {2, 2}}});   // 3x4 output
   cases.push_back({{1, 3, 4, 4}, {5, 3, 3, 3}, {}});                    // 2x2 output
   cases.push_back({{2, 70, 6, 6}, {66, 70, 3, 3}, {.padding = {1, 1}}});  // 64 + tail filters
+  cases.push_back({{2, 6, 5, 33}, {4, 6, 3, 3}, {.padding = {1, 1}}});  // 9 tiles per row
   cases.push_back({{9, 64, 32, 32}, {64, 64, 3, 3}, {.padding = {1, 1}}});  // 2 chunks
   manual_seed(41);
   ops::internal::SetCpuConvPath(CpuConvPath::kWinograd);
@@ -71,7 +66,7 @@ TEST(ConvWinogradTest, MatchesFloat64AcrossPaddingsAndSizes) {
     const std::string where = absl::StrCat("x ", ShapeToString(c.x), ", weight ",
                                            ShapeToString(c.w), ", padding ", c.p.padding[0], ",",
                                            c.p.padding[1]);
-    ASSERT_TRUE(UseWinograd(kFloat32, GeometryOf(c.x, c.w, c.p))) << where;
+    ASSERT_TRUE(TakesWinograd(c.x, c.w, c.p)) << where;
     const Tensor x = randn(c.x, {.dtype = kFloat64});
     const Tensor w = randn(c.w, {.dtype = kFloat64});
     const Tensor b = randn({c.w[0]}, {.dtype = kFloat64});
@@ -106,69 +101,115 @@ TEST(ConvWinogradTest, RepeatsBitForBitAtEachThreadCount) {
 }
 
 // kAuto takes Winograd for ResNet-18's 3x3 layers and not where it does not pay
-// or does not apply; kWinograd for every shape it applies to; the other paths never.
+// or does not apply; kWinograd for every shape it applies to; the other paths
+// never. (bfloat16 convolutions run the float32 kernels on widened copies and
+// so take the float32 choice: UseWinograd is asked with kFloat32 then.)
 TEST(ConvWinogradTest, AutoTakesWinogradWhereItPays) {
   const testing::RestoreCpuConv restore;
   ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
   const Conv2dParams same{.padding = {1, 1}};
   for (const auto& [c, hw] : std::vector<std::pair<int64_t, int64_t>>{
            {64, 32}, {128, 16}, {256, 8}, {512, 4}}) {
-    EXPECT_TRUE(UseWinograd(kFloat32, GeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)))
+    EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)))
         << c << " channels, " << hw << "x" << hw;
-    EXPECT_FALSE(UseWinograd(kFloat64, GeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)));
-    EXPECT_FALSE(UseWinograd(kBFloat16, GeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)));
+    EXPECT_FALSE(UseWinograd(kFloat64, ConvGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)));
   }
   // Too small to pay: the ConvNet's layers, few channels, a 6x6 input.
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf({32, 32, 15, 15}, {64, 32, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf({32, 64, 6, 6}, {64, 64, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf({32, 16, 32, 32}, {16, 16, 3, 3}, same)));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 32, 15, 15}, {64, 32, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 64, 6, 6}, {64, 64, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 16, 32, 32}, {16, 16, 3, 3}, same)));
   // Not a stride-1, undilated, ungrouped 3x3 convolution with padding <= 2.
   const Shape x{8, 64, 32, 32};
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 5, 5}, {.padding = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 3, 3}, {.dilation = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 32, 3, 3}, {.groups = 2})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 3, 3}, {.padding = {3, 3}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf({8, 64, 0, 4}, {64, 64, 3, 3}, same)));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 5, 5}, {.padding = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.dilation = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 32, 3, 3}, {.groups = 2})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.padding = {3, 3}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({8, 64, 0, 4}, {64, 64, 3, 3}, same)));
 
   ops::internal::SetCpuConvPath(CpuConvPath::kWinograd);
-  EXPECT_TRUE(UseWinograd(kFloat32, GeometryOf({1, 1, 3, 3}, {1, 1, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
+  EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf({1, 2, 3, 3}, {1, 2, 3, 3}, {})));
+  // One channel in and out is depthwise: the direct depthwise kernels take it.
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({1, 1, 3, 3}, {1, 1, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
   for (CpuConvPath path : {CpuConvPath::kIm2col, CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked,
                            CpuConvPath::kDnnlNhwc}) {
     ops::internal::SetCpuConvPath(path);
-    EXPECT_FALSE(UseWinograd(kFloat32, GeometryOf(x, {64, 64, 3, 3}, same)))
+    EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, same)))
         << "path " << static_cast<int>(path);
   }
 }
 
-// An infinite input makes the whole 4x4 output tile that reads it non-finite
-// (the transforms mix the 6x6 patch), where a direct convolution spoils only the
-// 3x3 window around it; every other output is finite and as without it.
-TEST(ConvWinogradTest, NonFiniteInputSpoilsOnlyItsOutputTile) {
+// An infinite input spoils at most the 4x4 blocks of outputs of the tiles whose
+// 6x6 patches hold it (the transforms mix a patch; a direct convolution spoils
+// only the 3x3 window around it) and at least that window; every other output
+// keeps its bits. Inside a patch, (5, 5) spoils its whole block; on a patch's
+// edge, (4, 4) is read by four tiles.
+TEST(ConvWinogradTest, NonFiniteInputSpoilsOnlyTheTilesThatReadIt) {
   const testing::RestoreCpuConv restore;
   ops::internal::SetCpuConvPath(CpuConvPath::kWinograd);
   manual_seed(43);
   const Tensor x = randn({1, 2, 12, 12}), w = randn({3, 2, 3, 3});
   const Conv2dParams p{.padding = {1, 1}};
-  std::vector<float> xv = x.to_vector<float>();
-  xv[5 * 12 + 5] = std::numeric_limits<float>::infinity();  // channel 0, (5, 5)
-  const std::vector<float> y = conv2d(from_vector<float>(xv, {1, 2, 12, 12}), w, Tensor(), p)
-                                   .to_vector<float>();
   const std::vector<float> clean = conv2d(x, w, Tensor(), p).to_vector<float>();
-  // Input row 5 is read by the tile of output rows 4..7 only (it reads rows 3..8).
-  for (int64_t o = 0; o < 3; ++o) {
-    for (int64_t oy = 0; oy < 12; ++oy) {
-      for (int64_t ox = 0; ox < 12; ++ox) {
-        const size_t i = (o * 12 + oy) * 12 + ox;
-        const bool in_tile = oy >= 4 && oy < 8 && ox >= 4 && ox < 8;
-        if (in_tile) {
-          EXPECT_FALSE(std::isfinite(y[i])) << "output " << o << " (" << oy << ", " << ox << ")";
-        } else {
-          EXPECT_EQ(y[i], clean[i]) << "output " << o << " (" << oy << ", " << ox << ")";
+  struct Case {
+    int64_t iy, ix;    // the infinite input (channel 0)
+    int64_t lo, hi;    // the rows and columns [lo, hi) of the tiles that read it
+    bool whole_block;  // every output there non-finite
+  };
+  // Tile ty reads input rows 4 ty - 1 .. 4 ty + 4.
+  for (const Case& c : {Case{5, 5, 4, 8, true}, Case{4, 4, 0, 8, false}}) {
+    std::vector<float> xv = x.to_vector<float>();
+    xv[c.iy * 12 + c.ix] = std::numeric_limits<float>::infinity();
+    const std::vector<float> y =
+        conv2d(from_vector<float>(xv, {1, 2, 12, 12}), w, Tensor(), p).to_vector<float>();
+    for (int64_t o = 0; o < 3; ++o) {
+      for (int64_t oy = 0; oy < 12; ++oy) {
+        for (int64_t ox = 0; ox < 12; ++ox) {
+          const size_t i = (o * 12 + oy) * 12 + ox;
+          const std::string at = absl::StrCat("inf at (", c.iy, ", ", c.ix, "), output ", o,
+                                              " (", oy, ", ", ox, ")");
+          const bool window = std::abs(oy - c.iy) <= 1 && std::abs(ox - c.ix) <= 1;
+          const bool tiles = oy >= c.lo && oy < c.hi && ox >= c.lo && ox < c.hi;
+          if (window || (tiles && c.whole_block)) {
+            EXPECT_FALSE(std::isfinite(y[i])) << at;
+          } else if (!tiles) {
+            EXPECT_EQ(y[i], clean[i]) << at;
+          }
         }
       }
     }
+  }
+}
+
+// conv2d_relu on the Winograd kernels is relu(conv2d) bit for bit, forward and
+// backward; kAuto runs a ResNet-sized layer's forward and both gradients on them
+// (the same bits as kWinograd, other bits than oneDNN's or im2col's).
+TEST(ConvWinogradTest, FusedReluAndTheAutoPathRunTheSameKernels) {
+  const testing::RestoreCpuConv restore;
+  manual_seed(44);
+  const Shape xs{2, 64, 16, 16}, ws{64, 64, 3, 3};
+  const Conv2dParams p{.padding = {1, 1}};
+  const Tensor x0 = randn(xs), w0 = randn(ws), b0 = randn({64}), dy = randn({2, 64, 16, 16});
+  auto run = [&](CpuConvPath path, bool fused) {
+    ops::internal::SetCpuConvPath(path);
+    Tensor x = x0.detach().set_requires_grad(true);
+    Tensor w = w0.detach().set_requires_grad(true);
+    Tensor b = b0.detach().set_requires_grad(true);
+    Tensor y = fused ? conv2d_relu(x, w, b, p) : relu(conv2d(x, w, b, p));
+    y.backward(dy);
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : {y, x.grad(), w.grad(), b.grad()}) out.push_back(t.to_vector<float>());
+    return out;
+  };
+  const auto winograd = run(CpuConvPath::kWinograd, false);
+  EXPECT_EQ(run(CpuConvPath::kWinograd, true), winograd);
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  ASSERT_TRUE(TakesWinograd(xs, ws, p));
+  EXPECT_EQ(run(CpuConvPath::kAuto, true), winograd);
+  const auto other = run(CpuConvPath::kIm2col, false);
+  for (size_t k = 0; k < 3; ++k) {  // y, dx, dweight (dbias is a plain sum of dy)
+    EXPECT_NE(other[k], winograd[k]) << "output/gradient " << k;
   }
 }
 

@@ -92,8 +92,8 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& dx,
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x);
-// The float32 CPU implementation (float64 and bfloat16 always take im2col +
-// OpenBLAS). kAuto: Winograd for the 3x3 shapes where it pays (UseWinograd),
+// The float32 CPU implementation (float64 always takes im2col + OpenBLAS;
+// bfloat16 runs the float32 kernels chosen here on widened copies). kAuto: Winograd for the 3x3 shapes where it pays (UseWinograd),
 // else oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in blocked or
 // channels-last layouts chosen by shape (conv_dnnl.cc, AutoLayout), else
 // im2col. kDnnl: oneDNN on the plain NCHW / OIHW layouts; kDnnlBlocked and
@@ -107,10 +107,12 @@ void SetCpuConvPath(CpuConvPath path);
 CpuConvPath GetCpuConvPath();
 // True when float32 CPU convolutions that do not take Winograd run on oneDNN now.
 bool CpuConvUsesDnnl();
-// True when a convolution of `dtype` and these sizes runs on the Winograd
-// kernels now: float32, WinogradApplies, and the path kWinograd, or kAuto on
-// shapes large enough to pay for the transforms (conv_cpu.cc,
-// kWinogradMinChannels and kWinogradMinWork).
+// True when a float32 convolution of these sizes runs on the Winograd kernels
+// now (bfloat16 ones too: they run the float32 kernels on widened copies):
+// WinogradApplies, not depthwise, and the path kWinograd, or kAuto on shapes
+// large enough to pay for the transforms (conv_cpu.cc, kWinogradMinChannels and
+// kWinogradMinWork). dtype: the dtype of the float32 kernel call, false for any
+// other.
 bool UseWinograd(DType dtype, const Conv2dGeometry& g);
 
 // conv_winograd_cpu.cc: float32 convolutions by Winograd's F(4x4, 3x3) (each 4x4
