@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -282,27 +283,34 @@ std::vector<std::pair<std::string, CpuPoolPath>> PoolPaths(Device device) {
   return paths;
 }
 
+struct Case {
+  const char* name;
+  MakeStepFn make;
+};
+
+// BM_<name><path suffix>/<device>/batch:<b> for each batch and conv path.
+void RegisterOnConvPaths(Device device, const Case& c, std::initializer_list<int64_t> batches,
+                         bool float32_conv) {
+  for (int64_t batch : batches) {
+    for (const auto& [suffix, path] : ConvPaths(device, float32_conv)) {
+      const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
+                                   CpuPoolPath::kAuto)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
 void Register(Device device) {
-  struct Case {
-    const char* name;
-    MakeStepFn make;
-  };
   const Case cases[] = {{"Linear784x512", Linear784x512},
                         {"Conv1x20k5", Conv1x20k5},
                         {"Conv32x64k3", Conv32x64k3},
                         {"CrossEntropy10", CrossEntropy10}};
   for (const Case& c : cases) {
-    const bool conv = std::string(c.name) != "CrossEntropy10";  // Linear: "/im2col" = OpenBLAS
-    for (int64_t batch : {64, 512}) {
-      for (const auto& [suffix, path] : ConvPaths(device, conv)) {
-        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
-                                 "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
-                                     CpuPoolPath::kAuto)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
+    // Linear: "/im2col" = OpenBLAS.
+    RegisterOnConvPaths(device, c, {64, 512}, std::string(c.name) != "CrossEntropy10");
   }
   const Case convs[] = {{"LeNetConv2", LeNetConv2},
                         {"CifarConv1", CifarConv1},
@@ -311,33 +319,13 @@ void Register(Device device) {
                         {"LeNetConv2F64", LeNetConv2F64}};
   for (const Case& c : convs) {
     const bool f64 = std::string(c.name).find("F64") != std::string::npos;
-    for (int64_t batch : {32, 128, 512}) {
-      for (const auto& [suffix, path] : ConvPaths(device, !f64)) {
-        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
-                                 "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
-                                     CpuPoolPath::kAuto)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
+    RegisterOnConvPaths(device, c, {32, 128, 512}, !f64);
   }
   const Case resnet_convs[] = {{"ResNetConv64", ResNetConv64},
                                {"ResNetConv128", ResNetConv128},
                                {"ResNetConv256", ResNetConv256},
                                {"ResNetConv512", ResNetConv512}};
-  for (const Case& c : resnet_convs) {
-    for (int64_t batch : {32, 64}) {
-      for (const auto& [suffix, path] : ConvPaths(device, true)) {
-        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
-                                 "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
-                                     CpuPoolPath::kAuto)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
-  }
+  for (const Case& c : resnet_convs) RegisterOnConvPaths(device, c, {32, 64}, true);
   const Case model_pools[] = {{"MaxPoolLeNet1", MaxPoolLeNet1}, {"MaxPoolLeNet2", MaxPoolLeNet2},
                               {"MaxPoolCifar1", MaxPoolCifar1}, {"MaxPoolCifar2", MaxPoolCifar2},
                               {"AvgPoolLeNet1", AvgPoolLeNet1}, {"AvgPoolCifar1", AvgPoolCifar1}};

@@ -28,14 +28,13 @@
 // Results repeat bit for bit at a fixed instruction set and thread count.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <exception>
 #include <utility>
-#include <string_view>
 #include <vector>
 
 #include "nn/error.h"
 #include "nn/ops/internal/conv_kernels.h"
+#include "nn/ops/internal/cpu_isa.h"
 #include "nn/ops/internal/cpu_parallel.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
@@ -46,7 +45,6 @@ namespace {
 // tiles' origin, the tile grid (th, tw) of 4x4 outputs, `count` images.
 struct TileGrid {
   int64_t h, w, ph, pw, th, tw, count;
-  int64_t tiles() const { return th * tw * count; }
 };
 
 namespace baseline {
@@ -61,19 +59,7 @@ namespace avx2 {
 }  // namespace avx2
 #pragma GCC pop_options
 
-// As conv_depthwise_cpu.cc: AVX2 and FMA where the CPU has them, unless
-// ONEDNN_MAX_CPU_ISA names an instruction set below AVX2.
-bool UseAvx2() {
-  static const bool avx2 = [] {
-    const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-    if (isa != nullptr && (std::string_view(isa) == "SSE41" || std::string_view(isa) == "AVX")) {
-      return false;
-    }
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return avx2;
-}
-#define TANDEM_WINOGRAD(Name) (UseAvx2() ? avx2::Name : baseline::Name)
+#define TANDEM_WINOGRAD(Name) (UseAvx2Kernels() ? avx2::Name : baseline::Name)
 #else
 #define TANDEM_WINOGRAD(Name) baseline::Name
 #endif
