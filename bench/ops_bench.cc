@@ -14,6 +14,13 @@
 //   CifarConv2       32 -> 64, 3x3, on 15x15
 //   CifarConv3       64 -> 64, 3x3, on 6x6
 //   LeNetConv2F64    LeNetConv2 in float64
+// and, at batch 32 and 64, ResNet-18's (CIFAR stem) stride-1 3x3 layers, padding 1
+// (grads: x, weight, bias; kAuto runs them on the Winograd kernels, "/dnnl_blocked"
+// rows on oneDNN's direct ones):
+//   ResNetConv64     64 -> 64 on 32x32
+//   ResNetConv128    128 -> 128 on 16x16
+//   ResNetConv256    256 -> 256 on 8x8
+//   ResNetConv512    512 -> 512 on 4x4
 // and, at batch 32 and 128, the models' max_pool2d 2x2 (stride 2) and relu (grad: x):
 //   MaxPool20x28     20 channels of 28x28 (LeNet's first pool)
 //   MaxPool64x30     64 channels of 30x30 (a ConvNet-sized pool)
@@ -47,6 +54,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <utility>
@@ -128,6 +136,10 @@ StepFn LeNetConv2(int64_t batch) { return ConvStep(batch, 20, 20, 5, 14, 2, true
 StepFn CifarConv1(int64_t batch) { return ConvStep(batch, 3, 32, 3, 32, 0, false); }
 StepFn CifarConv2(int64_t batch) { return ConvStep(batch, 32, 64, 3, 15, 0, true); }
 StepFn CifarConv3(int64_t batch) { return ConvStep(batch, 64, 64, 3, 6, 0, true); }
+StepFn ResNetConv64(int64_t batch) { return ConvStep(batch, 64, 64, 3, 32, 1, true); }
+StepFn ResNetConv128(int64_t batch) { return ConvStep(batch, 128, 128, 3, 16, 1, true); }
+StepFn ResNetConv256(int64_t batch) { return ConvStep(batch, 256, 256, 3, 8, 1, true); }
+StepFn ResNetConv512(int64_t batch) { return ConvStep(batch, 512, 512, 3, 4, 1, true); }
 StepFn LeNetConv2F64(int64_t batch) {
   return ConvStep(batch, 20, 20, 5, 14, 2, true, kFloat64);
 }
@@ -238,8 +250,9 @@ void RunStep(benchmark::State& state, Device device, MakeStepFn make, int64_t ba
 }
 
 // The float32 CPU conv implementations to compare: the build's default, and
-// with oneDNN built, im2col + OpenBLAS as well ("/im2col" rows; the default
-// rows then run on oneDNN). --benchmark_enable_random_interleaving=true
+// with oneDNN built, im2col + OpenBLAS ("/im2col"), oneDNN in plain, channels-last
+// and blocked layouts ("/dnnl_plain", "/dnnl_nhwc", "/dnnl_blocked") and Winograd
+// wherever it applies ("/winograd"). --benchmark_enable_random_interleaving=true
 // alternates them run by run.
 // `float32_conv`: the case is a float32 convolution (else: one default row).
 std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool float32_conv) {
@@ -250,6 +263,7 @@ std::vector<std::pair<std::string, CpuConvPath>> ConvPaths(Device device, bool f
     paths.emplace_back("/dnnl_plain", CpuConvPath::kDnnl);
     paths.emplace_back("/dnnl_nhwc", CpuConvPath::kDnnlNhwc);
     paths.emplace_back("/dnnl_blocked", CpuConvPath::kDnnlBlocked);
+    paths.emplace_back("/winograd", CpuConvPath::kWinograd);
   }
   return paths;
 }
@@ -269,27 +283,34 @@ std::vector<std::pair<std::string, CpuPoolPath>> PoolPaths(Device device) {
   return paths;
 }
 
+struct Case {
+  const char* name;
+  MakeStepFn make;
+};
+
+// BM_<name><path suffix>/<device>/batch:<b> for each batch and conv path.
+void RegisterOnConvPaths(Device device, const Case& c, std::initializer_list<int64_t> batches,
+                         bool float32_conv) {
+  for (int64_t batch : batches) {
+    for (const auto& [suffix, path] : ConvPaths(device, float32_conv)) {
+      const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
+                               "/batch:" + std::to_string(batch);
+      benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
+                                   CpuPoolPath::kAuto)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
 void Register(Device device) {
-  struct Case {
-    const char* name;
-    MakeStepFn make;
-  };
   const Case cases[] = {{"Linear784x512", Linear784x512},
                         {"Conv1x20k5", Conv1x20k5},
                         {"Conv32x64k3", Conv32x64k3},
                         {"CrossEntropy10", CrossEntropy10}};
   for (const Case& c : cases) {
-    const bool conv = std::string(c.name) != "CrossEntropy10";  // Linear: "/im2col" = OpenBLAS
-    for (int64_t batch : {64, 512}) {
-      for (const auto& [suffix, path] : ConvPaths(device, conv)) {
-        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
-                                 "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
-                                     CpuPoolPath::kAuto)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
+    // Linear: "/im2col" = OpenBLAS.
+    RegisterOnConvPaths(device, c, {64, 512}, std::string(c.name) != "CrossEntropy10");
   }
   const Case convs[] = {{"LeNetConv2", LeNetConv2},
                         {"CifarConv1", CifarConv1},
@@ -298,17 +319,13 @@ void Register(Device device) {
                         {"LeNetConv2F64", LeNetConv2F64}};
   for (const Case& c : convs) {
     const bool f64 = std::string(c.name).find("F64") != std::string::npos;
-    for (int64_t batch : {32, 128, 512}) {
-      for (const auto& [suffix, path] : ConvPaths(device, !f64)) {
-        const std::string name = std::string("BM_") + c.name + suffix + "/" + device.ToString() +
-                                 "/batch:" + std::to_string(batch);
-        benchmark::RegisterBenchmark(name.c_str(), RunStep, device, c.make, batch, path,
-                                     CpuPoolPath::kAuto)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-    }
+    RegisterOnConvPaths(device, c, {32, 128, 512}, !f64);
   }
+  const Case resnet_convs[] = {{"ResNetConv64", ResNetConv64},
+                               {"ResNetConv128", ResNetConv128},
+                               {"ResNetConv256", ResNetConv256},
+                               {"ResNetConv512", ResNetConv512}};
+  for (const Case& c : resnet_convs) RegisterOnConvPaths(device, c, {32, 64}, true);
   const Case model_pools[] = {{"MaxPoolLeNet1", MaxPoolLeNet1}, {"MaxPoolLeNet2", MaxPoolLeNet2},
                               {"MaxPoolCifar1", MaxPoolCifar1}, {"MaxPoolCifar2", MaxPoolCifar2},
                               {"AvgPoolLeNet1", AvgPoolLeNet1}, {"AvgPoolCifar1", AvgPoolCifar1}};

@@ -185,16 +185,44 @@ void IntoBFloat16(const Tensor& out, Kernel&& kernel) {
 
 std::atomic<CpuConvPath> cpu_conv_path{CpuConvPath::kAuto};
 
+// kAuto's Winograd choice (UseWinograd): at least 64 input and output channels
+// and 64Ki (tiles of 4x4 outputs per image) x c x o. Below that the transforms
+// and the small GEMMs cost what the fewer multiplications save: measured on a
+// 2-core AVX2 machine against oneDNN's direct kernels (docs/benchmarks.md),
+// ResNet-18's 3x3 layers (64-512 channels, 32x32-4x4, 256Ki each) ran 1.2-2.1x
+// faster forward + backward, 64 channels on 16x16 (64Ki) broke even, smaller
+// ones (the ConvNet's 32 -> 64 and 64 -> 64 on 6x6) ran 0.5-0.9x as fast.
+constexpr int64_t kWinogradMinChannels = 64;
+constexpr int64_t kWinogradMinWork = int64_t{1} << 16;
+
 }  // namespace
 
 void SetCpuConvPath(CpuConvPath path) { cpu_conv_path.store(path, std::memory_order_relaxed); }
 CpuConvPath GetCpuConvPath() { return cpu_conv_path.load(std::memory_order_relaxed); }
 
+bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
+  // bfloat16 never gets here as such: its kernels re-enter as float32 on widened
+  // copies and take float32's choice. Depthwise shapes (one channel) take the
+  // direct kernels first on both paths that allow Winograd.
+  if (dtype != kFloat32 || !WinogradApplies(g) || IsDepthwise(g)) return false;
+  switch (GetCpuConvPath()) {
+    case CpuConvPath::kWinograd:
+      return true;
+    case CpuConvPath::kAuto:
+      return g.c >= kWinogradMinChannels && g.o >= kWinogradMinChannels &&
+             ((g.oh + 3) / 4) * ((g.ow + 3) / 4) * g.c * g.o >= kWinogradMinWork;
+    default:
+      return false;
+  }
+}
+
 bool CpuConvUsesDnnl() {
 #if TANDEM_WITH_DNNL
   return GetCpuConvPath() != CpuConvPath::kIm2col;
 #else
-  TANDEM_CHECK(GetCpuConvPath() == CpuConvPath::kAuto || GetCpuConvPath() == CpuConvPath::kIm2col,
+  const CpuConvPath path = GetCpuConvPath();
+  TANDEM_CHECK(path == CpuConvPath::kAuto || path == CpuConvPath::kIm2col ||
+                   path == CpuConvPath::kWinograd,
                "conv2d: the oneDNN path was asked for but tandem was built without oneDNN "
                "(TANDEM_DNNL=OFF or libdnnl-dev missing)");
   return false;
@@ -228,7 +256,9 @@ namespace {
 // (conv_depthwise_cpu.cc): on oneDNN their layout reorders cost more than the
 // convolution. The other paths keep them, for the tests that compare paths.
 bool DirectDepthwise(DType dtype, const Conv2dGeometry& g) {
-  return dtype == kFloat32 && IsDepthwise(g) && GetCpuConvPath() == CpuConvPath::kAuto;
+  const CpuConvPath path = GetCpuConvPath();
+  return dtype == kFloat32 && IsDepthwise(g) &&
+         (path == CpuConvPath::kAuto || path == CpuConvPath::kWinograd);
 }
 }  // namespace
 
@@ -238,6 +268,11 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y, bool relu,
                       Conv2dSavedInput* saved_x) {
   if (DirectDepthwise(x.dtype(), g)) return DepthwiseConv2dForwardCpu(x, weight, bias, g, y, relu);
+  if (UseWinograd(x.dtype(), g)) {
+    Conv2dForwardWinograd(x, weight, bias, g, y);
+    if (relu) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
+    return;
+  }
 #if TANDEM_WITH_DNNL
   if (x.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dForwardDnnl(x, weight, bias, g, y, relu, saved_x);
@@ -315,6 +350,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
 void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                            const Tensor& dx) {
   if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardDataCpu(dy, weight, g, dx);
+  if (UseWinograd(dy.dtype(), g)) return Conv2dBackwardDataWinograd(dy, weight, g, dx);
 #if TANDEM_WITH_DNNL
   if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardDataDnnl(dy, weight, g, dx);
@@ -361,6 +397,7 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
 void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                              const Tensor& dweight) {
   if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardFilterCpu(dy, x, g, dweight);
+  if (UseWinograd(dy.dtype(), g)) return Conv2dBackwardFilterWinograd(dy, x, g, dweight);
 #if TANDEM_WITH_DNNL
   if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
     return Conv2dBackwardFilterDnnl(dy, x, g, dweight);
@@ -408,7 +445,7 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Tensor& dbias, const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
   if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
-      !DirectDepthwise(dy.dtype(), g)) {
+      !DirectDepthwise(dy.dtype(), g) && !UseWinograd(dy.dtype(), g)) {
     return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias, saved_x);
   }
 #endif
@@ -422,7 +459,8 @@ Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
                                                    const Pool2dGeometry& pool, bool bias) {
 #if TANDEM_WITH_DNNL
   const bool applies = g.n > 0 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
-                       !DirectDepthwise(kFloat32, g) && MaxPoolTilesChannelsLast(pool) &&
+                       !DirectDepthwise(kFloat32, g) && !UseWinograd(kFloat32, g) &&
+                       MaxPoolTilesChannelsLast(pool) &&
                        pool.oh > 0 && pool.ow > 0 &&
                        ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
   return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias) : Conv2dReluMaxPoolLayout{};
@@ -453,7 +491,8 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
   // Conv2dBackwardCpu's choice now (the path may have changed since forward).
-  const bool on_dnnl = CpuConvUsesDnnl() && !DirectDepthwise(kFloat32, g);
+  const bool on_dnnl =
+      CpuConvUsesDnnl() && !DirectDepthwise(kFloat32, g) && !UseWinograd(kFloat32, g);
   Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, on_dnnl, dx, dweight,
                                 dbias, saved_x);
 #else

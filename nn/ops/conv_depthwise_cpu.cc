@@ -1,10 +1,9 @@
 // Direct depthwise conv2d on the CPU (internal/conv_depthwise_kernels.h).
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <vector>
 
 #include "nn/ops/internal/conv_depthwise_kernels.h"
+#include "nn/ops/internal/cpu_isa.h"
 #include "nn/ops/internal/cpu_parallel.h"
 
 namespace tandem::nn::ops::internal {
@@ -12,7 +11,7 @@ namespace {
 
 // The kernels twice: for the baseline instruction set, and with AVX2 and FMA (8
 // floats per vector, fused multiply-adds) for the CPUs that have them (chosen
-// once per process, see UseAvx2; the bits differ between the two, as oneDNN's
+// once per process, UseAvx2Kernels in internal/cpu_isa.h; the bits differ between the two, as oneDNN's
 // do between instruction sets).
 namespace baseline {
 #include "nn/ops/conv_depthwise_kernels.inc"
@@ -26,19 +25,7 @@ namespace avx2 {
 }  // namespace avx2
 #pragma GCC pop_options
 
-// AVX2 and FMA where the CPU has them, unless ONEDNN_MAX_CPU_ISA (which pins
-// oneDNN's instruction set, and so the bits of a run) names one below AVX2.
-bool UseAvx2() {
-  static const bool avx2 = [] {
-    const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-    if (isa != nullptr && (std::string_view(isa) == "SSE41" || std::string_view(isa) == "AVX")) {
-      return false;
-    }
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return avx2;
-}
-#define TANDEM_DEPTHWISE_KERNEL(Name, T) (UseAvx2() ? avx2::Name<T> : baseline::Name<T>)
+#define TANDEM_DEPTHWISE_KERNEL(Name, T) (UseAvx2Kernels() ? avx2::Name<T> : baseline::Name<T>)
 #else
 #define TANDEM_DEPTHWISE_KERNEL(Name, T) baseline::Name<T>
 #endif

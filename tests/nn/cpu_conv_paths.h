@@ -26,18 +26,36 @@ class RestoreCpuConv {
 };
 
 // im2col, with_auto: kAuto's choice (oneDNN by shape where built; the direct
-// depthwise kernels on every build), then (when tandem is built with oneDNN)
-// oneDNN on plain NCHW, blocked and channels-last layouts.
+// depthwise kernels on every build), Winograd for every shape it applies to,
+// then (when tandem is built with oneDNN) oneDNN on plain NCHW, blocked and
+// channels-last layouts.
 inline std::vector<ops::internal::CpuConvPath> CpuConvPathsToCompare(bool with_auto = false) {
   using ops::internal::CpuConvPath;
   std::vector<CpuConvPath> paths = {CpuConvPath::kIm2col};
   ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
   if (with_auto) paths.push_back(CpuConvPath::kAuto);
+  paths.push_back(CpuConvPath::kWinograd);
   if (ops::internal::CpuConvUsesDnnl()) {
     paths.insert(paths.end(),
                  {CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked, CpuConvPath::kDnnlNhwc});
   }
   return paths;
+}
+
+// The kernels' view of conv2d(x (shape x), weight (shape w), params p).
+inline ops::internal::Conv2dGeometry ConvGeometryOf(const Shape& x, const Shape& w,
+                                                    const Conv2dParams& p) {
+  ops::internal::Conv2dGeometry g{
+      .n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2], .kw = w[3]};
+  g.params = p;
+  g.oh = (g.h + 2 * p.padding[0] - p.dilation[0] * (g.kh - 1) - 1) / p.stride[0] + 1;
+  g.ow = (g.w + 2 * p.padding[1] - p.dilation[1] * (g.kw - 1) - 1) / p.stride[1] + 1;
+  return g;
+}
+
+// Whether a float32 conv2d of these shapes runs on the Winograd kernels now.
+inline bool TakesWinograd(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return ops::internal::UseWinograd(kFloat32, ConvGeometryOf(x, w, p));
 }
 
 }  // namespace tandem::nn::testing

@@ -92,19 +92,41 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& dx,
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x);
-// The float32 CPU implementation (float64 and bfloat16 always take im2col +
-// OpenBLAS). kAuto: oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in
-// blocked or channels-last layouts chosen by shape (conv_dnnl.cc, AutoLayout),
-// else im2col. kDnnl: oneDNN on the plain NCHW / OIHW layouts; kDnnlBlocked and
+// The float32 CPU implementation (float64 always takes im2col + OpenBLAS;
+// bfloat16 runs the float32 kernels chosen here on widened copies). kAuto: Winograd for the 3x3 shapes where it pays (UseWinograd),
+// else oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in blocked or
+// channels-last layouts chosen by shape (conv_dnnl.cc, AutoLayout), else
+// im2col. kDnnl: oneDNN on the plain NCHW / OIHW layouts; kDnnlBlocked and
 // kDnnlNhwc: oneDNN in blocked / channels-last layouts for every shape,
-// reordered from and to ours inside each call. Process-wide, atomic; for
-// tests and benchmarks that compare them (a call mid-step changes the kernels
-// of the following calls only).
-enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked, kDnnlNhwc };
+// reordered from and to ours inside each call. kWinograd: Winograd for every
+// shape it applies to (WinogradApplies), kAuto's choice for the others.
+// Process-wide, atomic; for tests and benchmarks that compare them (a call
+// mid-step changes the kernels of the following calls only).
+enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked, kDnnlNhwc, kWinograd };
 void SetCpuConvPath(CpuConvPath path);
 CpuConvPath GetCpuConvPath();
-// True when float32 CPU convolutions run on oneDNN now.
+// True when float32 CPU convolutions that do not take Winograd run on oneDNN now.
 bool CpuConvUsesDnnl();
+// True when a float32 convolution of these sizes runs on the Winograd kernels
+// now (bfloat16 ones too: they run the float32 kernels on widened copies):
+// WinogradApplies, not depthwise, and the path kWinograd, or kAuto on shapes
+// large enough to pay for the transforms (conv_cpu.cc, kWinogradMinChannels and
+// kWinogradMinWork). dtype: the dtype of the float32 kernel call, false for any
+// other.
+bool UseWinograd(DType dtype, const Conv2dGeometry& g);
+
+// conv_winograd_cpu.cc: float32 convolutions by Winograd's F(4x4, 3x3) (each 4x4
+// block of outputs from a 6x6 input patch in 36 multiplications per channel
+// pair instead of 144), for 3x3 filters at stride 1 and dilation 1, one group,
+// padding at most 2. The contracts of the Cpu kernels above (the bias of
+// forward added in the output transform).
+bool WinogradApplies(const Conv2dGeometry& g);
+void Conv2dForwardWinograd(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           const Conv2dGeometry& g, const Tensor& y);
+void Conv2dBackwardDataWinograd(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
+                                const Tensor& dx);
+void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                                  const Tensor& dweight);
 
 #if TANDEM_WITH_DNNL
 // "oneDNN <major>.<minor>.<patch>" of the loaded library.
