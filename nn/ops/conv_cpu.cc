@@ -195,6 +195,9 @@ std::atomic<CpuConvPath> cpu_conv_path{CpuConvPath::kAuto};
 constexpr int64_t kWinogradMinChannels = 64;
 constexpr int64_t kWinogradMinWork = int64_t{1} << 16;
 
+// nn::set_cpu_winograd's switch: kAuto's Winograd choice on or off.
+std::atomic<bool> winograd_on{true};
+
 }  // namespace
 
 void SetCpuConvPath(CpuConvPath path) { cpu_conv_path.store(path, std::memory_order_relaxed); }
@@ -209,7 +212,8 @@ bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
     case CpuConvPath::kWinograd:
       return true;
     case CpuConvPath::kAuto:
-      return g.c >= kWinogradMinChannels && g.o >= kWinogradMinChannels &&
+      return winograd_on.load(std::memory_order_relaxed) && g.c >= kWinogradMinChannels &&
+             g.o >= kWinogradMinChannels &&
              ((g.oh + 3) / 4) * ((g.ow + 3) / 4) * g.c * g.o >= kWinogradMinWork;
     default:
       return false;
@@ -235,11 +239,18 @@ namespace tandem::nn {
 
 std::string cpu_conv_backend() {
 #if TANDEM_WITH_DNNL
-  return ops::internal::DnnlVersion();
+  std::string backend = ops::internal::DnnlVersion();
 #else
-  return "im2col + OpenBLAS";
+  std::string backend = "im2col + OpenBLAS";
 #endif
+  if (cpu_winograd()) backend += "; Winograd F(4x4, 3x3) for large 3x3 layers";
+  return backend;
 }
+
+void set_cpu_winograd(bool enable) {
+  ops::internal::winograd_on.store(enable, std::memory_order_relaxed);
+}
+bool cpu_winograd() { return ops::internal::winograd_on.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::nn
 
