@@ -189,7 +189,7 @@ std::atomic<CpuConvPath> cpu_conv_path{CpuConvPath::kAuto};
 // and 64Ki (tiles of 4x4 outputs per image) x c x o. Below that the transforms
 // and the small GEMMs cost what the fewer multiplications save: measured on a
 // 2-core AVX2 machine against oneDNN's direct kernels (docs/benchmarks.md),
-// ResNet-18's 3x3 layers (64-512 channels, 32x32-4x4, 256Ki each) ran 1.2-2.1x
+// ResNet-18's 3x3 layers (64-512 channels, 32x32-4x4, 256Ki each) ran 1.3-2.2x
 // faster forward + backward, 64 channels on 16x16 (64Ki) broke even, smaller
 // ones (the ConvNet's 32 -> 64 and 64 -> 64 on 6x6) ran 0.5-0.9x as fast.
 constexpr int64_t kWinogradMinChannels = 64;
