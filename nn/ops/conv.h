@@ -63,8 +63,22 @@ Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tenso
 
 // What float32 CPU convolutions (and GEMMs) run on in this build, for reports:
 // "oneDNN <version>" (libdnnl, when tandem is built with it) or "im2col +
-// OpenBLAS". float64 and bfloat16 CPU convolutions always take im2col + OpenBLAS.
+// OpenBLAS", followed by "; Winograd F(4x4, 3x3) for large 3x3 layers" while
+// cpu_winograd() is on. float64 CPU convolutions take im2col + OpenBLAS;
+// bfloat16 ones run the float32 kernels on widened copies.
 std::string cpu_conv_backend();
+
+// Whether float32 (and bfloat16) CPU convolutions with 3x3 filters at stride 1,
+// 64 or more input and output channels and large enough planes (ResNet's) run
+// on tandem's Winograd F(4x4, 3x3) kernels: a quarter of a direct
+// convolution's multiplications (1.3-2.2x faster forward + backward on
+// ResNet-18's layers, docs/benchmarks.md) and about ten times its rounding
+// error (within 2e-5 of the largest value against float64); a non-finite input
+// can make the whole 4x4 block of outputs around it non-finite. On by default;
+// off: those layers run on oneDNN's direct kernels (or im2col) as the others.
+// Process-wide, read at each call.
+void set_cpu_winograd(bool enable);
+bool cpu_winograd();
 
 }  // namespace tandem::nn
 

@@ -189,11 +189,14 @@ std::atomic<CpuConvPath> cpu_conv_path{CpuConvPath::kAuto};
 // and 64Ki (tiles of 4x4 outputs per image) x c x o. Below that the transforms
 // and the small GEMMs cost what the fewer multiplications save: measured on a
 // 2-core AVX2 machine against oneDNN's direct kernels (docs/benchmarks.md),
-// ResNet-18's 3x3 layers (64-512 channels, 32x32-4x4, 256Ki each) ran 1.2-2.1x
+// ResNet-18's 3x3 layers (64-512 channels, 32x32-4x4, 256Ki each) ran 1.3-2.2x
 // faster forward + backward, 64 channels on 16x16 (64Ki) broke even, smaller
 // ones (the ConvNet's 32 -> 64 and 64 -> 64 on 6x6) ran 0.5-0.9x as fast.
 constexpr int64_t kWinogradMinChannels = 64;
 constexpr int64_t kWinogradMinWork = int64_t{1} << 16;
+
+// nn::set_cpu_winograd's switch: kAuto's Winograd choice on or off.
+std::atomic<bool> winograd_on{true};
 
 }  // namespace
 
@@ -209,7 +212,8 @@ bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
     case CpuConvPath::kWinograd:
       return true;
     case CpuConvPath::kAuto:
-      return g.c >= kWinogradMinChannels && g.o >= kWinogradMinChannels &&
+      return winograd_on.load(std::memory_order_relaxed) && g.c >= kWinogradMinChannels &&
+             g.o >= kWinogradMinChannels &&
              ((g.oh + 3) / 4) * ((g.ow + 3) / 4) * g.c * g.o >= kWinogradMinWork;
     default:
       return false;
@@ -235,11 +239,18 @@ namespace tandem::nn {
 
 std::string cpu_conv_backend() {
 #if TANDEM_WITH_DNNL
-  return ops::internal::DnnlVersion();
+  std::string backend = ops::internal::DnnlVersion();
 #else
-  return "im2col + OpenBLAS";
+  std::string backend = "im2col + OpenBLAS";
 #endif
+  if (cpu_winograd()) backend += "; Winograd F(4x4, 3x3) for large 3x3 layers";
+  return backend;
 }
+
+void set_cpu_winograd(bool enable) {
+  ops::internal::winograd_on.store(enable, std::memory_order_relaxed);
+}
+bool cpu_winograd() { return ops::internal::winograd_on.load(std::memory_order_relaxed); }
 
 }  // namespace tandem::nn
 

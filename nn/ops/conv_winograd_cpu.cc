@@ -14,10 +14,9 @@
 //
 // Images go in chunks whose transformed tiles (V and M) stay within a few MiB,
 // so the GEMMs read what the transforms wrote while it is still in cache. The
-// transforms split channels over the rank's OpenMP team (ParallelFor), the
-// GEMMs the 36 positions (each GEMM whole on one thread: GemmRaw<float>, oneDNN's
-// sgemm where tandem is built with it, else OpenBLAS's; 5-10% faster per layer
-// than 36 GEMMs each split over the team, ResNet-18's layers at 2 threads). Rounding: F(4x4,
+// transforms split channels over the rank's OpenMP team (ParallelFor); the 36
+// GEMMs (GemmRaw<float>: oneDNN's sgemm where tandem is built with it, else
+// OpenBLAS's) split the positions over the team where that pays (ForPositions). Rounding: F(4x4,
 // 3x3)'s transforms multiply by up to 8 and divide by 24, so results carry
 // roughly ten times the float32 error of a direct convolution (about 1e-5 of
 // the largest value against float64 on ResNet's layers; conv_winograd_test
@@ -29,6 +28,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -37,6 +37,7 @@
 #include "nn/ops/internal/cpu_isa.h"
 #include "nn/ops/internal/cpu_parallel.h"
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/matmul.h"  // cpu_blas_threads
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -96,7 +97,12 @@ void ParallelForRethrow(int64_t n, int64_t min_per_range, Fn&& fn) {
       if (!failed.exchange(true)) error = std::current_exception();
     }
   });
-  if (error) std::rethrow_exception(error);
+  if (!error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::bad_alloc&) {
+    TANDEM_CHECK(false, "conv2d: out of host memory for the Winograd kernels' scratch buffers");
+  }
 }
 
 // A transform over n channels, split over the rank's threads.
@@ -105,12 +111,25 @@ void ForChannels(int64_t n, Fn&& fn) {
   ParallelForRethrow(n, kMinChannelsPerRange, std::forward<Fn>(fn));
 }
 
-// fn(p) for the 36 positions' GEMMs, split over the rank's threads: each GEMM
-// runs whole on one thread (oneDNN's and OpenBLAS's sgemm stay on the calling
-// thread inside an OpenMP region), one fork and join per chunk instead of one
-// per GEMM.
+// Up to this many threads the 36 GEMMs are split by position (at least 75% of
+// the threads busy: 36 = 12 x 3); beyond it each GEMM is split over the team.
+// Measured at 2 threads only.
+constexpr int kMaxThreadsForPositionSplit = 12;
+
+// fn(p) for the 36 positions' GEMMs. Where GemmRaw<float> runs on oneDNN and the
+// rank has 2 to kMaxThreadsForPositionSplit threads, the positions are split
+// over them, each GEMM whole on one thread (dnnl_sgemm inside an OpenMP region
+// runs on the calling thread): one fork and join per chunk instead of one per
+// GEMM, 1-10% faster per ResNet-18 layer at 2 threads (docs/benchmarks.md).
+// Elsewhere (OpenBLAS, whose pthread build would start its own threads in every
+// team thread) the GEMMs run one after the other, each on all the threads.
 template <typename Fn>
 void ForPositions(Fn&& fn) {
+  const int threads = cpu_blas_threads();
+  if (!CpuGemmUsesDnnl() || threads < 2 || threads > kMaxThreadsForPositionSplit) {
+    for (int64_t p = 0; p < kPositions; ++p) fn(p);
+    return;
+  }
   ParallelForRethrow(kPositions, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) fn(p);
   });

@@ -127,7 +127,18 @@ TEST(ConvWinogradTest, AutoTakesWinogradWhereItPays) {
   EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.padding = {3, 3}})));
   EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({8, 64, 0, 4}, {64, 64, 3, 3}, same)));
 
+  // nn::set_cpu_winograd(false) turns kAuto's choice off (and the backend's report).
+  const Shape resnet_x{32, 64, 32, 32}, resnet_w{64, 64, 3, 3};
+  EXPECT_TRUE(cpu_winograd());
+  EXPECT_NE(cpu_conv_backend().find("Winograd"), std::string::npos) << cpu_conv_backend();
+  set_cpu_winograd(false);
+  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(resnet_x, resnet_w, same)));
+  EXPECT_EQ(cpu_conv_backend().find("Winograd"), std::string::npos) << cpu_conv_backend();
+
+  // kWinograd: wherever it applies (the switch does not bind it).
   ops::internal::SetCpuConvPath(CpuConvPath::kWinograd);
+  EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf(resnet_x, resnet_w, same)));
+  set_cpu_winograd(true);
   EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf({1, 2, 3, 3}, {1, 2, 3, 3}, {})));
   // One channel in and out is depthwise: the direct depthwise kernels take it.
   EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({1, 1, 3, 3}, {1, 1, 3, 3}, {})));

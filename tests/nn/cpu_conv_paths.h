@@ -5,12 +5,14 @@
 
 #include <vector>
 
+#include "nn/ops/conv.h"                   // set_cpu_winograd
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
 #include "nn/ops/matmul.h"                 // cpu_blas_threads
 
 namespace tandem::nn::testing {
 
-// Restores kAuto and the CPU thread count of the test's start on destruction.
+// Restores kAuto, the Winograd switch and the CPU thread count of the test's
+// start on destruction.
 class RestoreCpuConv {
  public:
   RestoreCpuConv() = default;
@@ -18,11 +20,13 @@ class RestoreCpuConv {
   RestoreCpuConv& operator=(const RestoreCpuConv&) = delete;
   ~RestoreCpuConv() {
     set_cpu_blas_threads(threads_);
+    set_cpu_winograd(winograd_);
     ops::internal::SetCpuConvPath(ops::internal::CpuConvPath::kAuto);
   }
 
  private:
   int threads_ = cpu_blas_threads();
+  bool winograd_ = cpu_winograd();
 };
 
 // im2col, with_auto: kAuto's choice (oneDNN by shape where built; the direct

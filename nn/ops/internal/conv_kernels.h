@@ -109,10 +109,10 @@ CpuConvPath GetCpuConvPath();
 bool CpuConvUsesDnnl();
 // True when a float32 convolution of these sizes runs on the Winograd kernels
 // now (bfloat16 ones too: they run the float32 kernels on widened copies):
-// WinogradApplies, not depthwise, and the path kWinograd, or kAuto on shapes
-// large enough to pay for the transforms (conv_cpu.cc, kWinogradMinChannels and
-// kWinogradMinWork). dtype: the dtype of the float32 kernel call, false for any
-// other.
+// WinogradApplies, not depthwise, and the path kWinograd, or kAuto (while
+// nn::cpu_winograd() is on) on shapes large enough to pay for the transforms
+// (conv_cpu.cc, kWinogradMinChannels and kWinogradMinWork). dtype: the dtype of
+// the float32 kernel call, false for any other.
 bool UseWinograd(DType dtype, const Conv2dGeometry& g);
 
 // conv_winograd_cpu.cc: float32 convolutions by Winograd's F(4x4, 3x3) (each 4x4
