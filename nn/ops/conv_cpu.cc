@@ -271,10 +271,19 @@ bool DirectDepthwise(DType dtype, const Conv2dGeometry& g) {
   return dtype == kFloat32 && IsDepthwise(g) &&
          (path == CpuConvPath::kAuto || path == CpuConvPath::kWinograd);
 }
+
+#if TANDEM_WITH_DNNL
+// Whether a call of `dtype` on sizes g runs on oneDNN now, the one place that
+// decides it: float32 with a non-empty input (an empty one, H or W 0 and the
+// output all padding, takes im2col, whose windows see only zeros) on a path that
+// uses oneDNN, unless the direct depthwise or the Winograd kernels take it first.
+bool TakesDnnl(DType dtype, const Conv2dGeometry& g) {
+  return dtype == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
+         !DirectDepthwise(dtype, g) && !UseWinograd(dtype, g);
+}
+#endif
 }  // namespace
 
-// oneDNN takes float32 convolutions with a non-empty input; an empty one (H or W
-// 0, the output all padding) takes im2col, whose windows see only zeros.
 void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y, bool relu,
                       Conv2dSavedInput* saved_x) {
@@ -285,7 +294,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     return;
   }
 #if TANDEM_WITH_DNNL
-  if (x.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
+  if (TakesDnnl(x.dtype(), g)) {
     return Conv2dForwardDnnl(x, weight, bias, g, y, relu, saved_x);
   }
 #endif
@@ -363,7 +372,7 @@ void Conv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight, const Conv2dG
   if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardDataCpu(dy, weight, g, dx);
   if (UseWinograd(dy.dtype(), g)) return Conv2dBackwardDataWinograd(dy, weight, g, dx);
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
+  if (TakesDnnl(dy.dtype(), g)) {
     return Conv2dBackwardDataDnnl(dy, weight, g, dx);
   }
 #endif
@@ -410,7 +419,7 @@ void Conv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const Conv2dGeom
   if (DirectDepthwise(dy.dtype(), g)) return DepthwiseConv2dBackwardFilterCpu(dy, x, g, dweight);
   if (UseWinograd(dy.dtype(), g)) return Conv2dBackwardFilterWinograd(dy, x, g, dweight);
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl()) {
+  if (TakesDnnl(dy.dtype(), g)) {
     return Conv2dBackwardFilterDnnl(dy, x, g, dweight);
   }
 #endif
@@ -455,8 +464,7 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                        const Tensor& dbias, const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
-  if (dy.dtype() == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
-      !DirectDepthwise(dy.dtype(), g) && !UseWinograd(dy.dtype(), g)) {
+  if (TakesDnnl(dy.dtype(), g)) {
     return Conv2dBackwardDnnl(dy, x, weight, g, dx, dweight, dbias, saved_x);
   }
 #endif
@@ -469,9 +477,7 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
 Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
                                                    const Pool2dGeometry& pool, bool bias) {
 #if TANDEM_WITH_DNNL
-  const bool applies = g.n > 0 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
-                       !DirectDepthwise(kFloat32, g) && !UseWinograd(kFloat32, g) &&
-                       MaxPoolTilesChannelsLast(pool) &&
+  const bool applies = g.n > 0 && TakesDnnl(kFloat32, g) && MaxPoolTilesChannelsLast(pool) &&
                        pool.oh > 0 && pool.ow > 0 &&
                        ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
   return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias) : Conv2dReluMaxPoolLayout{};
@@ -502,10 +508,8 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
   // Conv2dBackwardCpu's choice now (the path may have changed since forward).
-  const bool on_dnnl =
-      CpuConvUsesDnnl() && !DirectDepthwise(kFloat32, g) && !UseWinograd(kFloat32, g);
-  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, on_dnnl, dx, dweight,
-                                dbias, saved_x);
+  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, TakesDnnl(kFloat32, g),
+                                dx, dweight, dbias, saved_x);
 #else
   (void)dout, (void)where, (void)x, (void)weight, (void)g, (void)pool, (void)layout, (void)dx,
       (void)dweight, (void)dbias, (void)saved_x;

@@ -12,18 +12,17 @@
 // 180 degrees and their channels swapped (padding 2 - p); the filter gradient
 // is the adjoint: dU[p] (o, c) = dM[p] (o, tiles) V[p]^T, then G^T dU G.
 //
-// Images go in chunks whose transformed tiles (V and M) stay within a few MiB,
-// so the GEMMs read what the transforms wrote while it is still in cache. The
-// transforms split channels over the rank's OpenMP team (ParallelFor); the 36
-// GEMMs (GemmRaw<float>: oneDNN's sgemm where tandem is built with it, else
-// OpenBLAS's) split the positions over the team where that pays (ForPositions). Rounding: F(4x4,
-// 3x3)'s transforms multiply by up to 8 and divide by 24, so results carry
-// roughly ten times the float32 error of a direct convolution (about 1e-5 of
-// the largest value against float64 on ResNet's layers; conv_winograd_test
-// bounds it at 2e-5). A non-finite input value can make non-finite the whole
-// 4x4 block of outputs of each tile whose 6x6 patch holds it (the transforms mix
-// the patch), more than the 3x3 window around it that a direct convolution
-// spoils.
+// Images go in chunks whose transformed tiles (V and M) stay within a few MiB, so the
+// GEMMs read what the transforms wrote while it is still in cache. The transforms split
+// channels over the rank's OpenMP team (ParallelFor); the 36 GEMMs (GemmRaw<float>:
+// oneDNN's sgemm where tandem is built with it, else OpenBLAS's) split the positions
+// over the team where that pays (ForPositions). Rounding: F(4x4, 3x3)'s transforms
+// multiply by up to 8 and divide by 24, so results carry roughly ten times the float32
+// error of a direct convolution (about 1e-5 of the largest value against float64 on
+// ResNet's layers; conv_winograd_test bounds it at 2e-5). A non-finite input value can
+// make non-finite the whole 4x4 block of outputs of each tile whose 6x6 patch holds it
+// (the transforms mix the patch), more than the 3x3 window around it that a direct
+// convolution spoils.
 // Results repeat bit for bit at a fixed instruction set and thread count.
 #include <algorithm>
 #include <atomic>
@@ -71,13 +70,20 @@ constexpr int64_t kPositions = 36;  // the 6x6 transformed tile
 // transforms and the GEMMs of a chunk share through the caches.
 constexpr int64_t kChunkBytes = int64_t{4} << 20;
 
-int64_t Tiles(int64_t size) { return (size + 3) / 4; }
-
-// Images per chunk for `channels` transformed rows of `tiles_per_image` tiles.
-int64_t ChunkImages(int64_t n, int64_t channels, int64_t tiles_per_image) {
-  const int64_t per_image = kPositions * channels * tiles_per_image * int64_t{sizeof(float)};
-  return std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(per_image, 1), 1,
-                             std::max<int64_t>(n, 1));
+// The tile grid of an (oh, ow) output and the chunks of n images its
+// transforms go in, for `channels` (the larger side's) transformed rows.
+struct Chunks {
+  int64_t th, tw;  // tiles per column and row of an image
+  int64_t images;  // images per chunk
+  int64_t ld;      // rows of V and M: one chunk's tiles
+};
+Chunks ChunksOf(int64_t n, int64_t channels, int64_t oh, int64_t ow) {
+  Chunks c{.th = (oh + 3) / 4, .tw = (ow + 3) / 4};
+  const int64_t per_image = kPositions * channels * c.th * c.tw * int64_t{sizeof(float)};
+  c.images = std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(per_image, 1), 1,
+                                 std::max<int64_t>(n, 1));
+  c.ld = c.images * c.th * c.tw;
+  return c;
 }
 
 // Channels per ParallelFor range: enough work per thread to pay for the split.
@@ -143,10 +149,8 @@ const float* F32(const Tensor& t) { return t.defined() ? t.host_data<float>() : 
 void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t w, int64_t ph,
               int64_t pw, const float* u, int64_t out_channels, int64_t oh, int64_t ow,
               const float* bias, float* y) {
-  const int64_t th = Tiles(oh), tw = Tiles(ow);
-  const int64_t chunk = ChunkImages(n, std::max(in_channels, out_channels), th * tw);
+  const auto [th, tw, chunk, ld] = ChunksOf(n, std::max(in_channels, out_channels), oh, ow);
   const TensorOptions host{.dtype = kFloat32, .device = Device::CPU()};
-  const int64_t ld = chunk * th * tw;  // rows of V and M: one chunk's tiles
   const Tensor v_buffer = empty({kPositions * in_channels * ld}, host);
   const Tensor m_buffer = empty({kPositions * out_channels * ld}, host);
   float* v = v_buffer.host_data<float>();
@@ -216,10 +220,8 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
                                   const Tensor& dweight) {
   TANDEM_CHECK(WinogradApplies(g) && dy.dtype() == kFloat32,
                "conv2d backward: the Winograd kernel takes float32 3x3 convolutions at stride 1");
-  const int64_t th = Tiles(g.oh), tw = Tiles(g.ow);
-  const int64_t chunk = ChunkImages(g.n, std::max(g.c, g.o), th * tw);
+  const auto [th, tw, chunk, ld] = ChunksOf(g.n, std::max(g.c, g.o), g.oh, g.ow);
   const TensorOptions host{.dtype = kFloat32, .device = Device::CPU()};
-  const int64_t ld = chunk * th * tw;
   const Tensor v_buffer = empty({kPositions * g.c * ld}, host);
   const Tensor dm_buffer = empty({kPositions * g.o * ld}, host);
   const Tensor du_buffer = empty({kPositions * g.o * g.c}, host);
