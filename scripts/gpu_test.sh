@@ -19,6 +19,15 @@
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
 #    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
 #    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
+# 6. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
+#    the gpu test binaries named in MEMCHECK_TESTS (paths under build-gpu, default
+#    tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test), each within
+#    MEMCHECK_TIMEOUT seconds (default 120; "all" runs every binary of
+#    build-gpu/gpu_tests.txt, about 6 minutes on an H100); a memory error it reports
+#    fails the step. Failed CUDA API calls are not reported (--report-api-errors
+#    no): NCCL's communicator setup probes kernel images the card cannot run (error
+#    209, dozens per communicator) and nn_graph_gpu_test synchronizes inside a
+#    capture on purpose (errors 900 and 901); tandem checks every call it makes.
 # STEPS picks the parts after the library setup (default "tests training
 # ops_bench bench"): the device tool limits one command to 10 minutes, and the
 # whole benchmark with torch.compile takes longer than that, so run it in its own
@@ -159,6 +168,28 @@ if [ -x "$build/bench/tandem_bench" ]; then
 else
   echo "gpu_test: $build/bench/tandem_bench was not built"
   failed+=("bench compare")
+fi
+
+fi
+if wants memcheck; then
+step "compute-sanitizer memcheck"
+sanitizer="$(command -v compute-sanitizer || true)"
+[ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] &&
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+if [ -n "$sanitizer" ]; then
+  memcheck_tests="${MEMCHECK_TESTS:-tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test}"
+  [ "$memcheck_tests" = all ] && memcheck_tests="$(cat "$build/gpu_tests.txt")"
+  for bin in $memcheck_tests; do
+    echo "--- $bin"
+    # In the test's own folder, as ctest runs it.
+    pushd "$build/$(dirname "$bin")" >/dev/null || { failed+=("memcheck $bin"); continue; }
+    run "memcheck $bin" timeout "${MEMCHECK_TIMEOUT:-120}" "$sanitizer" --tool memcheck \
+      --report-api-errors no --error-exitcode 86 "$build/$bin" --gtest_brief=1
+    popd >/dev/null || true
+  done
+else
+  echo "gpu_test: compute-sanitizer is not installed"
+  failed+=("memcheck")
 fi
 
 fi

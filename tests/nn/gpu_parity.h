@@ -52,16 +52,25 @@ inline Input Tied(Shape shape) { return {std::move(shape), {.kind = Fill::Kind::
 // How far the CUDA value g may be from the CPU value c.
 struct Tolerance {
   enum class Kind {
-    kRelative,       // |g - c| <= rel * (1 + |c|); rel 0: equal values
+    kRelative,       // |g - c| <= rel * (1 + |c|) + magnitude * a; rel 0: equal values
     kBf16Ulps,       // |g - c| <= ulps * (bfloat16 spacing at c) + slack
     kBf16Magnitude,  // |g - c| <= |c| / 128 + a / 256 (see Bf16Magnitude)
   };
   Kind kind = Kind::kRelative;
   double rel = 0;
+  // kRelative: a multiple of a, the element's magnitude sum (the op computed in
+  // float64 on |inputs| and |output gradient|, see Bf16Magnitude). A sum of many
+  // terms that cancel to a small value carries rounding of the order of its terms,
+  // not of its result; 0: no such term.
+  double magnitude = 0;
   double output_ulps = 0, grad_ulps = 0, slack = 0;
+
+  bool needs_magnitude() const { return kind == Kind::kBf16Magnitude || magnitude > 0; }
 };
 
-inline Tolerance Rel(double rel) { return {.kind = Tolerance::Kind::kRelative, .rel = rel}; }
+inline Tolerance Rel(double rel, double magnitude = 0) {
+  return {.kind = Tolerance::Kind::kRelative, .rel = rel, .magnitude = magnitude};
+}
 inline Tolerance Exact() { return Rel(0); }
 // Outputs within `output_ulps` bfloat16 ulps, gradients within `grad_ulps`.
 inline Tolerance Ulps(double output_ulps, double grad_ulps, double slack = 0) {
@@ -133,7 +142,7 @@ inline double Bf16Ulp(double v) {
 
 // The CUDA tensor `gpu` against the CPU tensor `cpu` under `tol` (`grad`: a
 // gradient, for the ulp budgets; `abs_ref`: the float64 magnitude reference, for
-// kBf16Magnitude only). Stops at the first element out of bounds.
+// tolerances with one, Tolerance::needs_magnitude). Stops at the first element out of bounds.
 inline void ExpectClose(const Tensor& cpu, const Tensor& gpu, const Tolerance& tol, bool grad,
                         const Tensor& abs_ref, const std::string& what) {
   ASSERT_TRUE(cpu.defined()) << what << ": undefined on the CPU";
@@ -143,7 +152,7 @@ inline void ExpectClose(const Tensor& cpu, const Tensor& gpu, const Tolerance& t
   ASSERT_EQ(cpu.shape(), gpu.shape()) << what;
   const std::vector<double> c = cpu.to_vector<double>(), g = gpu.to_vector<double>();
   std::vector<double> a;
-  if (tol.kind == Tolerance::Kind::kBf16Magnitude) {
+  if (tol.needs_magnitude()) {
     ASSERT_TRUE(abs_ref.defined()) << what << ": no magnitude reference";
     ASSERT_EQ(abs_ref.shape(), cpu.shape()) << what;
     a = abs_ref.to_vector<double>();
@@ -151,14 +160,17 @@ inline void ExpectClose(const Tensor& cpu, const Tensor& gpu, const Tolerance& t
   for (size_t i = 0; i < c.size(); ++i) {
     double bound = 0;
     switch (tol.kind) {
-      case Tolerance::Kind::kRelative: bound = tol.rel * (1.0 + std::fabs(c[i])); break;
+      case Tolerance::Kind::kRelative:
+        bound = tol.rel * (1.0 + std::fabs(c[i])) + (a.empty() ? 0.0 : tol.magnitude * a[i]);
+        break;
       case Tolerance::Kind::kBf16Ulps:
         bound = (grad ? tol.grad_ulps : tol.output_ulps) * Bf16Ulp(c[i]) + tol.slack;
         break;
       case Tolerance::Kind::kBf16Magnitude: bound = std::fabs(c[i]) / 128 + a[i] / 256; break;
     }
     ASSERT_LE(std::fabs(g[i] - c[i]), bound)
-        << what << " element " << i << ": cpu " << c[i] << ", cuda " << g[i];
+        << what << " element " << i << ": cpu " << c[i] << ", cuda " << g[i]
+        << (a.empty() ? "" : ", magnitude sum " + std::to_string(a[i]));
   }
 }
 

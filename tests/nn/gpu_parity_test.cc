@@ -45,7 +45,8 @@ Side Forward(const ParityCase& c, const std::vector<Tensor>& inputs, Device devi
   return side;
 }
 
-// The float64 magnitude reference of kBf16Magnitude rows: f on float64 |inputs|
+// The float64 magnitude reference of the rows whose tolerance has one
+// (Tolerance::needs_magnitude): f on float64 |inputs|
 // (each rounded to the autocast dtype first, as the op under autocast sees it),
 // without autocast, and for kGradients rows the gradients after |out_grad|.
 Side MagnitudeReference(const ParityCase& c, const std::vector<Tensor>& inputs,
@@ -89,7 +90,7 @@ void RunRow(const ParityCase& c, Device gpu) {
     cuda.out.backward(out_grad.to(gpu));
   }
   Side ref;
-  if (c.tol.kind == Tolerance::Kind::kBf16Magnitude) ref = MagnitudeReference(c, inputs, out_grad);
+  if (c.tol.needs_magnitude()) ref = MagnitudeReference(c, inputs, out_grad);
   ExpectClose(cpu.out, cuda.out, c.tol, false, ref.out, "output");
   if (c.mode == Mode::kForward) return;
   for (size_t k = 0; k < inputs.size(); ++k) {
