@@ -12,8 +12,10 @@
 #    location, or, where ctest is not installed, the gpu test binaries directly.
 # 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
 #    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
-# 4. The microbenchmark bench/nn_ops_bench (CPU and CUDA rows, median of 5;
-#    OPS_BENCH_ARGS adds arguments, e.g. --benchmark_filter=cuda).
+# 4. The microbenchmark bench/nn_ops_bench, its CUDA rows (median of 5;
+#    OPS_BENCH_ARGS replaces the default --benchmark_filter=cuda: the bundle's
+#    CPU rows run without oneDNN, so they say nothing of the CPU path, and take
+#    most of a short lease).
 # 5. The tandem vs PyTorch benchmark on GPU 0 (bench/compare.py with
 #    build-gpu/bench/tandem_bench and $PYTHON): tandem eager and CUDA graph, torch
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
@@ -145,11 +147,10 @@ fi
 if wants ops_bench; then
 step "microbenchmark: nn_ops_bench (median of 5 repetitions)"
 if [ -x "$build/bench/nn_ops_bench" ]; then
-  # OPS_BENCH_ARGS: more arguments, e.g. --benchmark_filter=cuda (the CPU rows
-  # run without oneDNN in the bundle and take most of a short lease).
+  # OPS_BENCH_ARGS replaces the default filter (e.g. OPS_BENCH_ARGS=" " for every row).
   # shellcheck disable=SC2086
   run nn_ops_bench "$build/bench/nn_ops_bench" --benchmark_repetitions=5 \
-    --benchmark_report_aggregates_only=true ${OPS_BENCH_ARGS:-}
+    --benchmark_report_aggregates_only=true ${OPS_BENCH_ARGS:---benchmark_filter=cuda}
 else
   echo "gpu_test: $build/bench/nn_ops_bench was not built (Google Benchmark missing?)"
   failed+=("nn_ops_bench")
