@@ -39,7 +39,7 @@
 # python3). Every step runs even after a failure; the exit status is 1 when any
 # failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root="$(pwd -P)"
 build="$root/build-gpu"
 # gpu_bundle.sh's archive, when build-gpu itself was not carried.
