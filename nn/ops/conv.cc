@@ -11,12 +11,60 @@
 namespace tandem::nn {
 namespace {
 
-using ops::internal::Conv2dGeometry;
-using ops::internal::Pool2dGeometry;
-
 std::string PairToString(const std::array<int64_t, 2>& v) {
   return absl::StrCat("(", v[0], ", ", v[1], ")");
 }
+
+}  // namespace
+
+namespace ops::internal {
+
+Conv2dGeometry Conv2dGeometryOf(const Shape& x, const Shape& weight, const Conv2dParams& params) {
+  constexpr const char* kOp = "conv2d";
+  Conv2dGeometry g;
+  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
+  g.o = weight[0], g.kh = weight[2], g.kw = weight[3];
+  g.params = params;
+  const int64_t groups = params.groups;
+  TANDEM_CHECK(groups >= 1, kOp, ": groups must be >= 1, got ", groups);
+  TANDEM_CHECK(g.c % groups == 0, kOp, ": in_channels ", g.c, " of x ", ShapeToString(x),
+               " is not divisible by groups ", groups);
+  TANDEM_CHECK(g.o % groups == 0, kOp, ": out_channels ", g.o, " of weight ",
+               ShapeToString(weight), " is not divisible by groups ", groups);
+  if (groups == 1) {
+    TANDEM_CHECK(g.c == weight[1], kOp, ": x ", ShapeToString(x), " has ", g.c,
+                 " channels but weight ", ShapeToString(weight), " expects ", weight[1]);
+  } else {
+    TANDEM_CHECK(g.c / groups == weight[1], kOp, ": x ", ShapeToString(x), " has ", g.c,
+                 " channels, ", g.c / groups, " per group for groups ", groups, ", but weight ",
+                 ShapeToString(weight), " expects ", weight[1], " per group");
+  }
+  TANDEM_CHECK(g.c > 0 && g.o > 0 && g.kh > 0 && g.kw > 0, kOp, ": empty channels or kernel: x ",
+               ShapeToString(x), ", weight ", ShapeToString(weight));
+  for (int d = 0; d < 2; ++d) {
+    TANDEM_CHECK(params.stride[d] >= 1 && params.dilation[d] >= 1 && params.padding[d] >= 0, kOp,
+                 ": stride ", PairToString(params.stride), " and dilation ",
+                 PairToString(params.dilation), " must be >= 1, padding ",
+                 PairToString(params.padding), " >= 0");
+  }
+  const int64_t span_h = params.dilation[0] * (g.kh - 1) + 1;
+  const int64_t span_w = params.dilation[1] * (g.kw - 1) + 1;
+  const int64_t padded_h = g.h + 2 * params.padding[0], padded_w = g.w + 2 * params.padding[1];
+  TANDEM_CHECK(padded_h >= span_h && padded_w >= span_w, kOp, ": kernel ", ShapeToString(weight),
+               " with dilation ", PairToString(params.dilation),
+               " is larger than the padded input ", ShapeToString(x), " + padding ",
+               PairToString(params.padding));
+  g.oh = (padded_h - span_h) / params.stride[0] + 1;
+  g.ow = (padded_w - span_w) / params.stride[1] + 1;
+  return g;
+}
+
+}  // namespace ops::internal
+
+namespace {
+
+using ops::internal::Conv2dGeometry;
+using ops::internal::Pool2dGeometry;
 
 Conv2dGeometry CheckConv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                            const Conv2dParams& params) {
@@ -29,43 +77,7 @@ Conv2dGeometry CheckConv2d(const Tensor& x, const Tensor& weight, const Tensor& 
                x.ToString());
   CheckDim(x, 4, kOp, "x (N, C, H, W)");
   CheckDim(weight, 4, kOp, "weight (O, C / groups, KH, KW)");
-  Conv2dGeometry g;
-  g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
-  g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
-  g.params = params;
-  const int64_t groups = params.groups;
-  TANDEM_CHECK(groups >= 1, kOp, ": groups must be >= 1, got ", groups);
-  TANDEM_CHECK(g.c % groups == 0, kOp, ": in_channels ", g.c, " of x ", ShapeToString(x.shape()),
-               " is not divisible by groups ", groups);
-  TANDEM_CHECK(g.o % groups == 0, kOp, ": out_channels ", g.o, " of weight ",
-               ShapeToString(weight.shape()), " is not divisible by groups ", groups);
-  if (groups == 1) {
-    TANDEM_CHECK(g.c == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ", g.c,
-                 " channels but weight ", ShapeToString(weight.shape()), " expects ",
-                 weight.size(1));
-  } else {
-    TANDEM_CHECK(g.c / groups == weight.size(1), kOp, ": x ", ShapeToString(x.shape()), " has ",
-                 g.c, " channels, ", g.c / groups, " per group for groups ", groups,
-                 ", but weight ", ShapeToString(weight.shape()), " expects ", weight.size(1),
-                 " per group");
-  }
-  TANDEM_CHECK(g.c > 0 && g.o > 0 && g.kh > 0 && g.kw > 0, kOp, ": empty channels or kernel: x ",
-               ShapeToString(x.shape()), ", weight ", ShapeToString(weight.shape()));
-  for (int d = 0; d < 2; ++d) {
-    TANDEM_CHECK(params.stride[d] >= 1 && params.dilation[d] >= 1 && params.padding[d] >= 0, kOp,
-                 ": stride ", PairToString(params.stride), " and dilation ",
-                 PairToString(params.dilation), " must be >= 1, padding ",
-                 PairToString(params.padding), " >= 0");
-  }
-  const int64_t span_h = params.dilation[0] * (g.kh - 1) + 1;
-  const int64_t span_w = params.dilation[1] * (g.kw - 1) + 1;
-  const int64_t padded_h = g.h + 2 * params.padding[0], padded_w = g.w + 2 * params.padding[1];
-  TANDEM_CHECK(padded_h >= span_h && padded_w >= span_w, kOp, ": kernel ",
-               ShapeToString(weight.shape()), " with dilation ", PairToString(params.dilation),
-               " is larger than the padded input ", ShapeToString(x.shape()), " + padding ",
-               PairToString(params.padding));
-  g.oh = (padded_h - span_h) / params.stride[0] + 1;
-  g.ow = (padded_w - span_w) / params.stride[1] + 1;
+  const Conv2dGeometry g = ops::internal::Conv2dGeometryOf(x.shape(), weight.shape(), params);
   if (bias.defined()) {
     CheckSameDevice(x, bias, kOp);
     CheckSameDType(x, bias, kOp);

@@ -288,11 +288,7 @@ void Conv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                       const Conv2dGeometry& g, const Tensor& y, bool relu,
                       Conv2dSavedInput* saved_x) {
   if (DirectDepthwise(x.dtype(), g)) return DepthwiseConv2dForwardCpu(x, weight, bias, g, y, relu);
-  if (UseWinograd(x.dtype(), g)) {
-    Conv2dForwardWinograd(x, weight, bias, g, y);
-    if (relu) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
-    return;
-  }
+  if (UseWinograd(x.dtype(), g)) return Conv2dForwardWinograd(x, weight, bias, g, y, relu);
 #if TANDEM_WITH_DNNL
   if (TakesDnnl(x.dtype(), g)) {
     return Conv2dForwardDnnl(x, weight, bias, g, y, relu, saved_x);

@@ -11,24 +11,10 @@ namespace {
 
 // The kernels twice: for the baseline instruction set, and with AVX2 and FMA (8
 // floats per vector, fused multiply-adds) for the CPUs that have them (chosen
-// once per process, UseAvx2Kernels in internal/cpu_isa.h; the bits differ between the two, as oneDNN's
-// do between instruction sets).
-namespace baseline {
-#include "nn/ops/conv_depthwise_kernels.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "nn/ops/conv_depthwise_kernels.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-
-#define TANDEM_DEPTHWISE_KERNEL(Name, T) (UseAvx2Kernels() ? avx2::Name<T> : baseline::Name<T>)
-#else
-#define TANDEM_DEPTHWISE_KERNEL(Name, T) baseline::Name<T>
-#endif
+// once per process, UseAvx2Kernels in internal/cpu_isa.h; the bits differ
+// between the two, as oneDNN's do between instruction sets).
+#define TANDEM_CPU_ISA_KERNELS "nn/ops/conv_depthwise_kernels.inc"
+#include "nn/ops/internal/cpu_isa_builds.inc"
 
 }  // namespace
 
@@ -41,7 +27,7 @@ void DepthwiseConv2dForwardCpu(const Tensor& x, const Tensor& weight, const Tens
   TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d: groups ", g.params.groups, ", in_channels ",
                g.c, ", out_channels ", g.o, " is not depthwise");
   TANDEM_DISPATCH_FLOAT(x.dtype(), "depthwise conv2d", [&]<typename T>() {
-    TANDEM_DEPTHWISE_KERNEL(Forward, T)(x, weight, bias, g, y, relu);
+    TANDEM_CPU_ISA_KERNEL(Forward<T>)(x, weight, bias, g, y, relu);
   });
 }
 
@@ -50,7 +36,7 @@ void DepthwiseConv2dBackwardDataCpu(const Tensor& dy, const Tensor& weight,
   TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d backward: groups ", g.params.groups,
                ", in_channels ", g.c, ", out_channels ", g.o, " is not depthwise");
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "depthwise conv2d backward", [&]<typename T>() {
-    TANDEM_DEPTHWISE_KERNEL(BackwardData, T)(dy, weight, g, dx);
+    TANDEM_CPU_ISA_KERNEL(BackwardData<T>)(dy, weight, g, dx);
   });
 }
 
@@ -59,7 +45,7 @@ void DepthwiseConv2dBackwardFilterCpu(const Tensor& dy, const Tensor& x, const C
   TANDEM_CHECK(IsDepthwise(g), "depthwise conv2d backward: groups ", g.params.groups,
                ", in_channels ", g.c, ", out_channels ", g.o, " is not depthwise");
   TANDEM_DISPATCH_FLOAT(dy.dtype(), "depthwise conv2d backward", [&]<typename T>() {
-    TANDEM_DEPTHWISE_KERNEL(BackwardFilter, T)(dy, x, g, dweight);
+    TANDEM_CPU_ISA_KERNEL(BackwardFilter<T>)(dy, x, g, dweight);
   });
 }
 

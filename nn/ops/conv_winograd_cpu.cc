@@ -35,6 +35,7 @@
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/cpu_isa.h"
 #include "nn/ops/internal/cpu_parallel.h"
+#include "nn/ops/internal/elementwise_kernels.h"  // ApplyUnary (relu)
 #include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/matmul.h"  // cpu_blas_threads
 
@@ -47,22 +48,8 @@ struct TileGrid {
   int64_t h, w, ph, pw, th, tw, count;
 };
 
-namespace baseline {
-#include "nn/ops/conv_winograd_kernels.inc"
-}  // namespace baseline
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "nn/ops/conv_winograd_kernels.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-
-#define TANDEM_WINOGRAD(Name) (UseAvx2Kernels() ? avx2::Name : baseline::Name)
-#else
-#define TANDEM_WINOGRAD(Name) baseline::Name
-#endif
+#define TANDEM_CPU_ISA_KERNELS "nn/ops/conv_winograd_kernels.inc"
+#include "nn/ops/internal/cpu_isa_builds.inc"
 
 constexpr int64_t kPositions = 36;  // the 6x6 transformed tile
 
@@ -145,10 +132,10 @@ const float* F32(const Tensor& t) { return t.defined() ? t.host_data<float>() : 
 
 // y (n, out_channels, oh, ow) = the convolution of x (n, in_channels, h, w) at
 // padding (ph, pw) whose filters are u (36, out_channels, in_channels), plus
-// bias (out_channels, or null).
+// bias (out_channels, or null), relu'd where `relu`.
 void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t w, int64_t ph,
               int64_t pw, const float* u, int64_t out_channels, int64_t oh, int64_t ow,
-              const float* bias, float* y) {
+              const float* bias, bool relu, float* y) {
   const auto [th, tw, chunk, ld] = ChunksOf(n, std::max(in_channels, out_channels), oh, ow);
   const TensorOptions host{.dtype = kFloat32, .device = Device::CPU()};
   const Tensor v_buffer = empty({kPositions * in_channels * ld}, host);
@@ -160,7 +147,7 @@ void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t
     const TileGrid in{h, w, ph, pw, th, tw, count};
     const float* x_chunk = x + first * in_channels * h * w;
     ForChannels(in_channels, [&](int64_t begin, int64_t end) {
-      TANDEM_WINOGRAD(InputTransform)(x_chunk, in_channels, in, begin, end, v, ld);
+      TANDEM_CPU_ISA_KERNEL(InputTransform)(x_chunk, in_channels, in, begin, end, v, ld);
     });
     ForPositions([&](int64_t p) {
       GemmRaw<float>(false, false, out_channels, tiles, in_channels, 1.0f,
@@ -170,7 +157,8 @@ void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t
     const TileGrid out{oh, ow, 0, 0, th, tw, count};
     float* y_chunk = y + first * out_channels * oh * ow;
     ForChannels(out_channels, [&](int64_t begin, int64_t end) {
-      TANDEM_WINOGRAD(OutputTransform)(m, ld, out_channels, out, bias, begin, end, y_chunk);
+      TANDEM_CPU_ISA_KERNEL(OutputTransform)(m, ld, out_channels, out, bias, relu, begin, end,
+                                             y_chunk);
     });
   }
 }
@@ -181,7 +169,7 @@ Tensor TransformedWeights(const Tensor& weight, const Conv2dGeometry& g, bool fl
   const float* w = weight.host_data<float>();
   float* pu = u.host_data<float>();
   ParallelFor(flip ? g.c : g.o, kMinChannelsPerRange, [&](int64_t begin, int64_t end) {
-    TANDEM_WINOGRAD(WeightTransform)(w, g.o, g.c, flip, begin, end, pu);
+    TANDEM_CPU_ISA_KERNEL(WeightTransform)(w, g.o, g.c, flip, begin, end, pu);
   });
   return u;
 }
@@ -197,12 +185,12 @@ bool WinogradApplies(const Conv2dGeometry& g) {
 }
 
 void Conv2dForwardWinograd(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Conv2dGeometry& g, const Tensor& y) {
+                           const Conv2dGeometry& g, const Tensor& y, bool relu) {
   TANDEM_CHECK(WinogradApplies(g) && x.dtype() == kFloat32,
                "conv2d: the Winograd kernel takes float32 3x3 convolutions at stride 1");
   const Tensor u = TransformedWeights(weight, g, /*flip=*/false);
   Convolve(x.host_data<float>(), g.n, g.c, g.h, g.w, g.params.padding[0], g.params.padding[1],
-           u.host_data<float>(), g.o, g.oh, g.ow, F32(bias), y.host_data<float>());
+           u.host_data<float>(), g.o, g.oh, g.ow, F32(bias), relu, y.host_data<float>());
 }
 
 void Conv2dBackwardDataWinograd(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
@@ -213,7 +201,7 @@ void Conv2dBackwardDataWinograd(const Tensor& dy, const Tensor& weight, const Co
   // dx = dy convolved with the turned filters at padding 2 - p: its output is (h, w).
   Convolve(dy.host_data<float>(), g.n, g.o, g.oh, g.ow, 2 - g.params.padding[0],
            2 - g.params.padding[1], u.host_data<float>(), g.c, g.h, g.w, nullptr,
-           dx.host_data<float>());
+           /*relu=*/false, dx.host_data<float>());
 }
 
 void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
@@ -237,10 +225,10 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
     const float* x_chunk = px + first * g.c * g.h * g.w;
     const float* dy_chunk = pdy + first * g.o * g.oh * g.ow;
     ForChannels(g.c, [&](int64_t begin, int64_t end) {
-      TANDEM_WINOGRAD(InputTransform)(x_chunk, g.c, in, begin, end, v, ld);
+      TANDEM_CPU_ISA_KERNEL(InputTransform)(x_chunk, g.c, in, begin, end, v, ld);
     });
     ForChannels(g.o, [&](int64_t begin, int64_t end) {
-      TANDEM_WINOGRAD(OutputGradTransform)(dy_chunk, g.o, out, begin, end, dm, ld);
+      TANDEM_CPU_ISA_KERNEL(OutputGradTransform)(dy_chunk, g.o, out, begin, end, dm, ld);
     });
     // dU[p] (o, c) (+)= dM[p] (o, tiles) V[p]^T (tiles, c).
     ForPositions([&](int64_t p) {
@@ -250,7 +238,7 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
   }
   float* pdw = dweight.host_data<float>();
   ForChannels(g.o, [&](int64_t begin, int64_t end) {
-    TANDEM_WINOGRAD(WeightGradTransform)(du, g.o, g.c, begin, end, pdw);
+    TANDEM_CPU_ISA_KERNEL(WeightGradTransform)(du, g.o, g.c, begin, end, pdw);
   });
 }
 

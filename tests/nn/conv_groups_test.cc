@@ -207,7 +207,8 @@ TEST(ConvGroupsTest, EachFloat32CpuPathMatchesReferenceAndRepeats) {
         set_cpu_blas_threads(t);
         const std::string where =
             absl::StrCat(c.name, ", path ", static_cast<int>(path),
-                         " (0 default, 1 im2col, 2 oneDNN, 3 oneDNN blocked, 4 oneDNN nhwc, 5 Winograd), ",
+                         " (0 default, 1 im2col, 2 oneDNN, 3 oneDNN blocked, 4 oneDNN nhwc, "
+                         "5 Winograd), ",
                          t, " thread(s)");
         const Result got = RunGrouped(x, w, b, dy, c.p, kFloat32);
         ExpectNear(got.y, want.y, 2e-4, where + ": output");

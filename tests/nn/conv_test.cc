@@ -234,7 +234,8 @@ TEST(ConvTest, EachFloat32CpuPathMatchesFloat64AndRepeatsBitForBit) {
               y32.to_vector<float>(), x32.grad().to_vector<float>(),
               w32.grad().to_vector<float>(), b32.grad().to_vector<float>()};
           const std::string where = absl::StrCat(
-              "path ", static_cast<int>(path), " (1 im2col, 2 oneDNN, 3 oneDNN blocked, 4 oneDNN nhwc, 5 Winograd), ", t,
+              "path ", static_cast<int>(path),
+              " (1 im2col, 2 oneDNN, 3 oneDNN blocked, 4 oneDNN nhwc, 5 Winograd), ", t,
               " thread(s), x ", ShapeToString(shape.x), ", weight ", ShapeToString(shape.w));
           if (run == 1) {
             for (size_t k = 0; k < got.size(); ++k) {

@@ -20,10 +20,10 @@
 namespace tandem::nn {
 namespace {
 
+using ops::internal::Conv2dGeometryOf;
 using ops::internal::CpuConvPath;
 using ops::internal::UseWinograd;
 using ::tandem::testing::ScaledError;
-using testing::ConvGeometryOf;
 using testing::TakesWinograd;
 
 // y, dx, dweight, dbias of conv2d on copies of x, w, b in `dtype`, with dy.
@@ -110,43 +110,45 @@ TEST(ConvWinogradTest, AutoTakesWinogradWhereItPays) {
   const Conv2dParams same{.padding = {1, 1}};
   for (const auto& [c, hw] : std::vector<std::pair<int64_t, int64_t>>{
            {64, 32}, {128, 16}, {256, 8}, {512, 4}}) {
-    EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)))
+    EXPECT_TRUE(UseWinograd(kFloat32, Conv2dGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)))
         << c << " channels, " << hw << "x" << hw;
-    EXPECT_FALSE(UseWinograd(kFloat64, ConvGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)));
+    EXPECT_FALSE(UseWinograd(kFloat64, Conv2dGeometryOf({32, c, hw, hw}, {c, c, 3, 3}, same)));
   }
   // Too small to pay: the ConvNet's layers, few channels, a 6x6 input.
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 32, 15, 15}, {64, 32, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 64, 6, 6}, {64, 64, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({32, 16, 32, 32}, {16, 16, 3, 3}, same)));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf({32, 32, 15, 15}, {64, 32, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf({32, 64, 6, 6}, {64, 64, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf({32, 16, 32, 32}, {16, 16, 3, 3}, same)));
   // Not a stride-1, undilated, ungrouped 3x3 convolution with padding <= 2.
   const Shape x{8, 64, 32, 32};
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 5, 5}, {.padding = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.dilation = {2, 2}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 32, 3, 3}, {.groups = 2})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.padding = {3, 3}})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({8, 64, 0, 4}, {64, 64, 3, 3}, same)));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 5, 5}, {.padding = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 3, 3}, {.dilation = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 32, 3, 3}, {.groups = 2})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 3, 3}, {.padding = {3, 3}})));
+  // An empty plane (padding 2: conv2d takes it, its output all padding).
+  EXPECT_FALSE(
+      UseWinograd(kFloat32, Conv2dGeometryOf({8, 64, 0, 4}, {64, 64, 3, 3}, {.padding = {2, 2}})));
 
   // nn::set_cpu_winograd(false) turns kAuto's choice off (and the backend's report).
   const Shape resnet_x{32, 64, 32, 32}, resnet_w{64, 64, 3, 3};
   EXPECT_TRUE(cpu_winograd());
   EXPECT_NE(cpu_conv_backend().find("Winograd"), std::string::npos) << cpu_conv_backend();
   set_cpu_winograd(false);
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(resnet_x, resnet_w, same)));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(resnet_x, resnet_w, same)));
   EXPECT_EQ(cpu_conv_backend().find("Winograd"), std::string::npos) << cpu_conv_backend();
 
   // kWinograd: wherever it applies (the switch does not bind it).
   ops::internal::SetCpuConvPath(CpuConvPath::kWinograd);
-  EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf(resnet_x, resnet_w, same)));
+  EXPECT_TRUE(UseWinograd(kFloat32, Conv2dGeometryOf(resnet_x, resnet_w, same)));
   set_cpu_winograd(true);
-  EXPECT_TRUE(UseWinograd(kFloat32, ConvGeometryOf({1, 2, 3, 3}, {1, 2, 3, 3}, {})));
+  EXPECT_TRUE(UseWinograd(kFloat32, Conv2dGeometryOf({1, 2, 3, 3}, {1, 2, 3, 3}, {})));
   // One channel in and out is depthwise: the direct depthwise kernels take it.
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf({1, 1, 3, 3}, {1, 1, 3, 3}, {})));
-  EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf({1, 1, 3, 3}, {1, 1, 3, 3}, {})));
+  EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 3, 3}, {.stride = {2, 2}})));
   for (CpuConvPath path : {CpuConvPath::kIm2col, CpuConvPath::kDnnl, CpuConvPath::kDnnlBlocked,
                            CpuConvPath::kDnnlNhwc}) {
     ops::internal::SetCpuConvPath(path);
-    EXPECT_FALSE(UseWinograd(kFloat32, ConvGeometryOf(x, {64, 64, 3, 3}, same)))
+    EXPECT_FALSE(UseWinograd(kFloat32, Conv2dGeometryOf(x, {64, 64, 3, 3}, same)))
         << "path " << static_cast<int>(path);
   }
 }

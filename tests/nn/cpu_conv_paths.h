@@ -46,20 +46,9 @@ inline std::vector<ops::internal::CpuConvPath> CpuConvPathsToCompare(bool with_a
   return paths;
 }
 
-// The kernels' view of conv2d(x (shape x), weight (shape w), params p).
-inline ops::internal::Conv2dGeometry ConvGeometryOf(const Shape& x, const Shape& w,
-                                                    const Conv2dParams& p) {
-  ops::internal::Conv2dGeometry g{
-      .n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2], .kw = w[3]};
-  g.params = p;
-  g.oh = (g.h + 2 * p.padding[0] - p.dilation[0] * (g.kh - 1) - 1) / p.stride[0] + 1;
-  g.ow = (g.w + 2 * p.padding[1] - p.dilation[1] * (g.kw - 1) - 1) / p.stride[1] + 1;
-  return g;
-}
-
 // Whether a float32 conv2d of these shapes runs on the Winograd kernels now.
 inline bool TakesWinograd(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return ops::internal::UseWinograd(kFloat32, ConvGeometryOf(x, w, p));
+  return ops::internal::UseWinograd(kFloat32, ops::internal::Conv2dGeometryOf(x, w, p));
 }
 
 }  // namespace tandem::nn::testing

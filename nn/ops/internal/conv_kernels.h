@@ -25,6 +25,10 @@ struct Conv2dGeometry {
   Conv2dParams params;                 // params.groups divides c and o
 };
 
+// conv2d's sizes for x (N, C, H, W) and weight (O, C / groups, KH, KW), both of 4
+// dimensions (the caller checks), or an error naming the bad value (conv.cc).
+Conv2dGeometry Conv2dGeometryOf(const Shape& x, const Shape& weight, const Conv2dParams& params);
+
 // x as a forward call's primitive read it, kept for the backward call of the same
 // convolution: the oneDNN path reorders x into its blocked layout in forward and
 // its weight gradient reads the same layout, so backward reuses the copy instead
@@ -92,16 +96,16 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& dx,
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x);
-// The float32 CPU implementation (float64 always takes im2col + OpenBLAS;
-// bfloat16 runs the float32 kernels chosen here on widened copies). kAuto: Winograd for the 3x3 shapes where it pays (UseWinograd),
-// else oneDNN where tandem is built with it (TANDEM_WITH_DNNL), in blocked or
-// channels-last layouts chosen by shape (conv_dnnl.cc, AutoLayout), else
-// im2col. kDnnl: oneDNN on the plain NCHW / OIHW layouts; kDnnlBlocked and
-// kDnnlNhwc: oneDNN in blocked / channels-last layouts for every shape,
-// reordered from and to ours inside each call. kWinograd: Winograd for every
-// shape it applies to (WinogradApplies), kAuto's choice for the others.
-// Process-wide, atomic; for tests and benchmarks that compare them (a call
-// mid-step changes the kernels of the following calls only).
+// The float32 CPU implementation (float64 always takes im2col + OpenBLAS; bfloat16
+// runs the float32 kernels chosen here on widened copies). kAuto: Winograd for the
+// 3x3 shapes where it pays (UseWinograd), else oneDNN where tandem is built with it
+// (TANDEM_WITH_DNNL), in blocked or channels-last layouts chosen by shape
+// (conv_dnnl.cc, AutoLayout), else im2col. kDnnl: oneDNN on the plain NCHW / OIHW
+// layouts; kDnnlBlocked and kDnnlNhwc: oneDNN in blocked / channels-last layouts for
+// every shape, reordered from and to ours inside each call. kWinograd: Winograd for
+// every shape it applies to (WinogradApplies), kAuto's choice for the others.
+// Process-wide, atomic; for tests and benchmarks that compare them (a call mid-step
+// changes the kernels of the following calls only).
 enum class CpuConvPath { kAuto, kIm2col, kDnnl, kDnnlBlocked, kDnnlNhwc, kWinograd };
 void SetCpuConvPath(CpuConvPath path);
 CpuConvPath GetCpuConvPath();
@@ -119,10 +123,10 @@ bool UseWinograd(DType dtype, const Conv2dGeometry& g);
 // block of outputs from a 6x6 input patch in 36 multiplications per channel
 // pair instead of 144), for 3x3 filters at stride 1 and dilation 1, one group,
 // padding at most 2. The contracts of the Cpu kernels above (the bias of
-// forward added in the output transform).
+// forward added and relu applied in the output transform).
 bool WinogradApplies(const Conv2dGeometry& g);
 void Conv2dForwardWinograd(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           const Conv2dGeometry& g, const Tensor& y);
+                           const Conv2dGeometry& g, const Tensor& y, bool relu);
 void Conv2dBackwardDataWinograd(const Tensor& dy, const Tensor& weight, const Conv2dGeometry& g,
                                 const Tensor& dx);
 void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,

@@ -1,5 +1,6 @@
 // Which build of tandem's own vectorised CPU kernels runs (the depthwise and
-// Winograd convolutions compile theirs twice: baseline x86-64, and AVX2 + FMA).
+// Winograd convolutions compile theirs twice, baseline x86-64 and AVX2 + FMA,
+// through cpu_isa_builds.inc).
 // Internal to nn.
 #ifndef TANDEM_NN_OPS_INTERNAL_CPU_ISA_H_
 #define TANDEM_NN_OPS_INTERNAL_CPU_ISA_H_
@@ -24,6 +25,14 @@ inline bool UseAvx2Kernels() {
   }();
   return avx2;
 }
+#endif
+
+// Kernel `...` (a name, or a name<T>) of the build that runs on this CPU, for
+// files that compile their kernels twice through cpu_isa_builds.inc.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TANDEM_CPU_ISA_KERNEL(...) (UseAvx2Kernels() ? avx2::__VA_ARGS__ : baseline::__VA_ARGS__)
+#else
+#define TANDEM_CPU_ISA_KERNEL(...) baseline::__VA_ARGS__
 #endif
 
 }  // namespace tandem::nn::ops::internal
