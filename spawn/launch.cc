@@ -190,9 +190,10 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
     return absl::FailedPreconditionError(
         "spawn called from a rank thread of another spawn: runs do not nest");
   }
-  if (!(options.timeout_s > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
+  if (!(options.timeout_s > 0) || !(options.timeout_s <= kMaxTimeoutS)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SpawnOptions::timeout_s must be positive and at most ", kMaxTimeoutS,
+        " s (finite: the watchdog counts in int64 nanoseconds), not ", options.timeout_s));
   }
   return StopSignalScope::Validate(options.stop_signals);
 }
