@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "spawn/signals.h"
 #include "spawn/internal/watchdog.h"
 #include "spawn/internal/process_world.h"
+#include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/comm/nccl/nccl.h"
 #endif
@@ -415,6 +417,34 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
   watchdog.join();
 }
 
+// What a run is made of before its ranks start.
+struct RunParts {
+  std::unique_ptr<Logger> logger;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::shared_ptr<InProcessGroup> group;
+};
+
+// Makes *parts: the logger (with the environment's lines), then the
+// communicators. Several processes: each step is entered through `startup`
+// (its deadline, and the test-only fault points), which writes to the logger
+// once it exists (so *parts outlives the guard's use, errors included).
+absl::Status StartRun(const std::vector<nn::Device>& devices, const SpawnOptions& options,
+                      absl::string_view gpus, int visible_gpus, const SpawnHooks& hooks,
+                      ProcessWorld* procs, StartupGuard* startup, RunParts* parts) {
+  auto enter = [startup](absl::string_view point, std::string what) {
+    return startup ? startup->Enter(point, std::move(what)) : absl::OkStatus();
+  };
+  RETURN_IF_ERROR(enter("joined", "setting up after the join"));
+  RETURN_IF_ERROR(enter("logger", "creating the logger"));
+  ASSIGN_OR_RETURN(parts->logger,
+                   CreateLogger(static_cast<int>(devices.size()), options, procs));
+  if (startup) startup->set_logger(parts->logger.get());
+  LogEnvironment(*parts->logger, devices, options, gpus, visible_gpus, procs);
+  RETURN_IF_ERROR(enter("communicators", "building the communicators"));
+  ASSIGN_OR_RETURN(parts->comms, MakeCommunicators(devices, procs, hooks, &parts->group));
+  return absl::OkStatus();
+}
+
 absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                           const SpawnHooks& hooks,
                           const std::function<void(int world_size)>& on_world_size,
@@ -428,11 +458,22 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   // Several processes (mpirun, srun): agree with the others, or stop here.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
   const int rank_offset = procs ? procs->rank_offset() : 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger, CreateLogger(world, options, procs.get()));
-  LogEnvironment(*logger, devices, options, gpus, visible_gpus, procs.get());
-  std::shared_ptr<InProcessGroup> group;
-  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
-                   MakeCommunicators(devices, procs.get(), hooks, &group));
+  // From here on, several processes: an error ends every process through the
+  // world's abort, and start-up has timeout_s (spawn/internal/startup.h).
+  RunParts parts;
+  std::optional<StartupGuard> startup;
+  if (procs) startup.emplace(procs.get(), options.timeout_s, options.console);
+  const absl::Status started = StartRun(devices, options, gpus, visible_gpus, hooks, procs.get(),
+                                        startup ? &*startup : nullptr, &parts);
+  if (!started.ok() && startup) startup->Fail(started);
+  RETURN_IF_ERROR(started);
+  if (startup) {
+    startup->Finish();
+    startup.reset();
+  }
+  std::unique_ptr<Logger> logger = std::move(parts.logger);
+  std::vector<std::unique_ptr<Communicator>> comms = std::move(parts.comms);
+  std::shared_ptr<InProcessGroup> group = std::move(parts.group);
 
   on_world_size(world);
   Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
