@@ -7,7 +7,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -445,6 +444,28 @@ absl::Status StartRun(const std::vector<nn::Device>& devices, const SpawnOptions
   return absl::OkStatus();
 }
 
+// StartRun. Several processes: under the start-up guard (its deadline), where
+// every error, an exception included, ends the job through the world's abort,
+// and closed by a barrier of every process; so it returns OK or not at all.
+absl::Status StartRunOnEveryProcess(const std::vector<nn::Device>& devices,
+                                    const SpawnOptions& options, absl::string_view gpus,
+                                    int visible_gpus, const SpawnHooks& hooks,
+                                    ProcessWorld* procs, RunParts* parts) {
+  if (procs == nullptr) {
+    return StartRun(devices, options, gpus, visible_gpus, hooks, nullptr, nullptr, parts);
+  }
+  StartupGuard startup(procs, options.timeout_s, options.console);
+  absl::Status started;
+  try {
+    started = StartRun(devices, options, gpus, visible_gpus, hooks, procs, &startup, parts);
+  } catch (const std::exception& e) {
+    started = absl::InternalError(absl::StrCat("threw: ", e.what()));
+  }
+  if (!started.ok()) startup.Fail(started);
+  startup.Finish();
+  return absl::OkStatus();
+}
+
 absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                           const SpawnHooks& hooks,
                           const std::function<void(int world_size)>& on_world_size,
@@ -461,16 +482,8 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   // From here on, several processes: an error ends every process through the
   // world's abort, and start-up has timeout_s (spawn/internal/startup.h).
   RunParts parts;
-  std::optional<StartupGuard> startup;
-  if (procs) startup.emplace(procs.get(), options.timeout_s, options.console);
-  const absl::Status started = StartRun(devices, options, gpus, visible_gpus, hooks, procs.get(),
-                                        startup ? &*startup : nullptr, &parts);
-  if (!started.ok() && startup) startup->Fail(started);
-  RETURN_IF_ERROR(started);
-  if (startup) {
-    startup->Finish();
-    startup.reset();
-  }
+  RETURN_IF_ERROR(
+      StartRunOnEveryProcess(devices, options, gpus, visible_gpus, hooks, procs.get(), &parts));
   std::unique_ptr<Logger> logger = std::move(parts.logger);
   std::vector<std::unique_ptr<Communicator>> comms = std::move(parts.comms);
   std::shared_ptr<InProcessGroup> group = std::move(parts.group);
