@@ -21,9 +21,11 @@
 // microseconds of host time per all-reduce, inside DataParallel's grad-ready
 // hook. A blocking communicator enqueues on the calling thread and returns.
 //
-// Streams: each rank has a communication stream. A collective records an event
-// on the rank's compute stream (nn::internal::ThreadStream), the communication
-// stream waits for it, NCCL runs there, and an event recorded after it is waited
+// Streams: each rank has a communication stream. A collective first takes its
+// tensors' pointers (which orders the rank's compute stream after each tensor's
+// owning stream, Storage::PrepareUse), then records an event on the rank's
+// compute stream (nn::internal::ThreadStream), the communication stream waits
+// for it, NCCL runs there, and an event recorded after it is waited
 // for by the compute stream (synchronous calls) or by Work::wait (asynchronous).
 // The host never waits for the GPU except in barrier(), which polls against the
 // stop token, and when kMaxInflight collectives are already in flight (below).
@@ -78,7 +80,9 @@
 //
 // Asynchronous errors: the watchdog polls ncclCommGetAsyncError (PollAsyncError,
 // under a try-lock of the guard, never waiting for a rank's call) and fails the
-// run with NCCL's message, instead of a timeout that would lose it.
+// run with NCCL's message, instead of a timeout that would lose it. A CUDA error
+// that a query of a collective's event returns (a fault on the device) is kept
+// and reported the same way, and thrown by the rank's next collective.
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
@@ -281,6 +285,11 @@ class NcclCommunicator final : public Communicator {
   // network or proxy failure leaves the kernels spinning; without this the
   // user would see only the watchdog's timeout, NCCL's reason lost).
   absl::Status PollAsyncError() override {
+    {
+      // A CUDA error PollCompleted met on a collective's event.
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      if (!device_error_.ok()) return device_error_;
+    }
     absl::Status status;
     guard_.TryUse([&] {
       const ncclResult_t error = AsyncErrorLocked();
@@ -309,17 +318,15 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   void AllReduceImpl(nn::Tensor& x, ReduceOp op) override {
-    Launch("all_reduce", x, [&] {
-      return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
-                           comm_, stream_);
+    Launch("all_reduce", x, x, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, x.numel(), NcclType(x.dtype()), NcclOp(op), comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   std::shared_ptr<Work> AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) override {
-    Launch("all_reduce_async", x, [&] {
-      return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
-                           comm_, stream_);
+    Launch("all_reduce_async", x, x, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, x.numel(), NcclType(x.dtype()), NcclOp(op), comm_, stream_);
     });
     return DoneOnStream();
   }
@@ -328,33 +335,31 @@ class NcclCommunicator final : public Communicator {
   // reduce-scatter: recvbuff == sendbuff + rank * recvcount).
   std::shared_ptr<Work> ReduceScatterAsyncImpl(const nn::Tensor& input, nn::Tensor& output,
                                                ReduceOp op) override {
-    Launch("reduce_scatter_async", input, [&] {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                               NcclType(input.dtype()), NcclOp(op), comm_, stream_);
+    Launch("reduce_scatter_async", input, output, [&](const void* send, void* recv) {
+      return ncclReduceScatter(send, recv, output.numel(), NcclType(input.dtype()), NcclOp(op),
+                               comm_, stream_);
     });
     return DoneOnStream();
   }
 
   void BroadcastImpl(nn::Tensor& x, int root) override {
-    Launch("broadcast", x, [&] {
-      return ncclBroadcast(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), root,
-                           comm_, stream_);
+    Launch("broadcast", x, x, [&](const void* send, void* recv) {
+      return ncclBroadcast(send, recv, x.numel(), NcclType(x.dtype()), root, comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) override {
-    Launch("all_gather", input, [&] {
-      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
-                           NcclType(input.dtype()), comm_, stream_);
+    Launch("all_gather", input, output, [&](const void* send, void* recv) {
+      return ncclAllGather(send, recv, input.numel(), NcclType(input.dtype()), comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) override {
-    Launch("reduce_scatter", input, [&] {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                               NcclType(input.dtype()), NcclOp(op), comm_, stream_);
+    Launch("reduce_scatter", input, output, [&](const void* send, void* recv) {
+      return ncclReduceScatter(send, recv, output.numel(), NcclType(input.dtype()), NcclOp(op),
+                               comm_, stream_);
     });
     JoinComputeStream(done_);
   }
@@ -364,9 +369,8 @@ class NcclCommunicator final : public Communicator {
                  device().ToString(), ") cannot run inside a CUDA graph capture: the host "
                  "waits for it");
     nn::Tensor token = nn::zeros({1}, {.dtype = nn::kFloat32, .device = device()});
-    Launch("barrier", token, [&] {
-      return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
-                           stream_);
+    Launch("barrier", token, token, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, 1, ncclFloat32, ncclSum, comm_, stream_);
     });
     JoinComputeStream(done_);
     // The host waits here, polling so that a stop or an NCCL error ends the wait.
@@ -421,25 +425,39 @@ class NcclCommunicator final : public Communicator {
 
   // Orders the call after the compute stream's work and runs it on stream_,
   // then records done_ there. Throws on an NCCL error, and CancelledError once
-  // the communicator is aborted.
-  template <typename Call>
-  void Launch(const char* op, const nn::Tensor& t, Call call) {
-    TANDEM_CHECK(t.device() == device(), op, ": tensor ", t.ToString(), " is not on rank ", rank(),
-                 "'s device ", device().ToString());
+  // the communicator is aborted. The tensors are on this rank's device
+  // (Communicator checked that before entering the collective); call gets
+  // their pointers (send, recv: the same tensor for an in-place collective).
+  template <typename Call>  // ncclResult_t(const void* send, void* recv)
+  void Launch(const char* op, const nn::Tensor& send, const nn::Tensor& recv, Call call) {
     // The events are the communicator's device's: a rank inside a device guard
     // for another GPU would otherwise record them on the wrong one ("invalid
     // resource handle").
     nn::internal::CudaDeviceScope on_device(device());
     const bool capturing = nn::CudaGraph::IsCapturing();
     if (!capturing) WaitForInflightRoom(op);
-    TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
-    {
+    // Every pointer before the ready event: data_ptr() orders this thread's
+    // stream after the stream that owns the tensor (Storage::PrepareUse), and
+    // stream_ sees only what this thread's stream had queued when ready_ was
+    // recorded. Taken later, NCCL would read a tensor another thread's kernels
+    // were still writing.
+    const void* send_ptr = send.data_ptr();
+    void* recv_ptr = recv.data_ptr();
+    try {
+      TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
+      TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
       AbortGuard::Use use(guard_, op);
       if (use.aborted()) ThrowAborted(op);
-      const ncclResult_t r = call();
+      const ncclResult_t r = call(send_ptr, recv_ptr);
       TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
                    " (rank ", rank(), "): ", NcclText(r, comm_));
+    } catch (...) {
+      // Entered but not enqueued (NCCL checks its arguments before it queues
+      // anything): complete once the collectives before it are, so a caller
+      // that catches the error does not leave the watchdog a phantom in flight.
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      inflight_.emplace_back(sequence(), nullptr);
+      throw;
     }
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
     if (capturing) {
@@ -506,6 +524,7 @@ class NcclCommunicator final : public Communicator {
     auto has_room = [&] {
       std::lock_guard<std::mutex> lock(inflight_mutex_);
       DrainCompletedLocked();
+      TANDEM_CHECK(device_error_.ok(), op, " #", sequence(), ": ", device_error_.message());
       return inflight_.size() < kMaxInflight;
     };
     if (has_room()) return;
@@ -518,12 +537,21 @@ class NcclCommunicator final : public Communicator {
   void DrainCompletedLocked() {
     while (!inflight_.empty()) {
       auto [sequence, event] = inflight_.front();
-      // No event: a collective recorded in a capture, complete once reached.
-      if (event != nullptr && cudaEventQuery(event) != cudaSuccess) {
-        // Not yet (or failed: stays stuck). Cleared: this runs on the rank
-        // thread too (WaitForInflightRoom), whose next launch check must not
-        // see "not ready" (a failure resurfaces at the next stream query).
+      // No event: a collective recorded in a capture (or refused before it was
+      // queued), complete once reached.
+      const cudaError_t q = event != nullptr ? cudaEventQuery(event) : cudaSuccess;
+      if (q != cudaSuccess) {
+        // Cleared: this runs on the rank thread too (WaitForInflightRoom), whose
+        // next launch check must not see "not ready". A failure stays stuck
+        // here and is kept, so the run fails with it (PollAsyncError, the next
+        // WaitForInflightRoom) rather than with a timeout that would lose it.
         cudaGetLastError();
+        if (q != cudaErrorNotReady && device_error_.ok()) {
+          device_error_ = absl::InternalError(absl::StrCat(
+              "CUDA error on ", device().ToString(), " (rank ", rank(), ") while following NCCL "
+              "collective #", sequence, ": ", cudaGetErrorName(q), " (", cudaGetErrorString(q),
+              ")"));
+        }
         break;
       }
       if (event != nullptr) events_->Give(event);
@@ -547,6 +575,8 @@ class NcclCommunicator final : public Communicator {
   // to reuse; the rank thread appends, the rank or the watchdog thread pops.
   std::mutex inflight_mutex_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> inflight_;
+  // The first CUDA error an event query of inflight_ returned (not "not ready").
+  absl::Status device_error_;
   std::shared_ptr<EventPool> events_;
   // One per captured collective (rank thread only): releases its graph.
   std::vector<std::function<std::string(const std::string&)>> graph_releasers_;
