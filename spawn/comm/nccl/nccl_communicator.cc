@@ -173,6 +173,7 @@ class EventPool {
     }
     cudaEvent_t event = nullptr;
     nn::internal::CudaDeviceScope on_device(device_);
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device_);
     return event;
   }
@@ -204,6 +205,7 @@ class NcclWork final : public Work {
     if (!waited_) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
+        nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
         if (cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
           cudaGetLastError();  // not for the next kernel's launch check to report
         }
@@ -214,6 +216,7 @@ class NcclWork final : public Work {
   }
   void wait() override {
     nn::internal::CudaDeviceScope on_device(device_);
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
@@ -233,7 +236,9 @@ class NcclCommunicator final : public Communicator {
         comm_(comm),
         stream_(stream),
         events_(std::make_shared<EventPool>(device)) {
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), device);
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
     TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), device);
   }
 
@@ -395,6 +400,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> DoneOnStream() {
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t done = events_->Take();
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
     const cudaError_t recorded = cudaEventRecord(done, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(done);
@@ -444,7 +450,9 @@ class NcclCommunicator final : public Communicator {
     const void* send_ptr = send.data_ptr();
     void* recv_ptr = recv.data_ptr();
     try {
+      nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
       TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
+      nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
       TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
       AbortGuard::Use use(guard_, op);
       if (use.aborted()) ThrowAborted(op);
@@ -459,6 +467,7 @@ class NcclCommunicator final : public Communicator {
       inflight_.emplace_back(sequence(), nullptr);
       throw;
     }
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
     TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
     if (capturing) {
       // Recorded into a graph, not run: an event recorded in a capture cannot be
@@ -488,6 +497,7 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     cudaEvent_t traced = events_->Take();
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
     const cudaError_t recorded = cudaEventRecord(traced, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(traced);
@@ -505,6 +515,7 @@ class NcclCommunicator final : public Communicator {
     const uint64_t sequence = Enter("graph replay");
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t traced = events_->Take();
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
     const cudaError_t recorded =
         cudaEventRecord(traced, nn::internal::ThreadStream(device()));
     if (recorded != cudaSuccess) {
@@ -561,6 +572,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void JoinComputeStream(cudaEvent_t event) {
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device()), event, 0),
                       device());
   }
@@ -700,10 +712,17 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> WrapCommunicators(
 
 absl::Status InitFailure(const std::vector<ncclComm_t>& comms, ncclResult_t r,
                          const std::string& what) {
+  // NCCL's own words for why, read before the aborts can overwrite them
+  // (ncclGetLastError ignores its argument in 2.28: the process's last error,
+  // e.g. "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...").
+  std::string text = ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') {
+    absl::StrAppend(&text, ": ", last);
+  }
   for (ncclComm_t c : comms) {
     if (c != nullptr) ncclCommAbort(c);
   }
-  return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", NcclText(r, nullptr)));
+  return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", text));
 }
 
 }  // namespace
