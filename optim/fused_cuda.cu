@@ -169,10 +169,11 @@ int Blocks(int64_t total) {
 // upload: a table that grows gives its buffer back to the cache and takes a
 // larger one there, so a run that has warmed the cache calls no cudaHostAlloc /
 // cudaFreeHost, which mid-run can wait behind other GPUs' NCCL kernels) and an
-// int64 device tensor (the device's stream-ordered pool). A pinned buffer is rewritten only after its previous upload finished
-// (event), which happens only when the set of tensors changes. A table used by
-// a captured graph is kept as it is for the tables' lifetime (the graph reads
-// it at every replay): it is never chosen for reuse.
+// int64 device tensor (the device's stream-ordered pool). A pinned buffer is
+// rewritten only after its previous upload finished (event), which happens only
+// when the set of tensors changes. A table used by a captured graph is kept as
+// it is for the tables' lifetime (the graph reads it at every replay): it is
+// never chosen for reuse.
 class DeviceTables {
  public:
   DeviceTables() = default;
