@@ -19,7 +19,9 @@
 // graph capture of collectives and 300 replays; a process killed (SIGKILL)
 // inside a collective, after which the other ends within its timeout_s; a
 // peer's death with a timeout_s too long to matter, which only NCCL's
-// asynchronous error can end, reported with NCCL's message.
+// asynchronous error can end, reported with NCCL's message; a fault on the
+// device while a collective is in flight (a kernel of device_fault.cu),
+// reported with the CUDA error instead of a timeout.
 //
 // Label gpu; each process skips with a reason where no GPU is visible, and so
 // does the test. Two processes share one GPU: the limits are generous.
@@ -50,8 +52,10 @@
 #include "nn/graph.h"
 #include "nn/ops/matmul.h"
 #include "spawn/comm/nccl/nccl.h"
+#include "nn/internal/cuda_runtime.h"
 #include "spawn/spawn.h"
 #include "tests/gpu_test_util.h"
+#include "tests/spawn/comm/device_fault.h"
 
 namespace tandem::dist {
 namespace {
@@ -442,6 +446,26 @@ Body KilledPeer(bool inside) {
   };
 }
 
+// Process 0: tens of milliseconds of matmuls, then a kernel that faults, then an
+// all_reduce (enqueued before the fault happens), then a stop-aware wait that
+// makes no CUDA call, so the rank does not meet the error itself: the
+// watchdog's query of the collective's event does. Process 1 only joins the
+// communicator. Before, that query's error was cleared and the collective
+// stayed in flight until timeout_s.
+std::string FaultWhileACollectiveIsInFlight(Context& ctx, Communicator& comm) {
+  if (comm.rank() == 1) return "";
+  Tensor a = nn::full({4096, 4096}, 1e-4, {.device = ctx.device()});
+  for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
+  ::tandem::testing::LaunchFaultingKernel(nn::internal::CudaThreadStream(ctx.device()));
+  Tensor x = nn::ones({1024}, {.device = ctx.device()});
+  std::shared_ptr<Work> work = comm.all_reduce_async(x);
+  for (int i = 0; i < 10000 && !ctx.stop_requested(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ctx.check_stop();
+  return "the run did not stop within 100 s of the fault";
+}
+
 // --- The tests -----------------------------------------------------------------
 
 TEST(NcclTwoProcessGpuTest, CollectivesMatchReferences) {
@@ -499,6 +523,20 @@ TEST(NcclTwoProcessGpuTest, PeerDeathIsReportedWithNcclsAsynchronousError) {
   EXPECT_NE(out[0].report.find("NCCL reported an asynchronous error on rank 0"),
             std::string::npos)
       << out[0].Describe();
+}
+
+// A fault on the device while a collective is in flight ends the run with the
+// CUDA error, long before timeout_s (which is longer than the child's life).
+TEST(NcclTwoProcessGpuTest, DeviceFaultDuringACollectiveIsReportedNotTimedOut) {
+  const auto out =
+      RunTwoProcesses({.body = FaultWhileACollectiveIsInFlight, .timeout_s = 10 * kChildLimitS});
+  TANDEM_SKIP_IF_REFUSED(out);
+  std::printf("process 0: %s\n", out[0].Describe().c_str());
+  ASSERT_TRUE(out[0].ended) << "process 0: " << out[0].Describe();
+  const bool names_the_fault =
+      out[0].report.find("cudaErrorIllegalAddress") != std::string::npos ||
+      out[0].report.find("illegal memory access") != std::string::npos;
+  EXPECT_TRUE(names_the_fault) << out[0].Describe();
 }
 
 }  // namespace
