@@ -224,7 +224,6 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
   close(id_pipe[0]);
   close(id_pipe[1]);
   std::array<ChildOutcome, 2> out;
-  std::array<bool, 2> open = {true, true};
   for (int k = 0; k < 2; ++k) {
     close(report_pipe[k][1]);
     fcntl(report_pipe[k][0], F_SETFL, O_NONBLOCK);
@@ -234,7 +233,7 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
     for (int k = 0; k < 2; ++k) {
       char buffer[4096];
       ssize_t n;
-      while (open[k] && (n = read(report_pipe[k][0], buffer, sizeof(buffer))) > 0) {
+      while ((n = read(report_pipe[k][0], buffer, sizeof(buffer))) > 0) {
         out[k].report.append(buffer, static_cast<size_t>(n));
       }
       if (!out[k].ended && waitpid(pids[k], &out[k].wait_status, WNOHANG) == pids[k]) {
