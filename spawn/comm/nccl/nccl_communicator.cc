@@ -114,6 +114,20 @@ namespace {
 // this bound it never fills, so an enqueue never waits for the device.
 constexpr size_t kMaxInflight = 128;
 
+// The event calls of this file, counted (nn/cuda/internal/call_counter.h).
+cudaError_t EventCreate(cudaEvent_t* event) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
+  return cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+}
+cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
+  return cudaEventRecord(event, stream);
+}
+cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
+  return cudaStreamWaitEvent(stream, event, flags);
+}
+
 ncclDataType_t NcclType(nn::DType dtype) {
   switch (dtype) {
     case nn::DType::kFloat32: return ncclFloat32;
@@ -173,8 +187,7 @@ class EventPool {
     }
     cudaEvent_t event = nullptr;
     nn::internal::CudaDeviceScope on_device(device_);
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device_);
+    TANDEM_CHECK_CUDA(EventCreate(&event), device_);
     return event;
   }
   // `event` may be recorded again at once: a wait already enqueued on it keeps
@@ -205,8 +218,7 @@ class NcclWork final : public Work {
     if (!waited_) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
-        nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
-        if (cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
+        if (StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
           cudaGetLastError();  // not for the next kernel's launch check to report
         }
       } catch (...) {
@@ -216,8 +228,7 @@ class NcclWork final : public Work {
   }
   void wait() override {
     nn::internal::CudaDeviceScope on_device(device_);
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
+    TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
 
@@ -236,10 +247,8 @@ class NcclCommunicator final : public Communicator {
         comm_(comm),
         stream_(stream),
         events_(std::make_shared<EventPool>(device)) {
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), device);
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), device);
+    TANDEM_CHECK_CUDA(EventCreate(&ready_), device);
+    TANDEM_CHECK_CUDA(EventCreate(&done_), device);
   }
 
   // On spawn's thread, after every rank thread and the watchdog have been joined.
@@ -400,8 +409,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> DoneOnStream() {
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t done = events_->Take();
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-    const cudaError_t recorded = cudaEventRecord(done, stream_);
+    const cudaError_t recorded = EventRecord(done, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -450,10 +458,8 @@ class NcclCommunicator final : public Communicator {
     const void* send_ptr = send.data_ptr();
     void* recv_ptr = recv.data_ptr();
     try {
-      nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-      TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
-      nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
-      TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
+      TANDEM_CHECK_CUDA(EventRecord(ready_, nn::internal::ThreadStream(device())), device());
+      TANDEM_CHECK_CUDA(StreamWaitEvent(stream_, ready_, 0), device());
       AbortGuard::Use use(guard_, op);
       if (use.aborted()) ThrowAborted(op);
       const ncclResult_t r = call(send_ptr, recv_ptr);
@@ -467,8 +473,7 @@ class NcclCommunicator final : public Communicator {
       inflight_.emplace_back(sequence(), nullptr);
       throw;
     }
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-    TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
+    TANDEM_CHECK_CUDA(EventRecord(done_, stream_), device());
     if (capturing) {
       // Recorded into a graph, not run: an event recorded in a capture cannot be
       // queried (cudaErrorCapturedEvent). The capture's entry completes in order,
@@ -497,8 +502,7 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     cudaEvent_t traced = events_->Take();
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-    const cudaError_t recorded = cudaEventRecord(traced, stream_);
+    const cudaError_t recorded = EventRecord(traced, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(traced);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -515,9 +519,7 @@ class NcclCommunicator final : public Communicator {
     const uint64_t sequence = Enter("graph replay");
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t traced = events_->Take();
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-    const cudaError_t recorded =
-        cudaEventRecord(traced, nn::internal::ThreadStream(device()));
+    const cudaError_t recorded = EventRecord(traced, nn::internal::ThreadStream(device()));
     if (recorded != cudaSuccess) {
       events_->Give(traced);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -572,9 +574,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void JoinComputeStream(cudaEvent_t event) {
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device()), event, 0),
-                      device());
+    TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device()), event, 0), device());
   }
 
   ncclComm_t comm_;

@@ -145,7 +145,8 @@ TEST_F(NcclGpuTest, TensorOnTheWrongDeviceLeavesNothingInFlight) {
 
 struct SmallNet : nn::Module {
   SmallNet()
-      : l1(register_module("l1", nn::Linear(32, 64))), l2(register_module("l2", nn::Linear(64, 4))) {}
+      : l1(register_module("l1", nn::Linear(32, 64))),
+        l2(register_module("l2", nn::Linear(64, 4))) {}
   Tensor forward(const Tensor& x) override { return l2(nn::relu(l1(x))); }
   nn::Linear l1, l2;
 };

@@ -303,8 +303,8 @@ std::string Compare(const char* what, nn::DType dtype, const Tensor& got,
                     const std::vector<double>& want) {
   const std::vector<double> values = got.to_vector<double>();
   if (values.size() != want.size()) {
-    return absl::StrCat(what, " ", nn::DTypeName(dtype), ": ", values.size(), " elements, expected ",
-                        want.size(), "; ");
+    return absl::StrCat(what, " ", nn::DTypeName(dtype), ": ", values.size(),
+                        " elements, expected ", want.size(), "; ");
   }
   for (size_t i = 0; i < want.size(); ++i) {
     if (values[i] != want[i]) {
