@@ -142,6 +142,7 @@ cudaEvent_t WaitEvent(Device device) {
   if (it != t_streams.wait_events.end()) return it->second;
   CudaDeviceScope current(device);
   cudaEvent_t event;
+  CountCudaCall(CudaCall::kEventCreate);
   CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device);
   t_streams.wait_events.emplace(device.index, event);
   return event;
@@ -179,7 +180,9 @@ void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_
   // Recording on a stream of another thread is allowed (the runtime is thread-safe);
   // the event takes the producer's work enqueued up to this call.
   CudaDeviceScope current(producer_device);
+  CountCudaCall(CudaCall::kEventRecord);
   CheckCuda(cudaEventRecord(event, producer), "cudaEventRecord", producer_device);
+  CountCudaCall(CudaCall::kStreamWaitEvent);
   CheckCuda(cudaStreamWaitEvent(waiter, event, 0), "cudaStreamWaitEvent", producer_device);
 }
 
@@ -212,6 +215,7 @@ DeviceErrorWord* DeviceErrorSlot(Device device) {
   if (DeviceErrorWord* word = device_error_words[i].load(std::memory_order_acquire)) return word;
   CudaDeviceScope current(device);
   void* host = nullptr;
+  CountCudaCall(CudaCall::kHostAlloc);
   CheckCuda(cudaHostAlloc(&host, sizeof(DeviceErrorWord), cudaHostAllocMapped | cudaHostAllocPortable),
             "cudaHostAlloc(device error word)", device);
   std::memset(host, 0, sizeof(DeviceErrorWord));
@@ -282,6 +286,7 @@ void* CudaAllocate(int64_t bytes, Device device) {
   ConfigurePoolOnce(device);
   CudaDeviceScope current(device);  // pool memory is handled with its device current
   void* ptr = nullptr;
+  CountCudaCall(CudaCall::kMallocAsync);
   CheckCuda(cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMallocAsync", device);
   return ptr;
@@ -291,6 +296,7 @@ void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept {
   // Destructors must not throw: a failing free is reported by the next checked call.
   // Pool memory is freed with its device current (as copies of it need).
   CudaDeviceScope current(device, std::nothrow);
+  CountCudaCall(CudaCall::kFreeAsync);
   cudaFreeAsync(ptr, stream);
 }
 
@@ -376,6 +382,7 @@ class Event {
  public:
   explicit Event(Device device) {
     CudaDeviceScope current(device);
+    CountCudaCall(CudaCall::kEventCreate);
     CheckCuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate", device);
   }
   ~Event() { cudaEventDestroy(event_); }  // released once complete, even if pending
@@ -420,6 +427,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
     // Recorded per chunk, so that a failure later in the loop cannot hand the
     // buffer out again while this copy may still read it.
     RecordPinnedUse(buffers[b].data(), device, stream);
+    CountCudaCall(CudaCall::kEventRecord);
     CheckCuda(cudaEventRecord(emptied[b].get(), stream), "cudaEventRecord", device);
   }
 }
