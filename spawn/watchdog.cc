@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spawn/internal/restart.h"
 
 namespace tandem::dist::internal {
 
@@ -147,8 +148,9 @@ void Watchdog::PollAsyncErrors() {
     absl::Status error = (*comms_)[r]->PollAsyncError();
     if (!error.ok()) {
       Fail(static_cast<int>(r),
-           absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)), ": ",
-                                                   error.message())),
+           WithFailureCause(absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)),
+                                                                    ": ", error.message())),
+                            FailureCause::kCommunicator),
            false);
       return;
     }
@@ -289,7 +291,7 @@ void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
     }
     absl::StrAppend(&text, ";", describe_remote_(waiting_for));
   }
-  Fail(-1, absl::DeadlineExceededError(text), false);
+  Fail(-1, WithFailureCause(absl::DeadlineExceededError(text), FailureCause::kTimeout), false);
 }
 
 }  // namespace tandem::dist::internal
