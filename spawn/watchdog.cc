@@ -98,8 +98,12 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
   std::unique_lock<std::mutex> lock(mutex_);
   while (!joined_ || (stop_.stop_requested() && !aborted_) ||
          (!stop_.stop_requested() && AnyCollectiveInFlight())) {
-    // Woken at once by the first failure (Fail notifies) and by the aborter.
-    cv_.wait_for(lock, poll, [&] { return stop_.stop_requested() && !aborter_.joinable(); });
+    // Woken at once by the first failure (Fail notifies) and by the aborter,
+    // and by the joins when nothing is left to wait for (a restart follows at once).
+    cv_.wait_for(lock, poll, [&] {
+      return (stop_.stop_requested() && !aborter_.joinable()) ||
+             (joined_ && (aborted_ || (!stop_.stop_requested() && !AnyCollectiveInFlight())));
+    });
     const bool aborted = aborted_;  // the aborter thread writes it
     lock.unlock();
     if (sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
