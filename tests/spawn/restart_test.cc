@@ -41,6 +41,12 @@ struct Knobs {
   int snapshot_every = 1;  // K
   // Rank 1 returns OK after this many steps (-1: never): a program error.
   int rank1_returns_after = -1;
+  // Rank 1 sleeps this long, reaching no stop-aware wait, after this step (-1: never).
+  int rank1_sleeps_after = -1;
+  int rank1_sleep_ms = 0;
+  // Rank 0 raises this signal after this step (-1: never).
+  int rank0_raises_after = -1;
+  int rank0_signal = 0;
   // A pause after each step, so that the watchdog's poll sees an asynchronous
   // error before the run ends.
   int step_delay_ms = 0;
@@ -88,6 +94,10 @@ absl::Status TrainRestartable(dist::Context& ctx, StepLog& log, const Knobs& k) 
     if (step % k.snapshot_every == 0) RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
     RETURN_IF_ERROR(log.EndStep(loss.item(), net));
     if (k.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(k.step_delay_ms));
+    if (ctx.rank() == 1 && step == k.rank1_sleeps_after) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(k.rank1_sleep_ms));
+    }
+    if (ctx.rank() == 0 && step == k.rank0_raises_after) std::raise(k.rank0_signal);
   }
   return absl::OkStatus();
 }
@@ -241,6 +251,34 @@ TEST(RestartTest, ReturnedRankEndsTheRun) {
   EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 1's function returned"))
       << report.log;
   EXPECT_FALSE(Contains(report.log, "spawn: restart 1")) << report.log;
+}
+
+// A rank that stays outside any abortable wait (a sleep) for more than
+// timeout_s after the stop ends the run: it could as well never come back.
+TEST(RestartTest, RankOutsideAnyAbortableWaitEndsTheRun) {
+  RunReport report;
+  absl::Status s = RunRanks(
+      Restartable({.rank1_sleeps_after = 3, .rank1_sleep_ms = 1500}),
+      Options(2, {{.action = FaultAction::kThrow, .rank = 0, .step = 2}}, 2, /*timeout_s=*/0.5),
+      &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 0 (cpu) threw: injected fault")) << s;
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 1 left its function "))
+      << report.log;
+  EXPECT_TRUE(Contains(report.log, "it was outside any abortable wait")) << report.log;
+}
+
+// A stop signal, even one that came before the failure, ends the run.
+TEST(RestartTest, StopSignalEndsTheRun) {
+  RunOptions options = Options(2, {{.action = FaultAction::kThrow, .rank = 1, .step = 3}});
+  options.spawn.stop_signals = {SIGUSR1};
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({.rank0_raises_after = 2, .rank0_signal = SIGUSR1}),
+                            options, &report);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: a stop was asked")) << report.log;
 }
 
 // The policy decides per kind of failure.
