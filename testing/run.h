@@ -147,8 +147,8 @@ struct RunReport {
   std::vector<RankRecord> ranks;  // by local rank
   std::vector<FaultEvent> faults;  // those that fired, in firing order
   double seconds = 0;              // spawn's call, from start to return
-  // Calls of the function per rank (1 + restarts, SpawnOptions::restart; 0
-  // when no rank started).
+  // Calls of the function per rank: 1 + restarts (SpawnOptions::restart); 0
+  // when the run ended before its ranks were set up (a bad option, start-up).
   int attempts = 0;
   std::string log;                 // the run's log when RunOptions::spawn.console was null
 };
