@@ -61,9 +61,7 @@ struct Mlp : nn::Module {
       : l1(register_module("l1", nn::Linear(64, 256))),
         l2(register_module("l2", nn::Linear(256, 256))),
         l3(register_module("l3", nn::Linear(256, 10))) {}
-  nn::Tensor forward(const nn::Tensor& x) override {
-    return l3(nn::relu(l2(nn::relu(l1(x)))));
-  }
+  nn::Tensor forward(const nn::Tensor& x) override { return l3(nn::relu(l2(nn::relu(l1(x))))); }
   nn::Linear l1, l2, l3;
 };
 
@@ -133,9 +131,9 @@ int InProcess(const std::vector<int>& rank_counts) {
     std::vector<double> ms;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Times times;
-      absl::Status s = dist::spawn(
-          [&](dist::Context& ctx) { return Train(ctx, /*disk=*/false, &times); }, ranks, "cpu",
-          Options(/*max_restarts=*/1));
+      absl::Status s =
+          dist::spawn([&](dist::Context& ctx) { return Train(ctx, /*disk=*/false, &times); }, ranks,
+                      "cpu", Options(/*max_restarts=*/1));
       if (!s.ok()) {
         std::cerr << "restart_bench: " << s << "\n";
         return 1;
@@ -151,9 +149,9 @@ int InProcess(const std::vector<int>& rank_counts) {
 
 int Disk(int ranks) {
   Times times;
-  absl::Status s = dist::spawn(
-      [&](dist::Context& ctx) { return Train(ctx, /*disk=*/true, &times); }, ranks, "cpu",
-      Options(/*max_restarts=*/0));
+  absl::Status s =
+      dist::spawn([&](dist::Context& ctx) { return Train(ctx, /*disk=*/true, &times); }, ranks,
+                  "cpu", Options(/*max_restarts=*/0));
   if (times.fault_ns != 0) std::cout << "fault_unix_ns=" << times.fault_ns << "\n";
   if (times.first_step_ns != 0) std::cout << "first_step_unix_ns=" << times.first_step_ns << "\n";
   if (!s.ok()) {

@@ -26,9 +26,9 @@ SnapshotStore::SnapshotStore(int world_size, int64_t max_bytes)
 absl::Status SnapshotStore::Put(int rank, int64_t step, std::string bytes) {
   const int64_t size = static_cast<int64_t>(bytes.size());
   if (max_bytes_ > 0 && size > max_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "snapshot of step ", step, " on local rank ", rank, ": ", size,
-        " bytes, more than RestartPolicy::max_snapshot_bytes (", max_bytes_, ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot of step ", step, " on local rank ", rank, ": ", size,
+                     " bytes, more than RestartPolicy::max_snapshot_bytes (", max_bytes_, ")"));
   }
   try {
     auto held = std::make_shared<const std::string>(std::move(bytes));
@@ -39,9 +39,9 @@ absl::Status SnapshotStore::Put(int rank, int64_t step, std::string bytes) {
       for (auto& steps : ranks_) steps.erase(steps.begin(), steps.lower_bound(*committed));
     }
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("snapshot of step ", step, " on local rank ",
-                                                     rank, ": ", size,
-                                                     " bytes could not be allocated in host memory"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot of step ", step, " on local rank ", rank, ": ", size,
+                     " bytes could not be allocated in host memory"));
   }
   return absl::OkStatus();
 }
@@ -61,9 +61,8 @@ std::optional<int64_t> SnapshotStore::CommittedLocked() const {
   // The newest step that every rank holds: walk rank 0's steps from the newest.
   if (ranks_.empty()) return std::nullopt;
   for (auto it = ranks_[0].rbegin(); it != ranks_[0].rend(); ++it) {
-    const bool everywhere = std::all_of(ranks_.begin(), ranks_.end(), [&](const auto& steps) {
-      return steps.contains(it->first);
-    });
+    const bool everywhere = std::all_of(
+        ranks_.begin(), ranks_.end(), [&](const auto& steps) { return steps.contains(it->first); });
     if (everywhere) return it->first;
   }
   return std::nullopt;
@@ -161,7 +160,8 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
   for (size_t r = 0; r < record.ranks.size(); ++r) {
     const RankEnding& e = record.ranks[r];
     if (e.end == RankEnd::kReturned) {
-      return absl::StrCat("local rank ", r, "'s function returned while the other ranks went on "
+      return absl::StrCat("local rank ", r,
+                          "'s function returned while the other ranks went on "
                           "(a program error: every rank must run the same steps)");
     }
     if (stop_ns != 0 && e.exit_ns - stop_ns > timeout_ns) {
@@ -176,14 +176,15 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
     if (*cause == FailureCause::kTimeout) {
       return policy.on_timeout ? "" : "a collective timed out and RestartPolicy::on_timeout is off";
     }
-    return policy.on_comm_error
-               ? ""
-               : "a communicator error, and RestartPolicy::on_comm_error is off";
+    return policy.on_comm_error ? ""
+                                : "a communicator error and RestartPolicy::on_comm_error is off";
   }
-  const bool rank_failed = std::any_of(record.ranks.begin(), record.ranks.end(),
-                                       [](const RankEnding& e) { return e.end == RankEnd::kFailed; });
+  const bool rank_failed =
+      std::any_of(record.ranks.begin(), record.ranks.end(),
+                  [](const RankEnding& e) { return e.end == RankEnd::kFailed; });
   if (rank_failed) {
-    return policy.on_exception ? "" : "a rank's function failed and RestartPolicy::on_exception is off";
+    return policy.on_exception ? ""
+                               : "a rank's function failed and RestartPolicy::on_exception is off";
   }
   return "the failure came from neither a rank's function, nor a communicator, nor a "
          "collective's timeout";
@@ -191,8 +192,7 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
 
 void LogRestart(const RestartRun& run, int attempt, const absl::Status& failure,
                 std::optional<int64_t> resume_step, int64_t stop_ns) {
-  const double recovery_s =
-      stop_ns == 0 ? 0 : static_cast<double>(SteadyNowNs() - stop_ns) * 1e-9;
+  const double recovery_s = stop_ns == 0 ? 0 : static_cast<double>(SteadyNowNs() - stop_ns) * 1e-9;
   run.logger.Write(
       LogLevel::kWarning, -1, nn::Device(),
       absl::StrFormat("spawn: restart %d of %d after: %s; attempt %d resumes %s; recovery "
@@ -214,11 +214,11 @@ absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& fai
     rebuilt = absl::InternalError(absl::StrCat("threw: ", e.what()));
   }
   if (rebuilt.ok()) return rebuilt;
-  return absl::Status(rebuilt.code(),
-                      absl::StrCat("spawn: restart ", attempt, ": rebuilding the communicators "
-                                   "failed (the run ends): ",
-                                   rebuilt.message(), "; the failure restarted: ",
-                                   failure.message()));
+  return absl::Status(rebuilt.code(), absl::StrCat("spawn: restart ", attempt,
+                                                   ": rebuilding the communicators "
+                                                   "failed (the run ends): ",
+                                                   rebuilt.message(),
+                                                   "; the failure restarted: ", failure.message()));
 }
 
 }  // namespace
@@ -238,17 +238,17 @@ std::optional<FailureCause> GetFailureCause(const absl::Status& status) {
 absl::Status CheckRestartPolicy(const RestartPolicy& policy, Processes processes,
                                 const LaunchInfo& launch) {
   if (policy.max_restarts < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RestartPolicy::max_restarts must be 0 or more, not ", policy.max_restarts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RestartPolicy::max_restarts must be 0 or more, not ", policy.max_restarts));
   }
   if (policy.max_snapshot_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RestartPolicy::max_snapshot_bytes must be 0 (no limit) or more, not ",
-        policy.max_snapshot_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RestartPolicy::max_snapshot_bytes must be 0 (no limit) or more, not ",
+                     policy.max_snapshot_bytes));
   }
   if (policy.max_restarts == 0) return absl::OkStatus();
-  const bool several = processes == Processes::kOn ||
-                       (processes == Processes::kAuto && launch.processes > 1);
+  const bool several =
+      processes == Processes::kOn || (processes == Processes::kAuto && launch.processes > 1);
   if (!several) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "spawn: RestartPolicy::max_restarts = ", policy.max_restarts,
@@ -274,8 +274,8 @@ absl::Status RunWithRestarts(const RestartRun& run) {
       LogRestart(run, attempt, failure, info.resume_step, stop_ns);
     }
     AttemptRecord record(run.world_size);
-    absl::Status status = run.run_attempt(
-        [&](Context& ctx) { return RunRank(run.body, info, record, ctx); });
+    absl::Status status =
+        run.run_attempt([&](Context& ctx) { return RunRank(run.body, info, record, ctx); });
     if (status.ok()) return status;
     if (policy.max_restarts == 0) return WithoutCause(std::move(status));
     if (const std::string why = NoRestartReason(run, status, record); !why.empty()) {
@@ -284,10 +284,9 @@ absl::Status RunWithRestarts(const RestartRun& run) {
       return WithoutCause(std::move(status));
     }
     if (attempt == policy.max_restarts) {
-      return absl::Status(status.code(),
-                          absl::StrCat("spawn: gave up after ", attempt, " restart",
-                                       attempt == 1 ? "" : "s", "; the last failure: ",
-                                       status.message()));
+      return absl::Status(status.code(), absl::StrCat("spawn: gave up after ", attempt, " restart",
+                                                      attempt == 1 ? "" : "s",
+                                                      "; the last failure: ", status.message()));
     }
     failure = WithoutCause(std::move(status));
     stop_ns = record.stop_ns.load();

@@ -11,16 +11,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <csignal>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/sampler.h"
 #include "gtest/gtest.h"
 #include "nn/ops/dropout.h"
 #include "nn/ops/index.h"
+#include "spawn/comm/inprocess/inprocess_communicator.h"
 #include "spawn/internal/restart.h"
 #include "spawn/train/checkpoint.h"
 #include "testing/run.h"
@@ -33,8 +35,8 @@ bool Contains(absl::string_view text, absl::string_view part) {
   return text.find(part) != absl::string_view::npos;
 }
 
-constexpr int64_t kRows = 40;     // the dataset
-constexpr int64_t kPerRank = 4;   // rows per rank and step
+constexpr int64_t kRows = 40;    // the dataset
+constexpr int64_t kPerRank = 4;  // rows per rank and step
 
 struct Knobs {
   int steps = 12;
@@ -82,8 +84,8 @@ absl::Status TrainRestartable(dist::Context& ctx, StepLog& log, const Knobs& k) 
       sampler.reset();
       continue;
     }
-    const nn::Tensor rows = nn::from_vector<int64_t>(
-        *batch, {static_cast<int64_t>(batch->size())}, {.dtype = nn::kInt64});
+    const nn::Tensor rows = nn::from_vector<int64_t>(*batch, {static_cast<int64_t>(batch->size())},
+                                                     {.dtype = nn::kInt64});
     nn::Tensor x = nn::dropout(nn::index_select(data_x, rows), 0.25, /*training=*/true);
     nn::Tensor loss = nn::mse_loss(dp(x), nn::index_select(data_y, rows));
     loss.backward();
@@ -93,7 +95,8 @@ absl::Status TrainRestartable(dist::Context& ctx, StepLog& log, const Knobs& k) 
     if (k.steps_run) ++(*k.steps_run)[ctx.rank()];
     if (step % k.snapshot_every == 0) RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
     RETURN_IF_ERROR(log.EndStep(loss.item(), net));
-    if (k.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(k.step_delay_ms));
+    if (k.step_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(k.step_delay_ms));
     if (ctx.rank() == 1 && step == k.rank1_sleeps_after) {
       std::this_thread::sleep_for(std::chrono::milliseconds(k.rank1_sleep_ms));
     }
@@ -155,9 +158,8 @@ TEST_P(RestartAfterFaultTest, ContinuesBitForBitFromTheSnapshot) {
   const FaultCase& c = GetParam();
   const RunReport reference = Reference(2, {});
   RunReport report;
-  absl::Status s =
-      RunRanks(Restartable({.step_delay_ms = c.step_delay_ms}),
-               Options(2, {c.fault}, /*max_restarts=*/2, c.timeout_s), &report);
+  absl::Status s = RunRanks(Restartable({.step_delay_ms = c.step_delay_ms}),
+                            Options(2, {c.fault}, /*max_restarts=*/2, c.timeout_s), &report);
   ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
   EXPECT_EQ(report.attempts, 2) << report.log;
   ASSERT_EQ(report.faults.size(), 1u);
@@ -172,23 +174,26 @@ TEST_P(RestartAfterFaultTest, ContinuesBitForBitFromTheSnapshot) {
 // is a gradient all-reduce of step 2.
 INSTANTIATE_TEST_SUITE_P(
     Faults, RestartAfterFaultTest,
-    ::testing::Values(
-        FaultCase{"Throw", {.action = FaultAction::kThrow, .rank = 1, .step = 4}, 30,
-                  "rank 1 (cpu) threw: injected fault"},
-        FaultCase{"ReturnErrorAtStep",
-                  {.action = FaultAction::kReturnError, .rank = 0, .step = 6},
-                  30,
-                  "rank 0 (cpu) returned: INTERNAL: injected fault"},
-        FaultCase{"CommunicatorError",
-                  {.action = FaultAction::kReturnError,
-                   .rank = 0,
-                   .collective = 9,
-                   .error = absl::UnavailableError("injected network failure")},
-                  30,
-                  "rank 0 (cpu): injected network failure",
-                  /*step_delay_ms=*/40},
-        FaultCase{"HangTimedOut", {.action = FaultAction::kHang, .rank = 1, .step = 3}, 0.5,
-                  "watchdog: a collective did not complete within 0.5 s"}),
+    ::testing::Values(FaultCase{"Throw",
+                                {.action = FaultAction::kThrow, .rank = 1, .step = 4},
+                                30,
+                                "rank 1 (cpu) threw: injected fault"},
+                      FaultCase{"ReturnErrorAtStep",
+                                {.action = FaultAction::kReturnError, .rank = 0, .step = 6},
+                                30,
+                                "rank 0 (cpu) returned: INTERNAL: injected fault"},
+                      FaultCase{"CommunicatorError",
+                                {.action = FaultAction::kReturnError,
+                                 .rank = 0,
+                                 .collective = 9,
+                                 .error = absl::UnavailableError("injected network failure")},
+                                30,
+                                "rank 0 (cpu): injected network failure",
+                                /*step_delay_ms=*/40},
+                      FaultCase{"HangTimedOut",
+                                {.action = FaultAction::kHang, .rank = 1, .step = 3},
+                                0.5,
+                                "watchdog: a collective did not complete within 0.5 s"}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return info.param.name; });
 
 // A snapshot every K steps: the attempt resumes from the newest multiple of K
@@ -207,7 +212,8 @@ TEST(RestartTest, SnapshotEveryKStepsRedoesAtMostKSteps) {
     ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
     EXPECT_EQ(report.attempts, 2);
     // Step index 7 is the 8th step; the newest common multiple of 3 is 6.
-    EXPECT_TRUE(Contains(report.log, "attempt 1 resumes from the snapshot of step 6")) << report.log;
+    EXPECT_TRUE(Contains(report.log, "attempt 1 resumes from the snapshot of step 6"))
+        << report.log;
     for (int r = 0; r < ranks; ++r) {
       const int redone = (*steps_run)[r].load() - 12;
       EXPECT_GE(redone, 0);
@@ -221,19 +227,19 @@ TEST(RestartTest, SnapshotEveryKStepsRedoesAtMostKSteps) {
 // count of restarts used, and keeps its code.
 TEST(RestartTest, RestartsExhaustedEndTheRunWithTheLastFailureAndTheCount) {
   RunReport report;
-  absl::Status s = RunRanks(
-      Restartable({}),
-      Options(2,
-              {{.action = FaultAction::kThrow, .rank = 0, .step = 2},
-               {.action = FaultAction::kReturnError,
-                .rank = 1,
-                .step = 5,
-                .error = absl::DataLossError("second fault")}},
-              /*max_restarts=*/1),
-      &report);
+  absl::Status s = RunRanks(Restartable({}),
+                            Options(2,
+                                    {{.action = FaultAction::kThrow, .rank = 0, .step = 2},
+                                     {.action = FaultAction::kReturnError,
+                                      .rank = 1,
+                                      .step = 5,
+                                      .error = absl::DataLossError("second fault")}},
+                                    /*max_restarts=*/1),
+                            &report);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_TRUE(Contains(s.message(), "spawn: gave up after 1 restart; the last failure: rank 1 "
-                                    "(cpu) returned: DATA_LOSS: second fault"))
+  EXPECT_TRUE(Contains(s.message(),
+                       "spawn: gave up after 1 restart; the last failure: rank 1 "
+                       "(cpu) returned: DATA_LOSS: second fault"))
       << s;
   EXPECT_FALSE(s.GetPayload("tandem.dist/failure_cause").has_value());
   EXPECT_EQ(report.attempts, 2);
@@ -274,11 +280,47 @@ TEST(RestartTest, StopSignalEndsTheRun) {
   RunOptions options = Options(2, {{.action = FaultAction::kThrow, .rank = 1, .step = 3}});
   options.spawn.stop_signals = {SIGUSR1};
   RunReport report;
-  absl::Status s = RunRanks(Restartable({.rank0_raises_after = 2, .rank0_signal = SIGUSR1}),
-                            options, &report);
+  absl::Status s =
+      RunRanks(Restartable({.rank0_raises_after = 2, .rank0_signal = SIGUSR1}), options, &report);
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(report.attempts, 1);
   EXPECT_TRUE(Contains(report.log, "spawn: not restarting: a stop was asked")) << report.log;
+}
+
+// Communicators that cannot be rebuilt are a start-up failure: the run ends,
+// naming it and the failure it was restarting from.
+TEST(RestartTest, CommunicatorsThatCannotBeRebuiltEndTheRun) {
+  int made = 0;
+  dist::SpawnHooks hooks;
+  hooks.make_communicators = [&made](const std::vector<nn::Device>& devices)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
+    if (made++ > 0) return absl::UnavailableError("no network");
+    auto group = std::make_shared<dist::InProcessGroup>(static_cast<int>(devices.size()));
+    std::vector<std::unique_ptr<dist::Communicator>> comms;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      comms.push_back(
+          std::make_unique<dist::InProcessCommunicator>(static_cast<int>(r), devices[r], group));
+    }
+    return comms;
+  };
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream log;
+  options.console = &log;
+  options.restart.max_restarts = 2;
+  absl::Status s = dist::RunSpawnWithHooks(
+      "cpu", 2, options, hooks, [](int) {},
+      [](dist::Context& ctx) -> absl::Status {
+        if (ctx.rank() == 1) throw Error("boom");
+        ctx.communicator().barrier();
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(Contains(s.message(),
+                       "spawn: restart 1: rebuilding the communicators failed (the "
+                       "run ends): no network; the failure restarted: rank 1 (cpu) "
+                       "threw: boom"))
+      << s;
+  EXPECT_EQ(made, 2);
 }
 
 // The policy decides per kind of failure.
