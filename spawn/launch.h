@@ -109,6 +109,11 @@ struct SpawnOptions {
   // Positive and at most 1e9 (about 31.7 years; +inf and NaN are refused with
   // InvalidArgument).
   double timeout_s = 300;
+  // Each rank's flight recorder keeps its last this many collectives (op,
+  // sequence number, dtype and count, times, state), logged with the run's first
+  // failure and on demand (Context::DumpFlightRecorder; spawn/comm/flight_recorder.h).
+  // 0 turns it off; at most 1 << 20.
+  int flight_recorder_entries = FlightRecorder::kDefaultEntries;
   // Rank r's generator is seeded with (seed, stream r).
   uint64_t seed = 0;
   // Console stream for the log (std::cerr when null); not owned.
