@@ -96,24 +96,28 @@ class Communicator::HeldWork final : public Work {
 };
 
 // Marks a synchronous collective complete when it returns normally, failed
-// when it throws.
+// when it throws. Two clock reads in all: the entry's (Enter's) and the end's,
+// shared by the trace, the flight recorder and waited_seconds().
 class Communicator::Scope {
  public:
   Scope(Communicator* comm, const char* op, const nn::Tensor* x = nullptr)
-      : comm_(comm), sequence_(comm->Enter(op, x)), start_(std::chrono::steady_clock::now()) {}
+      : comm_(comm), sequence_(comm->EnterAt(op, x, &start_ns_)) {}
   ~Scope() {
+    const int64_t end_ns = done_ ? end_ns_ : internal::SteadyNowNs();
     if (!done_) comm_->MarkFailed(sequence_);
-    comm_->AddWaitedSince(start_);
+    comm_->waited_ns_.fetch_add(end_ns - start_ns_, std::memory_order_relaxed);
   }
   void Done() {
     done_ = true;
-    if (comm_->CompletesOnReturn()) comm_->MarkCompleted(sequence_);
+    end_ns_ = internal::SteadyNowNs();
+    if (comm_->CompletesOnReturn()) comm_->MarkCompletedAt(sequence_, end_ns_);
   }
 
  private:
   Communicator* comm_;
+  int64_t start_ns_ = 0;
   uint64_t sequence_;
-  std::chrono::steady_clock::time_point start_;
+  int64_t end_ns_ = 0;
   bool done_ = false;
 };
 
@@ -139,6 +143,11 @@ void Communicator::Attach(std::stop_token stop, internal::CollectiveTrace* trace
 }
 
 uint64_t Communicator::Enter(const char* op, const nn::Tensor* x) {
+  int64_t now_ns;
+  return EnterAt(op, x, &now_ns);
+}
+
+uint64_t Communicator::EnterAt(const char* op, const nn::Tensor* x, int64_t* now_ns_out) {
   const uint64_t next = sequence_ + 1;
   if (stop_.stop_requested()) {
     throw CancelledError(absl::StrCat("rank ", rank_, ": ", op, " #", next,
@@ -146,6 +155,7 @@ uint64_t Communicator::Enter(const char* op, const nn::Tensor* x) {
   }
   sequence_ = next;
   const int64_t now_ns = internal::SteadyNowNs();
+  *now_ns_out = now_ns;
   // Recorded before the trace says entered: a dump that sees #next in the
   // trace finds it in the ring.
   trace_->flight.Entered(next, op, x != nullptr ? std::optional<nn::DType>(x->dtype()) : std::nullopt,
@@ -161,9 +171,13 @@ void Communicator::MarkStarted(uint64_t sequence) {
 }
 
 void Communicator::MarkCompleted(uint64_t sequence) {
+  MarkCompletedAt(sequence, internal::SteadyNowNs());
+}
+
+void Communicator::MarkCompletedAt(uint64_t sequence, int64_t now_ns) {
   uint64_t seen = trace_->completed.load(std::memory_order_relaxed);
   if (seen >= sequence) return;
-  trace_->flight.Completed(sequence, internal::SteadyNowNs());
+  trace_->flight.Completed(seen, sequence, now_ns);
   while (seen < sequence &&
          !trace_->completed.compare_exchange_weak(seen, sequence, std::memory_order_release)) {
   }

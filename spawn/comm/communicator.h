@@ -285,6 +285,9 @@ class Communicator {
   class HeldWork;
   // Collective `sequence` threw, or its wait did (the flight recorder's "failed").
   void MarkFailed(uint64_t sequence);
+  // Enter and MarkCompleted with the caller's clock reads (Scope's).
+  uint64_t EnterAt(const char* op, const nn::Tensor* x, int64_t* now_ns);
+  void MarkCompletedAt(uint64_t sequence, int64_t now_ns);
   // Throws unless t is on this rank's device; before the collective is entered.
   void CheckOnDevice(const nn::Tensor& t, const char* op, const char* name) const;
 

@@ -18,83 +18,99 @@ const char* CollectiveStateName(CollectiveState state) {
   return "?";
 }
 
+namespace {
+constexpr uint64_t kStateBits = 2;
+constexpr uint64_t Tag(uint64_t sequence, CollectiveState state) {
+  return sequence << kStateBits | static_cast<uint64_t>(state);
+}
+}  // namespace
+
 void FlightRecorder::Reset(int entries) {
-  std::lock_guard<std::mutex> lock(mutex_);
   capacity_ = std::max(entries, 0);
-  ring_.assign(static_cast<size_t>(capacity_), FlightRecord());
-  entered_ = 0;
-  completed_through_ = 0;
+  slots_ = capacity_ > 0 ? std::make_unique<Slot[]>(static_cast<size_t>(capacity_)) : nullptr;
+  entered_.store(0, std::memory_order_relaxed);
 }
 
 void FlightRecorder::set_kind(std::string kind) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(kind_mutex_);
   kind_ = std::move(kind);
-}
-
-FlightRecord* FlightRecorder::Slot(uint64_t sequence) {
-  if (sequence == 0 || sequence > entered_) return nullptr;
-  FlightRecord& r = ring_[(sequence - 1) % static_cast<uint64_t>(capacity_)];
-  return r.sequence == sequence ? &r : nullptr;
 }
 
 void FlightRecorder::Entered(uint64_t sequence, const char* op, std::optional<nn::DType> dtype,
                              int64_t numel, int64_t now_ns) {
-  if (capacity_ == 0) return;  // fixed before any collective: no lock for a disabled ring
-  std::lock_guard<std::mutex> lock(mutex_);
-  FlightRecord& r = ring_[(sequence - 1) % static_cast<uint64_t>(capacity_)];
-  r = {.sequence = sequence, .op = op, .dtype = dtype, .numel = numel, .entered_ns = now_ns};
-  entered_ = std::max(entered_, sequence);
+  if (capacity_ == 0) return;
+  Slot& slot = *SlotOf(sequence);
+  // Seqlock writer: invalid while written, then published with its sequence.
+  slot.tag.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  slot.op.store(op, std::memory_order_relaxed);
+  slot.numel.store(numel, std::memory_order_relaxed);
+  slot.dtype.store(dtype.has_value() ? static_cast<int>(*dtype) : -1, std::memory_order_relaxed);
+  slot.entered_ns.store(now_ns, std::memory_order_relaxed);
+  slot.started_ns.store(0, std::memory_order_relaxed);
+  slot.ended_ns.store(0, std::memory_order_relaxed);
+  slot.tag.store(Tag(sequence, CollectiveState::kEntered), std::memory_order_release);
+  entered_.store(sequence, std::memory_order_release);
 }
 
 void FlightRecorder::Started(uint64_t sequence, int64_t now_ns) {
-  if (capacity_ == 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (FlightRecord* r = Slot(sequence); r != nullptr && r->started_ns == 0) r->started_ns = now_ns;
+  if (capacity_ == 0 || sequence == 0) return;
+  Slot& slot = *SlotOf(sequence);
+  if (slot.tag.load(std::memory_order_acquire) == Tag(sequence, CollectiveState::kEntered)) {
+    slot.started_ns.store(now_ns, std::memory_order_relaxed);
+  }
 }
 
-void FlightRecorder::Completed(uint64_t through_sequence, int64_t now_ns) {
+bool FlightRecorder::Transition(uint64_t sequence, CollectiveState state, int64_t now_ns) {
+  Slot& slot = *SlotOf(sequence);
+  uint64_t expected = Tag(sequence, CollectiveState::kEntered);
+  // The end time first, so that a reader that sees the new state sees it too;
+  // a record overwritten meanwhile rewrites it before it is published.
+  if (slot.tag.load(std::memory_order_relaxed) != expected) return false;
+  slot.ended_ns.store(now_ns, std::memory_order_relaxed);
+  return slot.tag.compare_exchange_strong(expected, Tag(sequence, state),
+                                          std::memory_order_acq_rel);
+}
+
+void FlightRecorder::Completed(uint64_t after, uint64_t through, int64_t now_ns) {
   if (capacity_ == 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  through_sequence = std::min(through_sequence, entered_);
-  if (through_sequence <= completed_through_) return;
   const uint64_t capacity = static_cast<uint64_t>(capacity_);
   // Only the last `capacity` can still be in the ring.
-  uint64_t s = std::max(completed_through_ + 1,
-                        through_sequence > capacity ? through_sequence - capacity + 1 : 1);
-  for (; s <= through_sequence; ++s) {
-    FlightRecord* r = Slot(s);
-    if (r == nullptr || r->state != CollectiveState::kEntered) continue;
-    r->state = CollectiveState::kCompleted;
-    r->ended_ns = now_ns;
-  }
-  completed_through_ = through_sequence;
+  uint64_t s = std::max(after + 1, through > capacity ? through - capacity + 1 : 1);
+  for (; s <= through; ++s) Transition(s, CollectiveState::kCompleted, now_ns);
 }
 
 void FlightRecorder::Failed(uint64_t sequence, int64_t now_ns) {
-  if (capacity_ == 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  FlightRecord* r = Slot(sequence);
-  if (r == nullptr || r->state != CollectiveState::kEntered) return;
-  r->state = CollectiveState::kFailed;
-  r->ended_ns = now_ns;
+  if (capacity_ == 0 || sequence == 0) return;
+  Transition(sequence, CollectiveState::kFailed, now_ns);
 }
 
 std::vector<FlightRecord> FlightRecorder::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<FlightRecord> out;
   if (capacity_ == 0) return out;
   const uint64_t capacity = static_cast<uint64_t>(capacity_);
-  const uint64_t first = entered_ > capacity ? entered_ - capacity + 1 : 1;
-  for (uint64_t s = first; s <= entered_; ++s) {
-    const FlightRecord& r = ring_[(s - 1) % capacity];
-    if (r.sequence == s) out.push_back(r);
+  const uint64_t last = entered();
+  const uint64_t first = last > capacity ? last - capacity + 1 : 1;
+  for (uint64_t s = first; s <= last; ++s) {
+    const Slot& slot = *SlotOf(s);
+    // Seqlock reader: the fields count only when the tag names s before and after.
+    const uint64_t before = slot.tag.load(std::memory_order_acquire);
+    FlightRecord r{.sequence = s,
+                   .op = slot.op.load(std::memory_order_relaxed),
+                   .numel = slot.numel.load(std::memory_order_relaxed),
+                   .entered_ns = slot.entered_ns.load(std::memory_order_relaxed),
+                   .started_ns = slot.started_ns.load(std::memory_order_relaxed),
+                   .ended_ns = slot.ended_ns.load(std::memory_order_relaxed)};
+    const int dtype = slot.dtype.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t after = slot.tag.load(std::memory_order_relaxed);
+    if (before >> kStateBits != s || after >> kStateBits != s) continue;
+    if (dtype >= 0) r.dtype = static_cast<nn::DType>(dtype);
+    r.state = static_cast<CollectiveState>(after & ((1u << kStateBits) - 1));
+    if (r.state == CollectiveState::kEntered) r.ended_ns = 0;
+    out.push_back(r);
   }
   return out;
-}
-
-uint64_t FlightRecorder::entered() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return entered_;
 }
 
 namespace {
@@ -117,11 +133,13 @@ std::string DescribeTimes(const FlightRecord& r, int64_t now_ns) {
     case CollectiveState::kEntered:
       absl::StrAppend(&text, ", not completed");
       break;
-    case CollectiveState::kCompleted:
-      absl::StrAppend(&text, ", took ", Seconds(r.ended_ns - r.entered_ns));
+    case CollectiveState::kCompleted:  // ended_ns 0: the end was being recorded
+      if (r.ended_ns != 0) absl::StrAppend(&text, ", took ", Seconds(r.ended_ns - r.entered_ns));
       break;
     case CollectiveState::kFailed:
-      absl::StrAppend(&text, ", ended after ", Seconds(r.ended_ns - r.entered_ns));
+      if (r.ended_ns != 0) {
+        absl::StrAppend(&text, ", ended after ", Seconds(r.ended_ns - r.entered_ns));
+      }
       break;
   }
   return text;
@@ -132,7 +150,7 @@ std::string DescribeTimes(const FlightRecord& r, int64_t now_ns) {
 std::vector<std::string> FlightRecorder::Dump(absl::string_view who, int64_t now_ns) const {
   std::string kind;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(kind_mutex_);
     kind = kind_;
   }
   const std::string prefix = absl::StrCat("flight recorder: ", who);

@@ -19,14 +19,17 @@
 // watchdog's poll saw its device work finish, so a recent one may still show
 // "entered" although it is done.
 //
-// Thread-safety: every method may be called from any thread (one mutex per
-// ring, held for a few stores; the rank thread records, spawn's watchdog and the
-// communication threads mark completions, anyone dumps), except Reset, which
-// must not race with recording.
+// Thread-safety: Entered from the rank's thread only; Started, Completed,
+// Failed, Snapshot and Dump from any thread (spawn's watchdog and communication
+// threads mark completions, anyone dumps; lock-free); Reset not while anything
+// else runs. A dump taken while the rank records may leave out the record being
+// written.
 #ifndef TANDEM_SPAWN_COMM_FLIGHT_RECORDER_H_
 #define TANDEM_SPAWN_COMM_FLIGHT_RECORDER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -69,22 +72,22 @@ class FlightRecorder {
   // The communicator's kind (Communicator::kind()), shown in the dump.
   void set_kind(std::string kind);
 
-  // Records the entry of collective `sequence` (consecutive numbers).
-  // dtype: none for a collective without a tensor.
+  // Records the entry of collective `sequence` (consecutive numbers, one
+  // thread: the rank's). dtype: none for a collective without a tensor.
   void Entered(uint64_t sequence, const char* op, std::optional<nn::DType> dtype, int64_t numel,
                int64_t now_ns);
   // Its work began now (communicators that run it later than the call).
   void Started(uint64_t sequence, int64_t now_ns);
-  // Every collective up to `sequence` still "entered" is complete (they
-  // complete in order).
-  void Completed(uint64_t through_sequence, int64_t now_ns);
+  // Every collective after `after` up to `through` still "entered" is
+  // complete (they complete in order).
+  void Completed(uint64_t after, uint64_t through, int64_t now_ns);
   // Collective `sequence` threw, or its wait did; a later completion leaves it failed.
   void Failed(uint64_t sequence, int64_t now_ns);
 
   // The records still in the ring, oldest first.
   std::vector<FlightRecord> Snapshot() const;
   // How many collectives were entered in all (the ring holds the last capacity()).
-  uint64_t entered() const;
+  uint64_t entered() const { return entered_.load(std::memory_order_acquire); }
 
   // The ring as text, one line per collective after a heading, each line
   // starting with "flight recorder: " and `who` ("rank 1 (cpu)"), times
@@ -92,14 +95,30 @@ class FlightRecorder {
   std::vector<std::string> Dump(absl::string_view who, int64_t now_ns) const;
 
  private:
-  FlightRecord* Slot(uint64_t sequence);  // null when overwritten or never entered; mutex_ held
+  // One record, lock-free: only the rank thread writes a new one (a seqlock on
+  // `tag`, which holds (sequence << 2) | state, 0 while it is being written);
+  // completions and failures from any thread move the state by compare-and-swap
+  // on the tag, so one for a record already overwritten changes nothing. The
+  // collective's hot path pays a few plain stores and one compare-and-swap.
+  struct Slot {
+    std::atomic<uint64_t> tag{0};
+    std::atomic<const char*> op{""};
+    std::atomic<int64_t> numel{0};
+    std::atomic<int> dtype{-1};  // -1: none
+    std::atomic<int64_t> entered_ns{0};
+    std::atomic<int64_t> started_ns{0};
+    std::atomic<int64_t> ended_ns{0};
+  };
+  Slot* SlotOf(uint64_t sequence) const { return &slots_[(sequence - 1) % capacity_]; }
+  // Moves `sequence` from entered to `state`; false when it is not in the ring
+  // or not entered any more.
+  bool Transition(uint64_t sequence, CollectiveState state, int64_t now_ns);
 
-  mutable std::mutex mutex_;
   int capacity_ = 0;  // written by Reset only
-  std::string kind_;                // mutex_
-  std::vector<FlightRecord> ring_;  // record of sequence s at (s - 1) % capacity_; mutex_
-  uint64_t entered_ = 0;            // mutex_
-  uint64_t completed_through_ = 0;  // mutex_
+  std::unique_ptr<Slot[]> slots_;
+  std::atomic<uint64_t> entered_{0};
+  mutable std::mutex kind_mutex_;
+  std::string kind_;  // kind_mutex_
 };
 
 // The rings of several ranks (one process's) as text: each ring's Dump, then

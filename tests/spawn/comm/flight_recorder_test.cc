@@ -30,9 +30,9 @@ TEST(FlightRecorderTest, RecordsStatesInOrder) {
   ring.Entered(1, "all_reduce", nn::kFloat32, 256, 1000);
   ring.Entered(2, "barrier", std::nullopt, 0, 2000);
   ring.Entered(3, "broadcast", nn::kInt64, 3, 3000);
-  ring.Completed(2, 4000);  // completes #1 and #2
+  ring.Completed(0, 2, 4000);  // completes #1 and #2
   ring.Failed(3, 5000);
-  ring.Completed(3, 6000);  // a failed one stays failed
+  ring.Completed(2, 3, 6000);  // a failed one stays failed
   const std::vector<FlightRecord> records = ring.Snapshot();
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[0].sequence, 1u);
@@ -62,7 +62,7 @@ TEST(FlightRecorderTest, RecordsStatesInOrder) {
 TEST(FlightRecorderTest, KeepsTheLastEntriesWhenItWrapsAround) {
   FlightRecorder ring(4);
   for (uint64_t s = 1; s <= 10; ++s) ring.Entered(s, "all_reduce", nn::kFloat32, 4, 100 * s);
-  ring.Completed(9, 2000);
+  ring.Completed(0, 9, 2000);
   EXPECT_EQ(ring.entered(), 10u);
   const std::vector<FlightRecord> records = ring.Snapshot();
   ASSERT_EQ(records.size(), 4u);
@@ -82,7 +82,7 @@ TEST(FlightRecorderTest, ZeroEntriesRecordNothing) {
   EXPECT_FALSE(ring.enabled());
   ring.Entered(1, "all_reduce", nn::kFloat32, 4, 1);
   ring.Started(1, 2);
-  ring.Completed(1, 3);
+  ring.Completed(0, 1, 3);
   ring.Failed(1, 4);
   EXPECT_TRUE(ring.Snapshot().empty());
   EXPECT_EQ(ring.entered(), 0u);
