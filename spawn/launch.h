@@ -33,7 +33,9 @@
 // A watchdog ends a run whose collective has not completed within timeout_s with
 // DeadlineExceeded, listing each rank's last collective (sequence number, op)
 // (a rank-0 checkpoint write longer than timeout_s while the others wait in a
-// collective ends the run this way, rather than hanging it).
+// collective ends the run this way, rather than hanging it). With that and any
+// other first failure the log gets, after the error line, every local rank's
+// flight recorder: its last collectives (spawn/comm/flight_recorder.h).
 // Ctrl-C (SIGINT, handled while spawn runs) stops every rank at its next
 // collective, stop-aware wait or check_stop() and spawn returns Cancelled. A rank
 // that reaches none of them cannot be stopped (threads are not killed): timeout_s

@@ -166,10 +166,6 @@ uint64_t Communicator::EnterAt(const char* op, const nn::Tensor* x, int64_t* now
   return next;
 }
 
-void Communicator::MarkStarted(uint64_t sequence) {
-  trace_->flight.Started(sequence, internal::SteadyNowNs());
-}
-
 void Communicator::MarkCompleted(uint64_t sequence) {
   MarkCompletedAt(sequence, internal::SteadyNowNs());
 }

@@ -275,10 +275,6 @@ class Communicator {
   // x: the collective's tensor (its input), for the flight recorder's dtype and
   // element count; null for none.
   uint64_t Enter(const char* op, const nn::Tensor* x = nullptr);
-  // The work of collective `sequence` began now, for implementations that run
-  // it later than the call (a communication thread): the flight recorder's
-  // start time. Thread-safe.
-  void MarkStarted(uint64_t sequence);
 
  private:
   class Scope;

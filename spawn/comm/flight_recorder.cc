@@ -47,18 +47,9 @@ void FlightRecorder::Entered(uint64_t sequence, const char* op, std::optional<nn
   slot.numel.store(numel, std::memory_order_relaxed);
   slot.dtype.store(dtype.has_value() ? static_cast<int>(*dtype) : -1, std::memory_order_relaxed);
   slot.entered_ns.store(now_ns, std::memory_order_relaxed);
-  slot.started_ns.store(0, std::memory_order_relaxed);
   slot.ended_ns.store(0, std::memory_order_relaxed);
   slot.tag.store(Tag(sequence, CollectiveState::kEntered), std::memory_order_release);
   entered_.store(sequence, std::memory_order_release);
-}
-
-void FlightRecorder::Started(uint64_t sequence, int64_t now_ns) {
-  if (capacity_ == 0 || sequence == 0) return;
-  Slot& slot = *SlotOf(sequence);
-  if (slot.tag.load(std::memory_order_acquire) == Tag(sequence, CollectiveState::kEntered)) {
-    slot.started_ns.store(now_ns, std::memory_order_relaxed);
-  }
 }
 
 bool FlightRecorder::Transition(uint64_t sequence, CollectiveState state, int64_t now_ns) {
@@ -99,7 +90,6 @@ std::vector<FlightRecord> FlightRecorder::Snapshot() const {
                    .op = slot.op.load(std::memory_order_relaxed),
                    .numel = slot.numel.load(std::memory_order_relaxed),
                    .entered_ns = slot.entered_ns.load(std::memory_order_relaxed),
-                   .started_ns = slot.started_ns.load(std::memory_order_relaxed),
                    .ended_ns = slot.ended_ns.load(std::memory_order_relaxed)};
     const int dtype = slot.dtype.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -126,9 +116,6 @@ std::string Seconds(int64_t ns) { return absl::StrFormat("%.6f s", static_cast<d
 
 std::string DescribeTimes(const FlightRecord& r, int64_t now_ns) {
   std::string text = absl::StrCat("entered ", Seconds(now_ns - r.entered_ns), " ago");
-  if (r.started_ns != 0 && r.started_ns != r.entered_ns) {
-    absl::StrAppend(&text, ", started ", Seconds(r.started_ns - r.entered_ns), " after");
-  }
   switch (r.state) {
     case CollectiveState::kEntered:
       absl::StrAppend(&text, ", not completed");

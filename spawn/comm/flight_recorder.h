@@ -5,8 +5,7 @@
 // Every collective a Communicator runs (spawn/comm/communicator.h: all_reduce,
 // broadcast, ..., and work it traces itself, such as a CUDA graph's replay)
 // leaves one record: its sequence number, op, dtype and element count, when it
-// was entered, when its work started (where the communicator knows it), when it
-// ended, and its state (entered, completed, failed). Once N collectives have been
+// was entered, when it ended, and its state (entered, completed, failed). Once N collectives have been
 // recorded, each new one overwrites the oldest. N = 0 records nothing.
 //
 // spawn writes every ring of the process to its log with the run's first failure
@@ -19,8 +18,7 @@
 // watchdog's poll saw its device work finish, so a recent one may still show
 // "entered" although it is done.
 //
-// Thread-safety: Entered from the rank's thread only; Started, Completed,
-// Failed, Snapshot and Dump from any thread (spawn's watchdog and communication
+// Thread-safety: Entered from the rank's thread only; Completed, Failed, Snapshot and Dump from any thread (spawn's watchdog and communication
 // threads mark completions, anyone dumps; lock-free); Reset not while anything
 // else runs. A dump taken while the rank records may leave out the record being
 // written.
@@ -51,7 +49,6 @@ struct FlightRecord {
   std::optional<nn::DType> dtype;  // none: no tensor (barrier, graph replay)
   int64_t numel = 0;         // elements of the tensor it was called with (input)
   int64_t entered_ns = 0;    // steady clock: the call entered it
-  int64_t started_ns = 0;    // its work began (0: unknown; the call itself for synchronous ones)
   int64_t ended_ns = 0;      // completed or failed (0: neither yet)
   CollectiveState state = CollectiveState::kEntered;
 };
@@ -76,8 +73,6 @@ class FlightRecorder {
   // thread: the rank's). dtype: none for a collective without a tensor.
   void Entered(uint64_t sequence, const char* op, std::optional<nn::DType> dtype, int64_t numel,
                int64_t now_ns);
-  // Its work began now (communicators that run it later than the call).
-  void Started(uint64_t sequence, int64_t now_ns);
   // Every collective after `after` up to `through` still "entered" is
   // complete (they complete in order).
   void Completed(uint64_t after, uint64_t through, int64_t now_ns);
@@ -106,7 +101,6 @@ class FlightRecorder {
     std::atomic<int64_t> numel{0};
     std::atomic<int> dtype{-1};  // -1: none
     std::atomic<int64_t> entered_ns{0};
-    std::atomic<int64_t> started_ns{0};
     std::atomic<int64_t> ended_ns{0};
   };
   Slot* SlotOf(uint64_t sequence) const { return &slots_[(sequence - 1) % capacity_]; }

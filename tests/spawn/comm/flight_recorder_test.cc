@@ -81,7 +81,6 @@ TEST(FlightRecorderTest, ZeroEntriesRecordNothing) {
   FlightRecorder ring(0);
   EXPECT_FALSE(ring.enabled());
   ring.Entered(1, "all_reduce", nn::kFloat32, 4, 1);
-  ring.Started(1, 2);
   ring.Completed(0, 1, 3);
   ring.Failed(1, 4);
   EXPECT_TRUE(ring.Snapshot().empty());
