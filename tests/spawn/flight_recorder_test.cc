@@ -85,9 +85,7 @@ TEST(FlightRecorderSpawnTest, TimeoutLogsEveryRingAndWhoWentAhead) {
   EXPECT_LT(error, log.find("flight recorder")) << log;
 }
 
-// A rank's own failure (not a timeout) brings the dump too; the collective
-// the abort ended on the other rank shows as failed only later, so at the dump
-// it is still "entered".
+// A rank's own failure (not a timeout) brings the dump too, once per rank.
 TEST(FlightRecorderSpawnTest, FailureLogsTheRings) {
   RunReport report;
   absl::Status s = RunRanks(
@@ -101,7 +99,7 @@ TEST(FlightRecorderSpawnTest, FailureLogsTheRings) {
             1) << report.log;
 }
 
-// A planned stop is no failure: nothing dumped.
+// A run that succeeds logs no ring.
 TEST(FlightRecorderSpawnTest, SuccessfulRunLogsNoRing) {
   RunReport report;
   ASSERT_TRUE(RunRanks(AllReduces(3), Options({}), &report).ok());
