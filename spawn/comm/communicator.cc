@@ -158,8 +158,9 @@ uint64_t Communicator::EnterAt(const char* op, const nn::Tensor* x, int64_t* now
   *now_ns_out = now_ns;
   // Recorded before the trace says entered: a dump that sees #next in the
   // trace finds it in the ring.
-  trace_->flight.Entered(next, op, x != nullptr ? std::optional<nn::DType>(x->dtype()) : std::nullopt,
-                         x != nullptr ? x->numel() : 0, now_ns);
+  const std::optional<nn::DType> dtype =
+      x != nullptr ? std::optional<nn::DType>(x->dtype()) : std::nullopt;
+  trace_->flight.Entered(next, op, dtype, x != nullptr ? x->numel() : 0, now_ns);
   trace_->op.store(op, std::memory_order_relaxed);
   trace_->entered_ns.store(now_ns, std::memory_order_relaxed);
   trace_->entered.store(next, std::memory_order_release);

@@ -112,7 +112,9 @@ std::string Describe(const FlightRecord& r) {
   return text;
 }
 
-std::string Seconds(int64_t ns) { return absl::StrFormat("%.6f s", static_cast<double>(ns) * 1e-9); }
+std::string Seconds(int64_t ns) {
+  return absl::StrFormat("%.6f s", static_cast<double>(ns) * 1e-9);
+}
 
 std::string DescribeTimes(const FlightRecord& r, int64_t now_ns) {
   std::string text = absl::StrCat("entered ", Seconds(now_ns - r.entered_ns), " ago");
@@ -185,12 +187,14 @@ std::string DescribeDivergence(
   if (rings.size() < 2) return "";
   uint64_t fewest = UINT64_MAX;
   uint64_t most = 0;
+  uint64_t oldest = UINT64_MAX;  // the oldest record any ring still holds
   for (const auto& [who, ring] : rings) {
     fewest = std::min(fewest, Last(ring));
     most = std::max(most, Last(ring));
+    if (!ring.empty()) oldest = std::min(oldest, ring.front().sequence);
   }
   // Sequence numbers every ring entered: compare them where two rings still hold them.
-  for (uint64_t s = 1; s <= fewest; ++s) {
+  for (uint64_t s = oldest; s <= fewest; ++s) {
     const FlightRecord* reference = nullptr;
     const std::string* reference_who = nullptr;
     for (const auto& [who, ring] : rings) {
@@ -218,9 +222,11 @@ std::string DescribeDivergence(
       if (next == nullptr) next = Find(ring, fewest + 1);
     }
   }
+  const std::string entered =
+      next != nullptr ? Describe(*next) : absl::StrCat("#", fewest + 1);
   return absl::StrCat("flight recorder: the ranks first differ at #", fewest + 1, ": ", ahead,
-                      " entered ", next != nullptr ? Describe(*next) : absl::StrCat("#", fewest + 1),
-                      "; ", behind, " had entered only ", fewest, " collectives");
+                      " entered ", entered, "; ", behind, " had entered only ", fewest,
+                      " collectives");
 }
 
 std::vector<std::string> DumpFlightRecorders(

@@ -5,8 +5,9 @@
 // Every collective a Communicator runs (spawn/comm/communicator.h: all_reduce,
 // broadcast, ..., and work it traces itself, such as a CUDA graph's replay)
 // leaves one record: its sequence number, op, dtype and element count, when it
-// was entered, when it ended, and its state (entered, completed, failed). Once N collectives have been
-// recorded, each new one overwrites the oldest. N = 0 records nothing.
+// was entered, when it ended, and its state (entered, completed, failed). Once N
+// collectives have been recorded, each new one overwrites the oldest. N = 0
+// records nothing. The communicator's kind is the ring's (one per rank).
 //
 // spawn writes every ring of the process to its log with the run's first failure
 // (a watchdog timeout included), after the error line, and once per process;
@@ -18,9 +19,10 @@
 // watchdog's poll saw its device work finish, so a recent one may still show
 // "entered" although it is done.
 //
-// Thread-safety: Entered from the rank's thread only; Completed, Failed, Snapshot and Dump from any thread (spawn's watchdog and communication
-// threads mark completions, anyone dumps; lock-free); Reset not while anything
-// else runs. A dump taken while the rank records may leave out the record being
+// Thread-safety: Entered from the rank's thread only; Completed, Failed,
+// Snapshot and Dump from any thread (spawn's watchdog and communication threads
+// mark completions, anyone dumps; lock-free); Reset not while anything else
+// runs. A dump taken while the rank records may leave out the record being
 // written.
 #ifndef TANDEM_SPAWN_COMM_FLIGHT_RECORDER_H_
 #define TANDEM_SPAWN_COMM_FLIGHT_RECORDER_H_

@@ -151,8 +151,8 @@ TEST(FlightRecorderSpawnTest, ZeroEntriesTurnItOff) {
       },
       options, &report);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_EQ(dump,
-            "flight recorder: rank 0 (cpu): disabled (SpawnOptions::flight_recorder_entries = 0)\n");
+  EXPECT_EQ(dump, "flight recorder: rank 0 (cpu): disabled "
+                  "(SpawnOptions::flight_recorder_entries = 0)\n");
   EXPECT_FALSE(Contains(report.log, "flight recorder")) << report.log;
 }
 
