@@ -25,6 +25,7 @@
 //
 // Label gpu; each process skips with a reason where no GPU is visible, and so
 // does the test. Two processes share one GPU: the limits are generous.
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -40,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -207,6 +209,23 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
   pid_t pids[2];
   for (int rank = 0; rank < 2; ++rank) {
     pids[rank] = fork();
+    if (pids[rank] < 0) {
+      // A pid of -1 must never reach waitpid or kill below: kill(-1, SIGKILL)
+      // signals every process this user may signal.
+      const std::string why = std::string("fork failed: ") + std::strerror(errno);
+      ADD_FAILURE() << why;
+      for (int k = 0; k < rank; ++k) {
+        kill(pids[k], SIGKILL);
+        waitpid(pids[k], nullptr, 0);
+      }
+      for (int fd : {id_pipe[0], id_pipe[1], report_pipe[0][0], report_pipe[0][1],
+                     report_pipe[1][0], report_pipe[1][1]}) {
+        close(fd);
+      }
+      std::array<ChildOutcome, 2> failed;
+      for (ChildOutcome& o : failed) o.report = why;
+      return failed;
+    }
     if (pids[rank] == 0) {
       // Ends with the test (ctest's timeout kills only the parent), and before
       // anything else if the parent is already gone.
@@ -218,7 +237,16 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
         close(report_pipe[k][0]);
         if (k != rank) close(report_pipe[k][1]);
       }
-      RunChild(rank, rank == 0 ? id_pipe[1] : id_pipe[0], report_pipe[rank][1], c);
+      // Nothing may unwind out of the child: an exception would carry it back
+      // into this test as a second parent (waiting for children it does not
+      // have, then running the rest of the suite and forking again).
+      try {
+        RunChild(rank, rank == 0 ? id_pipe[1] : id_pipe[0], report_pipe[rank][1], c);
+      } catch (const std::exception& e) {
+        Report(report_pipe[rank][1], std::string("DONE the child threw: ") + e.what());
+      } catch (...) {
+        Report(report_pipe[rank][1], "DONE the child threw");
+      }
     }
   }
   close(id_pipe[0]);
