@@ -477,10 +477,20 @@ Body KilledPeer(bool inside) {
 // all_reduce (enqueued before the fault happens), then a stop-aware wait that
 // makes no CUDA call, so the rank does not meet the error itself: the
 // watchdog's query of the collective's event does. Process 1 only joins the
-// communicator. Before, that query's error was cleared and the collective
-// stayed in flight until timeout_s.
+// communicator, and stays (stop-aware) while process 0 faults: were it to end
+// at once, its communicator's teardown would close the connection that process
+// 0's proxy is already receiving on (NCCL posts a collective's network
+// receives when it is launched, before its kernel runs), and NCCL's
+// asynchronous error for the closed connection could end process 0 before the
+// fault is seen, naming the wrong cause. Before, that query's error was
+// cleared and the collective stayed in flight until timeout_s.
 std::string FaultWhileACollectiveIsInFlight(Context& ctx, Communicator& comm) {
-  if (comm.rank() == 1) return "";
+  if (comm.rank() == 1) {
+    for (int i = 0; i < 2000 && !ctx.stop_requested(); ++i) {  // 20 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return "";
+  }
   Tensor a = nn::full({4096, 4096}, 1e-4, {.device = ctx.device()});
   for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
   ::tandem::testing::LaunchFaultingKernel(nn::internal::CudaThreadStream(ctx.device()));
