@@ -207,6 +207,7 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
   for (auto& p : report_pipe) EXPECT_EQ(pipe(p), 0);
   const Clock::time_point start = Clock::now();
   pid_t pids[2];
+  const pid_t parent = getpid();
   for (int rank = 0; rank < 2; ++rank) {
     pids[rank] = fork();
     if (pids[rank] < 0) {
@@ -230,7 +231,9 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
       // Ends with the test (ctest's timeout kills only the parent), and before
       // anything else if the parent is already gone.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() == 1) _exit(1);
+      // (An orphan is adopted by init or by a subreaper: compare with the
+      // parent's pid, not with 1.)
+      if (getppid() != parent) _exit(1);
       // The child keeps its end of the id pipe and its report pipe's write end.
       close(rank == 0 ? id_pipe[0] : id_pipe[1]);
       for (int k = 0; k < 2; ++k) {
