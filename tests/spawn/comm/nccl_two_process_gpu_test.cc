@@ -43,6 +43,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -390,36 +391,63 @@ std::string Collectives(Context& ctx, Communicator& comm) {
 
 constexpr int64_t kLateElements = int64_t{1} << 22;  // 16 MiB of float32
 
-// A tensor holding `value`, written on another thread's stream behind tens of
-// milliseconds of matmuls, over a freed block that held 7 (the calling thread
-// has its stream first, so the other thread gets another one).
-Tensor WrittenLate(Device device, float value) {
-  (void)nn::empty({1}, {.device = device});
-  Tensor made;
-  std::thread([&] {
-    nn::DeviceGuard guard(device);
-    {
-      Tensor junk = nn::full({kLateElements}, 7.0f);
-      (void)junk.to_vector<float>();
-    }
-    Tensor a = nn::full({4096, 4096}, 1e-4);
-    for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
-    made = nn::full({kLateElements}, value);
-  }).join();
-  return made;
-}
+// Makes tensors holding a value, each written on another thread's stream
+// behind tens of milliseconds of matmuls, over a freed block that held 7 (the
+// calling thread has its stream first, so the other thread gets another one).
+// The writing threads stay, idle, until this goes: a thread's exit runs its
+// CUDA teardown (its cuBLASLt handle is destroyed; cublasDestroy synchronises
+// the device, and cublasLtDestroy may), which would finish the late write
+// before the collective and hide a missing order.
+class LateWriters {
+ public:
+  LateWriters() = default;
+  LateWriters(const LateWriters&) = delete;
+  LateWriters& operator=(const LateWriters&) = delete;
+  ~LateWriters() {
+    release_.set_value();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Tensor Write(Device device, float value) {
+    (void)nn::empty({1}, {.device = device});
+    Tensor made;
+    std::promise<void> written;
+    std::future<void> done = written.get_future();
+    threads_.emplace_back(
+        [&made, device, value, written = std::move(written), released = released_]() mutable {
+          nn::DeviceGuard guard(device);
+          {
+            Tensor junk = nn::full({kLateElements}, 7.0f);
+            (void)junk.to_vector<float>();
+          }
+          Tensor a = nn::full({4096, 4096}, 1e-4);
+          for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
+          made = nn::full({kLateElements}, value);
+          written.set_value();
+          released.wait();
+        });
+    done.wait();
+    return made;
+  }
+
+ private:
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+  std::vector<std::thread> threads_;
+};
 
 // Before the fix NCCL's stream was not ordered after the other thread's
 // stream: rank 0's stale 7s went into rank 1's sum (rank 0's own result was
 // then overwritten by the late fill, so both ranks are checked).
 std::string InputsWrittenLate(Context& ctx, Communicator& comm) {
   std::string failures;
-  Tensor x = WrittenLate(ctx.device(), static_cast<float>(comm.rank() + 1));
+  LateWriters writers;
+  Tensor x = writers.Write(ctx.device(), static_cast<float>(comm.rank() + 1));
   comm.all_reduce(x, ReduceOp::kSum);
   int64_t bad = 0;
   for (float v : x.to_vector<float>()) bad += v != 3.0f;
   if (bad != 0) failures += absl::StrCat("all_reduce: ", bad, " elements are not 3; ");
-  x = WrittenLate(ctx.device(), static_cast<float>(comm.rank() + 1));
+  x = writers.Write(ctx.device(), static_cast<float>(comm.rank() + 1));
   comm.all_reduce_async(x, ReduceOp::kAvg)->wait();
   bad = 0;
   for (float v : x.to_vector<float>()) bad += v != 1.5f;
