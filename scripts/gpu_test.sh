@@ -26,7 +26,7 @@
 #    $OUT/cuda_call_budgets.inc (bench-out/ without OUT), then host microseconds
 #    per tiny op on cuda:0 and the CPU, tandem against PyTorch (bench/host_cost.py
 #    with build-gpu/bench/host_cost_bench; HOST_COST_ARGS replaces its default
-#    --devices=cuda:0,cpu --repetitions=5 --rounds=3). About a minute.
+#    --devices=cuda:0,cpu --repetitions=5 --rounds=3). One to three minutes.
 # 7. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
 #    the gpu test binaries named in MEMCHECK_TESTS (paths under build-gpu, default
 #    tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test), each within
