@@ -15,6 +15,9 @@
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
 #include "spawn/comm/communicator.h"
+#include "spawn/signals.h"
+#include "spawn/train/checkpoint.h"
+#include "spawn/train/sync_batch_norm.h"
 
 namespace tandem::hapi {
 
@@ -100,6 +103,12 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.grad_accum_steps < 1) return bad("grad_accum_steps", o.grad_accum_steps, "must be >= 1");
   if (o.num_workers < 0) return bad("num_workers", o.num_workers, "must be >= 0");
   if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
+  if (o.resume && o.checkpoint.dir.empty())
+    return absl::InvalidArgumentError("fit: resume needs checkpoint.dir");
+  if (!o.checkpoint.dir.empty()) {
+    absl::Status st = dist::CheckpointManager::Validate(o.checkpoint);
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("fit: checkpoint: ", st.message()));
+  }
   if (o.eval_data != nullptr) return CheckDataset("fit", o.eval_data, "eval_data");
   return absl::OkStatus();
 }
@@ -278,11 +287,55 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   return history;
 }
 
+namespace {
+
+// Where a fit is: the epoch, the steps done in it and their summed loss over
+// every rank (restored from a checkpoint, or zero).
+struct FitPosition {
+  int epoch = 0;
+  int64_t epoch_steps = 0;
+  double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
+  bool resumed_inside_epoch = false;
+};
+
+constexpr char kEpochKey[] = "hapi.epoch";
+constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
+constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
+
+FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
+                    dist::TrainingState& state) {
+  FitPosition at;
+  absl::StatusOr<std::string> path = checkpoints.Restore(state);
+  dist::ThrowIfError(path.status(), "fit: resume: ");
+  if (path->empty()) {
+    if (ctx.rank() == 0) ctx.log().Info("fit: resume: no checkpoint yet; starting from the beginning");
+    return at;
+  }
+  auto epoch = dist::ExtraValue<int64_t>(state.extra, kEpochKey, *path);
+  auto steps = dist::ExtraValue<int64_t>(state.extra, kEpochStepsKey, *path);
+  auto loss = dist::ExtraValue<double>(state.extra, kEpochLossKey, *path);
+  dist::ThrowIfError(epoch.status(), "fit: resume: ");
+  dist::ThrowIfError(steps.status(), "fit: resume: ");
+  dist::ThrowIfError(loss.status(), "fit: resume: ");
+  at.epoch = static_cast<int>(*epoch);
+  // -1: written at the end of a fit, at an epoch boundary.
+  at.resumed_inside_epoch = *steps >= 0;
+  at.epoch_steps = std::max<int64_t>(*steps, 0);
+  at.epoch_loss_sum = *loss;
+  if (ctx.rank() == 0)
+    ctx.log().Info("fit: resumed from {}: epoch {}, step {} ({} of the epoch)", *path, at.epoch + 1,
+                   *state.step, at.epoch_steps);
+  return at;
+}
+
+}  // namespace
+
 History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                          const FitOptions& options) {
   std::unique_ptr<RankRun> run = Build(ctx);
   nn::Module& network = *run->network;
   network.train();
+  if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
   run->dp = std::make_unique<dist::DataParallel>(network, ctx, options.data_parallel);
   dist::DataParallel& dp = *run->dp;
   run->optimizer = optimizer_(dp.parameters());
@@ -303,25 +356,36 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   const int64_t batches = loader.num_batches();
   const int accum = options.grad_accum_steps;
 
-  std::vector<std::unique_ptr<Callback>> callbacks =
-      MakeCallbacks(options.callbacks, options.log_freq);
   RunState state;
   state.ctx = &ctx;
   state.network = &network;
   state.optimizer = &optimizer;
   state.epochs = options.epochs;
   state.steps_per_epoch = (batches + accum - 1) / accum;
+
+  std::optional<dist::CheckpointManager> checkpoints;
+  dist::TrainingState saved{.model = &network, .optimizer = &optimizer, .loader = &loader,
+                            .step = &state.step};
+  FitPosition at;
+  if (!options.checkpoint.dir.empty()) {
+    checkpoints.emplace(ctx, options.checkpoint);
+    if (options.resume) at = Restore(ctx, *checkpoints, saved);
+  }
+
+  std::vector<std::unique_ptr<Callback>> callbacks =
+      MakeCallbacks(options.callbacks, options.log_freq);
   History history;
   Logs logs;
   CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
-  for (int epoch = 0; epoch < options.epochs; ++epoch) {
+  for (int epoch = at.epoch; epoch < options.epochs; ++epoch) {
     state.epoch = epoch;
-    sampler->set_epoch(epoch);
+    const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
+    if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
     loader.start_epoch();
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
     nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
-    int64_t steps = 0;
-    for (int64_t first = 0; first < batches; first += accum) {
+    int64_t steps = resumed ? at.epoch_steps : 0;
+    for (int64_t first = steps * accum; first < batches; first += accum) {
       const int64_t group = std::min<int64_t>(accum, batches - first);
       CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
       nn::Tensor step_loss;
@@ -352,10 +416,27 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       epoch_loss = epoch_loss + step_loss;
       CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
       ctx.check_stop();
+      if (checkpoints) {
+        absl::Status st = checkpoints->AtStepBoundary(saved, [&](dist::TrainingState& s) {
+          // Collectives are allowed here: every rank saves at the same step.
+          const double here = SumOverRanks(ctx, {epoch_loss.item()})[0];
+          s.extra[kEpochKey] = static_cast<int64_t>(epoch);
+          s.extra[kEpochStepsKey] = steps;
+          s.extra[kEpochLossKey] = here + (resumed ? at.epoch_loss_sum : 0.0);
+        });
+        dist::ThrowIfError(st, "fit: saving a checkpoint: ");
+      } else if (ctx.AtStepBoundary(state.step).stop) {
+        throw dist::StoppedError(
+            absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
+            state.step);
+      }
     }
     logs.clear();
-    // Every rank made the same number of steps (kWrapGlobalBatch).
-    std::vector<double> total = SumOverRanks(ctx, {epoch_loss.item(), static_cast<double>(steps)});
+    // Every rank made the same number of steps (kWrapGlobalBatch); rank 0 adds
+    // what the ranks had summed before a resume.
+    const double before = resumed && ctx.rank() == 0 ? at.epoch_loss_sum : 0.0;
+    std::vector<double> total =
+        SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
     logs["loss"] = total[1] > 0 ? total[0] / total[1] : 0.0;
     const bool last = epoch + 1 == options.epochs;
     if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
@@ -372,6 +453,14 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     // One rank's stop (EarlyStopping) stops every rank at this epoch's end.
     std::vector<double> stop = SumOverRanks(ctx, {state.stop_training ? 1.0 : 0.0});
     if (stop[0] > 0) break;
+  }
+  if (checkpoints) {
+    // The end of the fit, so that a resume after it has nothing left to do.
+    saved.extra[kEpochKey] = static_cast<int64_t>(std::max(state.epoch + 1, at.epoch));
+    saved.extra[kEpochStepsKey] = int64_t{-1};
+    saved.extra[kEpochLossKey] = 0.0;
+    dist::ThrowIfError(checkpoints->Save(saved), "fit: saving the final checkpoint: ");
+    dist::ThrowIfError(checkpoints->Finish(), "fit: checkpoint: ");
   }
   CallEach(callbacks, "on_train_end", [&](Callback& c) { c.on_train_end(state, logs); });
   history.steps = state.step;

@@ -36,9 +36,8 @@
 // the mean over the evaluated samples.
 //
 // Not built yet (use the lower-level loop, docs/guide.md, for these):
-// checkpoint resume and preemption (ModelCheckpoint writes weights only),
-// ZeroRedundancyOptimizer, SyncBatchNorm conversion, uneven training data
-// under join().
+// ZeroRedundancyOptimizer, uneven training data under join(), the CUDA-graph
+// step.
 //
 // Thread-safety: a Model is used from one thread at a time (main, or one rank's
 // thread); its calls from main run the ranks on spawn's threads.
@@ -61,6 +60,7 @@
 #include "nn/tensor.h"
 #include "optim/optimizer.h"
 #include "spawn/launch.h"
+#include "spawn/train/checkpoint_manager.h"
 #include "spawn/train/data_parallel.h"
 
 namespace tandem::hapi {
@@ -103,6 +103,20 @@ struct FitOptions {
   // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
   std::shared_ptr<const data::Transform> batch_transform;
   dist::DataParallelOptions data_parallel;  // buckets, comm hook, unused parameters
+  // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
+  bool sync_batch_norm = false;
+  // Training checkpoints (dist::CheckpointManager; dir empty: none): network,
+  // optimizer, sampler position, step, every rank's generator and the epoch's
+  // loss so far, every checkpoint.every_steps / every_minutes, the newest
+  // checkpoint.keep kept, and one at the end of fit. A stop signal
+  // (SpawnOptions::stop_signals: SIGTERM, SIGUSR1) saves at one agreed step on
+  // every rank and fit returns spawn's IsStopped() status (inside a rank's
+  // function: throws dist::StoppedError); without a directory it stops without
+  // saving.
+  dist::CheckpointManagerOptions checkpoint;
+  // Continue from the newest checkpoint in checkpoint.dir that loads (none:
+  // from the start): the same fit then ends as the uninterrupted one would.
+  bool resume = false;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;
   std::vector<CallbackFactory> callbacks;

@@ -4,6 +4,9 @@
 // (equivalence, an injected fault).
 #include "hapi/model.h"
 
+#include <pthread.h>
+
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -16,6 +19,7 @@
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "spawn/signals.h"
 #include "testing/equivalence.h"
 #include "testing/run.h"
 
@@ -257,6 +261,97 @@ TEST(ModelTest, EarlyStoppingStopsWhenTheMonitorStallsAndNamesAMissingOne) {
       << missing.status();
 }
 
+
+// Raises SIGUSR1 on rank 0 after `step` (on the rank thread: see
+// tests/spawn/preempt_test.cc for why not kill(getpid())).
+struct PreemptAt : Callback {
+  explicit PreemptAt(int64_t step) : step(step) {}
+  std::string name() const override { return "PreemptAt"; }
+  void on_train_batch_end(RunState& s) override {
+    if (s.ctx->rank() == 0 && s.step == step) ::pthread_kill(::pthread_self(), SIGUSR1);
+  }
+  int64_t step;
+};
+
+// A stop signal in the middle of an epoch saves at one agreed step; fit with
+// resume then ends exactly where the uninterrupted fit ends (bit for bit: the
+// checkpoint holds the optimizer, the sampler's position and the generators).
+TEST(ModelTest, APreemptedFitResumesToTheUninterruptedResult) {
+  auto train = Classification(32, 11), test = Classification(9, 12);
+  const std::string dir = ::testing::TempDir() + "/hapi_preempt";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5, .eval_data = test};
+  auto straight = Prepared(2);
+  auto a = straight->fit(train, options);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  options.checkpoint = {.dir = dir, .keep = 2, .every_steps = 3};
+  LaunchOptions launch = Cpu(2);
+  launch.spawn.stop_signals = {SIGUSR1};
+  auto make = [&] {
+    auto m = std::make_unique<Model>([] { return std::make_shared<Net>(); }, launch);
+    m->prepare(AdamFactory(1e-2), CrossEntropy(),
+               {MakeMetric<Accuracy>(), MakeMetric<Accuracy>(2)});
+    return m;
+  };
+  auto first = make();
+  FitOptions preempted = options;
+  preempted.callbacks = {MakeCallback<PreemptAt>(6)};  // epoch 2 of 3, step 2 of 4
+  auto stopped = first->fit(train, preempted);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_TRUE(dist::IsStopped(stopped.status())) << stopped.status();
+
+  auto second = make();
+  options.resume = true;
+  auto b = second->fit(train, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  ASSERT_EQ(b->epochs.size(), 2u);  // the interrupted epoch, then the last
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(b->epochs[e].at("loss"), a->epochs[e + 1].at("loss"), 1e-12) << e;
+    EXPECT_EQ(b->epochs[e].at("eval_acc"), a->epochs[e + 1].at("eval_acc")) << e;
+  }
+  ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 0.0);
+  // The fit's final checkpoint: a resume after it has nothing left to do.
+  auto third = make();
+  auto c = third->fit(train, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->epochs.size(), 0u);
+  ExpectCloseWeights(*third->state_dict(), *straight->state_dict(), 0.0);
+}
+
+struct BnNet : nn::Module {
+  BnNet()
+      : conv(register_module("conv", nn::Conv2d(1, 4, 3, {.padding = {1, 1}}, /*bias=*/false))),
+        bn(register_module("bn", nn::BatchNorm2d(4))),
+        fc(register_module("fc", nn::Linear(4 * 4 * 4, 3))) {}
+  nn::Tensor forward(const nn::Tensor& x) override {
+    return fc(nn::relu(bn(conv(x.reshape({x.size(0), 1, 4, 4})))).flatten(1));
+  }
+  nn::Conv2d conv;
+  nn::BatchNorm2d bn;
+  nn::Linear fc;
+};
+
+// With sync_batch_norm, 2 ranks' BatchNorm statistics are those of the global
+// batch: the fit equals one rank's with the global batch, running statistics too.
+TEST(ModelTest, SyncBatchNormFitOnTwoRanksEqualsOneRank) {
+  nn::manual_seed(13);
+  nn::Tensor x = nn::randn({32, 16});
+  auto labels = nn::from_vector(std::vector<int64_t>(32, 1), {32}, {.dtype = nn::kInt64});
+  for (int64_t i = 0; i < 32; i += 3) labels.host_data<int64_t>()[i] = 2;
+  auto train = std::make_shared<data::TensorDataset>(x, labels);
+  std::map<int, nn::StateDict> weights;
+  for (int ranks : {1, 2}) {
+    Model model([] { return std::make_shared<BnNet>(); }, Cpu(ranks));
+    model.prepare(AdamFactory(1e-2), CrossEntropy());
+    auto h = model.fit(train, {.epochs = 2, .batch_size = 8 / ranks, .sync_batch_norm = true});
+    ASSERT_TRUE(h.ok()) << h.status();
+    weights[ranks] = *model.state_dict();
+  }
+  ExpectCloseWeights(weights[2], weights[1], 1e-5);
+}
+
 TEST(ModelTest, BadInputsGetOneClearErrorEach) {
   auto train = Classification(16, 9);
   {
@@ -273,6 +368,8 @@ TEST(ModelTest, BadInputsGetOneClearErrorEach) {
                        "fit: eval_data is empty (0 examples)"));
   EXPECT_TRUE(Contains(model->evaluate(empty).status(), "evaluate: the data is empty"));
   EXPECT_TRUE(Contains(model->fit(train, {.batch_size = 0}).status(), "fit: batch_size = 0"));
+  EXPECT_TRUE(Contains(model->fit(train, {.resume = true}).status(),
+                       "fit: resume needs checkpoint.dir"));
   // Labels of the wrong dtype and out of range: the loss names them, on the rank.
   auto float_labels = std::make_shared<data::TensorDataset>(nn::randn({8, 4}), nn::zeros({8}));
   auto s = model->fit(float_labels, {.batch_size = 4}).status();
