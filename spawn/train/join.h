@@ -36,7 +36,7 @@ namespace tandem::dist::internal {
 
 class JoinState {
  public:
-  enum class Kind { kAllReduce, kAllReduceAsync, kAllGather };
+  enum class Kind { kAllReduce, kAllReduceAsync, kAllGather, kBroadcast };
 
   bool joining() const { return comm_ != nullptr; }
   // Enters join mode on `comm` (no collective).
@@ -67,6 +67,10 @@ class JoinState {
   // a mean over the ranks the sample-weighted sum. Exactly 1 when every rank's
   // batch has the same rows, so a hook's mean then has the bits of no join.
   double sample_scale() const { return scale_; }
+  // The lowest rank active in the current step (after BeginStep or, on a
+  // joined rank, the last agreement): the root of a step's broadcast, which a
+  // joined rank replays (Kind::kBroadcast) as a receiver.
+  int lowest_active() const { return last_active_; }
 
  private:
   struct Entry {
