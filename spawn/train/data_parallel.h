@@ -41,7 +41,8 @@
 //       sgd.step();
 //       sgd.zero_grad();
 //     }
-//   }  // a rank whose data ran out answers the others' steps here until all are done
+//     ThrowIfError(join.finish(), "");     // a rank whose data ran out answers the
+//   }                                      // others' steps here until all are done
 //
 // Inside it each step starts (at forward) with one small all_gather, the step
 // agreement, and the gradients are weighted by the samples actually seen: the
@@ -61,9 +62,10 @@
 // joined rank replays its step() (and clip_grad_norm_()): it steps its own
 // shard's optimizer with the reduced gradient and all-gathers the updated
 // parameters with the others (see zero_redundancy_optimizer.h). Rules: one
-// forward per step; no no_sync() and no broadcast_buffers inside; every other
-// collective of a step must go through JoinGuard::all_reduce (a sum; a joined
-// rank adds zeros).
+// synchronised forward per step (no_sync() micro-batches before it accumulate;
+// the step then weighs all their rows); broadcast_buffers broadcasts from the
+// step's lowest active rank; every other collective of a step must go through
+// JoinGuard::all_reduce (a sum; a joined rank adds zeros).
 // Another collective in a step is found at the next step agreement, where every
 // rank throws the same error naming the rank (a step that made one while a rank
 // had already joined fails at that collective: the in-process communicator's
