@@ -258,6 +258,13 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
   DropUnwaitedWork();
   pass_started_ = false;
   const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
+  // A finished rank replays the last step's collectives: a step must look like
+  // the others, and an evaluation's forward would be a step of its own.
+  TANDEM_CHECK(!join_.joining() || nn::grad_mode_enabled(),
+               "DataParallel: a forward with autograd off (an evaluation) inside join(): it "
+               "would be a step of its own, which a rank whose data ran out cannot answer; "
+               "evaluate through the module (dp.module()) inside a training step, summing "
+               "through JoinGuard::all_reduce, or outside the join");
   if (join_.joining() && !sync_) {
     // An accumulating micro-batch inside join(): no collective before the step
     // agreement, which the step's synchronised forward makes for all its rows.

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -403,6 +404,75 @@ TEST_F(ComposeTest, PairsOfFeaturesMatchOneRank) {
                 c.name, error, bound);
     EXPECT_LE(error, bound) << c.name;
     EXPECT_EQ(ScaledError((*two)[1], (*two)[0]), 0) << c.name;
+  }
+}
+
+// Evaluation inside a join: in each training step every active rank evaluates
+// through the module (not dp: no step agreement, no collective) and sums its
+// count through the guard. 3 ranks with 10/10/7 steps: the training ends with
+// the bits of the run without evaluation, and each sum counts the rows of the
+// ranks active in that step. An evaluation through dp (a forward with autograd
+// off) would be a step of its own that a finished rank cannot answer: refused
+// at the call, on every rank, naming both.
+TEST_F(ComposeTest, EvaluationInsideJoin) {
+  std::vector<Tensor> params;
+  for (bool evaluate : {false, true}) {
+    auto result = spawn([&](Context& ctx) {
+      const Plan plan = MakePlan(3);
+      nn::manual_seed(77);
+      const Tensor x_all = nn::add_scalar(nn::randn({plan.total, 2, 5, 5}), 0.5);
+      const Tensor y_all = nn::randn({plan.total, 2});
+      PlainNet net;
+      DataParallel dp(net, ctx);
+      std::vector<double> counts;
+      auto join = dp.join();
+      for (int s = 0; s < StepsOf(ctx.rank(), 3); ++s) {
+        const auto [lo, hi] = plan.rows[s][ctx.rank()];
+        nn::mse_loss(dp(x_all.slice(lo, hi)), y_all.slice(lo, hi)).backward();
+        SgdStep(dp);
+        if (!evaluate) continue;
+        nn::NoGradGuard no_grad;
+        const Tensor out = dp.module().forward(x_all.slice(lo, hi));
+        Tensor count = nn::full({1}, static_cast<double>(out.size(0)));
+        join.all_reduce(count);
+        counts.push_back(count.item());
+      }
+      ThrowIfError(join.finish(), "finish: ");
+      return std::make_pair(Flat(net.parameters()), counts);
+    }, 3, "cpu", options_);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const Plan plan = MakePlan(3);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(ScaledError((*result)[r].first, (*result)[0].first), 0);
+      if (!evaluate) continue;
+      ASSERT_EQ((*result)[r].second.size(), static_cast<size_t>(StepsOf(r, 3)));
+      for (int s = 0; s < StepsOf(r, 3); ++s) {
+        EXPECT_EQ((*result)[r].second[s], plan.rows[s][2].second - plan.rows[s][0].first)
+            << "rank " << r << " step " << s;
+      }
+    }
+    params.push_back((*result)[0].first);
+  }
+  testing::ExpectSameBits(params[0].to_vector<float>(), params[1].to_vector<float>(),
+                          "with and without evaluation");
+
+  auto refused = spawn([](Context& ctx) {
+    PlainNet net;
+    DataParallel dp(net, ctx);
+    auto join = dp.join();
+    nn::sum(dp(nn::randn({2, 2, 5, 5}))).backward();
+    const std::string error = ErrorOf([&] {
+      nn::NoGradGuard no_grad;
+      dp(nn::randn({2, 2, 5, 5}));
+    });
+    ThrowIfError(join.finish(), "finish: ");
+    return error;
+  }, 2, "cpu", options_);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(Contains((*refused)[r], "a forward with autograd off (an evaluation) inside "
+                                        "join()"))
+        << (*refused)[r];
   }
 }
 
