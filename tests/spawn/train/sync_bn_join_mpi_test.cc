@@ -92,7 +92,8 @@ TEST_F(SyncBatchNormMpiTest, JoinAcrossProcessesMatchesOneRankAndTheInProcessBit
 // One rank per process, the last with 7 steps: the sharded optimizer (SGD with
 // momentum, Adam) under join() across processes ends at the parameters of one
 // rank with the unsharded optimizer, and at the bits of the same ranks in one
-// process; so does a bfloat16-compressed join (within its rounding of one rank).
+// process; so does a bfloat16-compressed join, with and without ZeRO (within
+// its rounding of one rank).
 TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
   const int world = LaunchedProcesses();
   struct Case {
@@ -104,6 +105,8 @@ TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
       {"ZeroRedundancyOptimizer (momentum)", {.optimizer = "momentum", .zero = true}, 1e-5},
       {"ZeroRedundancyOptimizer (adam)", {.optimizer = "adam", .zero = true}, 1e-5},
       {"Bf16CompressHook", {.hook = Bf16CompressHook()}, 2.0 / 256},
+      {"ZeroRedundancyOptimizer (adam) + Bf16CompressHook",
+       {.optimizer = "adam", .zero = true, .hook = Bf16CompressHook()}, 2.0 / 256},
   };
   for (const Case& c : cases) {
     JoinSetup single = c.setup;
