@@ -510,6 +510,35 @@ TEST_F(ComposeTest, BroadcastBuffersInsideJoin) {
   EXPECT_EQ(ScaledError(params[0], params[1]), 0);
 }
 
+// broadcast_buffers' default (on, as in PyTorch): BnNet with plain BatchNorm2d
+// on 2 ranks with different data; a synchronised forward in eval mode (no
+// update of the statistics) leaves every rank with rank 0's running
+// statistics. Off, the ranks keep their own.
+TEST_F(ComposeTest, BroadcastBuffersIsOnByDefault) {
+  EXPECT_TRUE(DataParallelOptions{}.broadcast_buffers);
+  for (bool broadcast : {true, false}) {
+    auto result = spawn([&](Context& ctx) {
+      BnNet net;
+      DataParallelOptions options;
+      options.broadcast_buffers = broadcast;
+      DataParallel dp(net, ctx, options);
+      for (int s = 0; s < 3; ++s) {
+        nn::sum(dp(nn::randn({4, 2, 5, 5}))).backward();  // each rank its own draws
+        SgdStep(dp);
+      }
+      net.eval();
+      nn::sum(dp(nn::randn({4, 2, 5, 5}))).backward();
+      return Flat(RunningStatistics(net));
+    }, 2, "cpu", options_);
+    ASSERT_TRUE(result.ok()) << result.status();
+    if (broadcast) {
+      EXPECT_EQ(ScaledError((*result)[1], (*result)[0]), 0);
+    } else {
+      EXPECT_GT(ScaledError((*result)[1], (*result)[0]), 1e-3);
+    }
+  }
+}
+
 // Uneven steps without join(): rank 1 returns after 7 steps while rank 0 waits
 // in its 8th step's all-reduce. The watchdog ends the run at once (not at
 // timeout_s), naming rank 1, its collective count, rank 0's collective and
