@@ -292,10 +292,10 @@ TEST_F(ComposeTest, ZeroWithCompressHooksGivesTheHooksBits) {
   }
 }
 
-// Pairs of features against one rank: 2 ranks, 4 steps of SGD with momentum;
-// rank r's micro-batch i of a step holds B = 2 rows and the one-rank run takes
-// the union of the ranks' micro-batch i as its micro-batch i (so SyncBatchNorm
-// normalises over the same rows in both).
+// Pairs of features against one rank: 2 ranks, 4 steps of SGD with momentum
+// (with join() rank 1 runs 3); rank r's micro-batch i of a step holds B = 2
+// rows and the one-rank run takes the union of the active ranks' micro-batch i
+// as its micro-batch i (so SyncBatchNorm normalises over the same rows in both).
 template <typename Net>
 struct WithSpare : nn::Module {
   // use_spare false: `spare` gets no gradient (find_unused_parameters).
@@ -320,6 +320,7 @@ struct Combo {
   bool sync_bn = false;   // BnNet with ConvertSyncBatchNorm (else PlainNet)
   bool unused = false;    // a parameter without gradient, find_unused_parameters
   bool autocast = false;  // forward and loss under AutocastGuard(kBFloat16)
+  bool join = false;      // inside DataParallel::join(), the last rank one step short
 };
 
 template <typename Net>
@@ -345,13 +346,18 @@ Tensor TrainCombo(Context& ctx, const Combo& c, int world, bool one_rank) {
   } else {
     plain = MakeJoinOptimizer("momentum", dp.parameters());
   }
-  for (int s = 0; s < kSteps; ++s) {
+  // With join the last rank skips the last step; the others' rows stay where they are.
+  auto active = [&](int s) { return c.join && s == kSteps - 1 ? world - 1 : world; };
+  std::optional<DataParallel::JoinGuard> join;
+  if (c.join && !one_rank) join.emplace(&dp);
+  const int steps = one_rank || active(kSteps - 1) > ctx.rank() ? kSteps : kSteps - 1;
+  for (int s = 0; s < steps; ++s) {
     if (zero) zero->zero_grad();
     if (plain) plain->zero_grad();
     for (int i = 0; i < c.accum; ++i) {
       const int64_t union_lo = s * global + i * world * kRows;
       const int64_t lo = one_rank ? union_lo : union_lo + ctx.rank() * kRows;
-      const int64_t hi = one_rank ? union_lo + world * kRows : lo + kRows;
+      const int64_t hi = one_rank ? union_lo + active(s) * kRows : lo + kRows;
       std::optional<DataParallel::NoSyncGuard> no_sync;
       if (i + 1 < c.accum) no_sync.emplace(&dp);
       Tensor loss;
@@ -364,6 +370,7 @@ Tensor TrainCombo(Context& ctx, const Combo& c, int world, bool one_rank) {
     if (zero) zero->step();
     if (plain) plain->step();
   }
+  if (join) ThrowIfError(join->finish(), "finish: ");
   return Flat(net.parameters());
 }
 
@@ -383,6 +390,8 @@ TEST_F(ComposeTest, PairsOfFeaturesMatchOneRank) {
       {.name = "SyncBatchNorm + find_unused_parameters", .sync_bn = true, .unused = true},
       {.name = "SyncBatchNorm + bf16 autocast", .sync_bn = true, .autocast = true},
       {.name = "find_unused_parameters + bf16 autocast", .unused = true, .autocast = true},
+      {.name = "join + find_unused_parameters", .unused = true, .join = true},
+      {.name = "join + bf16 autocast", .autocast = true, .join = true},
   };
   for (const Combo& c : combos) {
     auto run = [&](int ranks) {
