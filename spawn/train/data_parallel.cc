@@ -96,6 +96,7 @@ DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
   TANDEM_CHECK(dp->sync_ && dp->options_.reduce_in_backward,
                "DataParallel: join() needs gradients reduced in backward (not inside no_sync(), "
                "not with reduce_in_backward off)");
+  dp->step_rows_ = 0;
   dp->join_.Begin(dp->ctx_.communicator());
 }
 

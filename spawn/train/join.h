@@ -8,7 +8,8 @@
 //   - a collective whose answer is zeros (SyncBatchNorm's statistics and
 //     gradient sums, JoinGuard::all_reduce, DataParallel's weighted bucket sums
 //     without a comm hook): replayed as the same collective on zeros of the same
-//     shape and dtype (zero gradients, a sample count of 0);
+//     shape and dtype (zero gradients, a sample count of 0); broadcast_buffers'
+//     broadcasts, replayed as a receiver of the step's lowest active rank;
 //   - a replay function covering some number of collectives, for work whose
 //     answer is not zeros alone: a bucket reduced by a comm hook (the joined rank
 //     runs the hook on its zeroed bucket, so it makes the hook's collectives,
