@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -593,20 +594,31 @@ TEST_F(ComposeTest, EqualStepsAndWorkStillInFlightAreNoFailure) {
     ctx.communicator().all_reduce(t);
   }, 2, "cpu", options_);
   EXPECT_TRUE(even.ok()) << even;
-  // Asynchronous all-reduces (as NCCL's): rank 1 returns while the device still
-  // runs the collectives it entered; rank 0 waits in the same last one.
+  // Asynchronous all-reduces (as NCCL's, 200 ms each on the fake device): rank
+  // 1 starts three and returns at once, their handles kept by the test, so none
+  // has completed when it returns; rank 0 waits in them one after the other for
+  // about 0.6 s. Only a collective rank 1 never entered would be a hang.
   ::tandem::testing::RunOptions run{.ranks = 2,
                                     .fake_group = std::make_shared<::tandem::testing::FakeGroup>(
                                         2, std::chrono::milliseconds(200))};
+  std::mutex kept_mutex;
+  std::vector<std::shared_ptr<Work>> kept;  // rank 1's handles, past its return
   absl::Status in_flight = ::tandem::testing::RunRanks(
-      [](Context& ctx, ::tandem::testing::StepLog&) {
+      [&](Context& ctx, ::tandem::testing::StepLog&) {
         for (int i = 0; i < 3; ++i) {
           Tensor t = nn::ones({4});
-          ctx.communicator().all_reduce(t);
+          if (ctx.rank() == 0) {
+            ctx.communicator().all_reduce(t);
+            continue;
+          }
+          std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(t);
+          std::lock_guard<std::mutex> lock(kept_mutex);
+          kept.push_back(std::move(work));
         }
         return absl::OkStatus();
       },
       run);
+  kept.clear();
   EXPECT_TRUE(in_flight.ok()) << in_flight;
 }
 
