@@ -20,6 +20,7 @@
 #include "nn/autocast.h"
 #include "nn/nn.h"
 #include "spawn/spawn.h"
+#include "spawn/train/checkpoint.h"
 #include "spawn/train/comm_hooks.h"
 #include "testing/fake_communicator.h"
 #include "testing/run.h"
@@ -324,55 +325,133 @@ struct Combo {
   bool join = false;      // inside DataParallel::join(), the last rank one step short
 };
 
+// One run of a Combo: the model, DataParallel and optimizer of a rank, and its steps.
 template <typename Net>
-Tensor TrainCombo(Context& ctx, const Combo& c, int world, bool one_rank) {
-  constexpr int kSteps = 4;
-  constexpr int64_t kRows = 2;
-  const int64_t global = world * c.accum * kRows;
-  nn::manual_seed(5);
-  const Tensor x = nn::add_scalar(nn::randn({kSteps * global, 2, 5, 5}), 0.5);
-  const Tensor y = nn::randn({kSteps * global, 2});
-  WithSpare<Net> net(!c.unused);
-  if (c.sync_bn) ConvertSyncBatchNorm(net);
-  DataParallelOptions options{.bucket_bytes = 256, .first_bucket_bytes = 128,
-                              .find_unused_parameters = c.unused};
-  if (c.hook && !one_rank) options.comm_hook = Bf16CompressHook();
-  DataParallel dp(net, ctx, options);
-  std::unique_ptr<ZeroRedundancyOptimizer> zero;
-  std::unique_ptr<optim::Optimizer> plain;
-  if (c.zero && !one_rank) {
-    zero = std::make_unique<ZeroRedundancyOptimizer>(dp, [](std::vector<Tensor> shard) {
-      return MakeJoinOptimizer("momentum", std::move(shard));
-    });
-  } else {
-    plain = MakeJoinOptimizer("momentum", dp.parameters());
+class ComboRun {
+ public:
+  static constexpr int kSteps = 4;
+  static constexpr int64_t kRows = 2;
+
+  ComboRun(Context& ctx, const Combo& c, int world, bool one_rank)
+      : ctx_(ctx), c_(c), world_(world), one_rank_(one_rank),
+        global_(world * c.accum * kRows), net_(!c.unused) {
+    nn::manual_seed(5);
+    x_ = nn::add_scalar(nn::randn({kSteps * global_, 2, 5, 5}), 0.5);
+    y_ = nn::randn({kSteps * global_, 2});
+    if (c.sync_bn) ConvertSyncBatchNorm(net_);
+    DataParallelOptions options{.bucket_bytes = 256, .first_bucket_bytes = 128,
+                                .find_unused_parameters = c.unused};
+    if (c.hook && !one_rank) options.comm_hook = Bf16CompressHook();
+    dp_ = std::make_unique<DataParallel>(net_, ctx, options);
+    if (c.zero && !one_rank) {
+      zero_ = std::make_unique<ZeroRedundancyOptimizer>(*dp_, [](std::vector<Tensor> shard) {
+        return MakeJoinOptimizer("momentum", std::move(shard));
+      });
+    } else {
+      plain_ = MakeJoinOptimizer("momentum", dp_->parameters());
+    }
   }
+
   // With join the last rank skips the last step; the others' rows stay where they are.
-  auto active = [&](int s) { return c.join && s == kSteps - 1 ? world - 1 : world; };
-  std::optional<DataParallel::JoinGuard> join;
-  if (c.join && !one_rank) join.emplace(&dp);
-  const int steps = one_rank || active(kSteps - 1) > ctx.rank() ? kSteps : kSteps - 1;
-  for (int s = 0; s < steps; ++s) {
-    if (zero) zero->zero_grad();
-    if (plain) plain->zero_grad();
-    for (int i = 0; i < c.accum; ++i) {
-      const int64_t union_lo = s * global + i * world * kRows;
-      const int64_t lo = one_rank ? union_lo : union_lo + ctx.rank() * kRows;
-      const int64_t hi = one_rank ? union_lo + active(s) * kRows : lo + kRows;
+  int Active(int s) const { return c_.join && s == kSteps - 1 ? world_ - 1 : world_; }
+  int Steps() const {
+    return one_rank_ || Active(kSteps - 1) > ctx_.rank() ? kSteps : kSteps - 1;
+  }
+
+  void Step(int s) {
+    if (zero_) zero_->zero_grad();
+    if (plain_) plain_->zero_grad();
+    for (int i = 0; i < c_.accum; ++i) {
+      const int64_t union_lo = s * global_ + i * world_ * kRows;
+      const int64_t lo = one_rank_ ? union_lo : union_lo + ctx_.rank() * kRows;
+      const int64_t hi = one_rank_ ? union_lo + Active(s) * kRows : lo + kRows;
       std::optional<DataParallel::NoSyncGuard> no_sync;
-      if (i + 1 < c.accum) no_sync.emplace(&dp);
+      if (i + 1 < c_.accum) no_sync.emplace(dp_.get());
       Tensor loss;
       {
-        nn::AutocastGuard autocast(c.autocast ? nn::kBFloat16 : nn::kFloat32);
-        loss = nn::mse_loss(dp(x.slice(lo, hi)), y.slice(lo, hi));
+        nn::AutocastGuard autocast(c_.autocast ? nn::kBFloat16 : nn::kFloat32);
+        loss = nn::mse_loss((*dp_)(x_.slice(lo, hi)), y_.slice(lo, hi));
       }
-      (c.accum > 1 ? loss / static_cast<double>(c.accum) : loss).backward();
+      (c_.accum > 1 ? loss / static_cast<double>(c_.accum) : loss).backward();
     }
-    if (zero) zero->step();
-    if (plain) plain->step();
+    if (zero_) zero_->step();
+    if (plain_) plain_->step();
   }
-  if (join) ThrowIfError(join->finish(), "finish: ");
-  return Flat(net.parameters());
+
+  Tensor Train() {
+    std::optional<DataParallel::JoinGuard> join;
+    if (c_.join && !one_rank_) join.emplace(dp_.get());
+    for (int s = 0; s < Steps(); ++s) Step(s);
+    if (join) ThrowIfError(join->finish(), "finish: ");
+    return Params();
+  }
+
+  Tensor Params() const { return Flat(net_.parameters()); }
+  TrainingState State(int64_t* step) {
+    return {.model = &net_, .optimizer = plain_.get(), .step = step};
+  }
+
+ private:
+  Context& ctx_;
+  Combo c_;
+  int world_;
+  bool one_rank_;
+  int64_t global_;
+  Tensor x_, y_;
+  WithSpare<Net> net_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_;
+  std::unique_ptr<optim::Optimizer> plain_;
+};
+
+template <typename Net>
+Tensor TrainCombo(Context& ctx, const Combo& c, int world, bool one_rank) {
+  return ComboRun<Net>(ctx, c, world, one_rank).Train();
+}
+
+// Two steps, a checkpoint, fresh objects loading it, two more steps.
+template <typename Net>
+Tensor ResumeCombo(Context& ctx, const Combo& c, const std::string& path) {
+  int64_t step = 0;
+  {
+    ComboRun<Net> first(ctx, c, 2, false);
+    for (; step < 2; ++step) first.Step(static_cast<int>(step));
+    ThrowIfError(SaveTrainingCheckpoint(ctx, path, first.State(&step)), "save: ");
+  }
+  nn::manual_seed(1234);  // the fresh model's initialisation differs from the first's
+  ComboRun<Net> resumed(ctx, c, 2, false);
+  TrainingState state = resumed.State(&step);
+  ThrowIfError(LoadTrainingCheckpoint(ctx, path, state), "load: ");
+  for (; step < ComboRun<Net>::kSteps; ++step) resumed.Step(static_cast<int>(step));
+  return resumed.Params();
+}
+
+// Checkpoint save and resume with each feature: 2 ranks resumed after 2 of 4
+// steps end with the bits of the run that never stopped.
+TEST_F(ComposeTest, CheckpointResumeWithEachFeatureGivesTheBitsOfTheRunThatNeverStopped) {
+  const std::vector<Combo> combos = {
+      {.name = "checkpoint + bf16 hook", .hook = true},
+      {.name = "checkpoint + accumulation", .accum = 3},
+      {.name = "checkpoint + SyncBatchNorm", .sync_bn = true},
+      {.name = "checkpoint + find_unused_parameters", .unused = true},
+      {.name = "checkpoint + bf16 autocast", .autocast = true},
+  };
+  const std::string path = ::testing::TempDir() + "compose_checkpoint.ckpt";
+  for (const Combo& c : combos) {
+    auto straight = spawn([&](Context& ctx) {
+      return c.sync_bn ? TrainCombo<BnNet>(ctx, c, 2, false) : TrainCombo<PlainNet>(ctx, c, 2, false);
+    }, 2, "cpu", options_);
+    auto resumed = spawn([&](Context& ctx) {
+      return c.sync_bn ? ResumeCombo<BnNet>(ctx, c, path) : ResumeCombo<PlainNet>(ctx, c, path);
+    }, 2, "cpu", options_);
+    ASSERT_TRUE(straight.ok() && resumed.ok()) << c.name << ": " << straight.status()
+                                               << resumed.status();
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(c.name);
+      testing::ExpectSameBits((*resumed)[r].to_vector<float>(), (*straight)[r].to_vector<float>(),
+                              "parameters");
+    }
+  }
 }
 
 TEST_F(ComposeTest, PairsOfFeaturesMatchOneRank) {
