@@ -1,7 +1,9 @@
-// Features combined, on in-process CPU ranks: the join guard held in a
-// std::optional and left by an exception (its errors reach every rank, never
-// std::terminate), gradient accumulation inside join() against one rank,
-// broadcast_buffers inside join(), and uneven steps without join(), which the
+// Features combined, on in-process CPU ranks (docs/guide.md's table "Which
+// features combine" cites these): the join guard held in a std::optional and
+// left by an exception (its errors reach every rank, never std::terminate);
+// accumulation, evaluation and broadcast_buffers inside join(); ZeRO with the
+// compress hooks; pairs of features against one rank and through a checkpoint
+// resume; broadcast_buffers' default; uneven steps without join(), which the
 // watchdog ends as soon as the short rank returns.
 #include <algorithm>
 #include <atomic>
