@@ -308,6 +308,13 @@ void RunRankBody(const RankThreadEnv& env, int r) {
                 &env.agreement);
     CurrentContextGuard current(&ctx);
     absl::Status status = env.body(ctx);
+    if (status.ok()) {
+      // A failure a guard's destructor found and no later collective threw.
+      const absl::Status deferred = env.comms[r]->TakeDeferredError();
+      if (absl::IsCancelled(deferred)) throw CancelledError(std::string(deferred.message()));
+      if (IsPeerFailure(deferred)) throw PeerFailedError(std::string(deferred.message()));
+      if (!deferred.ok()) throw Error(std::string(deferred.message()));
+    }
     if (!status.ok()) {
       run.Fail(r,
                absl::Status(status.code(),

@@ -1,6 +1,8 @@
 #include "spawn/comm/communicator.h"
 
 #include <chrono>
+#include <string>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -142,6 +144,12 @@ void Communicator::Attach(std::stop_token stop, internal::CollectiveTrace* trace
   trace_->flight.set_kind(kind());
 }
 
+void Communicator::DeferError(absl::Status error) {
+  if (deferred_.ok()) deferred_ = std::move(error);
+}
+
+absl::Status Communicator::TakeDeferredError() { return std::exchange(deferred_, absl::OkStatus()); }
+
 uint64_t Communicator::Enter(const char* op, const nn::Tensor* x) {
   int64_t now_ns;
   return EnterAt(op, x, &now_ns);
@@ -149,6 +157,15 @@ uint64_t Communicator::Enter(const char* op, const nn::Tensor* x) {
 
 uint64_t Communicator::EnterAt(const char* op, const nn::Tensor* x, int64_t* now_ns_out) {
   const uint64_t next = sequence_ + 1;
+  if (!deferred_.ok()) {
+    const absl::Status error = TakeDeferredError();
+    const std::string what = absl::StrCat("rank ", rank_, ": ", op, " #", next,
+                                          " not started: an earlier failure on this rank: ",
+                                          error.message());
+    if (absl::IsCancelled(error)) throw CancelledError(what);
+    if (IsPeerFailure(error)) throw PeerFailedError(what);
+    throw Error(what);
+  }
   if (stop_.stop_requested()) {
     throw CancelledError(absl::StrCat("rank ", rank_, ": ", op, " #", next,
                                       " not started: the run is stopping"));

@@ -196,6 +196,16 @@ class Communicator {
   std::string DumpFlightRecorder() const;
   std::vector<FlightRecord> FlightRecords() const { return trace_->flight.Snapshot(); }
 
+  // A failure found where it could not be thrown: a guard's destructor
+  // (DataParallel::JoinGuard) that ran collectives. The next collective of this
+  // rank throws it instead of starting (CancelledError for a kCancelled status,
+  // tandem::Error otherwise); when the rank's function returns without making
+  // one, spawn fails the rank with it. The first deferred error is kept.
+  // Rank thread only.
+  void DeferError(absl::Status error);
+  // The deferred error not thrown yet (OK: none), cleared.
+  absl::Status TakeDeferredError();
+
   // Host seconds this rank has spent inside collectives and in wait() of
   // asynchronous ones since the communicator was made (any thread may read it).
   // On GPU ranks a collective returns once queued: this is host time, not device time.
@@ -294,6 +304,7 @@ class Communicator {
   internal::CollectiveTrace own_trace_;
   internal::CollectiveTrace* trace_ = &own_trace_;
   uint64_t sequence_ = 0;
+  absl::Status deferred_;  // DeferError's, until thrown or taken
   std::atomic<int64_t> waited_ns_{0};
 };
 

@@ -163,6 +163,13 @@ class Watchdog {
 
   void CheckTimeouts(double timeout_s, int64_t timeout_ns);
 
+  // A rank of this process whose function has returned while another waits in a
+  // collective numbered above the last one the returned rank entered: that
+  // collective can never complete, so the run fails now (naming both, and
+  // DataParallel::join() as the remedy for uneven data) instead of at timeout_s.
+  // Ranks of other processes are not seen here.
+  void CheckReturnedRanks();
+
 
   const int rank_offset_;
   const std::string where_;

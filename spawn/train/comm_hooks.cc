@@ -38,31 +38,29 @@ class HookedWork final : public Work {
 
 }  // namespace
 
-CommHook AllReduceHook() {
-  return [](GradBucket& bucket) {
-    return BucketReduction{.work = bucket.comm->all_reduce_async(bucket.buffer, ReduceOp::kAvg),
-                           .averaged = true};
-  };
+namespace internal {
+
+BucketReduction AllReduceHookFn::operator()(GradBucket& bucket) const {
+  return BucketReduction{.work = bucket.comm->all_reduce_async(bucket.buffer, ReduceOp::kAvg),
+                         .averaged = true};
 }
 
-namespace {
-
-// The bucket cast to `dtype`, summed over the ranks; DataParallel casts the
-// sum back to the bucket's dtype and divides it.
-CommHook CompressHook(nn::DType dtype) {
-  return [dtype](GradBucket& bucket) {
-    nn::NoGradGuard no_grad;
-    nn::Tensor half = bucket.buffer.to(dtype);
-    std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
-    return BucketReduction{.work = std::move(work), .result = std::move(half)};
-  };
+// The bucket cast to `wire`, summed over the ranks; DataParallel casts the sum
+// back to the bucket's dtype and divides it.
+BucketReduction CompressHookFn::operator()(GradBucket& bucket) const {
+  nn::NoGradGuard no_grad;
+  nn::Tensor half = bucket.buffer.to(wire);
+  std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
+  return BucketReduction{.work = std::move(work), .result = std::move(half)};
 }
 
-}  // namespace
+}  // namespace internal
 
-CommHook Bf16CompressHook() { return CompressHook(nn::kBFloat16); }
+CommHook AllReduceHook() { return internal::AllReduceHookFn{}; }
 
-CommHook Fp16CompressHook() { return CompressHook(nn::kFloat16); }
+CommHook Bf16CompressHook() { return internal::CompressHookFn{nn::kBFloat16}; }
+
+CommHook Fp16CompressHook() { return internal::CompressHookFn{nn::kFloat16}; }
 
 namespace internal {
 
