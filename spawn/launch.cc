@@ -196,6 +196,11 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
         "SpawnOptions::timeout_s must be positive and at most ", kMaxTimeoutS,
         " s (finite: the watchdog counts in int64 nanoseconds), not ", options.timeout_s));
   }
+  if (options.flight_recorder_entries < 0 || options.flight_recorder_entries > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SpawnOptions::flight_recorder_entries must be in [0, 1048576], not ",
+                     options.flight_recorder_entries));
+  }
   return StopSignalScope::Validate(options.stop_signals);
 }
 
@@ -497,6 +502,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
 
   on_world_size(world);
   Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
+  run.SetFlightRecorderEntries(options.flight_recorder_entries);
   SigintScope sigint(options.handle_sigint, hooks.exit_process);
   // The graceful stop (stop_signals): the ranks agree on the step at which they
   // stop; across processes through the communication thread's rounds

@@ -62,6 +62,7 @@ void Watchdog::Fail(int rank, absl::Status status, bool cancelled, bool peer,
     logger_->Write(LogLevel::kError, -1, nn::Device(), absl::StrCat("the cause: ", message));
   } else if (first) {
     logger_->Write(planned ? LogLevel::kInfo : LogLevel::kError, -1, nn::Device(), message);
+    if (!planned) WriteFlightRecorders();
     stop_.request_stop();
     if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", message));
     std::lock_guard<std::mutex> lock(mutex_);
@@ -71,6 +72,23 @@ void Watchdog::Fail(int rank, absl::Status status, bool cancelled, bool peer,
                    absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
                                           : "failed after the first failure (consequence): ",
                                 message));
+  }
+}
+
+void Watchdog::SetFlightRecorderEntries(int entries) {
+  for (CollectiveTrace& t : traces_) t.flight.Reset(entries);
+}
+
+void Watchdog::WriteFlightRecorders() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (flight_written_ || traces_.empty() || !traces_[0].flight.enabled()) return;
+    flight_written_ = true;
+  }
+  std::vector<std::pair<std::string, const FlightRecorder*>> rings;
+  for (int r = 0; r < world_size(); ++r) rings.emplace_back(RankName(r), &traces_[r].flight);
+  for (const std::string& line : DumpFlightRecorders(rings, SteadyNowNs())) {
+    logger_->Write(LogLevel::kInfo, -1, nn::Device(), line);
   }
 }
 
