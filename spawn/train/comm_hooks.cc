@@ -1,5 +1,6 @@
 #include "spawn/train/comm_hooks.h"
 
+#include <atomic>
 #include <utility>
 
 #include "nn/error.h"
@@ -24,16 +25,25 @@ class HookedWork final : public Work {
     nn::NoGradGuard no_grad;
     if (result_.defined()) target_.copy_(result_);
     if (scale_ != 1.0) target_.mul_(scale_);
+    waited_ = true;
   }
   std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
     return work_ ? work_->finished_at() : std::nullopt;
   }
+  // Work's contract: the result in place. A copy or a scaling left to wait()
+  // makes that true only once wait() has run.
+  bool is_completed() const override {
+    if (waited_) return true;
+    return work_ && work_->is_completed() && !result_.defined() && scale_ == 1.0;
+  }
+  uint64_t sequence() const override { return work_ ? work_->sequence() : 0; }
 
  private:
   std::shared_ptr<Work> work_;
   nn::Tensor target_;  // the bucket's range that receives the result
   nn::Tensor result_;  // undefined: reduced in place
   double scale_;       // 1 / world size for a sum, 1 for a mean
+  std::atomic<bool> waited_{false};
 };
 
 }  // namespace
