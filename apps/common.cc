@@ -362,11 +362,6 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
                                       "\": unknown hook (allreduce, bf16, fp16)"));
   }
-  if (flags.zero && flags.comm_hook != "allreduce") {
-    FlagErrorExit(flags, absl::StrCat("--zero with --comm_hook ", flags.comm_hook,
-                                      ": the sharded optimizer reduce-scatters the gradients "
-                                      "itself (use --comm_hook=allreduce)"));
-  }
   if (!(flags.lr > 0)) {
     FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
   }

@@ -143,6 +143,7 @@ __global__ void WriteScalarsKernel(UpdateScalars scalars, UpdateScalars* dst) { 
 // failed peer never joins; on a rank thread the wait then ends with the rank's
 // stop instead of never.
 void WaitOnHost(cudaEvent_t event, nn::Device device) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kHostWait);
   if (!nn::HasInterruptCheck()) {
     TANDEM_CHECK_CUDA(cudaEventSynchronize(event), device);
     return;
@@ -232,6 +233,7 @@ class DeviceTables {
     void* pinned = t.pinned.host_ptr();
     std::memcpy(pinned, words.data(), bytes);
     cudaStream_t stream = nn::internal::ThreadStream(device);
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kMemcpyAsync);
     TANDEM_CHECK_CUDA(cudaMemcpyAsync(t.on_device.data_ptr(), pinned, bytes,
                                       cudaMemcpyHostToDevice, stream),
                       device);

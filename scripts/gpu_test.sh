@@ -21,7 +21,13 @@
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
 #    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
 #    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
-# 6. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
+# 6. (only when STEPS names it) host_cost: the CUDA calls per op of
+#    nn_host_cost_gpu_test, whose measured budget lines are written to
+#    $OUT/cuda_call_budgets.inc (bench-out/ without OUT), then host microseconds
+#    per tiny op on cuda:0 and the CPU, tandem against PyTorch (bench/host_cost.py
+#    with build-gpu/bench/host_cost_bench; HOST_COST_ARGS replaces its default
+#    --devices=cuda:0,cpu --repetitions=5 --rounds=3). One to three minutes.
+# 7. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
 #    the gpu test binaries named in MEMCHECK_TESTS (paths under build-gpu, default
 #    tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test), each within
 #    MEMCHECK_TIMEOUT seconds (default 120; "all" runs every binary of
@@ -171,6 +177,28 @@ if [ -x "$build/bench/tandem_bench" ]; then
 else
   echo "gpu_test: $build/bench/tandem_bench was not built"
   failed+=("bench compare")
+fi
+
+fi
+if wants host_cost; then
+step "host cost: CUDA calls per op (nn_host_cost_gpu_test), host us per op (bench/host_cost.py)"
+host_cost_out="${OUT:-$root/bench-out}"
+mkdir -p "$host_cost_out"
+if [ -x "$build/tests/nn/nn_host_cost_gpu_test" ]; then
+  (cd "$build/tests/nn" &&
+   TANDEM_CUDA_CALL_BUDGETS_OUT="$host_cost_out/cuda_call_budgets.inc" \
+     ./nn_host_cost_gpu_test) || { echo "gpu_test: nn_host_cost_gpu_test FAILED"; failed+=("nn_host_cost_gpu_test"); }
+else
+  echo "gpu_test: $build/tests/nn/nn_host_cost_gpu_test was not built"
+  failed+=("nn_host_cost_gpu_test")
+fi
+if [ -x "$build/bench/host_cost_bench" ]; then
+  read -r -a host_cost_args <<<"${HOST_COST_ARGS:---devices=cuda:0,cpu --repetitions=5 --rounds=3}"
+  run "host_cost" "$python" "$root/bench/host_cost.py" --bench="$build/bench/host_cost_bench" \
+    --python="$python" "${host_cost_args[@]}"
+else
+  echo "gpu_test: $build/bench/host_cost_bench was not built"
+  failed+=("host_cost")
 fi
 
 fi

@@ -96,6 +96,13 @@ class Context {
   // Set by spawn before the function runs.
   void set_attempt_info(const AttemptInfo& info) { attempt_ = info; }
 
+  // This rank's flight recorder (spawn/comm/flight_recorder.h): its last
+  // SpawnOptions::flight_recorder_entries collectives, one line each after a
+  // heading, each "flight recorder: rank R (device) #N op dtype[count] state: ...".
+  // spawn logs every rank's with the run's first failure; this is the same
+  // text on demand (e.g. from a training loop that suspects a slow rank).
+  std::string DumpFlightRecorder() const { return communicator_->DumpFlightRecorder(); }
+
   // SBP-style data parallelism (OneFlow's split(0) for the data, the model
   // broadcast by DataParallel): every rank holds the same global tensor `x` and
   // split gives this rank's part of it, so the user writes the single-device

@@ -198,6 +198,11 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
         " s (finite: the watchdog counts in int64 nanoseconds), not ", options.timeout_s));
   }
   RETURN_IF_ERROR(CheckRestartPolicy(options.restart, options.processes, DetectLaunch()));
+  if (options.flight_recorder_entries < 0 || options.flight_recorder_entries > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SpawnOptions::flight_recorder_entries must be in [0, 1048576], not ",
+                     options.flight_recorder_entries));
+  }
   return StopSignalScope::Validate(options.stop_signals);
 }
 
@@ -305,6 +310,13 @@ void RunRankBody(const RankThreadEnv& env, int r) {
                 &env.agreement);
     CurrentContextGuard current(&ctx);
     absl::Status status = env.body(ctx);
+    if (status.ok()) {
+      // A failure a guard's destructor found and no later collective threw.
+      const absl::Status deferred = env.comms[r]->TakeDeferredError();
+      if (absl::IsCancelled(deferred)) throw CancelledError(std::string(deferred.message()));
+      if (IsPeerFailure(deferred)) throw PeerFailedError(std::string(deferred.message()));
+      if (!deferred.ok()) throw Error(std::string(deferred.message()));
+    }
     if (!status.ok()) {
       run.Fail(r,
                absl::Status(status.code(),
@@ -504,6 +516,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   // which FinishRun destroys. Without restarts the run is one attempt.
   auto run_attempt = [&](const std::function<absl::Status(Context&)>& attempt_body) {
     Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
+    run.SetFlightRecorderEntries(options.flight_recorder_entries);
     StepAgreement agreement(world, signal_source, options.stop_grace_s,
                             /*cross_process=*/procs != nullptr);
     const RankThreadEnv env{.devices = devices,

@@ -33,7 +33,9 @@
 // A watchdog ends a run whose collective has not completed within timeout_s with
 // DeadlineExceeded, listing each rank's last collective (sequence number, op)
 // (a rank-0 checkpoint write longer than timeout_s while the others wait in a
-// collective ends the run this way, rather than hanging it).
+// collective ends the run this way, rather than hanging it). With that and any
+// other first failure the log gets, after the error line, every local rank's
+// flight recorder: its last collectives (spawn/comm/flight_recorder.h).
 // Ctrl-C (SIGINT, handled while spawn runs) stops every rank at its next
 // collective, stop-aware wait or check_stop() and spawn returns Cancelled. A rank
 // that reaches none of them cannot be stopped (threads are not killed): timeout_s
@@ -115,6 +117,11 @@ struct SpawnOptions {
   // Positive and at most 1e9 (about 31.7 years; +inf and NaN are refused with
   // InvalidArgument).
   double timeout_s = 300;
+  // Each rank's flight recorder keeps its last this many collectives (op,
+  // sequence number, dtype and count, times, state), logged with the run's first
+  // failure and on demand (Context::DumpFlightRecorder; spawn/comm/flight_recorder.h).
+  // 0 turns it off; at most 1 << 20.
+  int flight_recorder_entries = FlightRecorder::kDefaultEntries;
   // Rank r's generator is seeded with (seed, stream r).
   uint64_t seed = 0;
   // Console stream for the log (std::cerr when null); not owned.

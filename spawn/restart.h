@@ -21,7 +21,9 @@
 // rebuild of the communicators before a restart); Ctrl-C or a stop signal
 // (SpawnOptions::stop_signals) received at any time during the run; a failure
 // after some rank's function *returned* OK in the same attempt (the ranks
-// disagree on the steps to run: a program error); a rank that left its
+// disagree on the steps to run: a program error, which the watchdog fails at
+// once when a peer waits in a collective the returned rank never entered); a
+// rank that left its
 // function more than timeout_s after the stop (it was outside any abortable
 // wait); every other failure of the watchdog's own (threads that do not
 // exit, CUDA graphs kept past the function, a thread that cannot start).

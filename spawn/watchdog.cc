@@ -63,6 +63,7 @@ void Watchdog::Fail(int rank, absl::Status status, bool cancelled, bool peer,
     logger_->Write(LogLevel::kError, -1, nn::Device(), absl::StrCat("the cause: ", message));
   } else if (first) {
     logger_->Write(planned ? LogLevel::kInfo : LogLevel::kError, -1, nn::Device(), message);
+    if (!planned) WriteFlightRecorders();
     stop_.request_stop();
     if (group_) group_->Cancel(absl::StrCat("the run is stopping: ", message));
     std::lock_guard<std::mutex> lock(mutex_);
@@ -72,6 +73,23 @@ void Watchdog::Fail(int rank, absl::Status status, bool cancelled, bool peer,
                    absl::StrCat(cancelled ? "stopped as a consequence of the first failure: "
                                           : "failed after the first failure (consequence): ",
                                 message));
+  }
+}
+
+void Watchdog::SetFlightRecorderEntries(int entries) {
+  for (CollectiveTrace& t : traces_) t.flight.Reset(entries);
+}
+
+void Watchdog::WriteFlightRecorders() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (flight_written_ || traces_.empty() || !traces_[0].flight.enabled()) return;
+    flight_written_ = true;
+  }
+  std::vector<std::pair<std::string, const FlightRecorder*>> rings;
+  for (int r = 0; r < world_size(); ++r) rings.emplace_back(RankName(r), &traces_[r].flight);
+  for (const std::string& line : DumpFlightRecorders(rings, SteadyNowNs())) {
+    logger_->Write(LogLevel::kInfo, -1, nn::Device(), line);
   }
 }
 
@@ -127,6 +145,7 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
     if (stop_.stop_requested() && !aborted) AbortCommunicators(timeout_s, exit_process);
     for (const auto& comm : *comms_) comm->PollCompleted();
     if (!stop_.stop_requested()) {
+      CheckReturnedRanks();
       CheckTimeouts(timeout_s, timeout_ns);
       CheckExits(timeout_s, timeout_ns);
     } else {
@@ -247,6 +266,33 @@ void Watchdog::CheckStragglers(double timeout_s, int64_t timeout_ns) {
                  absl::StrCat("watchdog: ", timeout_s, " s after the run stopped, spawn still "
                               "waits for ", ranks, ": running code that reaches no collective, "
                               "stop-aware wait or check_stop(); a second Ctrl-C exits at once"));
+}
+
+void Watchdog::CheckReturnedRanks() {
+  for (int gone = 0; gone < world_size(); ++gone) {
+    if (states_[gone].load() != RankState::kFinished) continue;
+    // Final: a rank whose function has returned enters no more collectives.
+    const uint64_t gone_entered = traces_[gone].entered.load(std::memory_order_acquire);
+    for (int r = 0; r < world_size(); ++r) {
+      if (states_[r].load() != RankState::kRunning) continue;
+      const CollectiveTrace& t = traces_[r];
+      const uint64_t entered = t.entered.load(std::memory_order_acquire);
+      // Work the returned rank entered but has not completed (NCCL, in flight)
+      // is not counted against it: only a collective it never entered.
+      if (entered <= t.completed.load(std::memory_order_acquire) || entered <= gone_entered) {
+        continue;
+      }
+      Fail(-1, absl::FailedPreconditionError(absl::StrCat(
+                   "watchdog: ", RankName(gone), " returned from its function after entering ",
+                   gone_entered, " collective(s), while ", RankName(r), " waits in ",
+                   t.op.load(std::memory_order_relaxed), " #", entered,
+                   ", which it will never enter: the ranks ran different numbers of steps "
+                   "(uneven data); give every rank the same number of batches, or train "
+                   "inside DataParallel::join()")),
+           false);
+      return;
+    }
+  }
 }
 
 void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {

@@ -150,6 +150,8 @@ class FakeAsyncCommunicator::FakeWork final : public dist::Work {
   ~FakeWork() override {
     if (!waited_) group_->BlockUntilFinished(*op_, std::chrono::seconds(30));
   }
+  // Finished on the fake device, or ended by the abort.
+  bool is_completed() const override { return op_->finished(); }
   // Stop-aware host wait, like item() on a stream behind the collective.
   void wait() override {
     waited_ = true;

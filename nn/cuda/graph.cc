@@ -193,13 +193,18 @@ class ActiveCaptures {
     }
     return ready;
   }
-  // Keeps `memory` for later when one of its devices captures now; returns
-  // whether it did.
-  bool DeferIfCapturing(GraphMemory& memory) {
+  // Keeps `memory` for later when one of its devices captures now, else
+  // releases it. The release runs under the lock: Begin (which comes before
+  // cudaStreamBeginCapture) waits for it, so no capture can start on a stream
+  // between the check and the events ReleaseNow records there (such a record
+  // would fork GraphMemoryStream into that capture, with the frees after it).
+  void ReleaseOrDefer(GraphMemory& memory) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!CapturingLocked(memory)) return false;
-    pending_.push_back(std::move(memory));
-    return true;
+    if (CapturingLocked(memory)) {
+      pending_.push_back(std::move(memory));
+    } else {
+      ReleaseNow(memory);
+    }
   }
 
  private:
@@ -223,8 +228,8 @@ class ActiveCaptures {
 void Release(GraphMemory memory) {
   if (t_capture != nullptr) {
     t_capture->released.push_back(std::move(memory));
-  } else if (!ActiveCaptures::Get().DeferIfCapturing(memory)) {
-    ReleaseNow(memory);
+  } else {
+    ActiveCaptures::Get().ReleaseOrDefer(memory);
   }
 }
 
@@ -280,12 +285,14 @@ class CaptureArena final : public Allocator {
   void Free(void*, int64_t, Device) noexcept override {}
 
   // `stream` uploaded or launched the graph: the memory goes back after its
-  // work (ReleaseNow).
-  void AddUser(cudaStream_t stream) {
+  // work (ReleaseNow). Returns whether `stream` is new to the graph.
+  bool AddUser(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (std::find(memory_.users.begin(), memory_.users.end(), stream) == memory_.users.end()) {
-      memory_.users.push_back(stream);
+    if (std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end()) {
+      return false;
     }
+    memory_.users.push_back(stream);
+    return true;
   }
 
   // Takes over pool memory released during the capture.
@@ -588,7 +595,14 @@ void CudaGraph::Replay() {
   for (const std::function<void()>& hook : impl_->hooks) hook();
   cudaStream_t stream = internal::ThreadStream(device_);
   if (stream != impl_->last_user) {  // another thread's stream: its memory waits for it too
-    impl_->arena->AddUser(stream);
+    if (impl_->arena->AddUser(stream)) {
+      // Only the capturing stream was ordered after the arena's cudaMallocAsync
+      // calls on GraphMemoryStream (and the waits the pool may have put there
+      // before reusing a block another stream freed): this one must be too.
+      if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
+        OrderAfter(stream, memory_stream, device_);
+      }
+    }
     impl_->last_user = stream;
   }
   TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, stream), device_);

@@ -308,6 +308,7 @@ namespace {
 // rank thread for good.
 void HostWait(cudaError_t (*query)(void*), cudaError_t (*block)(void*), void* what,
               const char* call, Device device) {
+  CountCudaCall(CudaCall::kHostWait);
   if (!HasInterruptCheck()) {
     CheckCuda(block(what), call, device);
     return;
@@ -397,6 +398,7 @@ class Event {
 void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
                       cudaStream_t stream) {
   if (IsPinnedHostPointer(src)) {
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
     RecordPinnedUse(src, device, stream);
@@ -405,6 +407,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
   if (bytes <= kStagingChunkBytes) {
     StagingBlock staging(bytes);
     std::memcpy(staging.data(), src, static_cast<size_t>(bytes));
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, staging.data(), static_cast<size_t>(bytes),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
@@ -421,6 +424,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
     const int b = static_cast<int>(k % 2);
     if (k >= 2) WaitEvent(emptied[b].get(), device);
     std::memcpy(buffers[b].data(), src + offset, static_cast<size_t>(n));
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst + offset, buffers[b].data(), static_cast<size_t>(n),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
@@ -435,6 +439,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
 void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
                       cudaStream_t stream) {
   if (IsPinnedHostPointer(dst)) {
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
               "cudaMemcpyAsync", device);
     WaitStreamWritingPinned(stream, device, dst);
@@ -443,6 +448,7 @@ void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
     StagingBlock staging(chunk);
     for (int64_t offset = 0; offset < bytes; offset += chunk) {
       const int64_t n = std::min(chunk, bytes - offset);
+      CountCudaCall(CudaCall::kMemcpyAsync);
       CheckCuda(cudaMemcpyAsync(staging.data(), src + offset, static_cast<size_t>(n),
                                 cudaMemcpyDeviceToHost, stream),
                 "cudaMemcpyAsync", device);
@@ -510,11 +516,13 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
       // the mapping.
       CudaStreamWait(stream, ThreadStream(src_device), src_device);
       GrantPeerPoolAccessOnce(src_device, dst_device);
+      CountCudaCall(CudaCall::kMemcpyAsync);
       CheckCuda(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index,
                                     static_cast<size_t>(bytes), stream),
                 "cudaMemcpyPeerAsync", stream_device);
       return;
     }
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
                               stream),
               "cudaMemcpyAsync", stream_device);
@@ -522,9 +530,13 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
   }
   if (Capturing(stream, stream_device)) {
     // Under graph capture: the plain copy (a copy to the host fails the capture).
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, stream),
               "cudaMemcpyAsync", stream_device);
-    if (dst_device.is_cpu()) CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", src_device);
+    if (dst_device.is_cpu()) {
+      CountCudaCall(CudaCall::kHostWait);
+      CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", src_device);
+    }
     return;
   }
   if (dst_device.is_cuda()) {
@@ -541,6 +553,7 @@ void CudaSynchronize(Device device) {
 
 void CudaMemsetZero(void* dst, Device device, int64_t bytes) {
   CudaDeviceScope current(device);  // pool memory: its device current
+  CountCudaCall(CudaCall::kMemsetAsync);
   CheckCuda(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMemsetAsync", device);
 }

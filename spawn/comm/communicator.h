@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "nn/error.h"
 #include "nn/tensor.h"
+#include "spawn/comm/flight_recorder.h"
 
 namespace tandem::dist {
 
@@ -101,6 +102,18 @@ class Work {
   virtual std::optional<std::chrono::steady_clock::time_point> finished_at() const {
     return std::nullopt;
   }
+  // Non-blocking: true once the collective has finished, or failed (wait()
+  // then throws). CPU tensors: the result is in place. CUDA tensors: the
+  // device work has finished (NCCL: its event has completed), so no stream
+  // needs to wait any more; a stopping run's aborted collective counts as
+  // finished. Any thread, as wait()'s owner may poll it while another waits
+  // (not while the handle is being destroyed). The base class returns false:
+  // a handle that cannot tell is finished only once wait() has returned.
+  virtual bool is_completed() const { return false; }
+  // The collective's sequence number on its rank (Communicator::Enter's,
+  // the watchdog's "#N" and the flight recorder's), 1 for the first; 0 for a
+  // handle that does not know it.
+  virtual uint64_t sequence() const { return 0; }
 };
 
 namespace internal {
@@ -112,6 +125,8 @@ struct CollectiveTrace {
   std::atomic<uint64_t> completed{0};   // sequence number of the last one completed
   std::atomic<const char*> op{"none"};  // name of the last one entered (static string)
   std::atomic<int64_t> entered_ns{0};   // steady-clock time it was entered
+  // The last collectives in detail (spawn sizes it: SpawnOptions::flight_recorder_entries).
+  FlightRecorder flight;
 };
 
 // Nanoseconds on the steady clock.
@@ -173,6 +188,23 @@ class Communicator {
   // How many collectives this rank has entered (the sequence number of the last);
   // DataParallel::join() counts the collectives of a step with it.
   uint64_t collectives_entered() const { return sequence_; }
+
+  // The flight recorder (spawn/comm/flight_recorder.h) of this rank: its last
+  // collectives as text (a heading, then one line per collective, oldest
+  // first, each ending in '\n'), or their records. Any thread; the text is for
+  // people, not parsers.
+  std::string DumpFlightRecorder() const;
+  std::vector<FlightRecord> FlightRecords() const { return trace_->flight.Snapshot(); }
+
+  // A failure found where it could not be thrown: a guard's destructor
+  // (DataParallel::JoinGuard) that ran collectives. The next collective of this
+  // rank throws it instead of starting (CancelledError for a kCancelled status,
+  // tandem::Error otherwise); when the rank's function returns without making
+  // one, spawn fails the rank with it. The first deferred error is kept.
+  // Rank thread only.
+  void DeferError(absl::Status error);
+  // The deferred error not thrown yet (OK: none), cleared.
+  absl::Status TakeDeferredError();
 
   // Host seconds this rank has spent inside collectives and in wait() of
   // asynchronous ones since the communicator was made (any thread may read it).
@@ -250,10 +282,18 @@ class Communicator {
   // collective call does it; an implementation calls it itself for device work
   // that runs without a call, such as a CUDA graph's replay of recorded
   // collectives, so that the watchdog follows that work too.
-  uint64_t Enter(const char* op);
+  // x: the collective's tensor (its input), for the flight recorder's dtype and
+  // element count; null for none.
+  uint64_t Enter(const char* op, const nn::Tensor* x = nullptr);
 
  private:
   class Scope;
+  class HeldWork;
+  // Collective `sequence` threw, or its wait did (the flight recorder's "failed").
+  void MarkFailed(uint64_t sequence);
+  // Enter and MarkCompleted with the caller's clock reads (Scope's).
+  uint64_t EnterAt(const char* op, const nn::Tensor* x, int64_t* now_ns);
+  void MarkCompletedAt(uint64_t sequence, int64_t now_ns);
   // Throws unless t is on this rank's device; before the collective is entered.
   void CheckOnDevice(const nn::Tensor& t, const char* op, const char* name) const;
 
@@ -264,6 +304,7 @@ class Communicator {
   internal::CollectiveTrace own_trace_;
   internal::CollectiveTrace* trace_ = &own_trace_;
   uint64_t sequence_ = 0;
+  absl::Status deferred_;  // DeferError's, until thrown or taken
   std::atomic<int64_t> waited_ns_{0};
 };
 

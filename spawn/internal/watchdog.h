@@ -51,6 +51,8 @@ class Watchdog {
   std::stop_token stop_token() const { return stop_.get_token(); }
   bool stop_requested() const { return stop_.stop_requested(); }
   CollectiveTrace* trace(int rank) { return &traces_[rank]; }
+  // Sizes every rank's flight recorder (0: off); before the rank threads start.
+  void SetFlightRecorderEntries(int entries);
   // The fewest collectives one of this process's ranks has entered (any thread).
   uint64_t FewestCollectivesEntered() const;
   // Several processes: the watchdog's timeout message ends with what this says
@@ -123,6 +125,10 @@ class Watchdog {
              uint64_t sigint_at_start, StepAgreement& agreement, void (*exit_process)(int));
 
  private:
+  // The first failure's flight recorder dump: every rank's ring, to the log
+  // after the error line, once per run (spawn/comm/flight_recorder.h).
+  void WriteFlightRecorders();
+
   // True when a rank has entered a collective that is not complete yet.
   bool AnyCollectiveInFlight() const;
 
@@ -157,6 +163,13 @@ class Watchdog {
 
   void CheckTimeouts(double timeout_s, int64_t timeout_ns);
 
+  // A rank of this process whose function has returned while another waits in a
+  // collective numbered above the last one the returned rank entered: that
+  // collective can never complete, so the run fails now (naming both, and
+  // DataParallel::join() as the remedy for uneven data) instead of at timeout_s.
+  // Ranks of other processes are not seen here.
+  void CheckReturnedRanks();
+
 
   const int rank_offset_;
   const std::string where_;
@@ -176,6 +189,7 @@ class Watchdog {
   int64_t all_finished_ns_ = 0;  // when finished_ reached world_size()
   bool joined_ = false;   // every rank thread was joined (guarded by mutex_)
   bool aborted_ = false;  // the communicators were aborted (guarded by mutex_)
+  bool flight_written_ = false;  // WriteFlightRecorders ran (guarded by mutex_)
   // Watchdog thread only.
   int64_t stopped_ns_ = 0;
   bool straggler_reported_ = false;

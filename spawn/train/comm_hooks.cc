@@ -1,5 +1,6 @@
 #include "spawn/train/comm_hooks.h"
 
+#include <atomic>
 #include <utility>
 
 #include "nn/error.h"
@@ -24,45 +25,52 @@ class HookedWork final : public Work {
     nn::NoGradGuard no_grad;
     if (result_.defined()) target_.copy_(result_);
     if (scale_ != 1.0) target_.mul_(scale_);
+    waited_ = true;
   }
   std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
     return work_ ? work_->finished_at() : std::nullopt;
   }
+  // Work's contract: the result in place. A copy or a scaling left to wait()
+  // makes that true only once wait() has run.
+  bool is_completed() const override {
+    if (waited_) return true;
+    return work_ && work_->is_completed() && !result_.defined() && scale_ == 1.0;
+  }
+  uint64_t sequence() const override { return work_ ? work_->sequence() : 0; }
 
  private:
   std::shared_ptr<Work> work_;
   nn::Tensor target_;  // the bucket's range that receives the result
   nn::Tensor result_;  // undefined: reduced in place
   double scale_;       // 1 / world size for a sum, 1 for a mean
+  std::atomic<bool> waited_{false};
 };
 
 }  // namespace
 
-CommHook AllReduceHook() {
-  return [](GradBucket& bucket) {
-    return BucketReduction{.work = bucket.comm->all_reduce_async(bucket.buffer, ReduceOp::kAvg),
-                           .averaged = true};
-  };
+namespace internal {
+
+BucketReduction AllReduceHookFn::operator()(GradBucket& bucket) const {
+  return BucketReduction{.work = bucket.comm->all_reduce_async(bucket.buffer, ReduceOp::kAvg),
+                         .averaged = true};
 }
 
-namespace {
-
-// The bucket cast to `dtype`, summed over the ranks; DataParallel casts the
-// sum back to the bucket's dtype and divides it.
-CommHook CompressHook(nn::DType dtype) {
-  return [dtype](GradBucket& bucket) {
-    nn::NoGradGuard no_grad;
-    nn::Tensor half = bucket.buffer.to(dtype);
-    std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
-    return BucketReduction{.work = std::move(work), .result = std::move(half)};
-  };
+// The bucket cast to `wire`, summed over the ranks; DataParallel casts the sum
+// back to the bucket's dtype and divides it.
+BucketReduction CompressHookFn::operator()(GradBucket& bucket) const {
+  nn::NoGradGuard no_grad;
+  nn::Tensor half = bucket.buffer.to(wire);
+  std::shared_ptr<Work> work = bucket.comm->all_reduce_async(half, ReduceOp::kSum);
+  return BucketReduction{.work = std::move(work), .result = std::move(half)};
 }
 
-}  // namespace
+}  // namespace internal
 
-CommHook Bf16CompressHook() { return CompressHook(nn::kBFloat16); }
+CommHook AllReduceHook() { return internal::AllReduceHookFn{}; }
 
-CommHook Fp16CompressHook() { return CompressHook(nn::kFloat16); }
+CommHook Bf16CompressHook() { return internal::CompressHookFn{nn::kBFloat16}; }
+
+CommHook Fp16CompressHook() { return internal::CompressHookFn{nn::kFloat16}; }
 
 namespace internal {
 

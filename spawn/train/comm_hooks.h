@@ -107,6 +107,17 @@ CommHook Fp16CompressHook();
 
 namespace internal {
 
+// The built-in hooks' function objects. ZeroRedundancyOptimizer finds them in a
+// DataParallel's hook (std::function::target) and reduce-scatters with the same
+// compression; it refuses any other hook.
+struct AllReduceHookFn {
+  BucketReduction operator()(GradBucket& bucket) const;
+};
+struct CompressHookFn {
+  nn::DType wire;  // kBFloat16 or kFloat16
+  BucketReduction operator()(GradBucket& bucket) const;
+};
+
 // Runs `hook` on `bucket` and returns the Work DataParallel keeps for it: its
 // wait() waits for the hook's collective, then copies the result into the
 // bucket and divides by the world size when the hook did not average. Checks

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,7 +50,7 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
     params_.push_back({.name = name, .param = p});
   }
   BuildBuckets();
-  ConnectSyncBatchNorm(&join_);
+  sync_batch_norm_layers_ = ConnectSyncBatchNorm(&join_);
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     params_[i].hook =
         params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
@@ -62,22 +64,30 @@ DataParallel::~DataParallel() {
   ConnectSyncBatchNorm(nullptr);
 }
 
-void DataParallel::ConnectSyncBatchNorm(internal::JoinState* join) {
+int DataParallel::ConnectSyncBatchNorm(internal::JoinState* join) {
+  int connected = 0;
   std::vector<nn::Module*> pending = {&module_};
   while (!pending.empty()) {
     nn::Module* m = pending.back();
     pending.pop_back();
     if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(m)) {
-      if (auto* sync = dynamic_cast<SyncBatchNormReducer*>(bn->reducer.get())) sync->set_join(join);
+      if (auto* sync = dynamic_cast<SyncBatchNormReducer*>(bn->reducer.get())) {
+        sync->set_join(join);
+        ++connected;
+      }
     }
     for (const std::shared_ptr<nn::Module>& child : m->children()) pending.push_back(child.get());
   }
+  return connected;
 }
 
-DataParallel::NoSyncGuard DataParallel::no_sync() {
-  TANDEM_CHECK(!join_.joining(), "DataParallel: no_sync() inside join(): a rank whose data ran "
-               "out answers whole synchronised steps");
-  return NoSyncGuard(this);
+DataParallel::NoSyncGuard::NoSyncGuard(DataParallel* dp) : dp_(dp), previous_(dp->sync_) {
+  TANDEM_CHECK(!dp->join_.joining() || dp->sync_batch_norm_layers_ == 0,
+               "DataParallel: no_sync() (gradient accumulation) inside join() with ",
+               dp->sync_batch_norm_layers_, " SyncBatchNorm layer(s): their forward is a "
+               "collective that a rank whose data ran out cannot answer before the step "
+               "agreement; accumulate without join(), or use BatchNorm2d");
+  dp->sync_ = false;
 }
 
 DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
@@ -86,26 +96,44 @@ DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
   TANDEM_CHECK(dp->sync_ && dp->options_.reduce_in_backward,
                "DataParallel: join() needs gradients reduced in backward (not inside no_sync(), "
                "not with reduce_in_backward off)");
-  TANDEM_CHECK(!dp->options_.broadcast_buffers,
-               "DataParallel: join() with broadcast_buffers: a rank whose data ran out cannot "
-               "tell whether it is the one to broadcast");
+  dp->step_rows_ = 0;
   dp->join_.Begin(dp->ctx_.communicator());
 }
 
-DataParallel::JoinGuard::~JoinGuard() noexcept(false) {
+DataParallel::JoinGuard::~JoinGuard() {
+  if (finished_.has_value()) return;
   if (std::uncaught_exceptions() > exceptions_) {
     dp_->join_.Abandon();  // the rank fails; spawn stops the others
     return;
   }
-  // Before answering: this rank's last backward may still have buckets in flight.
-  dp_->DropUnwaitedWork();
-  const int trained = dp_->join_.Shadow();
-  // Ranks that joined early skipped the last updates: every rank takes the
-  // model (parameters and buffers) of a rank that ran to the end.
-  nn::NoGradGuard no_grad;
-  Communicator& comm = dp_->ctx_.communicator();
-  for (nn::Tensor& p : dp_->module_.parameters()) comm.broadcast(p, trained);
-  for (nn::Tensor& b : dp_->module_.buffers()) comm.broadcast(b, trained);
+  absl::Status status = finish();
+  // The failure goes to this rank's next collective, or to spawn when the rank
+  // returns without one: a destructor never throws.
+  if (!status.ok()) dp_->ctx_.communicator().DeferError(std::move(status));
+}
+
+absl::Status DataParallel::JoinGuard::finish() {
+  if (finished_.has_value()) return *finished_;
+  try {
+    // Before answering: this rank's last backward may still have buckets in flight.
+    dp_->DropUnwaitedWork();
+    const int trained = dp_->join_.Shadow();
+    // Ranks that joined early skipped the last updates: every rank takes the
+    // model (parameters and buffers) of a rank that ran to the end.
+    nn::NoGradGuard no_grad;
+    Communicator& comm = dp_->ctx_.communicator();
+    for (nn::Tensor& p : dp_->module_.parameters()) comm.broadcast(p, trained);
+    for (nn::Tensor& b : dp_->module_.buffers()) comm.broadcast(b, trained);
+    finished_ = absl::OkStatus();
+  } catch (const CancelledError& e) {
+    finished_ = absl::CancelledError(e.what());
+  } catch (const PeerFailedError& e) {
+    finished_ = MarkPeerFailure(absl::InternalError(e.what()));
+  } catch (const std::exception& e) {
+    finished_ = absl::InternalError(e.what());
+  }
+  dp_->join_.Abandon();  // out of join mode whatever happened
+  return *finished_;
 }
 
 void DataParallel::JoinGuard::all_reduce(nn::Tensor& x, ReduceOp op) {
@@ -230,13 +258,57 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
   // collectives may still run. Start afresh, after them.
   DropUnwaitedWork();
   pass_started_ = false;
-  if (join_.joining()) join_.BeginStep(x.dim() > 0 ? x.size(0) : 1);
-  if (options_.broadcast_buffers && ctx_.world_size() > 1) {
-    nn::NoGradGuard no_grad;
-    for (nn::Tensor& b : module_.buffers()) ctx_.communicator().broadcast(b, 0);
+  const int64_t rows = x.dim() > 0 ? x.size(0) : 1;
+  // A finished rank replays the last step's collectives: a step must look like
+  // the others, and an evaluation's forward would be a step of its own.
+  TANDEM_CHECK(!join_.joining() || nn::grad_mode_enabled(),
+               "DataParallel: a forward with autograd off (an evaluation) inside join(): it "
+               "would be a step of its own, which a rank whose data ran out cannot answer; "
+               "evaluate through the module (dp.module()) inside a training step, summing "
+               "through JoinGuard::all_reduce, or outside the join");
+  if (join_.joining() && !sync_) {
+    // An accumulating micro-batch inside join(): no collective before the step
+    // agreement, which the step's synchronised forward makes for all its rows.
+    step_rows_ += rows;
+  } else if (join_.joining()) {
+    join_.BeginStep(std::exchange(step_rows_, 0) + rows);
+  }
+  // PyTorch's rule: at a synchronised forward with autograd on (not under
+  // no_sync(), not in an evaluation under NoGradGuard).
+  if (options_.broadcast_buffers && sync_ && nn::grad_mode_enabled() && ctx_.world_size() > 1) {
+    BroadcastBuffers();
   }
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) PlaceGrad(i, true);
   return module_.forward(x);
+}
+
+void DataParallel::BroadcastBuffers() {
+  // From rank 0, or inside join() from the step's lowest active rank (a rank
+  // that ran out of data replays the broadcast as a receiver). One broadcast per
+  // dtype (BatchNorm: the float statistics, the int64 counts), not per buffer.
+  const int root = join_.joining() ? join_.lowest_active() : 0;
+  nn::NoGradGuard no_grad;
+  std::map<nn::DType, std::vector<nn::Tensor>> by_dtype;
+  for (nn::Tensor& b : module_.buffers()) by_dtype[b.dtype()].push_back(b);
+  Communicator& comm = ctx_.communicator();
+  for (auto& [dtype, buffers] : by_dtype) {
+    int64_t numel = 0;
+    for (const nn::Tensor& b : buffers) numel += b.numel();
+    nn::Tensor flat = nn::empty({numel}, {.dtype = dtype, .device = buffers.front().device()});
+    int64_t offset = 0;
+    for (const nn::Tensor& b : buffers) {
+      flat.slice(offset, offset + b.numel()).copy_(b.reshape({b.numel()}));
+      offset += b.numel();
+    }
+    comm.broadcast(flat, root);
+    join_.Record(internal::JoinState::Kind::kBroadcast, flat);
+    if (ctx_.rank() == root) continue;
+    offset = 0;
+    for (nn::Tensor& b : buffers) {
+      b.copy_(flat.slice(offset, offset + b.numel()).reshape(b.shape()));
+      offset += b.numel();
+    }
+  }
 }
 
 void DataParallel::OnGradReady(int i) {

@@ -41,7 +41,8 @@
 //       sgd.step();
 //       sgd.zero_grad();
 //     }
-//   }  // a rank whose data ran out answers the others' steps here until all are done
+//     ThrowIfError(join.finish(), "");     // a rank whose data ran out answers the
+//   }                                      // others' steps here until all are done
 //
 // Inside it each step starts (at forward) with one small all_gather, the step
 // agreement, and the gradients are weighted by the samples actually seen: the
@@ -61,9 +62,10 @@
 // joined rank replays its step() (and clip_grad_norm_()): it steps its own
 // shard's optimizer with the reduced gradient and all-gathers the updated
 // parameters with the others (see zero_redundancy_optimizer.h). Rules: one
-// forward per step; no no_sync() and no broadcast_buffers inside; every other
-// collective of a step must go through JoinGuard::all_reduce (a sum; a joined
-// rank adds zeros).
+// synchronised forward per step (no_sync() micro-batches before it accumulate;
+// the step then weighs all their rows); broadcast_buffers broadcasts from the
+// step's lowest active rank; every other collective of a step must go through
+// JoinGuard::all_reduce (a sum; a joined rank adds zeros).
 // Another collective in a step is found at the next step agreement, where every
 // rank throws the same error naming the rank (a step that made one while a rank
 // had already joined fails at that collective: the in-process communicator's
@@ -91,9 +93,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "nn/module.h"
 #include "nn/tensor.h"
 #include "spawn/comm/communicator.h"
@@ -108,8 +112,13 @@ struct DataParallelOptions {
   int64_t first_bucket_bytes = int64_t{1} << 20;
   // Treat a parameter that got no gradient as a zero gradient instead of an error.
   bool find_unused_parameters = false;
-  // Broadcast rank 0's buffers (BatchNorm running statistics) at every forward.
-  bool broadcast_buffers = false;
+  // Broadcast rank 0's buffers (BatchNorm running statistics) at every
+  // synchronised forward with autograd on, as PyTorch's DDP does by default, so
+  // that every rank evaluates and checkpoints the same statistics (without it
+  // each rank's BatchNorm2d keeps the statistics of its own slices). One
+  // broadcast per buffer dtype; nothing for a model without buffers. Inside
+  // join() the root is the step's lowest active rank.
+  bool broadcast_buffers = true;
   // Reduce gradients during backward. Off: the caller reduces by hand
   // (scale_loss, apply_collective_grads).
   bool reduce_in_backward = true;
@@ -144,13 +153,20 @@ class DataParallel {
   // it between backward passes, on every rank.
   void register_comm_hook(CommHook hook) { options_.comm_hook = std::move(hook); }
   bool has_comm_hook() const { return static_cast<bool>(options_.comm_hook); }
+  const CommHook& comm_hook() const { return options_.comm_hook; }
 
-  // While the returned guard lives, backward passes only accumulate local
-  // gradients (gradient accumulation); the next synchronised backward reduces the
-  // accumulated sum.
+  // While the guard lives, backward passes only accumulate local gradients
+  // (gradient accumulation); the next synchronised backward reduces the
+  // accumulated sum. Made by no_sync() or directly (e.g. in a std::optional),
+  // the same checks either way. Inside join() the micro-batches of a step
+  // accumulate too: the step agreement runs at the step's synchronised forward
+  // and weighs the step by every row this rank saw in it (see the file comment);
+  // a module with SyncBatchNorm layers (whose forward is a collective) is refused
+  // there, naming both, because a joined rank cannot answer collectives made
+  // before the agreement.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DataParallel* dp) : dp_(dp), previous_(dp->sync_) { dp->sync_ = false; }
+    explicit NoSyncGuard(DataParallel* dp);
     ~NoSyncGuard() { dp_->sync_ = previous_; }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -159,19 +175,37 @@ class DataParallel {
     DataParallel* dp_;
     bool previous_;
   };
-  [[nodiscard]] NoSyncGuard no_sync();
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
 
   // See the file comment. Not a collective itself; every rank must make its
   // guard before its loop. Throws tandem::Error inside another join, inside
-  // no_sync(), with broadcast_buffers or without reduce_in_backward.
+  // no_sync(), or without reduce_in_backward.
+  //
+  //   auto join = dp.join();
+  //   while (auto batch = loader.next()) { ... }
+  //   ThrowIfError(join.finish(), "");        // or RETURN_IF_ERROR(join.finish())
+  //
+  // finish() is where a finished rank answers the others' steps: collectives,
+  // whose failure it returns. The destructor never throws: it calls finish() if
+  // the caller did not (unless an exception is leaving the scope: then the rank
+  // fails at once and the guard only leaves join mode), and defers a failure to
+  // this rank's next collective, or, without one, to the rank's end
+  // (Communicator::DeferError), so the error still reaches every rank and spawn.
+  // The guard may be held in a std::optional.
   class JoinGuard {
    public:
     explicit JoinGuard(DataParallel* dp);
-    // Answers the other ranks' steps until every rank has joined (collectives;
-    // may throw their errors), unless an exception is leaving the scope.
-    ~JoinGuard() noexcept(false);
+    ~JoinGuard();
     JoinGuard(const JoinGuard&) = delete;
     JoinGuard& operator=(const JoinGuard&) = delete;
+    // Answers the other ranks' steps until every rank has joined, then every
+    // rank takes the model of a rank that ran the last step (collectives, on
+    // every rank, after its loop). Returns what ended it early: the step
+    // agreement's error (the same on every rank: a collective that is not
+    // joinable, a rank with no step) or the run's stop (kCancelled). The guard is
+    // done after the first call, whatever its outcome; later calls return that
+    // outcome and make no collective.
+    absl::Status finish();
     // A joinable sum over the ranks, inside a step (a loss or a count for a
     // log line): a rank that has joined adds zeros. Only ReduceOp::kSum.
     void all_reduce(nn::Tensor& x, ReduceOp op = ReduceOp::kSum);
@@ -179,6 +213,7 @@ class DataParallel {
    private:
     DataParallel* dp_;
     int exceptions_;
+    std::optional<absl::Status> finished_;
   };
   [[nodiscard]] JoinGuard join() { return JoinGuard(this); }
   // The join's bookkeeping, for the work of other classes that a joined rank
@@ -239,8 +274,11 @@ class DataParallel {
   // Destroys the handles of collectives no pass waited for (a backward that threw).
   void DropUnwaitedWork();
 
-  // Points the SyncBatchNorm layers of the module at join_ (or, null, away).
-  void ConnectSyncBatchNorm(internal::JoinState* join);
+  // Points the SyncBatchNorm layers of the module at join_ (or, null, away);
+  // returns how many there are.
+  int ConnectSyncBatchNorm(internal::JoinState* join);
+  // broadcast_buffers' collectives at a forward (recorded inside join()).
+  void BroadcastBuffers();
 
   nn::Module& module_;
   Context& ctx_;
@@ -250,6 +288,8 @@ class DataParallel {
   bool sync_ = true;
   bool pass_started_ = false;
   int next_bucket_ = 0;
+  int sync_batch_norm_layers_ = 0;
+  int64_t step_rows_ = 0;  // inside join(): rows of this step's no_sync() micro-batches
   OverlapStats overlap_;
   internal::JoinState join_;
 };

@@ -116,6 +116,9 @@ void JoinState::Replay() {
       case Kind::kAllGather:
         comm_->all_gather(zeros);
         break;
+      case Kind::kBroadcast:
+        comm_->broadcast(zeros, last_active_);
+        break;
     }
   }
 }

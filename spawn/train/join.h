@@ -8,7 +8,8 @@
 //   - a collective whose answer is zeros (SyncBatchNorm's statistics and
 //     gradient sums, JoinGuard::all_reduce, DataParallel's weighted bucket sums
 //     without a comm hook): replayed as the same collective on zeros of the same
-//     shape and dtype (zero gradients, a sample count of 0);
+//     shape and dtype (zero gradients, a sample count of 0); broadcast_buffers'
+//     broadcasts, replayed as a receiver of the step's lowest active rank;
 //   - a replay function covering some number of collectives, for work whose
 //     answer is not zeros alone: a bucket reduced by a comm hook (the joined rank
 //     runs the hook on its zeroed bucket, so it makes the hook's collectives,
@@ -36,7 +37,7 @@ namespace tandem::dist::internal {
 
 class JoinState {
  public:
-  enum class Kind { kAllReduce, kAllReduceAsync, kAllGather };
+  enum class Kind { kAllReduce, kAllReduceAsync, kAllGather, kBroadcast };
 
   bool joining() const { return comm_ != nullptr; }
   // Enters join mode on `comm` (no collective).
@@ -67,6 +68,10 @@ class JoinState {
   // a mean over the ranks the sample-weighted sum. Exactly 1 when every rank's
   // batch has the same rows, so a hook's mean then has the bits of no join.
   double sample_scale() const { return scale_; }
+  // The lowest rank active in the current step (after BeginStep or, on a
+  // joined rank, the last agreement): the root of a step's broadcast, which a
+  // joined rank replays (Kind::kBroadcast) as a receiver.
+  int lowest_active() const { return last_active_; }
 
  private:
   struct Entry {

@@ -47,8 +47,19 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DataParallel& dp, OptimizerFact
       }()),
       make_optimizer_(std::move(make_optimizer)) {
   TANDEM_CHECK(make_optimizer_ != nullptr, "ZeroRedundancyOptimizer: no optimizer factory");
-  TANDEM_CHECK(!dp.has_comm_hook(), "ZeroRedundancyOptimizer: the DataParallel already has a "
-               "comm hook; the sharded optimizer reduce-scatters the buckets itself");
+  if (dp.has_comm_hook()) {
+    // A built-in hook's compression carries over to the reduce-scatter; any
+    // other hook reduces whole buckets, which the shards cannot use.
+    if (const auto* compress = dp.comm_hook().target<internal::CompressHookFn>()) {
+      wire_ = compress->wire;
+    } else {
+      TANDEM_CHECK(dp.comm_hook().target<internal::AllReduceHookFn>() != nullptr,
+                   "ZeroRedundancyOptimizer: the DataParallel's comm hook is neither "
+                   "AllReduceHook, Bf16CompressHook nor Fp16CompressHook; the sharded optimizer "
+                   "reduce-scatters each bucket itself and can only carry a built-in hook's "
+                   "compression over (and a ZeroRedundancyOptimizer per DataParallel)");
+    }
+  }
   TANDEM_CHECK(!dp.join_state().joining(), "ZeroRedundancyOptimizer: made inside "
                "DataParallel::join(); make it before the join guard, so that it outlives the "
                "guard, whose end steps it on a rank whose data ran out");
@@ -120,6 +131,17 @@ void ZeroRedundancyOptimizer::CheckSameBucketsOnEveryRank() {
 BucketReduction ZeroRedundancyOptimizer::ReduceScatter(GradBucket& bucket) {
   Shard& s = shards_.at(static_cast<size_t>(bucket.index));
   const int64_t lo = comm_.rank() * s.block;
+  if (wire_.has_value() && *wire_ != bucket.buffer.dtype()) {
+    // Bf16CompressHook / Fp16CompressHook's reduction, scattered: the bucket
+    // cast to the wire dtype, this rank's block of the sum cast back into its
+    // gradient and divided by the world size (by DataParallel).
+    nn::NoGradGuard no_grad;
+    const nn::Tensor wire = bucket.buffer.to(*wire_);
+    nn::Tensor block = nn::empty({s.block}, {.dtype = *wire_, .device = wire.device()});
+    std::shared_ptr<Work> work = comm_.reduce_scatter_async(wire, block, ReduceOp::kSum);
+    return BucketReduction{.work = std::move(work), .result = std::move(block), .begin = lo,
+                           .end = lo + s.block};
+  }
   return BucketReduction{.work = comm_.reduce_scatter_async(bucket.buffer, s.grad, ReduceOp::kAvg),
                          .begin = lo,
                          .end = lo + s.block,

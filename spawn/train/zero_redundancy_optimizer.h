@@ -45,6 +45,14 @@
 // rank 0); LoadFrom() takes one back. Both gather or hold the whole state on
 // every rank while they run.
 //
+// Comm hooks: with DataParallelOptions::comm_hook = Bf16CompressHook() or
+// Fp16CompressHook(), each bucket's reduce-scatter is compressed the same way:
+// the bucket cast to bfloat16 / float16, this rank's block of the sum (added
+// as the hook's all-reduce adds it) cast back and divided by the world size, so
+// the gradients carry the hook's rounding (its bounds: comm_hooks.h) and the
+// wire half the bytes; the all-gather of the parameters stays in their dtype.
+// AllReduceHook() changes nothing. Any other hook is refused (naming both).
+//
 // Uneven inputs (DataParallel::join()): with ZeRO every rank owns the update
 // of its shard, so a rank whose data ran out cannot stop stepping. Each bucket's
 // reduce-scatter runs as DataParallel's comm hook, on the gradients scaled to
@@ -69,7 +77,7 @@
 // and both sizes on every rank). It throws when the model has no trainable
 // parameter, when the factory returns no optimizer or one whose parameters
 // are not the shards it was given, and when DataParallel already has a comm
-// hook. Only gradients of parameters with requires_grad are sharded (as
+// hook other than the built-in ones. Only gradients of parameters with requires_grad are sharded (as
 // DataParallel buckets only those).
 //
 // Thread-safety: belongs to its rank's thread, like DataParallel; the
@@ -81,6 +89,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +179,8 @@ class ZeroRedundancyOptimizer {
   std::vector<nn::Tensor> trainable_;  // the model's parameters with requires_grad, module order
   std::vector<Shard> shards_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  // The DataParallel's compress hook's wire dtype: the reduce-scatter's.
+  std::optional<nn::DType> wire_;
 };
 
 }  // namespace tandem::dist

@@ -218,8 +218,20 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
           if (agreements[p]->AtBoundary(l, step, false).stop) {
             stopped_at[global] = step;
             nn::Tensor y = nn::ones({2});
-            comm.all_reduce(y, ReduceOp::kSum);  // the save's collectives still work
+            // The save's collectives still work; the handle says when its
+            // collective is done without a wait, and carries its number.
+            std::shared_ptr<Work> work = comm.all_reduce_async(y, ReduceOp::kSum);
+            EXPECT_EQ(work->sequence(), comm.collectives_entered());
+            while (!work->is_completed()) std::this_thread::yield();
+            work->wait();
             EXPECT_EQ(y.to_vector<float>()[0], static_cast<float>(world));
+            const std::vector<FlightRecord> records = comm.FlightRecords();
+            EXPECT_FALSE(records.empty());  // no ASSERT: the rank must still exit below
+            if (!records.empty()) {
+              EXPECT_EQ(records.back().sequence, work->sequence());
+              EXPECT_STREQ(records.back().op, "all_reduce_async");
+              EXPECT_EQ(records.back().state, CollectiveState::kCompleted);
+            }
             break;
           }
         }

@@ -247,12 +247,13 @@ TEST(RestartTest, RestartsExhaustedEndTheRunWithTheLastFailureAndTheCount) {
 }
 
 // A rank whose function returned while the others went on into a collective
-// is a program error: the watchdog's timeout ends the run, not restarted.
+// is a program error: the watchdog fails the run at once, not restarted.
 TEST(RestartTest, ReturnedRankEndsTheRun) {
   RunReport report;
   absl::Status s = RunRanks(Restartable({.rank1_returns_after = 3}),
                             Options(2, {}, /*max_restarts=*/3, /*timeout_s=*/0.5), &report);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu) returned from its function")) << s;
   EXPECT_EQ(report.attempts, 1);
   EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 1's function returned"))
       << report.log;

@@ -262,13 +262,33 @@ TEST_F(SpawnTest, SkippedCollectiveEndsInWatchdogReport) {
   absl::Status s = spawn(
       [](Context& ctx) {
         ctx.communicator().barrier();
-        if (ctx.rank() != 1) ctx.communicator().barrier();  // rank 1 skips it
+        if (ctx.rank() != 1) {
+          ctx.communicator().barrier();
+        } else {
+          // Rank 1 skips it and goes on (returning would be reported at once: below).
+          while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
       },
       3, "cpu", options_);
   Expect(s, absl::StatusCode::kDeadlineExceeded,
          {"watchdog", "0.3 s", "rank 0 (cpu): waiting in barrier #2",
-          "rank 1 (cpu): last completed barrier #1 (fn returned)",
+          "rank 1 (cpu): last completed barrier #1 (running)",
           "rank 2 (cpu): waiting in barrier #2"});
+  ExpectFast();
+}
+
+TEST_F(SpawnTest, RankThatReturnedBeforeACollectiveEndsTheRunAtOnce) {
+  options_.timeout_s = 30;
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        ctx.communicator().barrier();
+        if (ctx.rank() != 1) ctx.communicator().barrier();  // rank 1 returns instead
+      },
+      3, "cpu", options_);
+  Expect(s, absl::StatusCode::kFailedPrecondition,
+         {"watchdog: rank 1 (cpu) returned from its function after entering 1 collective(s), "
+          "while rank ", " (cpu) waits in barrier #2, which it will never enter",
+          "DataParallel::join()"});
   ExpectFast();
 }
 

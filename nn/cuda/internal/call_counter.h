@@ -6,9 +6,15 @@
 //
 // Counted where tandem makes the call (nn/cuda, optim/fused_cuda.cu, spawn's
 // communicators), not inside libraries: NCCL, cuBLASLt and cuDNN make their own
-// calls, which are not counted. Kernel launches are counted at their launch
-// check (TANDEM_CHECK_LAUNCH, nn/cuda/context.h), so a kernel launched without
-// one is not.
+// runtime calls and launches, which are not counted. What tandem asks of cuDNN
+// and cuBLASLt is counted instead, one per call checked with TANDEM_CHECK_CUDNN /
+// TANDEM_CHECK_CUBLAS (nn/cuda/handles.h): descriptor creation and set-up,
+// heuristics, the convolution or matmul itself (descriptor destroys are not
+// checked, hence not counted: one per create). Kernel launches are counted at
+// their launch check (TANDEM_CHECK_LAUNCH, nn/cuda/context.h), so a kernel
+// launched without one is not. Copies, fills and host waits are counted in
+// nn/cuda/runtime.cc's services (Tensor::to / copy_, zeros, item(),
+// nn::Synchronize) and the fused optimizer's table upload.
 //
 // Thread-safety: every function may be called from any thread. Process counts
 // are relaxed atomics (a count read while other threads call is a lower bound
@@ -24,7 +30,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace tandem::nn::internal {
 
@@ -40,6 +48,11 @@ enum class CudaCall : int {
   kStreamWaitEvent,    // cudaStreamWaitEvent
   kDeviceSynchronize,  // cudaDeviceSynchronize
   kKernelLaunch,       // a kernel launch checked with TANDEM_CHECK_LAUNCH
+  kMemcpyAsync,        // cudaMemcpyAsync / cudaMemcpyPeerAsync
+  kMemsetAsync,        // cudaMemsetAsync
+  kHostWait,           // the host waits for a stream or an event (synchronize or polling)
+  kCudnnCall,          // a cuDNN call checked with TANDEM_CHECK_CUDNN
+  kCublasCall,         // a cuBLASLt call checked with TANDEM_CHECK_CUBLAS
   kNumCalls,
 };
 
@@ -56,6 +69,11 @@ inline const char* CudaCallName(CudaCall call) {
     case CudaCall::kStreamWaitEvent: return "cudaStreamWaitEvent";
     case CudaCall::kDeviceSynchronize: return "cudaDeviceSynchronize";
     case CudaCall::kKernelLaunch: return "kernel launch";
+    case CudaCall::kMemcpyAsync: return "cudaMemcpyAsync";
+    case CudaCall::kMemsetAsync: return "cudaMemsetAsync";
+    case CudaCall::kHostWait: return "host wait";
+    case CudaCall::kCudnnCall: return "cuDNN call";
+    case CudaCall::kCublasCall: return "cuBLASLt call";
     case CudaCall::kNumCalls: break;
   }
   return "?";
@@ -80,6 +98,12 @@ struct CudaCallCounts {
     return (*this)[CudaCall::kMalloc] + (*this)[CudaCall::kFree] +
            (*this)[CudaCall::kHostAlloc] + (*this)[CudaCall::kFreeHost];
   }
+  // Every counted call: what the host did through CUDA and its libraries.
+  int64_t Total() const {
+    int64_t total = 0;
+    for (int64_t v : n) total += v;
+    return total;
+  }
   // "cudaMallocAsync 3, kernel launch 12" (kinds with a count of 0 left out).
   std::string ToString() const {
     std::string out;
@@ -92,6 +116,32 @@ struct CudaCallCounts {
     return out.empty() ? "none" : out;
   }
 };
+
+// The inverse of CudaCallCounts::ToString: "cudaMallocAsync 3, kernel launch 12"
+// (or "none") back to counts; nullopt for an unknown kind or a bad number. For
+// budgets recorded as text (tests/nn/cuda_call_budgets.inc).
+inline std::optional<CudaCallCounts> ParseCudaCallCounts(std::string_view text) {
+  CudaCallCounts counts;
+  if (text == "none") return counts;
+  while (!text.empty()) {
+    const size_t comma = text.find(", ");
+    const std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 2);
+    const size_t space = item.rfind(' ');
+    if (space == std::string_view::npos || space + 1 == item.size()) return std::nullopt;
+    const std::string_view name = item.substr(0, space), number = item.substr(space + 1);
+    int64_t value = 0;
+    for (char c : number) {
+      if (c < '0' || c > '9') return std::nullopt;
+      value = value * 10 + (c - '0');
+    }
+    int kind = 0;
+    while (kind < kNumCudaCalls && name != CudaCallName(static_cast<CudaCall>(kind))) ++kind;
+    if (kind == kNumCudaCalls) return std::nullopt;
+    counts.n[kind] = value;
+  }
+  return counts;
+}
 
 namespace call_counter_detail {
 inline std::array<std::atomic<int64_t>, kNumCudaCalls> g_process{};

@@ -88,6 +88,7 @@ std::pair<int64_t, int64_t> Slice(int64_t n, int q, int processes) {
 class FinishedWork final : public Work {
  public:
   void wait() override {}
+  bool is_completed() const override { return true; }
 };
 
 }  // namespace
@@ -135,6 +136,11 @@ void HierarchicalExchange::Wait(const Request& request) {
                                       " across processes cancelled: ", request.error));
   }
   if (!request.error.empty()) throw Error(request.error);
+}
+
+bool HierarchicalExchange::IsDone(const Request& request) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return request.done;
 }
 
 void HierarchicalExchange::RankExited(int local_rank) {
@@ -432,6 +438,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::Start(const char* op, ReduceOp r
       comm_->MarkCompleted(request_->sequence);
       waited_ = true;
     }
+    bool is_completed() const override { return comm_->exchange_->IsDone(*request_); }
     std::optional<std::chrono::steady_clock::time_point> finished_at() const override {
       // Written under the exchange's mutex before done; Wait read done under it.
       if (!waited_) return std::nullopt;

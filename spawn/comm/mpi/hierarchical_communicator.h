@@ -91,6 +91,8 @@ class HierarchicalExchange {
   std::shared_ptr<Request> Post(int local_rank, Request request);
   // Returns when the request is done; throws CancelledError or tandem::Error.
   void Wait(const Request& request);
+  // Non-blocking: the request is done (completed, failed or cancelled).
+  bool IsDone(const Request& request) const;
   void RankExited(int local_rank);
   // The last sequence number of local_rank's requests that is done.
   uint64_t completed_through(int local_rank) const {
@@ -130,7 +132,7 @@ class HierarchicalExchange {
   BackgroundRounds* control_ = nullptr;  // during Serve, communication thread only
   std::atomic<int> waiting_{0};      // local ranks blocked in Wait
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable rank_cv_;
   std::condition_variable comm_cv_;
   std::vector<std::deque<std::shared_ptr<Request>>> queues_;

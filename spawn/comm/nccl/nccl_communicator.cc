@@ -231,6 +231,17 @@ class NcclWork final : public Work {
     TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
+  // The event after the collective on the communication stream; an error other
+  // than "not ready" (an aborted communicator's broken stream) counts as
+  // finished, for wait() or the next checked call to report.
+  bool is_completed() const override {
+    const cudaError_t q = cudaEventQuery(done_);
+    if (q == cudaErrorNotReady) {
+      cudaGetLastError();  // not for the next kernel's launch check to report
+      return false;
+    }
+    return true;
+  }
 
  private:
   cudaEvent_t done_;

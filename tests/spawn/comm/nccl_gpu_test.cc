@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <future>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -53,25 +54,51 @@ void Burn(Device device) {
   for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
 }
 
-// A tensor of kElements holding `value`, written on another thread's stream
-// behind a burn, after that thread left a freed block holding 7 at the head of
-// its pool (a read that comes too early most likely sees 7 there). The calling
-// thread has a stream of its own on `device` first, so the other thread gets
-// another one.
-Tensor WrittenLateByAnotherThread(Device device, float value) {
-  nn::internal::CudaThreadStream(device);
-  Tensor made;
-  std::thread([&] {
-    nn::DeviceGuard guard(device);
-    {
-      Tensor junk = nn::full({kElements}, 7.0f);
-      (void)junk.to_vector<float>();
-    }
-    Burn(device);
-    made = nn::full({kElements}, value);
-  }).join();
-  return made;
-}
+// Makes tensors of kElements holding a value, each written on another
+// thread's stream behind a burn, after that thread left a freed block holding
+// 7 at the head of its pool (a read that comes too early most likely sees 7
+// there). The calling thread has a stream of its own on `device` first, so the
+// other thread gets another one. The writing threads stay, idle, until this
+// goes: a thread's exit runs its CUDA teardown (its cuBLASLt handle is
+// destroyed; cublasDestroy synchronises the device, and cublasLtDestroy may),
+// which would finish the late write before the collective and hide a missing
+// order.
+class LateWriters {
+ public:
+  LateWriters() = default;
+  LateWriters(const LateWriters&) = delete;
+  LateWriters& operator=(const LateWriters&) = delete;
+  ~LateWriters() {
+    release_.set_value();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Tensor Write(Device device, float value) {
+    nn::internal::CudaThreadStream(device);
+    Tensor made;
+    std::promise<void> written;
+    std::future<void> done = written.get_future();
+    threads_.emplace_back(
+        [&made, device, value, written = std::move(written), released = released_]() mutable {
+          nn::DeviceGuard guard(device);
+          {
+            Tensor junk = nn::full({kElements}, 7.0f);
+            (void)junk.to_vector<float>();
+          }
+          Burn(device);
+          made = nn::full({kElements}, value);
+          written.set_value();
+          released.wait();
+        });
+    done.wait();
+    return made;
+  }
+
+ private:
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+  std::vector<std::thread> threads_;
+};
 
 int64_t Mismatches(const Tensor& t, float want) {
   int64_t bad = 0;
@@ -93,15 +120,16 @@ TEST_F(NcclGpuTest, CollectivesReadWhatAnotherThreadsKernelsWrote) {
         Communicator& comm = ctx.communicator();
         TANDEM_CHECK(comm.kind() == "nccl", "communicator ", comm.kind());
         std::vector<int64_t> bad;
-        Tensor a = WrittenLateByAnotherThread(ctx.device(), 3.0f);
+        LateWriters writers;
+        Tensor a = writers.Write(ctx.device(), 3.0f);
         bad.push_back(Mismatches(comm.all_gather(a), 3.0f));
-        Tensor b = WrittenLateByAnotherThread(ctx.device(), 4.0f);
+        Tensor b = writers.Write(ctx.device(), 4.0f);
         bad.push_back(Mismatches(comm.reduce_scatter(b, ReduceOp::kAvg), 4.0f));
-        Tensor c = WrittenLateByAnotherThread(ctx.device(), 5.0f);
+        Tensor c = writers.Write(ctx.device(), 5.0f);
         Tensor out = nn::empty({kElements});
         comm.reduce_scatter_async(c, out)->wait();
         bad.push_back(Mismatches(out, 5.0f));
-        Tensor d = WrittenLateByAnotherThread(ctx.device(), 6.0f);
+        Tensor d = writers.Write(ctx.device(), 6.0f);
         comm.all_reduce(d, ReduceOp::kAvg);
         bad.push_back(Mismatches(d, 6.0f));
         return bad;

@@ -25,6 +25,7 @@
 //
 // Label gpu; each process skips with a reason where no GPU is visible, and so
 // does the test. Two processes share one GPU: the limits are generous.
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -40,7 +41,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <future>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -205,20 +208,49 @@ std::array<ChildOutcome, 2> RunTwoProcesses(const Case& c) {
   for (auto& p : report_pipe) EXPECT_EQ(pipe(p), 0);
   const Clock::time_point start = Clock::now();
   pid_t pids[2];
+  const pid_t parent = getpid();
   for (int rank = 0; rank < 2; ++rank) {
     pids[rank] = fork();
+    if (pids[rank] < 0) {
+      // A pid of -1 must never reach waitpid or kill below: kill(-1, SIGKILL)
+      // signals every process this user may signal.
+      const std::string why = std::string("fork failed: ") + std::strerror(errno);
+      ADD_FAILURE() << why;
+      for (int k = 0; k < rank; ++k) {
+        kill(pids[k], SIGKILL);
+        waitpid(pids[k], nullptr, 0);
+      }
+      for (int fd : {id_pipe[0], id_pipe[1], report_pipe[0][0], report_pipe[0][1],
+                     report_pipe[1][0], report_pipe[1][1]}) {
+        close(fd);
+      }
+      std::array<ChildOutcome, 2> failed;
+      for (ChildOutcome& o : failed) o.report = why;
+      return failed;
+    }
     if (pids[rank] == 0) {
       // Ends with the test (ctest's timeout kills only the parent), and before
       // anything else if the parent is already gone.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() == 1) _exit(1);
+      // (An orphan is adopted by init or by a subreaper: compare with the
+      // parent's pid, not with 1.)
+      if (getppid() != parent) _exit(1);
       // The child keeps its end of the id pipe and its report pipe's write end.
       close(rank == 0 ? id_pipe[0] : id_pipe[1]);
       for (int k = 0; k < 2; ++k) {
         close(report_pipe[k][0]);
         if (k != rank) close(report_pipe[k][1]);
       }
-      RunChild(rank, rank == 0 ? id_pipe[1] : id_pipe[0], report_pipe[rank][1], c);
+      // Nothing may unwind out of the child: an exception would carry it back
+      // into this test as a second parent (waiting for children it does not
+      // have, then running the rest of the suite and forking again).
+      try {
+        RunChild(rank, rank == 0 ? id_pipe[1] : id_pipe[0], report_pipe[rank][1], c);
+      } catch (const std::exception& e) {
+        Report(report_pipe[rank][1], std::string("DONE the child threw: ") + e.what());
+      } catch (...) {
+        Report(report_pipe[rank][1], "DONE the child threw");
+      }
     }
   }
   close(id_pipe[0]);
@@ -359,36 +391,63 @@ std::string Collectives(Context& ctx, Communicator& comm) {
 
 constexpr int64_t kLateElements = int64_t{1} << 22;  // 16 MiB of float32
 
-// A tensor holding `value`, written on another thread's stream behind tens of
-// milliseconds of matmuls, over a freed block that held 7 (the calling thread
-// has its stream first, so the other thread gets another one).
-Tensor WrittenLate(Device device, float value) {
-  (void)nn::empty({1}, {.device = device});
-  Tensor made;
-  std::thread([&] {
-    nn::DeviceGuard guard(device);
-    {
-      Tensor junk = nn::full({kLateElements}, 7.0f);
-      (void)junk.to_vector<float>();
-    }
-    Tensor a = nn::full({4096, 4096}, 1e-4);
-    for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
-    made = nn::full({kLateElements}, value);
-  }).join();
-  return made;
-}
+// Makes tensors holding a value, each written on another thread's stream
+// behind tens of milliseconds of matmuls, over a freed block that held 7 (the
+// calling thread has its stream first, so the other thread gets another one).
+// The writing threads stay, idle, until this goes: a thread's exit runs its
+// CUDA teardown (its cuBLASLt handle is destroyed; cublasDestroy synchronises
+// the device, and cublasLtDestroy may), which would finish the late write
+// before the collective and hide a missing order.
+class LateWriters {
+ public:
+  LateWriters() = default;
+  LateWriters(const LateWriters&) = delete;
+  LateWriters& operator=(const LateWriters&) = delete;
+  ~LateWriters() {
+    release_.set_value();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Tensor Write(Device device, float value) {
+    (void)nn::empty({1}, {.device = device});
+    Tensor made;
+    std::promise<void> written;
+    std::future<void> done = written.get_future();
+    threads_.emplace_back(
+        [&made, device, value, written = std::move(written), released = released_]() mutable {
+          nn::DeviceGuard guard(device);
+          {
+            Tensor junk = nn::full({kLateElements}, 7.0f);
+            (void)junk.to_vector<float>();
+          }
+          Tensor a = nn::full({4096, 4096}, 1e-4);
+          for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
+          made = nn::full({kLateElements}, value);
+          written.set_value();
+          released.wait();
+        });
+    done.wait();
+    return made;
+  }
+
+ private:
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+  std::vector<std::thread> threads_;
+};
 
 // Before the fix NCCL's stream was not ordered after the other thread's
 // stream: rank 0's stale 7s went into rank 1's sum (rank 0's own result was
 // then overwritten by the late fill, so both ranks are checked).
 std::string InputsWrittenLate(Context& ctx, Communicator& comm) {
   std::string failures;
-  Tensor x = WrittenLate(ctx.device(), static_cast<float>(comm.rank() + 1));
+  LateWriters writers;
+  Tensor x = writers.Write(ctx.device(), static_cast<float>(comm.rank() + 1));
   comm.all_reduce(x, ReduceOp::kSum);
   int64_t bad = 0;
   for (float v : x.to_vector<float>()) bad += v != 3.0f;
   if (bad != 0) failures += absl::StrCat("all_reduce: ", bad, " elements are not 3; ");
-  x = WrittenLate(ctx.device(), static_cast<float>(comm.rank() + 1));
+  x = writers.Write(ctx.device(), static_cast<float>(comm.rank() + 1));
   comm.all_reduce_async(x, ReduceOp::kAvg)->wait();
   bad = 0;
   for (float v : x.to_vector<float>()) bad += v != 1.5f;
@@ -449,10 +508,20 @@ Body KilledPeer(bool inside) {
 // all_reduce (enqueued before the fault happens), then a stop-aware wait that
 // makes no CUDA call, so the rank does not meet the error itself: the
 // watchdog's query of the collective's event does. Process 1 only joins the
-// communicator. Before, that query's error was cleared and the collective
-// stayed in flight until timeout_s.
+// communicator, and stays (stop-aware) while process 0 faults: were it to end
+// at once, its communicator's teardown would close the connection that process
+// 0's proxy is already receiving on (NCCL posts a collective's network
+// receives when it is launched, before its kernel runs), and NCCL's
+// asynchronous error for the closed connection could end process 0 before the
+// fault is seen, naming the wrong cause. Before, that query's error was
+// cleared and the collective stayed in flight until timeout_s.
 std::string FaultWhileACollectiveIsInFlight(Context& ctx, Communicator& comm) {
-  if (comm.rank() == 1) return "";
+  if (comm.rank() == 1) {
+    for (int i = 0; i < 2000 && !ctx.stop_requested(); ++i) {  // 20 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return "";
+  }
   Tensor a = nn::full({4096, 4096}, 1e-4, {.device = ctx.device()});
   for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
   ::tandem::testing::LaunchFaultingKernel(nn::internal::CudaThreadStream(ctx.device()));

@@ -189,5 +189,31 @@ TEST(CommHookErrorTest, NoWorkIsAnError) {
   EXPECT_NE(e.find("the hook returned no Work"), std::string::npos) << e;
 }
 
+
+// The handle DataParallel keeps for a hooked bucket carries the collective's
+// sequence number, and is complete only when the result is in place: at once
+// for an in-place average on CPU ranks, after wait() when a compressed result
+// must still be copied back and divided.
+TEST(CommHookWorkTest, HookedWorkReportsItsSequenceAndCompletesWithTheResultInPlace) {
+  std::ostringstream console;
+  absl::Status s = spawn(
+      [](Context& ctx) {
+        for (bool compressed : {false, true}) {
+          GradBucket bucket{.buffer = nn::ones({8}), .comm = &ctx.communicator()};
+          int64_t wire_bytes = 0;
+          std::shared_ptr<Work> work = internal::LaunchCommHook(
+              compressed ? Bf16CompressHook() : AllReduceHook(), bucket, &wire_bytes);
+          EXPECT_GT(work->sequence(), 0u);
+          EXPECT_EQ(work->sequence(), ctx.communicator().collectives_entered());
+          EXPECT_EQ(work->is_completed(), !compressed) << "compressed " << compressed;
+          work->wait();
+          EXPECT_TRUE(work->is_completed());
+          EXPECT_EQ(bucket.buffer.to_vector<float>(), std::vector<float>(8, 1.0f));
+        }
+      },
+      2, "cpu", {.console = &console});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace tandem::dist

@@ -158,6 +158,7 @@ JoinRun TrainJoin(Context& ctx, int world, const JoinSetup& setup) {
       join.all_reduce(n);
       run.step_samples.push_back(n.item());
     }
+    ThrowIfError(join.finish(), "DataParallel::join: ");
   }
   run.params = Flat(net.parameters());
   run.buffers = Flat(RunningStatistics(net));

@@ -15,6 +15,7 @@
 #include "spawn/spawn.h"
 #include "spawn/train/comm_hooks.h"
 #include "tests/spawn/mpi_fixture.h"
+#include "tests/spawn/train/compose_net.h"
 #include "tests/spawn/train/join_net.h"
 #include "tests/spawn/train/sync_bn_net.h"
 #include "tests/test_util.h"
@@ -92,7 +93,8 @@ TEST_F(SyncBatchNormMpiTest, JoinAcrossProcessesMatchesOneRankAndTheInProcessBit
 // One rank per process, the last with 7 steps: the sharded optimizer (SGD with
 // momentum, Adam) under join() across processes ends at the parameters of one
 // rank with the unsharded optimizer, and at the bits of the same ranks in one
-// process; so does a bfloat16-compressed join (within its rounding of one rank).
+// process; so does a bfloat16-compressed join, with and without ZeRO (within
+// its rounding of one rank).
 TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
   const int world = LaunchedProcesses();
   struct Case {
@@ -104,6 +106,8 @@ TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
       {"ZeroRedundancyOptimizer (momentum)", {.optimizer = "momentum", .zero = true}, 1e-5},
       {"ZeroRedundancyOptimizer (adam)", {.optimizer = "adam", .zero = true}, 1e-5},
       {"Bf16CompressHook", {.hook = Bf16CompressHook()}, 2.0 / 256},
+      {"ZeroRedundancyOptimizer (adam) + Bf16CompressHook",
+       {.optimizer = "adam", .zero = true, .hook = Bf16CompressHook()}, 2.0 / 256},
   };
   for (const Case& c : cases) {
     JoinSetup single = c.setup;
@@ -124,6 +128,42 @@ TEST_F(SyncBatchNormMpiTest, JoinWithZeroAndCompressionAcrossProcesses) {
     ::tandem::testing::ExpectSameBits((*across)[0].params.to_vector<float>(),
                                       (*local)[testing::LaunchedIndex()].params.to_vector<float>(),
                                       "parameters");
+  }
+}
+
+// Pairs of DataParallel's features (compose_net.h) across processes, one rank
+// per process: the bits of the same ranks in one process, and within the
+// pair's bound of one rank on the union of the rows.
+TEST_F(SyncBatchNormMpiTest, FeaturesCombinedAcrossProcesses) {
+  const int world = LaunchedProcesses();
+  const std::vector<Combo> combos = {
+      {.name = "accumulation", .accum = 3},
+      {.name = "find_unused_parameters", .unused = true},
+      {.name = "bf16 autocast", .autocast = true},
+      {.name = "accumulation + join", .accum = 2, .join = true},
+      {.name = "ZeRO + accumulation + SyncBatchNorm", .zero = true, .accum = 2, .sync_bn = true},
+  };
+  for (const Combo& c : combos) {
+    auto train = [&](int ranks, bool one_rank, const SpawnOptions& options) {
+      return spawn([&](Context& ctx) {
+        return c.sync_bn ? TrainCombo<BnNet>(ctx, c, world, one_rank)
+                         : TrainCombo<PlainNet>(ctx, c, world, one_rank);
+      }, ranks, "cpu", options);
+    };
+    auto one = train(1, true, Local());
+    auto across = train(1, false, Options());
+    auto local = train(world, false, Local());
+    ASSERT_TRUE(one.ok() && across.ok() && local.ok())
+        << c.name << ": " << one.status() << across.status() << local.status();
+    const double error = ::tandem::testing::ScaledError((*across)[0], (*one)[0]);
+    const double bound = c.autocast ? 1e-2 : 1e-5;  // as in compose_test.cc
+    std::printf("%s across %d processes (process %d): max relative difference of the "
+                "parameters to 1 rank %.3g (bound %.3g)\n",
+                c.name, world, testing::LaunchedIndex(), error, bound);
+    EXPECT_LE(error, bound) << c.name;
+    ::tandem::testing::ExpectSameBits((*across)[0].to_vector<float>(),
+                                      (*local)[testing::LaunchedIndex()].to_vector<float>(),
+                                      c.name);
   }
 }
 

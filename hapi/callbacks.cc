@@ -1,0 +1,240 @@
+#include "hapi/callbacks.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nn/error.h"
+#include "nn/safetensors.h"
+#include "spawn/observe/summary_writer.h"
+
+namespace tandem::hapi {
+namespace {
+
+bool IsRankZero(const RunState& s) { return s.ctx != nullptr && s.ctx->rank() == 0; }
+
+std::string FormatLogs(const Logs& logs) {
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : logs) parts.push_back(absl::StrFormat("%s %.6g", key, value));
+  return absl::StrJoin(parts, " ");
+}
+
+double Monitored(const std::string& who, const std::string& monitor, const Logs& logs) {
+  auto it = logs.find(monitor);
+  if (it == logs.end()) {
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : logs) keys.push_back(key);
+    Fail(who, ": monitor '", monitor, "' is not among this epoch's logs (",
+         keys.empty() ? "none" : absl::StrJoin(keys, ", "),
+         "); evaluation values need eval data in FitOptions");
+  }
+  return it->second;
+}
+
+bool Improves(double value, double best, bool maximize, double min_delta) {
+  return maximize ? value > best + min_delta : value < best - min_delta;
+}
+
+}  // namespace
+
+bool MaximizeFor(const std::string& monitor, const std::string& mode) {
+  if (mode == "max") return true;
+  if (mode == "min") return false;
+  TANDEM_CHECK(mode == "auto", "mode must be \"min\", \"max\" or \"auto\", got '", mode, "'");
+  for (const char* up : {"acc", "precision", "recall"})
+    if (monitor.find(up) != std::string::npos) return true;
+  return false;
+}
+
+// --- ProgressLogger ------------------------------------------------------------------
+
+ProgressLogger::ProgressLogger(int64_t log_freq) : log_freq_(log_freq) {
+  TANDEM_CHECK(log_freq >= 1, "ProgressLogger: log_freq must be >= 1, got ", log_freq);
+}
+
+void ProgressLogger::on_train_begin(RunState& s) {
+  if (IsRankZero(s))
+    s.ctx->log().Info("fit: {} epochs of {} steps on {} ranks", s.epochs, s.steps_per_epoch,
+                      s.ctx->world_size());
+}
+
+void ProgressLogger::on_epoch_begin(RunState&) { epoch_start_ = std::chrono::steady_clock::now(); }
+
+void ProgressLogger::on_train_batch_end(RunState& s) {
+  const int64_t in_epoch = s.step - static_cast<int64_t>(s.epoch) * s.steps_per_epoch;
+  if (!IsRankZero(s) || in_epoch % log_freq_ != 0 || !s.batch_loss.defined()) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+  const double rate = seconds > 0 ? in_epoch / seconds : 0;
+  const double eta = rate > 0 ? (s.steps_per_epoch - in_epoch) / rate : 0;
+  s.ctx->log().Info("epoch {}/{} step {}/{} loss {} {} steps/s ETA {}s", s.epoch + 1, s.epochs,
+                    in_epoch, s.steps_per_epoch, absl::StrFormat("%.6g", s.batch_loss.item()),
+                    absl::StrFormat("%.1f", rate), absl::StrFormat("%.0f", eta));
+}
+
+void ProgressLogger::on_epoch_end(RunState& s, const Logs& logs) {
+  if (IsRankZero(s)) s.ctx->log().Info("epoch {}/{}: {}", s.epoch + 1, s.epochs, FormatLogs(logs));
+}
+
+void ProgressLogger::on_eval_end(RunState& s, const Logs& logs) {
+  if (IsRankZero(s) && s.optimizer == nullptr) s.ctx->log().Info("eval: {}", FormatLogs(logs));
+}
+
+// --- EarlyStopping -------------------------------------------------------------------
+
+EarlyStopping::EarlyStopping(std::string monitor, int patience, std::string mode, double min_delta)
+    : monitor_(std::move(monitor)), patience_(patience), maximize_(MaximizeFor(monitor_, mode)),
+      min_delta_(min_delta) {
+  TANDEM_CHECK(patience >= 0, "EarlyStopping: patience must be >= 0, got ", patience);
+  TANDEM_CHECK(min_delta >= 0, "EarlyStopping: min_delta must be >= 0, got ", min_delta);
+}
+
+void EarlyStopping::on_train_begin(RunState&) {
+  have_best_ = false;
+  wait_ = 0;
+  stopped_epoch_ = -1;
+}
+
+void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
+  const double value = Monitored("EarlyStopping", monitor_, logs);
+  if (!have_best_ || Improves(value, best_, maximize_, min_delta_)) {
+    best_ = value;
+    have_best_ = true;
+    wait_ = 0;
+    return;
+  }
+  if (++wait_ > patience_) {
+    s.stop_training = true;
+    stopped_epoch_ = s.epoch;
+    if (IsRankZero(s))
+      s.ctx->log().Info("EarlyStopping: {} has not improved on {} for {} epochs; stopping", monitor_,
+                        best_, wait_);
+  }
+}
+
+// --- LRSchedulerCallback -------------------------------------------------------------
+
+LRSchedulerCallback::LRSchedulerCallback(Factory make, bool by_step)
+    : make_(std::move(make)), by_step_(by_step) {
+  TANDEM_CHECK(static_cast<bool>(make_), "LRSchedulerCallback: the scheduler factory is empty");
+}
+
+void LRSchedulerCallback::on_train_begin(RunState& s) {
+  TANDEM_CHECK(s.optimizer != nullptr, "LRSchedulerCallback: no optimizer (prepare() one)");
+  scheduler_ = make_(*s.optimizer);
+  TANDEM_CHECK(scheduler_ != nullptr, "LRSchedulerCallback: the factory returned no scheduler");
+}
+
+void LRSchedulerCallback::on_train_batch_end(RunState&) {
+  if (by_step_) scheduler_->step();
+}
+
+void LRSchedulerCallback::on_epoch_end(RunState&, const Logs&) {
+  if (!by_step_) scheduler_->step();
+}
+
+// --- MetricsLogger -------------------------------------------------------------------
+
+MetricsLogger::MetricsLogger(std::string path) : path_(std::move(path)) {
+  TANDEM_CHECK(!path_.empty(), "MetricsLogger: the path is empty");
+}
+
+void MetricsLogger::on_train_begin(RunState& s) {
+  if (!IsRankZero(s)) return;
+  std::ofstream out(path_, std::ios::app);
+  TANDEM_CHECK(out.good(), "MetricsLogger: cannot open '", path_, "' for appending");
+}
+
+void MetricsLogger::on_epoch_end(RunState& s, const Logs& logs) {
+  if (!IsRankZero(s)) return;
+  std::string line = absl::StrCat("{\"epoch\": ", s.epoch, ", \"step\": ", s.step);
+  for (const auto& [key, value] : logs) {
+    // JSON has no NaN or infinity: null stands for them.
+    absl::StrAppend(&line, ", \"", key, "\": ",
+                    std::isfinite(value) ? absl::StrFormat("%.17g", value) : "null");
+  }
+  line += "}\n";
+  std::ofstream out(path_, std::ios::app);
+  out << line;
+  out.flush();
+  TANDEM_CHECK(out.good(), "MetricsLogger: writing '", path_, "' failed");
+}
+
+// --- ModelCheckpoint -----------------------------------------------------------------
+
+ModelCheckpoint::ModelCheckpoint(std::string dir, int save_freq, std::string monitor,
+                                 std::string mode)
+    : dir_(std::move(dir)), save_freq_(save_freq), monitor_(std::move(monitor)),
+      maximize_(MaximizeFor(monitor_, mode)) {
+  TANDEM_CHECK(!dir_.empty(), "ModelCheckpoint: the directory is empty");
+  TANDEM_CHECK(save_freq >= 0, "ModelCheckpoint: save_freq must be >= 0, got ", save_freq);
+}
+
+void ModelCheckpoint::on_train_begin(RunState& s) {
+  have_best_ = false;
+  if (!IsRankZero(s)) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  TANDEM_CHECK(!ec, "ModelCheckpoint: cannot create directory '", dir_, "': ", ec.message());
+}
+
+void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
+  if (!monitor_.empty()) {
+    const double value = Monitored("ModelCheckpoint", monitor_, logs);
+    const bool better = !have_best_ || Improves(value, best_, maximize_, 0);
+    if (better) {
+      best_ = value;
+      have_best_ = true;
+      if (IsRankZero(s)) {
+        absl::Status st = nn::SaveSafetensors(dir_ + "/best.safetensors", *s.network);
+        TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
+      }
+    }
+  }
+  if (IsRankZero(s) && save_freq_ > 0 && (s.epoch + 1) % save_freq_ == 0) {
+    absl::Status st =
+        nn::SaveSafetensors(absl::StrCat(dir_, "/epoch_", s.epoch + 1, ".safetensors"), *s.network);
+    TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
+  }
+}
+
+void ModelCheckpoint::on_train_end(RunState& s, const Logs&) {
+  if (!IsRankZero(s)) return;
+  absl::Status st = nn::SaveSafetensors(dir_ + "/final.safetensors", *s.network);
+  TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
+}
+
+// --- TensorBoard ---------------------------------------------------------------------
+
+TensorBoard::TensorBoard(std::string dir) : dir_(std::move(dir)) {
+  TANDEM_CHECK(!dir_.empty(), "TensorBoard: the directory is empty");
+}
+
+TensorBoard::~TensorBoard() = default;
+
+void TensorBoard::on_train_begin(RunState& s) {
+  if (!IsRankZero(s)) return;
+  auto writer = dist::SummaryWriter::Open(dir_);
+  TANDEM_CHECK(writer.ok(), "TensorBoard: ", writer.status().message());
+  writer_ = std::move(writer).value();
+}
+
+void TensorBoard::on_epoch_end(RunState& s, const Logs& logs) {
+  if (writer_ == nullptr) return;
+  for (const auto& [key, value] : logs) writer_->AddScalar(key, value, s.step);
+  absl::Status st = writer_->Flush();
+  TANDEM_CHECK(st.ok(), "TensorBoard: ", st.message());
+}
+
+void TensorBoard::on_train_end(RunState&, const Logs&) {
+  if (writer_ == nullptr) return;
+  absl::Status st = writer_->Flush();
+  writer_.reset();
+  TANDEM_CHECK(st.ok(), "TensorBoard: ", st.message());
+}
+
+}  // namespace tandem::hapi

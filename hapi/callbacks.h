@@ -1,0 +1,206 @@
+// hapi callbacks: code that runs at fixed points of Model::fit / evaluate.
+//
+// Order (each on every rank, on the rank's thread, in the order the callbacks
+// were given):
+//   fit:      on_train_begin
+//             for each epoch: on_epoch_begin
+//                             for each step: on_train_batch_begin, on_train_batch_end
+//                             [eval every eval_freq epochs: on_eval_begin, on_eval_end]
+//                             on_epoch_end
+//             on_train_end
+//   evaluate: on_eval_begin, on_eval_end
+// A "step" is one optimizer step (grad_accum_steps micro-batches).
+//
+// Logs: epoch and evaluation values after the reduction over ranks, so every
+// rank sees the same numbers: "loss" and each metric of the training epoch,
+// "eval_loss" and "eval_<metric>" of the evaluation. At a batch end
+// RunState::batch_loss holds the step's loss on the device (this rank's; read it
+// with item(), a host wait, only when needed: ProgressLogger reads it every
+// log_freq steps).
+//
+// Errors: an exception from a callback fails the run on every rank (spawn stops
+// the others) with "callback <name> failed in <hook>: <what>". Stopping early:
+// a callback sets RunState::stop_training at on_epoch_end (or at a batch end);
+// fit takes the largest value over the ranks at the end of each epoch, so one
+// rank's decision stops every rank at the same point.
+//
+// Thread-safety: callbacks belong to one rank; fit makes one set per rank from
+// the CallbackFactory list (MakeCallback<T>(args...)).
+#ifndef TANDEM_HAPI_CALLBACKS_H_
+#define TANDEM_HAPI_CALLBACKS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/tensor.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+#include "spawn/context.h"
+
+namespace tandem::dist {
+class SummaryWriter;
+}  // namespace tandem::dist
+
+namespace tandem::hapi {
+
+using Logs = std::map<std::string, double>;
+
+// What a callback may read (and, for stop_training, write) during a run.
+struct RunState {
+  dist::Context* ctx = nullptr;
+  nn::Module* network = nullptr;         // this rank's network
+  optim::Optimizer* optimizer = nullptr;  // null in evaluate()
+  int epoch = 0;                          // the current epoch, from 0
+  int epochs = 0;
+  int64_t step = 0;                       // optimizer steps done so far in the fit
+  int64_t steps_per_epoch = 0;
+  nn::Tensor batch_loss;                  // at on_train_batch_end: the step's loss (0-dim)
+  bool stop_training = false;
+};
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  // For error messages ("ProgressLogger").
+  virtual std::string name() const = 0;
+  virtual void on_train_begin(RunState&) {}
+  virtual void on_epoch_begin(RunState&) {}
+  virtual void on_train_batch_begin(RunState&) {}
+  virtual void on_train_batch_end(RunState&) {}
+  virtual void on_eval_begin(RunState&) {}
+  virtual void on_eval_end(RunState&, const Logs&) {}
+  virtual void on_epoch_end(RunState&, const Logs&) {}
+  virtual void on_train_end(RunState&, const Logs&) {}
+};
+
+using CallbackFactory = std::function<std::unique_ptr<Callback>()>;
+
+template <typename C, typename... Args>
+CallbackFactory MakeCallback(Args... args) {
+  return [=] { return std::unique_ptr<Callback>(new C(args...)); };
+}
+
+// Rank 0 logs "epoch E/N step S/M loss L <rate> steps/s ETA Ts" every log_freq
+// steps (the step's loss, a host wait at those steps only) and one line per
+// epoch with its logs. Plain lines through the run's logger (no terminal control).
+class ProgressLogger : public Callback {
+ public:
+  explicit ProgressLogger(int64_t log_freq = 10);
+  std::string name() const override { return "ProgressLogger"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_begin(RunState& s) override;
+  void on_train_batch_end(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_eval_end(RunState& s, const Logs& logs) override;
+
+ private:
+  int64_t log_freq_;
+  std::chrono::steady_clock::time_point epoch_start_;
+};
+
+// Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not
+// improved by more than min_delta for `patience` epochs. mode: "min", "max",
+// or "auto" (max for names containing "acc", "precision" or "recall").
+// A monitor missing from the epoch's logs is an error naming it and the keys.
+class EarlyStopping : public Callback {
+ public:
+  EarlyStopping(std::string monitor = "eval_loss", int patience = 0, std::string mode = "auto",
+                double min_delta = 0);
+  std::string name() const override { return "EarlyStopping"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  int stopped_epoch() const { return stopped_epoch_; }
+
+ private:
+  std::string monitor_;
+  int patience_;
+  bool maximize_;
+  double min_delta_;
+  double best_ = 0;
+  bool have_best_ = false;
+  int wait_ = 0;
+  int stopped_epoch_ = -1;
+};
+
+// Steps a learning-rate schedule made from the rank's optimizer: after every
+// optimizer step (by_step) or at every epoch end.
+class LRSchedulerCallback : public Callback {
+ public:
+  using Factory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
+  explicit LRSchedulerCallback(Factory make, bool by_step = true);
+  std::string name() const override { return "LRScheduler"; }
+  void on_train_begin(RunState& s) override;
+  void on_train_batch_end(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+
+ private:
+  Factory make_;
+  bool by_step_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;
+};
+
+// Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
+// `path` (created, with its directory's existence checked at train begin: an
+// error names the path).
+class MetricsLogger : public Callback {
+ public:
+  explicit MetricsLogger(std::string path);
+  std::string name() const override { return "MetricsLogger"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+
+ private:
+  std::string path_;
+};
+
+// Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
+// dir/epoch_<E>.safetensors every save_freq epochs and dir/final.safetensors at
+// the end; with `monitor` set also dir/best.safetensors when the monitored value
+// improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",
+                           std::string mode = "auto");
+  std::string name() const override { return "ModelCheckpoint"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_train_end(RunState& s, const Logs& logs) override;
+
+ private:
+  std::string dir_;
+  int save_freq_;
+  std::string monitor_;
+  bool maximize_;
+  double best_ = 0;
+  bool have_best_ = false;
+};
+
+// Rank 0 writes every epoch's logs as TensorBoard scalars (tag = log key) at
+// the epoch's last step, into a new event file under `dir`.
+class TensorBoard : public Callback {
+ public:
+  explicit TensorBoard(std::string dir);
+  ~TensorBoard() override;
+  std::string name() const override { return "TensorBoard"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_train_end(RunState& s, const Logs& logs) override;
+
+ private:
+  std::string dir_;
+  std::unique_ptr<dist::SummaryWriter> writer_;
+};
+
+// True when `mode` ("min", "max", "auto") asks to maximise `monitor`; throws
+// tandem::Error naming a bad mode.
+bool MaximizeFor(const std::string& monitor, const std::string& mode);
+
+}  // namespace tandem::hapi
+
+#endif  // TANDEM_HAPI_CALLBACKS_H_

@@ -1,0 +1,617 @@
+#include "hapi/model.h"
+
+#include <algorithm>
+#include <exception>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "data/dataloader.h"
+#include "data/sampler.h"
+#include "nn/autocast.h"
+#include "nn/error.h"
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/safetensors.h"
+#include "nn/status_macros.h"
+#include "spawn/comm/communicator.h"
+#include "spawn/signals.h"
+#include "spawn/train/checkpoint.h"
+#include "spawn/train/sync_batch_norm.h"
+
+namespace tandem::hapi {
+
+struct Model::RankRun {
+  std::shared_ptr<nn::Module> network;
+  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::vector<std::unique_ptr<Metric>> metrics;
+};
+
+namespace {
+
+// Runs one hook of every callback; an exception names the callback and the hook
+// (a cancellation, another rank's failure reaching this one, passes unchanged).
+template <typename Hook>
+void CallEach(std::vector<std::unique_ptr<Callback>>& callbacks, const char* hook, Hook&& call) {
+  for (auto& cb : callbacks) {
+    try {
+      call(*cb);
+    } catch (const dist::CancelledError&) {
+      throw;
+    } catch (const std::exception& e) {
+      Fail("callback ", cb->name(), " failed in ", hook, ": ", e.what());
+    }
+  }
+}
+
+std::vector<std::unique_ptr<Callback>> MakeCallbacks(const std::vector<CallbackFactory>& factories,
+                                                     int64_t log_freq) {
+  std::vector<std::unique_ptr<Callback>> out;
+  if (log_freq > 0) out.push_back(std::make_unique<ProgressLogger>(log_freq));
+  for (const auto& make : factories) {
+    TANDEM_CHECK(static_cast<bool>(make), "hapi: an empty CallbackFactory");
+    out.push_back(make());
+    TANDEM_CHECK(out.back() != nullptr, "hapi: a CallbackFactory returned no callback");
+  }
+  return out;
+}
+
+nn::Tensor HostCopy(const nn::Tensor& t) {
+  nn::NoGradGuard no_grad;
+  return t.device().is_cpu() ? t.detach().clone() : t.to(nn::Device::CPU());
+}
+
+int LocalRank(const dist::Context& ctx) {
+  return ctx.local_rank() < 0 ? ctx.rank() : ctx.local_rank();
+}
+
+data::DistributedOptions SamplerOptions(const dist::Context& ctx, int64_t size, int64_t batch) {
+  data::DistributedOptions o;
+  o.dataset_size = size;
+  o.batch_size = batch;
+  o.num_replicas = ctx.world_size();
+  o.rank = ctx.rank();
+  return o;
+}
+
+// Sums every rank's `values` (one float64 all_reduce on the rank's device).
+std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& values) {
+  nn::Tensor t = nn::from_vector(values, {static_cast<int64_t>(values.size())},
+                                 {.dtype = nn::kFloat64})
+                     .to(ctx.device());
+  ctx.communicator().all_reduce(t, dist::ReduceOp::kSum);
+  return t.to_vector<double>();
+}
+
+absl::Status CheckDataset(const char* call, const std::shared_ptr<const data::Dataset>& d,
+                          const char* what) {
+  if (d == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is null"));
+  if (d->size() == 0)
+    return absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is empty (0 examples)"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckFitOptions(const FitOptions& o) {
+  auto bad = [](const char* name, auto value, const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat("fit: ", name, " = ", value, ": ", why));
+  };
+  if (o.epochs < 0) return bad("epochs", o.epochs, "must be >= 0");
+  if (o.batch_size < 1) return bad("batch_size", o.batch_size, "must be >= 1");
+  if (o.eval_batch_size < 0) return bad("eval_batch_size", o.eval_batch_size, "must be >= 0");
+  if (o.eval_freq < 1) return bad("eval_freq", o.eval_freq, "must be >= 1");
+  if (o.grad_accum_steps < 1) return bad("grad_accum_steps", o.grad_accum_steps, "must be >= 1");
+  if (o.num_workers < 0) return bad("num_workers", o.num_workers, "must be >= 0");
+  if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
+  if (o.resume && o.checkpoint.dir.empty())
+    return absl::InvalidArgumentError("fit: resume needs checkpoint.dir");
+  if (!o.checkpoint.dir.empty()) {
+    absl::Status st = dist::CheckpointManager::Validate(o.checkpoint);
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("fit: checkpoint: ", st.message()));
+  }
+  if (o.eval_data != nullptr) return CheckDataset("fit", o.eval_data, "eval_data");
+  return absl::OkStatus();
+}
+
+absl::Status CheckEvalOptions(const char* call, const EvalOptions& o) {
+  if (o.batch_size < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": batch_size = ", o.batch_size, ": must be >= 1"));
+  if (o.num_workers < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": num_workers = ", o.num_workers, ": must be >= 0"));
+  return absl::OkStatus();
+}
+
+data::DataLoaderOptions LoaderOptions(const dist::Context& ctx, int num_workers,
+                                      std::shared_ptr<const data::Transform> transform) {
+  data::DataLoaderOptions o;
+  o.num_workers = num_workers;
+  o.device = ctx.device();
+  o.pin_memory = ctx.device().is_cuda();
+  o.batch_transform = std::move(transform);
+  return o;
+}
+
+// Evaluation on this rank's kUneven share, reduced over the ranks.
+Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction& loss,
+                    std::vector<std::unique_ptr<Metric>>& metrics,
+                    std::shared_ptr<const data::Dataset> dataset, int64_t batch_size,
+                    int num_workers, bool bf16, std::shared_ptr<const data::Transform> transform) {
+  data::DistributedOptions so = SamplerOptions(ctx, dataset->size(), batch_size);
+  so.shuffle = false;
+  so.tail = data::DistributedTail::kUneven;
+  auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
+  data::DataLoader loader(std::move(dataset), sampler,
+                          LoaderOptions(ctx, num_workers, std::move(transform)));
+  const bool was_training = network.is_training();
+  network.eval();
+  nn::NoGradGuard no_grad;
+  for (auto& m : metrics) m->reset();
+  // Loss: sum over batches of (batch mean * rows), on the device until the reduction.
+  nn::Tensor loss_sum = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
+  double rows = 0;
+  while (auto batch = loader.next()) {
+    nn::Tensor out;
+    nn::Tensor batch_loss;
+    {
+      std::optional<nn::AutocastGuard> autocast;
+      if (bf16) autocast.emplace(nn::kBFloat16);
+      out = network(batch->data);
+      if (loss) batch_loss = loss(out, batch->target);
+    }
+    const auto n = static_cast<double>(batch->data.size(0));
+    if (loss) loss_sum = loss_sum + batch_loss.detach().to(nn::kFloat64) * n;
+    rows += n;
+    for (auto& m : metrics) m->update(out, batch->target);
+  }
+  network.train(was_training);
+  std::vector<double> sums = {loss_sum.item(), rows};
+  for (auto& m : metrics) sums.insert(sums.end(), m->sums().begin(), m->sums().end());
+  sums = SumOverRanks(ctx, sums);
+  Logs logs;
+  if (loss) logs["eval_loss"] = sums[0] / sums[1];
+  size_t at = 2;
+  for (auto& m : metrics) {
+    const size_t k = m->sums().size();
+    m->set_sums(std::vector<double>(sums.begin() + at, sums.begin() + at + k));
+    at += k;
+    logs["eval_" + m->name()] = m->value();
+  }
+  return logs;
+}
+
+}  // namespace
+
+LossFunction CrossEntropy() {
+  return [](const nn::Tensor& output, const nn::Tensor& target) {
+    return nn::cross_entropy(output, target);
+  };
+}
+
+LossFunction MeanSquaredError() {
+  return [](const nn::Tensor& output, const nn::Tensor& target) {
+    return nn::mse_loss(output, target);
+  };
+}
+
+Model::Model(NetworkFactory network, LaunchOptions launch)
+    : network_(std::move(network)), launch_(std::move(launch)) {
+  TANDEM_CHECK(static_cast<bool>(network_), "hapi::Model: the network factory is empty");
+}
+
+Model::~Model() = default;
+
+void Model::prepare(OptimizerFactory optimizer, LossFunction loss,
+                    std::vector<MetricFactory> metrics) {
+  TANDEM_CHECK(static_cast<bool>(optimizer), "hapi::Model::prepare: the optimizer factory is empty");
+  TANDEM_CHECK(static_cast<bool>(loss), "hapi::Model::prepare: the loss function is empty");
+  for (const auto& m : metrics)
+    TANDEM_CHECK(static_cast<bool>(m), "hapi::Model::prepare: an empty metric factory");
+  optimizer_ = std::move(optimizer);
+  loss_ = std::move(loss);
+  metrics_ = std::move(metrics);
+  have_optimizer_state_ = false;  // a new optimizer starts fresh
+}
+
+absl::Status Model::CheckPrepared(const char* call) const {
+  if (!optimizer_ || !loss_)
+    return absl::FailedPreconditionError(
+        absl::StrCat("hapi::Model::", call, ": call prepare(optimizer, loss, metrics) first"));
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunOnRanks(const std::function<absl::Status(dist::Context&)>& body) {
+  if (dist::Context* ctx = dist::current_or_null()) {
+    spawned_ = false;
+    return body(*ctx);
+  }
+  spawned_ = true;
+  return dist::spawn([&](dist::Context& ctx) { return body(ctx); }, launch_.nprocs, launch_.gpus,
+                     launch_.spawn);
+}
+
+std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx) {
+  auto run = std::make_unique<RankRun>();
+  run->network = network_();
+  TANDEM_CHECK(run->network != nullptr, "hapi::Model: the network factory returned null");
+  run->network->to(ctx.device());
+  if (have_weights_) {
+    absl::Status st = run->network->load_state_dict(weights_);
+    TANDEM_CHECK(st.ok(), "hapi::Model: the kept weights do not fit the network: ", st.message());
+  } else {
+    // A fresh network: every rank takes rank 0's initial weights (as
+    // DataParallel does), so evaluate() and predict() before any fit agree too.
+    nn::NoGradGuard no_grad;
+    for (auto& [name, t] : run->network->state_dict()) {
+      nn::Tensor data = t.detach();
+      ctx.communicator().broadcast(data, 0);
+    }
+  }
+  for (const auto& make : metrics_) {
+    run->metrics.push_back(make());
+    TANDEM_CHECK(run->metrics.back() != nullptr, "hapi::Model: a metric factory returned null");
+  }
+  return run;
+}
+
+void Model::Keep(dist::Context& ctx, RankRun& run) {
+  // Spawned from main, every rank thread gets here: local rank 0 keeps
+  // (DataParallel holds every rank's weights equal). Inside a rank's function
+  // the Model is that rank's own.
+  if (spawned_ && LocalRank(ctx) != 0) return;
+  nn::StateDict host;
+  for (const auto& [name, t] : run.network->state_dict()) host.emplace_back(name, HostCopy(t));
+  weights_ = std::move(host);
+  have_weights_ = true;
+  if (run.optimizer != nullptr) {
+    optim::StateDict st = run.optimizer->state_dict();
+    for (auto& [name, t] : st.tensors) t = HostCopy(t);
+    optimizer_state_ = std::move(st);
+    have_optimizer_state_ = true;
+  }
+}
+
+absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
+                                   FitOptions options) {
+  RETURN_IF_ERROR(CheckPrepared("fit"));
+  RETURN_IF_ERROR(CheckDataset("fit", train, "the training data"));
+  RETURN_IF_ERROR(CheckFitOptions(options));
+  History history;
+  absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
+    History h = FitOnRank(ctx, train, options);
+    if (!spawned_ || LocalRank(ctx) == 0) history = std::move(h);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return history;
+}
+
+namespace {
+
+// Where a fit is: the epoch, the steps done in it and their summed loss over
+// every rank (restored from a checkpoint, or zero).
+struct FitPosition {
+  int epoch = 0;
+  int64_t epoch_steps = 0;
+  double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
+  bool resumed_inside_epoch = false;
+};
+
+constexpr char kEpochKey[] = "hapi.epoch";
+constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
+constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
+
+FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
+                    dist::TrainingState& state) {
+  FitPosition at;
+  absl::StatusOr<std::string> path = checkpoints.Restore(state);
+  dist::ThrowIfError(path.status(), "fit: resume: ");
+  if (path->empty()) {
+    if (ctx.rank() == 0) ctx.log().Info("fit: resume: no checkpoint yet; starting from the beginning");
+    return at;
+  }
+  auto epoch = dist::ExtraValue<int64_t>(state.extra, kEpochKey, *path);
+  auto steps = dist::ExtraValue<int64_t>(state.extra, kEpochStepsKey, *path);
+  auto loss = dist::ExtraValue<double>(state.extra, kEpochLossKey, *path);
+  dist::ThrowIfError(epoch.status(), "fit: resume: ");
+  dist::ThrowIfError(steps.status(), "fit: resume: ");
+  dist::ThrowIfError(loss.status(), "fit: resume: ");
+  at.epoch = static_cast<int>(*epoch);
+  // -1: written at the end of a fit, at an epoch boundary.
+  at.resumed_inside_epoch = *steps >= 0;
+  at.epoch_steps = std::max<int64_t>(*steps, 0);
+  at.epoch_loss_sum = *loss;
+  if (ctx.rank() == 0)
+    ctx.log().Info("fit: resumed from {}: epoch {}, step {} ({} of the epoch)", *path, at.epoch + 1,
+                   *state.step, at.epoch_steps);
+  return at;
+}
+
+}  // namespace
+
+History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
+                         const FitOptions& options) {
+  std::unique_ptr<RankRun> run = Build(ctx);
+  nn::Module& network = *run->network;
+  network.train();
+  if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
+  run->dp = std::make_unique<dist::DataParallel>(network, ctx, options.data_parallel);
+  dist::DataParallel& dp = *run->dp;
+  run->optimizer = optimizer_(dp.parameters());
+  TANDEM_CHECK(run->optimizer != nullptr, "hapi::Model: the optimizer factory returned null");
+  if (have_optimizer_state_) {
+    absl::Status st = run->optimizer->load_state_dict(optimizer_state_);
+    TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+  }
+  optim::Optimizer& optimizer = *run->optimizer;
+
+  data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
+  so.shuffle = options.shuffle;
+  so.drop_last = options.drop_last;
+  so.seed = options.seed;
+  auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
+  data::DataLoader loader(train, sampler,
+                          LoaderOptions(ctx, options.num_workers, options.batch_transform));
+  const int64_t batches = loader.num_batches();
+  const int accum = options.grad_accum_steps;
+
+  RunState state;
+  state.ctx = &ctx;
+  state.network = &network;
+  state.optimizer = &optimizer;
+  state.epochs = options.epochs;
+  state.steps_per_epoch = (batches + accum - 1) / accum;
+
+  std::optional<dist::CheckpointManager> checkpoints;
+  dist::TrainingState saved{.model = &network, .optimizer = &optimizer, .loader = &loader,
+                            .step = &state.step};
+  FitPosition at;
+  if (!options.checkpoint.dir.empty()) {
+    checkpoints.emplace(ctx, options.checkpoint);
+    if (options.resume) at = Restore(ctx, *checkpoints, saved);
+  }
+
+  std::vector<std::unique_ptr<Callback>> callbacks =
+      MakeCallbacks(options.callbacks, options.log_freq);
+  History history;
+  Logs logs;
+  CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
+  for (int epoch = at.epoch; epoch < options.epochs; ++epoch) {
+    state.epoch = epoch;
+    const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
+    if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
+    loader.start_epoch();
+    CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
+    nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
+    int64_t steps = resumed ? at.epoch_steps : 0;
+    for (int64_t first = steps * accum; first < batches; first += accum) {
+      const int64_t group = std::min<int64_t>(accum, batches - first);
+      CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
+      nn::Tensor step_loss;
+      for (int64_t micro = 0; micro < group; ++micro) {
+        std::optional<data::Batch> batch = loader.next();
+        TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ",
+                     first + micro, " of ", batches);
+        std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+        if (micro + 1 < group) no_sync.emplace(&dp);
+        nn::Tensor loss;
+        {
+          std::optional<nn::AutocastGuard> autocast;
+          if (options.bf16) autocast.emplace(nn::kBFloat16);
+          loss = loss_(dp(batch->data), batch->target);
+        }
+        TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
+                     nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
+        (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
+        nn::Tensor part = loss.detach().to(nn::kFloat64);
+        if (group > 1) part = part * (1.0 / static_cast<double>(group));
+        step_loss = step_loss.defined() ? step_loss + part : part;
+      }
+      optimizer.step();
+      optimizer.zero_grad();
+      ++state.step;
+      ++steps;
+      state.batch_loss = step_loss;
+      epoch_loss = epoch_loss + step_loss;
+      CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
+      ctx.check_stop();
+      if (checkpoints) {
+        absl::Status st = checkpoints->AtStepBoundary(saved, [&](dist::TrainingState& s) {
+          // Collectives are allowed here: every rank saves at the same step.
+          const double here = SumOverRanks(ctx, {epoch_loss.item()})[0];
+          s.extra[kEpochKey] = static_cast<int64_t>(epoch);
+          s.extra[kEpochStepsKey] = steps;
+          s.extra[kEpochLossKey] = here + (resumed ? at.epoch_loss_sum : 0.0);
+        });
+        dist::ThrowIfError(st, "fit: saving a checkpoint: ");
+      } else if (ctx.AtStepBoundary(state.step).stop) {
+        throw dist::StoppedError(
+            absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
+            state.step);
+      }
+    }
+    logs.clear();
+    // Every rank made the same number of steps (kWrapGlobalBatch); rank 0 adds
+    // what the ranks had summed before a resume.
+    const double before = resumed && ctx.rank() == 0 ? at.epoch_loss_sum : 0.0;
+    std::vector<double> total =
+        SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
+    logs["loss"] = total[1] > 0 ? total[0] / total[1] : 0.0;
+    const bool last = epoch + 1 == options.epochs;
+    if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
+      CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
+      Logs eval = EvaluateOnRank(ctx, network, loss_, run->metrics, options.eval_data,
+                                 options.eval_batch_size > 0 ? options.eval_batch_size
+                                                             : options.batch_size,
+                                 options.num_workers, options.bf16, options.batch_transform);
+      CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, eval); });
+      logs.insert(eval.begin(), eval.end());
+    }
+    CallEach(callbacks, "on_epoch_end", [&](Callback& c) { c.on_epoch_end(state, logs); });
+    history.epochs.push_back(logs);
+    // One rank's stop (EarlyStopping) stops every rank at this epoch's end.
+    std::vector<double> stop = SumOverRanks(ctx, {state.stop_training ? 1.0 : 0.0});
+    if (stop[0] > 0) break;
+  }
+  if (checkpoints) {
+    // The end of the fit, so that a resume after it has nothing left to do.
+    saved.extra[kEpochKey] = static_cast<int64_t>(std::max(state.epoch + 1, at.epoch));
+    saved.extra[kEpochStepsKey] = int64_t{-1};
+    saved.extra[kEpochLossKey] = 0.0;
+    dist::ThrowIfError(checkpoints->Save(saved), "fit: saving the final checkpoint: ");
+    dist::ThrowIfError(checkpoints->Finish(), "fit: checkpoint: ");
+  }
+  CallEach(callbacks, "on_train_end", [&](Callback& c) { c.on_train_end(state, logs); });
+  history.steps = state.step;
+  Keep(ctx, *run);
+  return history;
+}
+
+absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
+                                     EvalOptions options) {
+  RETURN_IF_ERROR(CheckDataset("evaluate", data, "the data"));
+  RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
+  Logs result;
+  absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
+    std::unique_ptr<RankRun> run = Build(ctx);
+    std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
+    RunState state;
+    state.ctx = &ctx;
+    state.network = run->network.get();
+    CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
+    Logs logs = EvaluateOnRank(ctx, *run->network, loss_, run->metrics, data, options.batch_size,
+                               options.num_workers, options.bf16, options.batch_transform);
+    CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, logs); });
+    if (!have_weights_) Keep(ctx, *run);
+    if (!spawned_ || LocalRank(ctx) == 0) result = std::move(logs);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<nn::Tensor> Model::predict(std::shared_ptr<const data::Dataset> data,
+                                          EvalOptions options) {
+  RETURN_IF_ERROR(CheckDataset("predict", data, "the data"));
+  RETURN_IF_ERROR(CheckEvalOptions("predict", options));
+  nn::Tensor result;
+  absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
+    nn::Tensor all = PredictOnRank(ctx, data, options);
+    if (!spawned_ || LocalRank(ctx) == 0) result = std::move(all);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return result;
+}
+
+nn::Tensor Model::PredictOnRank(dist::Context& ctx,
+                                const std::shared_ptr<const data::Dataset>& dataset,
+                                const EvalOptions& options) {
+  std::unique_ptr<RankRun> run = Build(ctx);
+  nn::Module& network = *run->network;
+  network.eval();
+  nn::NoGradGuard no_grad;
+  const int world = ctx.world_size();
+  data::DistributedOptions so = SamplerOptions(ctx, dataset->size(), options.batch_size);
+  so.shuffle = false;
+  so.tail = data::DistributedTail::kUneven;
+  // Every rank's dataset indices, from the samplers' (host-only) plans.
+  std::vector<std::vector<int64_t>> indices(static_cast<size_t>(world));
+  int64_t max_rows = 0;
+  for (int r = 0; r < world; ++r) {
+    data::DistributedOptions other = so;
+    other.rank = r;
+    data::DistributedBatchSampler plan(other);
+    while (auto b = plan.next()) indices[r].insert(indices[r].end(), b->begin(), b->end());
+    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(indices[r].size()));
+  }
+  data::DataLoader loader(dataset, std::make_shared<data::DistributedBatchSampler>(so),
+                          LoaderOptions(ctx, options.num_workers, options.batch_transform));
+  std::vector<nn::Tensor> outputs;
+  while (auto batch = loader.next()) {
+    std::optional<nn::AutocastGuard> autocast;
+    if (options.bf16) autocast.emplace(nn::kBFloat16);
+    outputs.push_back(network(batch->data).to(nn::kFloat32).to(nn::Device::CPU()));
+  }
+  // The output's shape per example, from rank 0 (kUneven gives rank 0 the most rows).
+  std::vector<int64_t> shape_code(9, 0);
+  if (!outputs.empty()) {
+    const nn::Shape& s = outputs.front().shape();
+    TANDEM_CHECK(s.size() >= 1 && s.size() <= 8, "hapi::Model::predict: output shape ",
+                 nn::ShapeToString(s), " has ", s.size(), " dims; 1 to 8 are supported");
+    shape_code[0] = static_cast<int64_t>(s.size());
+    for (size_t d = 1; d < s.size(); ++d) shape_code[d] = s[d];
+  }
+  nn::Tensor code = nn::from_vector(shape_code, {9}, {.dtype = nn::kInt64}).to(ctx.device());
+  ctx.communicator().broadcast(code, 0);
+  shape_code = code.to_vector<int64_t>();
+  nn::Shape example_shape;
+  int64_t per_example = 1;
+  for (int64_t d = 1; d < shape_code[0]; ++d) {
+    example_shape.push_back(shape_code[d]);
+    per_example *= shape_code[d];
+  }
+  // This rank's rows, padded to max_rows, gathered from every rank.
+  std::vector<float> mine(static_cast<size_t>(max_rows * per_example), 0.0f);
+  size_t at = 0;
+  for (const nn::Tensor& o : outputs) {
+    TANDEM_CHECK(o.numel() == o.size(0) * per_example, "hapi::Model::predict: output shape ",
+                 nn::ShapeToString(o.shape()), " differs between batches or ranks");
+    const std::vector<float> v = o.to_vector<float>();
+    std::copy(v.begin(), v.end(), mine.begin() + static_cast<std::ptrdiff_t>(at));
+    at += v.size();
+  }
+  nn::Tensor gathered = ctx.communicator().all_gather(
+      nn::from_vector(mine, {static_cast<int64_t>(mine.size())}, {.dtype = nn::kFloat32})
+          .to(ctx.device()));
+  const std::vector<float> all = gathered.to_vector<float>();
+  const int64_t n = dataset->size();
+  std::vector<float> ordered(static_cast<size_t>(n * per_example));
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < indices[r].size(); ++i) {
+      const auto src = all.begin() + (static_cast<int64_t>(r) * max_rows + static_cast<int64_t>(i)) *
+                                         per_example;
+      std::copy(src, src + per_example,
+                ordered.begin() + indices[r][i] * per_example);
+    }
+  }
+  nn::Shape shape = {n};
+  shape.insert(shape.end(), example_shape.begin(), example_shape.end());
+  return nn::from_vector(ordered, shape, {.dtype = nn::kFloat32});
+}
+
+absl::Status Model::save(const std::string& path) {
+  RETURN_IF_ERROR(Materialize());
+  return nn::SaveSafetensors(path, weights_);
+}
+
+absl::Status Model::load(const std::string& path) {
+  std::shared_ptr<nn::Module> net = network_();
+  if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
+  absl::StatusOr<nn::SafetensorsLoadReport> report = nn::LoadSafetensors(path, *net);
+  if (!report.ok()) return report.status();
+  nn::StateDict host;
+  for (const auto& [name, t] : net->state_dict()) host.emplace_back(name, HostCopy(t));
+  weights_ = std::move(host);
+  have_weights_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Model::Materialize() {
+  if (have_weights_) return absl::OkStatus();
+  std::shared_ptr<nn::Module> net = network_();
+  if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
+  nn::StateDict host;
+  for (const auto& [name, t] : net->state_dict()) host.emplace_back(name, HostCopy(t));
+  weights_ = std::move(host);
+  have_weights_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<nn::StateDict> Model::state_dict() {
+  RETURN_IF_ERROR(Materialize());
+  return weights_;
+}
+
+}  // namespace tandem::hapi

@@ -1,0 +1,206 @@
+// hapi::Model: the training loop as a library (Paddle's paddle.Model, Keras'
+// Model.fit), a thin composition of the pieces a hand-written loop uses
+// (DataParallel, DistributedBatchSampler, DataLoader, optimizer, loss).
+//
+//   hapi::Model model([] { return std::make_shared<LeNet>(); });
+//   model.prepare([](auto params) { return std::make_unique<optim::Adam>(params); },
+//                 hapi::CrossEntropy(), {hapi::MakeMetric<hapi::Accuracy>()});
+//   auto history = model.fit(train_set, {.epochs = 2, .batch_size = 64, .eval_data = test_set});
+//   auto logs = model.evaluate(test_set);          // {"eval_loss": ..., "eval_acc": ...}
+//
+// Per rank, from factories: a module belongs to one rank's thread and device,
+// so Model takes the network and the optimizer as factories and builds them
+// on each rank (on the rank's device). Between calls Model keeps the weights
+// (and, after fit, the optimizer state) as host copies, so fit, then
+// evaluate, predict, save or another fit, continue from them. The first call
+// that builds the network takes rank 0's initial weights on every rank.
+//
+// Where it runs, with no change to the script:
+//  - Called from a thread that dist::spawn did not start (main), each call
+//    spawns over LaunchOptions' devices (gpus string, nprocs; under mpirun or
+//    srun the job's processes join as one run) and returns when every rank is
+//    done. Errors come back as spawn's Status, naming the rank.
+//  - Called inside dist::spawn (a rank's function, each rank with its own
+//    Model), it runs on that rank (ctx = dist::current()) with the others; an
+//    error throws tandem::Error on the rank, as any failing step would.
+//
+// Data: datasets of (input, target) examples (data/dataset.h). Training draws
+// each epoch's batches with DistributedBatchSampler (kWrapGlobalBatch: N ranks
+// with batch B train as one rank with batch N*B, the same samples in the same
+// order); evaluate and predict use the kUneven tail, so every sample counts
+// exactly once on any number of ranks. batch_size is per rank.
+//
+// Losses: the loss function returns the batch's mean loss (0-dim); the epoch's
+// "loss" is the mean over the steps and ranks (accumulated on the device, read
+// once per epoch). "eval_loss" weighs each batch's mean by its rows, so it is
+// the mean over the evaluated samples.
+//
+// Not built yet (use the lower-level loop, docs/guide.md, for these):
+// ZeroRedundancyOptimizer, uneven training data under join(), the CUDA-graph
+// step.
+//
+// Thread-safety: a Model is used from one thread at a time (main, or one rank's
+// thread); its calls from main run the ranks on spawn's threads.
+#ifndef TANDEM_HAPI_MODEL_H_
+#define TANDEM_HAPI_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/dataset.h"
+#include "data/transforms.h"
+#include "hapi/callbacks.h"
+#include "hapi/metrics.h"
+#include "nn/module.h"
+#include "nn/tensor.h"
+#include "optim/optimizer.h"
+#include "spawn/launch.h"
+#include "spawn/train/checkpoint_manager.h"
+#include "spawn/train/data_parallel.h"
+
+namespace tandem::hapi {
+
+using NetworkFactory = std::function<std::shared_ptr<nn::Module>()>;
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<nn::Tensor> params)>;
+// (output, target) -> 0-dim mean loss.
+using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn::Tensor& target)>;
+
+// nn::cross_entropy (mean) and nn::mse_loss (mean) as LossFunctions.
+LossFunction CrossEntropy();
+LossFunction MeanSquaredError();
+
+// Where a call from main runs (ignored inside dist::spawn).
+struct LaunchOptions {
+  std::string gpus;  // spawn's gpus string: "" every visible GPU (CPU ranks without one), "cpu", "0,1"
+  int nprocs = -1;   // ranks; -1: one per device of gpus
+  dist::SpawnOptions spawn;
+};
+
+struct FitOptions {
+  int epochs = 1;
+  int64_t batch_size = 32;  // per rank
+  bool shuffle = true;
+  bool drop_last = false;   // drop the last partial global batch
+  uint64_t seed = 0;        // the shuffle order's seed (the same on every rank)
+  int num_workers = 0;      // DataLoader worker threads per rank
+  // Evaluated every eval_freq epochs (and after the last one) with eval_batch_size
+  // (0: batch_size); its values join the epoch's logs as "eval_<name>".
+  std::shared_ptr<const data::Dataset> eval_data;
+  int eval_freq = 1;
+  int64_t eval_batch_size = 0;
+  // Micro-batches per optimizer step: the gradients of grad_accum_steps batches
+  // are accumulated (DataParallel::no_sync) and reduced once; each micro-batch's
+  // loss is scaled by 1/grad_accum_steps. A last group of an epoch shorter than
+  // grad_accum_steps still steps.
+  int grad_accum_steps = 1;
+  bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16)
+  // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
+  std::shared_ptr<const data::Transform> batch_transform;
+  dist::DataParallelOptions data_parallel;  // buckets, comm hook, unused parameters
+  // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
+  bool sync_batch_norm = false;
+  // Training checkpoints (dist::CheckpointManager; dir empty: none): network,
+  // optimizer, sampler position, step, every rank's generator and the epoch's
+  // loss so far, every checkpoint.every_steps / every_minutes, the newest
+  // checkpoint.keep kept, and one at the end of fit. A stop signal
+  // (SpawnOptions::stop_signals: SIGTERM, SIGUSR1) saves at one agreed step on
+  // every rank and fit returns spawn's IsStopped() status (inside a rank's
+  // function: throws dist::StoppedError); without a directory it stops without
+  // saving.
+  dist::CheckpointManagerOptions checkpoint;
+  // Continue from the newest checkpoint in checkpoint.dir that loads (none:
+  // from the start): the same fit then ends as the uninterrupted one would.
+  bool resume = false;
+  // ProgressLogger every log_freq steps (0: none); further callbacks after it.
+  int64_t log_freq = 0;
+  std::vector<CallbackFactory> callbacks;
+};
+
+struct EvalOptions {
+  int64_t batch_size = 32;  // per rank
+  int num_workers = 0;
+  bool bf16 = false;
+  std::shared_ptr<const data::Transform> batch_transform;
+  std::vector<CallbackFactory> callbacks;  // on_eval_begin / on_eval_end
+};
+
+struct History {
+  std::vector<Logs> epochs;  // each epoch's logs (after the reduction over ranks)
+  int64_t steps = 0;         // optimizer steps done by this fit
+};
+
+class Model {
+ public:
+  explicit Model(NetworkFactory network, LaunchOptions launch = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Sets the optimizer (made per rank from the rank's parameters), the loss and
+  // the metrics (made per rank). Throws tandem::Error on an empty factory or loss.
+  void prepare(OptimizerFactory optimizer, LossFunction loss,
+               std::vector<MetricFactory> metrics = {});
+
+  // Trains (see the file comment). FailedPrecondition before prepare();
+  // InvalidArgument naming the value for a bad option or an empty dataset.
+  absl::StatusOr<History> fit(std::shared_ptr<const data::Dataset> train, FitOptions options = {});
+  // "eval_loss" (when prepared with a loss) and "eval_<metric>" for each metric,
+  // over every sample exactly once. InvalidArgument for an empty dataset.
+  absl::StatusOr<Logs> evaluate(std::shared_ptr<const data::Dataset> data,
+                                EvalOptions options = {});
+  // The network's outputs for every example, in dataset order, stacked along
+  // dim 0, on the host, float32 (N, ...), the same on every rank.
+  absl::StatusOr<nn::Tensor> predict(std::shared_ptr<const data::Dataset> data,
+                                     EvalOptions options = {});
+
+  // The network's weights (parameters and buffers) as safetensors, PyTorch's
+  // names; load() reads such a file strictly (names, shapes, dtypes).
+  absl::Status save(const std::string& path);
+  absl::Status load(const std::string& path);
+  // Host copies of the current weights. Before any call has built the network,
+  // state_dict() and save() build one on the calling thread and keep its
+  // weights: every later call starts from them.
+  absl::StatusOr<nn::StateDict> state_dict();
+
+  const LaunchOptions& launch_options() const { return launch_; }
+
+  struct RankRun;  // one rank's network, optimizer and metrics for one call
+
+ private:
+  absl::Status RunOnRanks(const std::function<absl::Status(dist::Context&)>& body);
+  absl::Status CheckPrepared(const char* call) const;
+  // Keeps a freshly built network's weights when none are kept yet.
+  absl::Status Materialize();
+  // This rank's network (weights from the host copy when there is one) and metrics.
+  std::unique_ptr<RankRun> Build(dist::Context& ctx);
+  // Copies the rank's weights and optimizer state to the host (local rank 0 when spawned).
+  void Keep(dist::Context& ctx, RankRun& run);
+  History FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
+                    const FitOptions& options);
+  nn::Tensor PredictOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& data,
+                           const EvalOptions& options);
+
+  NetworkFactory network_;
+  LaunchOptions launch_;
+  OptimizerFactory optimizer_;
+  LossFunction loss_;
+  std::vector<MetricFactory> metrics_;
+  // Host copies kept between calls (from local rank 0: DataParallel keeps every
+  // rank's weights equal).
+  nn::StateDict weights_;
+  bool have_weights_ = false;
+  optim::StateDict optimizer_state_;
+  bool have_optimizer_state_ = false;
+  // This call spawned its ranks (from main) rather than running on the caller's rank.
+  bool spawned_ = false;
+};
+
+}  // namespace tandem::hapi
+
+#endif  // TANDEM_HAPI_MODEL_H_
