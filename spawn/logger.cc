@@ -8,26 +8,16 @@
 #include <ctime>
 #include <iostream>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem::dist {
 namespace internal {
 
-std::string FormatPieces(absl::string_view format, const std::vector<std::string>& args) {
-  std::string out;
-  size_t next = 0;
-  size_t pos = 0;
-  while (pos < format.size()) {
-    const size_t hole = format.find("{}", pos);
-    if (hole == absl::string_view::npos || next == args.size()) {
-      absl::StrAppend(&out, format.substr(pos));
-      break;
-    }
-    absl::StrAppend(&out, format.substr(pos, hole - pos), args[next++]);
-    pos = hole + 2;
-  }
-  for (; next < args.size(); ++next) absl::StrAppend(&out, " ", args[next]);
-  return out;
+std::string BadFormatLine(fmt::string_view format, const fmt::format_error& error) {
+  return absl::StrCat("bad log format \"", absl::CHexEscape(absl::string_view(format.data(), format.size())),
+                      "\": ", error.what());
 }
 
 }  // namespace internal
@@ -112,6 +102,17 @@ void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_vie
       file->flush();
     }
   }
+}
+
+void RankLogger::Log(LogLevel level, fmt::string_view format, fmt::format_args args) const {
+  std::string text;
+  try {
+    text = fmt::vformat(format, args);
+  } catch (const fmt::format_error& e) {
+    logger_->Write(LogLevel::kError, rank_, device_, internal::BadFormatLine(format, e));
+    return;
+  }
+  logger_->Write(level, rank_, device_, text);
 }
 
 }  // namespace tandem::dist
