@@ -207,8 +207,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   const size_t slash = program.rfind('/');
   flags.program = slash == std::string::npos ? program : program.substr(slash + 1);
   SetUpHelp(flags.program, usage, kExitStatusHelp);
-  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) FlagErrorExit(flags, *bad);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = ParseCommandLineOrExit(flags.program, argc, argv);
   if (positional.size() > 1) {
     FlagErrorExit(flags, absl::StrCat("unexpected argument \"", positional[1],
                                       "\" (flags look like --name=value; see --help)"));

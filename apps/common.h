@@ -128,10 +128,11 @@ struct RunFlags {
   int world_size() const { return static_cast<int>(devices.size()); }
 };
 
-// Parses argv with Abseil flags (--help lists every flag of apps/ with its help
-// text) and returns the common flags. `usage` is the first paragraph of --help.
-// Exits 2 with one line on a positional argument; Abseil itself exits on an
-// unknown flag or an unparsable value (status 1, its own message).
+// Parses argv with Abseil flags through ParseCommandLineOrExit (--help lists
+// every flag of apps/ with its help text on stdout and exits 0) and returns the
+// common flags. `usage` is the first paragraph of --help. Exits 2 with one line on
+// an unknown flag (naming the nearest one), an unparsable value or a positional
+// argument.
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage);
 
 struct Validation {
