@@ -295,7 +295,7 @@ bool IsDirectory(const std::string& path) {
 }
 
 const std::vector<std::string>& OptimizerNames() {
-  static const auto* names = new std::vector<std::string>{"sgd", "momentum", "adagrad", "adam"};
+  static const auto* names = new std::vector<std::string>{"sgd", "momentum", "adagrad", "adam", "adamw"};
   return *names;
 }
 
@@ -331,7 +331,7 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     const auto& names = OptimizerNames();
     if (std::find(names.begin(), names.end(), flags.optimizer) == names.end()) {
       FlagErrorExit(flags, absl::StrCat("--optimizer \"", flags.optimizer,
-                                        "\": unknown optimizer (sgd, momentum, adagrad, adam)"));
+                                        "\": unknown optimizer (sgd, momentum, adagrad, adam, adamw)"));
     }
   }
   if (v.uses_epochs && flags.lr_schedule != "constant" && flags.lr_schedule != "cosine") {
@@ -513,8 +513,11 @@ std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
   if (name == "adam") {
     return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = lr});
   }
+  if (name == "adamw") {  // decoupled weight decay 0.01, torch.optim.AdamW's default
+    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = lr});
+  }
   TANDEM_CHECK(false, "MakeOptimizer: unknown optimizer \"", name,
-               "\" (sgd, momentum, adagrad, adam)");
+               "\" (sgd, momentum, adagrad, adam, adamw)");
   return nullptr;
 }
 

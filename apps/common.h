@@ -164,7 +164,8 @@ void ValidateOrExit(RunFlags& flags, const Validation& validation);
 // through FlagErrorExit naming the flag, the directory and why.
 void CreateDirectoryOrExit(const RunFlags& flags, const char* flag, const std::string& dir);
 
-// "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad" or "adam".
+// "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad", "adam" or "adamw"
+// (decoupled weight decay 0.01).
 // Throws tandem::Error on another name (ValidateOrExit has already rejected it).
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
                                                 std::vector<nn::Tensor> params, double lr);

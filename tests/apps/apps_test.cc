@@ -154,6 +154,17 @@ TEST(TrainLinear, RunsOnTwoCpuRanks) {
   ExpectFiniteAndFalling(losses, 4, 0.05, r.output);
 }
 
+// --optimizer=adamw (decoupled weight decay) learns the same as the others.
+TEST(TrainLinear, AdamWLearns) {
+  RunResult r = RunProgram(TRAIN_LINEAR, absl::StrCat("--gpus=cpu --optimizer=adamw ",
+                                                      kLearnableLinear));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("optimizer=adamw"), std::string::npos) << r.output;
+  const std::vector<double> losses = NumbersAfter(r.output, " loss:");
+  ASSERT_EQ(losses.size(), 20u) << r.output;
+  ExpectFiniteAndFalling(losses, 10, 0.05, r.output);
+}
+
 TEST(TrainMnist, SmokeRunWritesMetrics) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   const std::string dir = MakeTempDir("tandem_apps_m");
