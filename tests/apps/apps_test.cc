@@ -159,7 +159,7 @@ TEST(TrainLinear, AdamWLearns) {
   RunResult r = RunProgram(TRAIN_LINEAR, absl::StrCat("--gpus=cpu --optimizer=adamw ",
                                                       kLearnableLinear));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("optimizer=adamw"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(": adamw, lr 0.03"), std::string::npos) << r.output;
   const std::vector<double> losses = NumbersAfter(r.output, " loss:");
   ASSERT_EQ(losses.size(), 20u) << r.output;
   ExpectFiniteAndFalling(losses, 10, 0.05, r.output);
