@@ -74,12 +74,26 @@ absl::StatusOr<std::unique_ptr<Logger>> Logger::Create(int world_size, LoggerOpt
   return logger;
 }
 
-void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
+std::string Logger::Line(LogLevel level, int rank, nn::Device device,
+                         absl::string_view text) const {
   std::string who =
       rank < 0 ? std::string("spawn") : absl::StrCat("rank ", rank, " ", device.ToString());
   if (!options_.process_tag.empty()) absl::StrAppend(&who, " ", options_.process_tag);
-  const std::string line = absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text,
-                                        "\n");
+  return absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text, "\n");
+}
+
+void Logger::WriteToFiles(LogLevel level, absl::string_view text) {
+  if (files_.empty()) return;
+  const std::string line = Line(level, -1, nn::Device(), text);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& file : files_) {
+    *file << line;
+    file->flush();
+  }
+}
+
+void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
+  const std::string line = Line(level, rank, device, text);
   std::lock_guard<std::mutex> lock(mutex_);
   // Several processes (process_tag set): every error of every process reaches
   // its console, prefixed with rank, host and pid.

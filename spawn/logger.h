@@ -145,10 +145,15 @@ class Logger {
   // rank -1: spawn's own lines, else a global rank of this process. device is
   // printed after the rank.
   void Write(LogLevel level, int rank, nn::Device device, absl::string_view text);
+  // One of spawn's own lines to every workerlog only, not the console (detail
+  // a file keeps for later; nothing without a log_dir).
+  void WriteToFiles(LogLevel level, absl::string_view text);
   RankLogger ForRank(int rank, nn::Device device) { return RankLogger(this, rank, device); }
 
  private:
   Logger(int world_size, LoggerOptions options);
+  // "[<time> <who>] <level tag><text>\n".
+  std::string Line(LogLevel level, int rank, nn::Device device, absl::string_view text) const;
 
   const int world_size_;
   LoggerOptions options_;
