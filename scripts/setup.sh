@@ -8,11 +8,12 @@
 # python3-protobuf: the tests' independent reader of TensorBoard event files;
 # python3-matplotlib: scripts/plot_metrics.py; nlohmann-json3-dev: the JSON
 # headers of safetensors files (nn/safetensors.cc); libfmt-dev: the logger's
-# formatting (spawn/logger.h); python3-torch and
+# formatting (spawn/logger.h); clang: scripts/test.sh's compile check of the
+# libraries with a second compiler; python3-torch and
 # python3-torchvision: the tests that exchange weights with PyTorch
 # (tests/apps/interop_test.py) and the PyTorch side of the benchmarks.
 set -euo pipefail
-packages=(build-essential cmake g++ libabsl-dev libfmt-dev libgtest-dev libgmock-dev
+packages=(build-essential cmake g++ clang libabsl-dev libfmt-dev libgtest-dev libgmock-dev
           libbenchmark-dev libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev
           dataset-fashion-mnist openmpi-bin libopenmpi-dev python3 python3-protobuf
           python3-matplotlib python3-torch python3-torchvision)
