@@ -26,14 +26,17 @@
 //    its device tables under capture ("run one eager step before capturing").
 //  - Memory: every CUDA tensor allocated on the capturing thread during
 //    Capture() comes from a private arena owned by the graph (bump allocation
-//    from cudaMalloc'd chunks, 256-byte aligned). Memory freed inside the step is
+//    from chunks of the device's stream-ordered pool, 256-byte aligned). Memory freed inside the step is
 //    NOT reused within the step, so the capture's footprint is the sum of all of
 //    the step's temporaries (activations, gradients, workspaces). The arena lives
 //    as long as the graph or any tensor allocated from it (the loss returned by
 //    the step stays valid after the graph is destroyed). Pool memory allocated
 //    before Capture() and released inside it (the graph may still read it) is
-//    kept with the arena. When the last of them goes, the arena waits for the
-//    device (cudaDeviceSynchronize: a replay may be pending) and frees it all.
+//    kept with the arena. When the last of them goes, the arena frees it all,
+//    stream-ordered after every stream that launched the graph (a replay may be
+//    pending) and every stream that owned the released memory: no host wait,
+//    no cudaFree and no device synchronisation (which, mid-run, could wait
+//    behind other GPUs' NCCL kernels).
 //  - Optimizers: the step count, learning rate and bias corrections are not
 //    baked into the graph. Under capture an optimizer registers a pre-replay hook
 //    (AddPreReplayHook) that advances its step count and uploads the scalars
@@ -56,9 +59,10 @@
 //  - Only the calling thread's work is captured (cudaStreamCaptureModeThreadLocal):
 //    other ranks' threads keep running eagerly while one thread captures. What
 //    synchronises a whole device is invalid while any of its streams captures
-//    (CUDA then fails the call and invalidates the capture), so the release of
-//    a graph's memory (cudaDeviceSynchronize + cudaFree) waits until no capture
-//    runs on that device; other such calls (a thread's cuDNN teardown at exit)
+//    (CUDA then fails the call and invalidates the capture); the release of a
+//    graph's memory records events on the streams that launched it, which must
+//    not join a capture, so it waits until no capture runs on that device;
+//    calls that synchronise a device (a thread's cuDNN teardown at exit)
 //    should not overlap another thread's capture of the same GPU.
 //  - A graph that holds collectives (NCCL) must be replayed on the rank thread
 //    that captured it: its replays are traced in that rank's communicator.

@@ -129,7 +129,7 @@ class CudaPoolAllocator final : public Allocator {
   void FreeOnStream(void* ptr, int64_t, Device device, CUstream_st* stream) noexcept override {
 #if TANDEM_WITH_CUDA
     if (internal::DeferredCudaFrees* deferred = thread_deferred_frees) {
-      deferred->emplace_back(ptr, device);  // a capture is running on this thread
+      deferred->push_back({ptr, device, stream});  // a capture is running on this thread
       return;
     }
     if (stream == nullptr) {

@@ -18,6 +18,7 @@
 #include <list>
 
 #include "nn/cuda/context.h"
+#include "nn/internal/cuda_runtime.h"
 #include "nn/graph.h"
 #include "nn/interrupt.h"
 #include "optim/internal/fused_kernels.h"
@@ -142,6 +143,7 @@ __global__ void WriteScalarsKernel(UpdateScalars scalars, UpdateScalars* dst) { 
 // failed peer never joins; on a rank thread the wait then ends with the rank's
 // stop instead of never.
 void WaitOnHost(cudaEvent_t event, nn::Device device) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kHostWait);
   if (!nn::HasInterruptCheck()) {
     TANDEM_CHECK_CUDA(cudaEventSynchronize(event), device);
     return;
@@ -164,28 +166,26 @@ int Blocks(int64_t total) {
 }  // namespace
 
 // Up to kMaxCachedTables tables, least recently used first. Each has a pinned
-// host buffer (allocated once per table: the optimizer's one host allocation
-// outside tensors, needed for a truly asynchronous upload) and an int64 device
-// tensor. A pinned buffer is rewritten only after its previous upload finished
-// (event), which happens only when the set of tensors changes. A table used by
-// a captured graph is kept as it is for the tables' lifetime (the graph reads
-// it at every replay): it is never chosen for reuse.
+// host buffer (from nn's pinned host cache, needed for a truly asynchronous
+// upload: a table that grows gives its buffer back to the cache and takes a
+// larger one there, so a run that has warmed the cache calls no cudaHostAlloc /
+// cudaFreeHost, which mid-run can wait behind other GPUs' NCCL kernels) and an
+// int64 device tensor (the device's stream-ordered pool). A pinned buffer is
+// rewritten only after its previous upload finished (event), which happens only
+// when the set of tensors changes. A table used by a captured graph is kept as
+// it is for the tables' lifetime (the graph reads it at every replay): it is
+// never chosen for reuse.
 class DeviceTables {
  public:
   DeviceTables() = default;
   DeviceTables(const DeviceTables&) = delete;
   DeviceTables& operator=(const DeviceTables&) = delete;
   ~DeviceTables() {
-    // Destructors must not throw: errors here surface at the next checked call.
-    // This wait blocks (a destructor cannot be interrupted): on a rank thread of
-    // a stopping run it is bounded by spawn's watchdog, which aborts the
-    // communicators as soon as the stop is requested, so no stream stays stuck.
+    // No wait: each upload recorded its use of the pinned buffer
+    // (RecordPinnedUse), so the cache hands it out again only once the copy is
+    // done; an event is released once complete.
     for (Table& t : tables_) {
-      if (t.uploaded != nullptr) {
-        cudaEventSynchronize(t.uploaded);
-        cudaEventDestroy(t.uploaded);
-      }
-      if (t.pinned != nullptr) cudaFreeHost(t.pinned);
+      if (t.uploaded != nullptr) cudaEventDestroy(t.uploaded);
     }
   }
 
@@ -216,24 +216,29 @@ class DeviceTables {
     Table& t = tables_.back();
     if (t.uploaded != nullptr) WaitOnHost(t.uploaded, t.device);
     const size_t bytes = words.size() * sizeof(int64_t);
-    if (t.pinned == nullptr || t.capacity_words < words.size() || !(t.device == device)) {
-      if (t.pinned != nullptr) TANDEM_CHECK_CUDA(cudaFreeHost(t.pinned), t.device);
-      t.pinned = nullptr;
-      TANDEM_CHECK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&t.pinned), bytes), device);
+    if (!t.pinned.defined() || t.capacity_words < words.size() || !(t.device == device)) {
+      // The old buffer goes back to the pinned cache (its last upload is done).
+      t.pinned = nn::empty({static_cast<int64_t>(words.size())},
+                           {.dtype = nn::kInt64, .pinned = true});
       t.capacity_words = words.size();
       t.on_device = nn::empty({static_cast<int64_t>(words.size())},
                               {.dtype = nn::kInt64, .device = device});
       if (t.uploaded != nullptr) TANDEM_CHECK_CUDA(cudaEventDestroy(t.uploaded), t.device);
       t.uploaded = nullptr;
       t.device = device;
+      nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
       TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&t.uploaded, cudaEventDisableTiming), device);
     }
     t.words = words;
-    std::memcpy(t.pinned, words.data(), bytes);
+    void* pinned = t.pinned.host_ptr();
+    std::memcpy(pinned, words.data(), bytes);
     cudaStream_t stream = nn::internal::ThreadStream(device);
-    TANDEM_CHECK_CUDA(cudaMemcpyAsync(t.on_device.data_ptr(), t.pinned, bytes,
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kMemcpyAsync);
+    TANDEM_CHECK_CUDA(cudaMemcpyAsync(t.on_device.data_ptr(), pinned, bytes,
                                       cudaMemcpyHostToDevice, stream),
                       device);
+    nn::internal::RecordPinnedUse(pinned, device, stream);
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
     TANDEM_CHECK_CUDA(cudaEventRecord(t.uploaded, stream), device);
     return static_cast<const TableEntry*>(t.on_device.data_ptr());
   }
@@ -241,7 +246,7 @@ class DeviceTables {
  private:
   struct Table {
     std::vector<int64_t> words;  // what the device copy holds
-    int64_t* pinned = nullptr;
+    nn::Tensor pinned;  // int64, pinned host memory (nn's pinned cache)
     size_t capacity_words = 0;
     nn::Tensor on_device;
     cudaEvent_t uploaded = nullptr;

@@ -50,6 +50,10 @@ Suites:
   resnet   ResNet training steps on the CPU vs PyTorch eager, interleaved runs
            (resnet_step_bench, bench/resnet_step_bench.py; ARGS: [MODEL] [BATCH]
            [THREADS] [RUNS] [WARMUP] [STEPS], default resnet18_cifar 32 2 5 2 5)
+  host_cost  host microseconds per tiny op (add, relu, linear, conv2d, forward and
+           backward) vs PyTorch, CPU and cuda:0 rows, one sync per repetition
+           (host_cost_bench, bench/torch_host_cost.py; ARGS go to bench/host_cost.py,
+           e.g. --devices=cpu --threads=1 --repetitions=5 --rounds=3)
 EOF
 }
 
@@ -248,8 +252,15 @@ suite_resnet() {
   bench/resnet_step_bench.sh "$build" "$@"
 }
 
+suite_host_cost() {
+  build_targets host_cost_bench
+  need_python torch
+  header
+  "$python" bench/host_cost.py --python="$python" --bench="$build/bench/host_cost_bench" "$@"
+}
+
 case "$suite" in
-  steps | mnist | comm | comm_ab | mpi | ddp | observe | ops | blas | trace | resnet)
+  steps | mnist | comm | comm_ab | mpi | ddp | observe | ops | blas | trace | resnet | host_cost)
     "suite_$suite" "$@" ;;
   *)
     echo "bench.sh: unknown suite '$suite'" >&2

@@ -18,8 +18,8 @@
 #    without ctest;
 #  - keeps only what the GPU machine runs (gpu-labelled test binaries, the apps,
 #    and the benchmarks built in build-gpu/bench/: tandem_bench, run there by
-#    gpu_test.sh through bench/compare.py from the repository copy, and
-#    nn_ops_bench; the CPU-only test binaries are deleted), deletes object files
+#    gpu_test.sh through bench/compare.py from the repository copy,
+#    nn_ops_bench and host_cost_bench; the CPU-only test binaries are deleted), deletes object files
 #    and static libraries, strips the binaries and gzips the libraries over 4 MiB
 #    (OpenBLAS), to keep build-gpu small enough to carry (under ~60 MiB). The next
 #    build here is a full rebuild because the objects are gone;
@@ -40,7 +40,7 @@ cmake --preset gpu >/dev/null
 # programs gpu_test.sh starts and the benchmarks it runs (bench/); the CPU-only
 # tests are not built.
 cmake --build "$build" -j"$jobs" --target gpu_tests quickstart_linear train_mnist tandem_bench \
-  nn_ops_bench
+  nn_ops_bench host_cost_bench
 
 # The gpu-labelled test binaries (relative to build-gpu), from CTest.
 gpu_tests="$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
@@ -58,7 +58,7 @@ if [ -z "$gpu_tests" ] || [ ${#binaries[@]} -eq 0 ]; then
   echo "gpu_bundle: no gpu test binaries found in $build" >&2
   exit 1
 fi
-for needed in tandem_bench nn_ops_bench; do
+for needed in tandem_bench nn_ops_bench host_cost_bench; do
   if ! printf '%s\n' "${binaries[@]}" | grep -qxF "$build/bench/$needed"; then
     echo "gpu_bundle: $build/bench/$needed was not built (gpu_test.sh's benchmark steps need it)" >&2
     exit 1

@@ -21,11 +21,19 @@
 #    eager / compile / reduce-overhead, loss check, one table of ratios, written
 #    to $OUT/bench (or bench-out/) as compare.md and compare.json. BENCH_ARGS
 #    replaces its default arguments (e.g. BENCH_ARGS="--tf32 --models=mlp").
-# 6. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
+# 6. (only when STEPS names it) host_cost: the CUDA calls per op of
+#    nn_host_cost_gpu_test, whose measured budget lines are written to
+#    $OUT/cuda_call_budgets.inc (bench-out/ without OUT), then host microseconds
+#    per tiny op on cuda:0 and the CPU, tandem against PyTorch (bench/host_cost.py
+#    with build-gpu/bench/host_cost_bench; HOST_COST_ARGS replaces its default
+#    --devices=cuda:0,cpu --repetitions=5 --rounds=3). One to three minutes.
+# 7. (only when STEPS names it) memcheck: compute-sanitizer's memcheck tool over
 #    the gpu test binaries named in MEMCHECK_TESTS (paths under build-gpu, default
 #    tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test), each within
 #    MEMCHECK_TIMEOUT seconds (default 120; "all" runs every binary of
-#    build-gpu/gpu_tests.txt, about 6 minutes on an H100); a memory error it reports
+#    build-gpu/gpu_tests.txt but spawn_nccl_two_process_gpu_test, whose forked
+#    processes share the GPU for up to 110 s per test: name it to run it; about 6
+#    minutes on an H100); a memory error it reports
 #    fails the step. Failed CUDA API calls are not reported (--report-api-errors
 #    no): NCCL's communicator setup probes kernel images the card cannot run (error
 #    209, dozens per communicator) and nn_graph_gpu_test synchronizes inside a
@@ -172,6 +180,28 @@ else
 fi
 
 fi
+if wants host_cost; then
+step "host cost: CUDA calls per op (nn_host_cost_gpu_test), host us per op (bench/host_cost.py)"
+host_cost_out="${OUT:-$root/bench-out}"
+mkdir -p "$host_cost_out"
+if [ -x "$build/tests/nn/nn_host_cost_gpu_test" ]; then
+  (cd "$build/tests/nn" &&
+   TANDEM_CUDA_CALL_BUDGETS_OUT="$host_cost_out/cuda_call_budgets.inc" \
+     ./nn_host_cost_gpu_test) || { echo "gpu_test: nn_host_cost_gpu_test FAILED"; failed+=("nn_host_cost_gpu_test"); }
+else
+  echo "gpu_test: $build/tests/nn/nn_host_cost_gpu_test was not built"
+  failed+=("nn_host_cost_gpu_test")
+fi
+if [ -x "$build/bench/host_cost_bench" ]; then
+  read -r -a host_cost_args <<<"${HOST_COST_ARGS:---devices=cuda:0,cpu --repetitions=5 --rounds=3}"
+  run "host_cost" "$python" "$root/bench/host_cost.py" --bench="$build/bench/host_cost_bench" \
+    --python="$python" "${host_cost_args[@]}"
+else
+  echo "gpu_test: $build/bench/host_cost_bench was not built"
+  failed+=("host_cost")
+fi
+
+fi
 if wants memcheck; then
 step "compute-sanitizer memcheck"
 sanitizer="$(command -v compute-sanitizer || true)"
@@ -179,7 +209,8 @@ sanitizer="$(command -v compute-sanitizer || true)"
   sanitizer=/usr/local/cuda/bin/compute-sanitizer
 if [ -n "$sanitizer" ]; then
   memcheck_tests="${MEMCHECK_TESTS:-tests/nn/nn_ops_gpu_test tests/optim/optim_gpu_test}"
-  [ "$memcheck_tests" = all ] && memcheck_tests="$(cat "$build/gpu_tests.txt")"
+  [ "$memcheck_tests" = all ] &&
+    memcheck_tests="$(grep -v 'spawn_nccl_two_process_gpu_test$' "$build/gpu_tests.txt")"
   for bin in $memcheck_tests; do
     echo "--- $bin"
     # In the test's own folder, as ctest runs it.

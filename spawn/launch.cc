@@ -22,6 +22,7 @@
 #include "spawn/signals.h"
 #include "spawn/internal/watchdog.h"
 #include "spawn/internal/process_world.h"
+#include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/comm/nccl/nccl.h"
 #endif
@@ -240,9 +241,10 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
     return absl::FailedPreconditionError(
         "spawn called from a rank thread of another spawn: runs do not nest");
   }
-  if (!(options.timeout_s > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SpawnOptions::timeout_s must be positive, not ", options.timeout_s));
+  if (!(options.timeout_s > 0) || !(options.timeout_s <= kMaxTimeoutS)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SpawnOptions::timeout_s must be positive and at most ", kMaxTimeoutS,
+        " s (finite: the watchdog counts in int64 nanoseconds), not ", options.timeout_s));
   }
   return StopSignalScope::Validate(options.stop_signals);
 }
@@ -464,6 +466,58 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
   watchdog.join();
 }
 
+// What a run is made of before its ranks start.
+struct RunParts {
+  EnvironmentTable environment;  // logged again after a failed run
+  std::unique_ptr<Logger> logger;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::shared_ptr<InProcessGroup> group;
+};
+
+// Makes *parts: the logger (with the environment's lines), then the
+// communicators. Several processes: each step is entered through `startup`
+// (its deadline, and the test-only fault points), which writes to the logger
+// once it exists (so *parts outlives the guard's use, errors included).
+absl::Status StartRun(const std::vector<nn::Device>& devices, const SpawnOptions& options,
+                      absl::string_view gpus, int visible_gpus, const SpawnHooks& hooks,
+                      ProcessWorld* procs, StartupGuard* startup, RunParts* parts) {
+  auto enter = [startup](absl::string_view point, std::string what) {
+    return startup ? startup->Enter(point, std::move(what)) : absl::OkStatus();
+  };
+  RETURN_IF_ERROR(enter("joined", "setting up after the join"));
+  RETURN_IF_ERROR(enter("logger", "creating the logger"));
+  ASSIGN_OR_RETURN(parts->logger,
+                   CreateLogger(static_cast<int>(devices.size()), options, procs));
+  if (startup) startup->set_logger(parts->logger.get());
+  parts->environment = DescribeEnvironment(devices, options, gpus, visible_gpus, procs);
+  LogEnvironment(*parts->logger, parts->environment, devices, options, gpus, procs);
+  RETURN_IF_ERROR(enter("communicators", "building the communicators"));
+  ASSIGN_OR_RETURN(parts->comms, MakeCommunicators(devices, procs, hooks, &parts->group));
+  return absl::OkStatus();
+}
+
+// StartRun. Several processes: under the start-up guard (its deadline), where
+// every error, an exception included, ends the job through the world's abort,
+// and closed by a barrier of every process; so it returns OK or not at all.
+absl::Status StartRunOnEveryProcess(const std::vector<nn::Device>& devices,
+                                    const SpawnOptions& options, absl::string_view gpus,
+                                    int visible_gpus, const SpawnHooks& hooks,
+                                    ProcessWorld* procs, RunParts* parts) {
+  if (procs == nullptr) {
+    return StartRun(devices, options, gpus, visible_gpus, hooks, nullptr, nullptr, parts);
+  }
+  StartupGuard startup(procs, options.timeout_s, options.console);
+  absl::Status started;
+  try {
+    started = StartRun(devices, options, gpus, visible_gpus, hooks, procs, &startup, parts);
+  } catch (const std::exception& e) {
+    started = absl::InternalError(absl::StrCat("threw: ", e.what()));
+  }
+  if (!started.ok()) startup.Fail(started);
+  startup.Finish();
+  return absl::OkStatus();
+}
+
 absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions& options,
                           const SpawnHooks& hooks,
                           const std::function<void(int world_size)>& on_world_size,
@@ -477,13 +531,14 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   // Several processes (mpirun, srun): agree with the others, or stop here.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
   const int rank_offset = procs ? procs->rank_offset() : 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<Logger> logger, CreateLogger(world, options, procs.get()));
-  const EnvironmentTable table =
-      DescribeEnvironment(devices, options, gpus, visible_gpus, procs.get());
-  LogEnvironment(*logger, table, devices, options, gpus, procs.get());
-  std::shared_ptr<InProcessGroup> group;
-  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Communicator>> comms,
-                   MakeCommunicators(devices, procs.get(), hooks, &group));
+  // From here on, several processes: an error ends every process through the
+  // world's abort, and start-up has timeout_s (spawn/internal/startup.h).
+  RunParts parts;
+  RETURN_IF_ERROR(
+      StartRunOnEveryProcess(devices, options, gpus, visible_gpus, hooks, procs.get(), &parts));
+  std::unique_ptr<Logger> logger = std::move(parts.logger);
+  std::vector<std::unique_ptr<Communicator>> comms = std::move(parts.comms);
+  std::shared_ptr<InProcessGroup> group = std::move(parts.group);
 
   on_world_size(world);
   Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
@@ -512,7 +567,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   absl::Status status = FinishRun(run, agreement, procs.get(), comms, *logger);
   // A failure's report carries the whole environment table (the start printed one line).
   if (!status.ok() && !IsStopped(status) && !options.verbose) {
-    LogEnvironmentTable(*logger, table);
+    LogEnvironmentTable(*logger, parts.environment);
   }
   return status;
 }

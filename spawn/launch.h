@@ -109,7 +109,10 @@ struct SpawnOptions {
   bool verbose = false;
   // A collective not completed within this many seconds ends the run; after a
   // stop, the watchdog names the ranks still running this long after it. The
-  // programs' --timeout_s.
+  // programs' --timeout_s. Several processes: also the deadline of start-up
+  // (from the join to the ranks' start: docs/multiprocess.md, "Start-up").
+  // Positive and at most 1e9 (about 31.7 years; +inf and NaN are refused with
+  // InvalidArgument).
   double timeout_s = 300;
   // Rank r's generator is seeded with (seed, stream r).
   uint64_t seed = 0;

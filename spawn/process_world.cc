@@ -18,6 +18,7 @@
 #include "nn/status_macros.h"
 #include "spawn/signals.h"
 #include "spawn/launch.h"
+#include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/comm/nccl/nccl.h"
 #endif
@@ -85,6 +86,24 @@ LaunchInfo DetectLaunch() {
 }  // namespace tandem::dist
 
 namespace tandem::dist::internal {
+
+std::vector<std::pair<std::string, std::string>> NcclEnvironmentToAgree() {
+  struct Setting {
+    const char* name;
+    const char* unset;  // what spawn runs with when it is unset
+  };
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const Setting& s : {Setting{"NCCL_LAUNCH_MODE", "(unset)"},
+                           Setting{"NCCL_GRAPH_REGISTER", "0"},
+                           Setting{"NCCL_RUNTIME_CONNECT", "0"},
+                           Setting{"NCCL_COMM_BLOCKING", "(unset)"},
+                           Setting{"NCCL_ALGO", "(unset)"}, Setting{"NCCL_PROTO", "(unset)"}}) {
+    const char* value = std::getenv(s.name);
+    entries.emplace_back(absl::StrCat("environment ", s.name),
+                         value != nullptr ? std::string(value) : std::string(s.unset));
+  }
+  return entries;
+}
 
 std::string SerializeProcessInfo(const ProcessInfo& info) {
   std::string out;
@@ -232,11 +251,20 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcc
   }
   // Every process learns the id's size from the build (the agreement checked it
   // is the same build); process 0's bytes go to all.
-  std::unique_ptr<PendingOp> op = transport_->Broadcast(id.data(), static_cast<int64_t>(id.size()), 0);
-  try {
-    while (!op->Test()) std::this_thread::yield();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("spawn: broadcasting NCCL's unique id: ", e.what()));
+  auto broadcast = [&] {
+    return transport_->Broadcast(id.data(), static_cast<int64_t>(id.size()), 0);
+  };
+  if (startup_ != nullptr) {
+    startup_->WaitForOthers(broadcast, "in the exchange of NCCL's unique id");
+    RETURN_IF_ERROR(startup_->Enter("", "initialising NCCL's communicators (ncclGroupEnd waits "
+                                        "for every process)", /*waits_for_others=*/true));
+  } else {
+    std::unique_ptr<PendingOp> op = broadcast();
+    try {
+      while (!op->Test()) std::this_thread::yield();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("spawn: broadcasting NCCL's unique id: ", e.what()));
+    }
   }
   return CreateNcclCommunicatorsAcross(local_devices, id, rank_offset_, world_size_);
 #else
@@ -244,6 +272,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcc
   return absl::FailedPreconditionError("spawn: GPU ranks in a build without CUDA");
 #endif
 }
+
+std::unique_ptr<PendingOp> ProcessWorld::StartBarrier() { return transport_->Barrier(); }
 
 void ProcessWorld::RankExited(int local_rank) {
   exited_.fetch_add(1, std::memory_order_acq_rel);
@@ -346,6 +376,10 @@ std::string LateProcesses(const std::vector<ProcessInfo>& processes,
 }
 
 }  // namespace
+
+std::string ProcessWorld::DescribeLocalPeers() const {
+  return LocalProcessStates(processes_, process_index_, host());
+}
 
 std::string ProcessWorld::DescribeProgress(uint64_t waiting_for) const {
   ProcessProgress progress;
@@ -493,6 +527,11 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
                  {"SpawnOptions::seed", absl::StrCat(options.seed)},
                  {"SpawnOptions::share_devices", options.share_devices ? "true" : "false"}};
   for (const auto& entry : options.must_agree) mine.agreed.push_back(entry);
+  // GPU ranks: NCCL's settings are compared before any NCCL call (the unique
+  // id's exchange), so a setting on one host fails every process, named.
+  if (!local_devices.empty() && local_devices[0].is_cuda()) {
+    for (auto& entry : NcclEnvironmentToAgree()) mine.agreed.push_back(std::move(entry));
+  }
   (void)gpus;
   return JoinMpiWorld(launcher, mine, options.share_devices);
 #endif

@@ -7,6 +7,7 @@
 
 #include <new>  // std::nothrow_t
 
+#include "nn/cuda/internal/call_counter.h"
 #include "nn/device.h"
 
 namespace tandem::nn::internal {
@@ -53,8 +54,10 @@ class CudaDeviceScope {
 
 // Checks a CUDA call, naming the expression, the device and CUDA's message.
 #define TANDEM_CHECK_CUDA(expr, device) ::tandem::nn::internal::CheckCuda((expr), #expr, (device))
-// After a kernel launch: reports a bad launch configuration at once.
-#define TANDEM_CHECK_LAUNCH(name, device) \
-  ::tandem::nn::internal::CheckCuda(cudaGetLastError(), name, (device))
+// After a kernel launch: reports a bad launch configuration at once, and counts
+// the launch (nn/cuda/internal/call_counter.h).
+#define TANDEM_CHECK_LAUNCH(name, device)                                                   \
+  (::tandem::nn::internal::CountCudaCall(::tandem::nn::internal::CudaCall::kKernelLaunch), \
+   ::tandem::nn::internal::CheckCuda(cudaGetLastError(), name, (device)))
 
 #endif  // TANDEM_NN_CUDA_CONTEXT_H_

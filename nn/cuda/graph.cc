@@ -13,7 +13,17 @@
 //      Capture()); restore the allocator, hand the pool memory released during
 //      the step to the arena (the graph may read it at every replay), clear
 //      CUDA's last error; on failure throw (see the header) with the thread usable;
-//   5. cudaGraphInstantiate and cudaGraphUpload.
+//   5. order the thread's stream after the arena's allocations; cudaGraphInstantiate
+//      and cudaGraphUpload.
+//
+// Memory: no cudaMalloc, cudaFree or device synchronisation, from capture to
+// release. Mid-run, with peer access on, those can wait behind the NCCL kernels
+// of every GPU; a graph is typically captured after the run's first
+// collectives. The arena takes its chunks stream-ordered (cudaMallocAsync from
+// the device's pool) on a stream of its own that is never captured, and gives
+// them back (cudaFreeAsync) on that stream once it has been ordered after every
+// stream that launched the graph and every stream that owned memory the
+// capture released.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -56,9 +66,47 @@ class RelaxedCaptureMode {
 // nothing can replay it any more.
 struct GraphMemory {
   Device device;
-  std::vector<void*> chunks;               // the arena's, from cudaMalloc
+  std::vector<void*> chunks;               // the arena's, from GraphMemoryStream(device)
   internal::DeferredCudaFrees pool_frees;  // pool memory released during the capture
+  std::vector<cudaStream_t> users;         // streams the graph was uploaded or launched on
 };
+
+// The stream of `device` on which capture arenas take and give back their
+// memory (cudaMallocAsync / cudaFreeAsync): made once, never destroyed, never
+// captured. Null when it cannot be made (a broken context; the caller reports
+// or leaks).
+cudaStream_t GraphMemoryStream(Device device) noexcept {
+  static std::mutex mu;
+  static auto* streams = new std::map<int, cudaStream_t>();  // never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find(device.index);
+  if (it != streams->end()) return it->second;
+  internal::CudaDeviceScope on_device(device, std::nothrow);
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  streams->emplace(device.index, stream);
+  return stream;
+}
+
+// Orders `waiter` (a stream of any device) after the work queued on `producer`
+// (a stream of `producer_device`) so far, with an event made for it. Never
+// throws; a failure is cleared (the next checked call reports a broken context).
+void OrderAfter(cudaStream_t waiter, cudaStream_t producer, Device producer_device) noexcept {
+  if (waiter == producer) return;
+  internal::CudaDeviceScope on_device(producer_device, std::nothrow);
+  cudaEvent_t event = nullptr;
+  internal::CountCudaCall(internal::CudaCall::kEventCreate);
+  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return;
+  internal::CountCudaCall(internal::CudaCall::kEventRecord);
+  if (cudaEventRecord(event, producer) == cudaSuccess) {
+    internal::CountCudaCall(internal::CudaCall::kStreamWaitEvent);
+    cudaStreamWaitEvent(waiter, event, 0);
+  }
+  cudaEventDestroy(event);  // released once the record completes
+}
 
 // What a capture on this thread collects (null when none runs).
 struct CaptureState {
@@ -73,39 +121,52 @@ struct CaptureState {
 };
 thread_local CaptureState* t_capture = nullptr;
 
-// Waits for the device (a replay using the memory may still be pending), then
-// frees. Destructors call this: nothing throws, and a failure is cleared from
-// the thread's last error (the next kernel's launch check must not report it).
-// Only when no stream of the devices involved captures (ActiveCaptures).
+// Gives the memory back, stream-ordered: on each device's GraphMemoryStream,
+// after every stream that launched the graph (a replay may still be pending)
+// and, for pool memory released during the capture, after the stream that
+// owned it. No host wait, no device synchronisation. Destructors call this:
+// nothing throws, and a failure is cleared from the thread's last error (the
+// next kernel's launch check must not report it). Only when no stream of the
+// devices involved captures (ActiveCaptures): an event recorded on a stream
+// that another thread captures would join that capture.
 void ReleaseNow(GraphMemory& memory) {
   if (memory.chunks.empty() && memory.pool_frees.empty()) return;
-  {
-    // The caller's device is restored (CudaDeviceScope: never to GPU 0 for a
-    // thread that had no context, which cudaGetDevice reports as 0).
-    internal::CudaDeviceScope on_graph_device(memory.device, std::nothrow);
-    cudaDeviceSynchronize();
-    for (void* chunk : memory.chunks) cudaFree(chunk);
-    // Each released pool block on its own device, once that device is idle (a
-    // tensor of another device may have died on the capturing thread): a free
-    // ordered on the legacy stream of an idle device takes effect at once.
-    for (const auto& [ptr, device] : memory.pool_frees) {
-      internal::CudaDeviceScope on_device(device, std::nothrow);
-      if (device.index != memory.device.index) cudaDeviceSynchronize();
-      cudaFreeAsync(ptr, nullptr);
+  const Device device = memory.device;
+  // A stream that cannot be had means a broken context: the memory is leaked
+  // rather than freed while it may be in use.
+  if (cudaStream_t release = GraphMemoryStream(device)) {
+    for (cudaStream_t user : memory.users) OrderAfter(release, user, device);
+    internal::CudaDeviceScope on_device(device, std::nothrow);
+    for (void* chunk : memory.chunks) {
+      internal::CountCudaCall(internal::CudaCall::kFreeAsync);
+      cudaFreeAsync(chunk, release);
     }
+  }
+  for (const internal::DeferredCudaFree& f : memory.pool_frees) {
+    // The graph's device: its release stream is already after the graph's
+    // launches. Another device (a tensor of it died on the capturing thread):
+    // the graph does not read it, only its owner's work must be done.
+    cudaStream_t release = GraphMemoryStream(f.device);
+    if (release == nullptr) continue;
+    if (f.stream != nullptr) OrderAfter(release, f.stream, f.device);
+    internal::CudaDeviceScope on_device(f.device, std::nothrow);
+    internal::CountCudaCall(internal::CudaCall::kFreeAsync);
+    cudaFreeAsync(f.ptr, release);
   }
   cudaGetLastError();
   memory.chunks.clear();
   memory.pool_frees.clear();
+  memory.users.clear();
 }
 
 // The captures running now in the whole process, per device. Releasing graph
-// memory synchronises a device (cudaDeviceSynchronize, cudaFree), which is
-// invalid while any stream of that device captures: CUDA returns
-// cudaErrorStreamCaptureUnsupported and invalidates that capture, another
-// thread's (two ranks sharing a GPU capture at once, and one's graph memory
-// goes). Such a release waits in a list until the last capture on its devices
-// has ended; that capture's thread then releases it.
+// memory records events on the streams that launched the graph, which must not
+// be captured at that moment (the record would join another thread's capture:
+// two ranks sharing a GPU capture at once, and one's graph memory goes; when
+// releasing synchronised the device, CUDA refused it with
+// cudaErrorStreamCaptureUnsupported and invalidated that capture). Such a
+// release waits in a list until the last capture on its devices has ended;
+// that capture's thread then releases it.
 class ActiveCaptures {
  public:
   static ActiveCaptures& Get() {
@@ -132,13 +193,18 @@ class ActiveCaptures {
     }
     return ready;
   }
-  // Keeps `memory` for later when one of its devices captures now; returns
-  // whether it did.
-  bool DeferIfCapturing(GraphMemory& memory) {
+  // Keeps `memory` for later when one of its devices captures now, else
+  // releases it. The release runs under the lock: Begin (which comes before
+  // cudaStreamBeginCapture) waits for it, so no capture can start on a stream
+  // between the check and the events ReleaseNow records there (such a record
+  // would fork GraphMemoryStream into that capture, with the frees after it).
+  void ReleaseOrDefer(GraphMemory& memory) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!CapturingLocked(memory)) return false;
-    pending_.push_back(std::move(memory));
-    return true;
+    if (CapturingLocked(memory)) {
+      pending_.push_back(std::move(memory));
+    } else {
+      ReleaseNow(memory);
+    }
   }
 
  private:
@@ -148,8 +214,8 @@ class ActiveCaptures {
       return it != counts_.end() && it->second > 0;
     };
     if (capturing(memory.device.index)) return true;
-    for (const auto& [ptr, device] : memory.pool_frees) {
-      if (capturing(device.index)) return true;
+    for (const internal::DeferredCudaFree& f : memory.pool_frees) {
+      if (capturing(f.device.index)) return true;
     }
     return false;
   }
@@ -162,18 +228,18 @@ class ActiveCaptures {
 void Release(GraphMemory memory) {
   if (t_capture != nullptr) {
     t_capture->released.push_back(std::move(memory));
-  } else if (!ActiveCaptures::Get().DeferIfCapturing(memory)) {
-    ReleaseNow(memory);
+  } else {
+    ActiveCaptures::Get().ReleaseOrDefer(memory);
   }
 }
 
-// The memory of a captured step: bump allocation from cudaMalloc'd chunks,
-// never reused (a replay rewrites every byte the capture handed out, so two
-// tensors of the step must never share memory). Free is a no-op. The arena also
-// keeps the pool memory released during the capture (the graph may read it).
-// Everything goes back when the last Storage of the arena and the graph are
-// gone, after a device synchronisation. Thread-safe (a tensor of the step may
-// die on another thread).
+// The memory of a captured step: bump allocation from chunks taken from the
+// device's pool on GraphMemoryStream, never reused (a replay rewrites every
+// byte the capture handed out, so two tensors of the step must never share
+// memory). Free is a no-op. The arena also keeps the pool memory released
+// during the capture (the graph may read it). Everything goes back when the
+// last Storage of the arena and the graph are gone (ReleaseNow). Thread-safe (a
+// tensor of the step may die on another thread).
 class CaptureArena final : public Allocator {
  public:
   explicit CaptureArena(Device device) { memory_.device = device; }
@@ -190,12 +256,18 @@ class CaptureArena final : public Allocator {
       const int64_t chunk_bytes = std::max(rounded, kArenaChunkBytes);
       void* chunk = nullptr;
       {
+        // Stream-ordered on a stream no one captures; Capture orders the
+        // capturing stream after it before the graph is uploaded.
         RelaxedCaptureMode relaxed;
+        cudaStream_t stream = GraphMemoryStream(own);
+        TANDEM_CHECK(stream != nullptr, "CudaGraph: no stream for the arena on ", own.ToString());
         internal::CudaDeviceScope current(own);
-        const cudaError_t status = cudaMalloc(&chunk, static_cast<size_t>(chunk_bytes));
+        internal::CountCudaCall(internal::CudaCall::kMallocAsync);
+        const cudaError_t status =
+            cudaMallocAsync(&chunk, static_cast<size_t>(chunk_bytes), stream);
         if (status != cudaSuccess) {
           cudaGetLastError();
-          Fail("CudaGraph: cudaMalloc of ", chunk_bytes, " bytes for the captured step on ",
+          Fail("CudaGraph: cudaMallocAsync of ", chunk_bytes, " bytes for the captured step on ",
                own.ToString(), " failed: ", cudaGetErrorString(status), " (the step has used ",
                total_bytes_, " bytes so far; captured memory is not reused within the step)");
         }
@@ -211,6 +283,17 @@ class CaptureArena final : public Allocator {
   }
 
   void Free(void*, int64_t, Device) noexcept override {}
+
+  // `stream` uploaded or launched the graph: the memory goes back after its
+  // work (ReleaseNow). Returns whether `stream` is new to the graph.
+  bool AddUser(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end()) {
+      return false;
+    }
+    memory_.users.push_back(stream);
+    return true;
+  }
 
   // Takes over pool memory released during the capture.
   void Keep(const internal::DeferredCudaFrees& frees) {
@@ -242,6 +325,7 @@ struct CudaGraph::Impl {
   std::vector<std::function<void()>> hooks;
   std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
   std::string released;  // why Release ran ("" while the graph may be replayed)
+  cudaStream_t last_user = nullptr;  // the stream last given to arena->AddUser
 };
 
 CudaGraph::CudaGraph(Device device) : device_(device) {
@@ -484,6 +568,13 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   CaptureRun run = CaptureStep(device_, stream, arena, state, step);
   ThrowIfCaptureFailed(run, device_);
   const int64_t work_nodes = CountWorkNodes(run.graph);
+  // The arena's chunks were taken on GraphMemoryStream: the upload and every
+  // replay on this stream come after them.
+  if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
+    OrderAfter(stream, memory_stream, device_);
+  }
+  arena->AddUser(stream);
+  impl_->last_user = stream;
   impl_->exec = InstantiateAndUpload(run, stream, device_);
   impl_->num_nodes = work_nodes;
   impl_->arena = std::move(arena);
@@ -502,7 +593,19 @@ void CudaGraph::Replay() {
                "device is ", current_device().ToString(), " but the graph is for ",
                device_.ToString(), " (use nn::DeviceGuard)");
   for (const std::function<void()>& hook : impl_->hooks) hook();
-  TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, internal::ThreadStream(device_)), device_);
+  cudaStream_t stream = internal::ThreadStream(device_);
+  if (stream != impl_->last_user) {  // another thread's stream: its memory waits for it too
+    if (impl_->arena->AddUser(stream)) {
+      // Only the capturing stream was ordered after the arena's cudaMallocAsync
+      // calls on GraphMemoryStream (and the waits the pool may have put there
+      // before reusing a block another stream freed): this one must be too.
+      if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
+        OrderAfter(stream, memory_stream, device_);
+      }
+    }
+    impl_->last_user = stream;
+  }
+  TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, stream), device_);
   for (const auto& [key, hook] : impl_->post_hooks) hook();
 }
 

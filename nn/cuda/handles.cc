@@ -130,6 +130,7 @@ CudnnTensor4d::CudnnTensor4d(DType dtype, int64_t n, int64_t c, int64_t h, int64
   const cudnnDataType_t type = CudnnDataType(dtype, op);
   const int dims[4] = {CudnnInt(n, op), CudnnInt(c, op), CudnnInt(h, op), CudnnInt(w, op)};
   TANDEM_CHECK_CUDNN(cudnnCreateTensorDescriptor(&desc_), device, op);
+  CountCudaCall(CudaCall::kCudnnCall);  // checked below, not by the macro
   const cudnnStatus_t status = cudnnSetTensor4dDescriptor(desc_, CUDNN_TENSOR_NCHW, type, dims[0],
                                                           dims[1], dims[2], dims[3]);
   if (status != CUDNN_STATUS_SUCCESS) {

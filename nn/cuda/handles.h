@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "nn/cuda/internal/call_counter.h"
 #include "nn/device.h"
 #include "nn/dtype.h"
 
@@ -57,9 +58,11 @@ class CudnnTensor4d {
 
 }  // namespace tandem::nn::internal
 
-// The shapes argument is evaluated only on failure.
+// The shapes argument is evaluated only on failure. Each call is counted
+// (nn/cuda/internal/call_counter.h: kCublasCall, kCudnnCall).
 #define TANDEM_CHECK_CUBLAS(expr, device, shapes)                                  \
   do {                                                                            \
+    ::tandem::nn::internal::CountCudaCall(::tandem::nn::internal::CudaCall::kCublasCall); \
     const cublasStatus_t tandem_status_ = (expr);                                 \
     if (tandem_status_ != CUBLAS_STATUS_SUCCESS) {                                \
       ::tandem::nn::internal::FailCublas(tandem_status_, #expr, (device), (shapes)); \
@@ -67,6 +70,7 @@ class CudnnTensor4d {
   } while (0)
 #define TANDEM_CHECK_CUDNN(expr, device, shapes)                                  \
   do {                                                                            \
+    ::tandem::nn::internal::CountCudaCall(::tandem::nn::internal::CudaCall::kCudnnCall); \
     const cudnnStatus_t tandem_status_ = (expr);                                  \
     if (tandem_status_ != CUDNN_STATUS_SUCCESS) {                                 \
       ::tandem::nn::internal::FailCudnn(tandem_status_, #expr, (device), (shapes)); \

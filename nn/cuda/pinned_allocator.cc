@@ -61,10 +61,12 @@ class PinnedHostCache final : public Allocator {
       }
     }
     void* ptr = nullptr;
+    CountCudaCall(CudaCall::kHostAlloc);
     cudaError_t status = cudaHostAlloc(&ptr, static_cast<size_t>(size), cudaHostAllocPortable);
     if (status != cudaSuccess) {
       cudaGetLastError();  // not sticky: clear it so the next launch check does not see it
       ReleaseIdleBlocks();
+      CountCudaCall(CudaCall::kHostAlloc);
       status = cudaHostAlloc(&ptr, static_cast<size_t>(size), cudaHostAllocPortable);
       if (status != cudaSuccess) {
         cudaGetLastError();
@@ -103,6 +105,7 @@ class PinnedHostCache final : public Allocator {
     // a block that lives long and is copied every step keeps a bounded list.
     PollUsesLocked(*block);
     cudaEvent_t event = TakeEventLocked(device);
+    CountCudaCall(CudaCall::kEventRecord);
     const cudaError_t status = cudaEventRecord(event, stream);
     if (status != cudaSuccess) {
       cudaEventDestroy(event);
@@ -166,6 +169,7 @@ class PinnedHostCache final : public Allocator {
     // Events belong to the device current at creation; the stream's device must match.
     CudaDeviceScope current(device);
     cudaEvent_t event = nullptr;
+    CountCudaCall(CudaCall::kEventCreate);
     CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags",
               device);
     return event;
@@ -185,7 +189,10 @@ class PinnedHostCache final : public Allocator {
       }
       for (void* ptr : release) blocks_.erase(reinterpret_cast<uintptr_t>(ptr));
     }
-    for (void* ptr : release) cudaFreeHost(ptr);
+    for (void* ptr : release) {
+      CountCudaCall(CudaCall::kFreeHost);
+      cudaFreeHost(ptr);
+    }
   }
 
   std::mutex mu_;

@@ -142,6 +142,7 @@ cudaEvent_t WaitEvent(Device device) {
   if (it != t_streams.wait_events.end()) return it->second;
   CudaDeviceScope current(device);
   cudaEvent_t event;
+  CountCudaCall(CudaCall::kEventCreate);
   CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device);
   t_streams.wait_events.emplace(device.index, event);
   return event;
@@ -179,7 +180,9 @@ void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_
   // Recording on a stream of another thread is allowed (the runtime is thread-safe);
   // the event takes the producer's work enqueued up to this call.
   CudaDeviceScope current(producer_device);
+  CountCudaCall(CudaCall::kEventRecord);
   CheckCuda(cudaEventRecord(event, producer), "cudaEventRecord", producer_device);
+  CountCudaCall(CudaCall::kStreamWaitEvent);
   CheckCuda(cudaStreamWaitEvent(waiter, event, 0), "cudaStreamWaitEvent", producer_device);
 }
 
@@ -212,6 +215,7 @@ DeviceErrorWord* DeviceErrorSlot(Device device) {
   if (DeviceErrorWord* word = device_error_words[i].load(std::memory_order_acquire)) return word;
   CudaDeviceScope current(device);
   void* host = nullptr;
+  CountCudaCall(CudaCall::kHostAlloc);
   CheckCuda(cudaHostAlloc(&host, sizeof(DeviceErrorWord), cudaHostAllocMapped | cudaHostAllocPortable),
             "cudaHostAlloc(device error word)", device);
   std::memset(host, 0, sizeof(DeviceErrorWord));
@@ -282,6 +286,7 @@ void* CudaAllocate(int64_t bytes, Device device) {
   ConfigurePoolOnce(device);
   CudaDeviceScope current(device);  // pool memory is handled with its device current
   void* ptr = nullptr;
+  CountCudaCall(CudaCall::kMallocAsync);
   CheckCuda(cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMallocAsync", device);
   return ptr;
@@ -291,6 +296,7 @@ void CudaFree(void* ptr, Device device, CUstream_st* stream) noexcept {
   // Destructors must not throw: a failing free is reported by the next checked call.
   // Pool memory is freed with its device current (as copies of it need).
   CudaDeviceScope current(device, std::nothrow);
+  CountCudaCall(CudaCall::kFreeAsync);
   cudaFreeAsync(ptr, stream);
 }
 
@@ -302,6 +308,7 @@ namespace {
 // rank thread for good.
 void HostWait(cudaError_t (*query)(void*), cudaError_t (*block)(void*), void* what,
               const char* call, Device device) {
+  CountCudaCall(CudaCall::kHostWait);
   if (!HasInterruptCheck()) {
     CheckCuda(block(what), call, device);
     return;
@@ -376,6 +383,7 @@ class Event {
  public:
   explicit Event(Device device) {
     CudaDeviceScope current(device);
+    CountCudaCall(CudaCall::kEventCreate);
     CheckCuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate", device);
   }
   ~Event() { cudaEventDestroy(event_); }  // released once complete, even if pending
@@ -390,6 +398,7 @@ class Event {
 void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
                       cudaStream_t stream) {
   if (IsPinnedHostPointer(src)) {
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
     RecordPinnedUse(src, device, stream);
@@ -398,6 +407,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
   if (bytes <= kStagingChunkBytes) {
     StagingBlock staging(bytes);
     std::memcpy(staging.data(), src, static_cast<size_t>(bytes));
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, staging.data(), static_cast<size_t>(bytes),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
@@ -414,12 +424,14 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
     const int b = static_cast<int>(k % 2);
     if (k >= 2) WaitEvent(emptied[b].get(), device);
     std::memcpy(buffers[b].data(), src + offset, static_cast<size_t>(n));
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst + offset, buffers[b].data(), static_cast<size_t>(n),
                               cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync", device);
     // Recorded per chunk, so that a failure later in the loop cannot hand the
     // buffer out again while this copy may still read it.
     RecordPinnedUse(buffers[b].data(), device, stream);
+    CountCudaCall(CudaCall::kEventRecord);
     CheckCuda(cudaEventRecord(emptied[b].get(), stream), "cudaEventRecord", device);
   }
 }
@@ -427,6 +439,7 @@ void CopyHostToDevice(char* dst, Device device, const char* src, int64_t bytes,
 void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
                       cudaStream_t stream) {
   if (IsPinnedHostPointer(dst)) {
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream),
               "cudaMemcpyAsync", device);
     WaitStreamWritingPinned(stream, device, dst);
@@ -435,6 +448,7 @@ void CopyDeviceToHost(char* dst, const char* src, Device device, int64_t bytes,
     StagingBlock staging(chunk);
     for (int64_t offset = 0; offset < bytes; offset += chunk) {
       const int64_t n = std::min(chunk, bytes - offset);
+      CountCudaCall(CudaCall::kMemcpyAsync);
       CheckCuda(cudaMemcpyAsync(staging.data(), src + offset, static_cast<size_t>(n),
                                 cudaMemcpyDeviceToHost, stream),
                 "cudaMemcpyAsync", device);
@@ -502,11 +516,13 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
       // the mapping.
       CudaStreamWait(stream, ThreadStream(src_device), src_device);
       GrantPeerPoolAccessOnce(src_device, dst_device);
+      CountCudaCall(CudaCall::kMemcpyAsync);
       CheckCuda(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index,
                                     static_cast<size_t>(bytes), stream),
                 "cudaMemcpyPeerAsync", stream_device);
       return;
     }
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
                               stream),
               "cudaMemcpyAsync", stream_device);
@@ -514,9 +530,13 @@ void CudaCopy(void* dst, Device dst_device, const void* src, Device src_device, 
   }
   if (Capturing(stream, stream_device)) {
     // Under graph capture: the plain copy (a copy to the host fails the capture).
+    CountCudaCall(CudaCall::kMemcpyAsync);
     CheckCuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault, stream),
               "cudaMemcpyAsync", stream_device);
-    if (dst_device.is_cpu()) CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", src_device);
+    if (dst_device.is_cpu()) {
+      CountCudaCall(CudaCall::kHostWait);
+      CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", src_device);
+    }
     return;
   }
   if (dst_device.is_cuda()) {
@@ -533,6 +553,7 @@ void CudaSynchronize(Device device) {
 
 void CudaMemsetZero(void* dst, Device device, int64_t bytes) {
   CudaDeviceScope current(device);  // pool memory: its device current
+  CountCudaCall(CudaCall::kMemsetAsync);
   CheckCuda(cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes), ThreadStream(device)),
         "cudaMemsetAsync", device);
 }

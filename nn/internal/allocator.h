@@ -7,10 +7,18 @@
 
 #include "nn/device.h"
 
+struct CUstream_st;
+
 namespace tandem::nn::internal {
 
-// Pool memory whose Storage died while a capture ran on the thread.
-using DeferredCudaFrees = std::vector<std::pair<void*, Device>>;
+// Pool memory whose Storage died while a capture ran on the thread, with the
+// stream its free was to be ordered on (null: none given).
+struct DeferredCudaFree {
+  void* ptr;
+  Device device;
+  CUstream_st* stream;
+};
+using DeferredCudaFrees = std::vector<DeferredCudaFree>;
 
 // While `frees` is set on a thread, the default CUDA pool allocator appends the
 // memory it is asked to free on that thread to `frees` instead of calling

@@ -100,6 +100,15 @@ class Communicator::Scope {
   std::chrono::steady_clock::time_point start_;
 };
 
+// Before Enter: a collective refused here was never entered, so the watchdog
+// does not follow a phantom that no rank runs (a caller that catches the error
+// and goes on would otherwise see it time out, or take the next collective's
+// completion for it).
+void Communicator::CheckOnDevice(const nn::Tensor& t, const char* op, const char* name) const {
+  TANDEM_CHECK(t.device() == device_, op, ": ", name, " ", t.ToString(), " is not on rank ", rank_,
+               "'s device ", device_.ToString());
+}
+
 Communicator::Communicator(int rank, int world_size, nn::Device device)
     : rank_(rank), world_size_(world_size), device_(device) {
   TANDEM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "Communicator: rank ", rank,
@@ -133,6 +142,7 @@ void Communicator::MarkCompleted(uint64_t sequence) {
 
 void Communicator::all_reduce(nn::Tensor& x, ReduceOp op) {
   nn::CheckDefined(x, "all_reduce", "x");
+  CheckOnDevice(x, "all_reduce", "x");
   Scope scope(this, "all_reduce");
   AllReduceImpl(x, op);
   scope.Done();
@@ -140,6 +150,7 @@ void Communicator::all_reduce(nn::Tensor& x, ReduceOp op) {
 
 std::shared_ptr<Work> Communicator::all_reduce_async(nn::Tensor& x, ReduceOp op) {
   nn::CheckDefined(x, "all_reduce_async", "x");
+  CheckOnDevice(x, "all_reduce_async", "x");
   Enter("all_reduce_async");
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<Work> work = AllReduceAsyncImpl(x, op);  // a synchronous one waits here
@@ -155,6 +166,7 @@ std::shared_ptr<Work> Communicator::AllReduceAsyncImpl(nn::Tensor& x, ReduceOp o
 
 void Communicator::broadcast(nn::Tensor& x, int root) {
   nn::CheckDefined(x, "broadcast", "x");
+  CheckOnDevice(x, "broadcast", "x");
   TANDEM_CHECK(root >= 0 && root < world_size_, "broadcast: root ", root,
                " is not a rank of world size ", world_size_);
   Scope scope(this, "broadcast");
@@ -164,6 +176,7 @@ void Communicator::broadcast(nn::Tensor& x, int root) {
 
 nn::Tensor Communicator::all_gather(const nn::Tensor& input) {
   nn::CheckDefined(input, "all_gather", "input");
+  CheckOnDevice(input, "all_gather", "input");
   nn::Shape shape = input.shape();
   shape.insert(shape.begin(), world_size_);
   nn::Tensor output = nn::empty(shape, {.dtype = input.dtype(), .device = input.device()});
@@ -176,6 +189,7 @@ nn::Tensor Communicator::all_gather(const nn::Tensor& input) {
 void Communicator::all_gather_into(const nn::Tensor& input, nn::Tensor& output) {
   nn::CheckDefined(input, "all_gather_into", "input");
   nn::CheckDefined(output, "all_gather_into", "output");
+  CheckOnDevice(input, "all_gather_into", "input");
   TANDEM_CHECK(output.numel() == input.numel() * world_size_ && output.dtype() == input.dtype() &&
                    output.device() == input.device(),
                "all_gather_into: output ", output.ToString(), " must hold ", world_size_, " x ",
@@ -192,6 +206,7 @@ void Communicator::all_gather_into(const nn::Tensor& input, nn::Tensor& output) 
 
 nn::Tensor Communicator::reduce_scatter(const nn::Tensor& input, ReduceOp op) {
   nn::CheckDefined(input, "reduce_scatter", "input");
+  CheckOnDevice(input, "reduce_scatter", "input");
   TANDEM_CHECK(input.dim() >= 1 && input.size(0) % world_size_ == 0, "reduce_scatter: input ",
                input.ToString(), " must have a first dimension divisible by the world size ",
                world_size_);
@@ -208,6 +223,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter_async(const nn::Tensor& input
                                                          nn::Tensor& output, ReduceOp op) {
   nn::CheckDefined(input, "reduce_scatter_async", "input");
   nn::CheckDefined(output, "reduce_scatter_async", "output");
+  CheckOnDevice(input, "reduce_scatter_async", "input");
   TANDEM_CHECK(input.dim() >= 1 && input.size(0) % world_size_ == 0,
                "reduce_scatter_async: input ", input.ToString(),
                " must have a first dimension divisible by the world size ",

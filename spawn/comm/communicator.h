@@ -11,7 +11,9 @@
 // on that stream is ordered after it; the host does not wait for the GPU.
 //
 // Errors: graph-style. A collective throws tandem::Error on a programming error
-// (sizes differ across ranks, unsupported dtype) and dist::CancelledError when the
+// (sizes differ across ranks, unsupported dtype, a tensor on another device than
+// the rank's: that one before the collective is entered, so a caller that catches
+// it leaves nothing in flight) and dist::CancelledError when the
 // run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
 // reports the first failure and logs this one as a consequence.
 //
@@ -252,6 +254,8 @@ class Communicator {
 
  private:
   class Scope;
+  // Throws unless t is on this rank's device; before the collective is entered.
+  void CheckOnDevice(const nn::Tensor& t, const char* op, const char* name) const;
 
   int rank_;
   int world_size_;

@@ -57,6 +57,7 @@ struct ProcessInfo {
 };
 
 class StepAgreement;
+class StartupGuard;
 
 // What the communication thread's loop needs from spawn.
 struct ServeHooks {
@@ -139,8 +140,21 @@ class ProcessWorld {
   // GPU ranks on distinct GPUs: this process's part of one NCCL communicator over
   // every GPU rank of every process (process 0's unique id, broadcast through
   // MPI; the local ranks initialised in one group). Built with CUDA only.
+  // During start-up (startup() set) the exchange and the group's wait keep its
+  // deadline.
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
       const std::vector<nn::Device>& local_devices);
+
+  // The run's start-up guard while start-up lasts (spawn/internal/startup.h;
+  // it registers itself), else null. Spawn thread only.
+  StartupGuard* startup() const { return startup_; }
+  void set_startup(StartupGuard* startup) { startup_ = startup; }
+  // A barrier of every process (start-up's last step), before Serve.
+  std::unique_ptr<PendingOp> StartBarrier();
+  // "; process 1 (host h, pid p, rank 1) is stopped (SIGSTOP or a debugger)"
+  // for each other process of this host that /proc shows stopped, gone or
+  // waiting in the kernel; "" when none.
+  std::string DescribeLocalPeers() const;
 
   // Rank threads call RankExited(local_rank) as their last act (any thread).
   void RankExited(int local_rank);
@@ -176,6 +190,7 @@ class ProcessWorld {
   int rank_offset_ = 0;
   int world_size_ = 0;
   std::unique_ptr<ProcessTransport> transport_;
+  StartupGuard* startup_ = nullptr;
   std::shared_ptr<HierarchicalExchange> exchange_;
   int local_ranks_ = 0;
   std::atomic<int> exited_{0};
@@ -195,6 +210,15 @@ class ProcessWorld {
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
     const SpawnOptions& options, const std::vector<nn::Device>& local_devices,
     absl::string_view gpus);
+
+// The NCCL settings every process of a job with GPU ranks must share, as
+// ("environment NAME", value) entries of ProcessInfo::agreed: the launch mode,
+// graph buffer registration, lazy connection, blocking communicators (spawn
+// refuses some values and sets others: a difference would refuse, or hang, one
+// process only) and the algorithm and protocol (ranks that choose differently
+// do not meet). Unset reads "(unset)", except NCCL_GRAPH_REGISTER and
+// NCCL_RUNTIME_CONNECT, which spawn sets to 0 when unset and so read "0".
+std::vector<std::pair<std::string, std::string>> NcclEnvironmentToAgree();
 
 // Pure helpers, tested without MPI.
 // The record's wire form and back.

@@ -35,6 +35,9 @@ enum class RankState : int { kRunning, kFinished, kFailed };
 // it then ends.
 constexpr double kMaxAbortWaitS = 10;
 constexpr int kAbortStuckExitStatus = 1;
+// The longest timeout_s a run accepts (about 31.7 years): the watchdog counts in
+// int64 nanoseconds, which end near 9.2e9 s; beyond this (and +inf) spawn refuses.
+constexpr double kMaxTimeoutS = 1e9;
 
 // The state of one run shared by spawn's thread, the rank threads and the
 // watchdog thread, and the watchdog's loop (Watch). Thread-safe where a method

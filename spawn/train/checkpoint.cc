@@ -2,9 +2,12 @@
 // gathered on every rank, written by rank 0, loaded by every rank.
 #include "spawn/train/checkpoint.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -305,51 +308,124 @@ absl::Status LoadLocal(Context& ctx, const std::string& path, TrainingState& sta
   return absl::OkStatus();
 }
 
-// Rank 0's `bytes` (n of them; every rank knows n) to every rank. The
-// communicator works on the rank's device (a GPU's memory for NCCL), so the bytes are
-// staged through host tensors: the host never touches device memory.
-std::string BroadcastBytes(Context& ctx, const std::string& bytes, int64_t n) {
-  if (n == 0) return std::string();
+// Test-only fault injection into the load of a job of several processes, read
+// here and nowhere else: TANDEM_TEST_CHECKPOINT_LOAD_FAULT=<point>:<rank> makes
+// global rank <rank> throw std::bad_alloc at <point>: read (rank 0 reading the
+// file) or buffer (building the buffers that receive rank 0's bytes).
+void InjectLoadFault(const char* point, int rank) {
+  const char* fault = std::getenv("TANDEM_TEST_CHECKPOINT_LOAD_FAULT");
+  if (fault != nullptr && absl::StrCat(point, ":", rank) == fault) throw std::bad_alloc();
+}
+
+// Runs `step` (this rank's local work between two collectives); an exception
+// becomes the step's status, so the rank still reaches the next collective.
+template <typename F>
+absl::Status Guarded(const std::string& path, F&& step) {
+  try {
+    return step();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", path, ": ", e.what()));
+  }
+}
+
+// Every rank's outcome of one part of the load to every rank, in one
+// all_gather (the same collective on every rank, whatever its outcome): per
+// rank its status code, whether it is a peer's failure, and its message's first
+// bytes. Returns this rank's own failure; else the first rank's own failure,
+// as a peer failure that names the rank and quotes its cause; else this rank's
+// status (OK, or a peer failure when no rank has its own).
+constexpr int kOutcomeWords = 2 + 64;  // code, is-peer, 512 bytes of message
+
+absl::Status AgreeOnOutcome(Context& ctx, const absl::Status& mine) {
+  std::vector<int64_t> words(kOutcomeWords, 0);
+  words[0] = static_cast<int64_t>(mine.code());
+  words[1] = IsPeerFailure(mine) ? 1 : 0;
+  const size_t text_bytes = (kOutcomeWords - 2) * sizeof(int64_t) - 1;  // NUL-terminated
+  std::memcpy(&words[2], mine.message().data(), std::min(mine.message().size(), text_bytes));
+  const nn::Tensor tensor = nn::from_vector<int64_t>(
+      words, {kOutcomeWords}, {.dtype = nn::kInt64, .device = ctx.device()});
+  const std::vector<int64_t> all = ctx.communicator().all_gather(tensor).to_vector<int64_t>();
+  if (!mine.ok() && !IsPeerFailure(mine)) return mine;
+  for (size_t r = 0; r * kOutcomeWords < all.size(); ++r) {
+    const int64_t* theirs = &all[r * kOutcomeWords];
+    if (theirs[0] == 0 || theirs[1] != 0) continue;
+    return MarkPeerFailure(absl::Status(
+        static_cast<absl::StatusCode>(theirs[0]),
+        absl::StrCat("rank ", r, " could not load the checkpoint: ",
+                     reinterpret_cast<const char*>(theirs + 2))));
+  }
+  return mine;
+}
+
+// Rank 0 reads the whole file into *bytes.
+absl::Status ReadFileOnRankZero(Context& ctx, const std::string& path, std::string* bytes) {
+  InjectLoadFault("read", ctx.rank());
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot read it on host ",
+                                            ctx.host(), ": ", std::strerror(errno)));
+  }
+  *bytes = buffer.str();
+  return absl::OkStatus();
+}
+
+// The n bytes' tensor on the rank's device, rank 0's filled with `bytes`. The
+// communicator works on the rank's device (a GPU's memory for NCCL), so the
+// bytes are staged through a host tensor: the host never touches device memory.
+nn::Tensor StageBytes(Context& ctx, const std::string& bytes, int64_t n) {
+  InjectLoadFault("buffer", ctx.rank());
   nn::Tensor host = nn::empty({n}, {.dtype = nn::kUInt8, .device = nn::Device::CPU()});
   if (ctx.rank() == 0) std::memcpy(host.host_ptr(), bytes.data(), static_cast<size_t>(n));
-  nn::Tensor data = host.to(ctx.device());
-  ctx.communicator().broadcast(data, 0);
+  return host.to(ctx.device());
+}
+
+std::string UnstageBytes(const nn::Tensor& data, int64_t n) {
   const nn::Tensor received = data.to(nn::Device::CPU());
   return std::string(static_cast<const char*>(received.host_ptr()), static_cast<size_t>(n));
 }
 
+// Rank 0's `bytes` (n of them; every rank knows n) to every rank.
+std::string BroadcastBytes(Context& ctx, const std::string& bytes, int64_t n) {
+  if (n == 0) return std::string();
+  nn::Tensor data = StageBytes(ctx, bytes, n);
+  ctx.communicator().broadcast(data, 0);
+  return UnstageBytes(data, n);
+}
+
 // Several processes: rank 0 reads the file, every rank parses rank 0's bytes.
-// One process: every rank reads the file itself.
+// One process: every rank reads the file itself. Every rank takes the same
+// collectives whatever fails where: rank 0's read outcome and the size
+// (broadcast), every rank's buffers' outcome (AgreeOnOutcome), then the bytes.
+// What fails after the last collective (the copy back, the parse) is this
+// rank's error, which LoadTrainingCheckpoint's agreement shares.
 absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& path) {
   if (ctx.process_count() == 1) return nn::LoadCheckpoint(path);
-  Communicator& comm = ctx.communicator();
   std::string bytes;
   absl::Status status;
-  if (ctx.rank() == 0) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    if (!in) {
-      status = absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot read it on host ",
-                                                ctx.host(), ": ", std::strerror(errno)));
-    } else {
-      bytes = buffer.str();
-    }
-  }
+  if (ctx.rank() == 0) status = Guarded(path, [&] { return ReadFileOnRankZero(ctx, path, &bytes); });
   nn::Tensor header = nn::from_vector<int64_t>(
       {static_cast<int64_t>(status.code()), static_cast<int64_t>(bytes.size())}, {2},
       {.dtype = nn::kInt64, .device = ctx.device()});
-  comm.broadcast(header, 0);
+  ctx.communicator().broadcast(header, 0);
   const std::vector<int64_t> h = header.to_vector<int64_t>();
   if (h[0] != 0) {
     if (ctx.rank() == 0) return status;
-    return MarkPeerFailure(absl::Status(
-        static_cast<absl::StatusCode>(h[0]),
-        absl::StrCat("checkpoint ", path, ": rank 0 could not read it (rank 0's error names the "
-                     "cause)")));
+    return MarkPeerFailure(absl::Status(static_cast<absl::StatusCode>(h[0]),
+                                        absl::StrCat("checkpoint ", path,
+                                                     ": rank 0 could not read it")));
   }
-  bytes = BroadcastBytes(ctx, bytes, h[1]);
-  return nn::ParseCheckpoint(bytes, path);
+  const int64_t n = h[1];
+  if (n == 0) return nn::ParseCheckpoint(std::string(), path);
+  nn::Tensor data;
+  RETURN_IF_ERROR(AgreeOnOutcome(ctx, Guarded(path, [&] {
+                                   data = StageBytes(ctx, bytes, n);
+                                   return absl::OkStatus();
+                                 })));
+  bytes.clear();
+  ctx.communicator().broadcast(data, 0);
+  return nn::ParseCheckpoint(UnstageBytes(data, n), path);
 }
 
 }  // namespace
@@ -411,19 +487,9 @@ absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, Train
   } catch (const std::exception& e) {
     status = absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": ", e.what()));
   }
-  // Every rank learns every rank's outcome, so all go on or all stop.
-  const nn::Tensor mine = nn::from_vector<int64_t>({static_cast<int64_t>(status.code())}, {1},
-                                                   {.dtype = nn::kInt64, .device = ctx.device()});
-  const std::vector<int64_t> codes = ctx.communicator().all_gather(mine).to_vector<int64_t>();
-  if (!status.ok()) return status;
-  for (size_t r = 0; r < codes.size(); ++r) {
-    if (codes[r] != 0) {
-      return absl::Status(static_cast<absl::StatusCode>(codes[r]),
-                          absl::StrCat("checkpoint ", path, ": rank ", r,
-                                       " could not load it (rank ", r, "'s error names the cause)"));
-    }
-  }
-  return absl::OkStatus();
+  // Every rank learns every rank's outcome, so all go on or all stop, and every
+  // rank's error quotes the cause (a rank 0 that could not read the file included).
+  return AgreeOnOutcome(ctx, status);
 }
 
 }  // namespace tandem::dist

@@ -128,9 +128,15 @@ std::string BroadcastString(Context& ctx, const std::string& value);
 
 // Loads `path` into the objects of `state` and replaces state.extra with the
 // file's app entries. Every rank calls it; a rank whose own load succeeded
-// returns an error naming the first rank that failed, if one did. In a job of
-// several processes only rank 0 reads the file and its bytes are broadcast, so
-// the checkpoint directory need not be shared between hosts.
+// returns an error naming the first rank that failed and quoting its message,
+// if one did (marked MarkPeerFailure, so spawn reports the failing rank's own
+// error first). In a job of several processes only rank 0 reads the file and
+// its bytes are broadcast, so the checkpoint directory need not be shared
+// between hosts; every rank takes the same collectives whichever rank fails
+// (rank 0's read, a rank out of memory for the bytes: the ranks agree on the
+// outcome before the bytes travel). Test only: TANDEM_TEST_CHECKPOINT_LOAD_FAULT
+// =<point>:<rank> (point read or buffer) makes that global rank throw
+// std::bad_alloc there (checkpoint.cc, InjectLoadFault).
 absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
                                     const LoadOptions& options = {});
 

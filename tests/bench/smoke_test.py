@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test of the benchmark harness (ctest tandem_bench_smoke, label bench_smoke).
 
-    smoke_test.py TANDEM_BENCH WORK_DIR
+    smoke_test.py TANDEM_BENCH WORK_DIR [HOST_COST_BENCH]
 
 1. tandem_bench on the CPU, MLP, batches 4 and 8, SGD and Adam, tiny steps, with
    --json and --export_dir: the report must parse and hold 4 complete cells
@@ -12,6 +12,10 @@
    first losses must be bit-identical (same weights, same data, same CPU code).
 3. A bad flag value or an unknown flag exits 2 with a message naming the flag.
 4. compare.py's loss check flags a perturbed loss and accepts an equal one.
+5. With HOST_COST_BENCH: its CPU rows, every case, a few iterations: each prints
+   one complete line (positive host and wall times, medians of the repetitions)
+   that bench/host_cost.py parses; a cuda:0 row runs or skips with a reason;
+   host_cost.py's table has a row per case; an unknown case exits 2.
 Standard library only (no torch needed). Exit 0 on success, 1 with a message.
 """
 
@@ -115,8 +119,36 @@ def main(bench, work):
     return 0
 
 
+def host_cost_smoke(bench):
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+    import host_cost  # noqa: E402 (standard library only)
+    cases = ["add", "relu", "linear", "linear_fwd_bwd", "conv2d", "conv2d_fwd_bwd"]
+    rc, out = run([bench, "--devices=cpu,cuda:0", "--n=20", "--warmup=2", "--repetitions=3"])
+    check(rc == 0, f"host_cost_bench exited {rc}:\n{out}")
+    rows = [r for r in map(host_cost.parse_line, out.splitlines()) if r is not None]
+    cpu = [r for r in rows if r["device"] == "cpu"]
+    check([r["case"] for r in cpu] == cases, f"CPU rows {[r['case'] for r in cpu]}")
+    for r in cpu:
+        reps = [float(v) for v in r["reps_host_us"].split(",")]
+        check(len(reps) == 3 and all(v > 0 for v in reps), f"{r['case']}: repetitions {reps}")
+        check(float(r["host_us"]) == sorted(reps)[1], f"{r['case']}: median of {reps}")
+        check(float(r["wall_us"]) >= float(r["host_us"]) * 0.999, f"{r['case']}: wall < host")
+        check(r["side"] == "tandem" and r["n"] == "20", f"row {r}")
+    gpu = [r for r in rows if r["device"] == "cuda:0"]
+    check(len(gpu) == len(cases), f"{len(gpu)} cuda:0 rows")
+    check(all("host_us" in r or r.get("skipped") for r in gpu), f"cuda:0 rows {gpu}")
+    md = host_cost.table(rows + [dict(r, side="torch") for r in rows])
+    check(all(f"| {c} | cpu | " in md for c in cases), f"table:\n{md}")
+    rc, out = run([bench, "--cases=add,nope"])
+    check(rc == 2 and "nope" in out, f"unknown case: exit {rc}, {out!r}")
+    print("host_cost smoke: ok")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    status = main(sys.argv[1], sys.argv[2])
+    if status == 0 and len(sys.argv) == 4:
+        host_cost_smoke(sys.argv[3])
+    sys.exit(status)

@@ -4,7 +4,10 @@
 // (process 1 SIGKILLs itself at step 3), stop (process 1 SIGSTOPs itself at step
 // 3; the watchdog of process 0 ends the job), early (process 1 exits 3 before
 // spawn), flags (the processes disagree on --batch_size), singleton (run without
-// mpirun under PMI_SIZE=2: MPI sees a world of 1).
+// mpirun under PMI_SIZE=2: MPI sees a world of 1), log_dir (process 1's log_dir
+// cannot be created: start-up fails there after the processes joined), startup
+// (a fault at a start-up point, named by TANDEM_TEST_STARTUP_FAULT, which the
+// test sets; timeout_s 3).
 #include <unistd.h>
 
 #include <csignal>
@@ -32,8 +35,10 @@ int main(int argc, char** argv) {
     return 3;
   }
   dist::SpawnOptions options;
-  options.timeout_s = mode == "stop" ? 3 : 60;
+  options.timeout_s = mode == "stop" || mode == "startup" ? 3 : 60;
   if (mode == "flags") options.must_agree = {{"--batch_size", ProcessIndex() == 0 ? "64" : "32"}};
+  // A path under a regular file: mkdir fails (ENOTDIR), also as root.
+  if (mode == "log_dir" && ProcessIndex() == 1) options.log_dir = "/proc/self/status/logs";
   const absl::Status status = dist::spawn(
       [&](dist::Context& ctx) {
         for (int step = 0; step < 200; ++step) {

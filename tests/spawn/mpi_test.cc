@@ -305,6 +305,54 @@ TEST_F(MpiTest, CheckpointResumesBitIdenticallyWithoutASharedDirectory) {
 // collectives still work (a save's would); spawn returns IsStopped with that
 // step in every process, and the others name the signal of the one that got
 // it. A save proposed by global rank 0 falls on one step everywhere too.
+// A load that fails on one rank only (out of memory for the bytes' buffers, or
+// rank 0's read), by fault injection: every rank takes the same collectives,
+// returns at once, and names the failing rank and its cause.
+TEST_F(MpiTest, CheckpointLoadFailingOnOneRankIsReportedByEveryRank) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/mpi_ckpt_fault_", getppid(), "_", LaunchedIndex());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/state.ckpt";
+  auto run = [&](bool load) {
+    return spawn(
+        [&](Context& ctx) {
+          LinearNet net;
+          int64_t step = 0;
+          TrainingState state{.model = &net, .step = &step};
+          return (load ? LoadTrainingCheckpoint(ctx, path, state)
+                       : SaveTrainingCheckpoint(ctx, path, state))
+              .ToString();
+        },
+        1, "cpu", Options());
+  };
+  auto saved = run(false);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_EQ((*saved)[0], "OK");
+  const int last = LaunchedProcesses() - 1;
+  for (const std::string& fault : {absl::StrCat("buffer:", last), std::string("read:0")}) {
+    const int failing = fault == "read:0" ? 0 : last;
+    setenv("TANDEM_TEST_CHECKPOINT_LOAD_FAULT", fault.c_str(), 1);
+    const auto start = std::chrono::steady_clock::now();
+    auto loaded = run(true);
+    const double took_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    unsetenv("TANDEM_TEST_CHECKPOINT_LOAD_FAULT");
+    ASSERT_TRUE(loaded.ok()) << fault << ": " << loaded.status();
+    const std::string& text = (*loaded)[0];
+    // The failing rank's own message (its process's path: each has its own directory).
+    EXPECT_NE(text.find("/state.ckpt: std::bad_alloc"), std::string::npos) << fault << ": "
+                                                                           << text;
+    if (LaunchedIndex() != failing) {
+      EXPECT_NE(text.find(absl::StrCat("rank ", failing, " could not load the checkpoint: ")),
+                std::string::npos)
+          << fault << ": " << text;
+    }
+    EXPECT_LT(took_s, 5.0) << fault << ": no rank may wait for a collective the others skipped";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(MpiTest, StopSignalToOneProcessStopsEveryProcessAtOneStep) {
   const int processes = LaunchedProcesses();
   for (int trial = 0; trial < 4; ++trial) {

@@ -123,6 +123,39 @@ TEST(CheckAgreementTest, AFlagThatDiffersNamesValueHostAndProcess) {
   EXPECT_EQ(s.message().find("--lr"), std::string::npos) << s;
 }
 
+// GPU ranks: NCCL's settings that must agree are compared before the unique id
+// is exchanged; a value set on one host only names the variable, the values and
+// the processes (unset reads as what spawn runs with).
+TEST(CheckAgreementTest, NcclEnvironmentThatDiffersNamesVariableValueAndProcess) {
+  std::vector<ProcessInfo> processes = {Info("a", {"cuda:0"}, {"0"}),
+                                        Info("b", {"cuda:0"}, {"0"})};
+  {
+    EnvGuard env({{"NCCL_LAUNCH_MODE", nullptr}, {"NCCL_GRAPH_REGISTER", nullptr},
+                  {"NCCL_RUNTIME_CONNECT", nullptr}, {"NCCL_COMM_BLOCKING", nullptr},
+                  {"NCCL_ALGO", nullptr}, {"NCCL_PROTO", nullptr}});
+    for (const auto& entry : NcclEnvironmentToAgree()) processes[0].agreed.push_back(entry);
+  }
+  {
+    EnvGuard env({{"NCCL_LAUNCH_MODE", "GROUP"}, {"NCCL_GRAPH_REGISTER", "1"},
+                  {"NCCL_RUNTIME_CONNECT", "0"}, {"NCCL_COMM_BLOCKING", nullptr},
+                  {"NCCL_ALGO", nullptr}, {"NCCL_PROTO", nullptr}});
+    for (const auto& entry : NcclEnvironmentToAgree()) processes[1].agreed.push_back(entry);
+  }
+  const absl::Status s = CheckAgreement(processes, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("environment NCCL_LAUNCH_MODE: (unset) on host a (process 0), GROUP "
+                             "on host b (process 1)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("environment NCCL_GRAPH_REGISTER: 0 on host a (process 0), 1 on "
+                             "host b (process 1)"),
+            std::string::npos)
+      << s;
+  // Unset and "0" are the same run for NCCL_RUNTIME_CONNECT (spawn sets it to 0).
+  EXPECT_EQ(s.message().find("NCCL_RUNTIME_CONNECT"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("NCCL_ALGO"), std::string::npos) << s;
+}
+
 TEST(CheckAgreementTest, BuildMissingFlagAndDeviceKindDifferences) {
   std::vector<ProcessInfo> processes = {Info("a", {"cpu"}), Info("b", {"cuda:0"}, {"0"})};
   processes[1].build = "tandem 0.2.0 (CUDA on, MPI on)";

@@ -8,9 +8,11 @@
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nn/random.h"
 
@@ -227,6 +229,23 @@ TEST_F(SpawnTest, NestedSpawnAndBadTimeoutAreErrors) {
   options_.timeout_s = 0;
   Expect(spawn([](Context&) {}, 1, "cpu", options_), absl::StatusCode::kInvalidArgument,
          {"timeout_s"});
+}
+
+// The watchdog counts in int64 nanoseconds: +inf, NaN and values past ~9.2e9 s
+// would overflow its conversion, and are refused naming the value.
+TEST_F(SpawnTest, InfiniteOrHugeTimeoutIsAnError) {
+  for (double bad : {std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN(), 1e10, 9.3e9}) {
+    options_.timeout_s = bad;
+    bool ran = false;
+    const absl::Status status = spawn([&](Context&) { ran = true; }, 1, "cpu", options_);
+    Expect(status, absl::StatusCode::kInvalidArgument,
+           {"SpawnOptions::timeout_s must be positive and at most 1e+09 s", "not "});
+    EXPECT_NE(status.message().find(absl::StrCat(bad)), absl::string_view::npos) << status;
+    EXPECT_FALSE(ran);
+  }
+  options_.timeout_s = 1e9;  // the largest accepted
+  EXPECT_TRUE(spawn([](Context&) {}, 1, "cpu", options_).ok());
 }
 
 // --- Faults --------------------------------------------------------------------------

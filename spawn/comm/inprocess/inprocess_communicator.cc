@@ -332,11 +332,6 @@ InProcessCommunicator::~InProcessCommunicator() {
 #endif
 }
 
-void InProcessCommunicator::CheckDevice(const nn::Tensor& t, const char* op) const {
-  TANDEM_CHECK(t.device() == device(), op, ": tensor ", t.ToString(), " is not on rank ", rank(),
-               "'s device ", device().ToString());
-}
-
 int InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::Tensor* recv,
                                    int arg) {
   // The rendezvous is on the host: recorded into a graph it would never happen
@@ -422,7 +417,6 @@ bool InProcessCommunicator::SharesWork(int64_t bytes) const {
 // piece does not change any bit. Staged (small, CPU): every rank reduces every
 // rank's staged copy into its own buffer, in the same order: the same bits.
 void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
-  CheckDevice(x, "all_reduce");
   const nn::DType dtype = x.dtype();
   if (Staged(x.nbytes())) {
     const int parity = group_->parity(rank());
@@ -462,7 +456,6 @@ void InProcessCommunicator::AllReduceImpl(nn::Tensor& x, ReduceOp op) {
 // Large: every rank, root included, copies parts of every receiver's buffer
 // (claimed chunks on the CPU).
 void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
-  CheckDevice(x, "broadcast");
   const int64_t bytes = x.nbytes();
   if (Staged(bytes)) {
     const int parity = group_->parity(rank());
@@ -495,7 +488,6 @@ void InProcessCommunicator::BroadcastImpl(nn::Tensor& x, int root) {
 // (reads spread over the ranks; each output written once, by the rank that
 // reads it next).
 void InProcessCommunicator::AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) {
-  CheckDevice(input, "all_gather");
   const int64_t bytes = input.nbytes();
   const bool staged = Staged(bytes);
   const int next_parity = group_->parity(rank());
@@ -511,7 +503,6 @@ void InProcessCommunicator::AllGatherImpl(const nn::Tensor& input, nn::Tensor& o
 
 void InProcessCommunicator::ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output,
                                               ReduceOp op) {
-  CheckDevice(input, "reduce_scatter");
   const bool staged = Staged(input.nbytes());
   const int next_parity = group_->parity(rank());
   if (staged) {

@@ -236,7 +236,6 @@ class InProcessCommunicator final : public Communicator {
   // Second half of every collective: waits until no rank still reads or writes
   // another's buffer.
   void Finish();
-  void CheckDevice(const nn::Tensor& t, const char* op) const;
   // Calls work(begin, end) for chunks of [0, n) (chunk elements each) that this
   // rank claims from the group, until every chunk of the collective is claimed.
   // Every rank of the collective must call it, with the same n and chunk.

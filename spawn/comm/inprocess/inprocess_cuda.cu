@@ -104,6 +104,7 @@ void* CreateEvent(nn::Device device) {
   // The event belongs to the device current at creation; the caller's device
   // is restored.
   nn::internal::CudaDeviceScope current(device);
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
   TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device);
   return event;
 }
@@ -117,6 +118,7 @@ void DestroyEvent(void* event, nn::Device device) {
 }
 
 void RecordEvent(void* event, nn::Device device) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
   TANDEM_CHECK_CUDA(
       cudaEventRecord(static_cast<cudaEvent_t>(event), nn::internal::ThreadStream(device)), device);
 }
@@ -124,6 +126,7 @@ void RecordEvent(void* event, nn::Device device) {
 void WaitEvents(const std::vector<void*>& events, nn::Device device) {
   cudaStream_t stream = nn::internal::ThreadStream(device);
   for (void* e : events) {
+    nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
     TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(e), 0), device);
   }
 }

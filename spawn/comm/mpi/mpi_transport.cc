@@ -81,8 +81,15 @@ class MpiOp final : public PendingOp {
       : request_(request), what_(what), a_(std::move(keep_a)), b_(std::move(keep_b)),
         c_(std::move(keep_c)), d_(std::move(keep_d)) {}
   ~MpiOp() override {
-    // Only a cancelled run leaves an operation unfinished; the job is aborted next.
-    if (request_ != MPI_REQUEST_NULL) MPI_Request_free(&request_);
+    // Only a cancelled run leaves an operation unfinished; the job is aborted
+    // next. Every operation here is a non-blocking collective, whose request
+    // may not be freed (MPI_Request_free on it is erroneous: OpenMPI reports
+    // MPI_ERR_REQUEST, fatal on MPI_COMM_WORLD, and that report could come
+    // before the run's error line). The request and the counts it reads are
+    // left to the abort, as the step agreement's round in flight is.
+    if (request_ != MPI_REQUEST_NULL) {
+      new std::vector<int>[4]{std::move(a_), std::move(b_), std::move(c_), std::move(d_)};
+    }
   }
   bool Test() override {
     int flag = 0;

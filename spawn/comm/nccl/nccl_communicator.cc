@@ -21,9 +21,11 @@
 // microseconds of host time per all-reduce, inside DataParallel's grad-ready
 // hook. A blocking communicator enqueues on the calling thread and returns.
 //
-// Streams: each rank has a communication stream. A collective records an event
-// on the rank's compute stream (nn::internal::ThreadStream), the communication
-// stream waits for it, NCCL runs there, and an event recorded after it is waited
+// Streams: each rank has a communication stream. A collective first takes its
+// tensors' pointers (which orders the rank's compute stream after each tensor's
+// owning stream, Storage::PrepareUse), then records an event on the rank's
+// compute stream (nn::internal::ThreadStream), the communication stream waits
+// for it, NCCL runs there, and an event recorded after it is waited
 // for by the compute stream (synchronous calls) or by Work::wait (asynchronous).
 // The host never waits for the GPU except in barrier(), which polls against the
 // stop token, and when kMaxInflight collectives are already in flight (below).
@@ -78,7 +80,9 @@
 //
 // Asynchronous errors: the watchdog polls ncclCommGetAsyncError (PollAsyncError,
 // under a try-lock of the guard, never waiting for a rank's call) and fails the
-// run with NCCL's message, instead of a timeout that would lose it.
+// run with NCCL's message, instead of a timeout that would lose it. A CUDA error
+// that a query of a collective's event returns (a fault on the device) is kept
+// and reported the same way, and thrown by the rank's next collective.
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
@@ -109,6 +113,20 @@ namespace {
 // work descriptors (at most a few KiB each) until its kernel has read them; with
 // this bound it never fills, so an enqueue never waits for the device.
 constexpr size_t kMaxInflight = 128;
+
+// The event calls of this file, counted (nn/cuda/internal/call_counter.h).
+cudaError_t EventCreate(cudaEvent_t* event) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
+  return cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+}
+cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
+  return cudaEventRecord(event, stream);
+}
+cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+  nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
+  return cudaStreamWaitEvent(stream, event, flags);
+}
 
 ncclDataType_t NcclType(nn::DType dtype) {
   switch (dtype) {
@@ -169,7 +187,7 @@ class EventPool {
     }
     cudaEvent_t event = nullptr;
     nn::internal::CudaDeviceScope on_device(device_);
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device_);
+    TANDEM_CHECK_CUDA(EventCreate(&event), device_);
     return event;
   }
   // `event` may be recorded again at once: a wait already enqueued on it keeps
@@ -200,7 +218,7 @@ class NcclWork final : public Work {
     if (!waited_) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
-        if (cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
+        if (StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
           cudaGetLastError();  // not for the next kernel's launch check to report
         }
       } catch (...) {
@@ -210,7 +228,7 @@ class NcclWork final : public Work {
   }
   void wait() override {
     nn::internal::CudaDeviceScope on_device(device_);
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
+    TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
 
@@ -229,8 +247,8 @@ class NcclCommunicator final : public Communicator {
         comm_(comm),
         stream_(stream),
         events_(std::make_shared<EventPool>(device)) {
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), device);
-    TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), device);
+    TANDEM_CHECK_CUDA(EventCreate(&ready_), device);
+    TANDEM_CHECK_CUDA(EventCreate(&done_), device);
   }
 
   // On spawn's thread, after every rank thread and the watchdog have been joined.
@@ -281,6 +299,11 @@ class NcclCommunicator final : public Communicator {
   // network or proxy failure leaves the kernels spinning; without this the
   // user would see only the watchdog's timeout, NCCL's reason lost).
   absl::Status PollAsyncError() override {
+    {
+      // A CUDA error PollCompleted met on a collective's event.
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      if (!device_error_.ok()) return device_error_;
+    }
     absl::Status status;
     guard_.TryUse([&] {
       const ncclResult_t error = AsyncErrorLocked();
@@ -309,17 +332,15 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   void AllReduceImpl(nn::Tensor& x, ReduceOp op) override {
-    Launch("all_reduce", x, [&] {
-      return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
-                           comm_, stream_);
+    Launch("all_reduce", x, x, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, x.numel(), NcclType(x.dtype()), NcclOp(op), comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   std::shared_ptr<Work> AllReduceAsyncImpl(nn::Tensor& x, ReduceOp op) override {
-    Launch("all_reduce_async", x, [&] {
-      return ncclAllReduce(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), NcclOp(op),
-                           comm_, stream_);
+    Launch("all_reduce_async", x, x, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, x.numel(), NcclType(x.dtype()), NcclOp(op), comm_, stream_);
     });
     return DoneOnStream();
   }
@@ -328,33 +349,31 @@ class NcclCommunicator final : public Communicator {
   // reduce-scatter: recvbuff == sendbuff + rank * recvcount).
   std::shared_ptr<Work> ReduceScatterAsyncImpl(const nn::Tensor& input, nn::Tensor& output,
                                                ReduceOp op) override {
-    Launch("reduce_scatter_async", input, [&] {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                               NcclType(input.dtype()), NcclOp(op), comm_, stream_);
+    Launch("reduce_scatter_async", input, output, [&](const void* send, void* recv) {
+      return ncclReduceScatter(send, recv, output.numel(), NcclType(input.dtype()), NcclOp(op),
+                               comm_, stream_);
     });
     return DoneOnStream();
   }
 
   void BroadcastImpl(nn::Tensor& x, int root) override {
-    Launch("broadcast", x, [&] {
-      return ncclBroadcast(x.data_ptr(), x.data_ptr(), x.numel(), NcclType(x.dtype()), root,
-                           comm_, stream_);
+    Launch("broadcast", x, x, [&](const void* send, void* recv) {
+      return ncclBroadcast(send, recv, x.numel(), NcclType(x.dtype()), root, comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   void AllGatherImpl(const nn::Tensor& input, nn::Tensor& output) override {
-    Launch("all_gather", input, [&] {
-      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
-                           NcclType(input.dtype()), comm_, stream_);
+    Launch("all_gather", input, output, [&](const void* send, void* recv) {
+      return ncclAllGather(send, recv, input.numel(), NcclType(input.dtype()), comm_, stream_);
     });
     JoinComputeStream(done_);
   }
 
   void ReduceScatterImpl(const nn::Tensor& input, nn::Tensor& output, ReduceOp op) override {
-    Launch("reduce_scatter", input, [&] {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                               NcclType(input.dtype()), NcclOp(op), comm_, stream_);
+    Launch("reduce_scatter", input, output, [&](const void* send, void* recv) {
+      return ncclReduceScatter(send, recv, output.numel(), NcclType(input.dtype()), NcclOp(op),
+                               comm_, stream_);
     });
     JoinComputeStream(done_);
   }
@@ -364,9 +383,8 @@ class NcclCommunicator final : public Communicator {
                  device().ToString(), ") cannot run inside a CUDA graph capture: the host "
                  "waits for it");
     nn::Tensor token = nn::zeros({1}, {.dtype = nn::kFloat32, .device = device()});
-    Launch("barrier", token, [&] {
-      return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
-                           stream_);
+    Launch("barrier", token, token, [&](const void* send, void* recv) {
+      return ncclAllReduce(send, recv, 1, ncclFloat32, ncclSum, comm_, stream_);
     });
     JoinComputeStream(done_);
     // The host waits here, polling so that a stop or an NCCL error ends the wait.
@@ -391,7 +409,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> DoneOnStream() {
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t done = events_->Take();
-    const cudaError_t recorded = cudaEventRecord(done, stream_);
+    const cudaError_t recorded = EventRecord(done, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -421,27 +439,41 @@ class NcclCommunicator final : public Communicator {
 
   // Orders the call after the compute stream's work and runs it on stream_,
   // then records done_ there. Throws on an NCCL error, and CancelledError once
-  // the communicator is aborted.
-  template <typename Call>
-  void Launch(const char* op, const nn::Tensor& t, Call call) {
-    TANDEM_CHECK(t.device() == device(), op, ": tensor ", t.ToString(), " is not on rank ", rank(),
-                 "'s device ", device().ToString());
+  // the communicator is aborted. The tensors are on this rank's device
+  // (Communicator checked that before entering the collective); call gets
+  // their pointers (send, recv: the same tensor for an in-place collective).
+  template <typename Call>  // ncclResult_t(const void* send, void* recv)
+  void Launch(const char* op, const nn::Tensor& send, const nn::Tensor& recv, Call call) {
     // The events are the communicator's device's: a rank inside a device guard
     // for another GPU would otherwise record them on the wrong one ("invalid
     // resource handle").
     nn::internal::CudaDeviceScope on_device(device());
     const bool capturing = nn::CudaGraph::IsCapturing();
     if (!capturing) WaitForInflightRoom(op);
-    TANDEM_CHECK_CUDA(cudaEventRecord(ready_, nn::internal::ThreadStream(device())), device());
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready_, 0), device());
-    {
+    // Every pointer before the ready event: data_ptr() orders this thread's
+    // stream after the stream that owns the tensor (Storage::PrepareUse), and
+    // stream_ sees only what this thread's stream had queued when ready_ was
+    // recorded. Taken later, NCCL would read a tensor another thread's kernels
+    // were still writing.
+    const void* send_ptr = send.data_ptr();
+    void* recv_ptr = recv.data_ptr();
+    try {
+      TANDEM_CHECK_CUDA(EventRecord(ready_, nn::internal::ThreadStream(device())), device());
+      TANDEM_CHECK_CUDA(StreamWaitEvent(stream_, ready_, 0), device());
       AbortGuard::Use use(guard_, op);
       if (use.aborted()) ThrowAborted(op);
-      const ncclResult_t r = call();
+      const ncclResult_t r = call(send_ptr, recv_ptr);
       TANDEM_CHECK(r == ncclSuccess, "NCCL ", op, " #", sequence(), " on ", device().ToString(),
                    " (rank ", rank(), "): ", NcclText(r, comm_));
+    } catch (...) {
+      // Entered but not enqueued (NCCL checks its arguments before it queues
+      // anything): complete once the collectives before it are, so a caller
+      // that catches the error does not leave the watchdog a phantom in flight.
+      std::lock_guard<std::mutex> lock(inflight_mutex_);
+      inflight_.emplace_back(sequence(), nullptr);
+      throw;
     }
-    TANDEM_CHECK_CUDA(cudaEventRecord(done_, stream_), device());
+    TANDEM_CHECK_CUDA(EventRecord(done_, stream_), device());
     if (capturing) {
       // Recorded into a graph, not run: an event recorded in a capture cannot be
       // queried (cudaErrorCapturedEvent). The capture's entry completes in order,
@@ -470,7 +502,7 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     cudaEvent_t traced = events_->Take();
-    const cudaError_t recorded = cudaEventRecord(traced, stream_);
+    const cudaError_t recorded = EventRecord(traced, stream_);
     if (recorded != cudaSuccess) {
       events_->Give(traced);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -487,8 +519,7 @@ class NcclCommunicator final : public Communicator {
     const uint64_t sequence = Enter("graph replay");
     nn::internal::CudaDeviceScope on_device(device());
     cudaEvent_t traced = events_->Take();
-    const cudaError_t recorded =
-        cudaEventRecord(traced, nn::internal::ThreadStream(device()));
+    const cudaError_t recorded = EventRecord(traced, nn::internal::ThreadStream(device()));
     if (recorded != cudaSuccess) {
       events_->Give(traced);
       TANDEM_CHECK_CUDA(recorded, device());
@@ -506,6 +537,7 @@ class NcclCommunicator final : public Communicator {
     auto has_room = [&] {
       std::lock_guard<std::mutex> lock(inflight_mutex_);
       DrainCompletedLocked();
+      TANDEM_CHECK(device_error_.ok(), op, " #", sequence(), ": ", device_error_.message());
       return inflight_.size() < kMaxInflight;
     };
     if (has_room()) return;
@@ -518,12 +550,21 @@ class NcclCommunicator final : public Communicator {
   void DrainCompletedLocked() {
     while (!inflight_.empty()) {
       auto [sequence, event] = inflight_.front();
-      // No event: a collective recorded in a capture, complete once reached.
-      if (event != nullptr && cudaEventQuery(event) != cudaSuccess) {
-        // Not yet (or failed: stays stuck). Cleared: this runs on the rank
-        // thread too (WaitForInflightRoom), whose next launch check must not
-        // see "not ready" (a failure resurfaces at the next stream query).
+      // No event: a collective recorded in a capture (or refused before it was
+      // queued), complete once reached.
+      const cudaError_t q = event != nullptr ? cudaEventQuery(event) : cudaSuccess;
+      if (q != cudaSuccess) {
+        // Cleared: this runs on the rank thread too (WaitForInflightRoom), whose
+        // next launch check must not see "not ready". A failure stays stuck
+        // here and is kept, so the run fails with it (PollAsyncError, the next
+        // WaitForInflightRoom) rather than with a timeout that would lose it.
         cudaGetLastError();
+        if (q != cudaErrorNotReady && device_error_.ok()) {
+          device_error_ = absl::InternalError(absl::StrCat(
+              "CUDA error on ", device().ToString(), " (rank ", rank(), ") while following NCCL "
+              "collective #", sequence, ": ", cudaGetErrorName(q), " (", cudaGetErrorString(q),
+              ")"));
+        }
         break;
       }
       if (event != nullptr) events_->Give(event);
@@ -533,8 +574,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void JoinComputeStream(cudaEvent_t event) {
-    TANDEM_CHECK_CUDA(cudaStreamWaitEvent(nn::internal::ThreadStream(device()), event, 0),
-                      device());
+    TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device()), event, 0), device());
   }
 
   ncclComm_t comm_;
@@ -547,6 +587,8 @@ class NcclCommunicator final : public Communicator {
   // to reuse; the rank thread appends, the rank or the watchdog thread pops.
   std::mutex inflight_mutex_;
   std::deque<std::pair<uint64_t, cudaEvent_t>> inflight_;
+  // The first CUDA error an event query of inflight_ returned (not "not ready").
+  absl::Status device_error_;
   std::shared_ptr<EventPool> events_;
   // One per captured collective (rank thread only): releases its graph.
   std::vector<std::function<std::string(const std::string&)>> graph_releasers_;
@@ -670,10 +712,17 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> WrapCommunicators(
 
 absl::Status InitFailure(const std::vector<ncclComm_t>& comms, ncclResult_t r,
                          const std::string& what) {
+  // NCCL's own words for why, read before the aborts can overwrite them
+  // (ncclGetLastError ignores its argument in 2.28: the process's last error,
+  // e.g. "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...").
+  std::string text = ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') {
+    absl::StrAppend(&text, ": ", last);
+  }
   for (ncclComm_t c : comms) {
     if (c != nullptr) ncclCommAbort(c);
   }
-  return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", NcclText(r, nullptr)));
+  return absl::InternalError(absl::StrCat("NCCL init of ", what, ": ", text));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -220,6 +221,43 @@ TEST(CommunicatorTraceTest, StopTokenCancelsBeforeEntering) {
   stop.request_stop();
   EXPECT_THROW(comm.barrier(), CancelledError);
   EXPECT_EQ(trace.entered.load(), 2u);
+}
+
+// A tensor on another device than the rank's is refused before the collective
+// is entered: a caller that catches the error leaves no collective in flight
+// for the watchdog to time out. Before, the trace showed each of them entered
+// and never completed. The rank "is" on cuda:0 here; the check runs before
+// any device work, so no GPU is needed.
+TEST(CommunicatorTraceTest, TensorOnAnotherDeviceIsRefusedBeforeEntering) {
+  auto group = std::make_shared<InProcessGroup>(1);
+  InProcessCommunicator comm(0, nn::Device::CUDA(0), group);
+  std::stop_source stop;
+  internal::CollectiveTrace trace;
+  comm.Attach(stop.get_token(), &trace);
+  Tensor x = nn::ones({4});  // on the host
+  Tensor out = nn::empty({4});
+  auto expect_refused = [&](auto collective, const char* op) {
+    try {
+      collective();
+      ADD_FAILURE() << op << " did not throw";
+    } catch (const CancelledError& e) {
+      ADD_FAILURE() << op << ": " << e.what();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not on rank 0's device cuda:0"), std::string::npos)
+          << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind(op, 0), 0u) << e.what();
+    }
+    EXPECT_EQ(comm.collectives_entered(), 0u) << op;
+    EXPECT_EQ(trace.entered.load(), 0u) << op;
+  };
+  expect_refused([&] { comm.all_reduce(x); }, "all_reduce");
+  expect_refused([&] { comm.all_reduce_async(x); }, "all_reduce_async");
+  expect_refused([&] { comm.broadcast(x); }, "broadcast");
+  expect_refused([&] { comm.all_gather(x); }, "all_gather");
+  expect_refused([&] { comm.all_gather_into(x, out); }, "all_gather_into");
+  expect_refused([&] { comm.reduce_scatter(x); }, "reduce_scatter");
+  expect_refused([&] { comm.reduce_scatter_async(x, out); }, "reduce_scatter_async");
+  EXPECT_EQ(trace.completed.load(), 0u);
 }
 
 }  // namespace
