@@ -207,8 +207,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   const size_t slash = program.rfind('/');
   flags.program = slash == std::string::npos ? program : program.substr(slash + 1);
   SetUpHelp(flags.program, usage, kExitStatusHelp);
-  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) FlagErrorExit(flags, *bad);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = ParseCommandLineOrExit(flags.program, argc, argv);
   if (positional.size() > 1) {
     FlagErrorExit(flags, absl::StrCat("unexpected argument \"", positional[1],
                                       "\" (flags look like --name=value; see --help)"));
@@ -296,7 +295,7 @@ bool IsDirectory(const std::string& path) {
 }
 
 const std::vector<std::string>& OptimizerNames() {
-  static const auto* names = new std::vector<std::string>{"sgd", "momentum", "adagrad", "adam"};
+  static const auto* names = new std::vector<std::string>{"sgd", "momentum", "adagrad", "adam", "adamw"};
   return *names;
 }
 
@@ -332,7 +331,7 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     const auto& names = OptimizerNames();
     if (std::find(names.begin(), names.end(), flags.optimizer) == names.end()) {
       FlagErrorExit(flags, absl::StrCat("--optimizer \"", flags.optimizer,
-                                        "\": unknown optimizer (sgd, momentum, adagrad, adam)"));
+                                        "\": unknown optimizer (sgd, momentum, adagrad, adam, adamw)"));
     }
   }
   if (v.uses_epochs && flags.lr_schedule != "constant" && flags.lr_schedule != "cosine") {
@@ -509,8 +508,11 @@ std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
   if (name == "adam") {
     return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = lr});
   }
+  if (name == "adamw") {  // decoupled weight decay 0.01, torch.optim.AdamW's default
+    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = lr});
+  }
   TANDEM_CHECK(false, "MakeOptimizer: unknown optimizer \"", name,
-               "\" (sgd, momentum, adagrad, adam)");
+               "\" (sgd, momentum, adagrad, adam, adamw)");
   return nullptr;
 }
 

@@ -128,10 +128,11 @@ struct RunFlags {
   int world_size() const { return static_cast<int>(devices.size()); }
 };
 
-// Parses argv with Abseil flags (--help lists every flag of apps/ with its help
-// text) and returns the common flags. `usage` is the first paragraph of --help.
-// Exits 2 with one line on a positional argument; Abseil itself exits on an
-// unknown flag or an unparsable value (status 1, its own message).
+// Parses argv with Abseil flags through ParseCommandLineOrExit (--help lists
+// every flag of apps/ with its help text on stdout and exits 0) and returns the
+// common flags. `usage` is the first paragraph of --help. Exits 2 with one line on
+// an unknown flag (naming the nearest one), an unparsable value or a positional
+// argument.
 RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage);
 
 struct Validation {
@@ -163,7 +164,8 @@ void ValidateOrExit(RunFlags& flags, const Validation& validation);
 // through FlagErrorExit naming the flag, the directory and why.
 void CreateDirectoryOrExit(const RunFlags& flags, const char* flag, const std::string& dir);
 
-// "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad" or "adam".
+// "sgd" (plain SGD), "momentum" (SGD, momentum 0.9), "adagrad", "adam" or "adamw"
+// (decoupled weight decay 0.01).
 // Throws tandem::Error on another name (ValidateOrExit has already rejected it).
 std::unique_ptr<optim::Optimizer> MakeOptimizer(const std::string& name,
                                                 std::vector<nn::Tensor> params, double lr);

@@ -1,11 +1,17 @@
 #include "apps/flag_check.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -66,6 +72,9 @@ std::optional<std::string> CheckUndefined(absl::string_view arg, absl::string_vi
     }
   }
   if (AllowedUndefined(undefok, name)) return std::nullopt;
+  if (std::optional<std::string> near = NearestFlag(name)) {
+    return absl::StrCat("unknown flag --", name, "; did you mean --", *near, "? (see --help)");
+  }
   return absl::StrCat("unknown flag --", name, " (see --help)");
 }
 
@@ -167,6 +176,76 @@ void SetUpHelp(absl::string_view program, absl::string_view description,
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(
       epilogue.empty() ? std::string(description) : absl::StrCat(description, "\n\n", epilogue));
+}
+
+namespace {
+
+// Levenshtein distance of a and b (flag names: short).
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::optional<std::string> NearestFlag(absl::string_view name) {
+  constexpr int kMaxDistance = 2;
+  int best = kMaxDistance + 1;
+  std::vector<std::string> nearest;
+  for (const auto& [flag_name, flag] : absl::GetAllFlags()) {
+    // Filename() is what SetUpHelp's normalize_filename made of the path (a
+    // heading such as "train_mnist"), or the path itself without SetUpHelp.
+    const std::string file = flag->Filename();
+    const absl::string_view path = AppsPath(file);
+    if (file == kTestHooksHeading || path == kTestHooksFile) continue;  // test-only
+    if (path.empty() && absl::StrContains(file, '/')) continue;  // Abseil's own
+    const int distance = EditDistance(name, flag_name);
+    if (distance < best) {
+      best = distance;
+      nearest.assign(1, std::string(flag_name));
+    } else if (distance == best) {
+      nearest.emplace_back(flag_name);
+    }
+  }
+  if (nearest.size() != 1) return std::nullopt;  // none near, or no single nearest
+  return nearest.front();
+}
+
+std::vector<char*> ParseCommandLineOrExit(absl::string_view program, int argc, char** argv) {
+  // Abseil's parser exits 1 after --help; a help asked for is no failure.
+  absl::flags_internal::SetProgramInvocationName(argv[0]);  // --help's first word
+  bool help = false;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    absl::string_view body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const size_t eq = body.find('=');
+    const absl::string_view value = eq == absl::string_view::npos ? "" : body.substr(eq + 1);
+    const absl::string_view name = body.substr(0, eq);
+    if (name == "only_check_args") continue;  // not a help: left to Abseil
+    help |= absl::flags_internal::DeduceUsageFlags(name, value);
+  }
+  if (help) {
+    absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage());
+    std::cout.flush();
+    std::exit(0);
+  }
+  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
+    std::cerr << program << ": error: " << *bad << "\n";
+    std::exit(2);
+  }
+  return absl::ParseCommandLine(argc, argv);
 }
 
 }  // namespace tandem::apps

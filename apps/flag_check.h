@@ -4,6 +4,8 @@
 // its own report and exits 1).
 // SetUpHelp: the --help text of the programs (their description, then their
 // flags under headings without build paths).
+// ParseCommandLineOrExit: how every program reads its command line (help, then
+// the check above, then Abseil's parser).
 // kTimeoutHelp / CheckTimeout: the --timeout_s flag of every program that runs
 // dist::spawn.
 #ifndef TANDEM_APPS_FLAG_CHECK_H_
@@ -11,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -50,6 +53,17 @@ void SetUpHelp(absl::string_view program, absl::string_view description,
 // Checking a value parses it into the flag, which absl::ParseCommandLine then
 // sets again.
 std::optional<std::string> FindBadFlag(int argc, char** argv);
+
+// The flag defined by the programs (apps/, bench/) nearest to `name` when exactly
+// one is within edit distance 2 of it ("epoch" -> "epochs"), else nullopt.
+std::optional<std::string> NearestFlag(absl::string_view name);
+
+// Reads the command line the way every tandem program does, after SetUpHelp:
+// --help (and --helpshort, --helpfull, --helpmatch=S, --helppackage, --version)
+// prints to stdout and exits 0; the first bad flag (FindBadFlag) prints
+// "<program>: error: <problem>" to stderr and exits 2; then Abseil sets the flags.
+// Returns the positional arguments (argv[0] first) for the caller to check.
+std::vector<char*> ParseCommandLineOrExit(absl::string_view program, int argc, char** argv);
 
 }  // namespace tandem::apps
 

@@ -6,11 +6,15 @@
 //   quickstart_linear            # on the CPU
 //   quickstart_linear cuda:0     # on GPU 0 (a CUDA build)
 //
-// Exits 1 with the reason on a bad device argument.
+// The command line is read as every program reads it (apps/flag_check.h):
+// --help exits 0; an unknown flag, a second argument, a bad device or one this
+// machine lacks exit 2 with one line; a failure while training exits 1.
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "apps/flag_check.h"
 #include "nn/nn.h"
 
 namespace {
@@ -42,20 +46,29 @@ void Train(double lr, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 2) {
-    std::cerr << "usage: " << argv[0] << " [cpu|cuda:N]\n";
-    return 1;
+  tandem::apps::SetUpHelp(
+      "quickstart_linear",
+      "Trains the README's quick-start LinearNet (Linear(10, 10), then Linear(10, 1); mean "
+      "squared error; plain SGD at lr 0.05) on random batches for 20 steps on one device, "
+      "without spawn, and prints step:N loss:X after each step.\n\n"
+      "Usage: quickstart_linear [cpu|cuda:N]   (default cpu)");
+  const std::vector<char*> args =
+      tandem::apps::ParseCommandLineOrExit("quickstart_linear", argc, argv);
+  if (args.size() > 2) {
+    std::cerr << "quickstart_linear: error: unexpected argument \"" << args[2]
+              << "\" (usage: quickstart_linear [cpu|cuda:N]; see --help)\n";
+    return 2;
   }
-  absl::StatusOr<nn::Device> device =
-      nn::ParseDevice(argc == 2 ? argv[1] : "cpu");
+  absl::StatusOr<nn::Device> device = nn::ParseDevice(args.size() == 2 ? args[1] : "cpu");
   if (!device.ok()) {
-    std::cerr << device.status() << "\n";
-    return 1;
+    std::cerr << "quickstart_linear: error: " << device.status().message() << "\n";
+    return 2;
   }
   if (device->is_cuda() && device->index >= nn::cuda_device_count()) {
-    std::cerr << "device " << device->ToString() << " is not available: this process sees "
-              << nn::cuda_device_count() << " CUDA device(s)\n";
-    return 1;
+    std::cerr << "quickstart_linear: error: device " << device->ToString()
+              << " is not available: this process sees " << nn::cuda_device_count()
+              << " CUDA device(s)\n";
+    return 2;
   }
   try {
     nn::DeviceGuard guard(*device);

@@ -47,7 +47,7 @@ ABSL_FLAG(double, lr, 1e-3, "Learning rate (the peak one with --lr_schedule=cosi
 ABSL_FLAG(std::string, lr_schedule, "constant",
           "constant | cosine (lr * (1 + cos(pi * step / total steps)) / 2, per step).");
 ABSL_FLAG(std::string, optimizer, "adam",
-          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam.");
+          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam | adamw (weight decay 0.01).");
 ABSL_FLAG(std::string, data_dir, "",
           "Directory of the CIFAR-10 binary version (data_batch_1.bin .. data_batch_5.bin, "
           "test_batch.bin). Empty, or a directory without those files: a generated "

@@ -30,7 +30,7 @@ ABSL_FLAG(int, steps, 20, "Optimizer steps.");
 ABSL_FLAG(int, batch_size, 10, "Random examples per step on each rank.");
 ABSL_FLAG(double, lr, 1e-3, "Learning rate.");
 ABSL_FLAG(std::string, optimizer, "adam",
-          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam.");
+          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam | adamw (weight decay 0.01).");
 
 namespace {
 

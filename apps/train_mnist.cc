@@ -33,7 +33,7 @@ ABSL_FLAG(double, lr, 2e-3, "Learning rate (the peak one with --lr_schedule=cosi
 ABSL_FLAG(std::string, lr_schedule, "cosine",
           "constant | cosine (lr * (1 + cos(pi * step / total steps)) / 2, per step).");
 ABSL_FLAG(std::string, optimizer, "adam",
-          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam.");
+          "sgd | momentum (SGD with momentum 0.9) | adagrad | adam | adamw (weight decay 0.01).");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Directory of an MNIST-format dataset: {train,t10k}-{images-idx3,labels-idx1}-ubyte"
           "[.gz] (Fashion-MNIST by default; MNIST works too).");

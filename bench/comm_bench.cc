@@ -526,11 +526,7 @@ int Main(int argc, char** argv) {
   SetUpHelp("comm_bench",
             "Times dist::Communicator's collectives nccl-tests style (see the header of "
             "bench/comm_bench.cc).");
-  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
-    std::cerr << "comm_bench: " << *bad << "\n";
-    return 2;
-  }
-  absl::ParseCommandLine(argc, argv);
+  ParseCommandLineOrExit("comm_bench", argc, argv);
   try {
     if (std::optional<std::string> bad = CheckTimeout(absl::GetFlag(FLAGS_timeout_s))) Bad(*bad);
     const std::string mode = absl::GetFlag(FLAGS_mode);

@@ -267,11 +267,7 @@ int Main(int argc, char** argv) {
   SetUpHelp("tandem_ddp_bench",
             "Times the data-parallel training step for the comparison with PyTorch DDP (see "
             "the header of bench/ddp_bench.cc).");
-  if (std::optional<std::string> bad = FindBadFlag(argc, argv)) {
-    std::cerr << "tandem_ddp_bench: " << *bad << "\n";
-    return 2;
-  }
-  absl::ParseCommandLine(argc, argv);
+  ParseCommandLineOrExit("tandem_ddp_bench", argc, argv);
   try {
     const Config config = ParseConfig();
     nn::set_cpu_blas_threads(absl::GetFlag(FLAGS_threads));

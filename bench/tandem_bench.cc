@@ -714,8 +714,7 @@ int main(int argc, char** argv) {
       "Times training steps of the MLP, LeNet and ConvNet on device-resident synthetic data "
       "(median of repetitions), for the PyTorch comparison of bench/compare.py.\n\n"
       "Usage: tandem_bench [--flag=value ...]");
-  if (std::optional<std::string> bad = apps::FindBadFlag(argc, argv)) FlagError(*bad);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = apps::ParseCommandLineOrExit(kProgram, argc, argv);
   if (positional.size() > 1) {
     FlagError(absl::StrCat("unexpected argument \"", positional[1], "\" (flags are --name=value)"));
   }

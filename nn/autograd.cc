@@ -80,6 +80,10 @@ thread_local BackwardState* t_backward = nullptr;
 Node::Node() : sequence_nr_(g_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
 bool NeedsGrad(std::initializer_list<Tensor> inputs) {
+  return NeedsGrad(std::span<const Tensor>(inputs.begin(), inputs.size()));
+}
+
+bool NeedsGrad(std::span<const Tensor> inputs) {
   if (!grad_mode_enabled()) return false;
   for (const Tensor& t : inputs) {
     if (t.defined() && t.requires_grad()) return true;
@@ -88,6 +92,12 @@ bool NeedsGrad(std::initializer_list<Tensor> inputs) {
 }
 
 Tensor Record(const char* name, std::initializer_list<Tensor> inputs, Tensor output,
+              BackwardFn backward) {
+  return Record(name, std::span<const Tensor>(inputs.begin(), inputs.size()), std::move(output),
+                std::move(backward));
+}
+
+Tensor Record(const char* name, std::span<const Tensor> inputs, Tensor output,
               BackwardFn backward) {
   if (!NeedsGrad(inputs)) return output;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));

@@ -12,6 +12,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,12 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 // output.detach() and inputs' .detach() for the data it needs.
 Tensor Record(const char* name, std::initializer_list<Tensor> inputs, Tensor output,
               BackwardFn backward);
+// The same for a number of inputs known only at run time (nn::cat).
+Tensor Record(const char* name, std::span<const Tensor> inputs, Tensor output,
+              BackwardFn backward);
 // Whether Record would record an op over these inputs.
 bool NeedsGrad(std::initializer_list<Tensor> inputs);
+bool NeedsGrad(std::span<const Tensor> inputs);
 
 // Runs a backward pass (Tensor::backward calls this).
 void Backward(const Tensor& root, const Tensor& grad_root);

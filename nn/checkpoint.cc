@@ -182,10 +182,10 @@ absl::Status ReadTensor(Reader& r, uint32_t index, const ParseError& error,
     return error("truncated record of tensor #", index);
   }
   if (dtype_code > static_cast<uint8_t>(DType::kFloat16)) {
-    return error("tensor '", tensor_name, "' has unknown dtype code ", dtype_code);
+    return error("tensor '", Printable(tensor_name), "' has unknown dtype code ", dtype_code);
   }
   if (ndim > 16 || r.remaining() < ndim * 8ull) {
-    return error("tensor '", tensor_name, "' has a bad dimension count ", ndim);
+    return error("tensor '", Printable(tensor_name), "' has a bad dimension count ", ndim);
   }
   Shape shape(ndim);
   uint64_t elements = 1;
@@ -193,7 +193,7 @@ absl::Status ReadTensor(Reader& r, uint32_t index, const ParseError& error,
     uint64_t dim;
     r.U64(dim);
     if (dim > (1ull << 40) || (dim != 0 && elements > (1ull << 40) / dim)) {
-      return error("tensor '", tensor_name, "' has an implausible dimension ", dim);
+      return error("tensor '", Printable(tensor_name), "' has an implausible dimension ", dim);
     }
     elements *= dim;
     shape[d] = static_cast<int64_t>(dim);
@@ -201,16 +201,16 @@ absl::Status ReadTensor(Reader& r, uint32_t index, const ParseError& error,
   const DType dtype = static_cast<DType>(dtype_code);
   uint64_t nbytes;
   const char* data;
-  if (!r.U64(nbytes)) return error("truncated byte count of tensor '", tensor_name, "'");
+  if (!r.U64(nbytes)) return error("truncated byte count of tensor '", Printable(tensor_name), "'");
   if (nbytes != elements * static_cast<uint64_t>(ElementSize(dtype))) {
-    return error("tensor '", tensor_name, "' of shape ", ShapeToString(shape), " and dtype ",
+    return error("tensor '", Printable(tensor_name), "' of shape ", ShapeToString(shape), " and dtype ",
                  DTypeName(dtype), " stores ", nbytes, " bytes");
   }
-  if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", tensor_name, "'");
+  if (!r.Bytes(nbytes, data)) return error("truncated data of tensor '", Printable(tensor_name), "'");
   Tensor tensor = empty(shape, {.dtype = dtype, .device = Device::CPU()});
   if (nbytes > 0) std::memcpy(tensor.host_ptr(), data, nbytes);
   if (!checkpoint.tensors.emplace(tensor_name, tensor).second) {
-    return error("duplicate tensor name '", tensor_name, "'");
+    return error("duplicate tensor name '", Printable(tensor_name), "'");
   }
   return absl::OkStatus();
 }
@@ -224,11 +224,11 @@ absl::Status ReadMetadataEntry(Reader& r, uint32_t index, const ParseError& erro
   CheckpointValue value;
   if (kind == 0) {
     std::string s;
-    if (!r.String(s)) return error("truncated metadata '", key, "'");
+    if (!r.String(s)) return error("truncated metadata '", Printable(key), "'");
     value = std::move(s);
   } else if (kind == 1 || kind == 2) {
     uint64_t bits;
-    if (!r.U64(bits)) return error("truncated metadata '", key, "'");
+    if (!r.U64(bits)) return error("truncated metadata '", Printable(key), "'");
     if (kind == 1) {
       value = static_cast<int64_t>(bits);
     } else {
@@ -237,10 +237,10 @@ absl::Status ReadMetadataEntry(Reader& r, uint32_t index, const ParseError& erro
       value = d;
     }
   } else {
-    return error("metadata '", key, "' has unknown kind ", kind);
+    return error("metadata '", Printable(key), "' has unknown kind ", kind);
   }
   if (!checkpoint.metadata.emplace(key, std::move(value)).second) {
-    return error("duplicate metadata key '", key, "'");
+    return error("duplicate metadata key '", Printable(key), "'");
   }
   return absl::OkStatus();
 }

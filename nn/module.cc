@@ -200,7 +200,7 @@ absl::Status Module::load_state_dict(const StateDict& state, bool strict) {
   for (const auto& [name, t] : state) {
     if (!given.emplace(name, &t).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("load_state_dict: key '", name, "' appears twice in the state dict"));
+          absl::StrCat("load_state_dict: key '", Printable(name), "' appears twice in the state dict"));
     }
   }
   // Check everything before copying anything, so an error leaves the module as it was.
@@ -212,7 +212,7 @@ absl::Status Module::load_state_dict(const StateDict& state, bool strict) {
     if (it == given.end()) {
       if (strict) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "load_state_dict: missing key '", name, "' (", dst.ToString(), " in ", type_name(),
+            "load_state_dict: missing key '", Printable(name), "' (", dst.ToString(), " in ", type_name(),
             ") in the state dict"));
       }
       continue;
@@ -220,7 +220,7 @@ absl::Status Module::load_state_dict(const StateDict& state, bool strict) {
     const Tensor& src = *it->second;
     if (!src.defined() || src.shape() != dst.shape() || src.dtype() != dst.dtype()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "load_state_dict: key '", name, "' is ", DTypeName(dst.dtype()),
+          "load_state_dict: key '", Printable(name), "' is ", DTypeName(dst.dtype()),
           ShapeToString(dst.shape()), " in ", type_name(), " but ", src.defined() ? DTypeName(src.dtype()) : "",
           src.defined() ? ShapeToString(src.shape()) : "undefined", " in the state dict"));
     }
@@ -229,8 +229,8 @@ absl::Status Module::load_state_dict(const StateDict& state, bool strict) {
   if (strict) {
     for (const auto& [name, t] : state) {
       if (own_names.count(name) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("load_state_dict: unexpected key '", name,
-                                                       "' (", t.ToString(), ") not in ",
+        return absl::InvalidArgumentError(absl::StrCat("load_state_dict: unexpected key '",
+                                                       Printable(name), "' (", t.ToString(), ") not in ",
                                                        type_name()));
       }
     }

@@ -15,6 +15,7 @@
 #include "nn/ops/dropout.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/index.h"
+#include "nn/ops/join.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"

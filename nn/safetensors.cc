@@ -59,6 +59,12 @@ struct Header {
 
 // --- Reading the header ---------------------------------------------------------------
 
+// A JSON value of a header for a message: ASCII only (\uXXXX escapes), with bytes
+// that are not UTF-8 replaced instead of throwing, so always one printable line.
+std::string Dump(const nlohmann::json& value) {
+  return value.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+}
+
 class HeaderParser {
  public:
   explicit HeaderParser(const std::string& name) : name_(name) {}
@@ -108,10 +114,10 @@ class HeaderParser {
     try {
       root = nlohmann::json::parse(text.begin(), text.end(), callback);
     } catch (const nlohmann::json::exception& e) {
-      return Error("header is not valid JSON: ", e.what());
+      return Error("header is not valid JSON: ", Printable(e.what()));
     }
     if (!root.is_object()) return Error("header is JSON ", root.type_name(), ", not an object");
-    if (!duplicate.empty()) return Error("name '", duplicate, "' appears twice in the header");
+    if (!duplicate.empty()) return Error("name '", Printable(duplicate), "' appears twice in the header");
     for (const auto& [key, value] : root.items()) {
       if (key == kMetadataKey) {
         RETURN_IF_ERROR(ParseMetadata(value, header.metadata));
@@ -129,7 +135,7 @@ class HeaderParser {
     }
     for (const auto& [key, v] : value.items()) {
       if (!v.is_string()) {
-        return Error("\"__metadata__\" entry '", key, "' is JSON ", v.type_name(), ", not a string");
+        return Error("\"__metadata__\" entry '", Printable(key), "' is JSON ", v.type_name(), ", not a string");
       }
       metadata[key] = v.get<std::string>();
     }
@@ -138,17 +144,17 @@ class HeaderParser {
 
   // A non-negative integer field (JSON numbers without sign or fraction).
   absl::StatusOr<uint64_t> Unsigned(const nlohmann::json& v, const std::string& what) const {
-    if (!v.is_number_unsigned()) return Error(what, " is ", v.dump(), ", not a non-negative integer");
+    if (!v.is_number_unsigned()) return Error(what, " is ", Dump(v), ", not a non-negative integer");
     return v.get<uint64_t>();
   }
 
   absl::StatusOr<Entry> ParseEntry(const std::string& key, const nlohmann::json& value,
                                    uint64_t data_bytes) const {
-    const std::string what = absl::StrCat("tensor '", key, "'");
+    const std::string what = absl::StrCat("tensor '", Printable(key), "'");
     if (!value.is_object()) return Error(what, " is JSON ", value.type_name(), ", not an object");
     for (const auto& [field, unused] : value.items()) {
       if (field != "dtype" && field != "shape" && field != "data_offsets") {
-        return Error(what, " has an unknown field '", field, "'");
+        return Error(what, " has an unknown field '", Printable(field), "'");
       }
     }
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
@@ -156,14 +162,14 @@ class HeaderParser {
     }
     Entry entry{.name = key};
     const nlohmann::json& dtype = value["dtype"];
-    if (!dtype.is_string()) return Error(what, " has dtype ", dtype.dump(), ", not a string");
+    if (!dtype.is_string()) return Error(what, " has dtype ", Dump(dtype), ", not a string");
     if (!SafetensorsDTypeFromName(dtype.get<std::string>(), entry.dtype)) {
-      return Error(what, " has dtype ", dtype.dump(), ", which tandem does not support (",
+      return Error(what, " has dtype ", Dump(dtype), ", which tandem does not support (",
                    "F32, F64, BF16, F16, I64, U8)");
     }
     const nlohmann::json& shape = value["shape"];
     if (!shape.is_array() || shape.size() > kMaxDims) {
-      return Error(what, " has shape ", shape.dump(), ", not an array of at most ", kMaxDims,
+      return Error(what, " has shape ", Dump(shape), ", not an array of at most ", kMaxDims,
                    " sizes");
     }
     const uint64_t element_bytes = static_cast<uint64_t>(ElementSize(entry.dtype));
@@ -172,14 +178,14 @@ class HeaderParser {
       ASSIGN_OR_RETURN(const uint64_t dim, Unsigned(d, absl::StrCat("a size in the shape of ", what)));
       // Bounded so that elements * element bytes cannot overflow.
       if (dim != 0 && elements > (std::numeric_limits<uint64_t>::max() / 16) / dim) {
-        return Error(what, " has shape ", shape.dump(), ", too many elements");
+        return Error(what, " has shape ", Dump(shape), ", too many elements");
       }
       elements *= dim;
       entry.shape.push_back(static_cast<int64_t>(dim));
     }
     const nlohmann::json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2) {
-      return Error(what, " has data_offsets ", offsets.dump(), ", not [begin, end]");
+      return Error(what, " has data_offsets ", Dump(offsets), ", not [begin, end]");
     }
     ASSIGN_OR_RETURN(entry.begin, Unsigned(offsets[0], absl::StrCat("the begin offset of ", what)));
     ASSIGN_OR_RETURN(entry.end, Unsigned(offsets[1], absl::StrCat("the end offset of ", what)));
@@ -188,7 +194,7 @@ class HeaderParser {
                    "] outside the data part of ", data_bytes, " bytes");
     }
     if (entry.end - entry.begin != elements * element_bytes) {
-      return Error(what, " of dtype ", dtype.get<std::string>(), " and shape ", shape.dump(),
+      return Error(what, " of dtype ", Printable(dtype.get<std::string>()), " and shape ", Dump(shape),
                    " needs ", elements * element_bytes, " bytes but data_offsets [", entry.begin,
                    ", ", entry.end, "] hold ", entry.end - entry.begin);
     }
@@ -205,8 +211,8 @@ class HeaderParser {
     const Entry* previous = nullptr;
     for (const Entry& e : entries) {
       if (e.begin < position) {
-        return Error("tensors '", previous->name, "' [", previous->begin, ", ", previous->end,
-                     ") and '", e.name, "' [", e.begin, ", ", e.end, ") overlap");
+        return Error("tensors '", Printable(previous->name), "' [", previous->begin, ", ",
+                     previous->end, ") and '", Printable(e.name), "' [", e.begin, ", ", e.end, ") overlap");
       }
       if (e.begin > position) {
         return Error("data bytes [", position, ", ", e.begin, ") belong to no tensor");
@@ -335,7 +341,13 @@ std::string Describe(DType dtype, const Shape& shape) {
 }
 
 std::string ListOf(const char* what, const std::vector<std::string>& names) {
-  return absl::StrCat(names.size(), " ", what, " (", absl::StrJoin(names, ", "), ")");
+  // Names from the file among them: each quoted through Printable.
+  return absl::StrCat(names.size(), " ", what, " (",
+                      absl::StrJoin(names, ", ",
+                                    [](std::string* out, const std::string& name) {
+                                      out->append(Printable(name));
+                                    }),
+                      ")");
 }
 
 // Copies `entry`'s bytes into `dst` (converting dtype and device where needed).

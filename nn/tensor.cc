@@ -672,6 +672,24 @@ Tensor Random(const Shape& shape, TensorOptions options, bool normal) {
 
 Tensor randn(const Shape& shape, TensorOptions options) { return Random(shape, options, true); }
 Tensor rand(const Shape& shape, TensorOptions options) { return Random(shape, options, false); }
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options) {
+  TANDEM_CHECK(low < high, "randint: empty range [", low, ", ", high, ")");
+  const int64_t n = NumElements(shape);
+  const auto range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  Generator& gen = thread_generator();
+  const uint64_t offset = gen.Advance(static_cast<uint64_t>(n));
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const Philox4x32 r = PhiloxAt(gen.seed, gen.stream, offset, static_cast<uint64_t>(i));
+    const uint64_t bits = (static_cast<uint64_t>(r.out[0]) << 32) | r.out[1];
+    // bits * range / 2^64: uniform to within range / 2^64 of exact.
+    const auto scaled = static_cast<uint64_t>((static_cast<unsigned __int128>(bits) * range) >> 64);
+    values[static_cast<size_t>(i)] = static_cast<int64_t>(static_cast<uint64_t>(low) + scaled);
+  }
+  if (!options.dtype) options.dtype = kInt64;
+  return from_vector(values, shape, options);
+}
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
 

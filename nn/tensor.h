@@ -278,6 +278,10 @@ Tensor arange(double start, double end, double step, TensorOptions options = {})
 // the same seed gives the same numbers on the CPU and on a GPU.
 Tensor randn(const Shape& shape, TensorOptions options = {});
 Tensor rand(const Shape& shape, TensorOptions options = {});
+// Integers drawn uniformly from [low, high) (throws unless low < high), int64
+// unless options.dtype says otherwise, from the calling thread's generator as
+// rand and randn draw (drawn on the host: the same values on every device).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {});
 Tensor zeros_like(const Tensor& t);
 Tensor empty_like(const Tensor& t);
 // Copies `values` into a new tensor of that shape (numel must match).

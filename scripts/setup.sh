@@ -7,14 +7,16 @@
 # multi-process job (TANDEM_MPI=AUTO builds that layer when it is installed).
 # python3-protobuf: the tests' independent reader of TensorBoard event files;
 # python3-matplotlib: scripts/plot_metrics.py; nlohmann-json3-dev: the JSON
-# headers of safetensors files (nn/safetensors.cc); python3-torch and
+# headers of safetensors files (nn/safetensors.cc); libfmt-dev: the logger's
+# formatting (spawn/logger.h); clang: scripts/test.sh's compile check of the
+# libraries with a second compiler; python3-torch and
 # python3-torchvision: the tests that exchange weights with PyTorch
 # (tests/apps/interop_test.py) and the PyTorch side of the benchmarks.
 set -euo pipefail
-packages=(build-essential cmake g++ libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist
-          openmpi-bin libopenmpi-dev python3 python3-protobuf python3-matplotlib python3-torch
-          python3-torchvision)
+packages=(build-essential cmake g++ clang libabsl-dev libfmt-dev libgtest-dev libgmock-dev
+          libbenchmark-dev libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev
+          dataset-fashion-mnist openmpi-bin libopenmpi-dev python3 python3-protobuf
+          python3-matplotlib python3-torch python3-torchvision)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command: install what is missing, build, run every test.
 #  1. A ThreadSanitizer build (CPU-only) runs the threaded tests (ctest label tsan_ok).
-#  2. The main build (preset "default": Release, TANDEM_CUDA=AUTO: CUDA is compiled
+#  2. A clang build of the libraries (compile check).
+#  3. The main build (preset "default": Release, TANDEM_CUDA=AUTO: CUDA is compiled
 #     when the toolkit is there; GPU tests skip with a reason when no GPU is visible)
 #     runs the whole suite.
 # Output ends with ctest's summary of the main build.
@@ -16,6 +17,13 @@ jobs="$(nproc)"
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs"
 ctest --preset tsan -j"$jobs"
+
+# CMakePresets.json's "clang" preset (build-clang): every library compiled by clang
+# (Debian's clang 14) at -O0, a compile check only, so that the code stays
+# portable beyond g++ (clang rejects what g++ lets pass, e.g. a lambda capturing
+# a structured binding before clang 16).
+cmake --preset clang >/dev/null
+cmake --build --preset clang -j"$jobs"
 
 scripts/build.sh
 ctest --preset default -j"$jobs"

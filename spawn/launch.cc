@@ -96,38 +96,88 @@ std::string CommunicatorKind(const std::vector<nn::Device>& devices) {
   return "NCCL";
 }
 
-void LogEnvironment(Logger& logger, const std::vector<nn::Device>& devices,
-                    const SpawnOptions& options, absl::string_view gpus, int visible_gpus,
-                    const ProcessWorld* procs) {
-  auto line = [&](absl::string_view key, absl::string_view value) {
-    logger.Write(LogLevel::kInfo, -1, nn::Device(), absl::StrFormat("  %-16s %s", key, value));
-  };
-  logger.Write(LogLevel::kInfo, -1, nn::Device(), "distributed environment");
-  line("world_size", absl::StrCat(procs ? procs->world_size() : devices.size()));
-  line("gpus", absl::StrCat("\"", gpus, "\""));
-  line("visible", DescribeVisibleGpus(visible_gpus));
-  line("communicator", procs == nullptr   ? CommunicatorKind(devices)
-                       : devices[0].is_cpu() ? "hierarchical: in-process + MPI (CPU ranks)"
-                                             : "NCCL across processes");
+// The environment table: (key, value) rows, the way the verbose banner and a
+// failed run print them.
+using EnvironmentTable = std::vector<std::pair<std::string, std::string>>;
+
+EnvironmentTable DescribeEnvironment(const std::vector<nn::Device>& devices,
+                                     const SpawnOptions& options, absl::string_view gpus,
+                                     int visible_gpus, const ProcessWorld* procs) {
+  EnvironmentTable table;
+  table.emplace_back("world_size", absl::StrCat(procs ? procs->world_size() : devices.size()));
+  table.emplace_back("gpus", absl::StrCat("\"", gpus, "\""));
+  table.emplace_back("visible", DescribeVisibleGpus(visible_gpus));
+  table.emplace_back("communicator", procs == nullptr     ? CommunicatorKind(devices)
+                                     : devices[0].is_cpu() ? "hierarchical: in-process + MPI (CPU ranks)"
+                                                           : "NCCL across processes");
 #if TANDEM_WITH_CUDA
-  line("versions", CudaNcclVersions());
+  table.emplace_back("versions", CudaNcclVersions());
 #else
-  line("versions", "built without CUDA");
+  table.emplace_back("versions", "built without CUDA");
 #endif
-  line("timeout_s", absl::StrCat(options.timeout_s));
-  line("seed", absl::StrCat(options.seed));
-  line("log_dir", options.log_dir.empty() ? "(none)" : options.log_dir);
+  table.emplace_back("timeout_s", absl::StrCat(options.timeout_s));
+  table.emplace_back("seed", absl::StrCat(options.seed));
+  table.emplace_back("log_dir", options.log_dir.empty() ? "(none)" : options.log_dir);
   if (procs != nullptr) {
-    for (const auto& [key, value] : procs->Describe()) line(key, value);
+    for (const auto& [key, value] : procs->Describe()) table.emplace_back(key, value);
   } else {
     for (size_t r = 0; r < devices.size(); ++r) {
-      line(absl::StrCat("rank ", r), devices[r].ToString());
+      table.emplace_back(absl::StrCat("rank ", r), devices[r].ToString());
     }
   }
-  if (devices[0].is_cpu() && gpus.empty()) {
-    logger.Write(LogLevel::kWarning, -1, nn::Device(),
-                 "no GPU is visible: running on CPU ranks");
+  return table;
+}
+
+// To the console and the workerlogs, or (files_only) to the workerlogs alone.
+void LogEnvironmentTable(Logger& logger, const EnvironmentTable& table, bool files_only = false) {
+  auto write = [&](const std::string& text) {
+    if (files_only) {
+      logger.WriteToFiles(LogLevel::kInfo, text);
+    } else {
+      logger.Write(LogLevel::kInfo, -1, nn::Device(), text);
+    }
+  };
+  write("distributed environment");
+  for (const auto& [key, value] : table) write(absl::StrFormat("  %-16s %s", key, value));
+}
+
+// "cpu x2, cuda:1": this process's devices in rank order, repeats counted.
+std::string DescribeDevices(const std::vector<nn::Device>& devices) {
+  std::string text;
+  for (size_t r = 0; r < devices.size();) {
+    size_t same = r + 1;
+    while (same < devices.size() && devices[same] == devices[r]) ++same;
+    absl::StrAppend(&text, text.empty() ? "" : ", ", devices[r].ToString());
+    if (same - r > 1) absl::StrAppend(&text, " x", same - r);
+    r = same;
   }
+  return text;
+}
+
+// The start of a run: one line (world size, devices, processes, communicator),
+// or with options.verbose the whole table; the workerlogs get the table either
+// way, and a failed run prints it after its error, so a report always carries it.
+void LogEnvironment(Logger& logger, const EnvironmentTable& table,
+                    const std::vector<nn::Device>& devices, const SpawnOptions& options,
+                    absl::string_view gpus, const ProcessWorld* procs) {
+  const bool cpu_fallback = devices[0].is_cpu() && gpus.empty();
+  if (options.verbose) {
+    LogEnvironmentTable(logger, table);
+    if (cpu_fallback) {
+      logger.Write(LogLevel::kWarning, -1, nn::Device(), "no GPU is visible: running on CPU ranks");
+    }
+    return;
+  }
+  const std::string processes =
+      procs ? absl::StrCat(procs->process_count(), " processes (this is process ",
+                           procs->process_index(), ")")
+            : "1 process";
+  logger.Write(LogLevel::kInfo, -1, nn::Device(),
+               absl::StrCat("distributed environment: world_size ", table[0].second, ", ",
+                            processes, ", ranks here on ", DescribeDevices(devices), ", ",
+                            table[3].second,
+                            cpu_fallback ? "; no GPU is visible: running on CPU ranks" : ""));
+  LogEnvironmentTable(logger, table, /*files_only=*/true);  // a workerlog keeps it all
 }
 
 // More rank threads than one process runs (a typo such as --nprocs=100000) is
@@ -432,6 +482,7 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
 
 // What a run is made of before its ranks start.
 struct RunParts {
+  EnvironmentTable environment;  // logged again after a failed run
   std::unique_ptr<Logger> logger;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::shared_ptr<InProcessGroup> group;
@@ -452,7 +503,8 @@ absl::Status StartRun(const std::vector<nn::Device>& devices, const SpawnOptions
   ASSIGN_OR_RETURN(parts->logger,
                    CreateLogger(static_cast<int>(devices.size()), options, procs));
   if (startup) startup->set_logger(parts->logger.get());
-  LogEnvironment(*parts->logger, devices, options, gpus, visible_gpus, procs);
+  parts->environment = DescribeEnvironment(devices, options, gpus, visible_gpus, procs);
+  LogEnvironment(*parts->logger, parts->environment, devices, options, gpus, procs);
   RETURN_IF_ERROR(enter("communicators", "building the communicators"));
   ASSIGN_OR_RETURN(parts->comms, MakeCommunicators(devices, procs, hooks, &parts->group));
   return absl::OkStatus();
@@ -533,7 +585,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
     return FinishRun(run, agreement, procs.get(), comms, *logger);
   };
   // Restarts run in one process only (CheckRestartPolicy): procs is null there.
-  return RunWithRestarts(
+  absl::Status status = RunWithRestarts(
       {.policy = options.restart,
        .world_size = world,
        .timeout_s = options.timeout_s,
@@ -549,6 +601,11 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
            [&] {
              return g_sigint_count.load() != sigint_at_start || signal_source->Received() != 0;
            }});
+  // A failure's report carries the whole environment table (the start printed one line).
+  if (!status.ok() && !IsStopped(status) && !options.verbose) {
+    LogEnvironmentTable(*logger, parts.environment);
+  }
+  return status;
 }
 
 }  // namespace

@@ -110,6 +110,11 @@ struct SpawnOptions {
   std::string log_dir;
   // Every rank's lines to the console, not only rank 0's.
   bool log_all_ranks = false;
+  // The start of a run logs the whole environment table (world size, gpus, visible
+  // GPUs, communicator, versions, timeout, seed, log_dir, each rank's device);
+  // by default one line (world size, processes, devices, communicator). A failed
+  // run logs the table after its error either way.
+  bool verbose = false;
   // A collective not completed within this many seconds ends the run; after a
   // stop, the watchdog names the ranks still running this long after it. The
   // programs' --timeout_s. Several processes: also the deadline of start-up

@@ -8,26 +8,16 @@
 #include <ctime>
 #include <iostream>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem::dist {
 namespace internal {
 
-std::string FormatPieces(absl::string_view format, const std::vector<std::string>& args) {
-  std::string out;
-  size_t next = 0;
-  size_t pos = 0;
-  while (pos < format.size()) {
-    const size_t hole = format.find("{}", pos);
-    if (hole == absl::string_view::npos || next == args.size()) {
-      absl::StrAppend(&out, format.substr(pos));
-      break;
-    }
-    absl::StrAppend(&out, format.substr(pos, hole - pos), args[next++]);
-    pos = hole + 2;
-  }
-  for (; next < args.size(); ++next) absl::StrAppend(&out, " ", args[next]);
-  return out;
+std::string BadFormatLine(fmt::string_view format, const fmt::format_error& error) {
+  return absl::StrCat("bad log format \"", absl::CHexEscape(absl::string_view(format.data(), format.size())),
+                      "\": ", error.what());
 }
 
 }  // namespace internal
@@ -84,12 +74,26 @@ absl::StatusOr<std::unique_ptr<Logger>> Logger::Create(int world_size, LoggerOpt
   return logger;
 }
 
-void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
+std::string Logger::Line(LogLevel level, int rank, nn::Device device,
+                         absl::string_view text) const {
   std::string who =
       rank < 0 ? std::string("spawn") : absl::StrCat("rank ", rank, " ", device.ToString());
   if (!options_.process_tag.empty()) absl::StrAppend(&who, " ", options_.process_tag);
-  const std::string line = absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text,
-                                        "\n");
+  return absl::StrCat("[", Timestamp(), " ", who, "] ", LevelTag(level), text, "\n");
+}
+
+void Logger::WriteToFiles(LogLevel level, absl::string_view text) {
+  if (files_.empty()) return;
+  const std::string line = Line(level, -1, nn::Device(), text);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& file : files_) {
+    *file << line;
+    file->flush();
+  }
+}
+
+void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_view text) {
+  const std::string line = Line(level, rank, device, text);
   std::lock_guard<std::mutex> lock(mutex_);
   // Several processes (process_tag set): every error of every process reaches
   // its console, prefixed with rank, host and pid.
@@ -112,6 +116,17 @@ void Logger::Write(LogLevel level, int rank, nn::Device device, absl::string_vie
       file->flush();
     }
   }
+}
+
+void RankLogger::Log(LogLevel level, fmt::string_view format, fmt::format_args args) const {
+  std::string text;
+  try {
+    text = fmt::vformat(format, args);
+  } catch (const fmt::format_error& e) {
+    logger_->Write(LogLevel::kError, rank_, device_, internal::BadFormatLine(format, e));
+    return;
+  }
+  logger_->Write(level, rank_, device_, text);
 }
 
 }  // namespace tandem::dist

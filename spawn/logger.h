@@ -8,14 +8,20 @@
 //
 //   ctx.log().Info("step:{} loss:{}", step, loss.item());
 //
-// Formatting: each "{}" is replaced by the next argument (absl::StrCat rules for
-// numbers and strings; anything with ToString(), such as nn::Device or nn::Tensor,
-// through it); surplus "{}" stay, surplus arguments are appended with spaces.
+// Formatting is fmt's (https://fmt.dev, Debian's libfmt-dev 9), the syntax of
+// std::format: "{}", "{:.6f}", "{:>8}", "{0}". A literal format is checked when the
+// call is compiled: a bad spec or a wrong argument count is a compile error. A format
+// chosen at run time goes through fmt::runtime(text); if it is bad, the RankLogger
+// writes an ERROR line naming the format and fmt's reason instead of the message
+// (logging never throws into training code), and Format() throws fmt::format_error.
+// Besides fmt's own types, anything with ToString() (nn::Device, nn::Tensor,
+// absl::Status) and absl::string_view format as their text.
 //
 // Thread-safety: all methods may be called from any thread.
 #ifndef TANDEM_SPAWN_LOGGER_H_
 #define TANDEM_SPAWN_LOGGER_H_
 
+#include <concepts>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -23,41 +29,60 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "fmt/format.h"
 #include "nn/device.h"
+
+namespace tandem::dist::internal {
+
+template <typename T>
+concept HasToString = requires(const T& value) {
+  { value.ToString() } -> std::convertible_to<std::string>;
+};
+
+}  // namespace tandem::dist::internal
+
+// Anything with ToString() formats as that text ("{:>10}" pads it).
+template <typename T, typename Char>
+  requires tandem::dist::internal::HasToString<T>
+struct fmt::formatter<T, Char> : fmt::formatter<fmt::basic_string_view<Char>, Char> {
+  template <typename FormatContext>
+  auto format(const T& value, FormatContext& ctx) const {
+    const std::string text = value.ToString();
+    return fmt::formatter<fmt::basic_string_view<Char>, Char>::format(
+        fmt::basic_string_view<Char>(text.data(), text.size()), ctx);
+  }
+};
+
+// absl::string_view is its own type in Debian's Abseil (not std::string_view).
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
+  template <typename FormatContext>
+  auto format(absl::string_view value, FormatContext& ctx) const {
+    return fmt::formatter<fmt::string_view>::format(
+        fmt::string_view(value.data(), value.size()), ctx);
+  }
+};
 
 namespace tandem::dist {
 
 namespace internal {
 
-template <typename T>
-std::string FormatArg(const T& value) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return value ? "true" : "false";
-  } else if constexpr (std::is_convertible_v<const T&, std::string_view> &&
-                       !std::is_convertible_v<const T&, absl::string_view>) {
-    return std::string(std::string_view(value));
-  } else if constexpr (std::is_constructible_v<absl::AlphaNum, const T&>) {
-    return absl::StrCat(value);
-  } else if constexpr (std::is_same_v<T, absl::Status>) {
-    return value.ToString();
-  } else {
-    return value.ToString();
-  }
-}
-
-// Replaces each "{}" of `format` by the next of `args`.
-std::string FormatPieces(absl::string_view format, const std::vector<std::string>& args);
+// The line written in place of a message whose run-time format fmt rejected.
+std::string BadFormatLine(fmt::string_view format, const fmt::format_error& error);
 
 }  // namespace internal
 
+// fmt::format with tandem's formatters in view. Throws fmt::format_error for a bad
+// run-time format (fmt::runtime).
 template <typename... Args>
-std::string Format(absl::string_view format, const Args&... args) {
-  return internal::FormatPieces(format, {internal::FormatArg(args)...});
+std::string Format(fmt::format_string<Args...> format, Args&&... args) {
+  return fmt::format(format, std::forward<Args>(args)...);
 }
 
 enum class LogLevel { kInfo, kWarning, kError };
@@ -88,13 +113,23 @@ class RankLogger {
   RankLogger(Logger* logger, int rank, nn::Device device)
       : logger_(logger), rank_(rank), device_(device) {}
   template <typename... Args>
-  void Info(absl::string_view format, const Args&... args) const;
+  void Info(fmt::format_string<Args...> format, Args&&... args) const {
+    Log(LogLevel::kInfo, format, fmt::make_format_args(args...));
+  }
   template <typename... Args>
-  void Warning(absl::string_view format, const Args&... args) const;
+  void Warning(fmt::format_string<Args...> format, Args&&... args) const {
+    Log(LogLevel::kWarning, format, fmt::make_format_args(args...));
+  }
   template <typename... Args>
-  void Error(absl::string_view format, const Args&... args) const;
+  void Error(fmt::format_string<Args...> format, Args&&... args) const {
+    Log(LogLevel::kError, format, fmt::make_format_args(args...));
+  }
 
  private:
+  // Formats (fmt::vformat) and writes one line; a format fmt rejects at run time
+  // becomes an ERROR line that names it.
+  void Log(LogLevel level, fmt::string_view format, fmt::format_args args) const;
+
   Logger* logger_;
   int rank_;
   nn::Device device_;
@@ -110,29 +145,21 @@ class Logger {
   // rank -1: spawn's own lines, else a global rank of this process. device is
   // printed after the rank.
   void Write(LogLevel level, int rank, nn::Device device, absl::string_view text);
+  // One of spawn's own lines to every workerlog only, not the console (detail
+  // a file keeps for later; nothing without a log_dir).
+  void WriteToFiles(LogLevel level, absl::string_view text);
   RankLogger ForRank(int rank, nn::Device device) { return RankLogger(this, rank, device); }
 
  private:
   Logger(int world_size, LoggerOptions options);
+  // "[<time> <who>] <level tag><text>\n".
+  std::string Line(LogLevel level, int rank, nn::Device device, absl::string_view text) const;
 
   const int world_size_;
   LoggerOptions options_;
   std::mutex mutex_;
   std::vector<std::unique_ptr<std::ofstream>> files_;
 };
-
-template <typename... Args>
-void RankLogger::Info(absl::string_view format, const Args&... args) const {
-  logger_->Write(LogLevel::kInfo, rank_, device_, Format(format, args...));
-}
-template <typename... Args>
-void RankLogger::Warning(absl::string_view format, const Args&... args) const {
-  logger_->Write(LogLevel::kWarning, rank_, device_, Format(format, args...));
-}
-template <typename... Args>
-void RankLogger::Error(absl::string_view format, const Args&... args) const {
-  logger_->Write(LogLevel::kError, rank_, device_, Format(format, args...));
-}
 
 }  // namespace tandem::dist
 

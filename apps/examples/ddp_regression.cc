@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
       "w = [[2], [3]], the exact fit of all four samples. Prints rank 0's loss every 50 "
       "iterations, then each rank's w.\n\n"
       "Usage: ddp_regression [--gpus=cpu|0,1] [--timeout_s=S]");
-  if (absl::ParseCommandLine(argc, argv).size() > 1) {
-    std::cerr << "ddp_regression: unexpected argument " << argv[1] << " (see --help)\n";
+  if (tandem::apps::ParseCommandLineOrExit("ddp_regression", argc, argv).size() > 1) {
+    std::cerr << "ddp_regression: error: unexpected argument \"" << argv[1]
+              << "\" (flags look like --name=value; see --help)\n";
     return 2;
   }
   dist::SpawnOptions options;

@@ -136,7 +136,10 @@ const float* F32(const Tensor& t) { return t.defined() ? t.host_data<float>() : 
 void Convolve(const float* x, int64_t n, int64_t in_channels, int64_t h, int64_t w, int64_t ph,
               int64_t pw, const float* u, int64_t out_channels, int64_t oh, int64_t ow,
               const float* bias, bool relu, float* y) {
-  const auto [th, tw, chunk, ld] = ChunksOf(n, std::max(in_channels, out_channels), oh, ow);
+  // Named copies, not structured bindings: the lambdas below capture them, which
+  // C++20 allows but clang before 16 rejects.
+  const Chunks chunks = ChunksOf(n, std::max(in_channels, out_channels), oh, ow);
+  const int64_t th = chunks.th, tw = chunks.tw, chunk = chunks.images, ld = chunks.ld;
   const TensorOptions host{.dtype = kFloat32, .device = Device::CPU()};
   const Tensor v_buffer = empty({kPositions * in_channels * ld}, host);
   const Tensor m_buffer = empty({kPositions * out_channels * ld}, host);
@@ -208,7 +211,9 @@ void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2
                                   const Tensor& dweight) {
   TANDEM_CHECK(WinogradApplies(g) && dy.dtype() == kFloat32,
                "conv2d backward: the Winograd kernel takes float32 3x3 convolutions at stride 1");
-  const auto [th, tw, chunk, ld] = ChunksOf(g.n, std::max(g.c, g.o), g.oh, g.ow);
+  // Named copies, not structured bindings (captured below; see Convolve).
+  const Chunks chunks = ChunksOf(g.n, std::max(g.c, g.o), g.oh, g.ow);
+  const int64_t th = chunks.th, tw = chunks.tw, chunk = chunks.images, ld = chunks.ld;
   const TensorOptions host{.dtype = kFloat32, .device = Device::CPU()};
   const Tensor v_buffer = empty({kPositions * g.c * ld}, host);
   const Tensor dm_buffer = empty({kPositions * g.o * ld}, host);

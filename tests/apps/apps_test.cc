@@ -154,6 +154,17 @@ TEST(TrainLinear, RunsOnTwoCpuRanks) {
   ExpectFiniteAndFalling(losses, 4, 0.05, r.output);
 }
 
+// --optimizer=adamw (decoupled weight decay) learns the same as the others.
+TEST(TrainLinear, AdamWLearns) {
+  RunResult r = RunProgram(TRAIN_LINEAR, absl::StrCat("--gpus=cpu --optimizer=adamw ",
+                                                      kLearnableLinear));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(": adamw, lr 0.03"), std::string::npos) << r.output;
+  const std::vector<double> losses = NumbersAfter(r.output, " loss:");
+  ASSERT_EQ(losses.size(), 20u) << r.output;
+  ExpectFiniteAndFalling(losses, 10, 0.05, r.output);
+}
+
 TEST(TrainMnist, SmokeRunWritesMetrics) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   const std::string dir = MakeTempDir("tandem_apps_m");
@@ -494,7 +505,13 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=-1", "train_linear: error: --gpus \"-1\"");
   ExpectBadFlag(TRAIN_LINEAR, "--optimizer=nope", "train_linear: error: --optimizer \"nope\"");
   // Checked before Abseil's parser, which would print its own report and exit 1.
-  ExpectBadFlag(TRAIN_MNIST, "--epoch=3", "train_mnist: error: unknown flag --epoch (see --help)");
+  ExpectBadFlag(TRAIN_MNIST, "--epoch=3",
+                "train_mnist: error: unknown flag --epoch; did you mean --epochs? (see --help)");
+  ExpectBadFlag(TRAIN_LINEAR, "--optimiser=sgd",
+                "train_linear: error: unknown flag --optimiser; did you mean --optimizer?");
+  // Nothing within edit distance 2: no guess.
+  ExpectBadFlag(TRAIN_MNIST, "--learning_rate=0.1",
+                "train_mnist: error: unknown flag --learning_rate (see --help)");
   // --undefok names pass to Abseil, which accepts them: the run goes on to the next error.
   ExpectBadFlag(TRAIN_MNIST, "--undefok=epoch --epoch=3 --optimizer=rmsprop",
                 "--optimizer \"rmsprop\": unknown optimizer");
@@ -541,6 +558,44 @@ TEST(TrainMnist, CorruptCheckpointIsOneLineNamingTheRank) {
   const std::string last = r.lines().back();
   EXPECT_EQ(last.rfind("train_mnist: error: rank ", 0), 0u) << last;
   EXPECT_NE(last.find(dir + "/epoch-3.ckpt"), std::string::npos) << last;
+}
+
+// What a program prints to stdout and its exit status (stderr dropped).
+RunResult RunStdout(const std::string& program, const std::string& args) {
+  return RunProgram(program, args + " 2>/dev/null");
+}
+
+// --help is an answer, not an error: it goes to stdout and exits 0, for every
+// program, whatever else is on the line; an unknown flag exits 2 everywhere.
+TEST(Help, ExitsZeroOnStdoutAndUnknownFlagsExitTwo) {
+  std::vector<std::pair<std::string, std::string>> programs = {
+      {TRAIN_MNIST, "train_mnist"}, {TRAIN_CIFAR10, "train_cifar10"},
+      {TRAIN_LINEAR, "train_linear"}};
+#ifdef QUICKSTART_LINEAR
+  programs.emplace_back(QUICKSTART_LINEAR, "quickstart_linear");
+#endif
+#ifdef DDP_REGRESSION
+  programs.emplace_back(DDP_REGRESSION, "ddp_regression");
+#endif
+#ifdef COMM_BENCH
+  programs.emplace_back(COMM_BENCH, "comm_bench");
+#endif
+#ifdef TANDEM_DDP_BENCH
+  programs.emplace_back(TANDEM_DDP_BENCH, "tandem_ddp_bench");
+#endif
+#ifdef TANDEM_BENCH
+  programs.emplace_back(TANDEM_BENCH, "tandem_bench");
+#endif
+  for (const auto& [program, name] : programs) {
+    SCOPED_TRACE(name);
+    for (const char* args : {"--help", "--helpshort", "--epochs=3 --help"}) {
+      RunResult help = RunStdout(program, args);
+      EXPECT_EQ(help.status, 0) << args << "\n" << help.output;
+      EXPECT_EQ(help.output.rfind(name + ": ", 0), 0u) << args << "\n" << help.output;
+    }
+    ExpectBadFlag(program.c_str(), "--no_such_flag_here",
+                  name + ": error: unknown flag --no_such_flag_here");
+  }
 }
 
 TEST(TrainMnist, HelpExplainsTheFlags) {

@@ -15,7 +15,7 @@ cmake --build "$build" -j"$(nproc)" --target mnist_fuzz cifar_fuzz checkpoint_fu
   safetensors_fuzz
 
 # Seeds: a small valid IDX pair (raw and gzip), a CIFAR record, a checkpoint,
-# safetensors files (several dtypes and shapes, with metadata; an empty one).
+# safetensors files (several dtypes and shapes, with metadata; an empty one; escapes).
 corpus="$build/fuzz-corpus"
 mkdir -p "$corpus/mnist" "$corpus/cifar" "$corpus/checkpoint" "$corpus/safetensors"
 python3 - "$corpus" <<'PY'
@@ -38,6 +38,10 @@ open(f"{c}/safetensors/tensors", "wb").write(safetensors(
     '"b":{"dtype":"BF16","shape":[1],"data_offsets":[30,32]},'
     '"e":{"dtype":"F64","shape":[0,4],"data_offsets":[32,32]}}', bytes(range(32))))
 open(f"{c}/safetensors/empty", "wb").write(safetensors("{}", b""))
+# Escapes in names and strings (a newline, a bell, non-ASCII): messages must stay one line.
+open(f"{c}/safetensors/escapes", "wb").write(safetensors(
+    '{"__metadata__":{"k\\n":"v\\u0007"},"t\\n\\u00e9":{"dtype":"F\\r32","shape":[1],'
+    '"data_offsets":[0,4],"x\\ny":1}}', bytes(4)))
 PY
 status=0
 for target in mnist cifar checkpoint safetensors; do

@@ -10,13 +10,15 @@
 #include "absl/strings/string_view.h"
 
 #include "nn/safetensors.h"
+#include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<tandem::nn::SafetensorsFile> file =
       tandem::nn::ParseSafetensors(bytes, "fuzz.safetensors");
   if (!file.ok()) {
-    // The contract of the errors: DataLoss, one line, naming the file first.
+    // The contract of the errors: DataLoss, one printable line, naming the file first.
+    tandem::fuzz::AbortUnlessOneLinePrintable(file.status());
     const absl::string_view message = file.status().message();
     if (file.status().code() != absl::StatusCode::kDataLoss ||
         message.substr(0, 29) != "safetensors fuzz.safetensors:" ||

@@ -7,6 +7,8 @@
 #   testing  configures, builds and runs testing_consumer/: a user's GoogleTest
 #            tests of a training function through tandem::testing_gtest.
 #   headers  configures and builds headers/: every installed header compiled alone.
+#   programs runs the installed bin/train_linear (--help, then two CPU ranks for two
+#            steps) from the prefix, as a user who put its bin/ on PATH would.
 # Inputs: STEP, BUILD_DIR (the tandem build), WORK_DIR (this test's scratch folder),
 # CONFIG, GENERATOR, CXX_COMPILER, CXX_LAUNCHER (may be empty), INCLUDEDIR; and the
 # search hints the build was given (CUDAToolkit_ROOT, CUDNN_ROOT, NCCL_ROOT, DNNL_ROOT,
@@ -96,6 +98,18 @@ elseif(STEP STREQUAL "testing")
 elseif(STEP STREQUAL "headers")
   build_outside("${CMAKE_CURRENT_LIST_DIR}/headers" "${WORK_DIR}/headers"
                 "-DTANDEM_HEADERS_FILE=${headers_list}")
+elseif(STEP STREQUAL "programs")
+  set(program "${prefix}/bin/train_linear")
+  if(NOT EXISTS "${program}")
+    message(FATAL_ERROR "no ${program}: the programs are not installed")
+  endif()
+  run("${program}" --help)
+  execute_process(COMMAND "${program}" --gpus=cpu --nprocs=2 --steps=2
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "step:1 loss:")
+    message(FATAL_ERROR "installed train_linear failed (${rc}):\n${out}\n${err}")
+  endif()
 else()
-  message(FATAL_ERROR "STEP must be install, example, testing or headers, not '${STEP}'")
+  message(FATAL_ERROR
+          "STEP must be install, example, testing, headers or programs, not '${STEP}'")
 endif()

@@ -107,7 +107,10 @@ TEST(ConvTest, SamePaddingStrideOneMatchesNaiveLoop) {
       ASSERT_EQ(got.size(), want.size()) << ShapeToString(y.shape());
       for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << i;
     }
-    EXPECT_TRUE(GradCheck([&](const auto& in) { return conv2d(in[0], in[1], in[2], p); },
+    // p by name: clang before 16 cannot capture a structured binding.
+    EXPECT_TRUE(GradCheck([&, &params = p](const auto& in) {
+                  return conv2d(in[0], in[1], in[2], params);
+                },
                           {RandomInput({2, 2, 7, 6}), RandomInput(Shape(w_shape.begin(), w_shape.end())),
                            RandomInput({4})}))
         << "padding " << p.padding[0] << "," << p.padding[1];
@@ -308,7 +311,10 @@ TEST(ConvTest, ShapeErrorsNameOpAndShapes) {
 TEST(ConvGradTest, EveryInputAcrossVariants) {
   manual_seed(13);
   for (const Conv2dParams& p : Variants()) {
-    EXPECT_TRUE(GradCheck([&](const auto& in) { return conv2d(in[0], in[1], in[2], p); },
+    // p by name: clang before 16 cannot capture a structured binding.
+    EXPECT_TRUE(GradCheck([&, &params = p](const auto& in) {
+                  return conv2d(in[0], in[1], in[2], params);
+                },
                           {RandomInput({2, 2, 6, 5}), RandomInput({3, 2, 3, 2}), RandomInput({3})}))
         << "stride " << p.stride[0] << "," << p.stride[1] << " padding " << p.padding[0] << ","
         << p.padding[1] << " dilation " << p.dilation[0] << "," << p.dilation[1];

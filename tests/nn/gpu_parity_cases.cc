@@ -31,6 +31,7 @@
 #include "nn/ops/conv.h"
 #include "nn/ops/dropout.h"
 #include "nn/ops/elementwise.h"
+#include "nn/ops/join.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"
@@ -435,6 +436,22 @@ void AddDropoutNormLossRows(Rows& rows) {
                   .tol = Exact(), .mode = Mode::kForward});
 }
 
+// cat / stack: copies and an index_select gather (the backward an index_add
+// without repeated indices): exact on both devices.
+void AddJoinRows(Rows& rows) {
+  for (DType dt : kFloats) {
+    rows.push_back({.op = "cat", .attrs = "dim 0", .dtype = dt,
+                    .inputs = {Randn({3, 5}), Randn({1, 5}), Randn({4, 5})},
+                    .f = [](Ins in) { return cat(in, 0); }, .tol = Exact()});
+    rows.push_back({.op = "cat", .attrs = "middle dim", .dtype = dt,
+                    .inputs = {Randn({4, 3, 7}), Randn({4, 1, 7}), Randn({4, 2, 7})},
+                    .f = [](Ins in) { return cat(in, 1); }, .tol = Exact()});
+    rows.push_back({.op = "stack", .attrs = "last dim", .dtype = dt,
+                    .inputs = {Randn({6, 5}), Randn({6, 5})},
+                    .f = [](Ins in) { return stack(in, -1); }, .tol = Exact()});
+  }
+}
+
 }  // namespace
 
 std::vector<ParityCase> ParityCases() {
@@ -447,6 +464,7 @@ std::vector<ParityCase> ParityCases() {
   AddBf16AccumulationRows(rows);
   AddReduceSoftmaxRows(rows);
   AddDropoutNormLossRows(rows);
+  AddJoinRows(rows);
   // A seed from what the row is (FNV-1a of its name), not its position: adding a row
   // leaves the other rows' inputs as they were.
   for (ParityCase& row : rows) {

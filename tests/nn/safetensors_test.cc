@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/random.h"
@@ -300,6 +301,40 @@ TEST(SafetensorsTest, MalformedFilesGiveOneClearError) {
   }
   // The well-formed control of these cases parses.
   EXPECT_TRUE(ParseSafetensors(FileOf(ok, f32x2), "ok").ok());
+}
+
+// Names and strings from a damaged header reach the message escaped: one line,
+// printable ASCII, whatever the JSON escapes decoded to (a newline, a bell, bytes
+// that are not UTF-8).
+TEST(SafetensorsTest, NamesFromTheFileAreEscapedInMessages) {
+  const std::string f32x2(8, '\0');
+  struct Case {
+    std::string bytes;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {FileOf(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x\nERROR: y":1}})",
+              f32x2),
+       "tensor 't' has an unknown field 'x\\nERROR: y'"},
+      {FileOf(R"({"t\u0007\r\u00e9":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"z":1}})",
+              f32x2),
+       "tensor 't\\x07\\r\\xc3\\xa9' has an unknown field 'z'"},
+      {FileOf(R"({"__metadata__":{"k\n":1}})", ""), "\"__metadata__\" entry 'k\\n' is JSON"},
+      {FileOf(R"({"t":{"dtype":"F\n32\u00e9","shape":[2],"data_offsets":[0,8]}})", f32x2),
+       "tensor 't' has dtype \"F\\n32\\u00e9\", which tandem does not support"},
+      // Bytes that are not UTF-8: the JSON parser's own message quotes them.
+      {FileOf("{\"t\xff\n\":{}}", f32x2), "header is not valid JSON: "},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<SafetensorsFile> file = ParseSafetensors(c.bytes, "bad.safetensors");
+    ASSERT_FALSE(file.ok()) << c.expected;
+    const std::string message(file.status().message());
+    EXPECT_NE(message.find(c.expected), std::string::npos) << message << "\n  wanted: " << c.expected;
+    for (const char ch : message) {
+      EXPECT_TRUE(ch >= 0x20 && ch <= 0x7e) << "byte " << int{static_cast<unsigned char>(ch)}
+                                            << " in " << absl::CHexEscape(message);
+    }
+  }
 }
 
 TEST(SafetensorsTest, FileErrorsNameThePath) {

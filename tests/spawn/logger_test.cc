@@ -6,20 +6,49 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace tandem::dist {
 namespace {
 
-TEST(FormatTest, ReplacesHolesInOrder) {
+TEST(FormatTest, FormatsWithFmtSpecs) {
   EXPECT_EQ(Format("step:{} loss:{}", 3, 0.5), "step:3 loss:0.5");
   EXPECT_EQ(Format("{} on {}", std::string("rank"), nn::Device::CUDA(2)), "rank on cuda:2");
   EXPECT_EQ(Format("{}{}", "a", std::string_view("b")), "ab");
+  EXPECT_EQ(Format("{}{}", absl::string_view("c"), absl::InvalidArgumentError("x")),
+            "cINVALID_ARGUMENT: x");
   EXPECT_EQ(Format("flag {}", true), "flag true");
-  EXPECT_EQ(Format("only {} and {}", 1), "only 1 and {}");  // surplus holes stay
-  EXPECT_EQ(Format("values", 1, 2), "values 1 2");          // surplus args appended
+  EXPECT_EQ(Format("loss {:.6f}", 2.770581234), "loss 2.770581");
+  EXPECT_EQ(Format("[{:>6}] [{:<4}] [{:04d}] [{:x}]", "ab", 7, 42, 255),
+            "[    ab] [7   ] [0042] [ff]");
+  EXPECT_EQ(Format("{1} before {0}", "a", "b"), "b before a");
+  EXPECT_EQ(Format("[{:>6}]", nn::Device::CPU()), "[   cpu]");
   EXPECT_EQ(Format("no holes"), "no holes");
+}
+
+TEST(FormatTest, BadRuntimeFormatThrowsFromFormat) {
+  const std::string bad = "loss {:.q}";
+  EXPECT_THROW(Format(fmt::runtime(bad), 1.0), fmt::format_error);
+  EXPECT_THROW(Format(fmt::runtime("{} {}"), 1), fmt::format_error);  // too few arguments
+}
+
+// A format fmt rejects at run time is reported, on one line, instead of thrown
+// into the training code.
+TEST(LoggerTest, BadRuntimeFormatBecomesAnErrorLine) {
+  std::ostringstream console;
+  auto logger = Logger::Create(1, {.console = &console});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  const RankLogger log = (*logger)->ForRank(0, nn::Device::CPU());
+  const std::string bad = "loss {:.q}\n";
+  EXPECT_NO_THROW(log.Info(fmt::runtime(bad), 2.5));
+  log.Info(fmt::runtime(std::string("ok {:.2f}")), 2.5);
+  const std::vector<std::string> lines = absl::StrSplit(console.str(), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << console.str();
+  EXPECT_NE(lines[0].find("] ERROR: bad log format \"loss {:.q}\\n\": "), std::string::npos)
+      << lines[0];
+  EXPECT_TRUE(absl::EndsWith(lines[1], "] ok 2.50")) << lines[1];
 }
 
 // 4 threads write long lines at once; each console line must be one whole line

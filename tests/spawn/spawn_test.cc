@@ -105,6 +105,39 @@ TEST_F(SpawnTest, AllVisibleDevicesMeansCpuWithoutGpus) {
   EXPECT_TRUE(Logged("no GPU is visible: running on CPU ranks"));
 }
 
+// spawn's start is one line by default (world size, processes, devices,
+// communicator); SpawnOptions::verbose, and a failed run, print the whole table.
+TEST_F(SpawnTest, BannerIsOneLineUnlessVerboseOrFailed) {
+  auto spawn_lines = [&] {
+    int count = 0;
+    std::istringstream in(console_.str());
+    for (std::string line; std::getline(in, line);) count += line.find(" spawn] ") != std::string::npos;
+    return count;
+  };
+  ASSERT_TRUE(spawn([](Context&) {}, 3, "cpu", options_).ok());
+  EXPECT_TRUE(Logged("spawn] distributed environment: world_size 3, 1 process, ranks here on "
+                     "cpu x3, in-process (CPU ranks)\n"))
+      << console_.str();
+  EXPECT_EQ(spawn_lines(), 2) << console_.str();  // the banner and "all ranks finished"
+  EXPECT_FALSE(Logged("rank 2           cpu")) << console_.str();
+
+  console_.str("");
+  SpawnOptions verbose = options_;
+  verbose.verbose = true;
+  ASSERT_TRUE(spawn([](Context&) {}, 3, "cpu", verbose).ok());
+  EXPECT_TRUE(Logged("spawn]   rank 2           cpu\n")) << console_.str();
+  EXPECT_TRUE(Logged("spawn]   timeout_s        ")) << console_.str();
+
+  console_.str("");
+  absl::Status failed = spawn(
+      [](Context& ctx) {
+        if (ctx.rank() == 1) throw tandem::Error("boom");
+      },
+      2, "cpu", options_);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_TRUE(Logged("spawn]   rank 1           cpu\n")) << console_.str();
+}
+
 TEST_F(SpawnTest, ReturnsEachRanksValue) {
   auto values = spawn(
       [](Context& ctx) {

@@ -36,7 +36,11 @@ class ReduceScatterAsyncTest
 };
 
 TEST_P(ReduceScatterAsyncTest, SameBitsAsReduceScatterOutOfPlaceAndInPlace) {
-  const auto [ranks, dtype, op] = GetParam();
+  // Named, not structured bindings: the lambda below captures them (clang before
+  // 16 cannot capture a structured binding).
+  const int ranks = std::get<0>(GetParam());
+  const nn::DType dtype = std::get<1>(GetParam());
+  const ReduceOp op = std::get<2>(GetParam());
   // 4 KB and more per rank: past the staging buffers, so both paths run.
   for (const int64_t per_rank : {int64_t{3}, int64_t{1500}}) {
     auto result = spawn(

@@ -72,7 +72,11 @@ class GradAccumTest : public ::testing::TestWithParam<std::tuple<int, int, bool>
 };
 
 TEST_P(GradAccumTest, KMicroBatchesOfBStepLikeOneBatchOfKB) {
-  const auto [ranks, k, adam] = GetParam();
+  // Named, not structured bindings: the lambdas capture them (clang before 16
+  // cannot capture a structured binding).
+  const auto ranks = std::get<0>(GetParam());
+  const auto k = std::get<1>(GetParam());
+  const auto adam = std::get<2>(GetParam());
   constexpr int64_t kPerMicro = 3;
   constexpr int kSteps = 4;
   auto accumulated = spawn(

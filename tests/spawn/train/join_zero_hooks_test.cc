@@ -58,7 +58,11 @@ TEST_F(JoinZeroHooksTest, ZeroInsideJoinTrainsAsOneRankWithThePlainOptimizer) {
     std::string optimizer;
     double clip;
   };
-  for (const auto& [optimizer, clip] : {Case{"momentum", 0}, Case{"adam", 0}, Case{"adam", 0.05}}) {
+  for (const Case& c : {Case{"momentum", 0}, Case{"adam", 0}, Case{"adam", 0.05}}) {
+    // Named, not structured bindings: the lambdas capture them (clang before 16
+    // cannot capture a structured binding).
+    const std::string& optimizer = c.optimizer;
+    const double clip = c.clip;
     auto one = spawn([&](Context& ctx) {
       return TrainJoin<PlainNet>(ctx, kWorld,
                                  {.one_rank = true, .optimizer = optimizer, .clip = clip});
