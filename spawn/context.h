@@ -23,6 +23,7 @@
 #include "nn/tensor.h"
 #include "spawn/comm/communicator.h"
 #include "spawn/logger.h"
+#include "spawn/restart.h"
 
 namespace tandem::dist {
 
@@ -86,6 +87,15 @@ class Context {
   TraceRecorder* trace() const { return trace_; }
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
+  // Restarts (SpawnOptions::restart, spawn/restart.h): which call of the
+  // function on this rank this is (0: the first; n: after n restarts), the
+  // run's snapshots and the step this attempt resumes from.
+  // dist::RestoreSnapshot (spawn/train/checkpoint.h) reads them for you.
+  int attempt() const { return attempt_.attempt; }
+  const AttemptInfo& attempt_info() const { return attempt_; }
+  // Set by spawn before the function runs.
+  void set_attempt_info(const AttemptInfo& info) { attempt_ = info; }
+
   // This rank's flight recorder (spawn/comm/flight_recorder.h): its last
   // SpawnOptions::flight_recorder_entries collectives, one line each after a
   // heading, each "flight recorder: rank R (device) #N op dtype[count] state: ...".
@@ -121,6 +131,7 @@ class Context {
   Placement placement_;
   internal::StepAgreement* agreement_;
   TraceRecorder* trace_ = nullptr;
+  AttemptInfo attempt_;
 };
 
 // The Context of the calling rank thread. Throws tandem::Error when called from a

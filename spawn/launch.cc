@@ -22,6 +22,7 @@
 #include "spawn/signals.h"
 #include "spawn/internal/watchdog.h"
 #include "spawn/internal/process_world.h"
+#include "spawn/internal/restart.h"
 #include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
 #include "spawn/comm/nccl/nccl.h"
@@ -246,6 +247,7 @@ absl::Status ValidateOptions(const SpawnOptions& options) {
         "SpawnOptions::timeout_s must be positive and at most ", kMaxTimeoutS,
         " s (finite: the watchdog counts in int64 nanoseconds), not ", options.timeout_s));
   }
+  RETURN_IF_ERROR(CheckRestartPolicy(options.restart, options.processes, DetectLaunch()));
   if (options.flight_recorder_entries < 0 || options.flight_recorder_entries > (1 << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat("SpawnOptions::flight_recorder_entries must be in [0, 1048576], not ",
@@ -553,31 +555,52 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   std::shared_ptr<InProcessGroup> group = std::move(parts.group);
 
   on_world_size(world);
-  Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
-  run.SetFlightRecorderEntries(options.flight_recorder_entries);
   SigintScope sigint(options.handle_sigint, hooks.exit_process);
   // The graceful stop (stop_signals): the ranks agree on the step at which they
   // stop; across processes through the communication thread's rounds
   // (spawn/signals.h), so a signal to any one process stops the whole job.
   StopSignalScope stop_signals(options.stop_signals);
-  StepAgreement agreement(world,
-                          options.stop_signal_source != nullptr ? options.stop_signal_source
-                                                                : &stop_signals,
-                          options.stop_grace_s, /*cross_process=*/procs != nullptr);
+  const StopSignalScope* signal_source =
+      options.stop_signal_source != nullptr ? options.stop_signal_source : &stop_signals;
   const uint64_t sigint_at_start = g_sigint_count.load();
 
-  const RankThreadEnv env{.devices = devices,
-                          .options = options,
-                          .comms = comms,
-                          .logger = *logger,
-                          .procs = procs.get(),
-                          .run = run,
-                          .agreement = agreement,
-                          .body = body,
-                          .rank_offset = rank_offset,
-                          .global_world = procs ? procs->world_size() : world};
-  RunRanksUnderWatch(env, hooks, sigint_at_start);
-  absl::Status status = FinishRun(run, agreement, procs.get(), comms, *logger);
+  // One attempt: a watchdog and a step agreement of its own over `comms`,
+  // which FinishRun destroys. Without restarts the run is one attempt.
+  auto run_attempt = [&](const std::function<absl::Status(Context&)>& attempt_body) {
+    Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
+    run.SetFlightRecorderEntries(options.flight_recorder_entries);
+    StepAgreement agreement(world, signal_source, options.stop_grace_s,
+                            /*cross_process=*/procs != nullptr);
+    const RankThreadEnv env{.devices = devices,
+                            .options = options,
+                            .comms = comms,
+                            .logger = *logger,
+                            .procs = procs.get(),
+                            .run = run,
+                            .agreement = agreement,
+                            .body = attempt_body,
+                            .rank_offset = rank_offset,
+                            .global_world = procs ? procs->world_size() : world};
+    RunRanksUnderWatch(env, hooks, sigint_at_start);
+    return FinishRun(run, agreement, procs.get(), comms, *logger);
+  };
+  // Restarts run in one process only (CheckRestartPolicy): procs is null there.
+  absl::Status status = RunWithRestarts(
+      {.policy = options.restart,
+       .world_size = world,
+       .timeout_s = options.timeout_s,
+       .logger = *logger,
+       .body = body,
+       .run_attempt = run_attempt,
+       .rebuild =
+           [&] {
+             ASSIGN_OR_RETURN(comms, MakeCommunicators(devices, procs.get(), hooks, &group));
+             return absl::OkStatus();
+           },
+       .stop_asked =
+           [&] {
+             return g_sigint_count.load() != sigint_at_start || signal_source->Received() != 0;
+           }});
   // A failure's report carries the whole environment table (the start printed one line).
   if (!status.ok() && !IsStopped(status) && !options.verbose) {
     LogEnvironmentTable(*logger, parts.environment);

@@ -49,6 +49,11 @@
 // saved, see spawn/signals.h and spawn/train/checkpoint_manager.h; across processes
 // (mpirun, srun) a stop signal sent to any one process stops every process.
 //
+// Restarts (SpawnOptions::restart, spawn/restart.h): a failure that the policy
+// restarts stops the run as above, then spawn joins every rank thread, rebuilds
+// the communicators and calls fn again on every rank (Context::attempt() says
+// which call), up to max_restarts times; each restart logs one line.
+//
 // Thread-safety: spawn may be called from any thread; runs may not nest inside a
 // rank thread.
 #ifndef TANDEM_SPAWN_LAUNCH_H_
@@ -72,6 +77,7 @@
 #include "spawn/context.h"
 #include "spawn/devices.h"
 #include "spawn/logger.h"
+#include "spawn/restart.h"
 #include "spawn/signals.h"
 
 namespace tandem::dist {
@@ -149,6 +155,10 @@ struct SpawnOptions {
   // the value, the hosts and the processes. timeout_s, seed, share_devices and the
   // tandem build are always compared. Ignored in a single-process run.
   std::vector<std::pair<std::string, std::string>> must_agree;
+  // Restart the function on every rank after a failure, in this process
+  // (spawn/restart.h: which failures, what each attempt keeps, snapshots).
+  // Default: no restart. Refused in a job of several processes.
+  RestartPolicy restart;
 };
 
 // MPI settings spawn applies before it initializes MPI itself (tuning of

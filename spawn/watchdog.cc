@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spawn/internal/restart.h"
 
 namespace tandem::dist::internal {
 
@@ -115,8 +116,12 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
   std::unique_lock<std::mutex> lock(mutex_);
   while (!joined_ || (stop_.stop_requested() && !aborted_) ||
          (!stop_.stop_requested() && AnyCollectiveInFlight())) {
-    // Woken at once by the first failure (Fail notifies) and by the aborter.
-    cv_.wait_for(lock, poll, [&] { return stop_.stop_requested() && !aborter_.joinable(); });
+    // Woken at once by the first failure (Fail notifies) and by the aborter,
+    // and by the joins when nothing is left to wait for (a restart follows at once).
+    cv_.wait_for(lock, poll, [&] {
+      return (stop_.stop_requested() && !aborter_.joinable()) ||
+             (joined_ && (aborted_ || (!stop_.stop_requested() && !AnyCollectiveInFlight())));
+    });
     const bool aborted = aborted_;  // the aborter thread writes it
     lock.unlock();
     if (sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
@@ -166,8 +171,9 @@ void Watchdog::PollAsyncErrors() {
     absl::Status error = (*comms_)[r]->PollAsyncError();
     if (!error.ok()) {
       Fail(static_cast<int>(r),
-           absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)), ": ",
-                                                   error.message())),
+           WithFailureCause(absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)),
+                                                                    ": ", error.message())),
+                            FailureCause::kCommunicator),
            false);
       return;
     }
@@ -335,7 +341,7 @@ void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
     }
     absl::StrAppend(&text, ";", describe_remote_(waiting_for));
   }
-  Fail(-1, absl::DeadlineExceededError(text), false);
+  Fail(-1, WithFailureCause(absl::DeadlineExceededError(text), FailureCause::kTimeout), false);
 }
 
 }  // namespace tandem::dist::internal

@@ -259,6 +259,11 @@ absl::Status FaultPlan::AsyncError(int rank) const {
 
 absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> FaultPlan::Wrap(
     std::vector<std::unique_ptr<dist::Communicator>> communicators) {
+  {
+    // New communicators (a restart rebuilds them): no error reported yet.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (absl::Status& error : async_error_) error = absl::OkStatus();
+  }
   std::vector<std::unique_ptr<dist::Communicator>> wrapped;
   for (auto& comm : communicators) {
     wrapped.push_back(std::make_unique<FaultyCommunicator>(std::move(comm), this));

@@ -1,5 +1,6 @@
 #include "testing/run.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <sstream>
@@ -83,14 +84,26 @@ absl::Status RunRanks(const TrainingFunction& fn, const RunOptions& options, Run
     };
   }
   std::vector<RankRecord> records;
+  std::vector<int> attempts;  // per rank
   std::optional<ScopedDeterminism> determinism;
   if (options.deterministic) determinism.emplace();
   const auto start = std::chrono::steady_clock::now();
   absl::Status status = dist::RunSpawnWithHooks(
       options.gpus, options.ranks, spawn, hooks,
-      [&records](int local_ranks) { records.resize(local_ranks); },
+      [&](int local_ranks) {
+        records.resize(local_ranks);
+        attempts.assign(local_ranks, 1);
+      },
       [&](dist::Context& ctx) -> absl::Status {
-        StepLog log(ctx, &records[ctx.local_rank()], &plan, options.record_parameters);
+        RankRecord& record = records[ctx.local_rank()];
+        if (ctx.attempt() > 0) {
+          // A restart: the steps after the one resumed from are run again.
+          const auto kept = static_cast<size_t>(ctx.attempt_info().resume_step.value_or(0));
+          if (record.losses.size() > kept) record.losses.resize(kept);
+          if (record.parameters.size() > kept) record.parameters.resize(kept);
+          attempts[ctx.local_rank()] = ctx.attempt() + 1;
+        }
+        StepLog log(ctx, &record, &plan, options.record_parameters);
         return fn(ctx, log);
       });
   if (report != nullptr) {
@@ -98,6 +111,7 @@ absl::Status RunRanks(const TrainingFunction& fn, const RunOptions& options, Run
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     report->ranks = std::move(records);
     report->faults = plan.events();
+    report->attempts = attempts.empty() ? 0 : *std::max_element(attempts.begin(), attempts.end());
     report->log = captured.str();
   }
   return status;

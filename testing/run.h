@@ -18,6 +18,13 @@
 //   testing::RunReport report;
 //   absl::Status s = testing::RunRanks(Train, {.ranks = 2}, &report);
 //
+// Restarts (spawn.restart, spawn/restart.h): on each attempt after the first
+// a rank's record is cut back to the step the attempt resumes from (the
+// snapshot's step, 0 without one), so that StepLog's step numbers stay the
+// training's own and the final record reads as one run's. Faults fire once
+// in the whole run; a collective's asynchronous error (kReturnError) belongs to
+// the communicator it was reported by, and the rebuilt ones start clean.
+//
 // Errors: RunRanks returns InvalidArgument for bad options (naming the value) and
 // otherwise exactly what spawn returns for the run: the first failure, naming
 // the rank (spawn/launch.h).
@@ -140,6 +147,9 @@ struct RunReport {
   std::vector<RankRecord> ranks;  // by local rank
   std::vector<FaultEvent> faults;  // those that fired, in firing order
   double seconds = 0;              // spawn's call, from start to return
+  // Calls of the function per rank: 1 + restarts (SpawnOptions::restart); 0
+  // when the run ended before its ranks were set up (a bad option, start-up).
+  int attempts = 0;
   std::string log;                 // the run's log when RunOptions::spawn.console was null
 };
 

@@ -492,4 +492,70 @@ absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, Train
   return AgreeOnOutcome(ctx, status);
 }
 
+// --- In-memory snapshots for restarts ------------------------------------------
+namespace {
+
+std::string SnapshotName(const Context& ctx, int64_t step) {
+  return absl::StrCat("snapshot of step ", step, " (rank ", ctx.rank(), ")");
+}
+
+// The bytes a snapshot of `state` takes, about (its tensors).
+int64_t TensorBytes(const TrainingState& state) {
+  int64_t bytes = 0;
+  if (state.model != nullptr) {
+    for (const auto& [name, tensor] : state.model->state_dict()) bytes += tensor.nbytes();
+  }
+  if (state.optimizer != nullptr) {
+    for (const auto& [name, tensor] : state.optimizer->state_dict().tensors) bytes += tensor.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status SaveSnapshot(Context& ctx, const TrainingState& state) {
+  SnapshotStore* store = ctx.attempt_info().snapshots;
+  if (store == nullptr) return absl::OkStatus();  // the run cannot restart: nothing to keep
+  if (state.step == nullptr) {
+    return absl::InvalidArgumentError(
+        "SaveSnapshot: TrainingState::step is null (a snapshot is the state at a step)");
+  }
+  const std::string name = SnapshotName(ctx, *state.step);
+  // This rank's generator only, in its row of the file's table.
+  std::vector<int64_t> generators(3 * static_cast<size_t>(ctx.world_size()), 0);
+  const std::vector<int64_t> mine = GeneratorWords();
+  std::copy(mine.begin(), mine.end(), generators.begin() + 3 * ctx.rank());
+  std::string bytes;
+  try {
+    ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(name, state, ctx.world_size(), generators));
+    bytes = nn::SerializeCheckpoint(ck);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name, ": about ", TensorBytes(state), " bytes could not be allocated in host memory"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(name, ": ", e.what()));
+  }
+  return store->Put(ctx.local_rank(), *state.step, std::move(bytes));
+}
+
+absl::StatusOr<bool> RestoreSnapshot(Context& ctx, TrainingState& state) {
+  const AttemptInfo& info = ctx.attempt_info();
+  if (info.snapshots == nullptr || !info.resume_step.has_value()) return false;
+  const std::string name = SnapshotName(ctx, *info.resume_step);
+  const std::shared_ptr<const std::string> bytes =
+      info.snapshots->Get(ctx.local_rank(), *info.resume_step);
+  if (bytes == nullptr) {
+    return absl::InternalError(absl::StrCat(name, ": not in the run's snapshots"));
+  }
+  absl::Status status;
+  try {
+    status = LoadLocal(ctx, name, state, {.require_same_world_size = true},
+                       nn::ParseCheckpoint(*bytes, name));
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(name, ": ", e.what()));
+  }
+  RETURN_IF_ERROR(status);
+  return true;
+}
+
 }  // namespace tandem::dist

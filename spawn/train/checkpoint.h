@@ -140,6 +140,33 @@ std::string BroadcastString(Context& ctx, const std::string& value);
 absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
                                     const LoadOptions& options = {});
 
+// In-memory snapshots for restarts (SpawnOptions::restart, spawn/restart.h).
+// The same entries as a checkpoint file, but this rank's own state only (its
+// generator included), kept as bytes in the run's host memory: no collective,
+// no file. Every rank calls SaveSnapshot at the same steps (every K steps);
+// on a later attempt every rank calls RestoreSnapshot once its objects exist.
+//
+//   int64_t step = 0;
+//   dist::TrainingState state{.model = &net, .optimizer = &sgd, .loader = &loader, .step = &step};
+//   ASSIGN_OR_RETURN(bool restored, dist::RestoreSnapshot(ctx, state));  // attempt > 0
+//   for (; step < steps;) {
+//     ...; ++step;
+//     if (step % K == 0) RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
+//   }
+//
+// SaveSnapshot: `state` at step *state.step (step must not be null) into the
+// run's store; OK at once, storing nothing, in a run that cannot restart
+// (max_restarts == 0, or not under spawn). ResourceExhausted naming the size
+// when the snapshot cannot be allocated or exceeds
+// RestartPolicy::max_snapshot_bytes; the other errors as Save's.
+// RestoreSnapshot: on an attempt after a restart, loads the snapshot of the
+// step every rank resumes from (AttemptInfo::resume_step) into `state`'s
+// objects (the step, the sampler position and this rank's generator included)
+// and returns true; false, loading nothing, on the first attempt or when no
+// step was stored by every rank (start from scratch). Errors as Load's.
+absl::Status SaveSnapshot(Context& ctx, const TrainingState& state);
+absl::StatusOr<bool> RestoreSnapshot(Context& ctx, TrainingState& state);
+
 // extra[key] as T (std::string, int64_t or double). NotFound / InvalidArgument
 // naming `path` (the file it came from) and the key.
 template <typename T>

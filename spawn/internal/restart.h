@@ -1,0 +1,56 @@
+// The restart loop of spawn (internal to spawn/; the contract is in
+// spawn/restart.h): runs attempts of the training function until one ends
+// without a failure that the policy restarts, or the restarts are used up.
+// spawn/launch.cc hands it how to run one attempt and how to rebuild the
+// communicators; the watchdog marks its own failures with their cause.
+#ifndef TANDEM_SPAWN_INTERNAL_RESTART_H_
+#define TANDEM_SPAWN_INTERNAL_RESTART_H_
+
+#include <functional>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "spawn/context.h"
+#include "spawn/launch.h"
+#include "spawn/logger.h"
+#include "spawn/restart.h"
+
+namespace tandem::dist::internal {
+
+// Where a run's first failure came from, when the watchdog found it (a status
+// payload, removed before spawn returns). A failure without one came from a
+// rank's function, or from spawn itself.
+enum class FailureCause { kCommunicator, kTimeout };
+absl::Status WithFailureCause(absl::Status status, FailureCause cause);
+std::optional<FailureCause> GetFailureCause(const absl::Status& status);
+
+// The policy's own checks: InvalidArgument for a negative max_restarts;
+// FailedPrecondition for max_restarts > 0 in a run that joins other processes
+// (Processes::kOn, or kAuto under a launcher that started several).
+absl::Status CheckRestartPolicy(const RestartPolicy& policy, Processes processes,
+                                const LaunchInfo& launch);
+
+// What spawn's run gives the loop. Every function is called on spawn's thread.
+struct RestartRun {
+  const RestartPolicy& policy;
+  int world_size;  // this process's ranks
+  double timeout_s;
+  Logger& logger;
+  const std::function<absl::Status(Context&)>& body;
+  // One attempt of `body` on every rank, over the current communicators (the
+  // first attempt's come from start-up); returns the attempt's outcome once
+  // every rank thread has been joined and the communicators destroyed.
+  std::function<absl::Status(const std::function<absl::Status(Context&)>& body)> run_attempt;
+  // Makes new communicators before an attempt after the first.
+  std::function<absl::Status()> rebuild;
+  // True when Ctrl-C or a stop signal arrived since the run began.
+  std::function<bool()> stop_asked;
+};
+
+// Runs attempts (see spawn/restart.h) and returns the run's outcome, without
+// the cause payloads.
+absl::Status RunWithRestarts(const RestartRun& run);
+
+}  // namespace tandem::dist::internal
+
+#endif  // TANDEM_SPAWN_INTERNAL_RESTART_H_

@@ -1,0 +1,296 @@
+// The restart loop (spawn/internal/restart.h) and the snapshot store
+// (spawn/restart.h).
+#include "spawn/restart.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <new>
+#include <stop_token>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spawn/comm/communicator.h"
+#include "spawn/internal/restart.h"
+#include "spawn/signals.h"
+
+namespace tandem::dist {
+
+// --- SnapshotStore ------------------------------------------------------------
+
+SnapshotStore::SnapshotStore(int world_size, int64_t max_bytes)
+    : max_bytes_(max_bytes), ranks_(world_size) {}
+
+absl::Status SnapshotStore::Put(int rank, int64_t step, std::string bytes) {
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (max_bytes_ > 0 && size > max_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot of step ", step, " on local rank ", rank, ": ", size,
+                     " bytes, more than RestartPolicy::max_snapshot_bytes (", max_bytes_, ")"));
+  }
+  try {
+    auto held = std::make_shared<const std::string>(std::move(bytes));
+    std::lock_guard<std::mutex> lock(mu_);
+    ranks_[rank][step] = std::move(held);
+    // Steps older than the newest one every rank holds can no longer be resumed from.
+    if (const std::optional<int64_t> committed = CommittedLocked(); committed.has_value()) {
+      for (auto& steps : ranks_) steps.erase(steps.begin(), steps.lower_bound(*committed));
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("snapshot of step ", step, " on local rank ", rank, ": ", size,
+                     " bytes could not be allocated in host memory"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const std::string> SnapshotStore::Get(int rank, int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ranks_[rank].find(step);
+  return it == ranks_[rank].end() ? nullptr : it->second;
+}
+
+std::optional<int64_t> SnapshotStore::CommittedStep() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CommittedLocked();
+}
+
+std::optional<int64_t> SnapshotStore::CommittedLocked() const {
+  // The newest step that every rank holds: walk rank 0's steps from the newest.
+  if (ranks_.empty()) return std::nullopt;
+  for (auto it = ranks_[0].rbegin(); it != ranks_[0].rend(); ++it) {
+    const bool everywhere = std::all_of(
+        ranks_.begin(), ranks_.end(), [&](const auto& steps) { return steps.contains(it->first); });
+    if (everywhere) return it->first;
+  }
+  return std::nullopt;
+}
+
+void SnapshotStore::DiscardAfter(std::optional<int64_t> step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& steps : ranks_) {
+    if (!step.has_value()) {
+      steps.clear();
+    } else {
+      steps.erase(steps.upper_bound(*step), steps.end());
+    }
+  }
+}
+
+int64_t SnapshotStore::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  for (const auto& steps : ranks_) {
+    for (const auto& [step, held] : steps) total += static_cast<int64_t>(held->size());
+  }
+  return total;
+}
+
+}  // namespace tandem::dist
+
+namespace tandem::dist::internal {
+namespace {
+
+constexpr char kCauseUrl[] = "tandem.dist/failure_cause";
+
+// How one rank's function ended in an attempt (written by its thread, read
+// after the joins).
+enum class RankEnd { kRunning, kReturned, kFailed, kStopped };
+
+struct RankEnding {
+  RankEnd end = RankEnd::kRunning;
+  int64_t exit_ns = 0;
+};
+
+// What an attempt's ranks did, for the decision to restart.
+struct AttemptRecord {
+  explicit AttemptRecord(int world_size) : ranks(world_size) {}
+  std::vector<RankEnding> ranks;
+  std::atomic<int64_t> stop_ns{0};  // when the attempt's stop was requested
+};
+
+// The body of one rank in one attempt: the attempt's information into the
+// Context, and a record of how the function ended. Exceptions pass through
+// (spawn's rank thread reports them).
+absl::Status RunRank(const std::function<absl::Status(Context&)>& body, const AttemptInfo& info,
+                     AttemptRecord& record, Context& ctx) {
+  ctx.set_attempt_info(info);
+  RankEnding& ending = record.ranks[ctx.local_rank()];
+  std::stop_callback on_stop(ctx.stop_token(), [&record] {
+    int64_t none = 0;
+    record.stop_ns.compare_exchange_strong(none, SteadyNowNs());
+  });
+  // A rank that fails before the run is stopping is the failure's origin; one
+  // that fails or returns once it is stopping is a consequence.
+  auto leave = [&](RankEnd own) {
+    ending.end = ctx.stop_requested() ? RankEnd::kStopped : own;
+    ending.exit_ns = SteadyNowNs();
+  };
+  try {
+    absl::Status status = body(ctx);
+    leave(status.ok() ? RankEnd::kReturned : RankEnd::kFailed);
+    return status;
+  } catch (const CancelledError&) {  // StoppedError included
+    leave(RankEnd::kStopped);
+    throw;
+  } catch (const PeerFailedError&) {
+    leave(RankEnd::kStopped);
+    throw;
+  } catch (...) {
+    leave(RankEnd::kFailed);
+    throw;
+  }
+}
+
+absl::Status WithoutCause(absl::Status status) {
+  status.ErasePayload(kCauseUrl);
+  return status;
+}
+
+// Why `status` (an attempt's failure) does not restart, or "" when it does.
+std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
+                            const AttemptRecord& record) {
+  if (IsStopped(status) || run.stop_asked()) {
+    return "a stop was asked (Ctrl-C or a stop signal)";
+  }
+  const int64_t stop_ns = record.stop_ns.load();
+  const auto timeout_ns = static_cast<int64_t>(run.timeout_s * 1e9);
+  for (size_t r = 0; r < record.ranks.size(); ++r) {
+    const RankEnding& e = record.ranks[r];
+    if (e.end == RankEnd::kReturned) {
+      return absl::StrCat("local rank ", r,
+                          "'s function returned while the other ranks went on "
+                          "(a program error: every rank must run the same steps)");
+    }
+    if (stop_ns != 0 && e.exit_ns - stop_ns > timeout_ns) {
+      return absl::StrFormat(
+          "local rank %d left its function %.1f s after the stop, more than timeout_s (%g s): "
+          "it was outside any abortable wait",
+          static_cast<int>(r), static_cast<double>(e.exit_ns - stop_ns) * 1e-9, run.timeout_s);
+    }
+  }
+  const RestartPolicy& policy = run.policy;
+  if (const std::optional<FailureCause> cause = GetFailureCause(status); cause.has_value()) {
+    if (*cause == FailureCause::kTimeout) {
+      return policy.on_timeout ? "" : "a collective timed out and RestartPolicy::on_timeout is off";
+    }
+    return policy.on_comm_error ? ""
+                                : "a communicator error and RestartPolicy::on_comm_error is off";
+  }
+  const bool rank_failed =
+      std::any_of(record.ranks.begin(), record.ranks.end(),
+                  [](const RankEnding& e) { return e.end == RankEnd::kFailed; });
+  if (rank_failed) {
+    return policy.on_exception ? ""
+                               : "a rank's function failed and RestartPolicy::on_exception is off";
+  }
+  return "the failure came from neither a rank's function, nor a communicator, nor a "
+         "collective's timeout";
+}
+
+void LogRestart(const RestartRun& run, int attempt, const absl::Status& failure,
+                std::optional<int64_t> resume_step, int64_t stop_ns) {
+  const double recovery_s = stop_ns == 0 ? 0 : static_cast<double>(SteadyNowNs() - stop_ns) * 1e-9;
+  run.logger.Write(
+      LogLevel::kWarning, -1, nn::Device(),
+      absl::StrFormat("spawn: restart %d of %d after: %s; attempt %d resumes %s; recovery "
+                      "%.3f s (stop, abort, joins, new communicators)",
+                      attempt, run.policy.max_restarts, failure.message(), attempt,
+                      resume_step.has_value()
+                          ? absl::StrCat("from the snapshot of step ", *resume_step)
+                          : std::string("from the start (no snapshot every rank holds)"),
+                      recovery_s));
+}
+
+// Before attempt `attempt` (> 0): the communicators again. An error (or an
+// exception) here is a start-up failure: the run ends with it.
+absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& failure) {
+  absl::Status rebuilt;
+  try {
+    rebuilt = run.rebuild();
+  } catch (const std::exception& e) {
+    rebuilt = absl::InternalError(absl::StrCat("threw: ", e.what()));
+  }
+  if (rebuilt.ok()) return rebuilt;
+  return absl::Status(rebuilt.code(), absl::StrCat("spawn: restart ", attempt,
+                                                   ": rebuilding the communicators "
+                                                   "failed (the run ends): ",
+                                                   rebuilt.message(),
+                                                   "; the failure restarted: ", failure.message()));
+}
+
+}  // namespace
+
+absl::Status WithFailureCause(absl::Status status, FailureCause cause) {
+  status.SetPayload(kCauseUrl,
+                    absl::Cord(cause == FailureCause::kTimeout ? "timeout" : "communicator"));
+  return status;
+}
+
+std::optional<FailureCause> GetFailureCause(const absl::Status& status) {
+  const auto cause = status.GetPayload(kCauseUrl);  // absl::optional in this Abseil
+  if (!cause.has_value()) return std::nullopt;
+  return *cause == "timeout" ? FailureCause::kTimeout : FailureCause::kCommunicator;
+}
+
+absl::Status CheckRestartPolicy(const RestartPolicy& policy, Processes processes,
+                                const LaunchInfo& launch) {
+  if (policy.max_restarts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RestartPolicy::max_restarts must be 0 or more, not ", policy.max_restarts));
+  }
+  if (policy.max_snapshot_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RestartPolicy::max_snapshot_bytes must be 0 (no limit) or more, not ",
+                     policy.max_snapshot_bytes));
+  }
+  if (policy.max_restarts == 0) return absl::OkStatus();
+  const bool several =
+      processes == Processes::kOn || (processes == Processes::kAuto && launch.processes > 1);
+  if (!several) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "spawn: RestartPolicy::max_restarts = ", policy.max_restarts,
+      " in a job of several processes (",
+      processes == Processes::kOn ? "SpawnOptions::processes = kOn" : launch.evidence,
+      "): restarts work within one process only: OpenMPI cannot cancel an operation in "
+      "flight, so the cross-process communicators cannot be aborted and rebuilt. Set "
+      "max_restarts = 0 (or Processes::kOff, every process its own job)"));
+}
+
+absl::Status RunWithRestarts(const RestartRun& run) {
+  const RestartPolicy& policy = run.policy;
+  std::optional<SnapshotStore> store;
+  if (policy.max_restarts > 0) store.emplace(run.world_size, policy.max_snapshot_bytes);
+  absl::Status failure;  // the previous attempt's
+  int64_t stop_ns = 0;   // when the previous attempt stopped
+  for (int attempt = 0;; ++attempt) {
+    AttemptInfo info{.attempt = attempt, .snapshots = store ? &*store : nullptr};
+    if (attempt > 0) {
+      info.resume_step = store->CommittedStep();
+      store->DiscardAfter(info.resume_step);
+      if (absl::Status rebuilt = Rebuild(run, attempt, failure); !rebuilt.ok()) return rebuilt;
+      LogRestart(run, attempt, failure, info.resume_step, stop_ns);
+    }
+    AttemptRecord record(run.world_size);
+    absl::Status status =
+        run.run_attempt([&](Context& ctx) { return RunRank(run.body, info, record, ctx); });
+    if (status.ok()) return status;
+    if (policy.max_restarts == 0) return WithoutCause(std::move(status));
+    if (const std::string why = NoRestartReason(run, status, record); !why.empty()) {
+      run.logger.Write(LogLevel::kInfo, -1, nn::Device(),
+                       absl::StrCat("spawn: not restarting: ", why));
+      return WithoutCause(std::move(status));
+    }
+    if (attempt == policy.max_restarts) {
+      return absl::Status(status.code(), absl::StrCat("spawn: gave up after ", attempt, " restart",
+                                                      attempt == 1 ? "" : "s",
+                                                      "; the last failure: ", status.message()));
+    }
+    failure = WithoutCause(std::move(status));
+    stop_ns = record.stop_ns.load();
+  }
+}
+
+}  // namespace tandem::dist::internal

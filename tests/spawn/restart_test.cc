@@ -1,0 +1,477 @@
+// Restarts in the same process (SpawnOptions::restart, spawn/restart.h) on CPU
+// ranks, through testing::RunRanks and its faults: after an exception, a
+// communicator's asynchronous error or a collective's timeout the training
+// function starts again on every rank, restores its in-memory snapshot and
+// ends with the same parameters, bit for bit, as a run without the fault;
+// with a snapshot every K steps at most K steps are run again. The failures
+// that end the run still do (a returned rank, a policy turned off, the
+// restarts used up, several processes), and the snapshot store keeps the
+// newest step every rank holds.
+#include "spawn/restart.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/sampler.h"
+#include "gtest/gtest.h"
+#include "nn/ops/dropout.h"
+#include "nn/ops/index.h"
+#include "spawn/comm/inprocess/inprocess_communicator.h"
+#include "spawn/internal/restart.h"
+#include "spawn/train/checkpoint.h"
+#include "testing/run.h"
+#include "tests/testing/train_fixture.h"
+
+namespace tandem::testing {
+namespace {
+
+bool Contains(absl::string_view text, absl::string_view part) {
+  return text.find(part) != absl::string_view::npos;
+}
+
+constexpr int64_t kRows = 40;    // the dataset
+constexpr int64_t kPerRank = 4;  // rows per rank and step
+
+struct Knobs {
+  int steps = 12;
+  int snapshot_every = 1;  // K
+  // Rank 1 returns OK after this many steps (-1: never): a program error.
+  int rank1_returns_after = -1;
+  // Rank 1 sleeps this long, reaching no stop-aware wait, after this step (-1: never).
+  int rank1_sleeps_after = -1;
+  int rank1_sleep_ms = 0;
+  // Rank 0 raises this signal after this step (-1: never).
+  int rank0_raises_after = -1;
+  int rank0_signal = 0;
+  // A pause after each step, so that the watchdog's poll sees an asynchronous
+  // error before the run ends.
+  int step_delay_ms = 0;
+  // Steps each rank ran, over every attempt (may be null).
+  std::shared_ptr<std::vector<std::atomic<int>>> steps_run;
+};
+
+// A small MLP under DataParallel with SGD and momentum (optimizer state), a
+// shuffled DistributedBatchSampler over a fixed dataset (a sampler position)
+// and dropout (each rank's generator): every part of the snapshot matters for
+// a bitwise resume.
+absl::Status TrainRestartable(dist::Context& ctx, StepLog& log, const Knobs& k) {
+  Mlp net;
+  dist::DataParallel dp(net, ctx);
+  optim::SGD sgd(net.parameters(), {.lr = 0.05, .momentum = 0.9});
+  data::DistributedBatchSampler sampler(kRows, kPerRank, ctx.world_size(), ctx.rank(),
+                                        /*shuffle=*/true, /*drop_last=*/false, /*seed=*/5);
+  nn::Tensor data_x, data_y;
+  {
+    SameOnEveryRank shared(/*seed=*/11, /*step=*/0);
+    data_x = nn::randn({kRows, 6});
+    data_y = nn::randn({kRows, 1});
+  }
+  int64_t step = 0;
+  dist::TrainingState state{.model = &net, .optimizer = &sgd, .sampler = &sampler, .step = &step};
+  ASSIGN_OR_RETURN(const bool restored, dist::RestoreSnapshot(ctx, state));
+  if (ctx.attempt() == 0 && restored) return absl::InternalError("restored on the first attempt");
+  sampler.reset();
+  while (step < k.steps) {
+    if (ctx.rank() == 1 && step == k.rank1_returns_after) return absl::OkStatus();
+    std::optional<std::vector<int64_t>> batch = sampler.next();
+    if (!batch.has_value()) {
+      sampler.reset();
+      continue;
+    }
+    const nn::Tensor rows = nn::from_vector<int64_t>(*batch, {static_cast<int64_t>(batch->size())},
+                                                     {.dtype = nn::kInt64});
+    nn::Tensor x = nn::dropout(nn::index_select(data_x, rows), 0.25, /*training=*/true);
+    nn::Tensor loss = nn::mse_loss(dp(x), nn::index_select(data_y, rows));
+    loss.backward();
+    sgd.step();
+    sgd.zero_grad();
+    ++step;
+    if (k.steps_run) ++(*k.steps_run)[ctx.rank()];
+    if (step % k.snapshot_every == 0) RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
+    RETURN_IF_ERROR(log.EndStep(loss.item(), net));
+    if (k.step_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(k.step_delay_ms));
+    if (ctx.rank() == 1 && step == k.rank1_sleeps_after) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(k.rank1_sleep_ms));
+    }
+    if (ctx.rank() == 0 && step == k.rank0_raises_after) std::raise(k.rank0_signal);
+  }
+  return absl::OkStatus();
+}
+
+TrainingFunction Restartable(Knobs k) {
+  return [k](dist::Context& ctx, StepLog& log) { return TrainRestartable(ctx, log, k); };
+}
+
+RunOptions Options(int ranks, std::vector<Fault> faults, int max_restarts = 2,
+                   double timeout_s = 30) {
+  RunOptions options{.ranks = ranks, .faults = std::move(faults)};
+  options.spawn.timeout_s = timeout_s;
+  options.spawn.restart = {.max_restarts = max_restarts};
+  return options;
+}
+
+// Every rank's losses and parameters at every step, exactly.
+void ExpectSameBits(const RunReport& expected, const RunReport& actual) {
+  ASSERT_EQ(expected.ranks.size(), actual.ranks.size());
+  for (size_t r = 0; r < expected.ranks.size(); ++r) {
+    const RankRecord& e = expected.ranks[r];
+    const RankRecord& a = actual.ranks[r];
+    ASSERT_EQ(e.losses.size(), a.losses.size()) << "rank " << r;
+    for (size_t s = 0; s < e.losses.size(); ++s) {
+      EXPECT_EQ(e.losses[s], a.losses[s]) << "rank " << r << " step " << s;
+      ASSERT_EQ(e.parameters[s].size(), a.parameters[s].size());
+      for (size_t p = 0; p < e.parameters[s].size(); ++p) {
+        EXPECT_EQ(e.parameters[s][p].values, a.parameters[s][p].values)
+            << "rank " << r << " step " << s << " " << e.parameters[s][p].name;
+      }
+    }
+  }
+}
+
+RunReport Reference(int ranks, const Knobs& k) {
+  RunReport report;
+  absl::Status s = RunRanks(Restartable(k), Options(ranks, {}), &report);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(report.attempts, 1);
+  return report;
+}
+
+struct FaultCase {
+  std::string name;
+  Fault fault;
+  double timeout_s;
+  const char* failure;  // in the restart's log line
+  int step_delay_ms = 0;
+};
+
+class RestartAfterFaultTest : public ::testing::TestWithParam<FaultCase> {};
+
+// A snapshot every step: the run after the fault is the run without it.
+TEST_P(RestartAfterFaultTest, ContinuesBitForBitFromTheSnapshot) {
+  const FaultCase& c = GetParam();
+  const RunReport reference = Reference(2, {});
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({.step_delay_ms = c.step_delay_ms}),
+                            Options(2, {c.fault}, /*max_restarts=*/2, c.timeout_s), &report);
+  ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
+  EXPECT_EQ(report.attempts, 2) << report.log;
+  ASSERT_EQ(report.faults.size(), 1u);
+  EXPECT_TRUE(Contains(report.log, "spawn: restart 1 of 2 after: ")) << report.log;
+  EXPECT_TRUE(Contains(report.log, c.failure)) << report.log;
+  EXPECT_TRUE(Contains(report.log, "; attempt 1 resumes from the snapshot of step ")) << report.log;
+  EXPECT_TRUE(Contains(report.log, " s (stop, abort, joins, new communicators)")) << report.log;
+  ExpectSameBits(reference, report);
+}
+
+// DataParallel's constructor makes 6 collectives for this model; collective 9
+// is a gradient all-reduce of step 2.
+INSTANTIATE_TEST_SUITE_P(
+    Faults, RestartAfterFaultTest,
+    ::testing::Values(FaultCase{"Throw",
+                                {.action = FaultAction::kThrow, .rank = 1, .step = 4},
+                                30,
+                                "rank 1 (cpu) threw: injected fault"},
+                      FaultCase{"ReturnErrorAtStep",
+                                {.action = FaultAction::kReturnError, .rank = 0, .step = 6},
+                                30,
+                                "rank 0 (cpu) returned: INTERNAL: injected fault"},
+                      FaultCase{"CommunicatorError",
+                                {.action = FaultAction::kReturnError,
+                                 .rank = 0,
+                                 .collective = 9,
+                                 .error = absl::UnavailableError("injected network failure")},
+                                30,
+                                "rank 0 (cpu): injected network failure",
+                                /*step_delay_ms=*/40},
+                      FaultCase{"HangTimedOut",
+                                {.action = FaultAction::kHang, .rank = 1, .step = 3},
+                                0.5,
+                                "watchdog: a collective did not complete within 0.5 s"}),
+    [](const ::testing::TestParamInfo<FaultCase>& info) { return info.param.name; });
+
+// A snapshot every K steps: the attempt resumes from the newest multiple of K
+// that every rank stored, so at most K steps are run again, and it still ends
+// bit for bit as the run without the fault.
+TEST(RestartTest, SnapshotEveryKStepsRedoesAtMostKSteps) {
+  constexpr int kEvery = 3;
+  for (const int ranks : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    const RunReport reference = Reference(ranks, {.snapshot_every = kEvery});
+    auto steps_run = std::make_shared<std::vector<std::atomic<int>>>(ranks);
+    RunReport report;
+    absl::Status s = RunRanks(
+        Restartable({.snapshot_every = kEvery, .steps_run = steps_run}),
+        Options(ranks, {{.action = FaultAction::kThrow, .rank = ranks - 1, .step = 7}}), &report);
+    ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
+    EXPECT_EQ(report.attempts, 2);
+    // Step index 7 is the 8th step; the newest common multiple of 3 is 6.
+    EXPECT_TRUE(Contains(report.log, "attempt 1 resumes from the snapshot of step 6"))
+        << report.log;
+    for (int r = 0; r < ranks; ++r) {
+      const int redone = (*steps_run)[r].load() - 12;
+      EXPECT_GE(redone, 0);
+      EXPECT_LE(redone, kEvery) << "rank " << r;
+    }
+    ExpectSameBits(reference, report);
+  }
+}
+
+// Two faults and one restart: the second failure ends the run, named with the
+// count of restarts used, and keeps its code.
+TEST(RestartTest, RestartsExhaustedEndTheRunWithTheLastFailureAndTheCount) {
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({}),
+                            Options(2,
+                                    {{.action = FaultAction::kThrow, .rank = 0, .step = 2},
+                                     {.action = FaultAction::kReturnError,
+                                      .rank = 1,
+                                      .step = 5,
+                                      .error = absl::DataLossError("second fault")}},
+                                    /*max_restarts=*/1),
+                            &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(Contains(s.message(),
+                       "spawn: gave up after 1 restart; the last failure: rank 1 "
+                       "(cpu) returned: DATA_LOSS: second fault"))
+      << s;
+  EXPECT_FALSE(s.GetPayload("tandem.dist/failure_cause").has_value());
+  EXPECT_EQ(report.attempts, 2);
+  EXPECT_EQ(report.faults.size(), 2u);
+}
+
+// A rank whose function returned while the others went on into a collective
+// is a program error: the watchdog fails the run at once, not restarted.
+TEST(RestartTest, ReturnedRankEndsTheRun) {
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({.rank1_returns_after = 3}),
+                            Options(2, {}, /*max_restarts=*/3, /*timeout_s=*/0.5), &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu) returned from its function")) << s;
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 1's function returned"))
+      << report.log;
+  EXPECT_FALSE(Contains(report.log, "spawn: restart 1")) << report.log;
+}
+
+// A rank that stays outside any abortable wait (a sleep) for more than
+// timeout_s after the stop ends the run: it could as well never come back.
+TEST(RestartTest, RankOutsideAnyAbortableWaitEndsTheRun) {
+  RunReport report;
+  absl::Status s = RunRanks(
+      Restartable({.rank1_sleeps_after = 3, .rank1_sleep_ms = 1500}),
+      Options(2, {{.action = FaultAction::kThrow, .rank = 0, .step = 2}}, 2, /*timeout_s=*/0.5),
+      &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 0 (cpu) threw: injected fault")) << s;
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 1 left its function "))
+      << report.log;
+  EXPECT_TRUE(Contains(report.log, "it was outside any abortable wait")) << report.log;
+}
+
+// A stop signal, even one that came before the failure, ends the run.
+TEST(RestartTest, StopSignalEndsTheRun) {
+  RunOptions options = Options(2, {{.action = FaultAction::kThrow, .rank = 1, .step = 3}});
+  options.spawn.stop_signals = {SIGUSR1};
+  RunReport report;
+  absl::Status s =
+      RunRanks(Restartable({.rank0_raises_after = 2, .rank0_signal = SIGUSR1}), options, &report);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: a stop was asked")) << report.log;
+}
+
+// Communicators that cannot be rebuilt are a start-up failure: the run ends,
+// naming it and the failure it was restarting from.
+TEST(RestartTest, CommunicatorsThatCannotBeRebuiltEndTheRun) {
+  int made = 0;
+  dist::SpawnHooks hooks;
+  hooks.make_communicators = [&made](const std::vector<nn::Device>& devices)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
+    if (made++ > 0) return absl::UnavailableError("no network");
+    auto group = std::make_shared<dist::InProcessGroup>(static_cast<int>(devices.size()));
+    std::vector<std::unique_ptr<dist::Communicator>> comms;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      comms.push_back(
+          std::make_unique<dist::InProcessCommunicator>(static_cast<int>(r), devices[r], group));
+    }
+    return comms;
+  };
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream log;
+  options.console = &log;
+  options.restart.max_restarts = 2;
+  absl::Status s = dist::RunSpawnWithHooks(
+      "cpu", 2, options, hooks, [](int) {},
+      [](dist::Context& ctx) -> absl::Status {
+        if (ctx.rank() == 1) throw Error("boom");
+        // No collective: these plain in-process communicators are not
+        // cancelled by the watchdog's abort; rank 0 waits for the stop.
+        while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ctx.check_stop();
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(Contains(s.message(),
+                       "spawn: restart 1: rebuilding the communicators failed (the "
+                       "run ends): no network; the failure restarted: rank 1 (cpu) "
+                       "threw: boom"))
+      << s;
+  EXPECT_EQ(made, 2);
+}
+
+// The policy decides per kind of failure.
+TEST(RestartTest, FailureKindsTurnedOffEndTheRun) {
+  struct Case {
+    dist::RestartPolicy policy;
+    Fault fault;
+    double timeout_s;
+    const char* why;
+    int step_delay_ms = 0;
+  };
+  const Case cases[] = {
+      {{.max_restarts = 2, .on_exception = false},
+       {.action = FaultAction::kThrow, .rank = 1, .step = 2},
+       30,
+       "on_exception is off"},
+      {{.max_restarts = 2, .on_comm_error = false},
+       {.action = FaultAction::kReturnError, .rank = 1, .collective = 9},
+       30,
+       "on_comm_error is off",
+       40},
+      {{.max_restarts = 2, .on_timeout = false},
+       {.action = FaultAction::kHang, .rank = 0, .step = 2},
+       0.5,
+       "on_timeout is off"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.why);
+    RunOptions options = Options(2, {c.fault}, 2, c.timeout_s);
+    options.spawn.restart = c.policy;
+    RunReport report;
+    absl::Status s = RunRanks(Restartable({.step_delay_ms = c.step_delay_ms}), options, &report);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(report.attempts, 1);
+    EXPECT_TRUE(Contains(report.log, c.why)) << report.log;
+  }
+}
+
+// No restarts (the default): a failure ends the run as before, and snapshots
+// are not kept.
+TEST(RestartTest, WithoutRestartsAFailureEndsTheRunAsBefore) {
+  RunOptions options = Options(2, {{.action = FaultAction::kThrow, .rank = 1, .step = 2}});
+  options.spawn.restart = {};
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({}), options, &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu) threw: injected fault")) << s;
+  EXPECT_FALSE(Contains(report.log, "restart")) << report.log;
+  EXPECT_EQ(report.attempts, 1);
+}
+
+TEST(RestartTest, BadPolicyIsRefusedNamingTheValue) {
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  options.restart.max_restarts = -1;
+  absl::Status s = dist::spawn([](dist::Context&) {}, 2, "cpu", options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Contains(s.message(), "RestartPolicy::max_restarts must be 0 or more, not -1")) << s;
+}
+
+// Several processes: refused at start-up, before any process joins.
+TEST(RestartTest, SeveralProcessesAreRefused) {
+  using dist::Processes;
+  const dist::RestartPolicy restarts{.max_restarts = 1};
+  const dist::LaunchInfo two{.processes = 2, .index = 0, .evidence = "OMPI_COMM_WORLD_SIZE=2"};
+  const dist::LaunchInfo one{};
+  absl::Status s = dist::internal::CheckRestartPolicy(restarts, Processes::kAuto, two);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s.message(), "in a job of several processes (OMPI_COMM_WORLD_SIZE=2)")) << s;
+  EXPECT_TRUE(Contains(s.message(), "OpenMPI cannot cancel an operation in flight")) << s;
+  EXPECT_EQ(dist::internal::CheckRestartPolicy(restarts, Processes::kOn, one).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(dist::internal::CheckRestartPolicy(restarts, Processes::kOff, two).ok());
+  EXPECT_TRUE(dist::internal::CheckRestartPolicy(restarts, Processes::kAuto, one).ok());
+  EXPECT_TRUE(dist::internal::CheckRestartPolicy({}, Processes::kAuto, two).ok());
+  // Through spawn: kOn joins other processes, so it is refused first.
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  options.processes = Processes::kOn;
+  options.restart = restarts;
+  s = dist::spawn([](dist::Context&) {}, 1, "cpu", options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+// A snapshot over the limit is refused with its size; the run goes on.
+TEST(RestartTest, SnapshotOverTheLimitIsRefusedWithItsSize) {
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  options.restart = {.max_restarts = 1, .max_snapshot_bytes = 100};
+  std::vector<absl::Status> saved(2);
+  absl::Status s = dist::spawn(
+      [&](dist::Context& ctx) {
+        Mlp net;
+        int64_t step = 3;
+        saved[ctx.rank()] = dist::SaveSnapshot(ctx, {.model = &net, .step = &step});
+      },
+      2, "cpu", options);
+  ASSERT_TRUE(s.ok()) << s;
+  for (const absl::Status& one : saved) {
+    EXPECT_EQ(one.code(), absl::StatusCode::kResourceExhausted) << one;
+    EXPECT_TRUE(Contains(one.message(), "bytes, more than RestartPolicy::max_snapshot_bytes (100)"))
+        << one;
+  }
+}
+
+// Restore errors and the no-restart case: SaveSnapshot keeps nothing and
+// RestoreSnapshot restores nothing.
+TEST(RestartTest, WithoutRestartsSnapshotsAreNotKept) {
+  absl::Status s = dist::spawn(
+      [](dist::Context& ctx) -> absl::Status {
+        Mlp net;
+        int64_t step = 1;
+        dist::TrainingState state{.model = &net, .step = &step};
+        RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
+        if (ctx.attempt_info().snapshots != nullptr) return absl::InternalError("a store");
+        ASSIGN_OR_RETURN(const bool restored, dist::RestoreSnapshot(ctx, state));
+        if (restored) return absl::InternalError("restored");
+        return absl::OkStatus();
+      },
+      2, "cpu", DefaultTestSpawnOptions());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// The store: the newest step every rank holds, older ones dropped.
+TEST(SnapshotStoreTest, KeepsTheNewestStepEveryRankHolds) {
+  dist::SnapshotStore store(2, 0);
+  EXPECT_EQ(store.CommittedStep(), std::nullopt);
+  ASSERT_TRUE(store.Put(0, 1, "a1").ok());
+  EXPECT_EQ(store.CommittedStep(), std::nullopt);
+  ASSERT_TRUE(store.Put(1, 1, "b1").ok());
+  EXPECT_EQ(store.CommittedStep(), 1);
+  ASSERT_TRUE(store.Put(0, 2, "a2").ok());  // rank 1 has not reached step 2
+  EXPECT_EQ(store.CommittedStep(), 1);
+  ASSERT_NE(store.Get(1, 1), nullptr);
+  EXPECT_EQ(*store.Get(1, 1), "b1");
+  ASSERT_TRUE(store.Put(1, 2, "b2").ok());
+  EXPECT_EQ(store.CommittedStep(), 2);
+  EXPECT_EQ(store.Get(0, 1), nullptr);  // dropped
+  EXPECT_EQ(store.bytes(), 4);
+  ASSERT_TRUE(store.Put(0, 3, "a3").ok());
+  store.DiscardAfter(store.CommittedStep());
+  EXPECT_EQ(store.Get(0, 3), nullptr);
+  EXPECT_EQ(store.CommittedStep(), 2);
+  store.DiscardAfter(std::nullopt);
+  EXPECT_EQ(store.CommittedStep(), std::nullopt);
+  dist::SnapshotStore small(1, 3);
+  absl::Status s = small.Put(0, 7, "abcd");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(s.message(), "snapshot of step 7 on local rank 0: 4 bytes")) << s;
+}
+
+}  // namespace
+}  // namespace tandem::testing
