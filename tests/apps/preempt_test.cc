@@ -369,7 +369,10 @@ TEST(TrainMnistPreempt, SigtermMidEpochThenResumeEndsBitForBit) {
   ASSERT_EQ(ref.status, 0) << ref.output;
   const std::string dir = base + "/stopped";
   const std::string run_args = args + "--checkpoint_dir=" + dir + " --metrics=" + base + "/run.csv";
-  Child c(TRAIN_MNIST, run_args, dir + ".out", "150");
+  // Rank 1 sleeps 40 ms in every step of the stopped run (a test hook that changes
+  // no number), so that the signal, sent at most 100 ms after step 8's checkpoint,
+  // lands inside epoch 1 (steps 1-15) however fast the machine runs the steps.
+  Child c(TRAIN_MNIST, run_args + " --test_slow_rank=1:40", dir + ".out", "150");
   const std::string first = dir + "/step-8.ckpt";
   const Clock::time_point start = Clock::now();
   while (!std::filesystem::exists(first) && Seconds(Clock::now() - start) < 120) {
