@@ -35,6 +35,11 @@ double Monitored(const std::string& who, const std::string& monitor, const Logs&
   return it->second;
 }
 
+void SaveWeights(const std::string& path, const nn::Module& network) {
+  absl::Status st = nn::SaveSafetensors(path, network);
+  TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
+}
+
 bool Improves(double value, double best, bool maximize, double min_delta) {
   return maximize ? value > best + min_delta : value < best - min_delta;
 }
@@ -189,23 +194,15 @@ void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
     if (better) {
       best_ = value;
       have_best_ = true;
-      if (IsRankZero(s)) {
-        absl::Status st = nn::SaveSafetensors(dir_ + "/best.safetensors", *s.network);
-        TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
-      }
+      if (IsRankZero(s)) SaveWeights(dir_ + "/best.safetensors", *s.network);
     }
   }
-  if (IsRankZero(s) && save_freq_ > 0 && (s.epoch + 1) % save_freq_ == 0) {
-    absl::Status st =
-        nn::SaveSafetensors(absl::StrCat(dir_, "/epoch_", s.epoch + 1, ".safetensors"), *s.network);
-    TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
-  }
+  if (IsRankZero(s) && save_freq_ > 0 && (s.epoch + 1) % save_freq_ == 0)
+    SaveWeights(absl::StrCat(dir_, "/epoch_", s.epoch + 1, ".safetensors"), *s.network);
 }
 
 void ModelCheckpoint::on_train_end(RunState& s, const Logs&) {
-  if (!IsRankZero(s)) return;
-  absl::Status st = nn::SaveSafetensors(dir_ + "/final.safetensors", *s.network);
-  TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
+  if (IsRankZero(s)) SaveWeights(dir_ + "/final.safetensors", *s.network);
 }
 
 // --- TensorBoard ---------------------------------------------------------------------

@@ -91,29 +91,17 @@ double Accuracy::Compute(const std::vector<double>& s) const {
   return s[1] > 0 ? s[0] / s[1] : std::numeric_limits<double>::quiet_NaN();
 }
 
-Precision::Precision(double threshold) : Metric("precision", 2), threshold_(threshold) {}
+BinaryRatio::BinaryRatio(std::string name, double threshold, bool other_is_fp)
+    : Metric(std::move(name), 2), threshold_(threshold), other_is_fp_(other_is_fp) {}
 
-void Precision::update(const nn::Tensor& output, const nn::Tensor& target) {
+void BinaryRatio::update(const nn::Tensor& output, const nn::Tensor& target) {
   double tp = 0, fp = 0, fn = 0;
   CountBinary(name(), threshold_, output, target, tp, fp, fn);
   add(0, tp);
-  add(1, fp);
+  add(1, other_is_fp_ ? fp : fn);
 }
 
-double Precision::Compute(const std::vector<double>& s) const {
-  return s[0] + s[1] > 0 ? s[0] / (s[0] + s[1]) : 0.0;
-}
-
-Recall::Recall(double threshold) : Metric("recall", 2), threshold_(threshold) {}
-
-void Recall::update(const nn::Tensor& output, const nn::Tensor& target) {
-  double tp = 0, fp = 0, fn = 0;
-  CountBinary(name(), threshold_, output, target, tp, fp, fn);
-  add(0, tp);
-  add(1, fn);
-}
-
-double Recall::Compute(const std::vector<double>& s) const {
+double BinaryRatio::Compute(const std::vector<double>& s) const {
   return s[0] + s[1] > 0 ? s[0] / (s[0] + s[1]) : 0.0;
 }
 

@@ -89,24 +89,31 @@ class Accuracy : public Metric {
 // (N, 1) probabilities (or scores with a matching threshold); target: (N) or
 // (N, 1) labels 0 or 1 (any dtype). Precision = tp / (tp + fp), recall =
 // tp / (tp + fn); 0 when the denominator is 0 (Paddle's convention).
-class Precision : public Metric {
+class Precision;
+class Recall;
+
+// tp / (tp + other), other = fp (precision) or fn (recall).
+class BinaryRatio : public Metric {
  public:
-  explicit Precision(double threshold = 0.5);
   void update(const nn::Tensor& output, const nn::Tensor& target) override;
   double Compute(const std::vector<double>& sums) const override;
 
  private:
+  friend class Precision;
+  friend class Recall;
+  BinaryRatio(std::string name, double threshold, bool other_is_fp);
   double threshold_;
+  bool other_is_fp_;
 };
 
-class Recall : public Metric {
+class Precision : public BinaryRatio {
  public:
-  explicit Recall(double threshold = 0.5);
-  void update(const nn::Tensor& output, const nn::Tensor& target) override;
-  double Compute(const std::vector<double>& sums) const override;
+  explicit Precision(double threshold = 0.5) : BinaryRatio("precision", threshold, true) {}
+};
 
- private:
-  double threshold_;
+class Recall : public BinaryRatio {
+ public:
+  explicit Recall(double threshold = 0.5) : BinaryRatio("recall", threshold, false) {}
 };
 
 // The mean of every element of `output` over all batches (target unused): e.g.

@@ -62,6 +62,13 @@ nn::Tensor HostCopy(const nn::Tensor& t) {
   return t.device().is_cpu() ? t.detach().clone() : t.to(nn::Device::CPU());
 }
 
+// Host copies of the module's parameters and buffers.
+nn::StateDict HostState(const nn::Module& module) {
+  nn::StateDict host;
+  for (const auto& [name, t] : module.state_dict()) host.emplace_back(name, HostCopy(t));
+  return host;
+}
+
 int LocalRank(const dist::Context& ctx) {
   return ctx.local_rank() < 0 ? ctx.rank() : ctx.local_rank();
 }
@@ -231,7 +238,7 @@ absl::Status Model::RunOnRanks(const std::function<absl::Status(dist::Context&)>
                      launch_.spawn);
 }
 
-std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx) {
+std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, bool wrapped_by_data_parallel) {
   auto run = std::make_unique<RankRun>();
   run->network = network_();
   TANDEM_CHECK(run->network != nullptr, "hapi::Model: the network factory returned null");
@@ -239,9 +246,10 @@ std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx) {
   if (have_weights_) {
     absl::Status st = run->network->load_state_dict(weights_);
     TANDEM_CHECK(st.ok(), "hapi::Model: the kept weights do not fit the network: ", st.message());
-  } else {
-    // A fresh network: every rank takes rank 0's initial weights (as
-    // DataParallel does), so evaluate() and predict() before any fit agree too.
+  } else if (!wrapped_by_data_parallel) {
+    // A fresh network: every rank takes rank 0's initial weights, as
+    // DataParallel's construction does for fit, so evaluate() and predict()
+    // before any fit agree too.
     nn::NoGradGuard no_grad;
     for (auto& [name, t] : run->network->state_dict()) {
       nn::Tensor data = t.detach();
@@ -260,9 +268,7 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   // (DataParallel holds every rank's weights equal). Inside a rank's function
   // the Model is that rank's own.
   if (spawned_ && LocalRank(ctx) != 0) return;
-  nn::StateDict host;
-  for (const auto& [name, t] : run.network->state_dict()) host.emplace_back(name, HostCopy(t));
-  weights_ = std::move(host);
+  weights_ = HostState(*run.network);
   have_weights_ = true;
   if (run.optimizer != nullptr) {
     optim::StateDict st = run.optimizer->state_dict();
@@ -332,7 +338,7 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
 
 History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                          const FitOptions& options) {
-  std::unique_ptr<RankRun> run = Build(ctx);
+  std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
   nn::Module& network = *run->network;
   network.train();
   if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
@@ -474,7 +480,7 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
-    std::unique_ptr<RankRun> run = Build(ctx);
+    std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
     std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
     RunState state;
     state.ctx = &ctx;
@@ -508,7 +514,7 @@ absl::StatusOr<nn::Tensor> Model::predict(std::shared_ptr<const data::Dataset> d
 nn::Tensor Model::PredictOnRank(dist::Context& ctx,
                                 const std::shared_ptr<const data::Dataset>& dataset,
                                 const EvalOptions& options) {
-  std::unique_ptr<RankRun> run = Build(ctx);
+  std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
   nn::Module& network = *run->network;
   network.eval();
   nn::NoGradGuard no_grad;
@@ -591,9 +597,7 @@ absl::Status Model::load(const std::string& path) {
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
   absl::StatusOr<nn::SafetensorsLoadReport> report = nn::LoadSafetensors(path, *net);
   if (!report.ok()) return report.status();
-  nn::StateDict host;
-  for (const auto& [name, t] : net->state_dict()) host.emplace_back(name, HostCopy(t));
-  weights_ = std::move(host);
+  weights_ = HostState(*net);
   have_weights_ = true;
   return absl::OkStatus();
 }
@@ -602,9 +606,7 @@ absl::Status Model::Materialize() {
   if (have_weights_) return absl::OkStatus();
   std::shared_ptr<nn::Module> net = network_();
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
-  nn::StateDict host;
-  for (const auto& [name, t] : net->state_dict()) host.emplace_back(name, HostCopy(t));
-  weights_ = std::move(host);
+  weights_ = HostState(*net);
   have_weights_ = true;
   return absl::OkStatus();
 }

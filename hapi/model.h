@@ -177,8 +177,10 @@ class Model {
   absl::Status CheckPrepared(const char* call) const;
   // Keeps a freshly built network's weights when none are kept yet.
   absl::Status Materialize();
-  // This rank's network (weights from the host copy when there is one) and metrics.
-  std::unique_ptr<RankRun> Build(dist::Context& ctx);
+  // This rank's network (weights from the host copy when there is one, else
+  // rank 0's: broadcast here unless a DataParallel made next broadcasts them)
+  // and metrics.
+  std::unique_ptr<RankRun> Build(dist::Context& ctx, bool wrapped_by_data_parallel);
   // Copies the rank's weights and optimizer state to the host (local rank 0 when spawned).
   void Keep(dist::Context& ctx, RankRun& run);
   History FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,

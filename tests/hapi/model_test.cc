@@ -352,6 +352,31 @@ TEST(ModelTest, SyncBatchNormFitOnTwoRanksEqualsOneRank) {
   ExpectCloseWeights(weights[2], weights[1], 1e-5);
 }
 
+
+// Precision, Recall and Mean against counts made by hand.
+TEST(MetricsTest, PrecisionRecallAndMeanCountByHand) {
+  // outputs > 0.5 predict 1: predictions 1 1 0 1 0 against labels 1 0 1 1 0:
+  // tp 2, fp 1, fn 1.
+  nn::Tensor out = nn::from_vector(std::vector<float>{0.9f, 0.6f, 0.2f, 0.7f, 0.1f}, {5, 1});
+  nn::Tensor labels = nn::from_vector(std::vector<int64_t>{1, 0, 1, 1, 0}, {5},
+                                      {.dtype = nn::kInt64});
+  Precision precision;
+  Recall recall;
+  Mean mean("out");
+  precision.update(out, labels);
+  recall.update(out, labels);
+  mean.update(out, labels);
+  EXPECT_EQ(precision.name(), "precision");
+  EXPECT_EQ(recall.name(), "recall");
+  EXPECT_DOUBLE_EQ(precision.value(), 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(recall.value(), 2.0 / 3.0);
+  recall.update(nn::from_vector(std::vector<float>{0.1f}, {1}),
+                nn::from_vector(std::vector<int64_t>{1}, {1}, {.dtype = nn::kInt64}));
+  EXPECT_DOUBLE_EQ(recall.value(), 2.0 / 4.0);  // one more false negative
+  EXPECT_NEAR(mean.value(), (0.9 + 0.6 + 0.2 + 0.7 + 0.1) / 5, 1e-7);
+  EXPECT_THROW(precision.update(out, nn::full({5}, 2.0)), Error);  // not a binary label
+}
+
 TEST(ModelTest, BadInputsGetOneClearErrorEach) {
   auto train = Classification(16, 9);
   {
