@@ -28,6 +28,7 @@
 #include "spawn/spawn.h"
 #include "spawn/train/data_parallel.h"
 #include "tests/gpu_test_util.h"
+#include "tests/spawn/comm/late_writers.h"
 
 namespace tandem::dist {
 namespace {
@@ -37,67 +38,13 @@ using nn::Tensor;
 using nn::internal::CudaCall;
 using nn::internal::CudaCallCounts;
 
-constexpr int64_t kElements = int64_t{1} << 22;  // 16 MiB of float32
+using testing_support::LateWriters;
+constexpr int64_t kElements = testing_support::kLateElements;
 
 class NcclGpuTest : public ::tandem::testing::GpuTest {
  protected:
   std::ostringstream console_;
   SpawnOptions options_{.seed = 7, .console = &console_};
-};
-
-// Enqueues tens of milliseconds of matmuls on the calling thread's stream of
-// `device`: work queued after it runs late, so a reader on another stream that
-// is not ordered after it runs first.
-void Burn(Device device) {
-  nn::DeviceGuard guard(device);
-  Tensor a = nn::full({4096, 4096}, 1e-4);
-  for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
-}
-
-// Makes tensors of kElements holding a value, each written on another
-// thread's stream behind a burn, after that thread left a freed block holding
-// 7 at the head of its pool (a read that comes too early most likely sees 7
-// there). The calling thread has a stream of its own on `device` first, so the
-// other thread gets another one. The writing threads stay, idle, until this
-// goes: a thread's exit runs its CUDA teardown (its cuBLASLt handle is
-// destroyed; cublasDestroy synchronises the device, and cublasLtDestroy may),
-// which would finish the late write before the collective and hide a missing
-// order.
-class LateWriters {
- public:
-  LateWriters() = default;
-  LateWriters(const LateWriters&) = delete;
-  LateWriters& operator=(const LateWriters&) = delete;
-  ~LateWriters() {
-    release_.set_value();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  Tensor Write(Device device, float value) {
-    nn::internal::CudaThreadStream(device);
-    Tensor made;
-    std::promise<void> written;
-    std::future<void> done = written.get_future();
-    threads_.emplace_back(
-        [&made, device, value, written = std::move(written), released = released_]() mutable {
-          nn::DeviceGuard guard(device);
-          {
-            Tensor junk = nn::full({kElements}, 7.0f);
-            (void)junk.to_vector<float>();
-          }
-          Burn(device);
-          made = nn::full({kElements}, value);
-          written.set_value();
-          released.wait();
-        });
-    done.wait();
-    return made;
-  }
-
- private:
-  std::promise<void> release_;
-  std::shared_future<void> released_ = release_.get_future().share();
-  std::vector<std::thread> threads_;
 };
 
 int64_t Mismatches(const Tensor& t, float want) {

@@ -59,6 +59,7 @@
 #include "spawn/spawn.h"
 #include "tests/gpu_test_util.h"
 #include "tests/spawn/comm/device_fault.h"
+#include "tests/spawn/comm/late_writers.h"
 
 namespace tandem::dist {
 namespace {
@@ -389,52 +390,7 @@ std::string Collectives(Context& ctx, Communicator& comm) {
   return failures;
 }
 
-constexpr int64_t kLateElements = int64_t{1} << 22;  // 16 MiB of float32
-
-// Makes tensors holding a value, each written on another thread's stream
-// behind tens of milliseconds of matmuls, over a freed block that held 7 (the
-// calling thread has its stream first, so the other thread gets another one).
-// The writing threads stay, idle, until this goes: a thread's exit runs its
-// CUDA teardown (its cuBLASLt handle is destroyed; cublasDestroy synchronises
-// the device, and cublasLtDestroy may), which would finish the late write
-// before the collective and hide a missing order.
-class LateWriters {
- public:
-  LateWriters() = default;
-  LateWriters(const LateWriters&) = delete;
-  LateWriters& operator=(const LateWriters&) = delete;
-  ~LateWriters() {
-    release_.set_value();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  Tensor Write(Device device, float value) {
-    (void)nn::empty({1}, {.device = device});
-    Tensor made;
-    std::promise<void> written;
-    std::future<void> done = written.get_future();
-    threads_.emplace_back(
-        [&made, device, value, written = std::move(written), released = released_]() mutable {
-          nn::DeviceGuard guard(device);
-          {
-            Tensor junk = nn::full({kLateElements}, 7.0f);
-            (void)junk.to_vector<float>();
-          }
-          Tensor a = nn::full({4096, 4096}, 1e-4);
-          for (int i = 0; i < 24; ++i) a = nn::matmul(a, a);
-          made = nn::full({kLateElements}, value);
-          written.set_value();
-          released.wait();
-        });
-    done.wait();
-    return made;
-  }
-
- private:
-  std::promise<void> release_;
-  std::shared_future<void> released_ = release_.get_future().share();
-  std::vector<std::thread> threads_;
-};
+using testing_support::LateWriters;
 
 // Before the fix NCCL's stream was not ordered after the other thread's
 // stream: rank 0's stale 7s went into rank 1's sum (rank 0's own result was
