@@ -252,7 +252,8 @@ struct TensorImpl {
 };
 
 // --- Factories --------------------------------------------------------------
-// Unset fields default to float32 and the calling thread's current device.
+// Unset fields default to float32 and the calling thread's current device (the
+// cpu for a pinned tensor).
 struct TensorOptions {
   std::optional<DType> dtype;
   std::optional<Device> device;
@@ -261,11 +262,14 @@ struct TensorOptions {
   // cache, so copies to a CUDA device are asynchronous (see Tensor::to). CPU
   // tensors only: a CUDA device throws naming it; without CUDA built or a
   // visible GPU it throws "pinned memory needs tandem built with CUDA and a
-  // visible GPU". zeros_like / empty_like do not carry it over.
+  // visible GPU". zeros_like / empty_like do not carry it over. With no device
+  // given, a pinned tensor is on the cpu (not the thread's current device).
   bool pinned = false;
 
   DType dtype_or_default() const { return dtype.value_or(DType::kFloat32); }
-  Device device_or_default() const { return device.value_or(current_device()); }
+  Device device_or_default() const {
+    return device.value_or(pinned ? Device::CPU() : current_device());
+  }
 };
 
 Tensor empty(const Shape& shape, TensorOptions options = {});

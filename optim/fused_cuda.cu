@@ -219,7 +219,7 @@ class DeviceTables {
     if (!t.pinned.defined() || t.capacity_words < words.size() || !(t.device == device)) {
       // The old buffer goes back to the pinned cache (its last upload is done).
       t.pinned = nn::empty({static_cast<int64_t>(words.size())},
-                           {.dtype = nn::kInt64, .pinned = true});
+                           {.dtype = nn::kInt64, .device = nn::Device::CPU(), .pinned = true});
       t.capacity_words = words.size();
       t.on_device = nn::empty({static_cast<int64_t>(words.size())},
                               {.dtype = nn::kInt64, .device = device});
