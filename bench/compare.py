@@ -139,7 +139,11 @@ def tolerance(mode, optimizer, tf32, bf16=False):
 # one rounding-level flip into a 1e-2 gradient change (docs/benchmarks.md). Only the
 # first loss is compared for them; in float64 MobileNetV2's gradients agree with
 # torchvision's (docs/benchmarks.md), and tests/apps/models_test.cc checks its outputs.
-FIRST_LOSS_ONLY = {"mobilenet_v2"}
+# ResNets likewise: BatchNorm in training mode over few values per channel and ReLU
+# inputs within rounding of zero (tests/apps/resnet_gpu_test.cc measured float32
+# training-mode gradients differing by 3% / 17% of the largest between two correct
+# implementations; that test checks them in float64).
+FIRST_LOSS_ONLY = {"mobilenet_v2", "resnet18", "resnet50"}
 
 
 def compare_losses(tandem_cells, torch_cells, tf32, bf16=False):

@@ -67,7 +67,8 @@ char* openblas_get_config(void);
 ABSL_FLAG(std::string, device, "cpu", "Where to run: cpu, cuda or cuda:N.");
 ABSL_FLAG(std::string, models, "mlp,lenet,convnet",
           "Comma-separated models: mlp (784-512-10), lenet (train_mnist's), convnet "
-          "(train_cifar10's), mobilenet_v2 (train_cifar10 --model=mobilenet_v2's, dropout 0).");
+          "(train_cifar10's), mobilenet_v2 (train_cifar10 --model=mobilenet_v2's, dropout 0), "
+          "resnet18, resnet50 (torchvision's, 10 classes, ImageNet stem, 3x32x32 inputs).");
 ABSL_FLAG(std::string, batch_sizes, "32,128,512", "Comma-separated batch sizes (each >= 1).");
 ABSL_FLAG(std::string, optimizers, "sgd,adam",
           "Comma-separated optimizers: sgd (plain, lr 0.01) and/or adam (lr 1e-3, betas "
@@ -146,6 +147,14 @@ const std::vector<ModelSpec>& AllModels() {
       {"mobilenet_v2", [] { return apps::MakeMobileNetV2(/*dropout=*/0.0); }, {3, 32, 32},
        "torchvision's MobileNetV2 (width 1.0, 10 classes, BatchNorm in training mode), "
        "classifier Dropout p=0 so that both sides compute the same losses"},
+      // The ImageNet stem on CIFAR-sized inputs (layer4 at 1x1), as for
+      // mobilenet_v2: a step with many small kernels, where host time shows.
+      {"resnet18", [] { return apps::MakeResNet18({.num_classes = 10}); }, {3, 32, 32},
+       "torchvision's ResNet-18 (10 classes, conv1 7x7 stride 2 + maxpool, BatchNorm in "
+       "training mode)"},
+      {"resnet50", [] { return apps::MakeResNet50({.num_classes = 10}); }, {3, 32, 32},
+       "torchvision's ResNet-50 (10 classes, conv1 7x7 stride 2 + maxpool, BatchNorm in "
+       "training mode)"},
   };
   return *models;
 }
@@ -211,7 +220,7 @@ void ParseCellLists(Config& c) {
     }
     if (found == nullptr) {
       FlagError(absl::StrCat("--models=", models_text, ": unknown model \"", name,
-                             "\" (mlp, lenet, convnet, mobilenet_v2)"));
+                             "\" (mlp, lenet, convnet, mobilenet_v2, resnet18, resnet50)"));
     }
     c.models.push_back(found);
   }

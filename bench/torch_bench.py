@@ -78,6 +78,10 @@ def make_model(name):
         # Dropout 0: the loss comparison cannot share dropout masks.
         import torchvision
         return torchvision.models.mobilenet_v2(num_classes=10, dropout=0.0)
+    if name in ("resnet18", "resnet50"):
+        # torchvision's definitions; tandem's apps::MakeResNet18/50 use their names.
+        import torchvision
+        return getattr(torchvision.models, name)(num_classes=10)
     if name == "convnet":
         return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),

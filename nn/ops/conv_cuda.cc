@@ -1,7 +1,9 @@
 // CUDA kernels of the conv family through cuDNN 9's legacy convolution API.
-// The algorithms for a shape are chosen once (cudnnGet*Algorithm_v7 heuristics,
-// no host sync) and cached per thread; workspaces are tensors from the
-// stream-ordered pool; everything runs on the thread's stream.
+// A shape's descriptors and algorithms (cudnnGet*Algorithm_v7 heuristics, no
+// host sync) are made once and cached per thread (ConvPlan), so a call past the
+// first makes one cuDNN call (two with a bias) instead of ~20 descriptor
+// create / set / destroy calls; workspaces are tensors from the stream-ordered
+// pool; everything runs on the thread's stream.
 // bfloat16 is cuDNN's PSEUDO_BFLOAT16_CONFIG (its only bfloat16 convolution
 // configuration): x, w, y bfloat16, convolution compute type float32, alpha and
 // beta float; tensor-op math allowed. Its bias add and bias gradient are our
@@ -26,6 +28,7 @@ using nn::internal::CudnnDataType;
 using nn::internal::CudnnInt;
 using nn::internal::CudnnTensor4d;
 using nn::internal::ThreadCudnn;
+using nn::internal::ThreadCudnnTensor4d;
 
 // Workspaces above this are not considered (the pool would keep them cached).
 constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
@@ -99,8 +102,11 @@ class ConvDescriptors {
   // descriptor's math type, so the math type a heuristic result reports must be
   // set before its workspace is sized and before it runs.
   void SetMathType(cudnnMathType_t math, Device device) const {
+    if (math_set_ && math == math_) return;  // a cached descriptor keeps its math type
     TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), math), device,
                        Describe(g_, dtype_));
+    math_ = math;
+    math_set_ = true;
   }
   ConvDescriptors(const ConvDescriptors&) = delete;
   ConvDescriptors& operator=(const ConvDescriptors&) = delete;
@@ -120,6 +126,8 @@ class ConvDescriptors {
   CudnnTensor4d x_, y_;
   std::unique_ptr<cudnnFilterStruct, Deleter> w_;
   std::unique_ptr<cudnnConvolutionStruct, Deleter> conv_;
+  mutable cudnnMathType_t math_ = CUDNN_DEFAULT_MATH;  // conv_'s math type now
+  mutable bool math_set_ = false;
 };
 
 // The chosen algorithms of one shape, and the workspace each needs.
@@ -167,14 +175,9 @@ cudnnMathType_t RunMathType(cudnnMathType_t reported, DType dtype, bool tf32) {
   return dtype == kFloat32 && !tf32 ? CUDNN_FMA_MATH : reported;
 }
 
-const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
-                          const ConvDescriptors& d) {
-  thread_local std::map<AlgoKey, ConvAlgos> cache;
-  const AlgoKey key = KeyOf(g, dtype, device);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+ConvAlgos ChooseAlgos(const Conv2dGeometry& g, DType dtype, Device device,
+                      const ConvDescriptors& d, bool tf32) {
   cudnnHandle_t handle = ThreadCudnn(device);
-  const bool tf32 = std::get<2>(key);
   const bool tensor_ops = TensorOpsAllowed(dtype, tf32);
   const std::string what = Describe(g, dtype);
   const cudnnMathType_t base_math = BaseMathType(dtype, tf32);
@@ -232,7 +235,29 @@ const ConvAlgos& AlgosFor(const Conv2dGeometry& g, DType dtype, Device device,
                            &algos.backward_filter_bytes),
                        device, what);
   }
-  return cache.emplace(key, algos).first->second;
+  return algos;
+}
+
+// Everything the convolutions of one shape need, made at its first call on a
+// thread: the descriptors and the algorithms.
+struct ConvPlan {
+  ConvPlan(const Conv2dGeometry& g, DType dtype, Device device, bool tf32)
+      : d(g, dtype, device), algos(ChooseAlgos(g, dtype, device, d, tf32)) {}
+  ConvDescriptors d;
+  ConvAlgos algos;
+};
+
+// The calling thread's plan for a shape. The cache holds a thread's distinct
+// shapes (a network's layers, a partial last batch): it is not bounded, as
+// cuDNN's own plan caches are not.
+const ConvPlan& PlanFor(const Conv2dGeometry& g, DType dtype, Device device) {
+  thread_local std::map<AlgoKey, std::unique_ptr<ConvPlan>> cache;
+  const AlgoKey key = KeyOf(g, dtype, device);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, std::make_unique<ConvPlan>(g, dtype, device, std::get<2>(key))).first;
+  }
+  return *it->second;
 }
 
 // A workspace tensor from the pool (undefined when none is needed).
@@ -267,8 +292,9 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
     // only padding (cuDNN rejects 0-sized descriptors), so y is the bias alone.
     FillCuda(y, 0.0);
   } else {
-    ConvDescriptors d(g, x.dtype(), device);
-    const ConvAlgos& algos = AlgosFor(g, x.dtype(), device, d);
+    const ConvPlan& plan = PlanFor(g, x.dtype(), device);
+    const ConvDescriptors& d = plan.d;
+    const ConvAlgos& algos = plan.algos;
     d.SetMathType(algos.forward_math, device);
     Tensor workspace = Workspace(algos.forward_bytes, device);
     TANDEM_CHECK_CUDNN(cudnnConvolutionForward(handle, s.one(), d.x(), x.data_ptr(), d.w(),
@@ -279,10 +305,11 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
   }
   if (!bias.defined()) return;
   if (x.dtype() == kBFloat16) return ConvBiasAddBFloat16Cuda(bias, g, y);
-  CudnnTensor4d bias_desc(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
-  CudnnTensor4d y_desc(x.dtype(), g.n, g.o, g.oh, g.ow, device, "conv2d");
-  TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc.get(), bias.data_ptr(), s.one(),
-                                    y_desc.get(), y.data_ptr()),
+  cudnnTensorDescriptor_t y_desc =
+      ThreadCudnnTensor4d(x.dtype(), g.n, g.o, g.oh, g.ow, device, "conv2d");
+  cudnnTensorDescriptor_t bias_desc = ThreadCudnnTensor4d(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
+  TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc, bias.data_ptr(), s.one(), y_desc,
+                                    y.data_ptr()),
                      device, Describe(g, x.dtype()) + " (bias)");
 }
 
@@ -301,8 +328,9 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
                             const Tensor& dx) {
   const Device device = dy.device();
   if (dx.numel() == 0) return;  // H or W is 0 (see Conv2dForwardCuda)
-  ConvDescriptors d(g, dy.dtype(), device);
-  const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  const ConvPlan& plan = PlanFor(g, dy.dtype(), device);
+  const ConvDescriptors& d = plan.d;
+  const ConvAlgos& algos = plan.algos;
   d.SetMathType(algos.backward_data_math, device);
   Tensor workspace = Workspace(algos.backward_data_bytes, device);
   const Scalars s(dy.dtype());
@@ -320,8 +348,9 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
     FillCuda(dweight, 0.0);
     return;
   }
-  ConvDescriptors d(g, dy.dtype(), device);
-  const ConvAlgos& algos = AlgosFor(g, dy.dtype(), device, d);
+  const ConvPlan& plan = PlanFor(g, dy.dtype(), device);
+  const ConvDescriptors& d = plan.d;
+  const ConvAlgos& algos = plan.algos;
   d.SetMathType(algos.backward_filter_math, device);
   Tensor workspace = Workspace(algos.backward_filter_bytes, device);
   const Scalars s(dy.dtype());
@@ -343,12 +372,13 @@ void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
 void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
   if (dy.dtype() == kBFloat16) return ConvBiasGradBFloat16Cuda(dy, dbias);
   const Device device = dy.device();
-  CudnnTensor4d dy_desc(dy.dtype(), dy.size(0), dy.size(1), dy.size(2), dy.size(3), device,
-                        "conv2d");
-  CudnnTensor4d db_desc(dy.dtype(), 1, dy.size(1), 1, 1, device, "conv2d");
+  cudnnTensorDescriptor_t dy_desc = ThreadCudnnTensor4d(dy.dtype(), dy.size(0), dy.size(1),
+                                                        dy.size(2), dy.size(3), device, "conv2d");
+  cudnnTensorDescriptor_t db_desc =
+      ThreadCudnnTensor4d(dy.dtype(), 1, dy.size(1), 1, 1, device, "conv2d");
   const Scalars s(dy.dtype());
-  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardBias(ThreadCudnn(device), s.one(), dy_desc.get(),
-                                                  dy.data_ptr(), s.zero(), db_desc.get(),
+  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardBias(ThreadCudnn(device), s.one(), dy_desc,
+                                                  dy.data_ptr(), s.zero(), db_desc,
                                                   dbias.data_ptr()),
                      device, absl::StrCat("conv2d backward bias, dy ", ShapeToString(dy.shape())));
 }

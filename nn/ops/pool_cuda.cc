@@ -3,8 +3,11 @@
 // window's maximum from x and y, so no indices are stored on the GPU. Average
 // pooling counts the zero padding in the divisor, as on the CPU. bfloat16 goes
 // to our own kernels (pool_bf16_cuda.cu), which follow the CPU kernels exactly
-// (first maximum on ties, argmax indices kept for backward).
+// (first maximum on ties, argmax indices kept for backward). A shape's
+// descriptors are made at its first call and cached per thread.
+#include <map>
 #include <memory>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
@@ -51,6 +54,21 @@ class PoolDescriptors {
   std::unique_ptr<cudnnPoolingStruct, Deleter> pool_;
 };
 
+// The calling thread's descriptors for (mode, dtype, device, geometry).
+const PoolDescriptors& DescriptorsFor(const Pool2dGeometry& g, cudnnPoolingMode_t mode,
+                                      DType dtype, Device device, const char* op) {
+  using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t>;
+  thread_local std::map<Key, std::unique_ptr<PoolDescriptors>> cache;
+  const Key key{static_cast<int>(mode), static_cast<int>(dtype), device.index, g.n, g.c, g.h, g.w,
+                g.kh, g.kw, g.sh, g.sw, g.ph, g.pw};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, std::make_unique<PoolDescriptors>(g, mode, dtype, device, op)).first;
+  }
+  return *it->second;
+}
+
 struct Scalars {
   explicit Scalars(DType dtype) : is_double(dtype == kFloat64) {}
   const void* one() const { return is_double ? static_cast<const void*>(&one_d) : &one_f; }
@@ -63,7 +81,7 @@ struct Scalars {
 void Forward(cudnnPoolingMode_t mode, const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
              const char* op) {
   const Device device = x.device();
-  PoolDescriptors d(g, mode, x.dtype(), device, op);
+  const PoolDescriptors& d = DescriptorsFor(g, mode, x.dtype(), device, op);
   const Scalars s(x.dtype());
   TANDEM_CHECK_CUDNN(cudnnPoolingForward(ThreadCudnn(device), d.pool(), s.one(), d.x(),
                                          x.data_ptr(), s.zero(), d.y(), y.data_ptr()),
@@ -73,7 +91,7 @@ void Forward(cudnnPoolingMode_t mode, const Tensor& x, const Pool2dGeometry& g, 
 void Backward(cudnnPoolingMode_t mode, const Tensor& x, const Tensor& y, const Tensor& dy,
               const Pool2dGeometry& g, const Tensor& dx, const char* op) {
   const Device device = dy.device();
-  PoolDescriptors d(g, mode, dy.dtype(), device, op);
+  const PoolDescriptors& d = DescriptorsFor(g, mode, dy.dtype(), device, op);
   const Scalars s(dy.dtype());
   // Average pooling reads neither x nor y; cuDNN still takes the pointers, and
   // the shapes (and dy / dx, which have them) serve.
