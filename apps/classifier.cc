@@ -27,6 +27,7 @@
 #include "data/sampler.h"
 #include "nn/autocast.h"
 #include "nn/error.h"
+#include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
@@ -365,6 +366,12 @@ struct ClassifierRun {
   TrainResult result;
   double train_seconds = 0;
   int64_t trained_samples = 0;
+  // --cuda_graph: the training step captured after the first full batch's eager
+  // step (after any --resume: nothing loads into the optimizer later), its static
+  // input and label tensors, and the loss tensor each replay rewrites. Last, so
+  // the graph goes before the optimizer, DataParallel and model it replays.
+  nn::Tensor static_data, static_target, graph_loss;
+  std::unique_ptr<nn::CudaGraph> graph;
 };
 
 // Where one epoch stands between its steps.
@@ -533,12 +540,66 @@ nn::Tensor ForwardBackward(ClassifierRun& run, const data::Batch& batch, int64_t
   return loss;
 }
 
+// --cuda_graph: records one training step (zero_grad, forward and loss,
+// backward with DataParallel's bucket all-reduces, optimizer step) on static
+// tensors shaped like `batch`, after the eager step on it. Nothing runs.
+void CaptureStep(ClassifierRun& run, const data::Batch& batch) {
+  run.static_data = nn::empty_like(batch.data);
+  run.static_target = nn::empty_like(batch.target);
+  run.graph = std::make_unique<nn::CudaGraph>(run.ctx.device());
+  data::Batch captured{.data = run.static_data, .target = run.static_target};
+  run.graph->Capture([&] {
+    run.optimizer->zero_grad();
+    run.graph_loss = ForwardBackward(run, captured, 1).detach();
+    run.optimizer->step();
+  });
+  if (run.ctx.rank() == 0) {
+    run.progress->Clear();
+    run.ctx.log().Info("--cuda_graph: training step captured ({} nodes) on batches of {}; "
+                       "replayed for every full batch from here on",
+                       run.graph->num_nodes(), batch.data.size(0));
+  }
+}
+
+// --cuda_graph (one micro-batch a step, no --zero: ValidateOrExit refuses the
+// others): a full batch once the step is captured is copied into the static
+// tensors and replayed; the first full batch runs eagerly and then the step is
+// captured; a partial batch (the epoch's last, when the shard does not divide)
+// runs eagerly through the same model and optimizer. The loss returned after a
+// replay is the graph's loss tensor, rewritten by the next replay: the caller
+// adds it to its sums (on the stream) before that.
+std::optional<nn::Tensor> TrainOnBatchGraphed(ClassifierRun& run) {
+  std::optional<data::Batch> batch;
+  {
+    dist::TraceSpan span(run.ctx, "data");
+    batch = run.loader->next();
+  }
+  if (!batch) return std::nullopt;
+  const bool full = batch->data.size(0) == run.flags.batch_size;
+  if (run.graph && full && batch->data.shape() == run.static_data.shape()) {
+    run.static_data.copy_(batch->data);
+    run.static_target.copy_(batch->target);
+    run.graph->Replay();
+    return run.graph_loss;
+  }
+  run.optimizer->zero_grad();
+  const nn::Tensor loss = ForwardBackward(run, *batch, 1).detach();
+  {
+    dist::TraceSpan span(run.ctx, "optimizer");
+    run.optimizer->step();
+  }
+  if (!run.graph && full) CaptureStep(run, *batch);
+  return loss;
+}
+
 // One optimizer step at the schedule's lr of the global step: its micro-batches
 // (all but the last under DataParallel::no_sync(), so the gradients are reduced
 // once), then the update. Returns the mean loss of the micro-batches, nullopt
 // when the loader has no batch left.
 std::optional<nn::Tensor> TrainOnBatches(ClassifierRun& run, const EpochRun& e) {
   if (run.schedule) ScheduleAt(*run.schedule, run.at.step);
+  // The lr is set before a replay too: the optimizer's pre-replay hook uploads it.
+  if (run.flags.cuda_graph) return TrainOnBatchGraphed(run);
   const int64_t micro = MicroBatchesOf(run, e);
   nn::Tensor loss_sum;
   for (int64_t i = 0; i < micro; ++i) {

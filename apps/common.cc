@@ -151,6 +151,17 @@ ABSL_FLAG(std::string, save_safetensors, "",
           "Write the trained model's parameters and buffers to this safetensors file at the "
           "end (rank 0; atomic), for PyTorch's load_state_dict or --init_from. train_mnist and "
           "train_cifar10 only.");
+ABSL_FLAG(bool, cuda_graph, false,
+          "CUDA ranks only (one GPU each): capture the whole training step (zero_grad, "
+          "forward, loss, backward with DataParallel's gradient all-reduce, optimizer step) "
+          "once in a CUDA graph (nn::CudaGraph) after one eager step on the first full batch, then "
+          "run every full batch by copying it into the step's static input and label tensors "
+          "and replaying the graph (one launch a step). A partial last batch of an epoch runs "
+          "eagerly through the same model and optimizer; evaluation stays eager. The "
+          "learning-rate schedule is honoured; --resume loads before the capture. Refused "
+          "(exit status 2) on CPU ranks, on ranks sharing a GPU (--gpus=0,0: the in-process "
+          "communicator cannot be captured) and with --grad_accum_steps > 1, --zero, --trace "
+          "and train_cifar10's --sync_bn. train_mnist and train_cifar10 only.");
 
 namespace tandem::apps {
 namespace {
@@ -242,6 +253,7 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
   flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
   flags.zero = absl::GetFlag(FLAGS_zero);
+  flags.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
   ReadTestHooks(flags);
   return flags;
 }
@@ -438,6 +450,58 @@ void CheckDataDir(const RunFlags& flags, const Validation& v) {
   }
 }
 
+// --cuda_graph: the options a captured step cannot hold (before the devices are
+// chosen) and, after them, the devices it needs: one GPU per rank.
+[[noreturn]] void RefuseSharedGpu(const RunFlags& flags) {
+    FlagErrorExit(flags, absl::StrCat("--cuda_graph: ranks share a GPU (--gpus \"", flags.gpus,
+                                      "\"): the in-process communicator they use cannot be "
+                                      "captured in a CUDA graph; give each rank its own GPU"));
+}
+
+void CheckCudaGraphOptions(const RunFlags& flags, const Validation& v) {
+  if (!flags.cuda_graph) return;
+  if (!v.uses_epochs) {
+    FlagErrorExit(flags, "--cuda_graph: only the classifier programs (train_mnist, "
+                         "train_cifar10) take it");
+  }
+  if (flags.grad_accum_steps != 1) {
+    FlagErrorExit(flags, absl::StrCat("--cuda_graph with --grad_accum_steps ",
+                                      flags.grad_accum_steps,
+                                      ": a captured step holds one batch; use "
+                                      "--grad_accum_steps=1 or drop --cuda_graph"));
+  }
+  if (flags.zero) {
+    FlagErrorExit(flags, "--cuda_graph with --zero: the sharded optimizer's collectives are not "
+                         "captured in a CUDA graph; drop one of them");
+  }
+  // Checked on the text too, so that the reason is the same where the GPUs are missing.
+  std::vector<std::string> ordinals = absl::StrSplit(flags.gpus, ',', absl::SkipWhitespace());
+  for (std::string& o : ordinals) o = std::string(absl::StripAsciiWhitespace(o));
+  std::sort(ordinals.begin(), ordinals.end());
+  if (flags.gpus != "cpu" &&
+      std::adjacent_find(ordinals.begin(), ordinals.end()) != ordinals.end()) {
+    RefuseSharedGpu(flags);
+  }
+  if (!flags.trace.empty()) {
+    FlagErrorExit(flags, "--cuda_graph with --trace: the trace's CUDA events and host "
+                         "synchronisation cannot be recorded in a captured step; drop one of "
+                         "them");
+  }
+}
+
+void CheckCudaGraphDevices(const RunFlags& flags) {
+  if (!flags.cuda_graph) return;
+  if (flags.devices.empty() || !flags.devices[0].is_cuda()) {
+    FlagErrorExit(flags, absl::StrCat("--cuda_graph: needs one GPU per rank, but the ranks run "
+                                      "on the CPU (--gpus \"", flags.gpus, "\"",
+                                      flags.gpus.empty() ? ": no GPU visible" : "",
+                                      "); CUDA graphs capture GPU work only"));
+  }
+  if (dist::HasSharedGpu(flags.devices)) {
+    RefuseSharedGpu(flags);
+  }
+}
+
 // flags.devices from --gpus, --nprocs and --share_devices; then, for
 // Validation::rank_per_core, one CPU rank per usable core (see there).
 void SelectDevicesOrExit(RunFlags& flags, const Validation& v) {
@@ -448,6 +512,7 @@ void SelectDevicesOrExit(RunFlags& flags, const Validation& v) {
                                       devices.status().message()));
   }
   flags.devices = *std::move(devices);
+  CheckCudaGraphDevices(flags);
   if (v.rank_per_core && flags.gpus.empty() && flags.nprocs == -1 && flags.devices.size() == 1 &&
       flags.devices[0].is_cpu()) {
     const bool batch_given = flags.batch_size_given;
@@ -490,6 +555,7 @@ void ValidateOrExit(RunFlags& flags, const Validation& v) {
   CheckCountsAndLimits(flags);
   CheckOutputsAndResume(flags);
   CheckSafetensorsPaths(flags, v);
+  CheckCudaGraphOptions(flags, v);
   CheckDataDir(flags, v);
   SelectDevicesOrExit(flags, v);
   ConfigureKernels(flags);
@@ -554,6 +620,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--grad_accum_steps", absl::StrCat(flags.grad_accum_steps)},
       {"--comm_hook", flags.comm_hook},
       {"--zero", flags.zero ? "true" : "false"},
+      {"--cuda_graph", flags.cuda_graph ? "true" : "false"},
   };
   for (const auto& entry : flags.program_agreed) options.must_agree.push_back(entry);
   return options;
@@ -611,6 +678,10 @@ void AddNumericsRows(const RunFlags& flags, bool cpu, EnvironmentRows& rows) {
                                       : "bfloat16 autocast (float32 parameters)")
                     : flags.deterministic ? "float32"
                                           : "float32 (TF32 allowed on CUDA)");
+  if (flags.cuda_graph) {
+    rows.emplace_back("CUDA graph", "training step captured once, replayed per full batch "
+                                    "(partial batches and evaluation eager)");
+  }
 }
 
 // Where it writes: logs, checkpoints, metrics (each when given).

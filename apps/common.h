@@ -9,7 +9,7 @@
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
 //   --tensorboard_dir --trace --trace_steps --grad_accum_steps --comm_hook --zero
-//   --init_from --save_safetensors
+//   --init_from --save_safetensors --cuda_graph
 // and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank
 // and --test_checkpoint_write_delay_ms.
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
@@ -108,6 +108,11 @@ struct RunFlags {
   int grad_accum_steps = 1;  // micro-batches of batch_size per optimizer step
   std::string comm_hook = "allreduce";  // how buckets are reduced: "allreduce" or "bf16"
   bool zero = false;  // dist::ZeroRedundancyOptimizer: 1/N of the optimizer state per rank
+  // --cuda_graph: the classifier's training step captured once in an
+  // nn::CudaGraph and replayed for every full batch (classifier.cc). ValidateOrExit
+  // refuses it on CPU ranks, on ranks sharing a GPU and with the options the
+  // captured step cannot hold (--grad_accum_steps > 1, --zero, --trace).
+  bool cuda_graph = false;
   // Per-program flags (copied in by the program's main).
   // The program's own flags that every process of a job must agree on.
   std::vector<std::pair<std::string, std::string>> program_agreed;

@@ -141,6 +141,11 @@ ModelChoice ChooseModelOrExit(apps::RunFlags& flags) {
                                             "\" has no BatchNorm to synchronise (mobilenet_v2 "
                                             "and resnet18 have)"));
   }
+  if (sync_bn && flags.cuda_graph) {
+    apps::FlagErrorExit(flags, "--cuda_graph with --sync_bn: not supported (SyncBatchNorm's "
+                               "collectives have not been captured in a CUDA graph step); drop "
+                               "one of them");
+  }
   flags.program_agreed.emplace_back("--sync_bn", sync_bn ? "true" : "false");
   if (!sync_bn) return *choice;
   return ModelChoice{[make = choice->make] {

@@ -11,7 +11,8 @@
 #    rewriting the build machine's absolute paths in CTest's files to this copy's
 #    location, or, where ctest is not installed, the gpu test binaries directly.
 # 3. A short GPU training run: quickstart_linear cuda:0, and train_mnist (one
-#    epoch on the Fashion-MNIST subset of build-gpu/data) when both are there.
+#    epoch on the Fashion-MNIST subset of build-gpu/data, eager, then again with
+#    --cuda_graph) when both are there.
 # 4. The microbenchmark bench/nn_ops_bench, its CUDA rows (median of 5;
 #    OPS_BENCH_ARGS replaces the default --benchmark_filter=cuda: the bundle's
 #    CPU rows run without oneDNN, so they say nothing of the CPU path, and take
@@ -146,6 +147,9 @@ if [ -x "$build/apps/train_mnist" ] && [ -d "$mnist_data" ]; then
   step "training: train_mnist, 1 epoch on GPU 0, Fashion-MNIST subset (4096 train / 1024 test)"
   run train_mnist "$build/apps/train_mnist" --gpus=0 --epochs=1 --batch_size=64 \
     --data_dir="$mnist_data" --log_every=16
+  step "training: train_mnist --cuda_graph, the same run with the step captured and replayed"
+  run train_mnist_cuda_graph "$build/apps/train_mnist" --gpus=0 --epochs=1 --batch_size=64 \
+    --data_dir="$mnist_data" --log_every=16 --cuda_graph
 else
   step "training: train_mnist skipped (binary or $mnist_data missing)"
 fi

@@ -529,6 +529,37 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --timeout_s=-1", "train_cifar10: error: --timeout_s -1: ");
 }
 
+// --cuda_graph needs one GPU per rank and none of the options a captured step
+// cannot hold: each refusal is exit status 2 and one line naming --cuda_graph and
+// why (--data_dir=/tmp: a directory, so that the dataset's absence is not the error).
+TEST(BadFlags, CudaGraphRefusals) {
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/tmp --cuda_graph",
+                "train_mnist: error: --cuda_graph: needs one GPU per rank, but the ranks run on "
+                "the CPU (--gpus \"cpu\")");
+  ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --nprocs=2 --cuda_graph",
+                "train_cifar10: error: --cuda_graph: needs one GPU per rank, but the ranks run "
+                "on the CPU");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=0,0 --share_devices --data_dir=/tmp --cuda_graph",
+                "train_mnist: error: --cuda_graph: ranks share a GPU (--gpus \"0,0\"): the "
+                "in-process communicator they use cannot be captured");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/tmp --cuda_graph --grad_accum_steps=2",
+                "train_mnist: error: --cuda_graph with --grad_accum_steps 2: ");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/tmp --cuda_graph --zero",
+                "train_mnist: error: --cuda_graph with --zero: ");
+  ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --cuda_graph --trace=/tmp/never.json",
+                "train_cifar10: error: --cuda_graph with --trace: ");
+  ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --model=resnet18 --sync_bn --cuda_graph",
+                "train_cifar10: error: --cuda_graph with --sync_bn: ");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --cuda_graph",
+                "train_linear: error: --cuda_graph: only the classifier programs");
+  // The default run without a visible GPU has CPU ranks: refused the same way.
+  if (!std::filesystem::exists("/dev/nvidia0")) {
+    ExpectBadFlag(TRAIN_CIFAR10, "--cuda_graph",
+                  "train_cifar10: error: --cuda_graph: needs one GPU per rank, but the ranks "
+                  "run on the CPU (--gpus \"\": no GPU visible)");
+  }
+}
+
 // --timeout_s reaches spawn's watchdog: rank 1 sleeping 4 s in each step
 // (--test_slow_rank=1:4000) keeps rank 0 in the gradient all-reduce longer than
 // --timeout_s=1, and the run ends with the watchdog's line, not after the sleep's
@@ -601,11 +632,19 @@ TEST(Help, ExitsZeroOnStdoutAndUnknownFlagsExitTwo) {
 TEST(TrainMnist, HelpExplainsTheFlags) {
   RunResult r = RunProgram(TRAIN_MNIST, "--help");
   EXPECT_NE(r.output.find("75 stopped by SIGTERM or SIGUSR1"), std::string::npos) << r.output;
+  // Abseil wraps the help text: compared with every run of blanks and newlines as one space.
+  std::string flat;
+  for (char c : r.output) {
+    const bool blank = c == ' ' || c == '\n' || c == '\t';
+    if (!blank || (!flat.empty() && flat.back() != ' ')) flat += blank ? ' ' : c;
+  }
+  EXPECT_NE(flat.find("A partial last batch of an epoch runs eagerly"), std::string::npos)
+      << r.output;
   for (const char* flag : {"--gpus", "--nprocs", "--share_devices", "--epochs", "--batch_size",
                            "--lr", "--lr_schedule", "--optimizer", "--seed", "--num_workers", "--log_dir",
                            "--checkpoint_dir", "--resume", "--checkpoint_every_steps",
                            "--checkpoint_every_minutes", "--keep_checkpoints", "--metrics",
-                           "--deterministic",
+                           "--deterministic", "--cuda_graph",
                            "--data_dir"}) {
     EXPECT_NE(r.output.find(absl::StrCat(flag, " (")), std::string::npos) << flag << "\n"
                                                                           << r.output;
