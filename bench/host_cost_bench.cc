@@ -25,6 +25,13 @@
 //   conv2d          conv2d(x, w, b, padding 1): x (1, 4, 8, 8), w (8, 4, 3, 3),
 //                   b (8); no grad
 //   conv2d_fwd_bwd  the same with x, w, b grad, then backward(ones (1, 8, 8, 8))
+// MobileNetV2-shaped cases (not tiny: on a GPU the device time may show in the
+// wall time; the host time is still what the library spends enqueueing):
+//   dwconv_fwd_bwd  depthwise conv2d, x (8, 32, 16, 16), w (32, 1, 3, 3), groups 32,
+//                   padding 1, no bias; x, w grad; backward(ones)
+//   conv1x1_fwd_bwd conv2d x (8, 32, 16, 16), w (64, 32, 1, 1), no bias; backward(ones)
+//   bn_fwd_bwd      batch_norm2d in training mode, x (8, 32, 16, 16), weight and bias
+//                   (32) grad, running statistics updated; backward(ones)
 //
 // Output: one line per case and device, key=value words (bench/host_cost.py
 // reads them):
@@ -50,6 +57,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nn/device.h"
+#include "nn/ops/batch_norm.h"
 #include "nn/ops/conv.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/matmul.h"
@@ -57,7 +65,9 @@
 #include "nn/tensor.h"
 
 ABSL_FLAG(std::string, devices, "cpu,cuda:0", "comma-separated devices (cpu, cuda:N)");
-ABSL_FLAG(std::string, cases, "add,relu,linear,linear_fwd_bwd,conv2d,conv2d_fwd_bwd",
+ABSL_FLAG(std::string, cases,
+          "add,relu,linear,linear_fwd_bwd,conv2d,conv2d_fwd_bwd,dwconv_fwd_bwd,conv1x1_fwd_bwd,"
+          "bn_fwd_bwd",
           "comma-separated cases");
 ABSL_FLAG(int, n, 2000, "timed iterations per repetition (one sync at the end)");
 ABSL_FLAG(int, warmup, 200, "untimed iterations per case and device, before the repetitions");
@@ -111,6 +121,35 @@ StepFn Conv(bool grad, nn::Device device) {
   };
 }
 
+// x (8, 32, 16, 16) through a depthwise 3x3 or a 1x1 convolution, no bias.
+StepFn MobileConv(bool depthwise, nn::Device device) {
+  const Tensor x = nn::randn({8, 32, 16, 16}, {.device = device, .requires_grad = true});
+  const Tensor w = depthwise
+                       ? nn::randn({32, 1, 3, 3}, {.device = device, .requires_grad = true})
+                       : nn::randn({64, 32, 1, 1}, {.device = device, .requires_grad = true});
+  const nn::Conv2dParams params = depthwise ? nn::Conv2dParams{.padding = {1, 1}, .groups = 32}
+                                            : nn::Conv2dParams{};
+  const Tensor dy = nn::ones({8, depthwise ? 32 : 64, 16, 16}, {.device = device});
+  return [x, w, dy, params] {
+    nn::conv2d(x, w, Tensor(), params).backward(dy);
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+  };
+}
+
+StepFn BatchNorm(nn::Device device) {
+  const Tensor x = nn::randn({8, 32, 16, 16}, {.device = device, .requires_grad = true});
+  const Tensor weight = nn::ones({32}, {.device = device, .requires_grad = true});
+  const Tensor bias = nn::zeros({32}, {.device = device, .requires_grad = true});
+  const Tensor mean = nn::zeros({32}, {.device = device});
+  const Tensor var = nn::ones({32}, {.device = device});
+  const Tensor dy = nn::ones({8, 32, 16, 16}, {.device = device});
+  return [x, weight, bias, mean, var, dy] {
+    nn::batch_norm2d(x, weight, bias, mean, var, /*training=*/true).backward(dy);
+    ResetGrads(x, weight, bias);
+  };
+}
+
 StepFn MakeCase(const std::string& name, nn::Device device) {
   if (name == "add") return Elementwise(false, device);
   if (name == "relu") return Elementwise(true, device);
@@ -118,6 +157,9 @@ StepFn MakeCase(const std::string& name, nn::Device device) {
   if (name == "linear_fwd_bwd") return Linear(true, device);
   if (name == "conv2d") return Conv(false, device);
   if (name == "conv2d_fwd_bwd") return Conv(true, device);
+  if (name == "dwconv_fwd_bwd") return MobileConv(true, device);
+  if (name == "conv1x1_fwd_bwd") return MobileConv(false, device);
+  if (name == "bn_fwd_bwd") return BatchNorm(device);
   return nullptr;
 }
 

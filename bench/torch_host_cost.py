@@ -17,7 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-CASES = ["add", "relu", "linear", "linear_fwd_bwd", "conv2d", "conv2d_fwd_bwd"]
+CASES = ["add", "relu", "linear", "linear_fwd_bwd", "conv2d", "conv2d_fwd_bwd",
+         "dwconv_fwd_bwd", "conv1x1_fwd_bwd", "bn_fwd_bwd"]
 
 
 def elementwise(relu, device):
@@ -61,6 +62,38 @@ def conv(grad, device):
     return step
 
 
+def mobile_conv(depthwise, device):
+    x = torch.randn(8, 32, 16, 16, device=device, requires_grad=True)
+    if depthwise:
+        w = torch.randn(32, 1, 3, 3, device=device, requires_grad=True)
+        dy = torch.ones(8, 32, 16, 16, device=device)
+    else:
+        w = torch.randn(64, 32, 1, 1, device=device, requires_grad=True)
+        dy = torch.ones(8, 64, 16, 16, device=device)
+
+    def step():
+        if depthwise:
+            F.conv2d(x, w, None, padding=1, groups=32).backward(dy)
+        else:
+            F.conv2d(x, w, None).backward(dy)
+        reset_grads(x, w)
+    return step
+
+
+def batch_norm(device):
+    x = torch.randn(8, 32, 16, 16, device=device, requires_grad=True)
+    weight = torch.ones(32, device=device, requires_grad=True)
+    bias = torch.zeros(32, device=device, requires_grad=True)
+    mean = torch.zeros(32, device=device)
+    var = torch.ones(32, device=device)
+    dy = torch.ones(8, 32, 16, 16, device=device)
+
+    def step():
+        F.batch_norm(x, mean, var, weight, bias, training=True).backward(dy)
+        reset_grads(x, weight, bias)
+    return step
+
+
 def make_case(name, device):
     return {
         "add": lambda: elementwise(False, device),
@@ -69,6 +102,9 @@ def make_case(name, device):
         "linear_fwd_bwd": lambda: linear(True, device),
         "conv2d": lambda: conv(False, device),
         "conv2d_fwd_bwd": lambda: conv(True, device),
+        "dwconv_fwd_bwd": lambda: mobile_conv(True, device),
+        "conv1x1_fwd_bwd": lambda: mobile_conv(False, device),
+        "bn_fwd_bwd": lambda: batch_norm(device),
     }[name]()
 
 

@@ -2,9 +2,6 @@
 #include "nn/cuda/handles.h"
 
 #include <limits>
-#include <map>
-#include <memory>
-#include <tuple>
 #include <unordered_map>
 
 #include "nn/cuda/context.h"
@@ -144,17 +141,5 @@ CudnnTensor4d::CudnnTensor4d(DType dtype, int64_t n, int64_t c, int64_t h, int64
 }
 
 CudnnTensor4d::~CudnnTensor4d() { cudnnDestroyTensorDescriptor(desc_); }
-
-cudnnTensorDescriptor_t ThreadCudnnTensor4d(DType dtype, int64_t n, int64_t c, int64_t h,
-                                            int64_t w, Device device, const char* op) {
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t>;
-  thread_local std::map<Key, std::unique_ptr<CudnnTensor4d>> cache;
-  const Key key{device.index, static_cast<int>(dtype), n, c, h, w};
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    it = cache.emplace(key, std::make_unique<CudnnTensor4d>(dtype, n, c, h, w, device, op)).first;
-  }
-  return it->second->get();
-}
 
 }  // namespace tandem::nn::internal

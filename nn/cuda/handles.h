@@ -56,12 +56,6 @@ class CudnnTensor4d {
   cudnnTensorDescriptor_t desc_ = nullptr;
 };
 
-// The calling thread's cached descriptor of a 4-D NCHW shape (made at its first
-// use, destroyed when the thread ends): per-call descriptors cost a create, a
-// set and a destroy each, several microseconds of host time per op.
-cudnnTensorDescriptor_t ThreadCudnnTensor4d(DType dtype, int64_t n, int64_t c, int64_t h,
-                                            int64_t w, Device device, const char* op);
-
 }  // namespace tandem::nn::internal
 
 // The shapes argument is evaluated only on failure. Each call is counted

@@ -1,6 +1,10 @@
 // Conv family: shape checks, device dispatch and autograd wiring.
 #include "nn/ops/conv.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "nn/autograd.h"
 #include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/conv_kernels.h"
@@ -15,7 +19,16 @@ std::string PairToString(const std::array<int64_t, 2>& v) {
   return absl::StrCat("(", v[0], ", ", v[1], ")");
 }
 
+// set_cudnn_graph's switch; TANDEM_CUDNN_GRAPH=0 starts it off.
+std::atomic<bool> cudnn_graph_on{[] {
+  const char* v = std::getenv("TANDEM_CUDNN_GRAPH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}()};
+
 }  // namespace
+
+void set_cudnn_graph(bool enable) { cudnn_graph_on.store(enable, std::memory_order_relaxed); }
+bool cudnn_graph() { return cudnn_graph_on.load(std::memory_order_relaxed); }
 
 namespace ops::internal {
 

@@ -80,6 +80,15 @@ std::string cpu_conv_backend();
 void set_cpu_winograd(bool enable);
 bool cpu_winograd();
 
+// Whether CUDA convolutions run through cuDNN's graph API with an execution plan
+// built once per thread and shape (on by default; a shape it cannot plan runs
+// on cuDNN's legacy API), or always through the legacy cudnnConvolution* calls,
+// whose host time per call is 2-4x higher (docs/gpu.md, "CUDA calls and host
+// time per op"). The environment variable TANDEM_CUDNN_GRAPH=0 starts a process
+// with it off. Process-wide, read at each call; no effect without CUDA.
+void set_cudnn_graph(bool enable);
+bool cudnn_graph();
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_OPS_CONV_H_

@@ -1,13 +1,15 @@
 // CUDA kernels of the conv family through cuDNN 9's legacy convolution API.
-// A shape's descriptors and algorithms (cudnnGet*Algorithm_v7 heuristics, no
-// host sync) are made once and cached per thread (ConvPlan), so a call past the
-// first makes one cuDNN call (two with a bias) instead of ~20 descriptor
-// create / set / destroy calls; workspaces are tensors from the stream-ordered
+// Each direction first tries cuDNN's graph API with a cached execution plan
+// (conv_cudnn_graph.cc; nn::set_cudnn_graph, on by default); a shape it cannot
+// plan, or nn::set_cudnn_graph(false), runs here on the legacy API. There a
+// shape's descriptors and algorithms (cudnnGet*Algorithm_v7 heuristics, no host
+// sync) are made once and cached per thread (ConvPlan), so a call past the
+// first makes one cuDNN call; workspaces are tensors from the stream-ordered
 // pool; everything runs on the thread's stream.
 // bfloat16 is cuDNN's PSEUDO_BFLOAT16_CONFIG (its only bfloat16 convolution
 // configuration): x, w, y bfloat16, convolution compute type float32, alpha and
-// beta float; tensor-op math allowed. Its bias add and bias gradient are our
-// own kernels (conv_bf16_cuda.cu), float32 arithmetic, one rounding each.
+// beta float; tensor-op math allowed. The bias add and bias gradient of every
+// dtype are our own kernels (conv_bias_cuda.cu).
 #include <map>
 #include <memory>
 #include <tuple>
@@ -28,7 +30,6 @@ using nn::internal::CudnnDataType;
 using nn::internal::CudnnInt;
 using nn::internal::CudnnTensor4d;
 using nn::internal::ThreadCudnn;
-using nn::internal::ThreadCudnnTensor4d;
 
 // Workspaces above this are not considered (the pool would keep them cached).
 constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
@@ -291,7 +292,9 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
     // H or W is 0 but the padding makes a non-empty output: every window holds
     // only padding (cuDNN rejects 0-sized descriptors), so y is the bias alone.
     FillCuda(y, 0.0);
-  } else {
+  } else if (!cudnn_graph() ||
+             !CudnnGraphConv(ConvDirection::kForward, g, x.dtype(), device, x.data_ptr(),
+                             weight.data_ptr(), y.data_ptr())) {
     const ConvPlan& plan = PlanFor(g, x.dtype(), device);
     const ConvDescriptors& d = plan.d;
     const ConvAlgos& algos = plan.algos;
@@ -303,14 +306,7 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
                                                s.zero(), d.y(), y.data_ptr()),
                        device, Describe(g, x.dtype()));
   }
-  if (!bias.defined()) return;
-  if (x.dtype() == kBFloat16) return ConvBiasAddBFloat16Cuda(bias, g, y);
-  cudnnTensorDescriptor_t y_desc =
-      ThreadCudnnTensor4d(x.dtype(), g.n, g.o, g.oh, g.ow, device, "conv2d");
-  cudnnTensorDescriptor_t bias_desc = ThreadCudnnTensor4d(x.dtype(), 1, g.o, 1, 1, device, "conv2d");
-  TANDEM_CHECK_CUDNN(cudnnAddTensor(handle, s.one(), bias_desc, bias.data_ptr(), s.one(), y_desc,
-                                    y.data_ptr()),
-                     device, Describe(g, x.dtype()) + " (bias)");
+  if (bias.defined()) ConvBiasAddCuda(bias, g, y);
 }
 
 }  // namespace
@@ -328,6 +324,10 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
                             const Tensor& dx) {
   const Device device = dy.device();
   if (dx.numel() == 0) return;  // H or W is 0 (see Conv2dForwardCuda)
+  if (cudnn_graph() && CudnnGraphConv(ConvDirection::kBackwardData, g, dy.dtype(), device,
+                                            dx.data_ptr(), weight.data_ptr(), dy.data_ptr())) {
+    return;
+  }
   const ConvPlan& plan = PlanFor(g, dy.dtype(), device);
   const ConvDescriptors& d = plan.d;
   const ConvAlgos& algos = plan.algos;
@@ -346,6 +346,10 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
   const Device device = dy.device();
   if (x.numel() == 0) {  // H or W is 0: the weight only ever met padding
     FillCuda(dweight, 0.0);
+    return;
+  }
+  if (cudnn_graph() && CudnnGraphConv(ConvDirection::kBackwardFilter, g, dy.dtype(), device,
+                                            x.data_ptr(), dweight.data_ptr(), dy.data_ptr())) {
     return;
   }
   const ConvPlan& plan = PlanFor(g, dy.dtype(), device);
@@ -367,20 +371,6 @@ void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (dx.defined()) Conv2dBackwardDataCuda(dy, weight, g, dx);
   if (dweight.defined()) Conv2dBackwardFilterCuda(dy, x, g, dweight);
   if (dbias.defined()) Conv2dBackwardBiasCuda(dy, dbias);
-}
-
-void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias) {
-  if (dy.dtype() == kBFloat16) return ConvBiasGradBFloat16Cuda(dy, dbias);
-  const Device device = dy.device();
-  cudnnTensorDescriptor_t dy_desc = ThreadCudnnTensor4d(dy.dtype(), dy.size(0), dy.size(1),
-                                                        dy.size(2), dy.size(3), device, "conv2d");
-  cudnnTensorDescriptor_t db_desc =
-      ThreadCudnnTensor4d(dy.dtype(), 1, dy.size(1), 1, 1, device, "conv2d");
-  const Scalars s(dy.dtype());
-  TANDEM_CHECK_CUDNN(cudnnConvolutionBackwardBias(ThreadCudnn(device), s.one(), dy_desc,
-                                                  dy.data_ptr(), s.zero(), db_desc,
-                                                  dbias.data_ptr()),
-                     device, absl::StrCat("conv2d backward bias, dy ", ShapeToString(dy.shape())));
 }
 
 }  // namespace tandem::nn::ops::internal

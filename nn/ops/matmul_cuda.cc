@@ -176,6 +176,17 @@ MatmulDesc MakeMatmulDesc(const GemmCall& g, cublasComputeType_t compute, Device
   return desc;
 }
 
+// What a problem's calls reuse, made at its first call on a thread: the
+// operation descriptor (which holds the bias pointer of the last call), the
+// layouts of A', B' and C/D, and the algorithm (nullopt: the requested fused
+// epilogue has none).
+struct GemmPlan {
+  MatmulDesc desc;
+  const void* bias = nullptr;  // the bias pointer `desc` holds now
+  Layout layout_a, layout_b, layout_c;
+  std::optional<cublasLtMatmulAlgo_t> algo;
+};
+
 // What the chosen algorithm depends on: the problem, the epilogue and the
 // operands' alignments.
 AlgoKey AlgoKeyOf(const GemmCall& g, cublasComputeType_t compute, Device device) {
@@ -212,25 +223,36 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   TANDEM_CHECK(!g.float_out || g.dtype == kBFloat16, op, ": float32 output only for bfloat16 ",
                "operands, got ", Describe(g, op));
   const cublasComputeType_t compute = ComputeType(g);
-  MatmulDesc desc = MakeMatmulDesc(g, compute, device, op);
-  // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
-  const int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
-  const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
-  Layout layout_a = MakeLayout(CudaType(g.dtype), cols_b, rows_b, device, g, op);
-  Layout layout_b = MakeLayout(CudaType(g.dtype), cols_a, rows_a, device, g, op);
-  Layout layout_c = MakeLayout(CudaType(OutDType(g)), g.n, g.m, device, g, op);
-
-  // The algorithm of a problem is chosen once per thread: the heuristic query
-  // costs more host time than a small matmul's launch.
-  thread_local std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  // A problem's descriptor, layouts and algorithm are made once per thread: the
+  // heuristic query costs more host time than a small matmul's launch, and the
+  // descriptors cost ~10 cuBLASLt calls per matmul. Only the bias pointer is
+  // set per call (when it changed).
+  thread_local std::map<AlgoKey, std::unique_ptr<GemmPlan>> cache;
   const AlgoKey key = AlgoKeyOf(g, compute, device);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    it = cache.emplace(key, ChooseAlgo(g, desc.get(), layout_a.get(), layout_b.get(),
-                                       layout_c.get(), device, op))
-             .first;
+    auto plan = std::make_unique<GemmPlan>();
+    plan->desc = MakeMatmulDesc(g, compute, device, op);
+    plan->bias = g.bias;
+    // Stored shapes, column-major: b row-major (rows_b, cols_b) is (cols_b, rows_b).
+    const int64_t rows_b = g.trans_b ? g.n : g.k, cols_b = g.trans_b ? g.k : g.n;
+    const int64_t rows_a = g.trans_a ? g.k : g.m, cols_a = g.trans_a ? g.m : g.k;
+    plan->layout_a = MakeLayout(CudaType(g.dtype), cols_b, rows_b, device, g, op);
+    plan->layout_b = MakeLayout(CudaType(g.dtype), cols_a, rows_a, device, g, op);
+    plan->layout_c = MakeLayout(CudaType(OutDType(g)), g.n, g.m, device, g, op);
+    plan->algo = ChooseAlgo(g, plan->desc.get(), plan->layout_a.get(), plan->layout_b.get(),
+                            plan->layout_c.get(), device, op);
+    it = cache.emplace(key, std::move(plan)).first;
   }
-  if (!it->second.has_value()) return false;  // no fused algorithm: caller falls back
+  GemmPlan& plan = *it->second;
+  if (!plan.algo.has_value()) return false;  // no fused algorithm: caller falls back
+  if (g.bias != nullptr && g.bias != plan.bias) {
+    TANDEM_CHECK_CUBLAS(CublasLt().MatmulDescSetAttribute(plan.desc.get(),
+                                                          CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &g.bias, sizeof g.bias),
+                        device, Describe(g, op));
+    plan.bias = g.bias;
+  }
 
   const bool is_double = g.dtype == kFloat64;
   const double one_d = 1.0, beta_d = g.accumulate ? 1.0 : 0.0;
@@ -239,9 +261,10 @@ bool TryGemm(const GemmCall& g, Device device, const char* op) {
   const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
   const auto& lt = ThreadCublasLt(device);
   TANDEM_CHECK_CUBLAS(
-      CublasLt().Matmul(lt.handle, desc.get(), alpha, g.b, layout_a.get(), g.a, layout_b.get(),
-                        beta, g.out, layout_c.get(), g.out, layout_c.get(), &*it->second,
-                        lt.workspace, lt.workspace_bytes, ThreadStream(device)),
+      CublasLt().Matmul(lt.handle, plan.desc.get(), alpha, g.b, plan.layout_a.get(), g.a,
+                        plan.layout_b.get(), beta, g.out, plan.layout_c.get(), g.out,
+                        plan.layout_c.get(), &*plan.algo, lt.workspace, lt.workspace_bytes,
+                        ThreadStream(device)),
       device, Describe(g, op));
   return true;
 }

@@ -122,7 +122,8 @@ def main(bench, work):
 def host_cost_smoke(bench):
     sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
     import host_cost  # noqa: E402 (standard library only)
-    cases = ["add", "relu", "linear", "linear_fwd_bwd", "conv2d", "conv2d_fwd_bwd"]
+    cases = ["add", "relu", "linear", "linear_fwd_bwd", "conv2d", "conv2d_fwd_bwd",
+             "dwconv_fwd_bwd", "conv1x1_fwd_bwd", "bn_fwd_bwd"]
     rc, out = run([bench, "--devices=cpu,cuda:0", "--n=20", "--warmup=2", "--repetitions=3"])
     check(rc == 0, f"host_cost_bench exited {rc}:\n{out}")
     rows = [r for r in map(host_cost.parse_line, out.splitlines()) if r is not None]

@@ -172,11 +172,20 @@ void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias);
 void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias);
-// bfloat16 bias kernels (conv_bf16_cuda.cu), float32 arithmetic, one rounding:
-// y (n, o, oh, ow) += bias (o), and dbias (o) = dy (n, o, oh, ow) summed over
-// n, oh, ow in float32 in a fixed order (deterministic).
-void ConvBiasAddBFloat16Cuda(const Tensor& bias, const Conv2dGeometry& g, const Tensor& y);
-void ConvBiasGradBFloat16Cuda(const Tensor& dy, const Tensor& dbias);
+// cuDNN's graph API with cached execution plans (conv_cudnn_graph.cc), used
+// while nn::cudnn_graph() is on (the default). Runs one direction of one
+// convolution, the pointers being x, w, y for kForward; dx, w, dy for
+// kBackwardData; x, dw, dy for kBackwardFilter. Returns false, having enqueued
+// nothing, when the graph API has no plan for the shape or a pointer is less
+// than 16-byte aligned: the caller runs the legacy API.
+enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
+bool CudnnGraphConv(ConvDirection direction, const Conv2dGeometry& g, DType dtype, Device device,
+                    const void* x, const void* w, const void* y);
+// The bias kernels (conv_bias_cuda.cu): y (n, o, oh, ow) += bias (o). The bias
+// gradient (Conv2dBackwardBiasCuda above, same file) sums dy over n, oh, ow in a
+// fixed order (deterministic); float32 arithmetic for float32 and bfloat16 (one
+// rounding), float64 for float64.
+void ConvBiasAddCuda(const Tensor& bias, const Conv2dGeometry& g, const Tensor& y);
 #endif
 
 }  // namespace tandem::nn::ops::internal
