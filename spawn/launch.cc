@@ -462,6 +462,13 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
     run.set_describe_remote(
         [p = env.procs](uint64_t waiting_for) { return p->DescribeProgress(waiting_for); });
     run.set_sigint_agreed();
+    run.set_returned_elsewhere([p = env.procs] {
+      std::vector<std::pair<std::string, uint64_t>> returned;
+      for (ReturnedElsewhere& r : p->ReturnedRanksElsewhere()) {
+        returned.emplace_back(std::move(r.name), r.entered);
+      }
+      return returned;
+    });
   }
   std::thread watchdog([&] {
     run.Watch(env.options.timeout_s, g_sigint_count, sigint_at_start, env.agreement,
@@ -473,7 +480,8 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
         run.stop_token(),
         {.agreement = &env.agreement,
          .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
-         .collectives_entered = [&run] { return run.FewestCollectivesEntered(); }});
+         .collectives_entered = [&run] { return run.FewestCollectivesEntered(); },
+         .returned_rank = [&run] { return run.FewestEnteredByReturnedRank(); }});
   }
   for (std::thread& t : threads) t.join();
   run.Joined();

@@ -285,10 +285,13 @@ void ProcessWorld::Serve(std::stop_token stop, ServeHooks hooks) {
     control_ = std::make_unique<ControlPlane>(
         transport_.get(), std::move(hooks),
         [this] { return local_ranks_ - exited_.load(std::memory_order_acquire); },
-        [this](const std::vector<int64_t>& entered) {
+        [this](const std::vector<int64_t>& slots) {
+          const size_t n = processes_.size();
           std::lock_guard<std::mutex> lock(progress_mutex_);
           progress_.at = std::chrono::steady_clock::now();
-          progress_.entered = entered;
+          progress_.entered.assign(slots.begin(), slots.begin() + n);
+          progress_.returned_entered.assign(slots.begin() + n, slots.begin() + 2 * n);
+          progress_.returned_rank.assign(slots.begin() + 2 * n, slots.end());
         });
   }
   if (exchange_) {
@@ -407,6 +410,30 @@ std::string ProcessWorld::DescribeProgress(uint64_t waiting_for) const {
   return text;
 }
 
+std::vector<ReturnedElsewhere> ProcessWorld::ReturnedRanksElsewhere() const {
+  std::vector<int64_t> entered, rank;
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    entered = progress_.returned_entered;
+    rank = progress_.returned_rank;
+  }
+  std::vector<ReturnedElsewhere> out;
+  int first = 0;
+  for (size_t p = 0; p < processes_.size(); ++p) {
+    const int count = static_cast<int>(processes_[p].devices.size());
+    if (static_cast<int>(p) != process_index_ && p < entered.size() && entered[p] >= 0 &&
+        rank[p] >= first && rank[p] < first + count) {
+      // As that process's watchdog names it: "rank R (device, host h, pid p)".
+      out.push_back({.name = absl::StrCat("rank ", rank[p], " (",
+                                          processes_[p].devices[rank[p] - first], ", host ",
+                                          processes_[p].host, ", pid ", processes_[p].pid, ")"),
+                     .entered = static_cast<uint64_t>(entered[p])});
+    }
+    first += count;
+  }
+  return out;
+}
+
 // --- ControlPlane -----------------------------------------------------------------------
 
 ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
@@ -416,7 +443,7 @@ ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
       hooks_(std::move(hooks)),
       running_(std::move(running)),
       progress_(std::move(progress)),
-      buffer_(kFixed + transport->process_count(), 0) {}
+      buffer_(kFixed + 3 * transport->process_count(), 0) {}
 
 ControlPlane::~ControlPlane() { AbandonRound(); }
 
@@ -470,8 +497,17 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   buffer_[1] = mine.save_wanted;
   buffer_[2] = mine.arrived;
   buffer_[3] = running ? 1 : 0;
-  buffer_[kFixed + transport_->process_index()] =
+  const int processes = transport_->process_count();
+  const int me = transport_->process_index();
+  buffer_[kFixed + me] =
       hooks_.collectives_entered ? static_cast<int64_t>(hooks_.collectives_entered()) : 0;
+  // A returned rank's count is final, so a stale round never misreports it.
+  if (hooks_.returned_rank) {
+    if (const auto returned = hooks_.returned_rank(); returned.has_value()) {
+      buffer_[kFixed + processes + me] = static_cast<int64_t>(returned->first);
+      buffer_[kFixed + 2 * processes + me] = returned->second;
+    }
+  }
   op_ = transport_->ControlAllReduceMax(buffer_.data(), static_cast<int>(buffer_.size()));
   return true;
 }

@@ -272,27 +272,47 @@ void Watchdog::CheckReturnedRanks() {
   for (int gone = 0; gone < world_size(); ++gone) {
     if (states_[gone].load() != RankState::kFinished) continue;
     // Final: a rank whose function has returned enters no more collectives.
-    const uint64_t gone_entered = traces_[gone].entered.load(std::memory_order_acquire);
-    for (int r = 0; r < world_size(); ++r) {
-      if (states_[r].load() != RankState::kRunning) continue;
-      const CollectiveTrace& t = traces_[r];
-      const uint64_t entered = t.entered.load(std::memory_order_acquire);
-      // Work the returned rank entered but has not completed (NCCL, in flight)
-      // is not counted against it: only a collective it never entered.
-      if (entered <= t.completed.load(std::memory_order_acquire) || entered <= gone_entered) {
-        continue;
-      }
-      Fail(-1, absl::FailedPreconditionError(absl::StrCat(
-                   "watchdog: ", RankName(gone), " returned from its function after entering ",
-                   gone_entered, " collective(s), while ", RankName(r), " waits in ",
-                   t.op.load(std::memory_order_relaxed), " #", entered,
-                   ", which it will never enter: the ranks ran different numbers of steps "
-                   "(uneven data); give every rank the same number of batches, or train "
-                   "inside DataParallel::join()")),
-           false);
+    if (CheckReturnedRank(RankName(gone), traces_[gone].entered.load(std::memory_order_acquire))) {
       return;
     }
   }
+  if (!returned_elsewhere_) return;
+  for (const auto& [name, entered] : returned_elsewhere_()) {
+    if (CheckReturnedRank(name, entered)) return;
+  }
+}
+
+bool Watchdog::CheckReturnedRank(const std::string& gone, uint64_t gone_entered) {
+  for (int r = 0; r < world_size(); ++r) {
+    if (states_[r].load() != RankState::kRunning) continue;
+    const CollectiveTrace& t = traces_[r];
+    const uint64_t entered = t.entered.load(std::memory_order_acquire);
+    // Work the returned rank entered but has not completed (NCCL, in flight)
+    // is not counted against it: only a collective it never entered.
+    if (entered <= t.completed.load(std::memory_order_acquire) || entered <= gone_entered) {
+      continue;
+    }
+    Fail(-1, absl::FailedPreconditionError(absl::StrCat(
+                 "watchdog: ", gone, " returned from its function after entering ",
+                 gone_entered, " collective(s), while ", RankName(r), " waits in ",
+                 t.op.load(std::memory_order_relaxed), " #", entered,
+                 ", which it will never enter: the ranks ran different numbers of steps "
+                 "(uneven data); give every rank the same number of batches, or train "
+                 "inside DataParallel::join()")),
+         false);
+    return true;
+  }
+  return false;
+}
+
+std::optional<std::pair<uint64_t, int>> Watchdog::FewestEnteredByReturnedRank() const {
+  std::optional<std::pair<uint64_t, int>> fewest;
+  for (int r = 0; r < world_size(); ++r) {
+    if (states_[r].load() != RankState::kFinished) continue;
+    const uint64_t entered = traces_[r].entered.load(std::memory_order_acquire);
+    if (!fewest.has_value() || entered < fewest->first) fewest = {{entered, rank_offset_ + r}};
+  }
+  return fewest;
 }
 
 void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {

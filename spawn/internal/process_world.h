@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <utility>
@@ -64,24 +65,41 @@ struct ServeHooks {
   StepAgreement* agreement = nullptr;            // null: no rounds
   std::function<void(absl::Status)> fail;        // ends the run (a round's transport error)
   std::function<uint64_t()> collectives_entered;  // fewest collectives a local rank entered
+  // The local rank whose function has returned having entered the fewest
+  // collectives: (collectives it entered, its global rank), or nullopt when no
+  // local rank has returned. Null: not reported.
+  std::function<std::optional<std::pair<uint64_t, int>>()> returned_rank;
+};
+
+// A rank of another process whose function has returned, as the last round said.
+struct ReturnedElsewhere {
+  std::string name;        // "rank 1 (cpu, host h, pid p)", as that process names it
+  uint64_t entered = 0;    // the collectives it entered (final: it enters no more)
 };
 
 // Every process's progress as of the last completed round (for the watchdog).
 struct ProcessProgress {
   std::chrono::steady_clock::time_point at{};  // when that round completed; {} before the first
   std::vector<int64_t> entered;               // per process: fewest collectives a rank entered
+  // Per process: the returned rank that entered the fewest collectives, as
+  // (collectives entered, global rank); INT64_MIN entries when none returned.
+  std::vector<int64_t> returned_entered;
+  std::vector<int64_t> returned_rank;
 };
 
 // The communication thread's share of the step agreement across processes
 // (spawn/signals.h): rounds of ControlAllReduceMax over (stop signal, save
-// wanted, largest arrived step, ranks running, then one slot per process: the
-// fewest collectives one of its ranks entered), one at a time, every
+// wanted, largest arrived step, ranks running, then three slots per process: the
+// fewest collectives one of its ranks entered, and of its ranks whose functions
+// have returned the one that entered the fewest: the collectives it entered and
+// its global rank, INT64_MIN when none returned), one at a time, every
 // kRoundPeriod or at once when the agreement is Urgent().
 class ControlPlane final : public BackgroundRounds {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
   // running(): this process's rank threads that have not exited. progress(): told
-  // every completed round's per-process slots.
+  // every completed round's per-process slots (3 * processes values: the entered
+  // slots of every process, then the returned ranks' entered, then their ranks).
   ControlPlane(ProcessTransport* transport, ServeHooks hooks, std::function<int()> running,
                std::function<void(const std::vector<int64_t>&)> progress);
   // A round still in flight (only on the way to Abort) is left to MPI, not freed.
@@ -173,6 +191,12 @@ class ProcessWorld {
   // collective #`waiting_for` too long: which processes had not entered it at
   // the last round, and how long ago rounds last completed ("" without rounds).
   std::string DescribeProgress(uint64_t waiting_for) const;
+
+  // For the watchdog (any thread): the ranks of the other processes whose
+  // functions had returned at the last round (one per process: the one that
+  // entered the fewest collectives). A rank of this process waiting in a
+  // collective numbered above one's count waits for good.
+  std::vector<ReturnedElsewhere> ReturnedRanksElsewhere() const;
 
   // Ends every process of the job after a failure: the caller has logged the
   // error line; this flushes and makes the launcher stop the other processes

@@ -17,6 +17,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +60,17 @@ class Watchdog {
   // about the other processes (ProcessWorld::DescribeProgress). Set before Watch.
   void set_describe_remote(std::function<std::string(uint64_t)> describe) {
     describe_remote_ = std::move(describe);
+  }
+  // The local rank whose function has returned having entered the fewest
+  // collectives: (collectives entered, global rank); nullopt when none (any thread).
+  std::optional<std::pair<uint64_t, int>> FewestEnteredByReturnedRank() const;
+  // Several processes: the ranks of the other processes whose functions have
+  // returned, as (name, collectives entered), from the last round between the
+  // processes (ProcessWorld::ReturnedRanksElsewhere); CheckReturnedRanks holds
+  // this process's waiting ranks against them too. Set before Watch.
+  void set_returned_elsewhere(
+      std::function<std::vector<std::pair<std::string, uint64_t>>()> returned) {
+    returned_elsewhere_ = std::move(returned);
   }
   // Several processes: Ctrl-C asks the step agreement for a stop, as SIGTERM
   // does, so that every process stops at one step boundary and ends on its own.
@@ -167,8 +179,12 @@ class Watchdog {
   // collective numbered above the last one the returned rank entered: that
   // collective can never complete, so the run fails now (naming both, and
   // DataParallel::join() as the remedy for uneven data) instead of at timeout_s.
-  // Ranks of other processes are not seen here.
+  // Ranks of other processes count too, as the last round between the
+  // processes reported them (set_returned_elsewhere).
   void CheckReturnedRanks();
+  // The check for one returned rank: fails the run and returns true when a
+  // running local rank waits in a collective numbered above `gone_entered`.
+  bool CheckReturnedRank(const std::string& gone, uint64_t gone_entered);
 
 
   const int rank_offset_;
@@ -200,6 +216,7 @@ class Watchdog {
   std::optional<absl::Status> abort_outcome_;
   bool sigint_requested_ = false;  // the agreement was asked to stop (sigint_agreed_)
   std::function<std::string(uint64_t)> describe_remote_;
+  std::function<std::vector<std::pair<std::string, uint64_t>>()> returned_elsewhere_;
   bool sigint_agreed_ = false;
 };
 

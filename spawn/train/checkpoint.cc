@@ -9,15 +9,21 @@
 #include <exception>
 #include <new>
 #include <fstream>
+#include <functional>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "nn/error.h"
 #include "nn/layers.h"  // AddMissingBatchCounts
 #include "nn/random.h"
+#include "spawn/train/data_parallel.h"
+#include "spawn/train/sync_batch_norm.h"
 #include "nn/status_macros.h"
 
 namespace tandem::dist {
@@ -58,6 +64,57 @@ absl::Status CheckPointers(const TrainingState& state) {
   return absl::OkStatus();
 }
 
+constexpr char kBuffersKey[] = "training_state.buffers";
+constexpr char kBufferPrefix[] = "training_state.buffer.";
+
+// Rank 0's statement of `model`'s buffers (BufferSync, checkpoint.h).
+std::vector<SavedBuffer> StateBuffers(const nn::Module& model, int world_size) {
+  // Buffers of BatchNorm2d layers synchronised by a SyncBatchNormReducer.
+  std::set<const nn::TensorImpl*> synced;
+  std::function<void(const nn::Module&)> walk = [&](const nn::Module& m) {
+    if (const auto* bn = dynamic_cast<const nn::BatchNorm2dImpl*>(&m);
+        bn != nullptr && dynamic_cast<const SyncBatchNormReducer*>(bn->reducer.get()) != nullptr) {
+      for (const auto& [name, tensor] : m.named_buffers()) synced.insert(tensor.impl());
+    }
+    for (const std::shared_ptr<nn::Module>& child : m.children()) walk(*child);
+  };
+  walk(model);
+  const std::optional<bool> broadcast = internal::BroadcastBuffersOf(&model);
+  std::vector<SavedBuffer> out;
+  for (const auto& [name, tensor] : model.named_buffers()) {
+    BufferSync sync = BufferSync::kUnknown;
+    if (world_size == 1) {
+      sync = BufferSync::kOneRank;
+    } else if (synced.contains(tensor.impl())) {
+      sync = BufferSync::kSyncBatchNorm;
+    } else if (broadcast.has_value()) {
+      sync = *broadcast ? BufferSync::kBroadcastFromRank0 : BufferSync::kRank0Only;
+    }
+    out.push_back({.name = name, .sync = sync});
+  }
+  return out;
+}
+
+constexpr BufferSync kAllSyncs[] = {BufferSync::kOneRank, BufferSync::kSyncBatchNorm,
+                                    BufferSync::kBroadcastFromRank0, BufferSync::kRank0Only,
+                                    BufferSync::kUnknown};
+
+const char* BufferSyncWords(BufferSync sync) {
+  switch (sync) {
+    case BufferSync::kOneRank: return "of a run of one rank";
+    case BufferSync::kSyncBatchNorm:
+      return "identical on every rank (SyncBatchNorm: statistics of every rank's batch)";
+    case BufferSync::kBroadcastFromRank0:
+      return "rank 0's, broadcast to every rank at each synchronised step (broadcast_buffers "
+             "on), after rank 0's own last forward";
+    case BufferSync::kRank0Only:
+      return "rank 0's own, the other ranks' differ (broadcast_buffers off)";
+    case BufferSync::kUnknown:
+      return "rank 0's, the other ranks' unknown (no DataParallel over the model on rank 0)";
+  }
+  return "?";
+}
+
 // Rank 0's part of a save: the checkpoint built from `state`.
 // `generators`: world_size rows of (seed, stream, offset).
 absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingState& state,
@@ -75,6 +132,11 @@ absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingStat
   try {
     if (state.model != nullptr) {
       for (const auto& [name, tensor] : state.model->state_dict()) ck.tensors["model." + name] = tensor;
+      const std::vector<SavedBuffer> buffers = StateBuffers(*state.model, world_size);
+      ck.metadata[kBuffersKey] = static_cast<int64_t>(buffers.size());
+      for (const SavedBuffer& b : buffers) {
+        ck.metadata[kBufferPrefix + b.name] = std::string(BufferSyncCode(b.sync));
+      }
     }
     if (state.optimizer != nullptr) {
       optim::StateDict opt = state.optimizer->state_dict();
@@ -109,6 +171,80 @@ absl::Status Write(const std::string& path, const TrainingState& state, int worl
   ASSIGN_OR_RETURN(const nn::Checkpoint ck, Build(path, state, world_size, generators));
   return nn::SaveCheckpoint(path, ck);
 }
+
+}  // namespace
+
+const char* BufferSyncCode(BufferSync sync) {
+  switch (sync) {
+    case BufferSync::kOneRank: return "one_rank";
+    case BufferSync::kSyncBatchNorm: return "sync_batch_norm";
+    case BufferSync::kBroadcastFromRank0: return "broadcast_from_rank0";
+    case BufferSync::kRank0Only: return "rank0_only";
+    case BufferSync::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SavedBuffers> SavedBuffersOf(const nn::Checkpoint& checkpoint,
+                                            const std::string& path) {
+  SavedBuffers out;
+  if (!checkpoint.metadata.contains(kBuffersKey)) return out;  // not stated
+  ASSIGN_OR_RETURN(const int64_t count, ExtraValue<int64_t>(checkpoint.metadata, kBuffersKey, path));
+  out.stated = true;
+  for (const auto& [key, value] : checkpoint.metadata) {
+    if (!absl::StartsWith(key, kBufferPrefix)) continue;
+    ASSIGN_OR_RETURN(const std::string code, ExtraValue<std::string>(checkpoint.metadata, key, path));
+    SavedBuffer b{.name = key.substr(std::strlen(kBufferPrefix))};
+    bool known = false;
+    for (BufferSync sync : kAllSyncs) {
+      if (code == BufferSyncCode(sync)) {
+        b.sync = sync;
+        known = true;
+      }
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": entry \"", key,
+                                                     "\" is \"", code, "\", not a buffer statement"));
+    }
+    out.buffers.push_back(std::move(b));
+  }
+  if (static_cast<int64_t>(out.buffers.size()) != count) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path, ": entry \"", kBuffersKey,
+                                                   "\" is ", count, " but the file states ",
+                                                   out.buffers.size(), " buffer(s)"));
+  }
+  return out;
+}
+
+SavedBuffers SavedBuffersFor(const TrainingState& state, int world_size) {
+  SavedBuffers out{.stated = true};
+  if (state.model != nullptr) out.buffers = StateBuffers(*state.model, world_size);
+  return out;
+}
+
+absl::StatusOr<SavedBuffers> ReadSavedBuffers(const std::string& path) {
+  ASSIGN_OR_RETURN(const nn::Checkpoint ck, nn::LoadCheckpoint(path));
+  return SavedBuffersOf(ck, path);
+}
+
+std::string DescribeSavedBuffers(const SavedBuffers& buffers) {
+  if (!buffers.stated) return "not stated (written before checkpoints stated their buffers)";
+  if (buffers.buffers.empty()) return "no buffers";
+  std::string text;
+  for (BufferSync sync : kAllSyncs) {
+    std::vector<std::string> names;
+    for (const SavedBuffer& b : buffers.buffers) {
+      if (b.sync == sync) names.push_back(b.name);
+    }
+    if (names.empty()) continue;
+    absl::StrAppend(&text, text.empty() ? "" : "; ", names.size(),
+                    names.size() == 1 ? " buffer " : " buffers ", BufferSyncWords(sync), ": ",
+                    absl::StrJoin(names, ", "));
+  }
+  return text;
+}
+
+namespace {
 
 template <typename T>
 absl::StatusOr<T> Entry(const nn::Checkpoint& ck, const std::string& key, const std::string& path) {

@@ -31,6 +31,9 @@
 //             "rng.<r>.seed", "rng.<r>.stream", "rng.<r>.offset"  int64 (uint64 bits)
 //                                          rank r's nn::thread_generator()
 //             "training_state.version" int64 (1)
+//             "training_state.buffers"  int64   how many model buffers the file states
+//             "training_state.buffer.<name>" string  how model buffer <name> relates to
+//                                          the other ranks' (BufferSync's code, below)
 //             <any other key>             TrainingState::extra
 // An object whose pointer is null is neither saved nor loaded.
 //
@@ -64,6 +67,7 @@
 #include <map>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -105,6 +109,47 @@ struct LoadOptions {
   // (FailedPrecondition) with both world sizes in the message.
   bool require_same_world_size = false;
 };
+
+// What a checkpoint's model buffers (BatchNorm's running statistics and batch
+// count) are, written by rank 0 for each buffer of TrainingState::model:
+//   kOneRank             a run of one rank: its own values
+//   kSyncBatchNorm       a BatchNorm2d with a SyncBatchNormReducer: the statistics
+//                        of every rank's batch, the same on every rank
+//   kBroadcastFromRank0  a live DataParallel over the model with broadcast_buffers
+//                        on: every rank began each synchronised step from rank 0's
+//                        values; the file holds rank 0's after its own last forward
+//   kRank0Only           a live DataParallel with broadcast_buffers off: rank 0's
+//                        statistics of its own slices; the other ranks' differ
+//   kUnknown             several ranks and no DataParallel over the model on rank 0
+//                        (a model saved without one): rank 0's values, nothing said
+//                        of the others'
+// A file written before checkpoints stated their buffers has no statement
+// (stated false); it loads as before.
+enum class BufferSync { kOneRank, kSyncBatchNorm, kBroadcastFromRank0, kRank0Only, kUnknown };
+// The code stored in the file ("one_rank", "sync_batch_norm",
+// "broadcast_from_rank0", "rank0_only", "unknown").
+const char* BufferSyncCode(BufferSync sync);
+struct SavedBuffer {
+  std::string name;  // as in model.state_dict() (without the file's "model." prefix)
+  BufferSync sync = BufferSync::kUnknown;
+};
+struct SavedBuffers {
+  bool stated = false;  // false: the file does not say (written before the statement)
+  std::vector<SavedBuffer> buffers;
+};
+// The statement of a parsed checkpoint (nn::LoadCheckpoint), or of a file.
+// InvalidArgument naming the entry when an entry is not what Save writes.
+absl::StatusOr<SavedBuffers> SavedBuffersOf(const nn::Checkpoint& checkpoint,
+                                            const std::string& path);
+absl::StatusOr<SavedBuffers> ReadSavedBuffers(const std::string& path);
+// What a save of `state` by this rank as rank 0 of `world_size` ranks states
+// (empty and stated when state.model is null). Not a collective.
+SavedBuffers SavedBuffersFor(const TrainingState& state, int world_size);
+// One line: "2 buffers, broadcast from rank 0 at every synchronised step
+// (broadcast_buffers on): bn.running_mean, bn.running_var", several groups
+// joined by "; ", "no buffers", or "not stated (written before checkpoints
+// stated their buffers)". CheckpointManager's "written" log line ends with it.
+std::string DescribeSavedBuffers(const SavedBuffers& buffers);
 
 // Writes `state` to `path` (see the file comment). Every rank calls it; every
 // rank returns rank 0's outcome (the other ranks' errors say that rank 0 could

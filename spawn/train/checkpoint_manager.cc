@@ -184,7 +184,8 @@ absl::Status CheckpointManager::Save(const TrainingState& state) {
   const double snapshot_ms = MsSince(start) - wait_ms;
   writing_path_ = path;
   const RankLogger log = ctx_.log();
-  auto write = [this, log, path, step, snapshot_ms, wait_ms,
+  std::string buffers = DescribeSavedBuffers(SavedBuffersFor(state, ctx_.world_size()));
+  auto write = [this, log, path, step, snapshot_ms, wait_ms, buffers = std::move(buffers),
                 bytes = std::move(bytes).value()]() {
     if (options_.write_delay_s > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(options_.write_delay_s));
@@ -193,12 +194,12 @@ absl::Status CheckpointManager::Save(const TrainingState& state) {
     writer_status_ = nn::WriteCheckpointBytes(path, bytes);
     if (writer_status_.ok()) {
       log.Info("checkpoint {} written ({} KiB; the step waited {} ms for the snapshot{}, the "
-               "write took {} ms {})",
+               "write took {} ms {}); model buffers: {}",
                path, bytes.size() / 1024, absl::StrFormat("%.1f", snapshot_ms),
                wait_ms >= 0.1 ? absl::StrFormat(" and %.1f ms for the previous write", wait_ms)
                               : std::string(),
                absl::StrFormat("%.1f", MsSince(write_start)),
-               options_.background ? "in the background" : "on the rank thread");
+               options_.background ? "in the background" : "on the rank thread", buffers);
       Rotate(step, log);
     }
     writer_busy_.store(false);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +33,26 @@ std::vector<std::string> Describe(const nn::Module& module) {
   return lines;
 }
 
+// Live DataParallels by module, for BroadcastBuffersOf (newest last).
+std::mutex& RegistryMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::map<const nn::Module*, std::vector<const DataParallelOptions*>>& Registry() {
+  static auto* registry = new std::map<const nn::Module*, std::vector<const DataParallelOptions*>>();
+  return *registry;
+}
+
 }  // namespace
+
+namespace internal {
+std::optional<bool> BroadcastBuffersOf(const nn::Module* module) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = Registry().find(module);
+  if (it == Registry().end() || it->second.empty()) return std::nullopt;
+  return it->second.back()->broadcast_buffers;
+}
+}  // namespace internal
 
 DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions options)
     : module_(module), ctx_(ctx), options_(std::move(options)) {
@@ -55,9 +76,19 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
     params_[i].hook =
         params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
   }
+  std::lock_guard<std::mutex> lock(RegistryMutex());  // last: a throw above leaves no entry
+  Registry()[&module_].push_back(&options_);
 }
 
 DataParallel::~DataParallel() {
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    auto it = Registry().find(&module_);
+    if (it != Registry().end()) {
+      std::erase(it->second, &options_);
+      if (it->second.empty()) Registry().erase(it);
+    }
+  }
   for (Slot& s : params_) {
     if (s.hook >= 0) s.param.remove_grad_ready_hook(s.hook);
   }

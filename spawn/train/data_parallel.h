@@ -294,6 +294,13 @@ class DataParallel {
   internal::JoinState join_;
 };
 
+namespace internal {
+// The broadcast_buffers setting of the live DataParallel made over `module`
+// (the newest, when several are), or nullopt when none is (any thread).
+// Checkpoints ask it to state which buffers they hold (spawn/train/checkpoint.h).
+std::optional<bool> BroadcastBuffersOf(const nn::Module* module);
+}  // namespace internal
+
 }  // namespace tandem::dist
 
 #endif  // TANDEM_SPAWN_DATA_PARALLEL_H_

@@ -7,7 +7,11 @@
 // mpirun under PMI_SIZE=2: MPI sees a world of 1), log_dir (process 1's log_dir
 // cannot be created: start-up fails there after the processes joined), startup
 // (a fault at a start-up point, named by TANDEM_TEST_STARTUP_FAULT, which the
-// test sets; timeout_s 3).
+// test sets; timeout_s 3), uneven (process 1's rank returns after 3 steps while
+// process 0's goes on without DataParallel::join(): process 0's watchdog ends the
+// job as soon as the last round between the processes reports the return, long
+// before timeout_s 60), even_late (equal steps, but process 0's rank waits 1.5 s
+// after its last step while process 1's has returned: silent, exit 0).
 #include <unistd.h>
 
 #include <csignal>
@@ -39,6 +43,8 @@ int main(int argc, char** argv) {
   if (mode == "flags") options.must_agree = {{"--batch_size", ProcessIndex() == 0 ? "64" : "32"}};
   // A path under a regular file: mkdir fails (ENOTDIR), also as root.
   if (mode == "log_dir" && ProcessIndex() == 1) options.log_dir = "/proc/self/status/logs";
+  // Every rank's lines on the console: the uneven case's return is timed from them.
+  if (mode == "uneven" || mode == "even_late") options.log_all_ranks = true;
   const absl::Status status = dist::spawn(
       [&](dist::Context& ctx) {
         for (int step = 0; step < 200; ++step) {
@@ -46,11 +52,16 @@ int main(int argc, char** argv) {
             if (mode == "throw") throw std::runtime_error("boom at step 3");
             if (mode == "kill") std::raise(SIGKILL);
             if (mode == "stop") std::raise(SIGSTOP);
+            if (mode == "uneven") {
+              ctx.log().Info("returns after 3 steps (its peer goes on without join)");
+              return;
+            }
           }
           nn::Tensor x = nn::full({256}, static_cast<double>(ctx.rank()));
           ctx.communicator().all_reduce(x);
           ::usleep(2000);
         }
+        if (mode == "even_late" && ctx.process_index() == 0) ::usleep(1500 * 1000);
         ctx.log().Info("done: 200 steps");
       },
       1, "cpu", options);

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,10 +26,12 @@
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/ops/reduce.h"
 #include "nn/random.h"
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
 #include "spawn/train/data_parallel.h"
+#include "spawn/train/sync_batch_norm.h"
 #include "spawn/spawn.h"
 #include "tests/test_util.h"
 
@@ -465,6 +469,109 @@ TEST_F(CheckpointErrorTest, ModelWithoutBatchNormCountsLoads) {
       1, "cpu", options_);
   ASSERT_TRUE(broken.ok()) << broken.status();
   EXPECT_TRUE(Contains((*broken)[0], "missing key '1.running_var'")) << (*broken)[0];
+}
+
+// Rank 0's save states how each model buffer relates to the other ranks'
+// (broadcast_buffers on / off, SyncBatchNorm, one rank, no DataParallel); the
+// statement reads back from the file; a file without it (written before)
+// still loads and says it does not state its buffers.
+TEST_F(CheckpointErrorTest, SaveStatesWhichBuffersItHolds) {
+  const std::vector<std::string> kBuffers = {"1.running_mean", "1.running_var",
+                                             "1.num_batches_tracked"};
+  enum class Setup { kBroadcastOn, kBroadcastOff, kSyncBatchNorm, kNoDataParallel };
+  auto save = [&](const std::string& path, int world, Setup setup) {
+    auto s = spawn(
+        [&](Context& ctx) {
+          nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
+          if (setup == Setup::kSyncBatchNorm) ConvertSyncBatchNorm(*net);
+          std::optional<DataParallel> dp;
+          if (setup != Setup::kNoDataParallel) {
+            dp.emplace(*net, ctx,
+                       DataParallelOptions{.broadcast_buffers = setup != Setup::kBroadcastOff});
+            nn::mean((*dp)(nn::randn({2, 1, 3, 3}))).backward();
+          }
+          int64_t step = 1;
+          return SaveTrainingCheckpoint(ctx, path, {.model = net.get(), .step = &step});
+        },
+        world, "cpu", options_);
+    ASSERT_TRUE(s.ok()) << s;
+  };
+  auto read = [](const std::string& path) {
+    absl::StatusOr<SavedBuffers> b = ReadSavedBuffers(path);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? *b : SavedBuffers{};
+  };
+  auto expect_all = [&](const SavedBuffers& b, BufferSync sync) {
+    EXPECT_TRUE(b.stated);
+    ASSERT_EQ(b.buffers.size(), kBuffers.size());
+    for (size_t i = 0; i < kBuffers.size(); ++i) {
+      std::vector<std::string> names;
+      for (const SavedBuffer& saved : b.buffers) names.push_back(saved.name);
+      EXPECT_NE(std::find(names.begin(), names.end(), kBuffers[i]), names.end()) << kBuffers[i];
+      EXPECT_EQ(b.buffers[i].sync, sync) << b.buffers[i].name;
+    }
+  };
+  const std::string on = TempPath("buffers-on.ckpt");
+  save(on, 2, Setup::kBroadcastOn);
+  const SavedBuffers b_on = read(on);
+  expect_all(b_on, BufferSync::kBroadcastFromRank0);
+  EXPECT_TRUE(Contains(DescribeSavedBuffers(b_on),
+                       "3 buffers rank 0's, broadcast to every rank at each synchronised step "
+                       "(broadcast_buffers on)"))
+      << DescribeSavedBuffers(b_on);
+  const std::string off = TempPath("buffers-off.ckpt");
+  save(off, 2, Setup::kBroadcastOff);
+  const SavedBuffers b_off = read(off);
+  expect_all(b_off, BufferSync::kRank0Only);
+  EXPECT_TRUE(Contains(DescribeSavedBuffers(b_off),
+                       "rank 0's own, the other ranks' differ (broadcast_buffers off): "
+                       "1.num_batches_tracked, 1.running_mean, 1.running_var"))
+      << DescribeSavedBuffers(b_off);
+  const std::string sync = TempPath("buffers-sync.ckpt");
+  save(sync, 2, Setup::kSyncBatchNorm);
+  expect_all(read(sync), BufferSync::kSyncBatchNorm);
+  const std::string none = TempPath("buffers-no-dp.ckpt");
+  save(none, 2, Setup::kNoDataParallel);
+  expect_all(read(none), BufferSync::kUnknown);
+  const std::string one = TempPath("buffers-one.ckpt");
+  save(one, 1, Setup::kBroadcastOff);
+  expect_all(read(one), BufferSync::kOneRank);
+
+  // A file without the statement (as written before it existed): loads, not stated.
+  absl::StatusOr<nn::Checkpoint> ck = nn::LoadCheckpoint(on);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  std::erase_if(ck->metadata,
+                [](const auto& entry) { return entry.first.starts_with("training_state.buffer"); });
+  const std::string old = TempPath("buffers-old.ckpt");
+  ASSERT_TRUE(nn::SaveCheckpoint(old, *ck).ok());
+  const SavedBuffers b_old = read(old);
+  EXPECT_FALSE(b_old.stated);
+  EXPECT_EQ(DescribeSavedBuffers(b_old),
+            "not stated (written before checkpoints stated their buffers)");
+  auto loaded = spawn(
+      [&](Context& ctx) {
+        nn::Sequential net({nn::Conv2d(1, 2, 1), nn::BatchNorm2d(2)});
+        int64_t step = 0;
+        TrainingState state{.model = net.get(), .step = &step};
+        const absl::Status s = LoadTrainingCheckpoint(ctx, old, state);
+        EXPECT_TRUE(state.extra.empty());  // the statement is the library's, never extra
+        return s.ToString();
+      },
+      2, "cpu", options_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<std::string>{"OK", "OK"}));
+  // A model without buffers states none.
+  const std::string linear = TempPath("buffers-linear.ckpt");
+  ASSERT_TRUE(spawn(
+                  [&](Context& ctx) {
+                    nn::Linear net(2, 2);
+                    DataParallel dp(*net, ctx);
+                    int64_t step = 1;
+                    return SaveTrainingCheckpoint(ctx, linear, {.model = net.get(), .step = &step});
+                  },
+                  2, "cpu", options_)
+                  .ok());
+  EXPECT_EQ(DescribeSavedBuffers(read(linear)), "no buffers");
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "nn/autocast.h"
 #include "nn/nn.h"
 #include "spawn/spawn.h"
@@ -50,6 +52,11 @@ struct Combo {
   bool unused = false;    // a parameter without gradient, find_unused_parameters
   bool autocast = false;  // forward and loss under AutocastGuard(kBFloat16)
   bool join = false;      // inside DataParallel::join(), the last rank one step short
+  // With join: after each step every active rank evaluates its step's last
+  // micro-batch through the module in eval mode (no gradient) and sums its row
+  // count through join.all_reduce; Train() throws unless each sum counts the
+  // rows of the ranks active in that step.
+  bool evaluate = false;
 };
 
 // One run of a Combo: the model, DataParallel and optimizer of a rank, and its steps.
@@ -105,12 +112,37 @@ class ComboRun {
     if (plain_) plain_->step();
   }
 
-  Tensor Train() {
+  Tensor Train() { return TrainSteps(0, Steps()); }
+
+  // Steps [from, to) inside one guard (with join), then the guard's finish.
+  Tensor TrainSteps(int from, int to) {
     std::optional<DataParallel::JoinGuard> join;
     if (c_.join && !one_rank_) join.emplace(dp_.get());
-    for (int s = 0; s < Steps(); ++s) Step(s);
+    for (int s = from; s < to; ++s) {
+      Step(s);
+      if (c_.evaluate && join) Evaluate(s, *join);
+    }
     if (join) ThrowIfError(join->finish(), "finish: ");
     return Params();
+  }
+
+  // The evaluation of Combo::evaluate after step s.
+  void Evaluate(int s, DataParallel::JoinGuard& join) {
+    const int64_t lo = s * global_ + (c_.accum - 1) * world_ * kRows + ctx_.rank() * kRows;
+    double rows = 0;
+    {
+      nn::NoGradGuard no_grad;
+      net_.eval();
+      rows = static_cast<double>(net_.forward(x_.slice(lo, lo + kRows)).size(0));
+      net_.train();
+    }
+    Tensor count = nn::full({1}, rows);
+    join.all_reduce(count);
+    const double expected = static_cast<double>(Active(s) * kRows);
+    if (count.item() != expected) {
+      throw std::runtime_error(absl::StrCat("evaluation after step ", s, ": the sum counts ",
+                                            count.item(), " rows, expected ", expected));
+    }
   }
 
   Tensor Params() const { return Flat(net_.parameters()); }

@@ -3,7 +3,8 @@
 // left by an exception (its errors reach every rank, never std::terminate);
 // accumulation, evaluation and broadcast_buffers inside join(); ZeRO with the
 // compress hooks; pairs of features against one rank and through a checkpoint
-// resume; broadcast_buffers' default; uneven steps without join(), which the
+// resume; evaluation inside join() with each feature; a checkpoint save inside
+// and outside join(); broadcast_buffers' default; uneven steps without join(), which the
 // watchdog ends as soon as the short rank returns.
 #include <algorithm>
 #include <atomic>
@@ -450,6 +451,103 @@ TEST_F(ComposeTest, EvaluationInsideJoin) {
     EXPECT_TRUE(Contains((*refused)[r], "a forward with autograd off (an evaluation) inside "
                                         "join()"))
         << (*refused)[r];
+  }
+}
+
+// Evaluation inside join() with each feature (Combo::evaluate: every active
+// rank evaluates through the module in eval mode after each step and sums its
+// rows through join.all_reduce; the counts are checked in the run): 2 ranks
+// with 4/3 steps end with the bits of the same run without the evaluation,
+// and match one rank on the union of each step's rows within the pair's
+// bound (compose_test.cc's PairsOfFeaturesMatchOneRank).
+TEST_F(ComposeTest, EvaluationInsideJoinWithEachFeature) {
+  const std::vector<Combo> combos = {
+      {.name = "evaluation in join + ZeRO", .zero = true, .join = true, .evaluate = true},
+      {.name = "evaluation in join + bf16 hook", .hook = true, .join = true, .evaluate = true},
+      {.name = "evaluation in join + accumulation", .accum = 2, .join = true, .evaluate = true},
+      {.name = "evaluation in join + SyncBatchNorm", .sync_bn = true, .join = true,
+       .evaluate = true},
+  };
+  for (const Combo& c : combos) {
+    auto run = [&](const Combo& combo, int ranks) {
+      return spawn([&](Context& ctx) {
+        return combo.sync_bn ? TrainCombo<BnNet>(ctx, combo, 2, ranks == 1)
+                             : TrainCombo<PlainNet>(ctx, combo, 2, ranks == 1);
+      }, ranks, "cpu", options_);
+    };
+    Combo without = c;
+    without.evaluate = false;
+    auto one = run(c, 1);
+    auto evaluated = run(c, 2);
+    auto plain = run(without, 2);
+    ASSERT_TRUE(one.ok() && evaluated.ok() && plain.ok())
+        << c.name << ": " << one.status() << evaluated.status() << plain.status();
+    const double bound = c.hook ? 2.0 / 256 : 1e-5;
+    const double error = ScaledError((*evaluated)[0], (*one)[0]);
+    std::printf("%s: 2 ranks (4/3 steps) vs 1 rank, max relative difference parameters %.3g "
+                "(bound %.3g)\n", c.name, error, bound);
+    EXPECT_LE(error, bound) << c.name;
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(c.name);
+      testing::ExpectSameBits((*evaluated)[r].to_vector<float>(), (*plain)[r].to_vector<float>(),
+                              "with and without the evaluation");
+    }
+  }
+}
+
+// Checkpoints and join(). A save inside a step of the guard is a collective a
+// finished rank cannot answer: the next step agreement fails on every rank,
+// naming the rank that made it. A save outside the guard works: 2 ranks (4/3
+// steps) that evaluate inside join(), saved after step 2 between two guards
+// and resumed into fresh objects, end with the bits of the run that never
+// stopped (one guard over all 4 steps).
+TEST_F(ComposeTest, CheckpointInsideAndOutsideJoin) {
+  const std::string path = ::testing::TempDir() + "compose_join_checkpoint.ckpt";
+  auto inside = spawn([&](Context& ctx) {
+    PlainNet net;
+    DataParallel dp(net, ctx);
+    int64_t step = 0;
+    return ErrorOf([&] {
+      auto join = dp.join();
+      for (; step < 3; ++step) {
+        nn::sum(dp(nn::randn({2, 2, 5, 5}))).backward();  // step 2's agreement throws
+        SgdStep(dp);
+        if (step == 1) {
+          ThrowIfError(SaveTrainingCheckpoint(ctx, path, {.model = &net, .step = &step}),
+                       "save: ");
+        }
+      }
+      ThrowIfError(join.finish(), "finish: ");
+    });
+  }, 2, "cpu", options_);
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  for (int r = 0; r < 2; ++r) {
+    std::printf("checkpoint save inside join(), rank %d: %s\n", r, (*inside)[r].c_str());
+    EXPECT_TRUE(Contains((*inside)[r], "DataParallel::join: rank 0 made 2 collective(s) in a "
+                                       "step that a rank whose data ran out cannot answer"))
+        << (*inside)[r];
+  }
+
+  const Combo c{.name = "evaluation in join + checkpoint", .join = true, .evaluate = true};
+  auto straight = spawn([&](Context& ctx) { return TrainCombo<PlainNet>(ctx, c, 2, false); }, 2,
+                        "cpu", options_);
+  auto resumed = spawn([&](Context& ctx) {
+    int64_t step = 2;
+    {
+      ComboRun<PlainNet> first(ctx, c, 2, false);
+      first.TrainSteps(0, 2);
+      ThrowIfError(SaveTrainingCheckpoint(ctx, path, first.State(&step)), "save: ");
+    }
+    nn::manual_seed(1234);
+    ComboRun<PlainNet> again(ctx, c, 2, false);
+    TrainingState state = again.State(&step);
+    ThrowIfError(LoadTrainingCheckpoint(ctx, path, state), "load: ");
+    return again.TrainSteps(static_cast<int>(step), again.Steps());
+  }, 2, "cpu", options_);
+  ASSERT_TRUE(straight.ok() && resumed.ok()) << straight.status() << resumed.status();
+  for (int r = 0; r < 2; ++r) {
+    testing::ExpectSameBits((*resumed)[r].to_vector<float>(), (*straight)[r].to_vector<float>(),
+                            "resumed vs never stopped");
   }
 }
 

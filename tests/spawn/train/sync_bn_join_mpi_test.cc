@@ -141,6 +141,7 @@ TEST_F(SyncBatchNormMpiTest, FeaturesCombinedAcrossProcesses) {
       {.name = "find_unused_parameters", .unused = true},
       {.name = "bf16 autocast", .autocast = true},
       {.name = "accumulation + join", .accum = 2, .join = true},
+      {.name = "evaluation inside join", .join = true, .evaluate = true},
       {.name = "ZeRO + accumulation + SyncBatchNorm", .zero = true, .accum = 2, .sync_bn = true},
   };
   for (const Combo& c : combos) {
