@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
 #include "nn/cuda/handles.h"
+#include "nn/graph.h"
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/matmul_kernels.h"
 
@@ -271,6 +272,9 @@ bool CudnnGraphConv(ConvDirection direction, const Conv2dGeometry& g, DType dtyp
   thread_local std::map<PlanKey, std::unique_ptr<GraphPlan>> plans;
   auto it = plans.find(key);
   if (it == plans.end()) {
+    // Building a plan may allocate or compile, which a CUDA graph capture
+    // forbids: a shape first met inside a capture runs legacy (uncached).
+    if (CudaGraph::IsCapturing()) return false;
     it = plans.emplace(key, BuildPlan(direction, g, dtype, tf32, handle)).first;
   }
   if (it->second == nullptr) return false;
