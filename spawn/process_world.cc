@@ -20,7 +20,7 @@
 #include "spawn/launch.h"
 #include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 #endif
 
 namespace tandem::dist::internal {

@@ -103,7 +103,7 @@
 #include "nn/interrupt.h"
 #include "nn/status_macros.h"
 #include "spawn/comm/internal/abort_guard.h"
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 
 namespace tandem::dist::internal {
 namespace {
