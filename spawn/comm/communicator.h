@@ -35,8 +35,8 @@
 //
 // Thread-safety: a Communicator belongs to its rank's thread, except
 // PollCompleted() and Abort(), which spawn's watchdog calls from its own.
-#ifndef TANDEM_SPAWN_COMMUNICATOR_H_
-#define TANDEM_SPAWN_COMMUNICATOR_H_
+#ifndef TANDEM_SPAWN_COMM_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMM_COMMUNICATOR_H_
 
 #include <atomic>
 #include <chrono>
@@ -310,4 +310,4 @@ class Communicator {
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_COMMUNICATOR_H_
+#endif  // TANDEM_SPAWN_COMM_COMMUNICATOR_H_

@@ -57,8 +57,8 @@
 //
 // Thread-safety: each rank's thread calls with its own Context and objects.
 // CUDA: tensors are copied to the host on the calling thread's stream (a sync).
-#ifndef TANDEM_SPAWN_CHECKPOINT_H_
-#define TANDEM_SPAWN_CHECKPOINT_H_
+#ifndef TANDEM_SPAWN_TRAIN_CHECKPOINT_H_
+#define TANDEM_SPAWN_TRAIN_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
@@ -186,4 +186,4 @@ absl::StatusOr<T> ExtraValue(const std::map<std::string, nn::CheckpointValue>& e
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_CHECKPOINT_H_
+#endif  // TANDEM_SPAWN_TRAIN_CHECKPOINT_H_

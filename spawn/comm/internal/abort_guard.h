@@ -27,8 +27,8 @@
 //    kTimedOut and the abort does not run: aborting under a call in progress
 //    could free what the call uses. The caller escalates (spawn ends the
 //    process with the error named: a hang is the one outcome it never accepts).
-#ifndef TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
-#define TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
+#ifndef TANDEM_SPAWN_COMM_INTERNAL_ABORT_GUARD_H_
+#define TANDEM_SPAWN_COMM_INTERNAL_ABORT_GUARD_H_
 
 #include <atomic>
 #include <chrono>
@@ -136,4 +136,4 @@ class AbortGuard {
 
 }  // namespace tandem::dist::internal
 
-#endif  // TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
+#endif  // TANDEM_SPAWN_COMM_INTERNAL_ABORT_GUARD_H_
