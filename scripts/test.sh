@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: install what is missing, build, run every test.
+#  0. Include guards match their headers' paths (scripts/check_include_guards.sh) and
+#     testing/ includes only installed headers (scripts/check_testing_includes.sh); ~1 s.
 #  1. A ThreadSanitizer build (CPU-only) runs the threaded tests (ctest label tsan_ok).
 #  2. A clang build of the libraries (compile check).
 #  3. The main build (preset "default": Release, TANDEM_CUDA=AUTO: CUDA is compiled
@@ -8,6 +10,8 @@
 # Output ends with ctest's summary of the main build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/check_include_guards.sh
+scripts/check_testing_includes.sh
 scripts/setup.sh
 jobs="$(nproc)"
 

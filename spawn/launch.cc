@@ -25,7 +25,7 @@
 #include "spawn/internal/restart.h"
 #include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 #endif
 
 namespace tandem::dist::internal {

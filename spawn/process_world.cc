@@ -16,11 +16,11 @@
 #include "absl/strings/str_split.h"
 #include "spawn/comm/mpi/hierarchical_communicator.h"
 #include "nn/status_macros.h"
+#include "spawn/options.h"
 #include "spawn/signals.h"
-#include "spawn/launch.h"
 #include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 #endif
 
 namespace tandem::dist::internal {

@@ -5,13 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "nn/interrupt.h"
-#include "spawn/comm/internal/abort_guard.h"
+#include "spawn/comm/abort_guard.h"
 
 namespace tandem::testing {
 
 using dist::CancelledError;
 using dist::ReduceOp;
-using dist::internal::AbortGuard;
+using dist::AbortGuard;
 
 // --- FakeGroup -----------------------------------------------------------------
 

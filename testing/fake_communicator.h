@@ -56,9 +56,9 @@
 #include "spawn/comm/communicator.h"
 #include "spawn/comm/inprocess/inprocess_communicator.h"
 
-namespace tandem::dist::internal {
+namespace tandem::dist {
 class AbortGuard;
-}  // namespace tandem::dist::internal
+}  // namespace tandem::dist
 
 namespace tandem::testing {
 
@@ -202,7 +202,7 @@ class FakeAsyncCommunicator final : public dist::Communicator {
 
   std::shared_ptr<FakeGroup> group_;
   dist::InProcessCommunicator inner_;
-  std::unique_ptr<dist::internal::AbortGuard> guard_;
+  std::unique_ptr<dist::AbortGuard> guard_;
   std::unique_ptr<int> handle_;  // guarded by *guard_
   std::atomic<int> in_use_{0};
   std::atomic<int> stall_{0};  // 1: the next call stalls; 2: a call is stalled

@@ -22,7 +22,7 @@
 // them. Abort ends the collectives in flight (a peer that failed before issuing
 // one would otherwise leave it waiting for good), so every host wait on a stream
 // behind them returns; implementations serialise it with their own calls
-// (spawn/comm/internal/abort_guard.h). Host waits on a rank thread are stop-aware
+// (spawn/comm/abort_guard.h). Host waits on a rank thread are stop-aware
 // (nn/interrupt.h): they throw CancelledError once the run stops.
 //
 // CUDA graphs (nn/graph.h): NCCL collectives (and hence DataParallel's
@@ -35,8 +35,8 @@
 //
 // Thread-safety: a Communicator belongs to its rank's thread, except
 // PollCompleted() and Abort(), which spawn's watchdog calls from its own.
-#ifndef TANDEM_SPAWN_COMMUNICATOR_H_
-#define TANDEM_SPAWN_COMMUNICATOR_H_
+#ifndef TANDEM_SPAWN_COMM_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMM_COMMUNICATOR_H_
 
 #include <atomic>
 #include <chrono>
@@ -310,4 +310,4 @@ class Communicator {
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_COMMUNICATOR_H_
+#endif  // TANDEM_SPAWN_COMM_COMMUNICATOR_H_

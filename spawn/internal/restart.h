@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "spawn/context.h"
-#include "spawn/launch.h"
 #include "spawn/logger.h"
+#include "spawn/options.h"
 #include "spawn/restart.h"
 
 namespace tandem::dist::internal {

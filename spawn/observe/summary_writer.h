@@ -22,8 +22,8 @@
 // Records are buffered and written by Flush() (also every 64 records and at
 // Close/destruction); a flushed file is complete up to its last record.
 // Thread-safety: every method may be called from any thread.
-#ifndef TANDEM_SPAWN_SUMMARY_WRITER_H_
-#define TANDEM_SPAWN_SUMMARY_WRITER_H_
+#ifndef TANDEM_SPAWN_OBSERVE_SUMMARY_WRITER_H_
+#define TANDEM_SPAWN_OBSERVE_SUMMARY_WRITER_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -88,4 +88,4 @@ std::string SessionStartEvent(int64_t step, double wall_time);
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_SUMMARY_WRITER_H_
+#endif  // TANDEM_SPAWN_OBSERVE_SUMMARY_WRITER_H_

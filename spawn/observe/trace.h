@@ -26,8 +26,8 @@
 // check). The default window of the programs' --trace_steps is bounded (10:20).
 // Thread-safety: a rank's spans are recorded by its own thread (and the threads
 // it hands work to) under a per-rank mutex; WriteTrace is collective.
-#ifndef TANDEM_SPAWN_TRACE_H_
-#define TANDEM_SPAWN_TRACE_H_
+#ifndef TANDEM_SPAWN_OBSERVE_TRACE_H_
+#define TANDEM_SPAWN_OBSERVE_TRACE_H_
 
 #include <atomic>
 #include <chrono>
@@ -136,4 +136,4 @@ absl::Status ParseTraceWindow(absl::string_view text, TraceRecorder::Window* win
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_TRACE_H_
+#endif  // TANDEM_SPAWN_OBSERVE_TRACE_H_

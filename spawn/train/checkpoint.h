@@ -60,8 +60,8 @@
 //
 // Thread-safety: each rank's thread calls with its own Context and objects.
 // CUDA: tensors are copied to the host on the calling thread's stream (a sync).
-#ifndef TANDEM_SPAWN_CHECKPOINT_H_
-#define TANDEM_SPAWN_CHECKPOINT_H_
+#ifndef TANDEM_SPAWN_TRAIN_CHECKPOINT_H_
+#define TANDEM_SPAWN_TRAIN_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
@@ -231,4 +231,4 @@ absl::StatusOr<T> ExtraValue(const std::map<std::string, nn::CheckpointValue>& e
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_CHECKPOINT_H_
+#endif  // TANDEM_SPAWN_TRAIN_CHECKPOINT_H_

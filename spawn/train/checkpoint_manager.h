@@ -39,8 +39,8 @@
 // files are never deleted. Give each run its own directory.
 //
 // Thread-safety: one manager per rank thread; its writer thread is internal.
-#ifndef TANDEM_SPAWN_CHECKPOINT_MANAGER_H_
-#define TANDEM_SPAWN_CHECKPOINT_MANAGER_H_
+#ifndef TANDEM_SPAWN_TRAIN_CHECKPOINT_MANAGER_H_
+#define TANDEM_SPAWN_TRAIN_CHECKPOINT_MANAGER_H_
 
 #include <atomic>
 #include <chrono>
@@ -137,4 +137,4 @@ class CheckpointManager {
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_CHECKPOINT_MANAGER_H_
+#endif  // TANDEM_SPAWN_TRAIN_CHECKPOINT_MANAGER_H_

@@ -86,8 +86,8 @@
 //
 // Thread-safety: belongs to its rank's thread, like the module. The module must
 // outlive the DataParallel.
-#ifndef TANDEM_SPAWN_DATA_PARALLEL_H_
-#define TANDEM_SPAWN_DATA_PARALLEL_H_
+#ifndef TANDEM_SPAWN_TRAIN_DATA_PARALLEL_H_
+#define TANDEM_SPAWN_TRAIN_DATA_PARALLEL_H_
 
 #include <chrono>
 #include <cstdint>
@@ -303,4 +303,4 @@ std::optional<bool> BroadcastBuffersOf(const nn::Module* module);
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_DATA_PARALLEL_H_
+#endif  // TANDEM_SPAWN_TRAIN_DATA_PARALLEL_H_

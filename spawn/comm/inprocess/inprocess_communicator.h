@@ -31,8 +31,8 @@
 // ranks on the host. A collective called while nn::CudaGraph captures on the
 // calling thread throws tandem::Error ("in-process communicator cannot be
 // captured in a CUDA graph; use NCCL ...") before touching the group.
-#ifndef TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
-#define TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
+#ifndef TANDEM_SPAWN_COMM_INPROCESS_INPROCESS_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMM_INPROCESS_INPROCESS_COMMUNICATOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -254,4 +254,4 @@ class InProcessCommunicator final : public Communicator {
 
 }  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_INPROCESS_COMMUNICATOR_H_
+#endif  // TANDEM_SPAWN_COMM_INPROCESS_INPROCESS_COMMUNICATOR_H_

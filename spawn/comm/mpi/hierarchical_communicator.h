@@ -34,8 +34,8 @@
 // (spawn then aborts the job).
 //
 // Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
-#ifndef TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
-#define TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
+#ifndef TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
 
 #include <atomic>
 #include <chrono>
@@ -172,4 +172,4 @@ class HierarchicalCommunicator final : public Communicator {
 
 }  // namespace tandem::dist::internal
 
-#endif  // TANDEM_SPAWN_INTERNAL_HIERARCHICAL_COMMUNICATOR_H_
+#endif  // TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_

@@ -40,7 +40,7 @@
 // and how they hold:
 //  (1) No thread may be inside an NCCL call on the communicator while it is
 //      aborted (or after: it may be freed). Every NCCL call here runs under
-//      guard_ (spawn/comm/internal/abort_guard.h), which Abort() takes too; once
+//      guard_ (spawn/comm/abort_guard.h), which Abort() takes too; once
 //      aborted, calls throw CancelledError instead of touching the communicator.
 //  (2) The abort must not wait for a rank thread stuck in an NCCL call. A rank
 //      thread holds guard_ only inside an enqueue call, and an enqueue of a
@@ -102,8 +102,8 @@
 #include "nn/graph.h"
 #include "nn/interrupt.h"
 #include "nn/status_macros.h"
-#include "spawn/comm/internal/abort_guard.h"
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/abort_guard.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 
 namespace tandem::dist::internal {
 namespace {

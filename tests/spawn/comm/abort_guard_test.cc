@@ -1,6 +1,6 @@
-// AbortGuard (spawn/comm/internal/abort_guard.h): neither a rank's library call nor
+// AbortGuard (spawn/comm/abort_guard.h): neither a rank's library call nor
 // the watchdog's abort waits for good on the other.
-#include "spawn/comm/internal/abort_guard.h"
+#include "spawn/comm/abort_guard.h"
 
 #include <atomic>
 #include <chrono>

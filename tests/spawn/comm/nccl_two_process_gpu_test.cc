@@ -54,7 +54,7 @@
 #include "absl/strings/str_cat.h"
 #include "nn/graph.h"
 #include "nn/ops/matmul.h"
-#include "spawn/comm/nccl/nccl.h"
+#include "spawn/comm/nccl/nccl_communicator.h"
 #include "nn/internal/cuda_runtime.h"
 #include "spawn/spawn.h"
 #include "tests/gpu_test_util.h"

@@ -1,8 +1,8 @@
 // The models and the training loop of DataParallel's equivalence tests, shared by
 // the single-process tests (data_parallel_test.cc) and the multi-process ones
 // (mpi_test.cc): N ranks on per-rank batch B must end where 1 rank on N*B ends.
-#ifndef TANDEM_TESTS_SPAWN_DP_MODELS_H_
-#define TANDEM_TESTS_SPAWN_DP_MODELS_H_
+#ifndef TANDEM_TESTS_SPAWN_TRAIN_DP_MODELS_H_
+#define TANDEM_TESTS_SPAWN_TRAIN_DP_MODELS_H_
 
 #include <algorithm>
 #include <cmath>
@@ -87,4 +87,4 @@ void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, const
 }  // namespace
 }  // namespace tandem::dist
 
-#endif  // TANDEM_TESTS_SPAWN_DP_MODELS_H_
+#endif  // TANDEM_TESTS_SPAWN_TRAIN_DP_MODELS_H_

@@ -6,8 +6,8 @@
 //   2. s_r waits for every e_k; r's kernel reads every rank's buffer and writes
 //      its slice (or its own output); RecordEvent(e_r, s_r); host barrier.
 //   3. s_r waits for every e_k, so no rank reuses a buffer another still reads.
-#ifndef TANDEM_SPAWN_INTERNAL_INPROCESS_CUDA_H_
-#define TANDEM_SPAWN_INTERNAL_INPROCESS_CUDA_H_
+#ifndef TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_CUDA_H_
+#define TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_CUDA_H_
 
 #include <cstdint>
 #include <vector>
@@ -33,4 +33,4 @@ void CopyCuda(void* dst, const void* src, int64_t bytes, nn::Device device);
 
 }  // namespace tandem::dist::internal
 
-#endif  // TANDEM_SPAWN_INTERNAL_INPROCESS_CUDA_H_
+#endif  // TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_CUDA_H_

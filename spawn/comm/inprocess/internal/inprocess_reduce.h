@@ -6,8 +6,8 @@
 // evaluated left to right in the element type (bfloat16 and float16: in
 // float32, rounded to the 16-bit type once at the end), then, for avg, divided by n (integer division for
 // int64). Any split of [begin, end) between threads gives the same bits.
-#ifndef TANDEM_SPAWN_INTERNAL_INPROCESS_REDUCE_H_
-#define TANDEM_SPAWN_INTERNAL_INPROCESS_REDUCE_H_
+#ifndef TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_REDUCE_H_
+#define TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_REDUCE_H_
 
 #include <cstdint>
 
@@ -27,4 +27,4 @@ bool ReduceCpu(const void* const* in, int n_in, void* const* out, int n_out, int
 
 }  // namespace tandem::dist::internal
 
-#endif  // TANDEM_SPAWN_INTERNAL_INPROCESS_REDUCE_H_
+#endif  // TANDEM_SPAWN_COMM_INPROCESS_INTERNAL_INPROCESS_REDUCE_H_

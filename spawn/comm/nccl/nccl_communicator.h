@@ -1,8 +1,8 @@
 // NCCL communicators for ranks on distinct GPUs (spawn/comm/nccl/nccl_communicator.cc,
 // compiled only with TANDEM_WITH_CUDA). Keeps nccl.h out of every other file.
 // Internal to spawn.
-#ifndef TANDEM_SPAWN_INTERNAL_NCCL_H_
-#define TANDEM_SPAWN_INTERNAL_NCCL_H_
+#ifndef TANDEM_SPAWN_COMM_NCCL_NCCL_COMMUNICATOR_H_
+#define TANDEM_SPAWN_COMM_NCCL_NCCL_COMMUNICATOR_H_
 
 #include <memory>
 #include <string>
@@ -44,4 +44,4 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> CreateNcclCommunicato
 
 }  // namespace tandem::dist::internal
 
-#endif  // TANDEM_SPAWN_INTERNAL_NCCL_H_
+#endif  // TANDEM_SPAWN_COMM_NCCL_NCCL_COMMUNICATOR_H_

@@ -1,6 +1,7 @@
 // AbortGuard: serialises a communicator's library calls with its abort, which
 // spawn's watchdog makes from its own thread while the rank thread may still be
-// using the communicator. Internal to spawn (and its tests' fake communicator).
+// using the communicator. spawn's NCCL communicator and tandem::testing's fake
+// asynchronous one use it; so can a communicator of your own (SpawnHooks).
 //
 //   void Collective() {                       // rank thread
 //     AbortGuard::Use use(guard_);
@@ -27,8 +28,8 @@
 //    kTimedOut and the abort does not run: aborting under a call in progress
 //    could free what the call uses. The caller escalates (spawn ends the
 //    process with the error named: a hang is the one outcome it never accepts).
-#ifndef TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
-#define TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
+#ifndef TANDEM_SPAWN_COMM_ABORT_GUARD_H_
+#define TANDEM_SPAWN_COMM_ABORT_GUARD_H_
 
 #include <atomic>
 #include <chrono>
@@ -36,7 +37,7 @@
 #include <string>
 #include <thread>
 
-namespace tandem::dist::internal {
+namespace tandem::dist {
 
 class AbortGuard {
  public:
@@ -134,6 +135,6 @@ class AbortGuard {
   std::atomic<const char*> in_use_{nullptr};  // what the Use holding mutex_ calls
 };
 
-}  // namespace tandem::dist::internal
+}  // namespace tandem::dist
 
-#endif  // TANDEM_SPAWN_INTERNAL_ABORT_GUARD_H_
+#endif  // TANDEM_SPAWN_COMM_ABORT_GUARD_H_
