@@ -61,9 +61,9 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "lenet: th
 ABSL_FLAG(int, train_size, 4096, "lenet: the first this many training images.");
 ABSL_FLAG(int, test_size, 10000, "lenet, accuracy: the first this many test images.");
 ABSL_FLAG(double, lr, 0.05, "lenet: SGD's learning rate (momentum 0.9).");
-ABSL_FLAG(int, cpu_threads, 1,
-          "Kernel threads per rank (nn::set_cpu_blas_threads), as train_mnist sets them on "
-          "a 2-core machine.");
+ABSL_FLAG(int, cpu_threads, 0,
+          "Kernel threads per rank (nn::set_cpu_blas_threads; train_mnist sets 1 for 2 ranks "
+          "on 2 cores); 0: the library's default.");
 ABSL_FLAG(bool, check_stop, true,
           "Call ctx.check_stop() before each step: a rank whose peer failed stops there "
           "instead of at its next collective (after the step's forward and backward).");
@@ -437,7 +437,9 @@ int main(int argc, char** argv) {
     }
     seeds.push_back(n);
   }
-  tandem::nn::set_cpu_blas_threads(std::max(1, absl::GetFlag(FLAGS_cpu_threads)));
+  if (absl::GetFlag(FLAGS_cpu_threads) > 0) {
+    tandem::nn::set_cpu_blas_threads(absl::GetFlag(FLAGS_cpu_threads));
+  }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const std::string model = absl::GetFlag(FLAGS_model);
   if (absl::GetFlag(FLAGS_every) < 1 || absl::GetFlag(FLAGS_fault_step) < 6 ||
