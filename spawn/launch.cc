@@ -577,7 +577,9 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   auto run_attempt = [&](const std::function<absl::Status(Context&)>& attempt_body) {
     Watchdog run(devices, logger.get(), group, &comms, rank_offset, procs ? procs->Where() : "");
     run.SetFlightRecorderEntries(options.flight_recorder_entries);
-    StepAgreement agreement(world, signal_source, options.stop_grace_s,
+    // The attempt's ranks: fewer than `world` after a world shrink.
+    const int ranks = static_cast<int>(devices.size());
+    StepAgreement agreement(ranks, signal_source, options.stop_grace_s,
                             /*cross_process=*/procs != nullptr);
     const RankThreadEnv env{.devices = devices,
                             .options = options,
@@ -588,7 +590,7 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
                             .agreement = agreement,
                             .body = attempt_body,
                             .rank_offset = rank_offset,
-                            .global_world = procs ? procs->world_size() : world};
+                            .global_world = procs ? procs->world_size() : ranks};
     RunRanksUnderWatch(env, hooks, sigint_at_start);
     return FinishRun(run, agreement, procs.get(), comms, *logger);
   };
@@ -601,10 +603,13 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
        .body = body,
        .run_attempt = run_attempt,
        .rebuild =
-           [&] {
+           [&](std::optional<int> leave_out) {
+             // World shrink (one process only): the next attempts without that device.
+             if (leave_out.has_value()) devices.erase(devices.begin() + *leave_out);
              ASSIGN_OR_RETURN(comms, MakeCommunicators(devices, procs.get(), hooks, &group));
              return absl::OkStatus();
            },
+       .describe_device = [&](int rank) { return devices[rank].ToString(); },
        .stop_asked =
            [&] {
              return g_sigint_count.load() != sigint_at_start || signal_source->Received() != 0;

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <memory>
 #include <new>
 #include <stop_token>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -191,25 +194,69 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
 }
 
 void LogRestart(const RestartRun& run, int attempt, const absl::Status& failure,
-                std::optional<int64_t> resume_step, int64_t stop_ns) {
+                std::optional<int64_t> resume_step, int64_t stop_ns, const std::string& shrink) {
   const double recovery_s = stop_ns == 0 ? 0 : static_cast<double>(SteadyNowNs() - stop_ns) * 1e-9;
   run.logger.Write(
       LogLevel::kWarning, -1, nn::Device(),
-      absl::StrFormat("spawn: restart %d of %d after: %s; attempt %d resumes %s; recovery "
+      absl::StrFormat("spawn: restart %d of %d after: %s; attempt %d resumes %s%s; recovery "
                       "%.3f s (stop, abort, joins, new communicators)",
                       attempt, run.policy.max_restarts, failure.message(), attempt,
                       resume_step.has_value()
                           ? absl::StrCat("from the snapshot of step ", *resume_step)
                           : std::string("from the start (no snapshot every rank holds)"),
-                      recovery_s));
+                      shrink, recovery_s));
+}
+
+// RestartPolicy::leave_out_failed_rank: the local rank to leave out of the
+// next attempt, or nullopt with the reason in *why.
+std::optional<int> RankToLeaveOut(const AttemptRecord& record, std::string* why) {
+  std::optional<int> failed;
+  int count = 0;
+  for (size_t r = 0; r < record.ranks.size(); ++r) {
+    if (record.ranks[r].end == RankEnd::kFailed) {
+      failed = static_cast<int>(r);
+      ++count;
+    }
+  }
+  if (count != 1) {
+    *why = count == 0 ? "no rank's function failed (a communicator's error or a timeout)"
+                      : absl::StrCat(count, " ranks' functions failed");
+    return std::nullopt;
+  }
+  if (record.ranks.size() < 2) {
+    *why = "it is the only rank";
+    return std::nullopt;
+  }
+  return failed;
+}
+
+// The store for the ranks of the next attempt: the committed step's snapshots
+// of every rank but `left_out`, renumbered.
+void ShrinkStore(std::optional<SnapshotStore>& store, int world_size, int left_out,
+                 std::optional<int64_t> step, int64_t max_bytes) {
+  std::vector<std::shared_ptr<const std::string>> kept;
+  if (step.has_value()) {
+    for (int r = 0; r < world_size; ++r) {
+      if (r != left_out) kept.push_back(store->Get(r, *step));
+    }
+  }
+  store.emplace(world_size - 1, max_bytes);
+  if (!step.has_value()) return;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    if (kept[r] != nullptr) {
+      // Already within the limit when it was stored; a copy of the bytes.
+      (void)store->Put(static_cast<int>(r), *step, std::string(*kept[r]));
+    }
+  }
 }
 
 // Before attempt `attempt` (> 0): the communicators again. An error (or an
 // exception) here is a start-up failure: the run ends with it.
-absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& failure) {
+absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& failure,
+                     std::optional<int> leave_out) {
   absl::Status rebuilt;
   try {
-    rebuilt = run.rebuild();
+    rebuilt = run.rebuild(leave_out);
   } catch (const std::exception& e) {
     rebuilt = absl::InternalError(absl::StrCat("threw: ", e.what()));
   }
@@ -261,19 +308,38 @@ absl::Status CheckRestartPolicy(const RestartPolicy& policy, Processes processes
 
 absl::Status RunWithRestarts(const RestartRun& run) {
   const RestartPolicy& policy = run.policy;
+  int world = run.world_size;  // this attempt's ranks (fewer after a world shrink)
   std::optional<SnapshotStore> store;
-  if (policy.max_restarts > 0) store.emplace(run.world_size, policy.max_snapshot_bytes);
+  if (policy.max_restarts > 0) store.emplace(world, policy.max_snapshot_bytes);
   absl::Status failure;  // the previous attempt's
   int64_t stop_ns = 0;   // when the previous attempt stopped
+  std::optional<int> leave_out;  // the previous attempt's local rank to leave out
+  std::string shrink;            // the restart's log words about it
+  bool shrunk = false;
   for (int attempt = 0;; ++attempt) {
     AttemptInfo info{.attempt = attempt, .snapshots = store ? &*store : nullptr};
     if (attempt > 0) {
       info.resume_step = store->CommittedStep();
       store->DiscardAfter(info.resume_step);
-      if (absl::Status rebuilt = Rebuild(run, attempt, failure); !rebuilt.ok()) return rebuilt;
-      LogRestart(run, attempt, failure, info.resume_step, stop_ns);
+      if (leave_out.has_value()) {
+        ShrinkStore(store, world, *leave_out, info.resume_step, policy.max_snapshot_bytes);
+        info.snapshots = &*store;
+        shrink = absl::StrCat(" on ", world - 1, " rank", world - 1 == 1 ? "" : "s",
+                              ", without local rank ", *leave_out, " (",
+                              run.describe_device(*leave_out), ")");
+      }
+      if (absl::Status rebuilt = Rebuild(run, attempt, failure, leave_out); !rebuilt.ok()) {
+        return rebuilt;
+      }
+      if (leave_out.has_value()) {
+        --world;
+        shrunk = true;
+      }
+      LogRestart(run, attempt, failure, info.resume_step, stop_ns, shrink);
     }
-    AttemptRecord record(run.world_size);
+    info.first_world_size = run.world_size;
+    info.world_shrunk = shrunk;
+    AttemptRecord record(world);
     absl::Status status =
         run.run_attempt([&](Context& ctx) { return RunRank(run.body, info, record, ctx); });
     if (status.ok()) return status;
@@ -290,6 +356,13 @@ absl::Status RunWithRestarts(const RestartRun& run) {
     }
     failure = WithoutCause(std::move(status));
     stop_ns = record.stop_ns.load();
+    leave_out.reset();
+    shrink.clear();
+    if (policy.leave_out_failed_rank) {
+      std::string why;
+      leave_out = RankToLeaveOut(record, &why);
+      if (!leave_out.has_value()) shrink = absl::StrCat(" on every rank (none left out: ", why, ")");
+    }
   }
 }
 

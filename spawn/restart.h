@@ -38,7 +38,8 @@
 //              handlers (one signal ends every attempt), the snapshots below,
 //              objects outside the function (the caller's: the function must
 //              not rely on their state, a failed attempt may have left them
-//              mid-step), spawn's device list.
+//              mid-step), spawn's device list (less the failed rank's device
+//              after a world shrink, below).
 //   rebuilt    the communicators (in-process groups; NCCL: ncclCommInitAll
 //              again, after the old ones were aborted and destroyed, a code
 //              path not run in tandem's CI yet), the watchdog (collective
@@ -52,6 +53,11 @@
 //              DataParallel). CUDA graphs die with the attempt that captured
 //              them (released when the function returns, as in any run):
 //              capture them again.
+//
+// World shrink (RestartPolicy::leave_out_failed_rank): a restart after one
+// rank's failure runs the next attempt on the other devices, the ranks after
+// the failed one numbered one lower, each restoring the snapshot of the rank
+// it was.
 //
 // Snapshots: each rank stores its state as bytes in host memory owned by the
 // run (SnapshotStore), every K steps at the program's choice. At each restart
@@ -96,6 +102,18 @@ struct RestartPolicy {
   // The largest snapshot one rank may store, in bytes; 0: no limit. A larger
   // one is refused with ResourceExhausted naming both sizes.
   int64_t max_snapshot_bytes = 0;
+  // World shrink: the next attempt runs without the failed rank's device (one
+  // rank fewer) when the failure came from exactly one rank's function (it
+  // threw or returned an error before the run was stopping) and at least one
+  // rank remains; otherwise (a communicator's error, a timeout, several ranks
+  // failing) every device stays and the log line says why. The ranks after
+  // the failed one move down one number; each restores the snapshot of the
+  // rank it was (its model, optimizer, sampler position and step, not its
+  // generator: AttemptInfo::world_shrunk). The program sizes its per-rank
+  // batch and its sampler from ctx.world_size() (e.g. the global batch over
+  // the ranks, so it is kept), weighing uneven per-rank batches itself
+  // (dist::JoinGuard weighs each rank's gradient by its rows).
+  bool leave_out_failed_rank = false;
 };
 
 // The run's in-memory snapshots: per rank, the bytes stored at each step that
@@ -134,6 +152,11 @@ struct AttemptInfo {
   int attempt = 0;  // 0: the first call of the function; n: after n restarts
   SnapshotStore* snapshots = nullptr;  // null: the run keeps none (no restarts)
   std::optional<int64_t> resume_step;  // the step to restore on this attempt, if any
+  // RestartPolicy::leave_out_failed_rank: the ranks of the first attempt, and
+  // true once an attempt has had fewer: RestoreSnapshot then accepts a
+  // snapshot taken by more ranks, leaving the generator as spawn seeded it.
+  int first_world_size = 0;
+  bool world_shrunk = false;
 };
 
 }  // namespace tandem::dist

@@ -21,7 +21,10 @@
 // Restarts (spawn.restart, spawn/restart.h): on each attempt after the first
 // a rank's record is cut back to the step the attempt resumes from (the
 // snapshot's step, 0 without one), so that StepLog's step numbers stay the
-// training's own and the final record reads as one run's. Faults fire once
+// training's own and the final record reads as one run's. After a world
+// shrink (RestartPolicy::leave_out_failed_rank) record r is written by the
+// rank numbered r in the attempt, and the rank left out keeps its record as it
+// ended. Faults fire once
 // in the whole run; a collective's asynchronous error (kReturnError) belongs to
 // the communicator it was reported by, and the rebuilt ones start clean.
 //

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "spawn/context.h"
@@ -41,8 +42,12 @@ struct RestartRun {
   // first attempt's come from start-up); returns the attempt's outcome once
   // every rank thread has been joined and the communicators destroyed.
   std::function<absl::Status(const std::function<absl::Status(Context&)>& body)> run_attempt;
-  // Makes new communicators before an attempt after the first.
-  std::function<absl::Status()> rebuild;
+  // Makes new communicators before an attempt after the first; with
+  // `leave_out`, first drops that local rank's device from the run (the next
+  // attempts have one rank fewer).
+  std::function<absl::Status(std::optional<int> leave_out)> rebuild;
+  // The device of local rank `rank` of the current attempt, in words ("cpu", "cuda:1").
+  std::function<std::string(int rank)> describe_device;
   // True when Ctrl-C or a stop signal arrived since the run began.
   std::function<bool()> stop_asked;
 };

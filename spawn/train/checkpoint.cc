@@ -685,7 +685,8 @@ absl::StatusOr<bool> RestoreSnapshot(Context& ctx, TrainingState& state) {
   }
   absl::Status status;
   try {
-    status = LoadLocal(ctx, name, state, {.require_same_world_size = true},
+    // After a world shrink the snapshot is another world's: no generator.
+    status = LoadLocal(ctx, name, state, {.require_same_world_size = !info.world_shrunk},
                        nn::ParseCheckpoint(*bytes, name));
   } catch (const std::exception& e) {
     status = absl::InternalError(absl::StrCat(name, ": ", e.what()));

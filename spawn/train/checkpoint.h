@@ -206,7 +206,9 @@ absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, Train
 // RestartPolicy::max_snapshot_bytes; the other errors as Save's.
 // RestoreSnapshot: on an attempt after a restart, loads the snapshot of the
 // step every rank resumes from (AttemptInfo::resume_step) into `state`'s
-// objects (the step, the sampler position and this rank's generator included)
+// objects (the step, the sampler position and this rank's generator included;
+// after a world shrink, RestartPolicy::leave_out_failed_rank, the snapshot of
+// the rank this one was, without the generator, rank 0 logging a warning)
 // and returns true; false, loading nothing, on the first attempt or when no
 // step was stored by every rank (start from scratch). Errors as Load's.
 absl::Status SaveSnapshot(Context& ctx, const TrainingState& state);

@@ -6,13 +6,17 @@
 // with a snapshot every K steps at most K steps are run again. The failures
 // that end the run still do (a returned rank, a policy turned off, the
 // restarts used up, several processes), and the snapshot store keeps the
-// newest step every rank holds.
+// newest step every rank holds. A world shrink (leave_out_failed_rank)
+// continues on the ranks left, bit for bit as a run of that many ranks from
+// the same step.
 #include "spawn/restart.h"
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "nn/ops/dropout.h"
 #include "nn/ops/index.h"
+#include "nn/ops/loss.h"
 #include "spawn/comm/inprocess/inprocess_communicator.h"
 #include "spawn/internal/restart.h"
 #include "spawn/train/checkpoint.h"
@@ -443,6 +448,152 @@ TEST(RestartTest, WithoutRestartsSnapshotsAreNotKept) {
       },
       2, "cpu", DefaultTestSpawnOptions());
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// World shrink: 3 ranks, rank 2 fails after step 5; with
+// leave_out_failed_rank the next attempt runs on 2 ranks, each restoring the
+// snapshot of step 5 of the rank it was, with the per-rank batch raised so the
+// global batch (12) is kept. It ends with the parameters, bit for bit, of a
+// 2-rank run started from a checkpoint of the same step, and near those of the
+// uninterrupted 3-rank run (the same samples per step, summed in another order).
+constexpr int64_t kShrinkRows = 48;
+constexpr int64_t kGlobalBatch = 12;
+constexpr int kShrinkSteps = 12;
+
+struct ShrinkRun {
+  int fault_rank = -1;          // fails after step 5 of the first attempt
+  std::string save_checkpoint;  // written at step 5 (every rank)
+  std::string load_checkpoint;  // loaded before the first step
+  std::mutex mu;
+  std::vector<std::vector<float>> final_parameters;  // by rank of the last attempt
+  std::vector<int> world_sizes;                      // ctx.world_size() per call, rank 0
+};
+
+absl::Status TrainShrinkable(dist::Context& ctx, ShrinkRun& run) {
+  Mlp net;
+  dist::DataParallel dp(net, ctx);
+  optim::SGD sgd(net.parameters(), {.lr = 0.05, .momentum = 0.9});
+  data::DistributedBatchSampler sampler(kShrinkRows, kGlobalBatch / ctx.world_size(),
+                                        ctx.world_size(), ctx.rank(), /*shuffle=*/true,
+                                        /*drop_last=*/false, /*seed=*/5);
+  nn::Tensor data_x, data_y;
+  {
+    SameOnEveryRank shared(/*seed=*/11, /*step=*/0);
+    data_x = nn::randn({kShrinkRows, 6});
+    data_y = nn::randn({kShrinkRows, 1});
+  }
+  int64_t step = 0;
+  dist::TrainingState state{.model = &net, .optimizer = &sgd, .sampler = &sampler, .step = &step};
+  if (ctx.rank() == 0) {
+    std::lock_guard<std::mutex> lock(run.mu);
+    run.world_sizes.push_back(ctx.world_size());
+  }
+  if (!run.load_checkpoint.empty()) {
+    RETURN_IF_ERROR(dist::LoadTrainingCheckpoint(ctx, run.load_checkpoint, state));
+  }
+  RETURN_IF_ERROR(dist::RestoreSnapshot(ctx, state).status());
+  sampler.reset();
+  while (step < kShrinkSteps) {
+    std::optional<std::vector<int64_t>> batch = sampler.next();
+    if (!batch.has_value()) {
+      sampler.reset();
+      continue;
+    }
+    const nn::Tensor rows = nn::from_vector<int64_t>(*batch, {static_cast<int64_t>(batch->size())},
+                                                     {.dtype = nn::kInt64});
+    nn::Tensor loss =
+        nn::mse_loss(dp(nn::index_select(data_x, rows)), nn::index_select(data_y, rows));
+    loss.backward();
+    sgd.step();
+    sgd.zero_grad();
+    ++step;
+    RETURN_IF_ERROR(dist::SaveSnapshot(ctx, state));
+    if (step == 5 && !run.save_checkpoint.empty()) {
+      RETURN_IF_ERROR(dist::SaveTrainingCheckpoint(ctx, run.save_checkpoint, state));
+    }
+    if (step == 5 && ctx.attempt() == 0 && ctx.rank() == run.fault_rank) {
+      return absl::InternalError("injected fault");
+    }
+  }
+  std::vector<float> values;
+  for (const nn::Tensor& p : net.parameters()) {
+    for (const float v : p.to_vector<float>()) values.push_back(v);
+  }
+  std::lock_guard<std::mutex> lock(run.mu);
+  if (run.final_parameters.size() < static_cast<size_t>(ctx.world_size())) {
+    run.final_parameters.resize(ctx.world_size());
+  }
+  run.final_parameters[ctx.rank()] = std::move(values);
+  return absl::OkStatus();
+}
+
+absl::Status SpawnShrinkable(ShrinkRun& run, int ranks, dist::RestartPolicy policy,
+                             std::string* log) {
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream out;
+  options.console = &out;
+  options.restart = policy;
+  absl::Status s = dist::spawn([&run](dist::Context& ctx) { return TrainShrinkable(ctx, run); },
+                               ranks, "cpu", options);
+  if (log != nullptr) *log = out.str();
+  return s;
+}
+
+TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
+  const std::string checkpoint = ::testing::TempDir() + "restart_test_shrink.ckpt";
+  ShrinkRun shrunk{.fault_rank = 2, .save_checkpoint = checkpoint};
+  std::string log;
+  absl::Status s = SpawnShrinkable(shrunk, 3, {.max_restarts = 1, .leave_out_failed_rank = true},
+                                   &log);
+  ASSERT_TRUE(s.ok()) << s << "\n" << log;
+  EXPECT_EQ(shrunk.world_sizes, (std::vector<int>{3, 2}));
+  EXPECT_TRUE(Contains(log, "spawn: restart 1 of 1 after: rank 2 (cpu) returned: INTERNAL: "
+                            "injected fault; attempt 1 resumes from the snapshot of step 5 on "
+                            "2 ranks, without local rank 2 (cpu); recovery "))
+      << log;
+  EXPECT_TRUE(Contains(log, "was written by 3 rank(s), this run has 2: generator states are "
+                            "not restored"))
+      << log;
+  ASSERT_EQ(shrunk.final_parameters.size(), 2u);
+
+  // The same step's checkpoint, continued by a 2-rank run.
+  ShrinkRun from_file{.load_checkpoint = checkpoint};
+  s = SpawnShrinkable(from_file, 2, {}, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(from_file.final_parameters.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(shrunk.final_parameters[r], from_file.final_parameters[r]) << "rank " << r;
+  }
+
+  // The uninterrupted 3-rank run: the same samples per step (the global batch
+  // kept), averaged over 3 ranks instead of 2.
+  ShrinkRun whole;
+  s = SpawnShrinkable(whole, 3, {}, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(whole.final_parameters.size(), 3u);
+  ASSERT_EQ(whole.final_parameters[0].size(), shrunk.final_parameters[0].size());
+  for (size_t i = 0; i < whole.final_parameters[0].size(); ++i) {
+    EXPECT_NEAR(whole.final_parameters[0][i], shrunk.final_parameters[0][i], 1e-5) << i;
+  }
+  std::remove(checkpoint.c_str());
+}
+
+// A failure that names no single rank's function (here a communicator's
+// error) keeps every device, and the log says why.
+TEST(RestartTest, LeaveOutFailedRankKeepsEveryRankWithoutOneFailedFunction) {
+  RunOptions options =
+      Options(3, {{.action = FaultAction::kReturnError,
+                   .rank = 0,
+                   .collective = 9,
+                   .error = absl::UnavailableError("injected network failure")}});
+  options.spawn.restart.leave_out_failed_rank = true;
+  RunReport report;
+  absl::Status s = RunRanks(Restartable({.step_delay_ms = 40}), options, &report);
+  ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
+  EXPECT_EQ(report.attempts, 2);
+  EXPECT_TRUE(Contains(report.log, " on every rank (none left out: no rank's function failed "
+                                   "(a communicator's error or a timeout)); recovery "))
+      << report.log;
 }
 
 // The store: the newest step every rank holds, older ones dropped.
