@@ -18,14 +18,20 @@
 #include "spawn/signals.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/sync_batch_norm.h"
+#include "spawn/train/zero_redundancy_optimizer.h"
 
 namespace tandem::hapi {
 
 struct Model::RankRun {
   std::shared_ptr<nn::Module> network;
   std::unique_ptr<dist::DataParallel> dp;
+  // FitOptions::zero: the sharded optimizer (optimizer stays null).
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<std::unique_ptr<Metric>> metrics;
+  // With zero: the unsharded state gathered on every rank at the end of fit
+  // (a collective), for Keep.
+  std::optional<optim::StateDict> gathered_state;
 };
 
 namespace {
@@ -91,6 +97,41 @@ std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& 
   return t.to_vector<double>();
 }
 
+// The largest of every rank's `value`.
+double MaxOverRanks(dist::Context& ctx, double value) {
+  nn::Tensor t = nn::from_vector<double>({value}, {1}, {.dtype = nn::kFloat64}).to(ctx.device());
+  ctx.communicator().all_reduce(t, dist::ReduceOp::kMax);
+  return t.to_vector<double>()[0];
+}
+
+// Every rank takes rank 0's optimizer state (tensors and scalars): after an
+// epoch of uneven data, a rank that joined early did not step its own optimizer
+// in the steps it answered, and rank 0 ran every step (kUneven gives it the most
+// batches). Every rank has stepped before (a join needs a step on every rank),
+// so all hold the same entries.
+void TakeRankZerosOptimizerState(dist::Context& ctx, optim::Optimizer& optimizer) {
+  nn::NoGradGuard no_grad;
+  optim::StateDict st = optimizer.state_dict();
+  for (auto& [name, t] : st.tensors) {
+    nn::Tensor copy = t.detach().clone();
+    ctx.communicator().broadcast(copy, 0);
+    t = copy;
+  }
+  if (!st.scalars.empty()) {
+    std::vector<double> values;
+    for (const auto& [key, v] : st.scalars) values.push_back(v);
+    nn::Tensor t = nn::from_vector(values, {static_cast<int64_t>(values.size())},
+                                   {.dtype = nn::kFloat64})
+                       .to(ctx.device());
+    ctx.communicator().broadcast(t, 0);
+    values = t.to_vector<double>();
+    size_t i = 0;
+    for (auto& [key, v] : st.scalars) v = values[i++];
+  }
+  absl::Status loaded = optimizer.load_state_dict(st);
+  TANDEM_CHECK(loaded.ok(), "fit: uneven data: rank 0's optimizer state: ", loaded.message());
+}
+
 absl::Status CheckDataset(const char* call, const std::shared_ptr<const data::Dataset>& d,
                           const char* what) {
   if (d == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is null"));
@@ -110,6 +151,15 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.grad_accum_steps < 1) return bad("grad_accum_steps", o.grad_accum_steps, "must be >= 1");
   if (o.num_workers < 0) return bad("num_workers", o.num_workers, "must be >= 0");
   if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
+  if (o.max_steps_per_epoch < 0)
+    return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
+  if (o.uneven && o.drop_last)
+    return absl::InvalidArgumentError(
+        "fit: uneven = true with drop_last = true: uneven data keeps every sample");
+  if (o.uneven && !o.checkpoint.dir.empty())
+    return absl::InvalidArgumentError(
+        "fit: uneven = true with checkpoint.dir: a rank that has joined cannot take part in "
+        "a checkpoint's step agreement");
   if (o.resume && o.checkpoint.dir.empty())
     return absl::InvalidArgumentError("fit: resume needs checkpoint.dir");
   if (!o.checkpoint.dir.empty()) {
@@ -270,8 +320,9 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   if (spawned_ && LocalRank(ctx) != 0) return;
   weights_ = HostState(*run.network);
   have_weights_ = true;
-  if (run.optimizer != nullptr) {
-    optim::StateDict st = run.optimizer->state_dict();
+  if (run.gathered_state.has_value() || run.optimizer != nullptr) {
+    optim::StateDict st = run.gathered_state.has_value() ? std::move(*run.gathered_state)
+                                                          : run.optimizer->state_dict();
     for (auto& [name, t] : st.tensors) t = HostCopy(t);
     optimizer_state_ = std::move(st);
     have_optimizer_state_ = true;
@@ -302,6 +353,7 @@ struct FitPosition {
   int64_t epoch_steps = 0;
   double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
   bool resumed_inside_epoch = false;
+  bool restored = false;  // a checkpoint loaded
 };
 
 constexpr char kEpochKey[] = "hapi.epoch";
@@ -323,6 +375,7 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
   dist::ThrowIfError(epoch.status(), "fit: resume: ");
   dist::ThrowIfError(steps.status(), "fit: resume: ");
   dist::ThrowIfError(loss.status(), "fit: resume: ");
+  at.restored = true;
   at.epoch = static_cast<int>(*epoch);
   // -1: written at the end of a fit, at an epoch boundary.
   at.resumed_inside_epoch = *steps >= 0;
@@ -344,23 +397,39 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
   run->dp = std::make_unique<dist::DataParallel>(network, ctx, options.data_parallel);
   dist::DataParallel& dp = *run->dp;
-  run->optimizer = optimizer_(dp.parameters());
-  TANDEM_CHECK(run->optimizer != nullptr, "hapi::Model: the optimizer factory returned null");
-  if (have_optimizer_state_) {
-    absl::Status st = run->optimizer->load_state_dict(optimizer_state_);
-    TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+  dist::ZeroRedundancyOptimizer* zero = nullptr;
+  if (options.zero) {
+    run->zero = std::make_unique<dist::ZeroRedundancyOptimizer>(dp, optimizer_);
+    zero = run->zero.get();
+    if (have_optimizer_state_) {
+      absl::Status st = zero->load_state_dict(optimizer_state_);
+      TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+    }
+  } else {
+    run->optimizer = optimizer_(dp.parameters());
+    TANDEM_CHECK(run->optimizer != nullptr, "hapi::Model: the optimizer factory returned null");
+    if (have_optimizer_state_) {
+      absl::Status st = run->optimizer->load_state_dict(optimizer_state_);
+      TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+    }
   }
-  optim::Optimizer& optimizer = *run->optimizer;
+  // The optimizer callbacks see (lr schedules): with zero the wrapped one.
+  optim::Optimizer& optimizer = zero != nullptr ? zero->optimizer() : *run->optimizer;
 
   data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
   so.shuffle = options.shuffle;
   so.drop_last = options.drop_last;
   so.seed = options.seed;
+  if (options.uneven) so.tail = data::DistributedTail::kUneven;
   auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
   data::DataLoader loader(train, sampler,
                           LoaderOptions(ctx, options.num_workers, options.batch_transform));
-  const int64_t batches = loader.num_batches();
   const int accum = options.grad_accum_steps;
+  // This rank's batches per epoch: all of them, or max_steps_per_epoch steps' worth.
+  const int64_t batches =
+      options.max_steps_per_epoch > 0
+          ? std::min<int64_t>(loader.num_batches(), options.max_steps_per_epoch * accum)
+          : loader.num_batches();
 
   RunState state;
   state.ctx = &ctx;
@@ -370,13 +439,38 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   state.steps_per_epoch = (batches + accum - 1) / accum;
 
   std::optional<dist::CheckpointManager> checkpoints;
-  dist::TrainingState saved{.model = &network, .optimizer = &optimizer, .loader = &loader,
-                            .step = &state.step};
+  // With zero the files hold the unsharded optimizer: one gathered for each save
+  // (a collective, at the save's agreed step), one loaded and sharded on resume.
+  dist::TrainingState saved{.model = &network, .optimizer = run->optimizer.get(),
+                            .loader = &loader, .step = &state.step};
+  std::unique_ptr<optim::Optimizer> consolidated;
+  auto gather_for_save = [&](dist::TrainingState& s) {
+    if (zero == nullptr) return;
+    consolidated = zero->Consolidated();
+    s.optimizer = consolidated.get();
+  };
   FitPosition at;
   if (!options.checkpoint.dir.empty()) {
     checkpoints.emplace(ctx, options.checkpoint);
-    if (options.resume) at = Restore(ctx, *checkpoints, saved);
+    if (options.resume) {
+      std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
+      if (zero) saved.optimizer = unsharded.get();
+      at = Restore(ctx, *checkpoints, saved);
+      if (zero) {
+        if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
+        saved.optimizer = nullptr;
+      }
+    }
   }
+  auto optimizer_step = [&] {
+    if (zero != nullptr) {
+      zero->step();
+      zero->zero_grad();
+    } else {
+      run->optimizer->step();
+      run->optimizer->zero_grad();
+    }
+  };
 
   std::vector<std::unique_ptr<Callback>> callbacks =
       MakeCallbacks(options.callbacks, options.log_freq);
@@ -391,6 +485,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
     nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
     int64_t steps = resumed ? at.epoch_steps : 0;
+    // uneven: ranks with fewer batches answer the others' steps at finish().
+    std::optional<dist::DataParallel::JoinGuard> join;
+    if (options.uneven) join.emplace(&dp);
     for (int64_t first = steps * accum; first < batches; first += accum) {
       const int64_t group = std::min<int64_t>(accum, batches - first);
       CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
@@ -414,22 +511,25 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
         if (group > 1) part = part * (1.0 / static_cast<double>(group));
         step_loss = step_loss.defined() ? step_loss + part : part;
       }
-      optimizer.step();
-      optimizer.zero_grad();
+      optimizer_step();
       ++state.step;
       ++steps;
       state.batch_loss = step_loss;
       epoch_loss = epoch_loss + step_loss;
       CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
       ctx.check_stop();
-      if (checkpoints) {
+      if (options.uneven) {
+        // No step agreement inside a join (see FitOptions::uneven).
+      } else if (checkpoints) {
         absl::Status st = checkpoints->AtStepBoundary(saved, [&](dist::TrainingState& s) {
           // Collectives are allowed here: every rank saves at the same step.
+          gather_for_save(s);
           const double here = SumOverRanks(ctx, {epoch_loss.item()})[0];
           s.extra[kEpochKey] = static_cast<int64_t>(epoch);
           s.extra[kEpochStepsKey] = steps;
           s.extra[kEpochLossKey] = here + (resumed ? at.epoch_loss_sum : 0.0);
         });
+        consolidated.reset();
         dist::ThrowIfError(st, "fit: saving a checkpoint: ");
       } else if (ctx.AtStepBoundary(state.step).stop) {
         throw dist::StoppedError(
@@ -437,9 +537,17 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
             state.step);
       }
     }
+    if (join) {
+      dist::ThrowIfError(join->finish(), "fit: uneven data: ");
+      join.reset();
+      // With zero every rank's shard saw every step; a plain optimizer did not.
+      if (zero == nullptr) TakeRankZerosOptimizerState(ctx, *run->optimizer);
+      // The job's step count: the most steps any rank ran (the others answered them).
+      state.step = static_cast<int64_t>(MaxOverRanks(ctx, static_cast<double>(state.step)));
+    }
     logs.clear();
-    // Every rank made the same number of steps (kWrapGlobalBatch); rank 0 adds
-    // what the ranks had summed before a resume.
+    // Without uneven every rank made the same number of steps (kWrapGlobalBatch);
+    // rank 0 adds what the ranks had summed before a resume.
     const double before = resumed && ctx.rank() == 0 ? at.epoch_loss_sum : 0.0;
     std::vector<double> total =
         SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
@@ -465,11 +573,15 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     saved.extra[kEpochKey] = static_cast<int64_t>(std::max(state.epoch + 1, at.epoch));
     saved.extra[kEpochStepsKey] = int64_t{-1};
     saved.extra[kEpochLossKey] = 0.0;
-    dist::ThrowIfError(checkpoints->Save(saved), "fit: saving the final checkpoint: ");
+    gather_for_save(saved);
+    absl::Status st = checkpoints->Save(saved);
+    consolidated.reset();
+    dist::ThrowIfError(st, "fit: saving the final checkpoint: ");
     dist::ThrowIfError(checkpoints->Finish(), "fit: checkpoint: ");
   }
   CallEach(callbacks, "on_train_end", [&](Callback& c) { c.on_train_end(state, logs); });
   history.steps = state.step;
+  if (zero != nullptr) run->gathered_state = zero->state_dict();  // a collective: every rank
   Keep(ctx, *run);
   return history;
 }

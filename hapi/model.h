@@ -35,9 +35,13 @@
 // once per epoch). "eval_loss" weighs each batch's mean by its rows, so it is
 // the mean over the evaluated samples.
 //
-// Not built yet (use the lower-level loop, docs/guide.md, for these):
-// ZeroRedundancyOptimizer, uneven training data under join(), the CUDA-graph
-// step.
+// Options for memory and bandwidth: FitOptions::zero (the optimizer state
+// sharded by dist::ZeroRedundancyOptimizer), data_parallel.comm_hook (bf16 /
+// fp16 compressed gradients), and uneven (every sample once per epoch, ranks
+// with different step counts under DataParallel::join()); they combine.
+//
+// Not built yet (use the lower-level loop, docs/guide.md, for this): the
+// CUDA-graph step.
 //
 // Thread-safety: a Model is used from one thread at a time (main, or one rank's
 // thread); its calls from main run the ranks on spawn's threads.
@@ -102,7 +106,36 @@ struct FitOptions {
   bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16)
   // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
   std::shared_ptr<const data::Transform> batch_transform;
-  dist::DataParallelOptions data_parallel;  // buckets, comm hook, unused parameters
+  // Buckets, comm hook (dist::Bf16CompressHook(), Fp16CompressHook(): the
+  // gradients reduced in 16 bits; with zero, each bucket's reduce-scatter is
+  // compressed the same way), unused parameters.
+  dist::DataParallelOptions data_parallel;
+  // dist::ZeroRedundancyOptimizer: the prepared optimizer made on each rank over
+  // that rank's shards of DataParallel's buckets, so 1/N of its state per rank;
+  // the parameters after every step are those of the unsharded optimizer.
+  // RunState::optimizer is the wrapped (sharded) optimizer: lr schedules work
+  // on it. Checkpoints and the state kept between calls hold the unsharded
+  // layout (a fit with zero continues one without, and back, on any number of
+  // ranks).
+  bool zero = false;
+  // Uneven training data: batches from the kUneven tail (every sample exactly
+  // once per epoch, no padding or wrap-around; drop_last refused), so ranks may
+  // run different numbers of steps; each epoch runs under DataParallel::join(),
+  // whose gradients weigh each rank by its rows: N ranks with batch B train as
+  // one rank with batch N*B on each step's union of batches (that one rank with
+  // uneven = true too, whose last batch is the remainder). RunState::step and
+  // steps_per_epoch are this rank's; History::steps is the job's (the most any
+  // rank ran). Batch-level callbacks must make no collective (a joined rank
+  // cannot answer it). At each epoch's end every rank takes rank 0's
+  // optimizer state (rank 0 ran every step; a rank that joined early did not
+  // step its own optimizer in the steps it answered; with zero every shard saw
+  // every step). Refused with checkpoint.dir: a joined rank cannot take
+  // part in a save's step agreement; a stop signal then ends the run without
+  // an agreed step, as Ctrl-C does.
+  bool uneven = false;
+  // At most this many optimizer steps per epoch (0: the whole epoch); the
+  // loader's position moves to the next epoch afterwards.
+  int64_t max_steps_per_epoch = 0;
   // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
   bool sync_batch_norm = false;
   // Training checkpoints (dist::CheckpointManager; dir empty: none): network,

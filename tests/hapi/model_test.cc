@@ -1,7 +1,8 @@
 // hapi::Model on CPU ranks: N ranks against one, evaluation and prediction
 // over uneven shards, callbacks' order and failures, early stopping, bad
-// inputs, save/load, and a fit() inside a rank's function under tandem::testing
-// (equivalence, an injected fault).
+// inputs, save/load, the sharded optimizer, comm hooks, uneven training data
+// under join(), max_steps_per_epoch, and a fit() inside a rank's function
+// under tandem::testing (equivalence, an injected fault).
 #include "hapi/model.h"
 
 #include <pthread.h>
@@ -20,6 +21,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "spawn/signals.h"
+#include "spawn/train/comm_hooks.h"
 #include "testing/equivalence.h"
 #include "testing/run.h"
 
@@ -320,6 +322,138 @@ TEST(ModelTest, APreemptedFitResumesToTheUninterruptedResult) {
   ExpectCloseWeights(*third->state_dict(), *straight->state_dict(), 0.0);
 }
 
+// FitOptions::zero: 2 ranks with the sharded optimizer end with the weights
+// and losses of 2 ranks with the unsharded one, with and without the bf16 comm
+// hook; the hook's rounding moves the result a little from the uncompressed
+// run's, and not at all from the sharded run's with the same hook.
+TEST(ModelTest, ZeroAndCommHooksOnTwoRanksEqualTheUnshardedRun) {
+  auto train = Classification(64, 21), test = Classification(17, 22);
+  std::map<std::pair<bool, bool>, nn::StateDict> weights;  // (zero, bf16 hook)
+  std::map<std::pair<bool, bool>, History> histories;
+  for (bool zero : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      auto model = Prepared(2);
+      FitOptions o{.epochs = 4, .batch_size = 8, .seed = 3, .eval_data = test, .zero = zero};
+      if (bf16) o.data_parallel.comm_hook = dist::Bf16CompressHook();
+      auto h = model->fit(train, o);
+      ASSERT_TRUE(h.ok()) << "zero " << zero << " bf16 " << bf16 << ": " << h.status();
+      histories[std::pair(zero, bf16)] = *h;
+      weights[std::pair(zero, bf16)] = *model->state_dict();
+      // The kept (gathered) optimizer state continues in a second fit, sharded or not.
+      auto again = model->fit(train, {.epochs = 1, .batch_size = 8, .zero = !zero});
+      ASSERT_TRUE(again.ok()) << again.status();
+    }
+  }
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 hook" : "no hook");
+    ExpectCloseWeights(weights[std::pair(true, bf16)], weights[std::pair(false, bf16)], 1e-6);
+    for (size_t e = 0; e < 4; ++e) {
+      EXPECT_NEAR(histories[std::pair(true, bf16)].epochs[e].at("loss"),
+                  histories[std::pair(false, bf16)].epochs[e].at("loss"), 1e-6);
+    }
+  }
+  // The hook did round: close to the uncompressed run, not equal to it.
+  ExpectCloseWeights(weights[std::pair(false, true)], weights[std::pair(false, false)], 5e-2);
+  double largest = 0;
+  for (size_t i = 0; i < weights[std::pair(false, true)].size(); ++i) {
+    auto x = weights[std::pair(false, true)][i].second.to_vector<double>();
+    auto y = weights[std::pair(false, false)][i].second.to_vector<double>();
+    for (size_t j = 0; j < x.size(); ++j) largest = std::max(largest, std::abs(x[j] - y[j]));
+  }
+  EXPECT_GT(largest, 0.0);
+}
+
+// A fit with zero preempted mid-epoch resumes (sharded again) to the unsharded
+// uninterrupted result: the checkpoint holds the gathered, unsharded state.
+TEST(ModelTest, APreemptedZeroFitResumesToTheUnshardedResult) {
+  auto train = Classification(32, 31);
+  const std::string dir = ::testing::TempDir() + "/hapi_preempt_zero";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = Prepared(2);
+  ASSERT_TRUE(straight->fit(train, options).ok());
+
+  options.zero = true;
+  options.checkpoint = {.dir = dir, .keep = 2, .every_steps = 3};
+  LaunchOptions launch = Cpu(2);
+  launch.spawn.stop_signals = {SIGUSR1};
+  auto make = [&] {
+    auto m = std::make_unique<Model>([] { return std::make_shared<Net>(); }, launch);
+    m->prepare(AdamFactory(1e-2), CrossEntropy());
+    return m;
+  };
+  auto first = make();
+  FitOptions preempted = options;
+  preempted.callbacks = {MakeCallback<PreemptAt>(6)};
+  auto stopped = first->fit(train, preempted);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_TRUE(dist::IsStopped(stopped.status())) << stopped.status();
+  auto second = make();
+  options.resume = true;
+  auto b = second->fit(train, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 1e-6);
+}
+
+// FitOptions::uneven: 62 samples on 3 ranks with batch 4 (the last global
+// batch's 2 samples go to ranks 0 and 1: rank 2 runs one step fewer each
+// epoch) train as one rank with batch 12 on the same order, sharded optimizer
+// or not; every sample counts once.
+TEST(ModelTest, UnevenDataUnderJoinOnThreeRanksEqualsOneRank) {
+  auto train = Classification(62, 41), test = Classification(13, 42);
+  std::map<std::pair<int, bool>, nn::StateDict> weights;
+  std::map<std::pair<int, bool>, History> histories;
+  for (auto [ranks, zero] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
+    auto model = Prepared(ranks);
+    auto h = model->fit(train, {.epochs = 3, .batch_size = 12 / ranks, .seed = 9,
+                                .eval_data = test, .zero = zero, .uneven = true});
+    ASSERT_TRUE(h.ok()) << ranks << " ranks, zero " << zero << ": " << h.status();
+    EXPECT_EQ(h->steps, 3 * 6) << ranks;
+    histories[std::pair(ranks, zero)] = *h;
+    weights[std::pair(ranks, zero)] = *model->state_dict();
+  }
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    ExpectCloseWeights(weights[std::pair(3, zero)], weights[std::pair(1, false)], 1e-5);
+    for (size_t e = 0; e < 3; ++e) {
+      EXPECT_EQ(histories[std::pair(3, zero)].epochs[e].at("eval_acc"),
+                histories[std::pair(1, false)].epochs[e].at("eval_acc"));
+    }
+  }
+  // Without uneven the last global batch wraps around: other samples, other weights.
+  auto wrapped = Prepared(3);
+  ASSERT_TRUE(wrapped->fit(train, {.epochs = 3, .batch_size = 4, .seed = 9}).ok());
+  auto w = wrapped->state_dict();
+  double largest = 0;
+  for (size_t i = 0; i < w->size(); ++i) {
+    auto x = (*w)[i].second.to_vector<double>();
+    auto y = weights[std::pair(1, false)][i].second.to_vector<double>();
+    for (size_t j = 0; j < x.size(); ++j) largest = std::max(largest, std::abs(x[j] - y[j]));
+  }
+  EXPECT_GT(largest, 1e-4);
+}
+
+// max_steps_per_epoch cuts every epoch; the next epoch starts at its beginning.
+TEST(ModelTest, MaxStepsPerEpochCutsEachEpoch) {
+  auto train = Classification(64, 51);
+  std::vector<int64_t> seen;
+  struct Count : Callback {
+    explicit Count(std::vector<int64_t>* seen) : seen(seen) {}
+    std::string name() const override { return "Count"; }
+    void on_train_batch_end(RunState& s) override {
+      if (s.ctx->rank() == 0) seen->push_back(s.step);
+    }
+    std::vector<int64_t>* seen;
+  };
+  auto model = Prepared(2);
+  auto h = model->fit(train, {.epochs = 3, .batch_size = 4, .max_steps_per_epoch = 3,
+                              .callbacks = {MakeCallback<Count>(&seen)}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->steps, 9);
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
 struct BnNet : nn::Module {
   BnNet()
       : conv(register_module("conv", nn::Conv2d(1, 4, 3, {.padding = {1, 1}}, /*bias=*/false))),
@@ -395,6 +529,12 @@ TEST(ModelTest, BadInputsGetOneClearErrorEach) {
   EXPECT_TRUE(Contains(model->fit(train, {.batch_size = 0}).status(), "fit: batch_size = 0"));
   EXPECT_TRUE(Contains(model->fit(train, {.resume = true}).status(),
                        "fit: resume needs checkpoint.dir"));
+  EXPECT_TRUE(Contains(model->fit(train, {.drop_last = true, .uneven = true}).status(),
+                       "fit: uneven = true with drop_last = true"));
+  EXPECT_TRUE(Contains(model->fit(train, {.uneven = true, .checkpoint = {.dir = "/tmp/x"}}).status(),
+                       "fit: uneven = true with checkpoint.dir"));
+  EXPECT_TRUE(Contains(model->fit(train, {.max_steps_per_epoch = -1}).status(),
+                       "fit: max_steps_per_epoch = -1"));
   // Labels of the wrong dtype and out of range: the loss names them, on the rank.
   auto float_labels = std::make_shared<data::TensorDataset>(nn::randn({8, 4}), nn::zeros({8}));
   auto s = model->fit(float_labels, {.batch_size = 4}).status();
