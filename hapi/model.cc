@@ -10,11 +10,13 @@
 #include "data/sampler.h"
 #include "nn/autocast.h"
 #include "nn/error.h"
+#include "nn/graph.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
 #include "spawn/comm/communicator.h"
+#include "spawn/observe/trace.h"
 #include "spawn/signals.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/sync_batch_norm.h"
@@ -32,6 +34,10 @@ struct Model::RankRun {
   // With zero: the unsharded state gathered on every rank at the end of fit
   // (a collective), for Keep.
   std::optional<optim::StateDict> gathered_state;
+  // FitOptions::cuda_graph: the captured step, its static input and target and
+  // the loss each replay rewrites. Last: the graph goes before what it replays.
+  nn::Tensor static_data, static_target, graph_loss;
+  std::unique_ptr<nn::CudaGraph> graph;
 };
 
 namespace {
@@ -156,6 +162,10 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.uneven && o.drop_last)
     return absl::InvalidArgumentError(
         "fit: uneven = true with drop_last = true: uneven data keeps every sample");
+  if (o.cuda_graph && (o.grad_accum_steps > 1 || o.zero || o.uneven))
+    return absl::InvalidArgumentError(
+        "fit: cuda_graph with grad_accum_steps > 1, zero or uneven: the captured step holds "
+        "one synchronised micro-batch and the unsharded optimizer");
   if (o.uneven && !o.checkpoint.dir.empty())
     return absl::InvalidArgumentError(
         "fit: uneven = true with checkpoint.dir: a rank that has joined cannot take part in "
@@ -184,6 +194,7 @@ data::DataLoaderOptions LoaderOptions(const dist::Context& ctx, int num_workers,
                                       std::shared_ptr<const data::Transform> transform) {
   data::DataLoaderOptions o;
   o.num_workers = num_workers;
+  o.prefetch = std::max(2, 2 * num_workers);
   o.device = ctx.device();
   o.pin_memory = ctx.device().is_cuda();
   o.batch_transform = std::move(transform);
@@ -354,6 +365,7 @@ struct FitPosition {
   double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
   bool resumed_inside_epoch = false;
   bool restored = false;  // a checkpoint loaded
+  std::string path;       // its path
 };
 
 constexpr char kEpochKey[] = "hapi.epoch";
@@ -376,6 +388,7 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
   dist::ThrowIfError(steps.status(), "fit: resume: ");
   dist::ThrowIfError(loss.status(), "fit: resume: ");
   at.restored = true;
+  at.path = *path;
   at.epoch = static_cast<int>(*epoch);
   // -1: written at the end of a fit, at an epoch boundary.
   at.resumed_inside_epoch = *steps >= 0;
@@ -415,6 +428,8 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   }
   // The optimizer callbacks see (lr schedules): with zero the wrapped one.
   optim::Optimizer& optimizer = zero != nullptr ? zero->optimizer() : *run->optimizer;
+  TANDEM_CHECK(!options.cuda_graph || ctx.device().is_cuda(),
+               "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 
   data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
   so.shuffle = options.shuffle;
@@ -435,8 +450,12 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   state.ctx = &ctx;
   state.network = &network;
   state.optimizer = &optimizer;
+  state.data_parallel = &dp;
+  state.zero = zero;
   state.epochs = options.epochs;
   state.steps_per_epoch = (batches + accum - 1) / accum;
+  std::vector<std::unique_ptr<Callback>> callbacks =
+      MakeCallbacks(options.callbacks, options.log_freq);
 
   std::optional<dist::CheckpointManager> checkpoints;
   // With zero the files hold the unsharded optimizer: one gathered for each save
@@ -444,10 +463,24 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   dist::TrainingState saved{.model = &network, .optimizer = run->optimizer.get(),
                             .loader = &loader, .step = &state.step};
   std::unique_ptr<optim::Optimizer> consolidated;
-  auto gather_for_save = [&](dist::TrainingState& s) {
-    if (zero == nullptr) return;
-    consolidated = zero->Consolidated();
-    s.optimizer = consolidated.get();
+  // The step of the last save made at an epoch's end (-1 steps in it): a final
+  // save at that step would repeat it.
+  int64_t last_end_save_step = -1;
+  // Every rank, at the same step: the gathered optimizer (zero), fit's entries
+  // (epoch, steps done in it or -1 at its end, the loss summed so far) and the
+  // callbacks'.
+  auto prepare_save = [&](dist::TrainingState& s, int64_t epoch, int64_t epoch_steps,
+                          double loss_sum) {
+    if (zero != nullptr) {
+      consolidated = zero->Consolidated();
+      s.optimizer = consolidated.get();
+    }
+    s.extra.clear();
+    s.extra[kEpochKey] = epoch;
+    s.extra[kEpochStepsKey] = epoch_steps;
+    s.extra[kEpochLossKey] = loss_sum;
+    CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
+    if (epoch_steps < 0) last_end_save_step = state.step;
   };
   FitPosition at;
   if (!options.checkpoint.dir.empty()) {
@@ -460,9 +493,16 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
         if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
         saved.optimizer = nullptr;
       }
+      if (at.restored) {
+        if (!at.resumed_inside_epoch) last_end_save_step = state.step;
+        ResumeInfo info{.path = at.path, .epoch = at.epoch, .epoch_steps = at.epoch_steps,
+                        .step = state.step, .extra = saved.extra};
+        CallEach(callbacks, "on_checkpoint_load", [&](Callback& c) { c.on_checkpoint_load(state, info); });
+      }
     }
   }
   auto optimizer_step = [&] {
+    dist::TraceSpan span(ctx, "optimizer");
     if (zero != nullptr) {
       zero->step();
       zero->zero_grad();
@@ -471,13 +511,75 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       run->optimizer->zero_grad();
     }
   };
+  auto next_batch = [&](int64_t at_batch) {
+    std::optional<data::Batch> batch;
+    {
+      dist::TraceSpan span(ctx, "data");
+      batch = loader.next();
+    }
+    TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ", at_batch,
+                 " of ", batches);
+    return std::move(*batch);
+  };
+  // Forward and loss (under bf16's autocast), backward of loss / group; returns
+  // the undivided loss, detached.
+  auto forward_backward = [&](const data::Batch& batch, int64_t group) {
+    nn::Tensor loss;
+    {
+      dist::TraceSpan span(ctx, "forward");
+      std::optional<nn::AutocastGuard> autocast;
+      if (options.bf16) autocast.emplace(nn::kBFloat16);
+      loss = loss_(dp(batch.data), batch.target);
+    }
+    TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
+                 nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
+    {
+      dist::TraceSpan span(ctx, "backward");
+      (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
+    }
+    return loss.detach();
+  };
+  // cuda_graph: a full batch once the step is captured is copied into the
+  // static tensors and replayed; the first full batch runs eagerly, then the
+  // step is captured; a partial batch runs eagerly. The loss after a replay is
+  // the graph's tensor, which the next replay rewrites: converted (a copy on
+  // the stream) before that.
+  auto graphed_step = [&](int64_t at_batch) {
+    data::Batch batch = next_batch(at_batch);
+    const bool full = batch.data.size(0) == options.batch_size;
+    if (run->graph && full && batch.data.shape() == run->static_data.shape()) {
+      run->static_data.copy_(batch.data);
+      run->static_target.copy_(batch.target);
+      run->graph->Replay();
+      return run->graph_loss.to(nn::kFloat64);
+    }
+    run->optimizer->zero_grad();  // a replay leaves its gradients
+    nn::Tensor loss = forward_backward(batch, 1);
+    optimizer_step();
+    if (!run->graph && full) {
+      run->static_data = nn::empty_like(batch.data);
+      run->static_target = nn::empty_like(batch.target);
+      run->graph = std::make_unique<nn::CudaGraph>(ctx.device());
+      data::Batch captured{.data = run->static_data, .target = run->static_target};
+      run->graph->Capture([&] {
+        run->optimizer->zero_grad();
+        run->graph_loss = forward_backward(captured, 1);
+        run->optimizer->step();
+      });
+      if (ctx.rank() == 0)
+        ctx.log().Info("fit: cuda_graph: training step captured ({} nodes) on batches of {}; "
+                       "replayed for every full batch from here on",
+                       run->graph->num_nodes(), batch.data.size(0));
+    }
+    return loss.to(nn::kFloat64);
+  };
 
-  std::vector<std::unique_ptr<Callback>> callbacks =
-      MakeCallbacks(options.callbacks, options.log_freq);
   History history;
   Logs logs;
+  bool ended = false;
+  const int64_t first_step = state.step;  // after a resume: the checkpoint's
   CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
-  for (int epoch = at.epoch; epoch < options.epochs; ++epoch) {
+  for (int epoch = at.epoch; epoch < options.epochs && !ended; ++epoch) {
     state.epoch = epoch;
     const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
@@ -492,26 +594,19 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       const int64_t group = std::min<int64_t>(accum, batches - first);
       CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
       nn::Tensor step_loss;
-      for (int64_t micro = 0; micro < group; ++micro) {
-        std::optional<data::Batch> batch = loader.next();
-        TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ",
-                     first + micro, " of ", batches);
-        std::optional<dist::DataParallel::NoSyncGuard> no_sync;
-        if (micro + 1 < group) no_sync.emplace(&dp);
-        nn::Tensor loss;
-        {
-          std::optional<nn::AutocastGuard> autocast;
-          if (options.bf16) autocast.emplace(nn::kBFloat16);
-          loss = loss_(dp(batch->data), batch->target);
+      if (options.cuda_graph) {
+        step_loss = graphed_step(first);
+      } else {
+        for (int64_t micro = 0; micro < group; ++micro) {
+          data::Batch batch = next_batch(first + micro);
+          std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+          if (micro + 1 < group) no_sync.emplace(&dp);
+          nn::Tensor part = forward_backward(batch, group).to(nn::kFloat64);
+          if (group > 1) part = part * (1.0 / static_cast<double>(group));
+          step_loss = step_loss.defined() ? step_loss + part : part;
         }
-        TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
-                     nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
-        (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
-        nn::Tensor part = loss.detach().to(nn::kFloat64);
-        if (group > 1) part = part * (1.0 / static_cast<double>(group));
-        step_loss = step_loss.defined() ? step_loss + part : part;
+        optimizer_step();
       }
-      optimizer_step();
       ++state.step;
       ++steps;
       state.batch_loss = step_loss;
@@ -521,13 +616,11 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       if (options.uneven) {
         // No step agreement inside a join (see FitOptions::uneven).
       } else if (checkpoints) {
+        dist::TraceSpan span(ctx, "checkpoint");
         absl::Status st = checkpoints->AtStepBoundary(saved, [&](dist::TrainingState& s) {
           // Collectives are allowed here: every rank saves at the same step.
-          gather_for_save(s);
           const double here = SumOverRanks(ctx, {epoch_loss.item()})[0];
-          s.extra[kEpochKey] = static_cast<int64_t>(epoch);
-          s.extra[kEpochStepsKey] = steps;
-          s.extra[kEpochLossKey] = here + (resumed ? at.epoch_loss_sum : 0.0);
+          prepare_save(s, epoch, steps, here + (resumed ? at.epoch_loss_sum : 0.0));
         });
         consolidated.reset();
         dist::ThrowIfError(st, "fit: saving a checkpoint: ");
@@ -535,6 +628,11 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
         throw dist::StoppedError(
             absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
             state.step);
+      }
+      if (state.end_fit) {
+        ended = true;
+        history.ended_at_step = state.step;
+        break;
       }
     }
     if (join) {
@@ -545,6 +643,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       // The job's step count: the most steps any rank ran (the others answered them).
       state.step = static_cast<int64_t>(MaxOverRanks(ctx, static_cast<double>(state.step)));
     }
+    if (ended) break;
     logs.clear();
     // Without uneven every rank made the same number of steps (kWrapGlobalBatch);
     // rank 0 adds what the ranks had summed before a resume.
@@ -555,28 +654,40 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     const bool last = epoch + 1 == options.epochs;
     if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
       CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
-      Logs eval = EvaluateOnRank(ctx, network, loss_, run->metrics, options.eval_data,
-                                 options.eval_batch_size > 0 ? options.eval_batch_size
-                                                             : options.batch_size,
-                                 options.num_workers, options.bf16, options.batch_transform);
+      Logs eval;
+      {
+        dist::TraceSpan span(ctx, "evaluate");
+        eval = EvaluateOnRank(ctx, network, loss_, run->metrics, options.eval_data,
+                              options.eval_batch_size > 0 ? options.eval_batch_size
+                                                          : options.batch_size,
+                              options.num_workers, options.bf16, options.batch_transform);
+      }
       CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, eval); });
       logs.insert(eval.begin(), eval.end());
     }
     CallEach(callbacks, "on_epoch_end", [&](Callback& c) { c.on_epoch_end(state, logs); });
     history.epochs.push_back(logs);
+    if (checkpoints && options.checkpoint_each_epoch) {
+      // The file holds the next epoch's start.
+      loader.set_state({.epoch = epoch + 1, .position = 0});
+      prepare_save(saved, epoch + 1, -1, 0.0);
+      absl::Status st = checkpoints->Save(saved);
+      consolidated.reset();
+      dist::ThrowIfError(st, "fit: saving the epoch's checkpoint: ");
+    }
     // One rank's stop (EarlyStopping) stops every rank at this epoch's end.
     std::vector<double> stop = SumOverRanks(ctx, {state.stop_training ? 1.0 : 0.0});
     if (stop[0] > 0) break;
   }
   if (checkpoints) {
-    // The end of the fit, so that a resume after it has nothing left to do.
-    saved.extra[kEpochKey] = static_cast<int64_t>(std::max(state.epoch + 1, at.epoch));
-    saved.extra[kEpochStepsKey] = int64_t{-1};
-    saved.extra[kEpochLossKey] = 0.0;
-    gather_for_save(saved);
-    absl::Status st = checkpoints->Save(saved);
-    consolidated.reset();
-    dist::ThrowIfError(st, "fit: saving the final checkpoint: ");
+    if (!ended && state.step != first_step && last_end_save_step != state.step) {
+      // The end of a fit that trained, so that a resume after it has nothing
+      // left to do.
+      prepare_save(saved, std::max(state.epoch + 1, at.epoch), -1, 0.0);
+      absl::Status st = checkpoints->Save(saved);
+      consolidated.reset();
+      dist::ThrowIfError(st, "fit: saving the final checkpoint: ");
+    }
     dist::ThrowIfError(checkpoints->Finish(), "fit: checkpoint: ");
   }
   CallEach(callbacks, "on_train_end", [&](Callback& c) { c.on_train_end(state, logs); });

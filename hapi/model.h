@@ -40,8 +40,8 @@
 // fp16 compressed gradients), and uneven (every sample once per epoch, ranks
 // with different step counts under DataParallel::join()); they combine.
 //
-// Not built yet (use the lower-level loop, docs/guide.md, for this): the
-// CUDA-graph step.
+// CUDA ranks: FitOptions::cuda_graph captures the training step once and
+// replays it for every full batch.
 //
 // Thread-safety: a Model is used from one thread at a time (main, or one rank's
 // thread); its calls from main run the ranks on spawn's threads.
@@ -92,7 +92,7 @@ struct FitOptions {
   bool shuffle = true;
   bool drop_last = false;   // drop the last partial global batch
   uint64_t seed = 0;        // the shuffle order's seed (the same on every rank)
-  int num_workers = 0;      // DataLoader worker threads per rank
+  int num_workers = 0;      // DataLoader worker threads per rank (max(2, 2 * num_workers) batches in flight)
   // Evaluated every eval_freq epochs (and after the last one) with eval_batch_size
   // (0: batch_size); its values join the epoch's logs as "eval_<name>".
   std::shared_ptr<const data::Dataset> eval_data;
@@ -136,6 +136,12 @@ struct FitOptions {
   // At most this many optimizer steps per epoch (0: the whole epoch); the
   // loader's position moves to the next epoch afterwards.
   int64_t max_steps_per_epoch = 0;
+  // CUDA ranks: the training step (zero_grad, forward and loss, backward with
+  // DataParallel's bucket all-reduces, optimizer step) captured in an
+  // nn::CudaGraph after the first full batch's eager step and replayed for
+  // every full batch; a partial batch runs eagerly. Refused with
+  // grad_accum_steps > 1, zero and uneven; a CPU rank throws.
+  bool cuda_graph = false;
   // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
   bool sync_batch_norm = false;
   // Training checkpoints (dist::CheckpointManager; dir empty: none): network,
@@ -147,6 +153,9 @@ struct FitOptions {
   // function: throws dist::StoppedError); without a directory it stops without
   // saving.
   dist::CheckpointManagerOptions checkpoint;
+  // With checkpoint.dir: also save at the end of every epoch (after
+  // on_epoch_end), as of the next epoch's start.
+  bool checkpoint_each_epoch = false;
   // Continue from the newest checkpoint in checkpoint.dir that loads (none:
   // from the start): the same fit then ends as the uninterrupted one would.
   bool resume = false;
@@ -165,7 +174,8 @@ struct EvalOptions {
 
 struct History {
   std::vector<Logs> epochs;  // each epoch's logs (after the reduction over ranks)
-  int64_t steps = 0;         // optimizer steps done by this fit
+  int64_t steps = 0;         // optimizer steps done so far (after a resume: in all)
+  int64_t ended_at_step = 0;  // > 0: a callback's RunState::end_fit ended the fit there
 };
 
 class Model {

@@ -454,6 +454,74 @@ TEST(ModelTest, MaxStepsPerEpochCutsEachEpoch) {
   EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
 }
 
+// A callback's checkpoint entries: saved at every save, handed back on
+// resume; end_fit stops after a step with no epoch end and no final save, and
+// checkpoint_each_epoch's file lets the next fit resume at the epoch's start.
+struct Bookkeeper : Callback {
+  explicit Bookkeeper(int64_t end_at, std::vector<std::string>* events)
+      : end_at(end_at), events(events) {}
+  std::string name() const override { return "Bookkeeper"; }
+  void on_train_batch_end(RunState& s) override {
+    if (s.step == end_at) s.end_fit = true;
+  }
+  void on_epoch_end(RunState& s, const Logs&) override { epochs_seen = s.epoch + 1; }
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override {
+    extra["app.epochs_seen"] = int64_t{epochs_seen};
+    if (s.ctx->rank() == 0) events->push_back("save " + std::to_string(s.step));
+  }
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override {
+    epochs_seen = static_cast<int>(std::get<int64_t>(info.extra.at("app.epochs_seen")));
+    if (s.ctx->rank() == 0)
+      events->push_back("load " + std::to_string(info.step) + " epoch " +
+                        std::to_string(info.epoch) + "+" + std::to_string(info.epoch_steps) +
+                        " seen " + std::to_string(epochs_seen));
+  }
+  int64_t end_at;
+  std::vector<std::string>* events;
+  int epochs_seen = 0;
+};
+
+TEST(ModelTest, EpochCheckpointsCallbackEntriesAndEndFit) {
+  auto train = Classification(32, 61), test = Classification(9, 62);
+  const std::string dir = ::testing::TempDir() + "/hapi_epoch_ck";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5, .eval_data = test,
+                     .checkpoint = {.dir = dir}, .checkpoint_each_epoch = true};
+  auto straight = Prepared(2);
+  FitOptions plain = options;
+  plain.checkpoint = {};
+  auto a = straight->fit(train, plain);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  std::vector<std::string> events;
+  auto first = Prepared(2);
+  FitOptions ending = options;
+  ending.callbacks = {MakeCallback<Bookkeeper>(int64_t{6}, &events)};  // epoch 2, step 2 of 4
+  auto stopped = first->fit(train, ending);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->ended_at_step, 6);
+  EXPECT_EQ(stopped->epochs.size(), 1u);  // no epoch end for the partial epoch
+  EXPECT_EQ(events, (std::vector<std::string>{"save 4"}));  // epoch 1's; no final save
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-4.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-6.ckpt"));
+
+  auto second = Prepared(2);
+  FitOptions resumed = options;
+  resumed.resume = true;
+  resumed.callbacks = {MakeCallback<Bookkeeper>(int64_t{0}, &events)};
+  auto b = second->fit(train, resumed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  EXPECT_EQ(events, (std::vector<std::string>{"save 4", "load 4 epoch 1+0 seen 1", "save 8",
+                                              "save 12"}));
+  ASSERT_EQ(b->epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(b->epochs[e].at("loss"), a->epochs[e + 1].at("loss"), 1e-12) << e;
+    EXPECT_EQ(b->epochs[e].at("eval_acc"), a->epochs[e + 1].at("eval_acc")) << e;
+  }
+  ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 0.0);
+}
+
 struct BnNet : nn::Module {
   BnNet()
       : conv(register_module("conv", nn::Conv2d(1, 4, 3, {.padding = {1, 1}}, /*bias=*/false))),
@@ -535,6 +603,10 @@ TEST(ModelTest, BadInputsGetOneClearErrorEach) {
                        "fit: uneven = true with checkpoint.dir"));
   EXPECT_TRUE(Contains(model->fit(train, {.max_steps_per_epoch = -1}).status(),
                        "fit: max_steps_per_epoch = -1"));
+  EXPECT_TRUE(Contains(model->fit(train, {.zero = true, .cuda_graph = true}).status(),
+                       "fit: cuda_graph with grad_accum_steps > 1, zero or uneven"));
+  EXPECT_TRUE(Contains(model->fit(train, {.cuda_graph = true}).status(),
+                       "fit: cuda_graph needs a CUDA rank; this rank runs on cpu"));
   // Labels of the wrong dtype and out of range: the loss names them, on the rank.
   auto float_labels = std::make_shared<data::TensorDataset>(nn::randn({8, 4}), nn::zeros({8}));
   auto s = model->fit(float_labels, {.batch_size = 4}).status();
