@@ -429,10 +429,9 @@ class ClassifierOutputs : public hapi::Callback {
   void ShowProgress() {
     const int64_t done = k_ + 1;
     const double elapsed = SecondsSince(epoch_start_);
-    const double rate = static_cast<double>((done - first_k_) * global_batch_) /
-                        std::max(elapsed, 1e-9);
-    const double eta = elapsed / static_cast<double>(done - first_k_) *
-                       static_cast<double>(steps_per_epoch_ - done);
+    const double rate = static_cast<double>(done * global_batch_) / std::max(elapsed, 1e-9);
+    const double eta =
+        elapsed / static_cast<double>(done) * static_cast<double>(steps_per_epoch_ - done);
     progress_.Update(epoch_ + 1, done, steps_per_epoch_, window_sum_.item() / window_, rate, eta);
     window_sum_.zero_();
     window_ = 0;
