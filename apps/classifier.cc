@@ -465,6 +465,31 @@ class ClassifierOutputs : public hapi::Callback {
   dist::DataParallel::OverlapStats overlap_at_start_;
 };
 
+// Checkpoints of the programs' earlier versions (their own loop): "epoch"
+// (epochs done), "epoch_step" (steps done in the next one; absent in the
+// oldest files) and each rank's "epoch_loss_sum.<r>" (absent when another
+// number of ranks wrote it: the epoch's mean loss then counts its steps after
+// the checkpoint only).
+absl::StatusOr<hapi::ResumePosition> ResumePositionOfEarlierVersions(
+    const hapi::CheckpointExtra& extra, const std::string& path) {
+  hapi::ResumePosition at;
+  absl::StatusOr<int64_t> epoch = dist::ExtraValue<int64_t>(extra, "epoch", path);
+  if (!epoch.ok()) return epoch.status();
+  at.epoch = static_cast<int>(*epoch);
+  if (extra.contains("epoch_step")) {
+    absl::StatusOr<int64_t> steps = dist::ExtraValue<int64_t>(extra, "epoch_step", path);
+    if (!steps.ok()) return steps.status();
+    at.epoch_steps = *steps;
+  }
+  for (const auto& [key, value] : extra) {
+    if (!absl::StartsWith(key, "epoch_loss_sum.")) continue;
+    absl::StatusOr<double> sum = dist::ExtraValue<double>(extra, key, path);
+    if (!sum.ok()) return sum.status();
+    at.epoch_loss_sum += *sum;
+  }
+  return at;
+}
+
 TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
                                 const ClassifierData& data,
                                 const std::function<std::shared_ptr<nn::Module>()>& make_model,
@@ -498,6 +523,7 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
   if (!flags.checkpoint_dir.empty()) {
     o.checkpoint = CheckpointOptions(flags);
     o.checkpoint_each_epoch = true;
+    o.resume_position = ResumePositionOfEarlierVersions;
   }
   o.callbacks = {[&] {
     return std::make_unique<ClassifierOutputs>(ctx, flags, data, trace, &run);

@@ -373,12 +373,24 @@ constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
 constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
 
 FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
-                    dist::TrainingState& state) {
+                    dist::TrainingState& state, const FitOptions& options) {
   FitPosition at;
   absl::StatusOr<std::string> path = checkpoints.Restore(state);
   dist::ThrowIfError(path.status(), "fit: resume: ");
   if (path->empty()) {
     if (ctx.rank() == 0) ctx.log().Info("fit: resume: no checkpoint yet; starting from the beginning");
+    return at;
+  }
+  if (!state.extra.contains(kEpochKey) && options.resume_position) {
+    // Another loop's file: its own entries say where it stands.
+    absl::StatusOr<ResumePosition> p = options.resume_position(state.extra, *path);
+    dist::ThrowIfError(p.status(), "fit: resume: ");
+    at.restored = true;
+    at.path = *path;
+    at.epoch = p->epoch;
+    at.resumed_inside_epoch = p->epoch_steps > 0;
+    at.epoch_steps = std::max<int64_t>(p->epoch_steps, 0);
+    at.epoch_loss_sum = p->epoch_loss_sum;
     return at;
   }
   auto epoch = dist::ExtraValue<int64_t>(state.extra, kEpochKey, *path);
@@ -488,7 +500,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     if (options.resume) {
       std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
       if (zero) saved.optimizer = unsharded.get();
-      at = Restore(ctx, *checkpoints, saved);
+      at = Restore(ctx, *checkpoints, saved, options);
       if (zero) {
         if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
         saved.optimizer = nullptr;

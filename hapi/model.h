@@ -86,6 +86,13 @@ struct LaunchOptions {
   dist::SpawnOptions spawn;
 };
 
+// Where a checkpoint stands (FitOptions::resume_position).
+struct ResumePosition {
+  int epoch = 0;              // epochs finished
+  int64_t epoch_steps = 0;    // steps done in epoch `epoch` (0: at its start)
+  double epoch_loss_sum = 0;  // their step losses, summed over the steps and every rank
+};
+
 struct FitOptions {
   int epochs = 1;
   int64_t batch_size = 32;  // per rank
@@ -159,6 +166,13 @@ struct FitOptions {
   // Continue from the newest checkpoint in checkpoint.dir that loads (none:
   // from the start): the same fit then ends as the uninterrupted one would.
   bool resume = false;
+  // For a checkpoint without fit's own entries ("hapi.epoch", ...: a file that
+  // another training loop wrote): where it stands, from the file's entries and
+  // path (an error names what is missing). Unset: such a file is an error
+  // naming the missing entry.
+  std::function<absl::StatusOr<ResumePosition>(const CheckpointExtra& extra,
+                                               const std::string& path)>
+      resume_position;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;
   std::vector<CallbackFactory> callbacks;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
@@ -520,6 +521,49 @@ TEST(ModelTest, EpochCheckpointsCallbackEntriesAndEndFit) {
     EXPECT_EQ(b->epochs[e].at("eval_acc"), a->epochs[e + 1].at("eval_acc")) << e;
   }
   ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 0.0);
+}
+
+// A checkpoint without fit's entries (another loop's, here made by renaming
+// them) resumes through FitOptions::resume_position, to the uninterrupted
+// result; without it the missing entry is named.
+TEST(ModelTest, AnotherLoopsCheckpointResumesThroughResumePosition) {
+  auto train = Classification(32, 71);
+  const std::string dir = ::testing::TempDir() + "/hapi_other_loop";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = Prepared(2);
+  ASSERT_TRUE(straight->fit(train, options).ok());
+
+  options.checkpoint = {.dir = dir, .every_steps = 3};
+  std::vector<std::string> events;
+  FitOptions ending = options;
+  ending.callbacks = {MakeCallback<Bookkeeper>(int64_t{6}, &events)};  // epoch 2, step 2 of 4
+  ASSERT_TRUE(Prepared(2)->fit(train, ending).ok());
+  const std::string path = dir + "/step-6.ckpt";
+  absl::StatusOr<nn::Checkpoint> ck = nn::LoadCheckpoint(path);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  nn::Checkpoint renamed = *ck;
+  for (const char* key : {"hapi.epoch", "hapi.epoch_steps", "hapi.epoch_loss_sum"}) {
+    ASSERT_TRUE(renamed.metadata.contains(key)) << key;
+    renamed.metadata[std::string("loop.") + (key + 5)] = renamed.metadata.at(key);
+    renamed.metadata.erase(key);
+  }
+  ASSERT_TRUE(nn::SaveCheckpoint(path, renamed).ok());
+
+  options.resume = true;
+  auto refused = Prepared(2)->fit(train, options);
+  EXPECT_TRUE(Contains(refused.status(), "missing entry \"hapi.epoch\"")) << refused.status();
+  options.resume_position = [](const CheckpointExtra& extra, const std::string&) {
+    return absl::StatusOr<ResumePosition>(ResumePosition{
+        .epoch = static_cast<int>(std::get<int64_t>(extra.at("loop.epoch"))),
+        .epoch_steps = std::get<int64_t>(extra.at("loop.epoch_steps")),
+        .epoch_loss_sum = std::get<double>(extra.at("loop.epoch_loss_sum"))});
+  };
+  auto resumed = Prepared(2);
+  auto b = resumed->fit(train, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  ExpectCloseWeights(*resumed->state_dict(), *straight->state_dict(), 0.0);
 }
 
 struct BnNet : nn::Module {
