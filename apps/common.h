@@ -1,7 +1,8 @@
 // tandem_apps_common: what the training programs (train_linear, train_mnist,
 // train_cifar10) share: the common Abseil flags and their validation, optimizer
-// choice, the metrics file, the data-parallel classifier training loop with
-// progress output, per-epoch checkpoints and resume, and the final summary.
+// choice, the metrics file, the data-parallel classifier training (a
+// hapi::Model fit, apps/classifier.cc) with progress output, per-epoch
+// checkpoints and resume, and the final summary.
 //
 // Flags defined here (every program links them; --help explains each):
 //   --gpus --nprocs --share_devices --seed --num_workers --log_dir
@@ -109,7 +110,7 @@ struct RunFlags {
   std::string comm_hook = "allreduce";  // how buckets are reduced: "allreduce" or "bf16"
   bool zero = false;  // dist::ZeroRedundancyOptimizer: 1/N of the optimizer state per rank
   // --cuda_graph: the classifier's training step captured once in an
-  // nn::CudaGraph and replayed for every full batch (classifier.cc). ValidateOrExit
+  // nn::CudaGraph and replayed for every full batch (hapi::FitOptions::cuda_graph). ValidateOrExit
   // refuses it on CPU ranks, on ranks sharing a GPU and with the options the
   // captured step cannot hold (--grad_accum_steps > 1, --zero, --trace).
   bool cuda_graph = false;

@@ -9,7 +9,11 @@
 //                             on_epoch_end
 //             on_train_end
 //   evaluate: on_eval_begin, on_eval_end
-// A "step" is one optimizer step (grad_accum_steps micro-batches).
+// A "step" is one optimizer step (grad_accum_steps micro-batches). With
+// FitOptions::checkpoint: on_checkpoint_load after a resume loaded a file
+// (before on_train_begin), on_checkpoint_save at every save (the periodic ones
+// after a step's on_train_batch_end, the epoch end's after on_epoch_end, the
+// final one before on_train_end).
 //
 // Logs: epoch and evaluation values after the reduction over ranks, so every
 // rank sees the same numbers: "loss" and each metric of the training epoch,
@@ -37,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/checkpoint.h"
 #include "nn/module.h"
 #include "nn/tensor.h"
 #include "optim/lr_scheduler.h"
@@ -44,12 +49,27 @@
 #include "spawn/context.h"
 
 namespace tandem::dist {
+class DataParallel;
 class SummaryWriter;
+class ZeroRedundancyOptimizer;
 }  // namespace tandem::dist
 
 namespace tandem::hapi {
 
 using Logs = std::map<std::string, double>;
+
+// A training checkpoint's own entries (dist::TrainingState::extra); keys
+// starting with "hapi." are fit's.
+using CheckpointExtra = std::map<std::string, nn::CheckpointValue>;
+
+// What fit(resume = true) loaded.
+struct ResumeInfo {
+  std::string path;
+  int epoch = 0;            // epochs finished
+  int64_t epoch_steps = 0;  // steps done in epoch `epoch` (0: none)
+  int64_t step = 0;         // optimizer steps in all
+  CheckpointExtra extra;    // every entry of the file's extra
+};
 
 // What a callback may read (and, for stop_training, write) during a run.
 struct RunState {
@@ -62,6 +82,14 @@ struct RunState {
   int64_t steps_per_epoch = 0;
   nn::Tensor batch_loss;                  // at on_train_batch_end: the step's loss (0-dim)
   bool stop_training = false;
+  dist::DataParallel* data_parallel = nullptr;  // fit only
+  dist::ZeroRedundancyOptimizer* zero = nullptr;  // fit with FitOptions::zero
+  // Set by a callback at on_train_batch_end, on every rank at the same step:
+  // fit ends after that step (its periodic checkpoint, if one is due, still
+  // saved) without the epoch's end (no evaluation, on_epoch_end or epoch-end
+  // checkpoint) and without the final checkpoint; on_train_end runs, and
+  // History::ended_at_step says where it ended.
+  bool end_fit = false;
 };
 
 class Callback {
@@ -77,6 +105,11 @@ class Callback {
   virtual void on_eval_end(RunState&, const Logs&) {}
   virtual void on_epoch_end(RunState&, const Logs&) {}
   virtual void on_train_end(RunState&, const Logs&) {}
+  // Every rank at the same step: add entries to the checkpoint being saved
+  // (collectives allowed).
+  virtual void on_checkpoint_save(RunState&, CheckpointExtra&) {}
+  // Every rank, after a resume loaded a checkpoint.
+  virtual void on_checkpoint_load(RunState&, const ResumeInfo&) {}
 };
 
 using CallbackFactory = std::function<std::unique_ptr<Callback>()>;

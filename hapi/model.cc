@@ -10,22 +10,34 @@
 #include "data/sampler.h"
 #include "nn/autocast.h"
 #include "nn/error.h"
+#include "nn/graph.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
 #include "spawn/comm/communicator.h"
+#include "spawn/observe/trace.h"
 #include "spawn/signals.h"
 #include "spawn/train/checkpoint.h"
 #include "spawn/train/sync_batch_norm.h"
+#include "spawn/train/zero_redundancy_optimizer.h"
 
 namespace tandem::hapi {
 
 struct Model::RankRun {
   std::shared_ptr<nn::Module> network;
   std::unique_ptr<dist::DataParallel> dp;
+  // FitOptions::zero: the sharded optimizer (optimizer stays null).
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<std::unique_ptr<Metric>> metrics;
+  // With zero: the unsharded state gathered on every rank at the end of fit
+  // (a collective), for Keep.
+  std::optional<optim::StateDict> gathered_state;
+  // FitOptions::cuda_graph: the captured step, its static input and target and
+  // the loss each replay rewrites. Last: the graph goes before what it replays.
+  nn::Tensor static_data, static_target, graph_loss;
+  std::unique_ptr<nn::CudaGraph> graph;
 };
 
 namespace {
@@ -91,6 +103,41 @@ std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& 
   return t.to_vector<double>();
 }
 
+// The largest of every rank's `value`.
+double MaxOverRanks(dist::Context& ctx, double value) {
+  nn::Tensor t = nn::from_vector<double>({value}, {1}, {.dtype = nn::kFloat64}).to(ctx.device());
+  ctx.communicator().all_reduce(t, dist::ReduceOp::kMax);
+  return t.to_vector<double>()[0];
+}
+
+// Every rank takes rank 0's optimizer state (tensors and scalars): after an
+// epoch of uneven data, a rank that joined early did not step its own optimizer
+// in the steps it answered, and rank 0 ran every step (kUneven gives it the most
+// batches). Every rank has stepped before (a join needs a step on every rank),
+// so all hold the same entries.
+void TakeRankZerosOptimizerState(dist::Context& ctx, optim::Optimizer& optimizer) {
+  nn::NoGradGuard no_grad;
+  optim::StateDict st = optimizer.state_dict();
+  for (auto& [name, t] : st.tensors) {
+    nn::Tensor copy = t.detach().clone();
+    ctx.communicator().broadcast(copy, 0);
+    t = copy;
+  }
+  if (!st.scalars.empty()) {
+    std::vector<double> values;
+    for (const auto& [key, v] : st.scalars) values.push_back(v);
+    nn::Tensor t = nn::from_vector(values, {static_cast<int64_t>(values.size())},
+                                   {.dtype = nn::kFloat64})
+                       .to(ctx.device());
+    ctx.communicator().broadcast(t, 0);
+    values = t.to_vector<double>();
+    size_t i = 0;
+    for (auto& [key, v] : st.scalars) v = values[i++];
+  }
+  absl::Status loaded = optimizer.load_state_dict(st);
+  TANDEM_CHECK(loaded.ok(), "fit: uneven data: rank 0's optimizer state: ", loaded.message());
+}
+
 absl::Status CheckDataset(const char* call, const std::shared_ptr<const data::Dataset>& d,
                           const char* what) {
   if (d == nullptr) return absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is null"));
@@ -110,6 +157,19 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.grad_accum_steps < 1) return bad("grad_accum_steps", o.grad_accum_steps, "must be >= 1");
   if (o.num_workers < 0) return bad("num_workers", o.num_workers, "must be >= 0");
   if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
+  if (o.max_steps_per_epoch < 0)
+    return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
+  if (o.uneven && o.drop_last)
+    return absl::InvalidArgumentError(
+        "fit: uneven = true with drop_last = true: uneven data keeps every sample");
+  if (o.cuda_graph && (o.grad_accum_steps > 1 || o.zero || o.uneven))
+    return absl::InvalidArgumentError(
+        "fit: cuda_graph with grad_accum_steps > 1, zero or uneven: the captured step holds "
+        "one synchronised micro-batch and the unsharded optimizer");
+  if (o.uneven && !o.checkpoint.dir.empty())
+    return absl::InvalidArgumentError(
+        "fit: uneven = true with checkpoint.dir: a rank that has joined cannot take part in "
+        "a checkpoint's step agreement");
   if (o.resume && o.checkpoint.dir.empty())
     return absl::InvalidArgumentError("fit: resume needs checkpoint.dir");
   if (!o.checkpoint.dir.empty()) {
@@ -134,6 +194,7 @@ data::DataLoaderOptions LoaderOptions(const dist::Context& ctx, int num_workers,
                                       std::shared_ptr<const data::Transform> transform) {
   data::DataLoaderOptions o;
   o.num_workers = num_workers;
+  o.prefetch = std::max(2, 2 * num_workers);
   o.device = ctx.device();
   o.pin_memory = ctx.device().is_cuda();
   o.batch_transform = std::move(transform);
@@ -270,8 +331,9 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   if (spawned_ && LocalRank(ctx) != 0) return;
   weights_ = HostState(*run.network);
   have_weights_ = true;
-  if (run.optimizer != nullptr) {
-    optim::StateDict st = run.optimizer->state_dict();
+  if (run.gathered_state.has_value() || run.optimizer != nullptr) {
+    optim::StateDict st = run.gathered_state.has_value() ? std::move(*run.gathered_state)
+                                                          : run.optimizer->state_dict();
     for (auto& [name, t] : st.tensors) t = HostCopy(t);
     optimizer_state_ = std::move(st);
     have_optimizer_state_ = true;
@@ -302,6 +364,8 @@ struct FitPosition {
   int64_t epoch_steps = 0;
   double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
   bool resumed_inside_epoch = false;
+  bool restored = false;  // a checkpoint loaded
+  std::string path;       // its path
 };
 
 constexpr char kEpochKey[] = "hapi.epoch";
@@ -309,12 +373,24 @@ constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
 constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
 
 FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
-                    dist::TrainingState& state) {
+                    dist::TrainingState& state, const FitOptions& options) {
   FitPosition at;
   absl::StatusOr<std::string> path = checkpoints.Restore(state);
   dist::ThrowIfError(path.status(), "fit: resume: ");
   if (path->empty()) {
     if (ctx.rank() == 0) ctx.log().Info("fit: resume: no checkpoint yet; starting from the beginning");
+    return at;
+  }
+  if (!state.extra.contains(kEpochKey) && options.resume_position) {
+    // Another loop's file: its own entries say where it stands.
+    absl::StatusOr<ResumePosition> p = options.resume_position(state.extra, *path);
+    dist::ThrowIfError(p.status(), "fit: resume: ");
+    at.restored = true;
+    at.path = *path;
+    at.epoch = p->epoch;
+    at.resumed_inside_epoch = p->epoch_steps > 0;
+    at.epoch_steps = std::max<int64_t>(p->epoch_steps, 0);
+    at.epoch_loss_sum = p->epoch_loss_sum;
     return at;
   }
   auto epoch = dist::ExtraValue<int64_t>(state.extra, kEpochKey, *path);
@@ -323,6 +399,8 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
   dist::ThrowIfError(epoch.status(), "fit: resume: ");
   dist::ThrowIfError(steps.status(), "fit: resume: ");
   dist::ThrowIfError(loss.status(), "fit: resume: ");
+  at.restored = true;
+  at.path = *path;
   at.epoch = static_cast<int>(*epoch);
   // -1: written at the end of a fit, at an epoch boundary.
   at.resumed_inside_epoch = *steps >= 0;
@@ -344,46 +422,176 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
   run->dp = std::make_unique<dist::DataParallel>(network, ctx, options.data_parallel);
   dist::DataParallel& dp = *run->dp;
-  run->optimizer = optimizer_(dp.parameters());
-  TANDEM_CHECK(run->optimizer != nullptr, "hapi::Model: the optimizer factory returned null");
-  if (have_optimizer_state_) {
-    absl::Status st = run->optimizer->load_state_dict(optimizer_state_);
-    TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+  dist::ZeroRedundancyOptimizer* zero = nullptr;
+  if (options.zero) {
+    run->zero = std::make_unique<dist::ZeroRedundancyOptimizer>(dp, optimizer_);
+    zero = run->zero.get();
+    if (have_optimizer_state_) {
+      absl::Status st = zero->load_state_dict(optimizer_state_);
+      TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+    }
+  } else {
+    run->optimizer = optimizer_(dp.parameters());
+    TANDEM_CHECK(run->optimizer != nullptr, "hapi::Model: the optimizer factory returned null");
+    if (have_optimizer_state_) {
+      absl::Status st = run->optimizer->load_state_dict(optimizer_state_);
+      TANDEM_CHECK(st.ok(), "hapi::Model: the kept optimizer state does not fit: ", st.message());
+    }
   }
-  optim::Optimizer& optimizer = *run->optimizer;
+  // The optimizer callbacks see (lr schedules): with zero the wrapped one.
+  optim::Optimizer& optimizer = zero != nullptr ? zero->optimizer() : *run->optimizer;
+  TANDEM_CHECK(!options.cuda_graph || ctx.device().is_cuda(),
+               "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 
   data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
   so.shuffle = options.shuffle;
   so.drop_last = options.drop_last;
   so.seed = options.seed;
+  if (options.uneven) so.tail = data::DistributedTail::kUneven;
   auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
   data::DataLoader loader(train, sampler,
                           LoaderOptions(ctx, options.num_workers, options.batch_transform));
-  const int64_t batches = loader.num_batches();
   const int accum = options.grad_accum_steps;
+  // This rank's batches per epoch: all of them, or max_steps_per_epoch steps' worth.
+  const int64_t batches =
+      options.max_steps_per_epoch > 0
+          ? std::min<int64_t>(loader.num_batches(), options.max_steps_per_epoch * accum)
+          : loader.num_batches();
 
   RunState state;
   state.ctx = &ctx;
   state.network = &network;
   state.optimizer = &optimizer;
+  state.data_parallel = &dp;
+  state.zero = zero;
   state.epochs = options.epochs;
   state.steps_per_epoch = (batches + accum - 1) / accum;
+  std::vector<std::unique_ptr<Callback>> callbacks =
+      MakeCallbacks(options.callbacks, options.log_freq);
 
   std::optional<dist::CheckpointManager> checkpoints;
-  dist::TrainingState saved{.model = &network, .optimizer = &optimizer, .loader = &loader,
-                            .step = &state.step};
+  // With zero the files hold the unsharded optimizer: one gathered for each save
+  // (a collective, at the save's agreed step), one loaded and sharded on resume.
+  dist::TrainingState saved{.model = &network, .optimizer = run->optimizer.get(),
+                            .loader = &loader, .step = &state.step};
+  std::unique_ptr<optim::Optimizer> consolidated;
+  // The step of the last save made at an epoch's end (-1 steps in it): a final
+  // save at that step would repeat it.
+  int64_t last_end_save_step = -1;
+  // Every rank, at the same step: the gathered optimizer (zero), fit's entries
+  // (epoch, steps done in it or -1 at its end, the loss summed so far) and the
+  // callbacks'.
+  auto prepare_save = [&](dist::TrainingState& s, int64_t epoch, int64_t epoch_steps,
+                          double loss_sum) {
+    if (zero != nullptr) {
+      consolidated = zero->Consolidated();
+      s.optimizer = consolidated.get();
+    }
+    s.extra.clear();
+    s.extra[kEpochKey] = epoch;
+    s.extra[kEpochStepsKey] = epoch_steps;
+    s.extra[kEpochLossKey] = loss_sum;
+    CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
+    if (epoch_steps < 0) last_end_save_step = state.step;
+  };
   FitPosition at;
   if (!options.checkpoint.dir.empty()) {
     checkpoints.emplace(ctx, options.checkpoint);
-    if (options.resume) at = Restore(ctx, *checkpoints, saved);
+    if (options.resume) {
+      std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
+      if (zero) saved.optimizer = unsharded.get();
+      at = Restore(ctx, *checkpoints, saved, options);
+      if (zero) {
+        if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
+        saved.optimizer = nullptr;
+      }
+      if (at.restored) {
+        if (!at.resumed_inside_epoch) last_end_save_step = state.step;
+        ResumeInfo info{.path = at.path, .epoch = at.epoch, .epoch_steps = at.epoch_steps,
+                        .step = state.step, .extra = saved.extra};
+        CallEach(callbacks, "on_checkpoint_load", [&](Callback& c) { c.on_checkpoint_load(state, info); });
+      }
+    }
   }
+  auto optimizer_step = [&] {
+    dist::TraceSpan span(ctx, "optimizer");
+    if (zero != nullptr) {
+      zero->step();
+      zero->zero_grad();
+    } else {
+      run->optimizer->step();
+      run->optimizer->zero_grad();
+    }
+  };
+  auto next_batch = [&](int64_t at_batch) {
+    std::optional<data::Batch> batch;
+    {
+      dist::TraceSpan span(ctx, "data");
+      batch = loader.next();
+    }
+    TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ", at_batch,
+                 " of ", batches);
+    return std::move(*batch);
+  };
+  // Forward and loss (under bf16's autocast), backward of loss / group; returns
+  // the undivided loss, detached.
+  auto forward_backward = [&](const data::Batch& batch, int64_t group) {
+    nn::Tensor loss;
+    {
+      dist::TraceSpan span(ctx, "forward");
+      std::optional<nn::AutocastGuard> autocast;
+      if (options.bf16) autocast.emplace(nn::kBFloat16);
+      loss = loss_(dp(batch.data), batch.target);
+    }
+    TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
+                 nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
+    {
+      dist::TraceSpan span(ctx, "backward");
+      (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
+    }
+    return loss.detach();
+  };
+  // cuda_graph: a full batch once the step is captured is copied into the
+  // static tensors and replayed; the first full batch runs eagerly, then the
+  // step is captured; a partial batch runs eagerly. The loss after a replay is
+  // the graph's tensor, which the next replay rewrites: converted (a copy on
+  // the stream) before that.
+  auto graphed_step = [&](int64_t at_batch) {
+    data::Batch batch = next_batch(at_batch);
+    const bool full = batch.data.size(0) == options.batch_size;
+    if (run->graph && full && batch.data.shape() == run->static_data.shape()) {
+      run->static_data.copy_(batch.data);
+      run->static_target.copy_(batch.target);
+      run->graph->Replay();
+      return run->graph_loss.to(nn::kFloat64);
+    }
+    run->optimizer->zero_grad();  // a replay leaves its gradients
+    nn::Tensor loss = forward_backward(batch, 1);
+    optimizer_step();
+    if (!run->graph && full) {
+      run->static_data = nn::empty_like(batch.data);
+      run->static_target = nn::empty_like(batch.target);
+      run->graph = std::make_unique<nn::CudaGraph>(ctx.device());
+      data::Batch captured{.data = run->static_data, .target = run->static_target};
+      run->graph->Capture([&] {
+        run->optimizer->zero_grad();
+        run->graph_loss = forward_backward(captured, 1);
+        run->optimizer->step();
+      });
+      if (ctx.rank() == 0)
+        ctx.log().Info("fit: cuda_graph: training step captured ({} nodes) on batches of {}; "
+                       "replayed for every full batch from here on",
+                       run->graph->num_nodes(), batch.data.size(0));
+    }
+    return loss.to(nn::kFloat64);
+  };
 
-  std::vector<std::unique_ptr<Callback>> callbacks =
-      MakeCallbacks(options.callbacks, options.log_freq);
   History history;
   Logs logs;
+  bool ended = false;
+  const int64_t first_step = state.step;  // after a resume: the checkpoint's
   CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
-  for (int epoch = at.epoch; epoch < options.epochs; ++epoch) {
+  for (int epoch = at.epoch; epoch < options.epochs && !ended; ++epoch) {
     state.epoch = epoch;
     const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
@@ -391,55 +599,66 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
     nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
     int64_t steps = resumed ? at.epoch_steps : 0;
+    // uneven: ranks with fewer batches answer the others' steps at finish().
+    std::optional<dist::DataParallel::JoinGuard> join;
+    if (options.uneven) join.emplace(&dp);
     for (int64_t first = steps * accum; first < batches; first += accum) {
       const int64_t group = std::min<int64_t>(accum, batches - first);
       CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
       nn::Tensor step_loss;
-      for (int64_t micro = 0; micro < group; ++micro) {
-        std::optional<data::Batch> batch = loader.next();
-        TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ",
-                     first + micro, " of ", batches);
-        std::optional<dist::DataParallel::NoSyncGuard> no_sync;
-        if (micro + 1 < group) no_sync.emplace(&dp);
-        nn::Tensor loss;
-        {
-          std::optional<nn::AutocastGuard> autocast;
-          if (options.bf16) autocast.emplace(nn::kBFloat16);
-          loss = loss_(dp(batch->data), batch->target);
+      if (options.cuda_graph) {
+        step_loss = graphed_step(first);
+      } else {
+        for (int64_t micro = 0; micro < group; ++micro) {
+          data::Batch batch = next_batch(first + micro);
+          std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+          if (micro + 1 < group) no_sync.emplace(&dp);
+          nn::Tensor part = forward_backward(batch, group).to(nn::kFloat64);
+          if (group > 1) part = part * (1.0 / static_cast<double>(group));
+          step_loss = step_loss.defined() ? step_loss + part : part;
         }
-        TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
-                     nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
-        (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
-        nn::Tensor part = loss.detach().to(nn::kFloat64);
-        if (group > 1) part = part * (1.0 / static_cast<double>(group));
-        step_loss = step_loss.defined() ? step_loss + part : part;
+        optimizer_step();
       }
-      optimizer.step();
-      optimizer.zero_grad();
       ++state.step;
       ++steps;
       state.batch_loss = step_loss;
       epoch_loss = epoch_loss + step_loss;
       CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
       ctx.check_stop();
-      if (checkpoints) {
+      if (options.uneven) {
+        // No step agreement inside a join (see FitOptions::uneven).
+      } else if (checkpoints) {
+        dist::TraceSpan span(ctx, "checkpoint");
         absl::Status st = checkpoints->AtStepBoundary(saved, [&](dist::TrainingState& s) {
           // Collectives are allowed here: every rank saves at the same step.
           const double here = SumOverRanks(ctx, {epoch_loss.item()})[0];
-          s.extra[kEpochKey] = static_cast<int64_t>(epoch);
-          s.extra[kEpochStepsKey] = steps;
-          s.extra[kEpochLossKey] = here + (resumed ? at.epoch_loss_sum : 0.0);
+          prepare_save(s, epoch, steps, here + (resumed ? at.epoch_loss_sum : 0.0));
         });
+        consolidated.reset();
         dist::ThrowIfError(st, "fit: saving a checkpoint: ");
       } else if (ctx.AtStepBoundary(state.step).stop) {
         throw dist::StoppedError(
             absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
             state.step);
       }
+      if (state.end_fit) {
+        ended = true;
+        history.ended_at_step = state.step;
+        break;
+      }
     }
+    if (join) {
+      dist::ThrowIfError(join->finish(), "fit: uneven data: ");
+      join.reset();
+      // With zero every rank's shard saw every step; a plain optimizer did not.
+      if (zero == nullptr) TakeRankZerosOptimizerState(ctx, *run->optimizer);
+      // The job's step count: the most steps any rank ran (the others answered them).
+      state.step = static_cast<int64_t>(MaxOverRanks(ctx, static_cast<double>(state.step)));
+    }
+    if (ended) break;
     logs.clear();
-    // Every rank made the same number of steps (kWrapGlobalBatch); rank 0 adds
-    // what the ranks had summed before a resume.
+    // Without uneven every rank made the same number of steps (kWrapGlobalBatch);
+    // rank 0 adds what the ranks had summed before a resume.
     const double before = resumed && ctx.rank() == 0 ? at.epoch_loss_sum : 0.0;
     std::vector<double> total =
         SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
@@ -447,29 +666,45 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     const bool last = epoch + 1 == options.epochs;
     if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
       CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
-      Logs eval = EvaluateOnRank(ctx, network, loss_, run->metrics, options.eval_data,
-                                 options.eval_batch_size > 0 ? options.eval_batch_size
-                                                             : options.batch_size,
-                                 options.num_workers, options.bf16, options.batch_transform);
+      Logs eval;
+      {
+        dist::TraceSpan span(ctx, "evaluate");
+        eval = EvaluateOnRank(ctx, network, loss_, run->metrics, options.eval_data,
+                              options.eval_batch_size > 0 ? options.eval_batch_size
+                                                          : options.batch_size,
+                              options.num_workers, options.bf16, options.batch_transform);
+      }
       CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, eval); });
       logs.insert(eval.begin(), eval.end());
     }
     CallEach(callbacks, "on_epoch_end", [&](Callback& c) { c.on_epoch_end(state, logs); });
     history.epochs.push_back(logs);
+    if (checkpoints && options.checkpoint_each_epoch) {
+      // The file holds the next epoch's start.
+      loader.set_state({.epoch = epoch + 1, .position = 0});
+      prepare_save(saved, epoch + 1, -1, 0.0);
+      absl::Status st = checkpoints->Save(saved);
+      consolidated.reset();
+      dist::ThrowIfError(st, "fit: saving the epoch's checkpoint: ");
+    }
     // One rank's stop (EarlyStopping) stops every rank at this epoch's end.
     std::vector<double> stop = SumOverRanks(ctx, {state.stop_training ? 1.0 : 0.0});
     if (stop[0] > 0) break;
   }
   if (checkpoints) {
-    // The end of the fit, so that a resume after it has nothing left to do.
-    saved.extra[kEpochKey] = static_cast<int64_t>(std::max(state.epoch + 1, at.epoch));
-    saved.extra[kEpochStepsKey] = int64_t{-1};
-    saved.extra[kEpochLossKey] = 0.0;
-    dist::ThrowIfError(checkpoints->Save(saved), "fit: saving the final checkpoint: ");
+    if (!ended && state.step != first_step && last_end_save_step != state.step) {
+      // The end of a fit that trained, so that a resume after it has nothing
+      // left to do.
+      prepare_save(saved, std::max(state.epoch + 1, at.epoch), -1, 0.0);
+      absl::Status st = checkpoints->Save(saved);
+      consolidated.reset();
+      dist::ThrowIfError(st, "fit: saving the final checkpoint: ");
+    }
     dist::ThrowIfError(checkpoints->Finish(), "fit: checkpoint: ");
   }
   CallEach(callbacks, "on_train_end", [&](Callback& c) { c.on_train_end(state, logs); });
   history.steps = state.step;
+  if (zero != nullptr) run->gathered_state = zero->state_dict();  // a collective: every rank
   Keep(ctx, *run);
   return history;
 }

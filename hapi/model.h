@@ -35,9 +35,13 @@
 // once per epoch). "eval_loss" weighs each batch's mean by its rows, so it is
 // the mean over the evaluated samples.
 //
-// Not built yet (use the lower-level loop, docs/guide.md, for these):
-// ZeroRedundancyOptimizer, uneven training data under join(), the CUDA-graph
-// step.
+// Options for memory and bandwidth: FitOptions::zero (the optimizer state
+// sharded by dist::ZeroRedundancyOptimizer), data_parallel.comm_hook (bf16 /
+// fp16 compressed gradients), and uneven (every sample once per epoch, ranks
+// with different step counts under DataParallel::join()); they combine.
+//
+// CUDA ranks: FitOptions::cuda_graph captures the training step once and
+// replays it for every full batch.
 //
 // Thread-safety: a Model is used from one thread at a time (main, or one rank's
 // thread); its calls from main run the ranks on spawn's threads.
@@ -82,13 +86,20 @@ struct LaunchOptions {
   dist::SpawnOptions spawn;
 };
 
+// Where a checkpoint stands (FitOptions::resume_position).
+struct ResumePosition {
+  int epoch = 0;              // epochs finished
+  int64_t epoch_steps = 0;    // steps done in epoch `epoch` (0: at its start)
+  double epoch_loss_sum = 0;  // their step losses, summed over the steps and every rank
+};
+
 struct FitOptions {
   int epochs = 1;
   int64_t batch_size = 32;  // per rank
   bool shuffle = true;
   bool drop_last = false;   // drop the last partial global batch
   uint64_t seed = 0;        // the shuffle order's seed (the same on every rank)
-  int num_workers = 0;      // DataLoader worker threads per rank
+  int num_workers = 0;      // DataLoader worker threads per rank (max(2, 2 * num_workers) batches in flight)
   // Evaluated every eval_freq epochs (and after the last one) with eval_batch_size
   // (0: batch_size); its values join the epoch's logs as "eval_<name>".
   std::shared_ptr<const data::Dataset> eval_data;
@@ -102,7 +113,42 @@ struct FitOptions {
   bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16)
   // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
   std::shared_ptr<const data::Transform> batch_transform;
-  dist::DataParallelOptions data_parallel;  // buckets, comm hook, unused parameters
+  // Buckets, comm hook (dist::Bf16CompressHook(), Fp16CompressHook(): the
+  // gradients reduced in 16 bits; with zero, each bucket's reduce-scatter is
+  // compressed the same way), unused parameters.
+  dist::DataParallelOptions data_parallel;
+  // dist::ZeroRedundancyOptimizer: the prepared optimizer made on each rank over
+  // that rank's shards of DataParallel's buckets, so 1/N of its state per rank;
+  // the parameters after every step are those of the unsharded optimizer.
+  // RunState::optimizer is the wrapped (sharded) optimizer: lr schedules work
+  // on it. Checkpoints and the state kept between calls hold the unsharded
+  // layout (a fit with zero continues one without, and back, on any number of
+  // ranks).
+  bool zero = false;
+  // Uneven training data: batches from the kUneven tail (every sample exactly
+  // once per epoch, no padding or wrap-around; drop_last refused), so ranks may
+  // run different numbers of steps; each epoch runs under DataParallel::join(),
+  // whose gradients weigh each rank by its rows: N ranks with batch B train as
+  // one rank with batch N*B on each step's union of batches (that one rank with
+  // uneven = true too, whose last batch is the remainder). RunState::step and
+  // steps_per_epoch are this rank's; History::steps is the job's (the most any
+  // rank ran). Batch-level callbacks must make no collective (a joined rank
+  // cannot answer it). At each epoch's end every rank takes rank 0's
+  // optimizer state (rank 0 ran every step; a rank that joined early did not
+  // step its own optimizer in the steps it answered; with zero every shard saw
+  // every step). Refused with checkpoint.dir: a joined rank cannot take
+  // part in a save's step agreement; a stop signal then ends the run without
+  // an agreed step, as Ctrl-C does.
+  bool uneven = false;
+  // At most this many optimizer steps per epoch (0: the whole epoch); the
+  // loader's position moves to the next epoch afterwards.
+  int64_t max_steps_per_epoch = 0;
+  // CUDA ranks: the training step (zero_grad, forward and loss, backward with
+  // DataParallel's bucket all-reduces, optimizer step) captured in an
+  // nn::CudaGraph after the first full batch's eager step and replayed for
+  // every full batch; a partial batch runs eagerly. Refused with
+  // grad_accum_steps > 1, zero and uneven; a CPU rank throws.
+  bool cuda_graph = false;
   // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
   bool sync_batch_norm = false;
   // Training checkpoints (dist::CheckpointManager; dir empty: none): network,
@@ -114,9 +160,19 @@ struct FitOptions {
   // function: throws dist::StoppedError); without a directory it stops without
   // saving.
   dist::CheckpointManagerOptions checkpoint;
+  // With checkpoint.dir: also save at the end of every epoch (after
+  // on_epoch_end), as of the next epoch's start.
+  bool checkpoint_each_epoch = false;
   // Continue from the newest checkpoint in checkpoint.dir that loads (none:
   // from the start): the same fit then ends as the uninterrupted one would.
   bool resume = false;
+  // For a checkpoint without fit's own entries ("hapi.epoch", ...: a file that
+  // another training loop wrote): where it stands, from the file's entries and
+  // path (an error names what is missing). Unset: such a file is an error
+  // naming the missing entry.
+  std::function<absl::StatusOr<ResumePosition>(const CheckpointExtra& extra,
+                                               const std::string& path)>
+      resume_position;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;
   std::vector<CallbackFactory> callbacks;
@@ -132,7 +188,8 @@ struct EvalOptions {
 
 struct History {
   std::vector<Logs> epochs;  // each epoch's logs (after the reduction over ranks)
-  int64_t steps = 0;         // optimizer steps done by this fit
+  int64_t steps = 0;         // optimizer steps done so far (after a resume: in all)
+  int64_t ended_at_step = 0;  // > 0: a callback's RunState::end_fit ended the fit there
 };
 
 class Model {

@@ -1,7 +1,8 @@
 // hapi::Model on CPU ranks: N ranks against one, evaluation and prediction
 // over uneven shards, callbacks' order and failures, early stopping, bad
-// inputs, save/load, and a fit() inside a rank's function under tandem::testing
-// (equivalence, an injected fault).
+// inputs, save/load, the sharded optimizer, comm hooks, uneven training data
+// under join(), max_steps_per_epoch, and a fit() inside a rank's function
+// under tandem::testing (equivalence, an injected fault).
 #include "hapi/model.h"
 
 #include <pthread.h>
@@ -15,11 +16,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "spawn/signals.h"
+#include "spawn/train/comm_hooks.h"
 #include "testing/equivalence.h"
 #include "testing/run.h"
 
@@ -320,6 +323,249 @@ TEST(ModelTest, APreemptedFitResumesToTheUninterruptedResult) {
   ExpectCloseWeights(*third->state_dict(), *straight->state_dict(), 0.0);
 }
 
+// FitOptions::zero: 2 ranks with the sharded optimizer end with the weights
+// and losses of 2 ranks with the unsharded one, with and without the bf16 comm
+// hook; the hook's rounding moves the result a little from the uncompressed
+// run's, and not at all from the sharded run's with the same hook.
+TEST(ModelTest, ZeroAndCommHooksOnTwoRanksEqualTheUnshardedRun) {
+  auto train = Classification(64, 21), test = Classification(17, 22);
+  std::map<std::pair<bool, bool>, nn::StateDict> weights;  // (zero, bf16 hook)
+  std::map<std::pair<bool, bool>, History> histories;
+  for (bool zero : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      auto model = Prepared(2);
+      FitOptions o{.epochs = 4, .batch_size = 8, .seed = 3, .eval_data = test, .zero = zero};
+      if (bf16) o.data_parallel.comm_hook = dist::Bf16CompressHook();
+      auto h = model->fit(train, o);
+      ASSERT_TRUE(h.ok()) << "zero " << zero << " bf16 " << bf16 << ": " << h.status();
+      histories[std::pair(zero, bf16)] = *h;
+      weights[std::pair(zero, bf16)] = *model->state_dict();
+      // The kept (gathered) optimizer state continues in a second fit, sharded or not.
+      auto again = model->fit(train, {.epochs = 1, .batch_size = 8, .zero = !zero});
+      ASSERT_TRUE(again.ok()) << again.status();
+    }
+  }
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 hook" : "no hook");
+    ExpectCloseWeights(weights[std::pair(true, bf16)], weights[std::pair(false, bf16)], 1e-6);
+    for (size_t e = 0; e < 4; ++e) {
+      EXPECT_NEAR(histories[std::pair(true, bf16)].epochs[e].at("loss"),
+                  histories[std::pair(false, bf16)].epochs[e].at("loss"), 1e-6);
+    }
+  }
+  // The hook did round: close to the uncompressed run, not equal to it.
+  ExpectCloseWeights(weights[std::pair(false, true)], weights[std::pair(false, false)], 5e-2);
+  double largest = 0;
+  for (size_t i = 0; i < weights[std::pair(false, true)].size(); ++i) {
+    auto x = weights[std::pair(false, true)][i].second.to_vector<double>();
+    auto y = weights[std::pair(false, false)][i].second.to_vector<double>();
+    for (size_t j = 0; j < x.size(); ++j) largest = std::max(largest, std::abs(x[j] - y[j]));
+  }
+  EXPECT_GT(largest, 0.0);
+}
+
+// A fit with zero preempted mid-epoch resumes (sharded again) to the unsharded
+// uninterrupted result: the checkpoint holds the gathered, unsharded state.
+TEST(ModelTest, APreemptedZeroFitResumesToTheUnshardedResult) {
+  auto train = Classification(32, 31);
+  const std::string dir = ::testing::TempDir() + "/hapi_preempt_zero";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = Prepared(2);
+  ASSERT_TRUE(straight->fit(train, options).ok());
+
+  options.zero = true;
+  options.checkpoint = {.dir = dir, .keep = 2, .every_steps = 3};
+  LaunchOptions launch = Cpu(2);
+  launch.spawn.stop_signals = {SIGUSR1};
+  auto make = [&] {
+    auto m = std::make_unique<Model>([] { return std::make_shared<Net>(); }, launch);
+    m->prepare(AdamFactory(1e-2), CrossEntropy());
+    return m;
+  };
+  auto first = make();
+  FitOptions preempted = options;
+  preempted.callbacks = {MakeCallback<PreemptAt>(6)};
+  auto stopped = first->fit(train, preempted);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_TRUE(dist::IsStopped(stopped.status())) << stopped.status();
+  auto second = make();
+  options.resume = true;
+  auto b = second->fit(train, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 1e-6);
+}
+
+// FitOptions::uneven: 62 samples on 3 ranks with batch 4 (the last global
+// batch's 2 samples go to ranks 0 and 1: rank 2 runs one step fewer each
+// epoch) train as one rank with batch 12 on the same order, sharded optimizer
+// or not; every sample counts once.
+TEST(ModelTest, UnevenDataUnderJoinOnThreeRanksEqualsOneRank) {
+  auto train = Classification(62, 41), test = Classification(13, 42);
+  std::map<std::pair<int, bool>, nn::StateDict> weights;
+  std::map<std::pair<int, bool>, History> histories;
+  for (auto [ranks, zero] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
+    auto model = Prepared(ranks);
+    auto h = model->fit(train, {.epochs = 3, .batch_size = 12 / ranks, .seed = 9,
+                                .eval_data = test, .zero = zero, .uneven = true});
+    ASSERT_TRUE(h.ok()) << ranks << " ranks, zero " << zero << ": " << h.status();
+    EXPECT_EQ(h->steps, 3 * 6) << ranks;
+    histories[std::pair(ranks, zero)] = *h;
+    weights[std::pair(ranks, zero)] = *model->state_dict();
+  }
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    ExpectCloseWeights(weights[std::pair(3, zero)], weights[std::pair(1, false)], 1e-5);
+    for (size_t e = 0; e < 3; ++e) {
+      EXPECT_EQ(histories[std::pair(3, zero)].epochs[e].at("eval_acc"),
+                histories[std::pair(1, false)].epochs[e].at("eval_acc"));
+    }
+  }
+  // Without uneven the last global batch wraps around: other samples, other weights.
+  auto wrapped = Prepared(3);
+  ASSERT_TRUE(wrapped->fit(train, {.epochs = 3, .batch_size = 4, .seed = 9}).ok());
+  auto w = wrapped->state_dict();
+  double largest = 0;
+  for (size_t i = 0; i < w->size(); ++i) {
+    auto x = (*w)[i].second.to_vector<double>();
+    auto y = weights[std::pair(1, false)][i].second.to_vector<double>();
+    for (size_t j = 0; j < x.size(); ++j) largest = std::max(largest, std::abs(x[j] - y[j]));
+  }
+  EXPECT_GT(largest, 1e-4);
+}
+
+// max_steps_per_epoch cuts every epoch; the next epoch starts at its beginning.
+TEST(ModelTest, MaxStepsPerEpochCutsEachEpoch) {
+  auto train = Classification(64, 51);
+  std::vector<int64_t> seen;
+  struct Count : Callback {
+    explicit Count(std::vector<int64_t>* seen) : seen(seen) {}
+    std::string name() const override { return "Count"; }
+    void on_train_batch_end(RunState& s) override {
+      if (s.ctx->rank() == 0) seen->push_back(s.step);
+    }
+    std::vector<int64_t>* seen;
+  };
+  auto model = Prepared(2);
+  auto h = model->fit(train, {.epochs = 3, .batch_size = 4, .max_steps_per_epoch = 3,
+                              .callbacks = {MakeCallback<Count>(&seen)}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->steps, 9);
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+// A callback's checkpoint entries: saved at every save, handed back on
+// resume; end_fit stops after a step with no epoch end and no final save, and
+// checkpoint_each_epoch's file lets the next fit resume at the epoch's start.
+struct Bookkeeper : Callback {
+  explicit Bookkeeper(int64_t end_at, std::vector<std::string>* events)
+      : end_at(end_at), events(events) {}
+  std::string name() const override { return "Bookkeeper"; }
+  void on_train_batch_end(RunState& s) override {
+    if (s.step == end_at) s.end_fit = true;
+  }
+  void on_epoch_end(RunState& s, const Logs&) override { epochs_seen = s.epoch + 1; }
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override {
+    extra["app.epochs_seen"] = int64_t{epochs_seen};
+    if (s.ctx->rank() == 0) events->push_back("save " + std::to_string(s.step));
+  }
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override {
+    epochs_seen = static_cast<int>(std::get<int64_t>(info.extra.at("app.epochs_seen")));
+    if (s.ctx->rank() == 0)
+      events->push_back("load " + std::to_string(info.step) + " epoch " +
+                        std::to_string(info.epoch) + "+" + std::to_string(info.epoch_steps) +
+                        " seen " + std::to_string(epochs_seen));
+  }
+  int64_t end_at;
+  std::vector<std::string>* events;
+  int epochs_seen = 0;
+};
+
+TEST(ModelTest, EpochCheckpointsCallbackEntriesAndEndFit) {
+  auto train = Classification(32, 61), test = Classification(9, 62);
+  const std::string dir = ::testing::TempDir() + "/hapi_epoch_ck";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5, .eval_data = test,
+                     .checkpoint = {.dir = dir}, .checkpoint_each_epoch = true};
+  auto straight = Prepared(2);
+  FitOptions plain = options;
+  plain.checkpoint = {};
+  auto a = straight->fit(train, plain);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  std::vector<std::string> events;
+  auto first = Prepared(2);
+  FitOptions ending = options;
+  ending.callbacks = {MakeCallback<Bookkeeper>(int64_t{6}, &events)};  // epoch 2, step 2 of 4
+  auto stopped = first->fit(train, ending);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_EQ(stopped->ended_at_step, 6);
+  EXPECT_EQ(stopped->epochs.size(), 1u);  // no epoch end for the partial epoch
+  EXPECT_EQ(events, (std::vector<std::string>{"save 4"}));  // epoch 1's; no final save
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-4.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-6.ckpt"));
+
+  auto second = Prepared(2);
+  FitOptions resumed = options;
+  resumed.resume = true;
+  resumed.callbacks = {MakeCallback<Bookkeeper>(int64_t{0}, &events)};
+  auto b = second->fit(train, resumed);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  EXPECT_EQ(events, (std::vector<std::string>{"save 4", "load 4 epoch 1+0 seen 1", "save 8",
+                                              "save 12"}));
+  ASSERT_EQ(b->epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(b->epochs[e].at("loss"), a->epochs[e + 1].at("loss"), 1e-12) << e;
+    EXPECT_EQ(b->epochs[e].at("eval_acc"), a->epochs[e + 1].at("eval_acc")) << e;
+  }
+  ExpectCloseWeights(*second->state_dict(), *straight->state_dict(), 0.0);
+}
+
+// A checkpoint without fit's entries (another loop's, here made by renaming
+// them) resumes through FitOptions::resume_position, to the uninterrupted
+// result; without it the missing entry is named.
+TEST(ModelTest, AnotherLoopsCheckpointResumesThroughResumePosition) {
+  auto train = Classification(32, 71);
+  const std::string dir = ::testing::TempDir() + "/hapi_other_loop";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = Prepared(2);
+  ASSERT_TRUE(straight->fit(train, options).ok());
+
+  options.checkpoint = {.dir = dir, .every_steps = 3};
+  std::vector<std::string> events;
+  FitOptions ending = options;
+  ending.callbacks = {MakeCallback<Bookkeeper>(int64_t{6}, &events)};  // epoch 2, step 2 of 4
+  ASSERT_TRUE(Prepared(2)->fit(train, ending).ok());
+  const std::string path = dir + "/step-6.ckpt";
+  absl::StatusOr<nn::Checkpoint> ck = nn::LoadCheckpoint(path);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  nn::Checkpoint renamed = *ck;
+  for (const char* key : {"hapi.epoch", "hapi.epoch_steps", "hapi.epoch_loss_sum"}) {
+    ASSERT_TRUE(renamed.metadata.contains(key)) << key;
+    renamed.metadata[std::string("loop.") + (key + 5)] = renamed.metadata.at(key);
+    renamed.metadata.erase(key);
+  }
+  ASSERT_TRUE(nn::SaveCheckpoint(path, renamed).ok());
+
+  options.resume = true;
+  auto refused = Prepared(2)->fit(train, options);
+  EXPECT_TRUE(Contains(refused.status(), "missing entry \"hapi.epoch\"")) << refused.status();
+  options.resume_position = [](const CheckpointExtra& extra, const std::string&) {
+    return absl::StatusOr<ResumePosition>(ResumePosition{
+        .epoch = static_cast<int>(std::get<int64_t>(extra.at("loop.epoch"))),
+        .epoch_steps = std::get<int64_t>(extra.at("loop.epoch_steps")),
+        .epoch_loss_sum = std::get<double>(extra.at("loop.epoch_loss_sum"))});
+  };
+  auto resumed = Prepared(2);
+  auto b = resumed->fit(train, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->steps, 12);
+  ExpectCloseWeights(*resumed->state_dict(), *straight->state_dict(), 0.0);
+}
+
 struct BnNet : nn::Module {
   BnNet()
       : conv(register_module("conv", nn::Conv2d(1, 4, 3, {.padding = {1, 1}}, /*bias=*/false))),
@@ -395,6 +641,16 @@ TEST(ModelTest, BadInputsGetOneClearErrorEach) {
   EXPECT_TRUE(Contains(model->fit(train, {.batch_size = 0}).status(), "fit: batch_size = 0"));
   EXPECT_TRUE(Contains(model->fit(train, {.resume = true}).status(),
                        "fit: resume needs checkpoint.dir"));
+  EXPECT_TRUE(Contains(model->fit(train, {.drop_last = true, .uneven = true}).status(),
+                       "fit: uneven = true with drop_last = true"));
+  EXPECT_TRUE(Contains(model->fit(train, {.uneven = true, .checkpoint = {.dir = "/tmp/x"}}).status(),
+                       "fit: uneven = true with checkpoint.dir"));
+  EXPECT_TRUE(Contains(model->fit(train, {.max_steps_per_epoch = -1}).status(),
+                       "fit: max_steps_per_epoch = -1"));
+  EXPECT_TRUE(Contains(model->fit(train, {.zero = true, .cuda_graph = true}).status(),
+                       "fit: cuda_graph with grad_accum_steps > 1, zero or uneven"));
+  EXPECT_TRUE(Contains(model->fit(train, {.cuda_graph = true}).status(),
+                       "fit: cuda_graph needs a CUDA rank; this rank runs on cpu"));
   // Labels of the wrong dtype and out of range: the loss names them, on the rank.
   auto float_labels = std::make_shared<data::TensorDataset>(nn::randn({8, 4}), nn::zeros({8}));
   auto s = model->fit(float_labels, {.batch_size = 4}).status();
