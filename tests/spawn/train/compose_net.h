@@ -53,7 +53,8 @@ struct Combo {
   bool autocast = false;  // forward and loss under AutocastGuard(kBFloat16)
   bool join = false;      // inside DataParallel::join(), the last rank one step short
   // With join: after each step every active rank evaluates its step's last
-  // micro-batch through the module in eval mode (no gradient) and sums its row
+  // micro-batch through the module in eval mode (no gradient; under bf16
+  // autocast when `autocast` is on) and sums its row
   // count through join.all_reduce; Train() throws unless each sum counts the
   // rows of the ranks active in that step.
   bool evaluate = false;
@@ -132,6 +133,7 @@ class ComboRun {
     double rows = 0;
     {
       nn::NoGradGuard no_grad;
+      nn::AutocastGuard autocast(c_.autocast ? nn::kBFloat16 : nn::kFloat32);
       net_.eval();
       rows = static_cast<double>(net_.forward(x_.slice(lo, lo + kRows)).size(0));
       net_.train();
