@@ -19,10 +19,18 @@
 //       per seed: the test accuracy (the first --test_size test images) of a
 //       run without a fault and of one with the fault and a restart, and
 //       whether their final parameters are the same bits.
+//   restart_bench --model=lenet --mode=accuracy --ranks=4 --global_batch=96 \
+//       --fault_rank=2 --leave_out
+//       the same with a world shrink (RestartPolicy::leave_out_failed_rank):
+//       the run with the fault finishes on one rank fewer, each rank taking
+//       --global_batch / ranks images, so the global batch is kept; the
+//       summary says whether each such run's accuracy lies within the spread
+//       (min-max) of the runs without the fault.
 //
 // In-process, the data set is loaded once, outside spawn's function (the
 // caller's object, kept by every attempt); a new process loads it again.
-// The fault: the last rank throws after step --fault_step of the first attempt.
+// The fault: rank --fault_rank (the last rank by default) fails after step
+// --fault_step of the first attempt.
 // Exit statuses: 0 ok, 1 the run failed (disk mode's planned failure too), 2 a bad flag.
 #include <algorithm>
 #include <cstdlib>
@@ -73,7 +81,14 @@ ABSL_FLAG(int, steps, 30, "Training steps.");
 ABSL_FLAG(int, fault_step, 15,
           "The last rank fails after this step (first attempt only); at least 6.");
 ABSL_FLAG(int, every, 1, "A snapshot (inprocess) or checkpoint (disk) every this many steps.");
-ABSL_FLAG(int, batch, 32, "Samples per rank and step.");
+ABSL_FLAG(int, batch, 32, "Samples per rank and step (unless --global_batch).");
+ABSL_FLAG(int, global_batch, 0,
+          "lenet: samples per step over every rank, each rank taking global_batch / ranks "
+          "(kept when the world shrinks); 0: --batch per rank.");
+ABSL_FLAG(int, fault_rank, -1, "The rank that fails; -1: the last.");
+ABSL_FLAG(bool, leave_out, false,
+          "RestartPolicy::leave_out_failed_rank: the attempt after the fault runs without "
+          "the failed rank (one rank fewer).");
 ABSL_FLAG(int, repetitions, 5, "inprocess: runs per rank count.");
 ABSL_FLAG(std::string, checkpoint, "/tmp/restart_bench.ckpt", "disk: the checkpoint file.");
 ABSL_FLAG(bool, resume, false, "disk: load --checkpoint first, report the first step, no fault.");
@@ -96,6 +111,18 @@ struct Mlp : nn::Module {
   nn::Tensor forward(const nn::Tensor& x) override { return l3(nn::relu(l2(nn::relu(l1(x))))); }
   nn::Linear l1, l2, l3;
 };
+
+// The rank that fails in a world of `ranks`.
+int FaultRank(int ranks) {
+  const int r = absl::GetFlag(FLAGS_fault_rank);
+  return r < 0 ? ranks - 1 : r;
+}
+
+// Samples per rank and step in a world of `ranks` (--global_batch divided, or --batch).
+int64_t PerRankBatch(int ranks) {
+  const int global = absl::GetFlag(FLAGS_global_batch);
+  return global > 0 ? global / ranks : absl::GetFlag(FLAGS_batch);
+}
 
 struct Times {
   int64_t fault_ns = 0;       // when the last rank threw
@@ -147,7 +174,7 @@ absl::Status Train(dist::Context& ctx, bool disk, Times* times) {
                            : dist::SaveSnapshot(ctx, state));
     }
     const bool fault = !resume && ctx.attempt() == 0 && step == absl::GetFlag(FLAGS_fault_step) &&
-                       ctx.rank() == ctx.world_size() - 1;
+                       ctx.rank() == FaultRank(ctx.world_size());
     if (fault) {
       times->fault_ns = UnixNs();
       return absl::InternalError(absl::StrFormat("planned fault after step %d", step));
@@ -188,6 +215,7 @@ absl::StatusOr<LeNetData> LoadLeNetData(bool with_test) {
 struct Outcome {
   uint64_t parameters_fnv = 0;  // FNV-1a of every parameter's float32 bits
   double accuracy = 0;          // on LeNetData::test
+  int ranks = 0;                // the world size of the attempt that finished
 };
 
 uint64_t ParametersFnv(const nn::Module& model) {
@@ -235,7 +263,7 @@ absl::Status TrainLeNet(dist::Context& ctx, const LeNetData& d, uint64_t seed, b
   dist::DataParallel dp(*net, ctx);
   optim::SGD sgd(net->parameters(), {.lr = absl::GetFlag(FLAGS_lr), .momentum = 0.9});
   auto sampler = std::make_shared<data::DistributedBatchSampler>(
-      d.train->size(), absl::GetFlag(FLAGS_batch), ctx.world_size(), ctx.rank(),
+      d.train->size(), PerRankBatch(ctx.world_size()), ctx.world_size(), ctx.rank(),
       /*shuffle=*/true, /*drop_last=*/false, seed);
   data::DataLoader loader(d.train, sampler,
                           {.num_workers = 1, .prefetch = 2, .batch_transform = Normalize()});
@@ -275,7 +303,7 @@ absl::Status TrainLeNet(dist::Context& ctx, const LeNetData& d, uint64_t seed, b
     }
     const bool fault = fault_planned && !resume && ctx.attempt() == 0 &&
                        step == absl::GetFlag(FLAGS_fault_step) &&
-                       ctx.rank() == ctx.world_size() - 1;
+                       ctx.rank() == FaultRank(ctx.world_size());
     if (fault) {
       times->fault_ns = UnixNs();
       return absl::InternalError(absl::StrFormat("planned fault after step %d", step));
@@ -283,6 +311,7 @@ absl::Status TrainLeNet(dist::Context& ctx, const LeNetData& d, uint64_t seed, b
   }
   if (outcome != nullptr && ctx.rank() == 0) {
     outcome->parameters_fnv = ParametersFnv(*net);
+    outcome->ranks = ctx.world_size();
     if (d.test != nullptr) outcome->accuracy = Evaluate(*net, *d.test);
   }
   return absl::OkStatus();
@@ -293,6 +322,7 @@ bool IsLeNet() { return absl::GetFlag(FLAGS_model) == "lenet"; }
 dist::SpawnOptions Options(int max_restarts, uint64_t seed = 0) {
   dist::SpawnOptions options;
   options.restart.max_restarts = max_restarts;
+  options.restart.leave_out_failed_rank = absl::GetFlag(FLAGS_leave_out);
   options.handle_sigint = false;
   options.processes = dist::Processes::kOff;
   options.timeout_s = 60;
@@ -382,7 +412,8 @@ int Accuracy(int ranks, const std::vector<int>& seeds) {
     std::cerr << "restart_bench: " << d.status() << "\n";
     return 1;
   }
-  std::cout << "seed  accuracy_without_fault  accuracy_with_fault_and_restart  same_bits\n";
+  std::cout << "seed  accuracy_without_fault  accuracy_with_fault_and_restart  same_bits  "
+               "ranks_at_the_end\n";
   std::vector<double> without, with;
   for (const int seed : seeds) {
     Outcome outcomes[2];
@@ -401,16 +432,21 @@ int Accuracy(int ranks, const std::vector<int>& seeds) {
     }
     without.push_back(outcomes[0].accuracy);
     with.push_back(outcomes[1].accuracy);
-    std::cout << absl::StrFormat("%4d  %.4f  %.4f  %s\n", seed, outcomes[0].accuracy,
+    std::cout << absl::StrFormat("%4d  %.4f  %.4f  %s  %d\n", seed, outcomes[0].accuracy,
                                  outcomes[1].accuracy,
                                  outcomes[0].parameters_fnv == outcomes[1].parameters_fnv ? "yes"
-                                                                                          : "no");
+                                                                                          : "no",
+                                 outcomes[1].ranks);
   }
   std::sort(without.begin(), without.end());
   std::sort(with.begin(), with.end());
   std::cout << absl::StrFormat(
       "without: median %.4f, %.4f-%.4f; with: median %.4f, %.4f-%.4f\n", without[without.size() / 2],
       without.front(), without.back(), with[with.size() / 2], with.front(), with.back());
+  int inside = 0;
+  for (const double a : with) inside += a >= without.front() && a <= without.back() ? 1 : 0;
+  std::cout << absl::StrFormat("with the fault, within the spread without it: %d of %zu\n", inside,
+                               with.size());
   return 0;
 }
 
@@ -446,6 +482,25 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_fault_step) >= absl::GetFlag(FLAGS_steps)) {
     std::cerr << "restart_bench: need --every >= 1 and 6 <= --fault_step < --steps\n";
     return 2;
+  }
+  const int global_batch = absl::GetFlag(FLAGS_global_batch);
+  if (global_batch > 0) {
+    for (const int n : ranks) {
+      const int after = absl::GetFlag(FLAGS_leave_out) ? n - 1 : n;
+      if (global_batch % n != 0 || (after > 0 && global_batch % after != 0)) {
+        std::cerr << "restart_bench: --global_batch=" << global_batch << " is not divisible by "
+                  << n << (after != n ? " and " + std::to_string(after) : std::string())
+                  << " ranks\n";
+        return 2;
+      }
+    }
+  }
+  for (const int n : ranks) {
+    if (absl::GetFlag(FLAGS_fault_rank) >= n) {
+      std::cerr << "restart_bench: --fault_rank=" << absl::GetFlag(FLAGS_fault_rank)
+                << " is not a rank of " << n << "\n";
+      return 2;
+    }
   }
   if (model != "mlp" && model != "lenet") {
     std::cerr << "restart_bench: --model must be mlp or lenet\n";
