@@ -273,11 +273,13 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
 // it (oneDNN's AVX2 kernels block by 8) channels-last, where the input needs no
 // reorder: LeNet's first conv's forward + backward took 2.0 ms against 5.1 ms
 // blocked (BM_Conv1x20k5, batch 64, AMD EPYC AVX2). ONEDNN_MAX_CPU_ISA below
-// AVX-512 counts as without.
-Layout AutoLayout(const Conv2dGeometry& g) {
+// AVX-512 counts as without. bfloat16 first convs run channels-last too: oneDNN
+// 2.6's bfloat16 backward weights of a one-channel input has a JIT kernel there
+// only (blocked and plain layouts get its gemm kernel, several times slower).
+Layout AutoLayout(const Conv2dGeometry& g, DType dtype) {
   if (g.params.groups != 1) return Layout::kBlocked;
   static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
-  if (g.c < 8) return avx512 ? Layout::kBlocked : Layout::kNhwc;
+  if (g.c < 8) return avx512 && dtype != kBFloat16 ? Layout::kBlocked : Layout::kNhwc;
   const bool off_block = g.c % 16 != 0 || g.o % 16 != 0;
   return off_block ? Layout::kNhwc : Layout::kBlocked;
 }
@@ -293,7 +295,7 @@ const Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
   const Layout layout = path == CpuConvPath::kDnnl          ? Layout::kPlain
                         : path == CpuConvPath::kDnnlNhwc    ? Layout::kNhwc
                         : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
-                                                            : AutoLayout(g);
+                                                            : AutoLayout(g, dtype);
   const Key key = KeyOf(kind, DataTypeOf(dtype), g, bias, relu, layout, UseThreads());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
