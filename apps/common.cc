@@ -106,7 +106,9 @@ ABSL_FLAG(bool, bf16, false,
           "bfloat16 mixed precision: each training and evaluation forward (and the loss) runs "
           "under nn::AutocastGuard(kBFloat16), so GEMMs and convolutions take bfloat16 "
           "operands with float32 accumulation; parameters, gradients, the all-reduce and the "
-          "optimizer stay float32. On the CPU it is emulated (slower than float32).");
+          "optimizer stay float32. On the CPU, convolutions run on oneDNN's bfloat16 "
+          "primitives where the CPU has avx512_bf16 or AMX (the startup table's precision "
+          "row says which); elsewhere it is emulated (slower than float32).");
 ABSL_FLAG(int, cpu_threads, 0,
           "Threads of each CPU GEMM (OpenBLAS, one pool for the process) and each CPU "
           "convolution (oneDNN, a team per rank) when the ranks run on the CPU. 0: usable cores "
@@ -670,14 +672,20 @@ void AddNumericsRows(const RunFlags& flags, bool cpu, EnvironmentRows& rows) {
                       absl::StrCat(nn::cpu_blas_threads(), " per rank (float32 GEMM and conv: ",
                                    nn::cpu_conv_backend(), ")"));
   }
-  // The CPU's bfloat16 GEMMs and convolutions are emulated (converted to float32), so the
-  // run says it will be slower rather than let --bf16 pass for a speed-up there.
-  rows.emplace_back("precision",
-                    flags.bf16 ? (cpu ? "bfloat16 autocast (float32 parameters), emulated on the "
-                                        "CPU: slower than float32"
-                                      : "bfloat16 autocast (float32 parameters)")
-                    : flags.deterministic ? "float32"
-                                          : "float32 (TF32 allowed on CUDA)");
+  // On the CPU, bfloat16 convolutions run on oneDNN's bfloat16 primitives where the CPU
+  // has bfloat16 instructions (nn::cpu_bf16_native()); elsewhere they are emulated
+  // (converted to float32), and the run says it will be slower rather than let --bf16
+  // pass for a speed-up there. The CPU's bfloat16 GEMMs (linear) are emulated either way.
+  std::string precision = flags.deterministic ? "float32" : "float32 (TF32 allowed on CUDA)";
+  if (flags.bf16 && !cpu) precision = "bfloat16 autocast (float32 parameters)";
+  if (flags.bf16 && cpu) {
+    precision = nn::cpu_bf16_native()
+                    ? absl::StrCat("bfloat16 autocast (float32 parameters), CPU convolutions on ",
+                                   nn::cpu_bf16_backend())
+                    : absl::StrCat("bfloat16 autocast (float32 parameters), ",
+                                   nn::cpu_bf16_backend(), " on the CPU: slower than float32");
+  }
+  rows.emplace_back("precision", precision);
   if (flags.cuda_graph) {
     rows.emplace_back("CUDA graph", "training step captured once, replayed per full batch "
                                     "(partial batches and evaluation eager)");

@@ -65,8 +65,30 @@ Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tenso
 // "oneDNN <version>" (libdnnl, when tandem is built with it) or "im2col +
 // OpenBLAS", followed by "; Winograd F(4x4, 3x3) for large 3x3 layers" while
 // cpu_winograd() is on. float64 CPU convolutions take im2col + OpenBLAS;
-// bfloat16 ones run the float32 kernels on widened copies.
+// bfloat16 ones: see cpu_bf16_native().
 std::string cpu_conv_backend();
+
+// bfloat16 CPU convolutions (autocast's on the CPU, nn/autocast.h) run on
+// oneDNN's bfloat16 primitives (forward, backward data, backward weights;
+// bfloat16 operands, float32 accumulation, each result rounded to bfloat16 once,
+// the weight gradients accumulated in float32 over the batch) where the CPU has
+// bfloat16 instructions: oneDNN's effective ISA (dnnl::get_effective_cpu_isa(),
+// which follows the CPU's cpuid flags avx512_bf16 / amx_bf16 and is capped by
+// ONEDNN_MAX_CPU_ISA) includes avx512_core_bf16 (AMD Zen 4, Intel Cooper Lake,
+// Sapphire Rapids and newer). Elsewhere, in builds without oneDNN, on the
+// kIm2col path or while set_cpu_bf16_native(false), they are emulated: the
+// float32 kernels on widened copies, each result rounded once (slower than
+// float32). The two agree within bfloat16 rounding (summation order differs).
+// cpu_bf16_supported(): the CPU and build allow the primitives.
+// cpu_bf16_native(): supported and not switched off (the path of the next call).
+// set_cpu_bf16_native(false) forces the emulation (tests, comparisons); on by
+// default; process-wide, read at each call.
+bool cpu_bf16_supported();
+bool cpu_bf16_native();
+void set_cpu_bf16_native(bool enable);
+// For reports: "oneDNN bfloat16 primitives (avx512_core_bf16)" or
+// "emulated in float32 (<why>)".
+std::string cpu_bf16_backend();
 
 // Whether float32 (and bfloat16) CPU convolutions with 3x3 filters at stride 1,
 // 64 or more input and output channels and large enough planes (ResNet's) run

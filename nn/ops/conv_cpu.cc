@@ -171,7 +171,8 @@ void GatherChunk(const T* src, int64_t o, int64_t positions, int64_t count, T* d
   }
 }
 
-// bfloat16: there is no bfloat16 GEMM here, so each kernel runs its float32 self
+// bfloat16 off oneDNN's bfloat16 primitives (TakesDnnl false: no avx512_bf16 /
+// AMX, nn::set_cpu_bf16_native(false), the im2col path): each kernel runs its float32 self
 // on float32 copies of the operands (exact: every bfloat16 is a float32) and
 // rounds the float32 result into `out` once.
 Tensor Float32Of(const Tensor& t) { return t.defined() ? t.detach().to(kFloat32) : t; }
@@ -198,13 +199,17 @@ constexpr int64_t kWinogradMinWork = int64_t{1} << 16;
 // nn::set_cpu_winograd's switch: kAuto's Winograd choice on or off.
 std::atomic<bool> winograd_on{true};
 
+// nn::set_cpu_bf16_native's switch.
+std::atomic<bool> bf16_native_on{true};
+
 }  // namespace
 
 void SetCpuConvPath(CpuConvPath path) { cpu_conv_path.store(path, std::memory_order_relaxed); }
 CpuConvPath GetCpuConvPath() { return cpu_conv_path.load(std::memory_order_relaxed); }
 
 bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
-  // bfloat16 never gets here as such: its kernels re-enter as float32 on widened
+  // bfloat16 is never Winograd's: on oneDNN's bfloat16 primitives it stays there, and
+  // emulated its kernels re-enter as float32 on widened
   // copies and take float32's choice. Depthwise shapes (one channel) take the
   // direct kernels first on both paths that allow Winograd.
   if (dtype != kFloat32 || !WinogradApplies(g) || IsDepthwise(g)) return false;
@@ -218,6 +223,14 @@ bool UseWinograd(DType dtype, const Conv2dGeometry& g) {
     default:
       return false;
   }
+}
+
+bool CpuBf16Native() {
+#if TANDEM_WITH_DNNL
+  return bf16_native_on.load(std::memory_order_relaxed) && DnnlHasBf16();
+#else
+  return false;
+#endif
 }
 
 bool CpuConvUsesDnnl() {
@@ -252,6 +265,27 @@ void set_cpu_winograd(bool enable) {
 }
 bool cpu_winograd() { return ops::internal::winograd_on.load(std::memory_order_relaxed); }
 
+bool cpu_bf16_supported() {
+#if TANDEM_WITH_DNNL
+  return ops::internal::DnnlHasBf16();
+#else
+  return false;
+#endif
+}
+bool cpu_bf16_native() { return ops::internal::CpuBf16Native(); }
+void set_cpu_bf16_native(bool enable) {
+  ops::internal::bf16_native_on.store(enable, std::memory_order_relaxed);
+}
+std::string cpu_bf16_backend() {
+  if (cpu_bf16_native()) return "oneDNN bfloat16 primitives (avx512_core_bf16)";
+#if TANDEM_WITH_DNNL
+  if (cpu_bf16_supported()) return "emulated in float32 (switched off)";
+  return "emulated in float32 (no avx512_bf16 / amx_bf16 for oneDNN)";
+#else
+  return "emulated in float32 (built without oneDNN)";
+#endif
+}
+
 }  // namespace tandem::nn
 
 namespace tandem::nn::ops::internal {
@@ -278,7 +312,7 @@ bool DirectDepthwise(DType dtype, const Conv2dGeometry& g) {
 // output all padding, takes im2col, whose windows see only zeros) on a path that
 // uses oneDNN, unless the direct depthwise or the Winograd kernels take it first.
 bool TakesDnnl(DType dtype, const Conv2dGeometry& g) {
-  return dtype == kFloat32 && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
+  return (dtype == kFloat32 || (dtype == kBFloat16 && CpuBf16Native())) && g.h > 0 && g.w > 0 && CpuConvUsesDnnl() &&
          !DirectDepthwise(dtype, g) && !UseWinograd(dtype, g);
 }
 #endif

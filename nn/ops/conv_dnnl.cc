@@ -10,9 +10,12 @@
 // nChw16c) or, where channel counts are off the 16-channel block, channels-last
 // (AutoLayout), with our NCHW / OIHW tensors reordered to them and back inside
 // each call; CpuConvPath::kDnnl keeps the plain layouts instead (for comparison).
-// Built only with TANDEM_WITH_DNNL; conv_cpu.cc calls it for float32 and keeps
-// im2col + OpenBLAS for float64 and bfloat16 (oneDNN 2.6 has no float64
-// convolution).
+// Built only with TANDEM_WITH_DNNL; conv_cpu.cc calls it for float32, and for
+// bfloat16 where oneDNN's ISA has bfloat16 instructions (CpuBf16Native: the same
+// primitives with bfloat16 src, weights, bias and dst, float32 accumulation, and
+// float32 weight gradients rounded once by Backward); float64 keeps im2col +
+// OpenBLAS (oneDNN 2.6 has no float64 convolution), and so does bfloat16 elsewhere
+// (on widened float32 copies).
 //
 // Threads: oneDNN's OpenMP runtime keeps one thread count per calling thread; each
 // call sets the calling thread's count to nn::cpu_blas_threads() (the count the
@@ -76,22 +79,23 @@ enum class Layout { kPlain, kBlocked, kNhwc };
 
 struct Key {
   Kind kind;
+  DataType dt;  // src, weights and dst: f32, or bf16 (CpuBf16Native)
   int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
   bool relu;  // forward: max(y, 0) as a post-op
   Layout layout;
   int threads;
   auto Tie() const {
-    return std::tie(kind, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, bias,
+    return std::tie(kind, dt, n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups, bias,
                     relu, layout, threads);
   }
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
-Key KeyOf(Kind kind, const Conv2dGeometry& g, bool bias, bool relu, Layout layout,
+Key KeyOf(Kind kind, DataType dt, const Conv2dGeometry& g, bool bias, bool relu, Layout layout,
           int threads) {
   const auto& p = g.params;
-  return {kind,         g.n,           g.c,           g.h,         g.w,         g.o,
+  return {kind,         dt,           g.n,           g.c,           g.h,         g.w,         g.o,
           g.kh,         g.kw,          g.oh,          g.ow,        p.stride[0], p.stride[1],
           p.padding[0], p.padding[1],  p.dilation[0], p.dilation[1], p.groups,  bias,
           relu,         layout,        threads};
@@ -109,6 +113,11 @@ struct Entry {
   // Forward with relu asked: whether the primitive applies it (a post-op of a
   // JIT kernel); else Conv2dForwardDnnl runs relu's kernel after it.
   bool relu_inside = false;
+  // bfloat16: oneDNN offers only its gemm or reference kernel for this one (e.g.
+  // 2.6's backward weights of a one-channel input), which runs several times
+  // slower than float32's JIT kernel: Backward runs the float32 primitive on
+  // widened copies instead (the emulated path's arithmetic).
+  bool widen_instead = false;
 };
 
 struct Descs {
@@ -122,19 +131,25 @@ Tag PlainWeightTag(const Conv2dGeometry& g) {
   return g.params.groups == 1 ? Tag::oihw : Tag::goihw;
 }
 
-// weight_tag: Tag::any or PlainWeightTag(g).
-Descs DescsOf(const Conv2dGeometry& g, bool bias, Tag activation_tag, Tag weight_tag) {
+// The oneDNN data type of a tensor dtype (float32 or bfloat16).
+DataType DataTypeOf(DType dtype) { return dtype == kBFloat16 ? DataType::bf16 : DataType::f32; }
+
+// weight_tag: Tag::any or PlainWeightTag(g). dt: src and dst; wdt: weights and
+// bias (dt, but f32 for the bfloat16 weight gradient, rounded once afterwards).
+Descs DescsOf(const Conv2dGeometry& g, bool bias, Tag activation_tag, Tag weight_tag,
+              DataType dt = DataType::f32, DataType wdt = DataType::undef) {
+  if (wdt == DataType::undef) wdt = dt;
   const auto& p = g.params;
   Descs d;
-  d.src = memory::desc({g.n, g.c, g.h, g.w}, DataType::f32, activation_tag);
+  d.src = memory::desc({g.n, g.c, g.h, g.w}, dt, activation_tag);
   if (p.groups == 1) {
-    d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, DataType::f32, weight_tag);
+    d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, wdt, weight_tag);
   } else {
-    d.weights = memory::desc({p.groups, g.o / p.groups, g.c / p.groups, g.kh, g.kw},
-                             DataType::f32, weight_tag);
+    d.weights = memory::desc({p.groups, g.o / p.groups, g.c / p.groups, g.kh, g.kw}, wdt,
+                             weight_tag);
   }
-  if (bias) d.bias = memory::desc({g.o}, DataType::f32, Tag::x);
-  d.dst = memory::desc({g.n, g.o, g.oh, g.ow}, DataType::f32, activation_tag);
+  if (bias) d.bias = memory::desc({g.o}, wdt, Tag::x);
+  d.dst = memory::desc({g.n, g.o, g.oh, g.ow}, dt, activation_tag);
   d.strides = {p.stride[0], p.stride[1]};
   d.dilates = {p.dilation[0] - 1, p.dilation[1] - 1};  // oneDNN counts the gaps
   d.padding = {p.padding[0], p.padding[1]};
@@ -156,8 +171,8 @@ dnnl::primitive_attr Attr(bool relu = false) {
 
 dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, bool bias,
                                                       Tag activation_tag, Tag weight_tag,
-                                                      bool relu = false) {
-  const Descs d = DescsOf(g, bias, activation_tag, weight_tag);
+                                                      DataType dt, bool relu = false) {
+  const Descs d = DescsOf(g, bias, activation_tag, weight_tag, dt);
   const dnnl::convolution_forward::desc desc =
       bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                              dnnl::algorithm::convolution_direct, d.src,
@@ -174,7 +189,7 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
 // and weights (wei) and their descriptions d; each fills e's primitive, scratchpad
 // and the layouts it wants.
 void MakeForward(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei, Entry& e) {
-  auto pd = ForwardDesc(g, key.bias, act, wei, key.relu);
+  auto pd = ForwardDesc(g, key.bias, act, wei, key.dt, key.relu);
   // The JIT kernels clamp with max(y, 0): negative -> +0, the bits of relu()'s
   // kernel. oneDNN's gemm and reference kernels compute y > 0 ? y : 0 * y (-0 for
   // negatives; they differ on the plain layouts here): those run without the
@@ -182,7 +197,7 @@ void MakeForward(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei, Entr
   const std::string impl = pd.impl_info_str();
   e.relu_inside = key.relu && impl.find("gemm") == std::string::npos &&
                   impl.find("ref") == std::string::npos;  // e.g. "x64:gemm:jit", "ref:any"
-  if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, false);
+  if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, key.dt, false);
   e.primitive = dnnl::convolution_forward(pd);
   e.scratchpad = pd.scratchpad_desc();
   e.want[DNNL_ARG_SRC] = pd.src_desc();
@@ -191,8 +206,9 @@ void MakeForward(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei, Entr
   if (key.bias) e.want[DNNL_ARG_BIAS] = pd.bias_desc();
 }
 
-void MakeBackwardData(const Conv2dGeometry& g, Tag act, Tag wei, const Descs& d, Entry& e) {
-  const auto hint = ForwardDesc(g, false, act, wei);
+void MakeBackwardData(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei,
+                      const Descs& d, Entry& e) {
+  const auto hint = ForwardDesc(g, false, act, wei, key.dt);
   const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                    d.weights, d.dst, d.strides, d.dilates,
                                                    d.padding, d.padding);
@@ -205,9 +221,11 @@ void MakeBackwardData(const Conv2dGeometry& g, Tag act, Tag wei, const Descs& d,
 }
 
 // key.bias: the bias gradient in the same pass over dy.
+// bfloat16: dweight and dbias in float32 (d's wdt), accumulated in float32 over
+// the batch and rounded to bfloat16 once by the caller.
 void MakeBackwardWeights(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei,
                          const Descs& d, Entry& e) {
-  const auto hint = ForwardDesc(g, key.bias, act, wei);
+  const auto hint = ForwardDesc(g, key.bias, act, wei, key.dt);
   const dnnl::convolution_backward_weights::desc desc =
       key.bias ? dnnl::convolution_backward_weights::desc(
                      dnnl::algorithm::convolution_direct, d.src, d.weights, d.bias, d.dst,
@@ -216,6 +234,9 @@ void MakeBackwardWeights(const Key& key, const Conv2dGeometry& g, Tag act, Tag w
                      dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
                      d.dilates, d.padding, d.padding);
   const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
+  const std::string impl = pd.impl_info_str();
+  e.widen_instead = key.dt == DataType::bf16 && (impl.find("gemm") != std::string::npos ||
+                                                 impl.find("ref") != std::string::npos);
   e.primitive = dnnl::convolution_backward_weights(pd);
   e.scratchpad = pd.scratchpad_desc();
   e.want[DNNL_ARG_SRC] = pd.src_desc();
@@ -231,11 +252,12 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
                   : key.layout == Layout::kNhwc   ? Tag::nhwc
                                                   : Tag::any;
   const Tag wei = key.layout == Layout::kPlain ? PlainWeightTag(g) : Tag::any;
-  const Descs d = DescsOf(g, key.bias, act, wei);
+  const DataType wdt = key.kind == Kind::kBackwardWeights ? DataType::f32 : key.dt;
+  const Descs d = DescsOf(g, key.bias, act, wei, key.dt, wdt);
   Entry e;
   switch (key.kind) {
     case Kind::kForward: MakeForward(key, g, act, wei, e); break;
-    case Kind::kBackwardData: MakeBackwardData(g, act, wei, d, e); break;
+    case Kind::kBackwardData: MakeBackwardData(key, g, act, wei, d, e); break;
     case Kind::kBackwardWeights: MakeBackwardWeights(key, g, act, wei, d, e); break;
   }
   return e;
@@ -251,18 +273,21 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
 // it (oneDNN's AVX2 kernels block by 8) channels-last, where the input needs no
 // reorder: LeNet's first conv's forward + backward took 2.0 ms against 5.1 ms
 // blocked (BM_Conv1x20k5, batch 64, AMD EPYC AVX2). ONEDNN_MAX_CPU_ISA below
-// AVX-512 counts as without.
-Layout AutoLayout(const Conv2dGeometry& g) {
+// AVX-512 counts as without. bfloat16 first convs run channels-last too: oneDNN
+// 2.6's bfloat16 backward weights of a one-channel input has a JIT kernel there
+// only (blocked and plain layouts get its gemm kernel, several times slower).
+Layout AutoLayout(const Conv2dGeometry& g, DType dtype) {
   if (g.params.groups != 1) return Layout::kBlocked;
   static const bool avx512 = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
-  if (g.c < 8) return avx512 ? Layout::kBlocked : Layout::kNhwc;
+  if (g.c < 8) return avx512 && dtype != kBFloat16 ? Layout::kBlocked : Layout::kNhwc;
   const bool off_block = g.c % 16 != 0 || g.o % 16 != 0;
   return off_block ? Layout::kNhwc : Layout::kBlocked;
 }
 
 // The calling thread's primitives by shape (as the cuDNN algorithm cache, but
 // per thread: no lock on the hot path, and a rank thread's thread count is its own).
-const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias, bool relu = false) {
+const Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
+                    bool relu = false) {
   thread_local std::map<Key, Entry> cache;
   // kAuto: AutoLayout; plain NCHW (oneDNN's gemm:jit) and im2col + OpenBLAS
   // measured slower on every conv of the apps' models (docs/benchmarks.md).
@@ -270,8 +295,8 @@ const Entry& Lookup(Kind kind, const Conv2dGeometry& g, bool bias, bool relu = f
   const Layout layout = path == CpuConvPath::kDnnl          ? Layout::kPlain
                         : path == CpuConvPath::kDnnlNhwc    ? Layout::kNhwc
                         : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
-                                                            : AutoLayout(g);
-  const Key key = KeyOf(kind, g, bias, relu, layout, UseThreads());
+                                                            : AutoLayout(g, dtype);
+  const Key key = KeyOf(kind, DataTypeOf(dtype), g, bias, relu, layout, UseThreads());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
   return it->second;
@@ -364,6 +389,15 @@ void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                ", ldb ", ldb, ", ldc ", ldc);
 }
 
+bool DnnlHasBf16() {
+  // cpu_isa values are bit sets: avx512_core_amx's includes avx512_core_bf16's.
+  static const bool has = [] {
+    const unsigned want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+  }();
+  return has;
+}
+
 std::string DnnlVersion() {
   const dnnl_version_t* v = dnnl_version();
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
@@ -373,8 +407,8 @@ std::string DnnlVersion() {
 namespace {
 
 // y's (or dy's) description (n, o, oh, ow) in layout `tag`.
-memory::desc YDesc(const Conv2dGeometry& g, Tag tag) {
-  return memory::desc({g.n, g.o, g.oh, g.ow}, DataType::f32, tag);
+memory::desc YDesc(const Conv2dGeometry& g, Tag tag, DataType dt = DataType::f32) {
+  return memory::desc({g.n, g.o, g.oh, g.ow}, dt, tag);
 }
 
 // Hands forward's reordered copy of x (if it made one) to saved_x.
@@ -396,7 +430,7 @@ void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor
              const Conv2dGeometry& g, const memory::desc& y_desc, const Tensor& y,
              Conv2dSavedInput* saved_x) {
   const bool has_bias = bias.defined();
-  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g));
+  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g), DataTypeOf(x.dtype()));
   std::map<int, std::pair<memory::desc, const Tensor*>> in = {
       {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
   if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
@@ -407,8 +441,9 @@ void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor
 
 // dy (n, o, oh, ow) in the layout `desc`, as an NCHW tensor.
 Tensor ToNchw(const Tensor& dy, const memory::desc& desc, const Conv2dGeometry& g) {
-  Tensor nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = kFloat32, .device = Device::CPU()});
-  memory from(desc, Engine(), dy.host_ptr()), to(YDesc(g, Tag::nchw), Engine(), nchw.host_ptr());
+  Tensor nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = dy.dtype(), .device = Device::CPU()});
+  memory from(desc, Engine(), dy.host_ptr()),
+      to(YDesc(g, Tag::nchw, DataTypeOf(dy.dtype())), Engine(), nchw.host_ptr());
   dnnl::reorder(from, to).execute(Stream(), from, to);
   Stream().wait();
   return nchw;
@@ -420,8 +455,17 @@ Tensor ToNchw(const Tensor& dy, const memory::desc& desc, const Conv2dGeometry& 
 void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
               const Tensor& weight, const Conv2dGeometry& g, const Tensor& dx,
               const Tensor& dweight, const Tensor& dbias, const Conv2dSavedInput& saved_x) {
-  const bool bias_here = dbias.defined() && dweight.defined();
-  const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g));
+  const DType dtype = dy.dtype();
+  // bfloat16: dbias from its own pass over dy (Conv2dBackwardBiasCpu, float32
+  // sums rounded once), as on the emulated path.
+  const bool bias_here = dbias.defined() && dweight.defined() && dtype != kBFloat16;
+  const DataType dt = DataTypeOf(dtype);
+  const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g), dt);
+  // bfloat16: the weight gradients in float32 (the primitive accumulates in
+  // float32), rounded to bfloat16 once below.
+  const Descs dw_descs = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g), dt, DataType::f32);
+  const bool widen = dtype == kBFloat16;
+  const TensorOptions f32{.dtype = kFloat32, .device = Device::CPU()};
   // dy, reordered once for both primitives where they agree; x, the forward's copy.
   Reordered reordered;
   if (dweight.defined() && saved_x.data.defined()) {
@@ -430,16 +474,30 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
                                 saved_x.data});
   }
   if (dx.defined()) {
-    const Entry& e = Lookup(Kind::kBackwardData, g, false);
+    const Entry& e = Lookup(Kind::kBackwardData, dtype, g, false);
     Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
         {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}}, reordered);
   }
-  if (dweight.defined()) {
-    const Entry& e = Lookup(Kind::kBackwardWeights, g, bias_here);
+  const Entry* weights_entry =
+      dweight.defined() ? &Lookup(Kind::kBackwardWeights, dtype, g, bias_here) : nullptr;
+  if (weights_entry != nullptr && weights_entry->widen_instead) {
+    // bfloat16 only, whose dy is NCHW (the fused path is float32's).
+    const Tensor dw32 = empty(dweight.shape(), f32);
+    Backward(dy.detach().to(kFloat32), YDesc(g, Tag::nchw), x.detach().to(kFloat32), Tensor(), g,
+             Tensor(), dw32, Tensor(), {});
+    dweight.detach().copy_(dw32);
+  } else if (weights_entry != nullptr) {
+    const Entry& e = *weights_entry;
+    const Tensor dw = widen ? empty(dweight.shape(), f32) : dweight;
+    const Tensor db = widen && bias_here ? empty(dbias.shape(), f32) : dbias;
     std::map<int, std::pair<memory::desc, const Tensor*>> out = {
-        {DNNL_ARG_DIFF_WEIGHTS, {d.weights, &dweight}}};
-    if (bias_here) out[DNNL_ARG_DIFF_BIAS] = {d.bias, &dbias};
+        {DNNL_ARG_DIFF_WEIGHTS, {dw_descs.weights, &dw}}};
+    if (bias_here) out[DNNL_ARG_DIFF_BIAS] = {dw_descs.bias, &db};
     Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
+    if (widen) {
+      dweight.detach().copy_(dw);
+      if (bias_here) dbias.detach().copy_(db);
+    }
   }
   if (dbias.defined() && !bias_here) {
     Conv2dBackwardBiasCpu(dy_desc == d.dst ? dy : ToNchw(dy, dy_desc, g), dbias);
@@ -451,15 +509,16 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y, bool relu,
                        Conv2dSavedInput* saved_x) {
-  const Entry& e = Lookup(Kind::kForward, g, bias.defined(), relu);
-  Forward(e, x, weight, bias, g, YDesc(g, Tag::nchw), y, saved_x);
+  const Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), relu);
+  Forward(e, x, weight, bias, g, YDesc(g, Tag::nchw, DataTypeOf(x.dtype())), y, saved_x);
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
 
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias, const Conv2dSavedInput& saved_x) {
-  Backward(dy, YDesc(g, Tag::nchw), x, weight, g, dx, dweight, dbias, saved_x);
+  Backward(dy, YDesc(g, Tag::nchw, DataTypeOf(dy.dtype())), x, weight, g, dx, dweight, dbias,
+           saved_x);
 }
 
 namespace {
@@ -485,7 +544,7 @@ Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
 }  // namespace
 
 Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(const Conv2dGeometry& g, bool bias) {
-  const Entry& e = Lookup(Kind::kForward, g, bias, /*relu=*/true);
+  const Entry& e = Lookup(Kind::kForward, kFloat32, g, bias, /*relu=*/true);
   const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
   const int64_t group = e.relu_inside ? ChannelGroup(y_desc, g) : 0;
   if (group == 0) return {};
@@ -496,7 +555,7 @@ void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const T
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
                                   const Tensor& where, Conv2dSavedInput* saved_x) {
-  const Entry& e = Lookup(Kind::kForward, g, bias.defined(), /*relu=*/true);
+  const Entry& e = Lookup(Kind::kForward, kFloat32, g, bias.defined(), /*relu=*/true);
   const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
   TANDEM_CHECK(e.relu_inside && y_desc == *static_cast<const memory::desc*>(layout.y_layout.get()),
                "conv2d_relu_max_pool2d: the convolution's layout changed since "

@@ -59,6 +59,21 @@ void BinaryRange(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
   }
 }
 
+// relu's backward on bfloat16 (conv2d_relu's mask under autocast), on the bits:
+// b > 0 is b in [0x0001, 0x7f80] (positive, nonzero, not NaN; +inf included),
+// then a as Store would give it (exact; a NaN quietened) or +0. The same bits as
+// the float32 route above, in integer lanes the compiler vectorises.
+template <>
+void BinaryRange<BinaryOp::kReluBackward, BFloat16>(const BFloat16* pa, const BFloat16* pb,
+                                                    int64_t b_step, BFloat16* po, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t a = pa[i].bits, b = pb[i * b_step].bits;
+    const bool nan = (a & 0x7f80u) == 0x7f80u && (a & 0x007fu) != 0;
+    const uint16_t kept = nan ? static_cast<uint16_t>(a | 0x0040u) : a;
+    po[i].bits = static_cast<uint16_t>(b - 1u) < 0x7f80u ? kept : uint16_t{0};
+  }
+}
+
 template <BinaryOp kOp, typename T>
 void BinaryLoop(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
   ParallelFor(n, kMinPerThread, [&](int64_t begin, int64_t end) {

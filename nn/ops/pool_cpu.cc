@@ -240,6 +240,64 @@ void MaxPoolBackwardPlaneFast(const T* dy, const int64_t* idx, T* dx, const Pool
   std::fill(dx + g.oh * band, dx + g.h * g.w, T(0));
 }
 
+// bfloat16's MaxPoolPlaneFast: the window's elements compared as float32 in the
+// same order with the same strict '>' (the first maximum on ties, NaN only where
+// it comes first), the winner's bits copied: the generic loop's values and
+// indices, without its per-element bounds checks.
+void MaxPoolPlaneFastBf16(const BFloat16* plane, BFloat16* y, int64_t* idx,
+                          const Pool2dGeometry& g) {
+#if defined(__SSE2__)
+  if (g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.w <= 1024) {
+    // The float32 kernel on the two rows widened (exact), its outputs rounded
+    // back (exact: each is one of the inputs).
+    float rows[2][1024], out[512];
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      const int64_t row0 = 2 * oy * g.w;
+      for (int64_t k = 0; k < 2 * g.ow; ++k) {
+        rows[0][k] = static_cast<float>(plane[row0 + k]);
+        rows[1][k] = static_cast<float>(plane[row0 + g.w + k]);
+      }
+      int64_t* ir = idx + oy * g.ow;
+      MaxPoolRow2x2Simd<MaxPool2x2Float>(rows[0], rows[1], row0, g.w, g.ow, out, ir);
+      for (int64_t ox = 0; ox < g.ow; ++ox) y[oy * g.ow + ox] = plane[ir[ox]];
+    }
+    return;
+  }
+#endif
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      const int64_t first = oy * g.sh * g.w + ox * g.sw;
+      float best = static_cast<float>(plane[first]);
+      int64_t at = first;
+      for (int64_t i = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j) {
+          const int64_t k = first + i * g.w + j;
+          const float v = static_cast<float>(plane[k]);
+          if (v > best) best = v, at = k;
+        }
+      }
+      y[oy * g.ow + ox] = plane[at];
+      idx[oy * g.ow + ox] = at;
+    }
+  }
+}
+
+// bfloat16's MaxPoolBackwardPlaneFast: each routed value is 0 + dy in float32,
+// rounded (exact), as the generic path's float32 sum into a zeroed plane.
+void MaxPoolBackwardPlaneFastBf16(const BFloat16* dy, const int64_t* idx, BFloat16* dx,
+                                  const Pool2dGeometry& g) {
+  const int64_t band = g.kh * g.w;
+  for (int64_t oy = 0; oy < g.oh; ++oy) {
+    std::fill(dx + oy * band, dx + (oy + 1) * band, BFloat16(0.0f));
+    const int64_t* ir = idx + oy * g.ow;
+    const BFloat16* dyr = dy + oy * g.ow;
+    for (int64_t ox = 0; ox < g.ow; ++ox) {
+      dx[ir[ox]] = BFloat16(0.0f + static_cast<float>(dyr[ox]));
+    }
+  }
+  std::fill(dx + g.oh * band, dx + g.h * g.w, BFloat16(0.0f));
+}
+
 std::atomic<CpuPoolPath> cpu_pool_path{CpuPoolPath::kAuto};
 
 }  // namespace
@@ -302,6 +360,14 @@ void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
         }
         return;
       }
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      if (MaxPoolFastForward(g)) {
+        const int64_t outs = g.oh * g.ow;
+        for (int64_t p = 0; p < planes; ++p) {
+          MaxPoolPlaneFastBf16(px + p * g.h * g.w, py + p * outs, pi + p * outs, g);
+        }
+        return;
+      }
     }
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = px + p * g.h * g.w;
@@ -343,6 +409,14 @@ void MaxPool2dBackwardCpu(const Tensor& /*x*/, const Tensor& /*y*/, const Tensor
         T* pdx = dx.host_data<T>();
         for (int64_t p = 0; p < planes; ++p) {
           MaxPoolBackwardPlaneFast(pdy + p * outs, pi + p * outs, pdx + p * g.h * g.w, g);
+        }
+        return;
+      }
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      if (MaxPoolFastBackward(g)) {
+        T* pdx = dx.host_data<T>();
+        for (int64_t p = 0; p < planes; ++p) {
+          MaxPoolBackwardPlaneFastBf16(pdy + p * outs, pi + p * outs, pdx + p * g.h * g.w, g);
         }
         return;
       }

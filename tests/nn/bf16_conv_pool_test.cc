@@ -132,6 +132,12 @@ TEST(Bf16ConvTest, LongerReductionsStayWithinTolerance) {
 
 TEST(Bf16ConvTest, OutputIsTheFloat32ResultRoundedOnce) {
   // Two roundings (e.g. of the products or of conv before the bias) would show.
+  // On the emulated path, which runs the float32 kernels (oneDNN's bfloat16
+  // primitives sum in their own order: bf16_conv_dnnl_test.cc checks them).
+  set_cpu_bf16_native(false);
+  struct Restore {
+    ~Restore() { set_cpu_bf16_native(true); }
+  } restore;
   manual_seed(103);
   Tensor x = RandomBf16({2, 5, 7, 7}), w = RandomBf16({6, 5, 3, 3}), b = RandomBf16({6});
   const Conv2dParams p{.padding = {1, 1}};
@@ -280,6 +286,24 @@ TEST(Bf16PoolTest, MaxPoolSelectsExactlyAsFloat64) {
       ExpectEqualValues(max_pool2d(x, p), max_pool2d(x.to(kFloat64), p),
                         "max_pool2d forward variant " + std::to_string(v));
     }
+  }
+}
+
+TEST(Bf16PoolTest, MaxPool2x2RowsMatchFloat32) {
+  // 2x2 stride 2 on rows of 13 outputs (groups of 4 and a remainder, LeNet's
+  // 24 -> 12 plane included): bfloat16 runs float32's row kernel on widened rows.
+  manual_seed(205);
+  for (const Shape& shape : {Shape{2, 3, 24, 26}, Shape{1, 2, 24, 24}, Shape{1, 1, 5, 3}}) {
+    Tensor values = randn(shape).to(kBFloat16).to(kFloat32);
+    Tensor xb = values.to(kBFloat16).set_requires_grad(true);
+    Tensor xf = values.clone().set_requires_grad(true);
+    const Pool2dParams p{.kernel = {2, 2}, .stride = {2, 2}};
+    Tensor yb = max_pool2d(xb, p), yf = max_pool2d(xf, p);
+    Tensor dy = randn(yb.shape()).to(kBFloat16);
+    yb.backward(dy);
+    yf.backward(dy.to(kFloat32));
+    ExpectEqualValues(yb, yf, "2x2 max_pool2d output");
+    ExpectEqualValues(xb.grad(), xf.grad(), "2x2 max_pool2d gradient");
   }
 }
 

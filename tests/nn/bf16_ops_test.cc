@@ -155,6 +155,33 @@ TEST(Bf16OpsTest, ActivationBackwardFromSavedOutputWithinOneUlp) {
   }
 }
 
+// relu's backward on the bits of special values: dy where the saved output is
+// > 0 (+inf and the smallest subnormal included), +0 elsewhere (-0, NaN); a NaN
+// dy stays NaN, a -0 dy stays -0.
+TEST(Bf16OpsTest, ReluBackwardSpecialValues) {
+  const float inf = INFINITY, nan = NAN, tiny = 9.2e-41f;  // a bfloat16 subnormal
+  const std::vector<float> xs = {-1.0f, -0.0f, 0.0f, tiny, 2.0f, inf, -inf, nan};
+  const std::vector<float> dys = {3.0f, -0.0f, nan, -inf};
+  std::vector<double> xv, dyv;
+  for (float x : xs) {
+    for (float dy : dys) xv.push_back(x), dyv.push_back(dy);
+  }
+  const Shape shape{static_cast<int64_t>(xv.size())};
+  Tensor x = from_vector(xv, shape, {.dtype = kFloat32}).to(kBFloat16).set_requires_grad(true);
+  relu(x).backward(from_vector(dyv, shape, {.dtype = kFloat32}).to(kBFloat16));
+  const std::vector<double> got = x.grad().to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float xb = static_cast<float>(BFloat16(static_cast<float>(xv[i])));
+    const double want = xb > 0.0f ? dyv[i] : 0.0;
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      EXPECT_EQ(got[i], want) << i;
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << i;
+    }
+  }
+}
+
 struct BinaryCase {
   std::string name;
   std::function<Tensor(const Tensor&, const Tensor&)> f;

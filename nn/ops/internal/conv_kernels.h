@@ -97,7 +97,8 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Tensor& dweight, const Tensor& dbias,
                                   const Conv2dSavedInput& saved_x);
 // The float32 CPU implementation (float64 always takes im2col + OpenBLAS; bfloat16
-// runs the float32 kernels chosen here on widened copies). kAuto: Winograd for the
+// runs on oneDNN's bfloat16 primitives in the layouts chosen here where
+// CpuBf16Native(), else the float32 kernels chosen here on widened copies). kAuto: Winograd for the
 // 3x3 shapes where it pays (UseWinograd), else oneDNN where tandem is built with it
 // (TANDEM_WITH_DNNL), in blocked or channels-last layouts chosen by shape
 // (conv_dnnl.cc, AutoLayout), else im2col. kDnnl: oneDNN on the plain NCHW / OIHW
@@ -112,7 +113,7 @@ CpuConvPath GetCpuConvPath();
 // True when float32 CPU convolutions that do not take Winograd run on oneDNN now.
 bool CpuConvUsesDnnl();
 // True when a float32 convolution of these sizes runs on the Winograd kernels
-// now (bfloat16 ones too: they run the float32 kernels on widened copies):
+// now (emulated bfloat16 ones too: they run the float32 kernels on widened copies):
 // WinogradApplies, not depthwise, and the path kWinograd, or kAuto (while
 // nn::cpu_winograd() is on) on shapes large enough to pay for the transforms
 // (conv_cpu.cc, kWinogradMinChannels and kWinogradMinWork). dtype: the dtype of
@@ -132,10 +133,18 @@ void Conv2dBackwardDataWinograd(const Tensor& dy, const Tensor& weight, const Co
 void Conv2dBackwardFilterWinograd(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                                   const Tensor& dweight);
 
+// Whether bfloat16 CPU convolutions run on oneDNN's bfloat16 primitives now
+// (nn::cpu_bf16_native()).
+bool CpuBf16Native();
+
 #if TANDEM_WITH_DNNL
 // "oneDNN <major>.<minor>.<patch>" of the loaded library.
 std::string DnnlVersion();
-// conv_dnnl.cc: float32 only, the contracts of the Cpu kernels above.
+// Whether oneDNN's effective ISA has bfloat16 instructions (avx512_core_bf16,
+// or AMX which includes it). Decided once per process.
+bool DnnlHasBf16();
+// conv_dnnl.cc: float32, and bfloat16 where CpuBf16Native(); the contracts of the
+// Cpu kernels above.
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y, bool relu = false,
                        Conv2dSavedInput* saved_x = nullptr);
