@@ -274,28 +274,47 @@ TEST(TrainMnist, TraceOfTwoProcessesHasATrackPerRankAndProcess) {
 }
 #endif
 
+// The busy excess (percent) of the straggler the summary names, or -1 when it
+// names none.
+double StragglerExcess(const std::string& output) {
+  const std::string key = "straggler: rank ";
+  const size_t at = output.find(key);
+  if (at == std::string::npos) return -1;
+  const size_t busy = output.find(", busy ", at);
+  if (busy == std::string::npos) return -1;
+  return std::atof(output.c_str() + busy + 7);
+}
+
 // The end-of-epoch summary: each rank's step and busy time; a rank made slow
-// (test-only flag --test_slow_rank=1:40: 40 ms more per step) is named, a run
+// (test-only flag --test_slow_rank=1:200: 200 ms more per step) is named, a run
 // without one says so.
 TEST(TrainMnist, EpochSummaryNamesTheStraggler) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
   const std::string args = "--gpus=cpu --nprocs=2 --epochs=1 --train_limit=1280 --test_limit=200";
-  RunResult slow = RunProgram(TRAIN_MNIST, args + " --test_slow_rank=1:40");
+  RunResult slow = RunProgram(TRAIN_MNIST, args + " --test_slow_rank=1:200");
   ASSERT_EQ(slow.status, 0) << slow.output;
   EXPECT_NE(slow.output.find("epoch 1 ranks: rank 0 "), std::string::npos) << slow.output;
   EXPECT_NE(slow.output.find("straggler: rank 1, busy "), std::string::npos) << slow.output;
+  // With two ranks the excess over the median (their mean) stays under 100%:
+  // 200 ms on a busy time of 8-30 ms a step gives 77-93%.
+  EXPECT_GE(StragglerExcess(slow.output), 50) << slow.output;
   EXPECT_NE(slow.output.find("gradient all-reduce hidden under backward: "), std::string::npos)
       << slow.output;
-  // Without the hook no rank is named. On a loaded 2-core machine (ctest -j2) the
-  // scheduler can slow one rank by over 10% for a whole short run, so up to three
-  // runs; one that names nobody passes (a summary that always names one fails).
+  // Without the hook no rank should be named. On a loaded 2-core machine (ctest
+  // -j2 runs another test beside this one) the scheduler can slow one rank for a
+  // whole short run, and the summary then rightly names it: up to three runs,
+  // and a run passes if it names nobody or a rank far less slow than the hook's
+  // (under 50%; measured 12-27% under ctest -j2). A summary that always named
+  // a rank with the hook's excess would fail.
   RunResult even;
+  double excess = -1;
   for (int attempt = 0; attempt < 3; ++attempt) {
     even = RunProgram(TRAIN_MNIST, args);
     ASSERT_EQ(even.status, 0) << even.output;
-    if (even.output.find("straggler: rank") == std::string::npos) break;
+    excess = StragglerExcess(even.output);
+    if (excess < 0) break;
   }
-  EXPECT_EQ(even.output.find("straggler: rank"), std::string::npos) << even.output;
+  EXPECT_LT(excess, 50) << even.output;
 }
 
 // scripts/plot_metrics.py draws a --metrics file (CSV and JSON lines) into a PNG;
