@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "nn/graph.h"
 #include "spawn/context.h"
 #if TANDEM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -135,7 +136,9 @@ TraceSpan::TraceSpan(const Context& ctx, const char* name, std::string args)
   if (recorder_ == nullptr) return;
   start_ = TraceRecorder::Clock::now();
 #if TANDEM_WITH_CUDA
-  if (device_.is_cuda()) {
+  // Inside a CUDA graph capture an event record would become a node of the
+  // graph, not a time: such a span records host time only.
+  if (device_.is_cuda() && !nn::CudaGraph::IsCapturing()) {
     // Never throws: a span that cannot get its events records host time only.
     cudaEvent_t event = nullptr;
     nn::internal::CudaDeviceScope scope(device_, std::nothrow);
