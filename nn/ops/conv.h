@@ -8,6 +8,7 @@
 #define TANDEM_NN_OPS_CONV_H_
 
 #include <array>
+#include <compare>
 #include <string>
 
 #include "nn/ops/pool.h"
@@ -23,6 +24,8 @@ struct Conv2dParams {
   // [k C/G, (k+1) C/G) meet weight rows [k O/G, (k+1) O/G) only. groups == C
   // (and O a multiple of C) is the depthwise convolution.
   int64_t groups = 1;
+
+  auto operator<=>(const Conv2dParams&) const = default;
 };
 
 // x: (N, C, H, W), weight: (O, C / G, KH, KW) with G = params.groups, bias: (O)

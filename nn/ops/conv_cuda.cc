@@ -12,7 +12,7 @@
 // dtype are our own kernels (conv_bias_cuda.cu).
 #include <map>
 #include <memory>
-#include <tuple>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,11 +103,10 @@ class ConvDescriptors {
   // descriptor's math type, so the math type a heuristic result reports must be
   // set before its workspace is sized and before it runs.
   void SetMathType(cudnnMathType_t math, Device device) const {
-    if (math_set_ && math == math_) return;  // a cached descriptor keeps its math type
+    if (math_ == math) return;  // a cached descriptor keeps its math type
     TANDEM_CHECK_CUDNN(cudnnSetConvolutionMathType(conv_.get(), math), device,
                        Describe(g_, dtype_));
     math_ = math;
-    math_set_ = true;
   }
   ConvDescriptors(const ConvDescriptors&) = delete;
   ConvDescriptors& operator=(const ConvDescriptors&) = delete;
@@ -127,8 +126,7 @@ class ConvDescriptors {
   CudnnTensor4d x_, y_;
   std::unique_ptr<cudnnFilterStruct, Deleter> w_;
   std::unique_ptr<cudnnConvolutionStruct, Deleter> conv_;
-  mutable cudnnMathType_t math_ = CUDNN_DEFAULT_MATH;  // conv_'s math type now
-  mutable bool math_set_ = false;
+  mutable std::optional<cudnnMathType_t> math_;  // conv_'s math type, once set
 };
 
 // The chosen algorithms of one shape, and the workspace each needs.
@@ -140,18 +138,6 @@ struct ConvAlgos {
                   backward_filter_math = CUDNN_DEFAULT_MATH;
   size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
 };
-
-// (device, dtype, tf32, n, c, h, w, o, kh, kw, stride h/w, padding h/w, dilation h/w,
-// groups).
-using AlgoKey = std::tuple<int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-
-AlgoKey KeyOf(const Conv2dGeometry& g, DType dtype, Device device) {
-  const auto& p = g.params;
-  return {device.index, static_cast<int>(dtype), dtype == kFloat32 && AllowTf32(), g.n, g.c, g.h,
-          g.w, g.o, g.kh, g.kw, p.stride[0], p.stride[1], p.padding[0], p.padding[1],
-          p.dilation[0], p.dilation[1], p.groups};
-}
 
 // The first heuristic result that succeeded, fits the workspace limit, never
 // converts down to half (TENSOR_OP_MATH_ALLOW_CONVERSION) and, unless tensor
@@ -252,11 +238,11 @@ struct ConvPlan {
 // shapes (a network's layers, a partial last batch): it is not bounded, as
 // cuDNN's own plan caches are not.
 const ConvPlan& PlanFor(const Conv2dGeometry& g, DType dtype, Device device) {
-  thread_local std::map<AlgoKey, std::unique_ptr<ConvPlan>> cache;
-  const AlgoKey key = KeyOf(g, dtype, device);
+  thread_local std::map<ConvCacheKey, std::unique_ptr<ConvPlan>> cache;
+  const ConvCacheKey key{g, dtype, device.index, dtype == kFloat32 && AllowTf32()};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    it = cache.emplace(key, std::make_unique<ConvPlan>(g, dtype, device, std::get<2>(key))).first;
+    it = cache.emplace(key, std::make_unique<ConvPlan>(g, dtype, device, key.tf32)).first;
   }
   return *it->second;
 }
@@ -292,8 +278,7 @@ void ConvBiasForwardCuda(const Tensor& x, const Tensor& weight, const Tensor& bi
     // H or W is 0 but the padding makes a non-empty output: every window holds
     // only padding (cuDNN rejects 0-sized descriptors), so y is the bias alone.
     FillCuda(y, 0.0);
-  } else if (!cudnn_graph() ||
-             !CudnnGraphConv(ConvDirection::kForward, g, x.dtype(), device, x.data_ptr(),
+  } else if (!CudnnGraphConv(ConvDirection::kForward, g, x.dtype(), device, x.data_ptr(),
                              weight.data_ptr(), y.data_ptr())) {
     const ConvPlan& plan = PlanFor(g, x.dtype(), device);
     const ConvDescriptors& d = plan.d;
@@ -324,8 +309,8 @@ void Conv2dBackwardDataCuda(const Tensor& dy, const Tensor& weight, const Conv2d
                             const Tensor& dx) {
   const Device device = dy.device();
   if (dx.numel() == 0) return;  // H or W is 0 (see Conv2dForwardCuda)
-  if (cudnn_graph() && CudnnGraphConv(ConvDirection::kBackwardData, g, dy.dtype(), device,
-                                            dx.data_ptr(), weight.data_ptr(), dy.data_ptr())) {
+  if (CudnnGraphConv(ConvDirection::kBackwardData, g, dy.dtype(), device, dx.data_ptr(),
+                     weight.data_ptr(), dy.data_ptr())) {
     return;
   }
   const ConvPlan& plan = PlanFor(g, dy.dtype(), device);
@@ -348,8 +333,8 @@ void Conv2dBackwardFilterCuda(const Tensor& dy, const Tensor& x, const Conv2dGeo
     FillCuda(dweight, 0.0);
     return;
   }
-  if (cudnn_graph() && CudnnGraphConv(ConvDirection::kBackwardFilter, g, dy.dtype(), device,
-                                            x.data_ptr(), dweight.data_ptr(), dy.data_ptr())) {
+  if (CudnnGraphConv(ConvDirection::kBackwardFilter, g, dy.dtype(), device, x.data_ptr(),
+                     dweight.data_ptr(), dy.data_ptr())) {
     return;
   }
   const ConvPlan& plan = PlanFor(g, dy.dtype(), device);

@@ -14,7 +14,7 @@
 // engine, or whose plan fails to build, is remembered and runs on the legacy API.
 #include <map>
 #include <memory>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +120,31 @@ bool EngineAllowed(cudnnBackendDescriptor_t config, DType dtype, bool tf32) {
   return true;
 }
 
+// Each direction's operation descriptor and the attribute names of its x-, w-
+// and y-shaped tensors (x, w, y; dx, w, dy; x, dw, dy), convolution and scalars,
+// in ConvDirection's order.
+struct OpAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+constexpr OpAttributes kOpAttributes[] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+};
+
 // One shape and direction's finalized execution plan and its workspace size.
 struct GraphPlan {
   Desc plan;
@@ -160,41 +185,14 @@ std::unique_ptr<GraphPlan> BuildPlan(ConvDirection direction, const Conv2dGeomet
   const void* alpha = is_double ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = is_double ? static_cast<const void*>(&beta_d) : &beta_f;
   cudnnBackendDescriptor_t xd = x.get(), wd = w.get(), yd = y.get(), cd = conv.get();
-  Desc op;
-  switch (direction) {
-    case ConvDirection::kForward:
-      op = Desc(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &wd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-             &cd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar, 1, alpha);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar, 1, beta);
-      break;
-    case ConvDirection::kBackwardData:
-      op = Desc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &wd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-             &cd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar, 1, alpha);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar, 1, beta);
-      break;
-    case ConvDirection::kBackwardFilter:
-      op = Desc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-             &wd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-             &yd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-             1, &cd);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar, 1, alpha);
-      op.Set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar, 1, beta);
-      break;
-  }
+  const OpAttributes& a = kOpAttributes[static_cast<int>(direction)];
+  Desc op(a.type);
+  op.Set(a.x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd);
+  op.Set(a.w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &wd);
+  op.Set(a.y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd);
+  op.Set(a.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cd);
+  op.Set(a.alpha, scalar, 1, alpha);
+  op.Set(a.beta, scalar, 1, beta);
   if (!op.Finalize()) return nullptr;
 
   Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -249,33 +247,26 @@ std::unique_ptr<GraphPlan> BuildPlan(ConvDirection direction, const Conv2dGeomet
   return nullptr;
 }
 
-// (direction, device, dtype, tf32, n, c, h, w, o, kh, kw, stride, padding, dilation, groups).
-using PlanKey = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t>;
-
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlignment == 0; }
 
 }  // namespace
 
 bool CudnnGraphConv(ConvDirection direction, const Conv2dGeometry& g, DType dtype, Device device,
                     const void* x, const void* w, const void* y) {
+  if (!cudnn_graph()) return false;
   if (dtype != kFloat32 && dtype != kFloat64 && dtype != kBFloat16) return false;
   if (!Aligned(x) || !Aligned(w) || !Aligned(y)) return false;
   cudnnHandle_t handle = ThreadCudnn(device);  // before the cache: destroyed after it
-  const bool tf32 = dtype == kFloat32 && AllowTf32();
-  const auto& p = g.params;
-  const PlanKey key{static_cast<int>(direction), device.index, static_cast<int>(dtype), tf32,
-                    g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, p.stride[0], p.stride[1], p.padding[0],
-                    p.padding[1], p.dilation[0], p.dilation[1], p.groups};
+  const std::pair<ConvDirection, ConvCacheKey> key{
+      direction, {g, dtype, device.index, dtype == kFloat32 && AllowTf32()}};
   // Null entries: shapes cuDNN's graph API could not plan (they run legacy).
-  thread_local std::map<PlanKey, std::unique_ptr<GraphPlan>> plans;
+  thread_local std::map<std::pair<ConvDirection, ConvCacheKey>, std::unique_ptr<GraphPlan>> plans;
   auto it = plans.find(key);
   if (it == plans.end()) {
     // Building a plan may allocate or compile, which a CUDA graph capture
     // forbids: a shape first met inside a capture runs legacy (uncached).
     if (CudaGraph::IsCapturing()) return false;
-    it = plans.emplace(key, BuildPlan(direction, g, dtype, tf32, handle)).first;
+    it = plans.emplace(key, BuildPlan(direction, g, dtype, key.second.tf32, handle)).first;
   }
   if (it->second == nullptr) return false;
   const GraphPlan& plan = *it->second;

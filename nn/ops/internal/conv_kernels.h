@@ -23,6 +23,8 @@ struct Conv2dGeometry {
   int64_t o = 0, kh = 0, kw = 0;       // weight: (o, c / params.groups, kh, kw)
   int64_t oh = 0, ow = 0;              // y: (n, o, oh, ow)
   Conv2dParams params;                 // params.groups divides c and o
+
+  auto operator<=>(const Conv2dGeometry&) const = default;
 };
 
 // conv2d's sizes for x (N, C, H, W) and weight (O, C / groups, KH, KW), both of 4
@@ -181,13 +183,23 @@ void Conv2dBackwardBiasCuda(const Tensor& dy, const Tensor& dbias);
 void Conv2dBackwardCuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias);
-// cuDNN's graph API with cached execution plans (conv_cudnn_graph.cc), used
-// while nn::cudnn_graph() is on (the default). Runs one direction of one
-// convolution, the pointers being x, w, y for kForward; dx, w, dy for
-// kBackwardData; x, dw, dy for kBackwardFilter. Returns false, having enqueued
-// nothing, when the graph API has no plan for the shape or a pointer is less
-// than 16-byte aligned: the caller runs the legacy API.
+// cuDNN's graph API with cached execution plans (conv_cudnn_graph.cc). Runs one
+// direction of one convolution, the pointers being x, w, y for kForward; dx, w,
+// dy for kBackwardData; x, dw, dy for kBackwardFilter. Returns false, having
+// enqueued nothing, when nn::cudnn_graph() is off, the graph API has no plan for
+// the shape or a pointer is less than 16-byte aligned: the caller runs the
+// legacy API.
 enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
+// What a thread's cached CUDA convolution state depends on besides the
+// direction: the shape, the dtype, the device and whether TF32 is allowed (the
+// legacy path's plans in conv_cuda.cc, the graph API's in conv_cudnn_graph.cc).
+struct ConvCacheKey {
+  Conv2dGeometry g;
+  DType dtype;
+  int device;
+  bool tf32;
+  auto operator<=>(const ConvCacheKey&) const = default;
+};
 bool CudnnGraphConv(ConvDirection direction, const Conv2dGeometry& g, DType dtype, Device device,
                     const void* x, const void* w, const void* y);
 // The bias kernels (conv_bias_cuda.cu): y (n, o, oh, ow) += bias (o). The bias
