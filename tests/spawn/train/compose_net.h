@@ -58,6 +58,11 @@ struct Combo {
   // count through join.all_reduce; Train() throws unless each sum counts the
   // rows of the ranks active in that step.
   bool evaluate = false;
+  // With evaluate: the evaluation runs in training mode, so SyncBatchNorm layers
+  // normalise with the statistics of the active ranks' evaluation rows (a
+  // collective each, which a joined rank answers with zeros) and move their
+  // running statistics; the one-rank run evaluates the union of those rows.
+  bool evaluate_in_training_mode = false;
 };
 
 // One run of a Combo: the model, DataParallel and optimizer of a rank, and its steps.
@@ -122,6 +127,7 @@ class ComboRun {
     for (int s = from; s < to; ++s) {
       Step(s);
       if (c_.evaluate && join) Evaluate(s, *join);
+      if (c_.evaluate && c_.evaluate_in_training_mode && one_rank_) EvaluateUnion(s);
     }
     if (join) ThrowIfError(join->finish(), "finish: ");
     return Params();
@@ -134,7 +140,7 @@ class ComboRun {
     {
       nn::NoGradGuard no_grad;
       nn::AutocastGuard autocast(c_.autocast ? nn::kBFloat16 : nn::kFloat32);
-      net_.eval();
+      if (!c_.evaluate_in_training_mode) net_.eval();
       rows = static_cast<double>(net_.forward(x_.slice(lo, lo + kRows)).size(0));
       net_.train();
     }
@@ -147,7 +153,17 @@ class ComboRun {
     }
   }
 
+  // The one-rank run's side of Combo::evaluate_in_training_mode after step s:
+  // the union of the active ranks' evaluation rows through the module.
+  void EvaluateUnion(int s) {
+    const int64_t lo = s * global_ + (c_.accum - 1) * world_ * kRows;
+    nn::NoGradGuard no_grad;
+    nn::AutocastGuard autocast(c_.autocast ? nn::kBFloat16 : nn::kFloat32);
+    (void)net_.forward(x_.slice(lo, lo + Active(s) * kRows));
+  }
+
   Tensor Params() const { return Flat(net_.parameters()); }
+  Tensor Buffers() const { return Flat(RunningStatistics(net_)); }
   TrainingState State(int64_t* step) {
     return {.model = &net_, .optimizer = plain_.get(), .step = step};
   }

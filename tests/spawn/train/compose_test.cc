@@ -501,6 +501,46 @@ TEST_F(ComposeTest, EvaluationInsideJoinWithEachFeature) {
   }
 }
 
+// Evaluation of SyncBatchNorm layers in training mode inside join(): each
+// active rank's evaluation forward normalises with the statistics of every
+// active rank's evaluation rows (a collective the joined rank answers with
+// zeros) and moves the running statistics. 2 ranks with 4/3 steps: the
+// parameters keep the bits of the run without the evaluation (training mode's
+// forward does not read the running statistics), and rank 0's running
+// statistics, moved by the training and the evaluation forwards, match one
+// rank that evaluates the union of the active ranks' rows.
+TEST_F(ComposeTest, EvaluationInTrainingModeWithSyncBatchNormInsideJoin) {
+  const Combo c{.name = "training-mode evaluation in join + SyncBatchNorm", .sync_bn = true,
+                .join = true, .evaluate = true, .evaluate_in_training_mode = true};
+  auto run = [&](const Combo& combo, int ranks) {
+    return spawn([&](Context& ctx) {
+      ComboRun<BnNet> r(ctx, combo, 2, ranks == 1);
+      Tensor params = r.Train();
+      return std::vector<Tensor>{params, r.Buffers()};
+    }, ranks, "cpu", options_);
+  };
+  Combo without = c;
+  without.evaluate = false;
+  auto one = run(c, 1);
+  auto evaluated = run(c, 2);
+  auto plain = run(without, 2);
+  ASSERT_TRUE(one.ok() && evaluated.ok() && plain.ok())
+      << one.status() << evaluated.status() << plain.status();
+  const double params_error = ScaledError((*evaluated)[0][0], (*one)[0][0]);
+  const double buffers_error = ScaledError((*evaluated)[0][1], (*one)[0][1]);
+  const double moved = ScaledError((*evaluated)[0][1], (*plain)[0][1]);
+  std::printf("%s: 2 ranks (4/3 steps) vs 1 rank, max relative difference parameters %.3g, "
+              "running statistics %.3g (the evaluation moved them by %.3g)\n",
+              c.name, params_error, buffers_error, moved);
+  EXPECT_LE(params_error, 1e-5);
+  EXPECT_LE(buffers_error, 1e-5);
+  EXPECT_GT(moved, 1e-3) << "the training-mode evaluation did not move the running statistics";
+  for (int r = 0; r < 2; ++r) {
+    testing::ExpectSameBits((*evaluated)[r][0].to_vector<float>(),
+                            (*plain)[r][0].to_vector<float>(), "with and without the evaluation");
+  }
+}
+
 // Checkpoints and join(). A save inside a step of the guard is a collective a
 // finished rank cannot answer: the next step agreement fails on every rank,
 // naming the rank that made it. A save outside the guard works: 2 ranks (4/3
