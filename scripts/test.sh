@@ -18,8 +18,8 @@ jobs="$(nproc)"
 # CMakePresets.json's "tsan" preset (build-tsan): only the threaded tests are built
 # under TSan, every test labelled tsan_ok, gathered by tests/CMakeLists.txt into the
 # target tsan_ok_tests; its test preset runs that label with TSAN_OPTIONS set. Where MPI
-# is found, spawn_sync_bn_join_mpi_test_2x is among them, with tests/spawn/tsan_mpi.supp
-# (OpenMPI's own reports) added to its TSAN_OPTIONS.
+# is found, spawn_mpi_test_2x and spawn_sync_bn_join_mpi_test_2x are among them, with
+# tests/spawn/tsan_mpi.supp (OpenMPI's own reports) added to their TSAN_OPTIONS.
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j"$jobs"
 ctest --preset tsan -j"$jobs"
