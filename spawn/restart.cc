@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "spawn/comm/communicator.h"
 #include "spawn/internal/restart.h"
 #include "spawn/signals.h"
@@ -97,6 +100,7 @@ namespace tandem::dist::internal {
 namespace {
 
 constexpr char kCauseUrl[] = "tandem.dist/failure_cause";
+constexpr char kLaggingUrl[] = "tandem.dist/lagging_ranks";
 
 // How one rank's function ended in an attempt (written by its thread, read
 // after the joins).
@@ -147,8 +151,9 @@ absl::Status RunRank(const std::function<absl::Status(Context&)>& body, const At
   }
 }
 
-absl::Status WithoutCause(absl::Status status) {
+absl::Status WithoutPayloads(absl::Status status) {
   status.ErasePayload(kCauseUrl);
+  status.ErasePayload(kLaggingUrl);
   return status;
 }
 
@@ -207,27 +212,59 @@ void LogRestart(const RestartRun& run, int attempt, const absl::Status& failure,
                       shrink, recovery_s));
 }
 
+// The local ranks listed as "local ranks 1, 2 and 3".
+std::string LocalRanks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "local rank " : "local ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    absl::StrAppend(&text, i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ", ranks[i]);
+  }
+  return text;
+}
+
 // RestartPolicy::leave_out_failed_rank: the local rank to leave out of the
-// next attempt, or nullopt with the reason in *why.
-std::optional<int> RankToLeaveOut(const AttemptRecord& record, std::string* why) {
-  std::optional<int> failed;
-  int count = 0;
-  for (size_t r = 0; r < record.ranks.size(); ++r) {
-    if (record.ranks[r].end == RankEnd::kFailed) {
-      failed = static_cast<int>(r);
-      ++count;
+// next attempt, with why in *because; or nullopt with the reason in *why. A
+// timeout leaves out the one rank the others waited for (it had not entered
+// their collective); any other failure the one rank whose function failed.
+std::optional<int> RankToLeaveOut(const AttemptRecord& record, const absl::Status& failure,
+                                  std::string* because, std::string* why) {
+  const int world = static_cast<int>(record.ranks.size());
+  std::optional<int> rank;
+  if (GetFailureCause(failure) == FailureCause::kTimeout) {
+    const std::vector<int> lagging = GetLaggingRanks(failure);
+    if (lagging.size() != 1) {
+      *why = lagging.empty()
+                 ? "the watchdog's timeout named no rank that the others waited for (every "
+                   "rank had entered the collective)"
+                 : absl::StrCat("the watchdog's timeout named ", lagging.size(),
+                                " ranks that the others waited for (", LocalRanks(lagging),
+                                ")");
+      return std::nullopt;
     }
+    rank = lagging[0];
+    *because = "the rank the watchdog's timeout named";
+  } else {
+    std::vector<int> failed;
+    for (int r = 0; r < world; ++r) {
+      if (record.ranks[r].end == RankEnd::kFailed) failed.push_back(r);
+    }
+    if (failed.size() != 1) {
+      *why = failed.empty() ? "no rank's function failed (a communicator's error)"
+                            : absl::StrCat(failed.size(), " ranks' functions failed (",
+                                           LocalRanks(failed), ")");
+      return std::nullopt;
+    }
+    rank = failed[0];
+    *because = "the rank whose function failed";
   }
-  if (count != 1) {
-    *why = count == 0 ? "no rank's function failed (a communicator's error or a timeout)"
-                      : absl::StrCat(count, " ranks' functions failed");
-    return std::nullopt;
-  }
-  if (record.ranks.size() < 2) {
+  if (world < 2) {
     *why = "it is the only rank";
     return std::nullopt;
   }
-  return failed;
+  if (*rank < 0 || *rank >= world) {  // a payload of another attempt's: never expected
+    *why = absl::StrCat("local rank ", *rank, " is not one of the attempt's ", world, " ranks");
+    return std::nullopt;
+  }
+  return rank;
 }
 
 // The store for the ranks of the next attempt: the committed step's snapshots
@@ -282,6 +319,22 @@ std::optional<FailureCause> GetFailureCause(const absl::Status& status) {
   return *cause == "timeout" ? FailureCause::kTimeout : FailureCause::kCommunicator;
 }
 
+absl::Status WithLaggingRanks(absl::Status status, const std::vector<int>& ranks) {
+  status.SetPayload(kLaggingUrl, absl::Cord(absl::StrJoin(ranks, ",")));
+  return status;
+}
+
+std::vector<int> GetLaggingRanks(const absl::Status& status) {
+  std::vector<int> ranks;
+  const auto text = status.GetPayload(kLaggingUrl);
+  if (!text.has_value()) return ranks;
+  for (const absl::string_view one : absl::StrSplit(std::string(*text), ',', absl::SkipEmpty())) {
+    int rank = 0;
+    if (absl::SimpleAtoi(one, &rank)) ranks.push_back(rank);
+  }
+  return ranks;
+}
+
 absl::Status CheckRestartPolicy(const RestartPolicy& policy, Processes processes,
                                 const LaunchInfo& launch) {
   if (policy.max_restarts < 0) {
@@ -315,6 +368,7 @@ absl::Status RunWithRestarts(const RestartRun& run) {
   int64_t stop_ns = 0;   // when the previous attempt stopped
   std::optional<int> leave_out;  // the previous attempt's local rank to leave out
   std::string shrink;            // the restart's log words about it
+  std::string leave_out_because;  // why that rank
   bool shrunk = false;
   for (int attempt = 0;; ++attempt) {
     AttemptInfo info{.attempt = attempt, .snapshots = store ? &*store : nullptr};
@@ -326,7 +380,7 @@ absl::Status RunWithRestarts(const RestartRun& run) {
         info.snapshots = &*store;
         shrink = absl::StrCat(" on ", world - 1, " rank", world - 1 == 1 ? "" : "s",
                               ", without local rank ", *leave_out, " (",
-                              run.describe_device(*leave_out), ")");
+                              run.describe_device(*leave_out), "), ", leave_out_because);
       }
       if (absl::Status rebuilt = Rebuild(run, attempt, failure, leave_out); !rebuilt.ok()) {
         return rebuilt;
@@ -343,26 +397,26 @@ absl::Status RunWithRestarts(const RestartRun& run) {
     absl::Status status =
         run.run_attempt([&](Context& ctx) { return RunRank(run.body, info, record, ctx); });
     if (status.ok()) return status;
-    if (policy.max_restarts == 0) return WithoutCause(std::move(status));
+    if (policy.max_restarts == 0) return WithoutPayloads(std::move(status));
     if (const std::string why = NoRestartReason(run, status, record); !why.empty()) {
       run.logger.Write(LogLevel::kInfo, -1, nn::Device(),
                        absl::StrCat("spawn: not restarting: ", why));
-      return WithoutCause(std::move(status));
+      return WithoutPayloads(std::move(status));
     }
     if (attempt == policy.max_restarts) {
       return absl::Status(status.code(), absl::StrCat("spawn: gave up after ", attempt, " restart",
                                                       attempt == 1 ? "" : "s",
                                                       "; the last failure: ", status.message()));
     }
-    failure = WithoutCause(std::move(status));
     stop_ns = record.stop_ns.load();
     leave_out.reset();
     shrink.clear();
     if (policy.leave_out_failed_rank) {
       std::string why;
-      leave_out = RankToLeaveOut(record, &why);
+      leave_out = RankToLeaveOut(record, status, &leave_out_because, &why);
       if (!leave_out.has_value()) shrink = absl::StrCat(" on every rank (none left out: ", why, ")");
     }
+    failure = WithoutPayloads(std::move(status));
   }
 }
 

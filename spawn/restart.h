@@ -57,7 +57,12 @@
 // World shrink (RestartPolicy::leave_out_failed_rank): a restart after one
 // rank's failure runs the next attempt on the other devices, the ranks after
 // the failed one numbered one lower, each restoring the snapshot of the rank
-// it was.
+// it was. The rank left out is the one whose function failed, or the one a
+// collective's timeout names: the one rank that had not entered the collective
+// its peers waited in (it hung elsewhere: a data loader, its own device).
+// That rank must still leave its function within timeout_s of the stop (in a
+// collective, a stop-aware wait or check_stop()), as every rank must for any
+// restart.
 //
 // Snapshots: each rank stores its state as bytes in host memory owned by the
 // run (SnapshotStore), every K steps at the program's choice. At each restart
@@ -103,10 +108,14 @@ struct RestartPolicy {
   // one is refused with ResourceExhausted naming both sizes.
   int64_t max_snapshot_bytes = 0;
   // World shrink: the next attempt runs without the failed rank's device (one
-  // rank fewer) when the failure came from exactly one rank's function (it
-  // threw or returned an error before the run was stopping) and at least one
-  // rank remains; otherwise (a communicator's error, a timeout, several ranks
-  // failing) every device stays and the log line says why. The ranks after
+  // rank fewer) when at least one rank remains and the failure names exactly
+  // one rank: one rank's function failed (it threw or returned an error before
+  // the run was stopping), or a collective timed out while exactly one running
+  // rank had not entered it (the watchdog's timeout names the ranks the stuck
+  // ones wait for). Otherwise (a communicator's error, several ranks failing,
+  // a timeout naming several ranks or none: every rank had entered the
+  // collective) every device stays; the log line says which rank was left out
+  // and why, or why none was. The ranks after
   // the failed one move down one number; each restores the snapshot of the
   // rank it was (its model, optimizer, sampler position and step, not its
   // generator: AttemptInfo::world_shrunk). The program sizes its per-rank

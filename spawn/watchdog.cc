@@ -315,19 +315,32 @@ std::optional<std::pair<uint64_t, int>> Watchdog::FewestEnteredByReturnedRank() 
   return fewest;
 }
 
-void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
-  const int64_t now = SteadyNowNs();
-  bool stuck = false;
-  for (auto& t : traces_) {
+uint64_t Watchdog::CollectiveWaitedIn(const char** op) const {
+  uint64_t waited_in = 0;
+  for (const CollectiveTrace& t : traces_) {
     const uint64_t entered = t.entered.load(std::memory_order_acquire);
-    if (entered > t.completed.load(std::memory_order_acquire) &&
-        now - t.entered_ns.load(std::memory_order_relaxed) > timeout_ns) {
-      stuck = true;
+    if (entered > t.completed.load(std::memory_order_acquire) && entered > waited_in) {
+      waited_in = entered;
+      if (op != nullptr) *op = t.op.load(std::memory_order_relaxed);
     }
   }
-  if (!stuck) return;
-  std::string text =
-      absl::StrCat("watchdog: a collective did not complete within ", timeout_s, " s;");
+  return waited_in;
+}
+
+std::vector<int> Watchdog::RanksNotEntered(uint64_t collective) const {
+  std::vector<int> behind;
+  if (collective == 0) return behind;
+  for (int r = 0; r < world_size(); ++r) {
+    if (states_[r].load() == RankState::kRunning &&
+        traces_[r].entered.load(std::memory_order_acquire) < collective) {
+      behind.push_back(r);
+    }
+  }
+  return behind;
+}
+
+std::string Watchdog::DescribeCollectives(int64_t now) const {
+  std::string text;
   for (int r = 0; r < world_size(); ++r) {
     const CollectiveTrace& t = traces_[r];
     const uint64_t entered = t.entered.load(std::memory_order_acquire);
@@ -350,18 +363,44 @@ void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
                                                          : " (running)",
                     r + 1 < world_size() ? ";" : "");
   }
-  if (describe_remote_) {
-    // The collective the stuck ranks wait in: which processes had not entered it.
-    uint64_t waiting_for = 0;
-    for (const CollectiveTrace& t : traces_) {
-      const uint64_t entered = t.entered.load(std::memory_order_acquire);
-      if (entered > t.completed.load(std::memory_order_acquire)) {
-        waiting_for = std::max(waiting_for, entered);
-      }
+  return text;
+}
+
+void Watchdog::CheckTimeouts(double timeout_s, int64_t timeout_ns) {
+  const int64_t now = SteadyNowNs();
+  bool stuck = false;
+  for (auto& t : traces_) {
+    const uint64_t entered = t.entered.load(std::memory_order_acquire);
+    if (entered > t.completed.load(std::memory_order_acquire) &&
+        now - t.entered_ns.load(std::memory_order_relaxed) > timeout_ns) {
+      stuck = true;
     }
-    absl::StrAppend(&text, ";", describe_remote_(waiting_for));
   }
-  Fail(-1, WithFailureCause(absl::DeadlineExceededError(text), FailureCause::kTimeout), false);
+  if (!stuck) return;
+  std::string text = absl::StrCat("watchdog: a collective did not complete within ", timeout_s,
+                                  " s;", DescribeCollectives(now));
+  // The collective the stuck ranks wait in, and this process's running ranks
+  // that have not entered it: the ranks they wait for (a rank stuck elsewhere:
+  // a data loader, its own device). None when every rank entered it (the
+  // collective itself hangs) or the ranks behind run in other processes.
+  const char* op = "collective";
+  const uint64_t waited_in = CollectiveWaitedIn(&op);
+  const std::vector<int> behind = RanksNotEntered(waited_in);
+  if (!behind.empty()) {
+    absl::StrAppend(&text, "; the ranks in ", op, " #", waited_in, " wait for ");
+    for (size_t i = 0; i < behind.size(); ++i) {
+      absl::StrAppend(&text, i == 0 ? "" : i + 1 == behind.size() ? " and " : ", ",
+                      RankName(behind[i]));
+    }
+    absl::StrAppend(&text, behind.size() == 1 ? ", which has not entered it"
+                                              : ", which have not entered it");
+  }
+  // Several processes: which processes had not entered it.
+  if (describe_remote_) absl::StrAppend(&text, ";", describe_remote_(waited_in));
+  absl::Status status =
+      WithFailureCause(absl::DeadlineExceededError(text), FailureCause::kTimeout);
+  if (!behind.empty()) status = WithLaggingRanks(std::move(status), behind);
+  Fail(-1, std::move(status), false);
 }
 
 }  // namespace tandem::dist::internal

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "spawn/context.h"
@@ -24,6 +25,13 @@ namespace tandem::dist::internal {
 enum class FailureCause { kCommunicator, kTimeout };
 absl::Status WithFailureCause(absl::Status status, FailureCause cause);
 std::optional<FailureCause> GetFailureCause(const absl::Status& status);
+// A timeout's lagging ranks (a status payload, removed before spawn returns):
+// the local ranks, running and in rank order, that had not entered the
+// collective the stuck ranks waited in, when the watchdog could tell; the
+// ranks the others waited for (Watchdog::CheckTimeouts). Empty when the status
+// carries none.
+absl::Status WithLaggingRanks(absl::Status status, const std::vector<int>& ranks);
+std::vector<int> GetLaggingRanks(const absl::Status& status);
 
 // The policy's own checks: InvalidArgument for a negative max_restarts;
 // FailedPrecondition for max_restarts > 0 in a run that joins other processes

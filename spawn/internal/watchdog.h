@@ -173,7 +173,23 @@ class Watchdog {
   // ranks spawn is waiting for.
   void CheckStragglers(double timeout_s, int64_t timeout_ns);
 
+  // A collective in flight longer than timeout_s fails the run
+  // (DeadlineExceeded, FailureCause::kTimeout) naming each rank's last
+  // collective. When running ranks of this process have not entered the
+  // collective the stuck ranks wait in, the message names them and the status
+  // carries them (local ranks) as its lagging ranks (WithLaggingRanks,
+  // spawn/internal/restart.h): RestartPolicy::leave_out_failed_rank leaves out
+  // one such rank.
   void CheckTimeouts(double timeout_s, int64_t timeout_ns);
+  // " rank 0 (cpu): waiting in all_reduce #9 for 1.20 s (running); ...": every
+  // rank's last collective, for the timeout's message.
+  std::string DescribeCollectives(int64_t now) const;
+  // The collective the ranks in flight wait in: the highest number one of them
+  // has entered (0 when none is in flight), and its name in *op when not null.
+  uint64_t CollectiveWaitedIn(const char** op = nullptr) const;
+  // The running local ranks that have not entered collective `collective`
+  // (none for 0), in rank order.
+  std::vector<int> RanksNotEntered(uint64_t collective) const;
 
   // A rank of this process whose function has returned while another waits in a
   // collective numbered above the last one the returned rank entered: that

@@ -8,7 +8,8 @@
 // restarts used up, several processes), and the snapshot store keeps the
 // newest step every rank holds. A world shrink (leave_out_failed_rank)
 // continues on the ranks left, bit for bit as a run of that many ranks from
-// the same step.
+// the same step, after a rank's failure or after a timeout that names the one
+// rank its peers waited for.
 #include "spawn/restart.h"
 
 #include <atomic>
@@ -462,6 +463,8 @@ constexpr int kShrinkSteps = 12;
 
 struct ShrinkRun {
   int fault_rank = -1;          // fails after step 5 of the first attempt
+  int sleep_rank = -1;          // sleeps after step 5 of the first attempt, not stop-aware
+  int sleep_ms = 0;
   std::string save_checkpoint;  // written at step 5 (every rank)
   std::string load_checkpoint;  // loaded before the first step
   std::mutex mu;
@@ -469,7 +472,8 @@ struct ShrinkRun {
   std::vector<int> world_sizes;                      // ctx.world_size() per call, rank 0
 };
 
-absl::Status TrainShrinkable(dist::Context& ctx, ShrinkRun& run) {
+// log: RunRanks's (its faults fire at EndStep, after each step's snapshot), or null.
+absl::Status TrainShrinkable(dist::Context& ctx, ShrinkRun& run, StepLog* log = nullptr) {
   Mlp net;
   dist::DataParallel dp(net, ctx);
   optim::SGD sgd(net.parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -514,6 +518,10 @@ absl::Status TrainShrinkable(dist::Context& ctx, ShrinkRun& run) {
     if (step == 5 && ctx.attempt() == 0 && ctx.rank() == run.fault_rank) {
       return absl::InternalError("injected fault");
     }
+    if (step == 5 && ctx.attempt() == 0 && ctx.rank() == run.sleep_rank) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(run.sleep_ms));
+    }
+    if (log != nullptr) RETURN_IF_ERROR(log->EndStep(loss.item()));
   }
   std::vector<float> values;
   for (const nn::Tensor& p : net.parameters()) {
@@ -539,6 +547,17 @@ absl::Status SpawnShrinkable(ShrinkRun& run, int ranks, dist::RestartPolicy poli
   return s;
 }
 
+// Through RunRanks, with its faults and a watchdog of `timeout_s`.
+absl::Status RunShrinkable(ShrinkRun& run, int ranks, std::vector<Fault> faults,
+                           double timeout_s, RunReport* report) {
+  RunOptions options = Options(ranks, std::move(faults), /*max_restarts=*/1, timeout_s);
+  options.spawn.restart.leave_out_failed_rank = true;
+  options.record_parameters = false;
+  return RunRanks(
+      [&run](dist::Context& ctx, StepLog& log) { return TrainShrinkable(ctx, run, &log); },
+      options, report);
+}
+
 TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
   const std::string checkpoint = ::testing::TempDir() + "restart_test_shrink.ckpt";
   ShrinkRun shrunk{.fault_rank = 2, .save_checkpoint = checkpoint};
@@ -549,7 +568,8 @@ TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
   EXPECT_EQ(shrunk.world_sizes, (std::vector<int>{3, 2}));
   EXPECT_TRUE(Contains(log, "spawn: restart 1 of 1 after: rank 2 (cpu) returned: INTERNAL: "
                             "injected fault; attempt 1 resumes from the snapshot of step 5 on "
-                            "2 ranks, without local rank 2 (cpu); recovery "))
+                            "2 ranks, without local rank 2 (cpu), the rank whose function "
+                            "failed; recovery "))
       << log;
   EXPECT_TRUE(Contains(log, "was written by 3 rank(s), this run has 2: generator states are "
                             "not restored"))
@@ -592,8 +612,97 @@ TEST(RestartTest, LeaveOutFailedRankKeepsEveryRankWithoutOneFailedFunction) {
   ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
   EXPECT_EQ(report.attempts, 2);
   EXPECT_TRUE(Contains(report.log, " on every rank (none left out: no rank's function failed "
-                                   "(a communicator's error or a timeout)); recovery "))
+                                   "(a communicator's error)); recovery "))
       << report.log;
+}
+
+// A timeout because one rank never entered the collective its peers wait in
+// (4 ranks, rank 2 hangs in a stop-aware wait after step 5, testing's kHang):
+// the watchdog names it, and the next attempt runs on the 3 other ranks from
+// the snapshot of step 5, bit for bit as a 3-rank run from a checkpoint of
+// that step.
+TEST(RestartTest, LeaveOutFailedRankLeavesOutTheRankATimeoutNames) {
+  const std::string checkpoint = ::testing::TempDir() + "restart_test_timeout_shrink.ckpt";
+  ShrinkRun shrunk{.save_checkpoint = checkpoint};
+  RunReport report;
+  absl::Status s = RunShrinkable(shrunk, 4, {{.action = FaultAction::kHang, .rank = 2, .step = 4}},
+                                 /*timeout_s=*/1, &report);
+  ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
+  EXPECT_EQ(shrunk.world_sizes, (std::vector<int>{4, 3}));
+  EXPECT_EQ(report.attempts, 2);
+  ASSERT_EQ(report.faults.size(), 1u);
+  EXPECT_EQ(report.faults[0].outcome, "cancelled by the stop");
+  EXPECT_TRUE(Contains(report.log, "spawn: restart 1 of 1 after: watchdog: a collective did not "
+                                   "complete within 1 s;"))
+      << report.log;
+  EXPECT_TRUE(Contains(report.log, "wait for rank 2 (cpu), which has not entered it; attempt 1 "
+                                   "resumes from the snapshot of step 5 on 3 ranks, without "
+                                   "local rank 2 (cpu), the rank the watchdog's timeout named; "
+                                   "recovery "))
+      << report.log;
+  ASSERT_EQ(shrunk.final_parameters.size(), 3u);
+
+  ShrinkRun from_file{.load_checkpoint = checkpoint};
+  s = SpawnShrinkable(from_file, 3, {}, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(from_file.final_parameters.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(shrunk.final_parameters[r].empty()) << "rank " << r;
+    EXPECT_EQ(shrunk.final_parameters[r], from_file.final_parameters[r]) << "rank " << r;
+  }
+  std::remove(checkpoint.c_str());
+}
+
+// The rank a timeout names must still leave its function within timeout_s of
+// the stop: one stuck outside any abortable wait (a plain sleep) ends the run.
+TEST(RestartTest, LeaveOutFailedRankStillEndsTheRunForARankOutsideAnyAbortableWait) {
+  ShrinkRun stuck{.sleep_rank = 2, .sleep_ms = 2500};
+  RunReport report;
+  absl::Status s = RunShrinkable(stuck, 3, {}, /*timeout_s=*/0.5, &report);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Contains(s.message(), "wait for rank 2 (cpu), which has not entered it")) << s;
+  EXPECT_FALSE(s.GetPayload("tandem.dist/lagging_ranks").has_value());
+  EXPECT_FALSE(s.GetPayload("tandem.dist/failure_cause").has_value());
+  EXPECT_EQ(report.attempts, 1);
+  EXPECT_EQ(stuck.world_sizes, (std::vector<int>{3}));
+  EXPECT_TRUE(Contains(report.log, "spawn: not restarting: local rank 2 left its function "))
+      << report.log;
+  EXPECT_TRUE(Contains(report.log, "it was outside any abortable wait")) << report.log;
+}
+
+// A timeout that names two ranks behind (both hang after step 3), or none
+// (every rank entered the collective, one is slow inside it), keeps every
+// device, and the log says why.
+TEST(RestartTest, LeaveOutFailedRankKeepsEveryRankWhenATimeoutNamesNotExactlyOne) {
+  struct Case {
+    std::vector<Fault> faults;
+    const char* why;
+  };
+  const Case cases[] = {
+      {{{.action = FaultAction::kHang, .rank = 1, .step = 3},
+        {.action = FaultAction::kHang, .rank = 2, .step = 3}},
+       " on every rank (none left out: the watchdog's timeout named 2 ranks that the others "
+       "waited for (local ranks 1 and 2)); recovery "},
+      {{{.action = FaultAction::kSlow,
+         .rank = 2,
+         .collective = 9,
+         .delay = std::chrono::milliseconds(30000)}},
+       " on every rank (none left out: the watchdog's timeout named no rank that the others "
+       "waited for (every rank had entered the collective)); recovery "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.why);
+    RunOptions options = Options(4, c.faults, /*max_restarts=*/1, /*timeout_s=*/0.5);
+    options.spawn.restart.leave_out_failed_rank = true;
+    RunReport report;
+    absl::Status s = RunRanks(Restartable({}), options, &report);
+    ASSERT_TRUE(s.ok()) << s << "\n" << report.log;
+    EXPECT_EQ(report.attempts, 2);
+    EXPECT_EQ(report.ranks.size(), 4u);
+    EXPECT_TRUE(Contains(report.log, "watchdog: a collective did not complete within 0.5 s"))
+        << report.log;
+    EXPECT_TRUE(Contains(report.log, c.why)) << report.log;
+  }
 }
 
 // The store: the newest step every rank holds, older ones dropped.
