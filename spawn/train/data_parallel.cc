@@ -314,8 +314,8 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
     step_rows_ += rows;
   } else if (join_.joining()) {
     join_.BeginStep(std::exchange(step_rows_, 0) + rows);
-  } else if (options_.global_batch_size > 0) {
-    WeighStepRows(rows);
+  } else if (options_.global_batch_size > 0 && nn::grad_mode_enabled()) {
+    WeighStepRows(rows);  // a training step's (an evaluation's forward has no backward)
   }
   // PyTorch's rule: at a synchronised forward with autograd on (not under
   // no_sync(), not in an evaluation under NoGradGuard).

@@ -137,7 +137,8 @@ struct DataParallelOptions {
   // (data::DistributedOptions::global_batch_size with N not dividing G: 64 over
   // 3 ranks gives 22, 21, 21). Set, each bucket is scaled by n_r N / G before
   // it is reduced (n_r: the rows of this rank's forwards in the step, no_sync()
-  // micro-batches included; a comm hook gets the scaled bucket), so the mean
+  // micro-batches included, not those of forwards with autograd off, an
+  // evaluation's; a comm hook gets the scaled bucket), so the mean
   // over the ranks is sum_r n_r g_r / G (g_r: the gradient of this rank's mean
   // loss): the gradient of the mean loss over the G samples, as one rank with
   // batch G computes it. No collective: the ranks' rows must sum to G in every

@@ -135,6 +135,10 @@ TEST_F(GlobalBatchTest, RefusesWhatCannotWork) {
     DataParallel dp(net, ctx, {.global_batch_size = 8});
     e.push_back(::tandem::testing::ErrorOf([&] { auto join = dp.join(); }));
     e.push_back(::tandem::testing::ErrorOf([&] { dp(nn::randn({9, 6})); }));
+    e.push_back(::tandem::testing::ErrorOf([&] {
+      nn::NoGradGuard evaluation;  // not a step: any number of rows
+      dp(nn::randn({100, 6}));
+    }));
     {
       auto accumulate = dp.no_sync();
       dp(nn::randn({5, 6}));
@@ -153,7 +157,8 @@ TEST_F(GlobalBatchTest, RefusesWhatCannotWork) {
   EXPECT_NE(e[3].find("rank 0's step has 9 rows, more than global_batch_size 8"),
             std::string::npos)
       << e[3];
-  EXPECT_NE(e[4].find("step has 9 rows"), std::string::npos) << e[4];  // 5 accumulated + 4
+  EXPECT_EQ(e[4], "");
+  EXPECT_NE(e[5].find("step has 9 rows"), std::string::npos) << e[5];  // 5 accumulated + 4
 }
 
 }  // namespace
