@@ -19,13 +19,16 @@
 //       per seed: the test accuracy (the first --test_size test images) of a
 //       run without a fault and of one with the fault and a restart, and
 //       whether their final parameters are the same bits.
-//   restart_bench --model=lenet --mode=accuracy --ranks=4 --global_batch=96 \
+//   restart_bench --model=lenet --mode=accuracy --ranks=4 --global_batch=64 \
 //       --fault_rank=2 --leave_out
 //       the same with a world shrink (RestartPolicy::leave_out_failed_rank):
-//       the run with the fault finishes on one rank fewer, each rank taking
-//       --global_batch / ranks images, so the global batch is kept; the
-//       summary says whether each such run's accuracy lies within the spread
-//       (min-max) of the runs without the fault.
+//       the run with the fault finishes on one rank fewer with the same global
+//       batch (the sampler's and DataParallel's global_batch_size: 64 over 3
+//       ranks is 22, 21, 21 images, the gradients weighed by rows), and per
+//       seed a third run without the fault on one rank fewer throughout; the
+//       summary gives each kind's mean and standard deviation and how many
+//       shrunk runs lie within the spread (min-max) of the runs without the
+//       fault, of the first three seeds and of all.
 //
 // In-process, the data set is loaded once, outside spawn's function (the
 // caller's object, kept by every attempt); a new process loads it again.
@@ -37,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdint>
 #include <iostream>
@@ -83,8 +87,9 @@ ABSL_FLAG(int, fault_step, 15,
 ABSL_FLAG(int, every, 1, "A snapshot (inprocess) or checkpoint (disk) every this many steps.");
 ABSL_FLAG(int, batch, 32, "Samples per rank and step (unless --global_batch).");
 ABSL_FLAG(int, global_batch, 0,
-          "lenet: samples per step over every rank, each rank taking global_batch / ranks "
-          "(kept when the world shrinks); 0: --batch per rank.");
+          "lenet: samples per step over every rank, each rank taking global_batch / ranks, "
+          "the first global_batch % ranks one more (kept when the world shrinks); 0: --batch "
+          "per rank.");
 ABSL_FLAG(int, fault_rank, -1, "The rank that fails; -1: the last.");
 ABSL_FLAG(bool, leave_out, false,
           "RestartPolicy::leave_out_failed_rank: the attempt after the fault runs without "
@@ -118,10 +123,11 @@ int FaultRank(int ranks) {
   return r < 0 ? ranks - 1 : r;
 }
 
-// Samples per rank and step in a world of `ranks` (--global_batch divided, or --batch).
-int64_t PerRankBatch(int ranks) {
+// Samples per step over every rank in a world of `ranks`: --global_batch, or
+// --batch per rank.
+int64_t GlobalBatch(int ranks) {
   const int global = absl::GetFlag(FLAGS_global_batch);
-  return global > 0 ? global / ranks : absl::GetFlag(FLAGS_batch);
+  return global > 0 ? global : int64_t{absl::GetFlag(FLAGS_batch)} * ranks;
 }
 
 struct Times {
@@ -260,11 +266,16 @@ absl::Status TrainLeNet(dist::Context& ctx, const LeNetData& d, uint64_t seed, b
   const std::string path = absl::GetFlag(FLAGS_checkpoint);
   const bool resume = absl::GetFlag(FLAGS_resume);
   std::shared_ptr<nn::Module> net = apps::MakeLeNet();
-  dist::DataParallel dp(*net, ctx);
+  // The global batch kept whatever the world size: uneven shares weighed by rows.
+  const int64_t global_batch = GlobalBatch(ctx.world_size());
+  dist::DataParallel dp(*net, ctx, {.global_batch_size = global_batch});
   optim::SGD sgd(net->parameters(), {.lr = absl::GetFlag(FLAGS_lr), .momentum = 0.9});
   auto sampler = std::make_shared<data::DistributedBatchSampler>(
-      d.train->size(), PerRankBatch(ctx.world_size()), ctx.world_size(), ctx.rank(),
-      /*shuffle=*/true, /*drop_last=*/false, seed);
+      data::DistributedOptions{.dataset_size = d.train->size(),
+                               .global_batch_size = global_batch,
+                               .num_replicas = ctx.world_size(),
+                               .rank = ctx.rank(),
+                               .seed = seed});
   data::DataLoader loader(d.train, sampler,
                           {.num_workers = 1, .prefetch = 2, .batch_transform = Normalize()});
   int64_t step = 0;
@@ -404,27 +415,49 @@ int Disk(int ranks, int64_t start_ns) {
   return 0;
 }
 
+// min-max, mean and sample standard deviation of `v` (non-empty).
+struct Spread {
+  double lo = 0, hi = 0, mean = 0, sd = 0;
+};
+Spread SpreadOf(const std::vector<double>& v) {
+  Spread s{*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+  for (const double a : v) s.mean += a / static_cast<double>(v.size());
+  for (const double a : v) s.sd += (a - s.mean) * (a - s.mean);
+  s.sd = v.size() > 1 ? std::sqrt(s.sd / static_cast<double>(v.size() - 1)) : 0.0;
+  return s;
+}
+
+int CountInside(const std::vector<double>& v, const Spread& s) {
+  int inside = 0;
+  for (const double a : v) inside += a >= s.lo && a <= s.hi ? 1 : 0;
+  return inside;
+}
+
 // Per seed: a run without a fault and one with it (and a restart), each
-// ending with the test accuracy and rank 0's parameters' FNV.
+// ending with the test accuracy and rank 0's parameters' FNV; with
+// --leave_out also a run without the fault on one rank fewer throughout.
 int Accuracy(int ranks, const std::vector<int>& seeds) {
   absl::StatusOr<LeNetData> d = LoadLeNetData(/*with_test=*/true);
   if (!d.ok()) {
     std::cerr << "restart_bench: " << d.status() << "\n";
     return 1;
   }
+  const bool shrink = absl::GetFlag(FLAGS_leave_out);
   std::cout << "seed  accuracy_without_fault  accuracy_with_fault_and_restart  same_bits  "
-               "ranks_at_the_end\n";
-  std::vector<double> without, with;
+               "ranks_at_the_end"
+            << (shrink ? "  accuracy_without_fault_on_one_rank_fewer" : "") << "\n";
+  std::vector<double> without, with, fewer;
   for (const int seed : seeds) {
-    Outcome outcomes[2];
-    for (int faulty = 0; faulty < 2; ++faulty) {
+    Outcome outcomes[3];
+    for (int kind = 0; kind < (shrink ? 3 : 2); ++kind) {
       Times times;
       absl::Status s = dist::spawn(
           [&](dist::Context& ctx) {
-            return TrainLeNet(ctx, *d, static_cast<uint64_t>(seed), /*disk=*/false, faulty == 1,
-                              &times, &outcomes[faulty]);
+            return TrainLeNet(ctx, *d, static_cast<uint64_t>(seed), /*disk=*/false, kind == 1,
+                              &times, &outcomes[kind]);
           },
-          ranks, "cpu", Options(/*max_restarts=*/1, static_cast<uint64_t>(seed)));
+          kind == 2 ? ranks - 1 : ranks, "cpu",
+          Options(/*max_restarts=*/1, static_cast<uint64_t>(seed)));
       if (!s.ok()) {
         std::cerr << "restart_bench: " << s << "\n";
         return 1;
@@ -432,21 +465,38 @@ int Accuracy(int ranks, const std::vector<int>& seeds) {
     }
     without.push_back(outcomes[0].accuracy);
     with.push_back(outcomes[1].accuracy);
-    std::cout << absl::StrFormat("%4d  %.4f  %.4f  %s  %d\n", seed, outcomes[0].accuracy,
+    if (shrink) fewer.push_back(outcomes[2].accuracy);
+    std::cout << absl::StrFormat("%4d  %.4f  %.4f  %s  %d", seed, outcomes[0].accuracy,
                                  outcomes[1].accuracy,
                                  outcomes[0].parameters_fnv == outcomes[1].parameters_fnv ? "yes"
                                                                                           : "no",
-                                 outcomes[1].ranks);
+                                 outcomes[1].ranks)
+              << (shrink ? absl::StrFormat("  %.4f", outcomes[2].accuracy) : "") << std::endl;
   }
-  std::sort(without.begin(), without.end());
-  std::sort(with.begin(), with.end());
+  const Spread all = SpreadOf(without), faulty = SpreadOf(with);
   std::cout << absl::StrFormat(
-      "without: median %.4f, %.4f-%.4f; with: median %.4f, %.4f-%.4f\n", without[without.size() / 2],
-      without.front(), without.back(), with[with.size() / 2], with.front(), with.back());
-  int inside = 0;
-  for (const double a : with) inside += a >= without.front() && a <= without.back() ? 1 : 0;
-  std::cout << absl::StrFormat("with the fault, within the spread without it: %d of %zu\n", inside,
-                               with.size());
+      "without: %.4f-%.4f, mean %.4f, sd %.4f; with: %.4f-%.4f, mean %.4f, sd %.4f\n", all.lo,
+      all.hi, all.mean, all.sd, faulty.lo, faulty.hi, faulty.mean, faulty.sd);
+  if (shrink) {
+    const Spread f = SpreadOf(fewer);
+    std::cout << absl::StrFormat("without, on %d ranks: %.4f-%.4f, mean %.4f, sd %.4f\n",
+                                 ranks - 1, f.lo, f.hi, f.mean, f.sd);
+    // The difference of the means against the seed noise: its standard error.
+    const double se = std::sqrt(all.sd * all.sd / static_cast<double>(without.size()) +
+                                faulty.sd * faulty.sd / static_cast<double>(with.size()));
+    std::cout << absl::StrFormat(
+        "with minus without: mean %+.4f, standard error of that difference %.4f\n",
+        faulty.mean - all.mean, se);
+  }
+  std::cout << absl::StrFormat("with the fault, within the spread without it: %d of %zu\n",
+                               CountInside(with, all), with.size());
+  if (without.size() > 3) {
+    const Spread first3 = SpreadOf(std::vector<double>(without.begin(), without.begin() + 3));
+    std::cout << absl::StrFormat(
+        "with the fault, within the spread of the first three seeds without it (%.4f-%.4f): %d "
+        "of %zu\n",
+        first3.lo, first3.hi, CountInside(with, first3), with.size());
+  }
   return 0;
 }
 
@@ -484,15 +534,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int global_batch = absl::GetFlag(FLAGS_global_batch);
-  if (global_batch > 0) {
-    for (const int n : ranks) {
-      const int after = absl::GetFlag(FLAGS_leave_out) ? n - 1 : n;
-      if (global_batch % n != 0 || (after > 0 && global_batch % after != 0)) {
-        std::cerr << "restart_bench: --global_batch=" << global_batch << " is not divisible by "
-                  << n << (after != n ? " and " + std::to_string(after) : std::string())
-                  << " ranks\n";
-        return 2;
-      }
+  if (global_batch < 0 || (global_batch > 0 && model != "lenet")) {
+    std::cerr << "restart_bench: --global_batch=" << global_batch
+              << " needs --model=lenet and a positive value\n";
+    return 2;
+  }
+  for (const int n : ranks) {
+    if (global_batch > 0 && global_batch < n) {
+      std::cerr << "restart_bench: --global_batch=" << global_batch << " is smaller than " << n
+                << " ranks (a rank would get no image)\n";
+      return 2;
+    }
+    if (absl::GetFlag(FLAGS_leave_out) && n < 2) {
+      std::cerr << "restart_bench: --leave_out needs --ranks of at least 2, not " << n << "\n";
+      return 2;
     }
   }
   for (const int n : ranks) {

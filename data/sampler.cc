@@ -106,52 +106,75 @@ const char* DistributedTailName(DistributedTail tail) {
 
 DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& options)
     : options_(options) {
-  TANDEM_CHECK(options.dataset_size >= 0, "DistributedBatchSampler: negative dataset size ",
-               options.dataset_size);
-  TANDEM_CHECK(options.batch_size > 0, "DistributedBatchSampler: batch size ", options.batch_size,
-               " must be positive");
+  const int64_t n = options.dataset_size;
+  const int64_t b = options.batch_size;
+  const int64_t g = options.global_batch_size;
+  const int64_t replicas = options.num_replicas;
+  TANDEM_CHECK(n >= 0, "DistributedBatchSampler: negative dataset size ", n);
   TANDEM_CHECK(options.num_replicas > 0 && options.rank >= 0 && options.rank < options.num_replicas,
                "DistributedBatchSampler: rank ", options.rank, " outside 0..",
                options.num_replicas - 1);
+  TANDEM_CHECK(b >= 0 && g >= 0 && (b > 0 || g > 0), "DistributedBatchSampler: batch size ", b,
+               " and global batch size ", g,
+               ": one must be positive (the other 0, or consistent with it)");
+  TANDEM_CHECK(g == 0 || g >= replicas, "DistributedBatchSampler: global batch size ", g,
+               " is smaller than the ", replicas, " replicas (a rank would get no sample)");
+  TANDEM_CHECK(g == 0 || b == 0 || b * replicas == g, "DistributedBatchSampler: batch size ", b,
+               " per rank contradicts global batch size ", g, " over ", replicas,
+               " replicas (", b, " * ", replicas, " = ", b * replicas,
+               "); set batch_size 0 to take the global batch's shares");
   TANDEM_CHECK(!(options.tail == DistributedTail::kUneven && options.drop_last),
                "DistributedBatchSampler: tail 'uneven' yields every sample exactly once and "
-               "cannot drop_last (dataset size ", options.dataset_size, ", batch size ",
-               options.batch_size, ", ", options.num_replicas, " replicas)");
+               "cannot drop_last (dataset size ", n, ", batch size ", b, ", global batch size ",
+               g, ", ", replicas, " replicas)");
+  global_ = g > 0 ? g : b * replicas;
+  TANDEM_CHECK(!(options.tail == DistributedTail::kPaddle && global_ % replicas != 0),
+               "DistributedBatchSampler: tail 'paddle' gives every rank one batch size; global "
+               "batch size ", global_, " does not divide by ", replicas, " replicas");
+  // Rank r's share of a full global batch and where it starts: G/N each, the
+  // first G mod N ranks one more.
+  const int64_t rank = options.rank;
+  const int64_t extra = global_ % replicas;
+  share_ = global_ / replicas + (rank < extra ? 1 : 0);
+  offset_ = rank * (global_ / replicas) + std::min(rank, extra);
   if (options.tail != DistributedTail::kWrapGlobalBatch) PlanTail();
 }
 
 DistributedBatchSampler::DistributedBatchSampler(int64_t dataset_size, int64_t batch_size,
                                                  int num_replicas, int rank, bool shuffle,
                                                  bool drop_last, uint64_t seed)
-    : DistributedBatchSampler(DistributedOptions{dataset_size, batch_size, num_replicas, rank,
-                                                 shuffle, drop_last, seed}) {}
+    : DistributedBatchSampler(DistributedOptions{.dataset_size = dataset_size,
+                                                 .batch_size = batch_size,
+                                                 .num_replicas = num_replicas,
+                                                 .rank = rank,
+                                                 .shuffle = shuffle,
+                                                 .drop_last = drop_last,
+                                                 .seed = seed}) {}
 
 void DistributedBatchSampler::PlanTail() {
   const int64_t n = options_.dataset_size;
-  const int64_t b = options_.batch_size;
   const int64_t replicas = options_.num_replicas;
   const int64_t rank = options_.rank;
   // kPaddle slices the order padded to ceil(n/N)*N; kUneven the order itself.
   const int64_t total = options_.tail == DistributedTail::kPaddle
                             ? (n + replicas - 1) / replicas * replicas
                             : n;
-  const int64_t global = b * replicas;
-  const int64_t full = total / global * global;  // positions in full global batches
-  for (int64_t g = 0; g < full; g += global) {
-    for (int64_t j = 0; j < b; ++j) positions_.push_back(g + rank * b + j);
+  const int64_t full = total / global_ * global_;  // positions in full global batches
+  for (int64_t g = 0; g < full; g += global_) {
+    for (int64_t j = 0; j < share_; ++j) positions_.push_back(g + offset_ + j);
   }
   // The remainder, split evenly: kPaddle's is a multiple of N; kUneven gives the
-  // first (rest mod N) ranks one sample more.
+  // first (rest mod N) ranks one sample more. Either way at most share_.
   const int64_t rest = total - full;
   const int64_t share = rest / replicas;
   const int64_t extra = rest % replicas;
   const int64_t first = full + rank * share + std::min(rank, extra);
   const int64_t count = share + (rank < extra ? 1 : 0);
   for (int64_t j = 0; j < count; ++j) positions_.push_back(first + j);
-  // This rank's positions in batches of B; the last one partial unless drop_last.
+  // This rank's positions in batches of its share; the last one partial unless drop_last.
   const int64_t mine = static_cast<int64_t>(positions_.size());
-  const int64_t kept = options_.drop_last ? mine / b * b : mine;
-  for (int64_t k = 0; k < kept; k += b) batch_starts_.push_back(k);
+  const int64_t kept = options_.drop_last ? mine / share_ * share_ : mine;
+  for (int64_t k = 0; k < kept; k += share_) batch_starts_.push_back(k);
   batch_starts_.push_back(kept);
 }
 
@@ -159,9 +182,8 @@ int64_t DistributedBatchSampler::num_batches() const {
   if (options_.tail != DistributedTail::kWrapGlobalBatch) {
     return static_cast<int64_t>(batch_starts_.size()) - 1;
   }
-  const int64_t global = options_.batch_size * options_.num_replicas;
   const int64_t n = options_.dataset_size;
-  return options_.drop_last ? n / global : (n + global - 1) / global;
+  return options_.drop_last ? n / global_ : (n + global_ - 1) / global_;
 }
 
 void DistributedBatchSampler::BeginEpoch(int64_t epoch) {
@@ -193,11 +215,10 @@ std::vector<int64_t> DistributedBatchSampler::Batch(int64_t k) const {
     }
     return batch;
   }
-  const int64_t b = options_.batch_size;
-  const int64_t first = k * b * options_.num_replicas + options_.rank * b;
+  const int64_t first = k * global_ + offset_;
   const int64_t n = static_cast<int64_t>(order_.size());
-  std::vector<int64_t> batch(b);
-  for (int64_t j = 0; j < b; ++j) batch[j] = order_[(first + j) % n];  // wraps in the last batch
+  std::vector<int64_t> batch(share_);
+  for (int64_t j = 0; j < share_; ++j) batch[j] = order_[(first + j) % n];  // wraps in the last batch
   return batch;
 }
 

@@ -115,13 +115,14 @@ class SimpleBatchSampler : public EpochBatchSampler {
 };
 
 // How a DistributedBatchSampler ends an epoch whose samples do not fill the last
-// global batch of N*B (N replicas, per-rank batch B; n samples). Every rule gives
-// the same full global batches before the tail; they differ in the tail.
+// global batch of G samples (N replicas, G = N*B for a per-rank batch B, or
+// DistributedOptions::global_batch_size; n samples). Every rule gives the same
+// full global batches before the tail; they differ in the tail.
 enum class DistributedTail {
   // The last partial global batch is filled by wrapping around the epoch's order
-  // (up to N*B-1 repeated samples), so every rank gets B samples in every batch and
-  // N ranks with batch B see exactly what one rank with batch N*B sees. drop_last
-  // drops the partial global batch.
+  // (up to G-1 repeated samples), so every rank gets its full share in every batch
+  // and N ranks see exactly what one rank with batch G sees. drop_last drops the
+  // partial global batch.
   kWrapGlobalBatch,
   // paddle.io.DistributedBatchSampler's indices: the order is padded by wrapping to
   // ceil(n/N)*N (at most N-1 repeats), full global batches are sliced
@@ -130,10 +131,11 @@ enum class DistributedTail {
   // drop_last drops each rank's partial batch. Without shuffle the indices are
   // exactly Paddle's; with shuffle the padded order is permuted by tandem's own
   // (seed, epoch) permutation where Paddle uses numpy's (same structure, other
-  // draws).
+  // draws). Needs one batch size for every rank: a global_batch_size that N does
+  // not divide is refused.
   kPaddle,
-  // Every sample exactly once: the last partial global batch is split evenly and
-  // contiguously (ranks r < L mod N get one sample more), so ranks may get fewer
+  // Every sample exactly once: the last partial global batch of L samples is split
+  // evenly and contiguously (ranks r < L mod N get one sample more), so ranks may get fewer
   // samples, and a rank whose share is empty one batch fewer. For evaluation, and
   // for training under DataParallel::join(). drop_last is refused (it would drop
   // samples).
@@ -143,7 +145,14 @@ const char* DistributedTailName(DistributedTail tail);  // "wrap_global_batch", 
 
 struct DistributedOptions {
   int64_t dataset_size = 0;
-  int64_t batch_size = 1;  // per rank
+  // Per rank. 0: from global_batch_size (one of the two must be set).
+  int64_t batch_size = 0;
+  // Samples per step over every rank, G. 0: batch_size * num_replicas. Set, each
+  // rank takes G / N samples a step, ranks r < G mod N one more (64 over 3
+  // ranks: 22, 21, 21), so a world that does not divide G keeps it. batch_size
+  // must then be 0 or G / N with N dividing G. G < N (a rank with no sample) is
+  // refused.
+  int64_t global_batch_size = 0;
   int num_replicas = 1;
   int rank = 0;
   bool shuffle = true;
@@ -155,19 +164,24 @@ struct DistributedOptions {
 // This rank's batches of a data-parallel epoch.
 //
 // Contract: every rank draws the same (seed, epoch) permutation (identity
-// without shuffle). Global batch g holds permutation positions
-// [g*B*N, (g+1)*B*N) for per-rank batch B and N replicas; rank r takes the
-// contiguous slice [g*B*N + r*B, g*B*N + (r+1)*B). So N ranks with batch B see
-// exactly the samples one rank with batch N*B sees, in the same order. The
-// last partial global batch follows options.tail (above); by default it is
-// padded by wrapping around the permutation (so every rank gets B samples), or
-// dropped with drop_last, and a dataset smaller than N*B, or than N, still
-// yields one full (wrapped) global batch unless drop_last. num_batches() is the
-// same on every rank except under kUneven.
+// without shuffle). Global batch g holds permutation positions [g*G, (g+1)*G)
+// (G = B*N for per-rank batch B and N replicas, or global_batch_size); rank r
+// takes the contiguous slice of its share s_r = G/N + (r < G mod N ? 1 : 0)
+// samples starting at g*G + sum_{q<r} s_q. So N ranks see exactly the samples
+// one rank with batch G sees, in the same order, whatever N is: a world that
+// shrinks with the same G and seed, restored at the same (epoch, position),
+// trains on the same samples per step. Uneven shares (N not dividing G) want
+// their gradients weighed by rows (DataParallelOptions::global_batch_size, or
+// DataParallel::join()). The last partial global batch follows options.tail
+// (above); by default it is padded by wrapping around the permutation (so every
+// rank gets its share), or dropped with drop_last, and a dataset smaller than
+// G, or than N, still yields one full (wrapped) global batch unless drop_last.
+// num_batches() is the same on every rank except under kUneven.
 class DistributedBatchSampler : public EpochBatchSampler {
  public:
-  // Throws tandem::Error on a bad rank, size or batch size, and on kUneven with
-  // drop_last.
+  // Throws tandem::Error on a bad rank, size, batch size or global batch size
+  // (naming the values), on kUneven with drop_last and on kPaddle with a global
+  // batch that N does not divide.
   explicit DistributedBatchSampler(const DistributedOptions& options);
   DistributedBatchSampler(int64_t dataset_size, int64_t batch_size, int num_replicas, int rank,
                           bool shuffle = true, bool drop_last = false, uint64_t seed = 0);
@@ -183,6 +197,9 @@ class DistributedBatchSampler : public EpochBatchSampler {
   void PlanTail();
 
   DistributedOptions options_;
+  int64_t global_ = 0;  // G
+  int64_t share_ = 0;   // s_r: this rank's samples in a full global batch
+  int64_t offset_ = 0;  // where they start in it
   std::vector<int64_t> order_;
   std::vector<int64_t> positions_;      // kPaddle, kUneven
   std::vector<int64_t> batch_starts_;   // kPaddle, kUneven: + positions_.size() at the end

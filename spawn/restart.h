@@ -118,10 +118,11 @@ struct RestartPolicy {
   // and why, or why none was. The ranks after
   // the failed one move down one number; each restores the snapshot of the
   // rank it was (its model, optimizer, sampler position and step, not its
-  // generator: AttemptInfo::world_shrunk). The program sizes its per-rank
-  // batch and its sampler from ctx.world_size() (e.g. the global batch over
-  // the ranks, so it is kept), weighing uneven per-rank batches itself
-  // (dist::JoinGuard weighs each rank's gradient by its rows).
+  // generator: AttemptInfo::world_shrunk). To keep the global batch G, the
+  // program gives it to its sampler and DataParallel
+  // (data::DistributedOptions::global_batch_size and
+  // DataParallelOptions::global_batch_size): the ranks left take G/N samples
+  // each, the first G mod N one more, and their gradients are weighed by rows.
   bool leave_out_failed_rank = false;
 };
 

@@ -59,6 +59,12 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
   TANDEM_CHECK(options_.bucket_bytes > 0 && options_.first_bucket_bytes > 0,
                "DataParallel: bucket sizes must be positive, not ", options_.first_bucket_bytes,
                " and ", options_.bucket_bytes);
+  TANDEM_CHECK(options_.global_batch_size >= 0, "DataParallel: negative global_batch_size ",
+               options_.global_batch_size);
+  TANDEM_CHECK(options_.global_batch_size == 0 || options_.reduce_in_backward,
+               "DataParallel: global_batch_size ", options_.global_batch_size,
+               " weighs the gradients reduced in backward; with reduce_in_backward off the "
+               "caller reduces them (scale_loss, apply_collective_grads)");
   CheckSameModelOnEveryRank();
   {
     nn::NoGradGuard no_grad;
@@ -124,6 +130,11 @@ DataParallel::NoSyncGuard::NoSyncGuard(DataParallel* dp) : dp_(dp), previous_(dp
 DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
     : dp_(dp), exceptions_(std::uncaught_exceptions()) {
   TANDEM_CHECK(!dp->join_.joining(), "DataParallel: join() inside join()");
+  TANDEM_CHECK(dp->options_.global_batch_size == 0,
+               "DataParallel: join() with DataParallelOptions::global_batch_size ",
+               dp->options_.global_batch_size,
+               ": join() weighs each rank's gradient by the rows it counts; leave "
+               "global_batch_size 0");
   TANDEM_CHECK(dp->sync_ && dp->options_.reduce_in_backward,
                "DataParallel: join() needs gradients reduced in backward (not inside no_sync(), "
                "not with reduce_in_backward off)");
@@ -303,6 +314,8 @@ nn::Tensor DataParallel::forward(const nn::Tensor& x) {
     step_rows_ += rows;
   } else if (join_.joining()) {
     join_.BeginStep(std::exchange(step_rows_, 0) + rows);
+  } else if (options_.global_batch_size > 0 && nn::grad_mode_enabled()) {
+    WeighStepRows(rows);  // a training step's (an evaluation's forward has no backward)
   }
   // PyTorch's rule: at a synchronised forward with autograd on (not under
   // no_sync(), not in an evaluation under NoGradGuard).
@@ -390,15 +403,39 @@ void DataParallel::LaunchReadyBuckets() {
       b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kSum);
       b.wire_bytes = b.buffer.nbytes();
       join_.Record(internal::JoinState::Kind::kAllReduceAsync, b.buffer);
-    } else if (options_.comm_hook) {
-      GradBucket view = bucket(next_bucket_);
-      b.work = internal::LaunchCommHook(options_.comm_hook, view, &b.wire_bytes);
     } else {
-      b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
-      b.wire_bytes = b.buffer.nbytes();
+      LaunchBucket(b);
     }
     b.returned = std::chrono::steady_clock::now();
     ++next_bucket_;
+  }
+}
+
+void DataParallel::WeighStepRows(int64_t rows) {
+  if (!sync_) {  // a no_sync() micro-batch: the step's synchronised forward weighs them all
+    step_rows_ += rows;
+    return;
+  }
+  const int64_t step_rows = std::exchange(step_rows_, 0) + rows;
+  const int64_t global = options_.global_batch_size;
+  TANDEM_CHECK(step_rows <= global, "DataParallel: rank ", ctx_.rank(), "'s step has ",
+               step_rows, " rows, more than global_batch_size ", global);
+  step_scale_ = static_cast<double>(step_rows * ctx_.world_size()) / static_cast<double>(global);
+}
+
+void DataParallel::LaunchBucket(Bucket& b) {
+  // Outside join(): scaled to this rank's share of the global batch, if set
+  // and uneven, then averaged (or the hook's reduction).
+  if (options_.global_batch_size > 0 && step_scale_ != 1.0) {
+    nn::NoGradGuard no_grad;
+    b.buffer.mul_(step_scale_);
+  }
+  if (options_.comm_hook) {
+    GradBucket view = bucket(next_bucket_);
+    b.work = internal::LaunchCommHook(options_.comm_hook, view, &b.wire_bytes);
+  } else {
+    b.work = ctx_.communicator().all_reduce_async(b.buffer, ReduceOp::kAvg);
+    b.wire_bytes = b.buffer.nbytes();
   }
 }
 

@@ -31,6 +31,11 @@
 // waits for them), so no bucket is zeroed (zero_grad, forward) or refilled while
 // a collective may still reduce it.
 //
+// Uneven batches of one global batch (every step's rows over the ranks sum to
+// G, as a DistributedBatchSampler with global_batch_size gives them: 22, 21, 21
+// for 64 on 3 ranks) need no join: DataParallelOptions::global_batch_size
+// weighs each rank's gradient by its rows without a collective (below).
+//
 // Uneven inputs: join() returns a guard (PyTorch's DistributedDataParallel.join()):
 //
 //   {
@@ -128,6 +133,23 @@ struct DataParallelOptions {
   // How each bucket is reduced (spawn/train/comm_hooks.h); empty: all_reduce_async(kAvg).
   // Inside join() too, on gradients scaled to the step's sample weighting.
   CommHook comm_hook;
+  // Samples per step over every rank, G, for ranks whose batches differ in rows
+  // (data::DistributedOptions::global_batch_size with N not dividing G: 64 over
+  // 3 ranks gives 22, 21, 21). Set, each bucket is scaled by n_r N / G before
+  // it is reduced (n_r: the rows of this rank's forwards in the step, no_sync()
+  // micro-batches included, not those of forwards with autograd off, an
+  // evaluation's; a comm hook gets the scaled bucket), so the mean
+  // over the ranks is sum_r n_r g_r / G (g_r: the gradient of this rank's mean
+  // loss): the gradient of the mean loss over the G samples, as one rank with
+  // batch G computes it. No collective: the ranks' rows must sum to G in every
+  // step, which is not checked (the sampler's full global batches do, and
+  // kWrapGlobalBatch makes none other; a shorter tail wants join(), which
+  // counts rows with one all_gather a step); a rank whose step has more than G
+  // rows throws naming both. When n_r N = G (equal batches) the factor is 1
+  // and no multiply is made: the bits of 0. 0: the plain mean over the ranks.
+  // Refused with reduce_in_backward off and inside join() (which weighs by the
+  // rows it counts).
+  int64_t global_batch_size = 0;
 };
 
 class DataParallel {
@@ -270,6 +292,11 @@ class DataParallel {
   // Inside join(), with a comm hook: bucket `index` scaled to its share of the
   // step's samples, then the hook; recorded for a joined rank to replay.
   void LaunchHookedBucketInJoin(int index);
+  // Outside join(): bucket `b` (the next one) reduced, weighed by
+  // options_.global_batch_size's step scale when set.
+  void LaunchBucket(Bucket& b);
+  // options_.global_batch_size: counts a forward's rows into the step's scale.
+  void WeighStepRows(int64_t rows);
   void FinishBackward();
   // Destroys the handles of collectives no pass waited for (a backward that threw).
   void DropUnwaitedWork();
@@ -289,7 +316,10 @@ class DataParallel {
   bool pass_started_ = false;
   int next_bucket_ = 0;
   int sync_batch_norm_layers_ = 0;
-  int64_t step_rows_ = 0;  // inside join(): rows of this step's no_sync() micro-batches
+  // Rows of this step's no_sync() micro-batches so far: inside join(), or with
+  // options_.global_batch_size.
+  int64_t step_rows_ = 0;
+  double step_scale_ = 1;  // global_batch_size: n_r N / G of the current step
   OverlapStats overlap_;
   internal::JoinState join_;
 };

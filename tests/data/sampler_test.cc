@@ -7,6 +7,8 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "nn/error.h"
 
@@ -339,6 +341,184 @@ TEST(DistributedTailTest, DefaultIsWrapGlobalBatchAndUnevenRefusesDropLast) {
     EXPECT_NE(std::string(e.what()).find("drop_last"), std::string::npos) << e.what();
   }
   EXPECT_STREQ(DistributedTailName(DistributedTail::kPaddle), "paddle");
+}
+
+DistributedBatchSampler Global(int64_t n, int64_t global, int replicas, int rank, bool shuffle,
+                               bool drop_last, DistributedTail tail, int64_t batch = 0) {
+  return DistributedBatchSampler(DistributedOptions{.dataset_size = n,
+                                                    .batch_size = batch,
+                                                    .global_batch_size = global,
+                                                    .num_replicas = replicas,
+                                                    .rank = rank,
+                                                    .shuffle = shuffle,
+                                                    .drop_last = drop_last,
+                                                    .seed = 5,
+                                                    .tail = tail});
+}
+
+// A global batch G over N ranks: rank r takes G/N samples, one more when
+// r < G mod N, and the ranks' batches k, concatenated in rank order, are batch
+// k of one rank with batch G, for every tail, N dividing G or not.
+TEST(DistributedGlobalBatchTest, RanksConcatenateToOneRankWithTheGlobalBatch) {
+  int64_t checked = 0;
+  for (int64_t n : {0, 1, 5, 17, 40, 64, 130}) {
+    for (int replicas = 1; replicas <= 5; ++replicas) {
+      for (int64_t global = replicas; global <= 13; ++global) {
+        for (DistributedTail tail : {DistributedTail::kWrapGlobalBatch, DistributedTail::kUneven,
+                                     DistributedTail::kPaddle}) {
+          if (tail == DistributedTail::kPaddle && global % replicas != 0) continue;
+          for (bool drop_last : {false, true}) {
+            if (tail == DistributedTail::kUneven && drop_last) continue;
+            for (bool shuffle : {false, true}) {
+              const std::string what = "n=" + std::to_string(n) + " G=" + std::to_string(global) +
+                                       " N=" + std::to_string(replicas) + " tail " +
+                                       DistributedTailName(tail) +
+                                       " drop_last=" + std::to_string(drop_last);
+              std::vector<std::vector<std::vector<int64_t>>> per_rank;
+              size_t most = 0;
+              for (int r = 0; r < replicas; ++r) {
+                DistributedBatchSampler s = Global(n, global, replicas, r, shuffle, drop_last, tail);
+                per_rank.push_back(Pass(s));
+                ASSERT_EQ(static_cast<int64_t>(per_rank.back().size()), s.num_batches()) << what;
+                most = std::max(most, per_rank.back().size());
+                const int64_t share = global / replicas + (r < global % replicas ? 1 : 0);
+                for (size_t k = 0; k < per_rank.back().size(); ++k) {
+                  const auto& b = per_rank.back()[k];
+                  // Full global batches give the rank its share; only the tail differs.
+                  if (tail == DistributedTail::kWrapGlobalBatch || k + 1 < per_rank.back().size()) {
+                    ASSERT_EQ(static_cast<int64_t>(b.size()), share) << what << " rank " << r;
+                  }
+                  ASSERT_TRUE(!b.empty() && static_cast<int64_t>(b.size()) <= share) << what;
+                }
+              }
+              if (tail == DistributedTail::kPaddle) {
+                // N divides G: the same batches as batch_size G/N.
+                for (int r = 0; r < replicas; ++r) {
+                  DistributedBatchSampler b = Tailed(n, global / replicas, replicas, r, shuffle,
+                                                     drop_last, DistributedTail::kPaddle);
+                  ASSERT_EQ(per_rank[r], Pass(b)) << what;
+                }
+                ++checked;
+                continue;
+              }
+              DistributedBatchSampler one = Global(n, global, 1, 0, shuffle, drop_last, tail);
+              const auto expected = Pass(one);
+              ASSERT_EQ(most, expected.size()) << what;
+              for (size_t k = 0; k < most; ++k) {
+                std::vector<int64_t> joined;
+                for (int r = 0; r < replicas; ++r) {
+                  if (k < per_rank[r].size()) {
+                    joined.insert(joined.end(), per_rank[r][k].begin(), per_rank[r][k].end());
+                  }
+                }
+                ASSERT_EQ(joined, expected[k]) << what << " batch " << k;
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+  // 64 over 3 ranks: 22, 21, 21, contiguous.
+  for (int r = 0; r < 3; ++r) {
+    DistributedBatchSampler s =
+        Global(200, 64, 3, r, false, false, DistributedTail::kWrapGlobalBatch);
+    const auto batches = Pass(s);
+    ASSERT_EQ(batches.size(), 4u);
+    const int64_t first = r == 0 ? 0 : 22 + 21 * (r - 1);
+    std::vector<int64_t> expected(r == 0 ? 22 : 21);
+    std::iota(expected.begin(), expected.end(), first);
+    EXPECT_EQ(batches[0], expected) << "rank " << r;
+  }
+}
+
+// N dividing G gives exactly the batches of batch_size G/N (the run without
+// global_batch_size), and the same batch_size alongside is accepted.
+TEST(DistributedGlobalBatchTest, DividedGlobalBatchIsThePerRankBatch) {
+  for (int replicas : {1, 2, 4}) {
+    for (int r = 0; r < replicas; ++r) {
+      DistributedBatchSampler plain(50, 3, replicas, r, true, false, 7);
+      DistributedBatchSampler global(DistributedOptions{.dataset_size = 50,
+                                                        .global_batch_size = 3 * replicas,
+                                                        .num_replicas = replicas,
+                                                        .rank = r,
+                                                        .seed = 7});
+      DistributedBatchSampler both = Global(50, 3 * replicas, replicas, r, true, false,
+                                            DistributedTail::kWrapGlobalBatch, /*batch=*/3);
+      EXPECT_EQ(Pass(global), Pass(plain));
+      DistributedBatchSampler seed5(50, 3, replicas, r, true, false, 5);
+      EXPECT_EQ(Pass(both), Pass(seed5));
+    }
+  }
+}
+
+// 4 ranks shrink to 3 with G = 8 (2, 2, 2, 2 -> 3, 3, 2): restored at the same
+// (epoch, position), the 3 ranks take the samples the 4 would have taken.
+TEST(DistributedGlobalBatchTest, ShrunkWorldResumesOnTheSameSamples) {
+  std::vector<int64_t> four, three;
+  for (int r = 0; r < 4; ++r) {
+    DistributedBatchSampler s = Global(40, 8, 4, r, true, false, DistributedTail::kWrapGlobalBatch);
+    s.set_state({2, 3});
+    for (const auto& b : Pass(s)) four.insert(four.end(), b.begin(), b.end());
+  }
+  for (int r = 0; r < 3; ++r) {
+    DistributedBatchSampler s = Global(40, 8, 3, r, true, false, DistributedTail::kWrapGlobalBatch);
+    s.set_state({2, 3});
+    const auto batches = Pass(s);
+    ASSERT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches[0].size(), r < 2 ? 3u : 2u);
+    for (const auto& b : batches) three.insert(three.end(), b.begin(), b.end());
+  }
+  std::sort(four.begin(), four.end());
+  std::sort(three.begin(), three.end());
+  EXPECT_EQ(four.size(), 16u);
+  EXPECT_EQ(four, three);
+}
+
+std::string ErrorOf(const DistributedOptions& options) {
+  try {
+    DistributedBatchSampler s(options);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(DistributedGlobalBatchTest, RefusesContradictionsNamingTheValues) {
+  const std::string fewer = ErrorOf({.dataset_size = 10, .global_batch_size = 2, .num_replicas = 3});
+  EXPECT_NE(fewer.find("global batch size 2 is smaller than the 3 replicas"), std::string::npos)
+      << fewer;
+  const std::string contradicts = ErrorOf(
+      {.dataset_size = 10, .batch_size = 4, .global_batch_size = 8, .num_replicas = 3});
+  EXPECT_NE(contradicts.find("batch size 4 per rank contradicts global batch size 8 over 3 "
+                             "replicas"),
+            std::string::npos)
+      << contradicts;
+  const std::string uneven_batch = ErrorOf(
+      {.dataset_size = 10, .batch_size = 2, .global_batch_size = 7, .num_replicas = 3});
+  EXPECT_NE(uneven_batch.find("batch size 2 per rank contradicts global batch size 7"),
+            std::string::npos)
+      << uneven_batch;
+  const std::string paddle = ErrorOf({.dataset_size = 10,
+                                      .global_batch_size = 8,
+                                      .num_replicas = 3,
+                                      .tail = DistributedTail::kPaddle});
+  EXPECT_NE(paddle.find("tail 'paddle'"), std::string::npos) << paddle;
+  EXPECT_NE(paddle.find("global batch size 8 does not divide by 3 replicas"), std::string::npos)
+      << paddle;
+  const std::string neither = ErrorOf({.dataset_size = 10, .num_replicas = 2});
+  EXPECT_NE(neither.find("batch size 0 and global batch size 0"), std::string::npos) << neither;
+  const std::string negative = ErrorOf({.dataset_size = 10, .global_batch_size = -4});
+  EXPECT_NE(negative.find("global batch size -4"), std::string::npos) << negative;
+  const std::string uneven_drop = ErrorOf({.dataset_size = 10,
+                                           .global_batch_size = 8,
+                                           .num_replicas = 3,
+                                           .drop_last = true,
+                                           .tail = DistributedTail::kUneven});
+  EXPECT_NE(uneven_drop.find("global batch size 8"), std::string::npos) << uneven_drop;
+  EXPECT_EQ(ErrorOf({.dataset_size = 10, .global_batch_size = 3, .num_replicas = 3}), "(accepted)");
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 // rank its peers waited for.
 #include "spawn/restart.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -453,15 +455,17 @@ TEST(RestartTest, WithoutRestartsSnapshotsAreNotKept) {
 
 // World shrink: 3 ranks, rank 2 fails after step 5; with
 // leave_out_failed_rank the next attempt runs on 2 ranks, each restoring the
-// snapshot of step 5 of the rank it was, with the per-rank batch raised so the
-// global batch (12) is kept. It ends with the parameters, bit for bit, of a
-// 2-rank run started from a checkpoint of the same step, and near those of the
-// uninterrupted 3-rank run (the same samples per step, summed in another order).
+// snapshot of step 5 of the rank it was, the sampler and DataParallel given the
+// global batch (12) so it is kept. It ends with the parameters, bit for bit, of
+// a 2-rank run started from a checkpoint of the same step, and near those of
+// the uninterrupted 3-rank run (the same samples per step, summed in another
+// order). With a global batch of 8, 4 ranks (2 samples each) shrink to 3 that
+// do not divide it (3, 3, 2), their gradients weighed by rows.
 constexpr int64_t kShrinkRows = 48;
-constexpr int64_t kGlobalBatch = 12;
 constexpr int kShrinkSteps = 12;
 
 struct ShrinkRun {
+  int64_t global_batch = 12;    // DistributedOptions / DataParallelOptions::global_batch_size
   int fault_rank = -1;          // fails after step 5 of the first attempt
   int sleep_rank = -1;          // sleeps after step 5 of the first attempt, not stop-aware
   int sleep_ms = 0;
@@ -475,11 +479,13 @@ struct ShrinkRun {
 // log: RunRanks's (its faults fire at EndStep, after each step's snapshot), or null.
 absl::Status TrainShrinkable(dist::Context& ctx, ShrinkRun& run, StepLog* log = nullptr) {
   Mlp net;
-  dist::DataParallel dp(net, ctx);
+  dist::DataParallel dp(net, ctx, {.global_batch_size = run.global_batch});
   optim::SGD sgd(net.parameters(), {.lr = 0.05, .momentum = 0.9});
-  data::DistributedBatchSampler sampler(kShrinkRows, kGlobalBatch / ctx.world_size(),
-                                        ctx.world_size(), ctx.rank(), /*shuffle=*/true,
-                                        /*drop_last=*/false, /*seed=*/5);
+  data::DistributedBatchSampler sampler({.dataset_size = kShrinkRows,
+                                         .global_batch_size = run.global_batch,
+                                         .num_replicas = ctx.world_size(),
+                                         .rank = ctx.rank(),
+                                         .seed = 5});
   nn::Tensor data_x, data_y;
   {
     SameOnEveryRank shared(/*seed=*/11, /*step=*/0);
@@ -595,6 +601,49 @@ TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
   for (size_t i = 0; i < whole.final_parameters[0].size(); ++i) {
     EXPECT_NEAR(whole.final_parameters[0][i], shrunk.final_parameters[0][i], 1e-5) << i;
   }
+  std::remove(checkpoint.c_str());
+}
+
+// 4 ranks with a global batch of 8 (2 samples each); rank 2 fails after step
+// 5 and 3 ranks finish with the same global batch (3, 3, 2 samples): bit for
+// bit a 3-rank run from the checkpoint of step 5, and near the uninterrupted
+// 4-rank run.
+TEST(RestartTest, LeaveOutFailedRankKeepsAGlobalBatchTheRanksLeftDoNotDivide) {
+  const std::string checkpoint = ::testing::TempDir() + "restart_test_shrink_uneven.ckpt";
+  ShrinkRun shrunk{.global_batch = 8, .fault_rank = 2, .save_checkpoint = checkpoint};
+  std::string log;
+  absl::Status s = SpawnShrinkable(shrunk, 4, {.max_restarts = 1, .leave_out_failed_rank = true},
+                                   &log);
+  ASSERT_TRUE(s.ok()) << s << "\n" << log;
+  EXPECT_EQ(shrunk.world_sizes, (std::vector<int>{4, 3}));
+  EXPECT_TRUE(Contains(log, "attempt 1 resumes from the snapshot of step 5 on 3 ranks, without "
+                            "local rank 2 (cpu)"))
+      << log;
+  ASSERT_EQ(shrunk.final_parameters.size(), 3u);
+
+  ShrinkRun from_file{.global_batch = 8, .load_checkpoint = checkpoint};
+  s = SpawnShrinkable(from_file, 3, {}, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(from_file.final_parameters.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(shrunk.final_parameters[r], from_file.final_parameters[r]) << "rank " << r;
+  }
+
+  // The uninterrupted 4-rank run: the same 8 samples per step, weighed by rows.
+  ShrinkRun whole{.global_batch = 8};
+  s = SpawnShrinkable(whole, 4, {}, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(whole.final_parameters.size(), 4u);
+  const std::vector<float>& a = whole.final_parameters[0];
+  const std::vector<float>& b = shrunk.final_parameters[0];
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  std::printf("global batch 8, 4 ranks then 3 (3, 3, 2) vs 4 throughout: largest parameter "
+              "difference %.3g\n", worst);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_GT(worst, 0.0f) << "4 and 3 ranks sum in another order; equal bits would mean one "
+                            "of the runs did not shrink";
   std::remove(checkpoint.c_str());
 }
 
