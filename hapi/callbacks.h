@@ -13,7 +13,10 @@
 // FitOptions::checkpoint: on_checkpoint_load after a resume loaded a file
 // (before on_train_begin), on_checkpoint_save at every save (the periodic ones
 // after a step's on_train_batch_end, the epoch end's after on_epoch_end, the
-// final one before on_train_end).
+// final one before on_train_end). FitOptions::snapshot_every_steps under a
+// restart policy: on_checkpoint_save at every snapshot (after the step's
+// on_train_batch_end and periodic checkpoint) and on_checkpoint_load after a
+// restart restored one (ResumeInfo::snapshot).
 //
 // Logs: epoch and evaluation values after the reduction over ranks, so every
 // rank sees the same numbers: "loss" and each metric of the training epoch,
@@ -69,6 +72,9 @@ struct ResumeInfo {
   int64_t epoch_steps = 0;  // steps done in epoch `epoch` (0: none)
   int64_t step = 0;         // optimizer steps in all
   CheckpointExtra extra;    // every entry of the file's extra
+  // An in-memory snapshot after a restart (FitOptions::snapshot_every_steps;
+  // path names it: "snapshot of step S (rank R)"), not a file.
+  bool snapshot = false;
 };
 
 // What a callback may read (and, for stop_training, write) during a run.

@@ -4,7 +4,9 @@
 #include <exception>
 #include <optional>
 #include <utility>
+#include <variant>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
@@ -159,6 +161,8 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
   if (o.max_steps_per_epoch < 0)
     return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
+  if (o.snapshot_every_steps < 0)
+    return bad("snapshot_every_steps", o.snapshot_every_steps, "must be >= 0");
   if (o.uneven && o.drop_last)
     return absl::InvalidArgumentError(
         "fit: uneven = true with drop_last = true: uneven data keeps every sample");
@@ -177,6 +181,33 @@ absl::Status CheckFitOptions(const FitOptions& o) {
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("fit: checkpoint: ", st.message()));
   }
   if (o.eval_data != nullptr) return CheckDataset("fit", o.eval_data, "eval_data");
+  return absl::OkStatus();
+}
+
+// A fit from main under LaunchOptions::spawn.restart: what the snapshots
+// cannot hold, refused before any rank starts (inside a rank's function the
+// same refusals come from FitOnRank, on every rank).
+absl::Status CheckRestartOptions(const FitOptions& o, const LaunchOptions& launch) {
+  const dist::RestartPolicy& policy = launch.spawn.restart;
+  if (policy.max_restarts <= 0 || o.snapshot_every_steps == 0) return absl::OkStatus();
+  if (o.uneven)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fit: uneven = true with snapshot_every_steps = ", o.snapshot_every_steps,
+        " under a restart policy (SpawnOptions::restart.max_restarts = ", policy.max_restarts,
+        "): the state of a join (the ranks that have joined, the steps they answer) is not "
+        "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)"));
+  if (policy.leave_out_failed_rank && launch.nprocs > 0) {
+    // Each restart may leave one rank out: every smaller world must keep the global batch.
+    const int64_t global = o.batch_size * launch.nprocs;
+    for (int w = launch.nprocs - 1; w >= std::max(1, launch.nprocs - policy.max_restarts); --w) {
+      if (global % w != 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fit: batch_size = ", o.batch_size, " on ", launch.nprocs,
+            " ranks with RestartPolicy::leave_out_failed_rank: a world of ", w,
+            " ranks cannot keep the global batch of ", global, " rows (", global, " % ", w,
+            " != 0); choose a batch_size whose global batch every smaller world divides"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -345,6 +376,7 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   RETURN_IF_ERROR(CheckPrepared("fit"));
   RETURN_IF_ERROR(CheckDataset("fit", train, "the training data"));
   RETURN_IF_ERROR(CheckFitOptions(options));
+  if (dist::current_or_null() == nullptr) RETURN_IF_ERROR(CheckRestartOptions(options, launch_));
   History history;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
     History h = FitOnRank(ctx, train, options);
@@ -366,6 +398,10 @@ struct FitPosition {
   bool resumed_inside_epoch = false;
   bool restored = false;  // a checkpoint loaded
   std::string path;       // its path
+  // Restored from an in-memory snapshot after a restart: this rank's running
+  // epoch loss (the device sum continues from it; epoch_loss_sum stays 0).
+  bool from_snapshot = false;
+  double rank_epoch_loss = 0;
 };
 
 constexpr char kEpochKey[] = "hapi.epoch";
@@ -412,10 +448,96 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
   return at;
 }
 
+// A snapshot's own entries (FitOptions::snapshot_every_steps): where the fit
+// stands, this rank's running loss, the loop's counters and the history so far.
+constexpr char kRankEpochLossKey[] = "hapi.rank_epoch_loss_sum";
+constexpr char kStopTrainingKey[] = "hapi.stop_training";
+constexpr char kSnapshotsKey[] = "hapi.snapshots";
+constexpr char kGlobalBatchKey[] = "hapi.global_batch";
+constexpr char kHistoryEpochsKey[] = "hapi.history.epochs";
+constexpr char kHistoryPrefix[] = "hapi.history.";  // "hapi.history.<epoch>.<log name>"
+
+void PutSnapshotEntries(CheckpointExtra& extra, int epoch, int64_t epoch_steps, double rank_loss,
+                        bool stop_training, const History& history, int64_t global_batch) {
+  extra[kEpochKey] = int64_t{epoch};
+  extra[kEpochStepsKey] = epoch_steps;
+  extra[kRankEpochLossKey] = rank_loss;
+  extra[kStopTrainingKey] = int64_t{stop_training ? 1 : 0};
+  extra[kSnapshotsKey] = history.snapshots;
+  extra[kGlobalBatchKey] = global_batch;
+  extra[kHistoryEpochsKey] = static_cast<int64_t>(history.epochs.size());
+  for (size_t e = 0; e < history.epochs.size(); ++e) {
+    for (const auto& [name, value] : history.epochs[e])
+      extra[absl::StrCat(kHistoryPrefix, e, ".", name)] = value;
+  }
+}
+
+struct SnapshotEntries {
+  FitPosition at;
+  bool stop_training = false;
+  int64_t global_batch = 0;
+  History history;
+};
+
+absl::StatusOr<SnapshotEntries> ReadSnapshotEntries(const CheckpointExtra& extra,
+                                                    const std::string& name) {
+  SnapshotEntries out;
+  ASSIGN_OR_RETURN(const int64_t epoch, dist::ExtraValue<int64_t>(extra, kEpochKey, name));
+  ASSIGN_OR_RETURN(out.at.epoch_steps, dist::ExtraValue<int64_t>(extra, kEpochStepsKey, name));
+  ASSIGN_OR_RETURN(out.at.rank_epoch_loss, dist::ExtraValue<double>(extra, kRankEpochLossKey, name));
+  ASSIGN_OR_RETURN(const int64_t stop, dist::ExtraValue<int64_t>(extra, kStopTrainingKey, name));
+  ASSIGN_OR_RETURN(out.history.snapshots, dist::ExtraValue<int64_t>(extra, kSnapshotsKey, name));
+  ASSIGN_OR_RETURN(out.global_batch, dist::ExtraValue<int64_t>(extra, kGlobalBatchKey, name));
+  ASSIGN_OR_RETURN(const int64_t epochs, dist::ExtraValue<int64_t>(extra, kHistoryEpochsKey, name));
+  out.at.epoch = static_cast<int>(epoch);
+  out.at.resumed_inside_epoch = true;  // a snapshot is taken after a step, before the epoch's end
+  out.at.restored = true;
+  out.at.from_snapshot = true;
+  out.at.path = name;
+  out.stop_training = stop != 0;
+  out.history.epochs.resize(static_cast<size_t>(epochs));
+  for (const auto& [key, value] : extra) {
+    if (!key.starts_with(kHistoryPrefix) || key == kHistoryEpochsKey) continue;
+    const std::string rest = key.substr(sizeof(kHistoryPrefix) - 1);
+    const size_t dot = rest.find('.');
+    size_t e = 0;
+    if (dot == std::string::npos || !absl::SimpleAtoi(rest.substr(0, dot), &e) ||
+        e >= out.history.epochs.size() || !std::holds_alternative<double>(value))
+      return absl::InvalidArgumentError(absl::StrCat(name, ": entry \"", key, "\" is not ",
+                                                     "one of the ", epochs, " epochs' logs"));
+    out.history.epochs[e][rest.substr(dot + 1)] = std::get<double>(value);
+  }
+  return out;
+}
+
+// The global batch every rank keeps over a world shrink: FitOptions::batch_size
+// rows per rank of the first attempt's world. Throws (every rank alike) when
+// the ranks left do not divide it.
+int64_t RankBatchSize(const dist::Context& ctx, const FitOptions& options) {
+  const dist::AttemptInfo& info = ctx.attempt_info();
+  if (!info.world_shrunk) return options.batch_size;
+  const int64_t global = options.batch_size * info.first_world_size;
+  TANDEM_CHECK(global % ctx.world_size() == 0, "fit: batch_size = ", options.batch_size,
+               " with RestartPolicy::leave_out_failed_rank: the world shrank from ",
+               info.first_world_size, " to ", ctx.world_size(), " ranks, which cannot keep the ",
+               "global batch of ", global, " rows (", global, " % ", ctx.world_size(), " != 0)");
+  return global / ctx.world_size();
+}
+
 }  // namespace
 
 History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                          const FitOptions& options) {
+  // In-process restarts (FitOptions::snapshot_every_steps): snapshots only in
+  // a run that keeps them (a restart policy).
+  const dist::AttemptInfo& attempt = ctx.attempt_info();
+  const bool snapshots_on = options.snapshot_every_steps > 0 && attempt.snapshots != nullptr;
+  TANDEM_CHECK(!snapshots_on || !options.uneven, "fit: uneven = true with snapshot_every_steps = ",
+               options.snapshot_every_steps, " under a restart policy (SpawnOptions::restart): ",
+               "the state of a join (the ranks that have joined, the steps they answer) is not ",
+               "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)");
+  const int64_t batch_size = RankBatchSize(ctx, options);
+  const int64_t global_batch = batch_size * ctx.world_size();
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
   nn::Module& network = *run->network;
   network.train();
@@ -443,7 +565,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   TANDEM_CHECK(!options.cuda_graph || ctx.device().is_cuda(),
                "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 
-  data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
+  data::DistributedOptions so = SamplerOptions(ctx, train->size(), batch_size);
   so.shuffle = options.shuffle;
   so.drop_last = options.drop_last;
   so.seed = options.seed;
@@ -494,10 +616,15 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
     if (epoch_steps < 0) last_end_save_step = state.step;
   };
+  History history;
   FitPosition at;
+  // A restart's snapshot, when this attempt has one, rather than a checkpoint.
+  dist::TrainingState snap{.model = &network, .optimizer = run->optimizer.get(),
+                           .loader = &loader, .step = &state.step};
+  const bool from_snapshot = snapshots_on && attempt.resume_step.has_value();
   if (!options.checkpoint.dir.empty()) {
     checkpoints.emplace(ctx, options.checkpoint);
-    if (options.resume) {
+    if (options.resume && !from_snapshot) {
       std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
       if (zero) saved.optimizer = unsharded.get();
       at = Restore(ctx, *checkpoints, saved, options);
@@ -513,6 +640,55 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       }
     }
   }
+  if (from_snapshot) {
+    const std::string name =
+        absl::StrCat("snapshot of step ", *attempt.resume_step, " (rank ", ctx.rank(), ")");
+    std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
+    if (zero) snap.optimizer = unsharded.get();
+    absl::StatusOr<bool> restored = dist::RestoreSnapshot(ctx, snap);
+    dist::ThrowIfError(restored.status(), "fit: restart: ");
+    if (zero) {
+      dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: restart: ");
+      snap.optimizer = nullptr;  // each snapshot gathers its own
+    }
+    absl::StatusOr<SnapshotEntries> entries = ReadSnapshotEntries(snap.extra, name);
+    dist::ThrowIfError(entries.status(), "fit: restart: ");
+    TANDEM_CHECK(entries->global_batch == global_batch, "fit: restart: the ", name,
+                 " was taken with a global batch of ", entries->global_batch,
+                 " rows; this attempt's is ", global_batch, " (", ctx.world_size(),
+                 " ranks x batch_size ", batch_size, "), so the loader's position would point ",
+                 "elsewhere in the epoch (inside a rank's function, size batch_size from ",
+                 "attempt_info().first_world_size: fit keeps the global batch itself)");
+    at = std::move(entries->at);
+    state.stop_training = entries->stop_training;
+    history = std::move(entries->history);
+    history.restored_snapshot_step = state.step;
+    if (ctx.rank() == 0)
+      ctx.log().Info("fit: attempt {} resumes from the {}: epoch {}, step {} ({} of the epoch)",
+                     ctx.attempt(), name, at.epoch + 1, state.step, at.epoch_steps);
+    ResumeInfo info{.path = at.path, .epoch = at.epoch, .epoch_steps = at.epoch_steps,
+                    .step = state.step, .extra = snap.extra, .snapshot = true};
+    CallEach(callbacks, "on_checkpoint_load", [&](Callback& c) { c.on_checkpoint_load(state, info); });
+  }
+  // Every rank at the same step (a multiple of snapshot_every_steps): this
+  // rank's snapshot, fit's entries and the callbacks' (with zero the gathered
+  // optimizer: a collective).
+  auto take_snapshot = [&](int epoch, int64_t epoch_steps, const nn::Tensor& epoch_loss) {
+    dist::TraceSpan span(ctx, "snapshot");
+    if (zero != nullptr) {
+      consolidated = zero->Consolidated();
+      snap.optimizer = consolidated.get();
+    }
+    ++history.snapshots;
+    snap.extra.clear();
+    PutSnapshotEntries(snap.extra, epoch, epoch_steps, epoch_loss.item(), state.stop_training,
+                       history, global_batch);
+    CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, snap.extra); });
+    absl::Status st = dist::SaveSnapshot(ctx, snap);
+    consolidated.reset();
+    if (zero != nullptr) snap.optimizer = nullptr;
+    dist::ThrowIfError(st, "fit: snapshot: ");
+  };
   auto optimizer_step = [&] {
     dist::TraceSpan span(ctx, "optimizer");
     if (zero != nullptr) {
@@ -558,7 +734,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   // the stream) before that.
   auto graphed_step = [&](int64_t at_batch) {
     data::Batch batch = next_batch(at_batch);
-    const bool full = batch.data.size(0) == options.batch_size;
+    const bool full = batch.data.size(0) == batch_size;
     if (run->graph && full && batch.data.shape() == run->static_data.shape()) {
       run->static_data.copy_(batch.data);
       run->static_target.copy_(batch.target);
@@ -586,10 +762,11 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     return loss.to(nn::kFloat64);
   };
 
-  History history;
   Logs logs;
   bool ended = false;
-  const int64_t first_step = state.step;  // after a resume: the checkpoint's
+  // After a resume: the checkpoint's; after a snapshot (taken after a step of
+  // this fit): none, so the final checkpoint is saved.
+  const int64_t first_step = at.from_snapshot ? -1 : state.step;
   CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
   for (int epoch = at.epoch; epoch < options.epochs && !ended; ++epoch) {
     state.epoch = epoch;
@@ -597,7 +774,10 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
     loader.start_epoch();
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
-    nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
+    // After a snapshot: this rank's sum so far, so the sum continues in the same order.
+    nn::Tensor epoch_loss =
+        nn::full({}, resumed && at.from_snapshot ? at.rank_epoch_loss : 0.0,
+                 {.dtype = nn::kFloat64, .device = ctx.device()});
     int64_t steps = resumed ? at.epoch_steps : 0;
     // uneven: ranks with fewer batches answer the others' steps at finish().
     std::optional<dist::DataParallel::JoinGuard> join;
@@ -641,6 +821,8 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
             absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
             state.step);
       }
+      if (snapshots_on && !state.end_fit && state.step % options.snapshot_every_steps == 0)
+        take_snapshot(epoch, steps, epoch_loss);
       if (state.end_fit) {
         ended = true;
         history.ended_at_step = state.step;
