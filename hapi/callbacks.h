@@ -147,6 +147,8 @@ class ProgressLogger : public Callback {
 // improved by more than min_delta for `patience` epochs. mode: "min", "max",
 // or "auto" (max for names containing "acc", "precision" or "recall").
 // A monitor missing from the epoch's logs is an error naming it and the keys.
+// Its best value and wait go into every checkpoint and snapshot
+// ("hapi.EarlyStopping.<monitor>.*") and come back on resume and restart.
 class EarlyStopping : public Callback {
  public:
   EarlyStopping(std::string monitor = "eval_loss", int patience = 0, std::string mode = "auto",
@@ -154,9 +156,12 @@ class EarlyStopping : public Callback {
   std::string name() const override { return "EarlyStopping"; }
   void on_train_begin(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
   int stopped_epoch() const { return stopped_epoch_; }
 
  private:
+  bool loaded_ = false;  // on_checkpoint_load restored best_ and wait_
   std::string monitor_;
   int patience_;
   bool maximize_;
@@ -168,7 +173,9 @@ class EarlyStopping : public Callback {
 };
 
 // Steps a learning-rate schedule made from the rank's optimizer: after every
-// optimizer step (by_step) or at every epoch end.
+// optimizer step (by_step) or at every epoch end. Its position and base lrs
+// go into every checkpoint and snapshot ("hapi.LRScheduler.*") and come back
+// on resume and restart.
 class LRSchedulerCallback : public Callback {
  public:
   using Factory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
@@ -177,11 +184,14 @@ class LRSchedulerCallback : public Callback {
   void on_train_begin(RunState& s) override;
   void on_train_batch_end(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
 
  private:
   Factory make_;
   bool by_step_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
+  std::map<std::string, double> loaded_;  // on_checkpoint_load's, for on_train_begin
 };
 
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
@@ -202,6 +212,8 @@ class MetricsLogger : public Callback {
 // dir/epoch_<E>.safetensors every save_freq epochs and dir/final.safetensors at
 // the end; with `monitor` set also dir/best.safetensors when the monitored value
 // improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
+// The best value goes into every checkpoint and snapshot
+// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",
@@ -210,8 +222,11 @@ class ModelCheckpoint : public Callback {
   void on_train_begin(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
   void on_train_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
 
  private:
+  bool loaded_ = false;  // on_checkpoint_load restored best_
   std::string dir_;
   int save_freq_;
   std::string monitor_;

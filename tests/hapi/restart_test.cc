@@ -17,6 +17,7 @@
 #include "nn/layers.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
+#include "optim/lr_scheduler.h"
 #include "testing/run.h"
 
 namespace tandem::hapi {
@@ -302,6 +303,48 @@ TEST(FitRestartTest, AFitFromMainRestartsFromItsSnapshot) {
       EXPECT_EQ((*wb)[i].second.to_vector<float>(), (*wa)[i].second.to_vector<float>())
           << (*wa)[i].first;
   }
+}
+
+// The built-in callbacks with state carry it through the snapshot: the
+// learning-rate schedule's position (StepLR by step) and EarlyStopping's best
+// value and wait. EarlyStopping (patience 1, an improvement of 10 never made)
+// stops after epoch 3; the fault after step 10 resumes from step 8, before
+// epoch 2's end, whose EarlyStopping had seen epoch 1 only.
+TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
+  TrainData(), TestData();
+  auto make = [] {
+    LaunchOptions launch{.gpus = "cpu", .nprocs = 2, .spawn = testing::DefaultTestSpawnOptions()};
+    launch.spawn.restart = {.max_restarts = 1};
+    auto m = std::make_unique<Model>([] { return std::make_shared<Net>(); }, launch);
+    m->prepare(AdamFactory(), CrossEntropy());
+    return m;
+  };
+  struct ThrowAt10 : Callback {
+    std::string name() const override { return "ThrowAt10"; }
+    void on_train_batch_end(RunState& s) override {
+      if (s.ctx->attempt() == 0 && s.ctx->rank() == 0 && s.step == 10) throw Error("injected");
+    }
+  };
+  FitOptions options{.epochs = 6, .batch_size = 4, .seed = 3, .snapshot_every_steps = 4};
+  options.callbacks = {
+      MakeCallback<LRSchedulerCallback>(LRSchedulerCallback::Factory(
+          [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); })),
+      MakeCallback<EarlyStopping>(std::string("loss"), 1, std::string("min"), 10.0)};
+  auto straight = make();
+  absl::StatusOr<History> a = straight->fit(TrainData(), options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->epochs.size(), 3u);
+  auto faulted = make();
+  options.callbacks.push_back(MakeCallback<ThrowAt10>());
+  absl::StatusOr<History> b = faulted->fit(TrainData(), options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->restored_snapshot_step, 8);
+  ExpectSameEpochs(*b, *a);
+  absl::StatusOr<nn::StateDict> wa = straight->state_dict(), wb = faulted->state_dict();
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  for (size_t i = 0; i < wa->size(); ++i)
+    EXPECT_EQ((*wb)[i].second.to_vector<float>(), (*wa)[i].second.to_vector<float>())
+        << (*wa)[i].first;
 }
 
 // RestartPolicy::leave_out_failed_rank: 3 ranks of batch 2 (a global batch of
