@@ -192,14 +192,19 @@ struct FitOptions {
   // without the failure. A run without a restart policy stores nothing.
   // Without a snapshot (0, or a failure before the first one) a restarted
   // fit starts again from the weights it started with (with resume: from
-  // the newest checkpoint). Refused with uneven (a join's state is not
-  // snapshotted). A world shrink (RestartPolicy::leave_out_failed_rank)
+  // the newest checkpoint). Refused with uneven at the first call, on every
+  // rank (a join's state is not snapshotted); with cuda_graph the graph dies
+  // with its attempt and is captured again. A world shrink (RestartPolicy::leave_out_failed_rank)
   // keeps the global batch: each of the W remaining ranks takes
   // batch_size * W0 / W rows (W0: the first attempt's ranks), so the steps
-  // redone and the rest of the epoch draw the same samples; a global batch
-  // that W does not divide fails that attempt on every rank naming both
-  // sizes (from main, a policy whose smaller worlds cannot keep it is
-  // refused at the call).
+  // redone and the rest of the epoch draw the same samples (inside a rank's
+  // function, size batch_size from ctx.attempt_info().first_world_size, not
+  // ctx.world_size(): a snapshot restored with another global batch is an
+  // error naming both); a global batch that W does not divide fails that
+  // attempt on every rank naming both sizes (from main with
+  // LaunchOptions::nprocs set, a policy whose smaller worlds cannot keep it
+  // is refused at the call). After a shrink the interrupted epoch's loss
+  // leaves out the failed rank's steps before the snapshot.
   int64_t snapshot_every_steps = 0;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;
