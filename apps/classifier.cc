@@ -389,8 +389,8 @@ class ClassifierOutputs : public hapi::Callback {
     ++r.epochs_done;
   }
 
-  void on_checkpoint_save(hapi::RunState&, hapi::CheckpointExtra& extra) override {
-    progress_.Clear();
+  void on_checkpoint_save(hapi::RunState& s, hapi::CheckpointExtra& extra) override {
+    if (!s.saving_snapshot) progress_.Clear();  // the checkpoint's line follows; a snapshot logs none
     extra["program"] = flags_.program;
     extra["dataset"] = data_.name;
     extra["best_accuracy"] = run_->result.best_accuracy;

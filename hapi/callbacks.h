@@ -96,6 +96,10 @@ struct RunState {
   // checkpoint) and without the final checkpoint; on_train_end runs, and
   // History::ended_at_step says where it ended.
   bool end_fit = false;
+  // During on_checkpoint_save: true when the save is a restart's in-memory
+  // snapshot (FitOptions::snapshot_every_steps: nothing is written or
+  // logged), false for a checkpoint file.
+  bool saving_snapshot = false;
 };
 
 class Callback {

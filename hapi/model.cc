@@ -528,7 +528,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     snap.extra.clear();
     PutSnapshotEntries(snap.extra, epoch, epoch_steps, epoch_loss.item(), state.stop_training,
                        history, global_batch);
+    state.saving_snapshot = true;
     CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, snap.extra); });
+    state.saving_snapshot = false;
     absl::Status st = dist::SaveSnapshot(ctx, snap);
     consolidated.reset();
     if (zero != nullptr) snap.optimizer = nullptr;

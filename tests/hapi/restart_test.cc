@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -90,6 +91,18 @@ struct Report : Callback {
       *returned = st;
       throw Error(std::string(st.message()));
     }
+  }
+  // Its own entry in every snapshot, checked when a restart brings it back.
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override {
+    if (!s.saving_snapshot) throw Error("on_checkpoint_save outside a snapshot");
+    extra["report.step"] = s.step;
+  }
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override {
+    auto it = info.extra.find("report.step");
+    if (!info.snapshot || it == info.extra.end() || std::get<int64_t>(it->second) != info.step ||
+        s.step != info.step)
+      throw Error("on_checkpoint_load: not this callback's snapshot of step " +
+                  std::to_string(info.step));
   }
   testing::StepLog* log;
   absl::Status* returned;
