@@ -219,6 +219,7 @@ struct RankRun {
   int64_t resumed_step = 0;
   int resumed_epoch = -1;        // the epoch a mid-epoch checkpoint continues
   int64_t resumed_epoch_steps = 0;
+  bool restarted = false;  // this attempt restored a snapshot (--max_restarts)
   double train_seconds = 0;
   int64_t trained_samples = 0;
   const Clock::time_point start = Clock::now();
@@ -238,7 +239,8 @@ class ClassifierOutputs : public hapi::Callback {
     tb_on_ = !flags.tensorboard_dir.empty();
     // Opened here, before fit: a directory that cannot be created fails with its own line.
     tensorboard_ = OpenTensorBoard(ctx, flags);
-    metrics_.emplace(ctx.rank() == 0 ? flags.metrics : "", flags.resume);
+    // After a restart (--max_restarts) the earlier attempts' rows stay.
+    metrics_.emplace(ctx.rank() == 0 ? flags.metrics : "", flags.resume || ctx.attempt() > 0);
     if (flags.test_slow_rank == ctx.rank()) slow_ms_ = flags.test_slow_ms;
   }
   std::string name() const override { return "ClassifierOutputs"; }
@@ -254,6 +256,13 @@ class ClassifierOutputs : public hapi::Callback {
                  ", not ", flags_.program);
     run_->result.best_accuracy = value("best_accuracy", 0.0);
     run_->elapsed_before_s = value("elapsed_s", 0.0);
+    if (info.snapshot) {
+      // A restart continues this run: its epochs so far count in the summary.
+      run_->restarted = true;
+      run_->result.epochs_done = static_cast<int>(value("epochs_done", int64_t{0}));
+      run_->result.final_accuracy = value("final_accuracy", 0.0);
+      run_->result.final_loss = value("final_loss", 0.0);
+    }
     run_->resumed_step = info.step;
     if (info.epoch_steps > 0) {
       run_->resumed_epoch = info.epoch;
@@ -280,7 +289,7 @@ class ClassifierOutputs : public hapi::Callback {
     }
     // A resumed run repeats the steps after its checkpoint: TensorBoard drops the
     // earlier file's events from here on.
-    if (tensorboard_ && flags_.resume && run_->resumed_step > 0) {
+    if (tensorboard_ && (flags_.resume || run_->restarted) && run_->resumed_step > 0) {
       tensorboard_->AddSessionStart(run_->resumed_step);
     }
   }
@@ -334,6 +343,10 @@ class ClassifierOutputs : public hapi::Callback {
       run_->result.stopped_at_step = s.step;
       s.end_fit = true;
     }
+    if (flags_.test_fail_rank == ctx_.rank() && s.step == flags_.test_fail_step &&
+        ctx_.attempt() == 0) {
+      throw Error(absl::StrCat("--test_fail_at: rank ", ctx_.rank(), " fails after step ", s.step));
+    }
   }
 
   // Before the evaluation: the epoch's training time and straggler summary.
@@ -376,12 +389,16 @@ class ClassifierOutputs : public hapi::Callback {
     ++r.epochs_done;
   }
 
-  void on_checkpoint_save(hapi::RunState&, hapi::CheckpointExtra& extra) override {
-    progress_.Clear();
+  void on_checkpoint_save(hapi::RunState& s, hapi::CheckpointExtra& extra) override {
+    if (!s.saving_snapshot) progress_.Clear();  // the checkpoint's line follows; a snapshot logs none
     extra["program"] = flags_.program;
     extra["dataset"] = data_.name;
     extra["best_accuracy"] = run_->result.best_accuracy;
     extra["elapsed_s"] = run_->elapsed_before_s + SecondsSince(run_->start);
+    // For a restart's snapshot (a resumed file counts its own process's epochs).
+    extra["epochs_done"] = int64_t{run_->result.epochs_done};
+    extra["final_accuracy"] = run_->result.final_accuracy;
+    extra["final_loss"] = run_->result.final_loss;
   }
 
   void on_train_end(hapi::RunState& s, const hapi::Logs&) override {
@@ -517,7 +534,8 @@ TrainResult TrainClassifierImpl(dist::Context& ctx, const RunFlags& flags,
                      .zero = flags.zero,
                      .max_steps_per_epoch = flags.max_steps_per_epoch,
                      .cuda_graph = flags.cuda_graph,
-                     .resume = flags.resume};
+                     .resume = flags.resume,
+                     .snapshot_every_steps = flags.max_restarts > 0 ? flags.snapshot_every : 0};
   if (flags.comm_hook == "bf16") o.data_parallel.comm_hook = dist::Bf16CompressHook();
   if (flags.comm_hook == "fp16") o.data_parallel.comm_hook = dist::Fp16CompressHook();
   if (!flags.checkpoint_dir.empty()) {

@@ -144,6 +144,20 @@ ABSL_FLAG(bool, zero, false,
           "parameters all-gathered after each step; the same parameters as without it. "
           "Checkpoints hold the unsharded state (gathered on save) and resume with or without "
           "--zero on any number of ranks.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Restart the training in the process after a failure (a rank's exception or error, a "
+          "communicator's error, a collective past --timeout_s), at most this many times "
+          "(dist::SpawnOptions::restart): every rank continues from the newest in-memory "
+          "snapshot all ranks hold (--snapshot_every). Once they are used up the next failure "
+          "ends the run with exit status 1, as without restarts. 0: a failure ends the run. "
+          "train_mnist and train_cifar10 only; refused at start-up under mpirun or srun.");
+ABSL_FLAG(int64_t, snapshot_every, 1,
+          "With --max_restarts: every rank keeps a snapshot of its training state (model, "
+          "optimizer, loader position, step, generator, the epoch's progress) in host memory "
+          "every this many optimizer steps (hapi::FitOptions::snapshot_every_steps), so a "
+          "restart runs at most this many steps again; on CPU ranks the run then ends as the "
+          "uninterrupted one. A snapshot is a copy of the model and the optimizer state per "
+          "rank (up to two kept). 0: none (a restart trains from the start).");
 ABSL_FLAG(std::string, init_from, "",
           "A safetensors file of the model's weights (PyTorch state-dict names, e.g. saved by "
           "--save_safetensors or by PyTorch) to start from; names, shapes and dtypes must "
@@ -204,6 +218,16 @@ void ReadTestHooks(RunFlags& flags) {
                                         "\": expected R:MS (rank R sleeps MS ms in every step)"));
     }
   }
+  const std::string fail = absl::GetFlag(FLAGS_test_fail_at);
+  if (!fail.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(fail, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &flags.test_fail_rank) ||
+        !absl::SimpleAtoi(parts[1], &flags.test_fail_step) || flags.test_fail_rank < 0 ||
+        flags.test_fail_step < 1) {
+      FlagErrorExit(flags, absl::StrCat("--test_fail_at \"", fail,
+                                        "\": expected R:S (rank R throws after step S >= 1)"));
+    }
+  }
   flags.test_checkpoint_write_delay_ms = absl::GetFlag(FLAGS_test_checkpoint_write_delay_ms);
   if (!(flags.test_checkpoint_write_delay_ms >= 0)) {
     FlagErrorExit(flags, absl::StrCat("--test_checkpoint_write_delay_ms ",
@@ -256,6 +280,8 @@ RunFlags ParseFlagsOrExit(int argc, char** argv, absl::string_view usage) {
   flags.comm_hook = absl::GetFlag(FLAGS_comm_hook);
   flags.zero = absl::GetFlag(FLAGS_zero);
   flags.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
+  flags.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  flags.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
   ReadTestHooks(flags);
   return flags;
 }
@@ -550,11 +576,32 @@ void ConfigureKernels(RunFlags& flags) {
   }
 }
 
+// --max_restarts, --snapshot_every.
+void CheckRestartFlags(const RunFlags& flags, const Validation& v) {
+  if (flags.max_restarts < 0) {
+    FlagErrorExit(flags, absl::StrCat("--max_restarts ", flags.max_restarts, ": must be >= 0"));
+  }
+  if (flags.snapshot_every < 0) {
+    FlagErrorExit(flags, absl::StrCat("--snapshot_every ", flags.snapshot_every, ": must be >= 0"));
+  }
+  if (flags.max_restarts > 0 && !v.uses_epochs) {
+    FlagErrorExit(flags, absl::StrCat("--max_restarts ", flags.max_restarts,
+                                      ": only the classifier programs (train_mnist, "
+                                      "train_cifar10) take it"));
+  }
+  if (flags.max_restarts == 0 && flags.snapshot_every != 1) {
+    FlagErrorExit(flags, absl::StrCat("--snapshot_every ", flags.snapshot_every,
+                                      ": only with --max_restarts > 0 (a run without restarts "
+                                      "keeps no snapshots)"));
+  }
+}
+
 }  // namespace
 
 void ValidateOrExit(RunFlags& flags, const Validation& v) {
   CheckHyperParameters(flags, v);
   CheckCountsAndLimits(flags);
+  CheckRestartFlags(flags, v);
   CheckOutputsAndResume(flags);
   CheckSafetensorsPaths(flags, v);
   CheckCudaGraphOptions(flags, v);
@@ -591,6 +638,7 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
   options.seed = flags.seed;
   options.timeout_s = flags.timeout_s;
   options.stop_signal_source = &ProgramStopSignals();
+  options.restart.max_restarts = flags.max_restarts;
   // Several processes (mpirun, srun): what every process must run with, or all
   // stop before training with the value and the hosts that differ. Devices,
   // loader workers, threads and paths may differ per host.

@@ -10,9 +10,9 @@
 //   --keep_checkpoints --metrics --deterministic --bf16 --cpu_threads --log_every
 //   --max_steps_per_epoch --train_limit --test_limit --stop_at_step --timeout_s
 //   --tensorboard_dir --trace --trace_steps --grad_accum_steps --comm_hook --zero
-//   --init_from --save_safetensors --cuda_graph
-// and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank
-// and --test_checkpoint_write_delay_ms.
+//   --init_from --save_safetensors --cuda_graph --max_restarts --snapshot_every
+// and, for tests only (apps/test_hooks.cc, not in --help), --test_slow_rank,
+// --test_fail_at and --test_checkpoint_write_delay_ms.
 // Flags whose defaults differ per program (--epochs, --batch_size, --lr,
 // --lr_schedule, --optimizer, --data_dir) are defined in each program's main file and copied
 // into RunFlags by it.
@@ -105,6 +105,10 @@ struct RunFlags {
   // Test hooks (--test_slow_rank=R:MS, --test_checkpoint_write_delay_ms).
   int test_slow_rank = -1;  // -1: no rank sleeps
   int test_slow_ms = 0;     // what rank test_slow_rank sleeps in every step
+  // --test_fail_at=R:S: rank R throws after global step S on the run's first
+  // attempt (a failure for --max_restarts to restart).
+  int test_fail_rank = -1;  // -1: no rank fails
+  int64_t test_fail_step = 0;
   double test_checkpoint_write_delay_ms = 0;  // CheckpointManagerOptions::write_delay_s * 1000
   int grad_accum_steps = 1;  // micro-batches of batch_size per optimizer step
   std::string comm_hook = "allreduce";  // how buckets are reduced: "allreduce" or "bf16"
@@ -114,6 +118,13 @@ struct RunFlags {
   // refuses it on CPU ranks, on ranks sharing a GPU and with the options the
   // captured step cannot hold (--grad_accum_steps > 1, --zero, --trace).
   bool cuda_graph = false;
+  // In-process restarts (SpawnOptions::restart.max_restarts; train_mnist and
+  // train_cifar10 only): after a failure every rank continues from the newest
+  // snapshot (hapi::FitOptions::snapshot_every_steps = snapshot_every, taken
+  // only when max_restarts > 0; 0: a restart trains from the start). The exit
+  // status once the restarts are used up is the last failure's (1).
+  int max_restarts = 0;
+  int64_t snapshot_every = 1;
   // Per-program flags (copied in by the program's main).
   // The program's own flags that every process of a job must agree on.
   std::vector<std::pair<std::string, std::string>> program_agreed;

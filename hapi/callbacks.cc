@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,9 +100,33 @@ EarlyStopping::EarlyStopping(std::string monitor, int patience, std::string mode
 }
 
 void EarlyStopping::on_train_begin(RunState&) {
+  stopped_epoch_ = -1;
+  if (loaded_) return;  // a resume or restart continues the count
   have_best_ = false;
   wait_ = 0;
-  stopped_epoch_ = -1;
+}
+
+void EarlyStopping::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
+  const std::string key = absl::StrCat("hapi.EarlyStopping.", monitor_, ".");
+  extra[key + "best"] = best_;
+  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
+  extra[key + "wait"] = int64_t{wait_};
+}
+
+void EarlyStopping::on_checkpoint_load(RunState&, const ResumeInfo& info) {
+  const std::string key = absl::StrCat("hapi.EarlyStopping.", monitor_, ".");
+  auto best = info.extra.find(key + "best");
+  auto have = info.extra.find(key + "have_best");
+  auto wait = info.extra.find(key + "wait");
+  if (best == info.extra.end() || have == info.extra.end() || wait == info.extra.end()) return;
+  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
+                   std::holds_alternative<int64_t>(have->second) &&
+                   std::holds_alternative<int64_t>(wait->second),
+               "EarlyStopping: ", info.path, ": the entries ", key, "* have the wrong types");
+  best_ = std::get<double>(best->second);
+  have_best_ = std::get<int64_t>(have->second) != 0;
+  wait_ = static_cast<int>(std::get<int64_t>(wait->second));
+  loaded_ = true;
 }
 
 void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
@@ -132,6 +157,26 @@ void LRSchedulerCallback::on_train_begin(RunState& s) {
   TANDEM_CHECK(s.optimizer != nullptr, "LRSchedulerCallback: no optimizer (prepare() one)");
   scheduler_ = make_(*s.optimizer);
   TANDEM_CHECK(scheduler_ != nullptr, "LRSchedulerCallback: the factory returned no scheduler");
+  if (!loaded_.empty()) {
+    absl::Status st = scheduler_->load_state_dict(loaded_);
+    TANDEM_CHECK(st.ok(), "LRSchedulerCallback: the checkpoint's schedule: ", st.message());
+  }
+}
+
+void LRSchedulerCallback::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
+  if (scheduler_ == nullptr) return;
+  for (const auto& [key, value] : scheduler_->state_dict()) extra["hapi.LRScheduler." + key] = value;
+}
+
+void LRSchedulerCallback::on_checkpoint_load(RunState&, const ResumeInfo& info) {
+  constexpr char kPrefix[] = "hapi.LRScheduler.";
+  loaded_.clear();
+  for (const auto& [key, value] : info.extra) {
+    if (!key.starts_with(kPrefix)) continue;
+    TANDEM_CHECK(std::holds_alternative<double>(value), "LRSchedulerCallback: ", info.path,
+                 ": entry ", key, " is not a number");
+    loaded_[key.substr(sizeof(kPrefix) - 1)] = std::get<double>(value);
+  }
 }
 
 void LRSchedulerCallback::on_train_batch_end(RunState&) {
@@ -179,8 +224,29 @@ ModelCheckpoint::ModelCheckpoint(std::string dir, int save_freq, std::string mon
   TANDEM_CHECK(save_freq >= 0, "ModelCheckpoint: save_freq must be >= 0, got ", save_freq);
 }
 
+void ModelCheckpoint::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
+  if (monitor_.empty()) return;
+  const std::string key = absl::StrCat("hapi.ModelCheckpoint.", monitor_, ".");
+  extra[key + "best"] = best_;
+  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
+}
+
+void ModelCheckpoint::on_checkpoint_load(RunState&, const ResumeInfo& info) {
+  if (monitor_.empty()) return;
+  const std::string key = absl::StrCat("hapi.ModelCheckpoint.", monitor_, ".");
+  auto best = info.extra.find(key + "best");
+  auto have = info.extra.find(key + "have_best");
+  if (best == info.extra.end() || have == info.extra.end()) return;
+  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
+                   std::holds_alternative<int64_t>(have->second),
+               "ModelCheckpoint: ", info.path, ": the entries ", key, "* have the wrong types");
+  best_ = std::get<double>(best->second);
+  have_best_ = std::get<int64_t>(have->second) != 0;
+  loaded_ = true;
+}
+
 void ModelCheckpoint::on_train_begin(RunState& s) {
-  have_best_ = false;
+  if (!loaded_) have_best_ = false;
   if (!IsRankZero(s)) return;
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);

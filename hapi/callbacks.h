@@ -13,7 +13,10 @@
 // FitOptions::checkpoint: on_checkpoint_load after a resume loaded a file
 // (before on_train_begin), on_checkpoint_save at every save (the periodic ones
 // after a step's on_train_batch_end, the epoch end's after on_epoch_end, the
-// final one before on_train_end).
+// final one before on_train_end). FitOptions::snapshot_every_steps under a
+// restart policy: on_checkpoint_save at every snapshot (after the step's
+// on_train_batch_end and periodic checkpoint) and on_checkpoint_load after a
+// restart restored one (ResumeInfo::snapshot).
 //
 // Logs: epoch and evaluation values after the reduction over ranks, so every
 // rank sees the same numbers: "loss" and each metric of the training epoch,
@@ -69,6 +72,9 @@ struct ResumeInfo {
   int64_t epoch_steps = 0;  // steps done in epoch `epoch` (0: none)
   int64_t step = 0;         // optimizer steps in all
   CheckpointExtra extra;    // every entry of the file's extra
+  // An in-memory snapshot after a restart (FitOptions::snapshot_every_steps;
+  // path names it: "snapshot of step S (rank R)"), not a file.
+  bool snapshot = false;
 };
 
 // What a callback may read (and, for stop_training, write) during a run.
@@ -90,6 +96,10 @@ struct RunState {
   // checkpoint) and without the final checkpoint; on_train_end runs, and
   // History::ended_at_step says where it ended.
   bool end_fit = false;
+  // During on_checkpoint_save: true when the save is a restart's in-memory
+  // snapshot (FitOptions::snapshot_every_steps: nothing is written or
+  // logged), false for a checkpoint file.
+  bool saving_snapshot = false;
 };
 
 class Callback {
@@ -141,6 +151,8 @@ class ProgressLogger : public Callback {
 // improved by more than min_delta for `patience` epochs. mode: "min", "max",
 // or "auto" (max for names containing "acc", "precision" or "recall").
 // A monitor missing from the epoch's logs is an error naming it and the keys.
+// Its best value and wait go into every checkpoint and snapshot
+// ("hapi.EarlyStopping.<monitor>.*") and come back on resume and restart.
 class EarlyStopping : public Callback {
  public:
   EarlyStopping(std::string monitor = "eval_loss", int patience = 0, std::string mode = "auto",
@@ -148,9 +160,12 @@ class EarlyStopping : public Callback {
   std::string name() const override { return "EarlyStopping"; }
   void on_train_begin(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
   int stopped_epoch() const { return stopped_epoch_; }
 
  private:
+  bool loaded_ = false;  // on_checkpoint_load restored best_ and wait_
   std::string monitor_;
   int patience_;
   bool maximize_;
@@ -162,7 +177,9 @@ class EarlyStopping : public Callback {
 };
 
 // Steps a learning-rate schedule made from the rank's optimizer: after every
-// optimizer step (by_step) or at every epoch end.
+// optimizer step (by_step) or at every epoch end. Its position and base lrs
+// go into every checkpoint and snapshot ("hapi.LRScheduler.*") and come back
+// on resume and restart.
 class LRSchedulerCallback : public Callback {
  public:
   using Factory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
@@ -171,11 +188,14 @@ class LRSchedulerCallback : public Callback {
   void on_train_begin(RunState& s) override;
   void on_train_batch_end(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
 
  private:
   Factory make_;
   bool by_step_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
+  std::map<std::string, double> loaded_;  // on_checkpoint_load's, for on_train_begin
 };
 
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
@@ -196,6 +216,8 @@ class MetricsLogger : public Callback {
 // dir/epoch_<E>.safetensors every save_freq epochs and dir/final.safetensors at
 // the end; with `monitor` set also dir/best.safetensors when the monitored value
 // improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
+// The best value goes into every checkpoint and snapshot
+// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",
@@ -204,8 +226,11 @@ class ModelCheckpoint : public Callback {
   void on_train_begin(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
   void on_train_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
 
  private:
+  bool loaded_ = false;  // on_checkpoint_load restored best_
   std::string dir_;
   int save_freq_;
   std::string monitor_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "data/dataloader.h"
 #include "data/sampler.h"
+#include "hapi/internal/fit_state.h"
 #include "nn/autocast.h"
 #include "nn/error.h"
 #include "nn/graph.h"
@@ -23,6 +24,17 @@
 #include "spawn/train/zero_redundancy_optimizer.h"
 
 namespace tandem::hapi {
+
+using internal::CheckRestartOptions;
+using internal::FitPosition;
+using internal::kEpochKey;
+using internal::kEpochLossKey;
+using internal::kEpochStepsKey;
+using internal::PutSnapshotEntries;
+using internal::RankBatchSize;
+using internal::ReadSnapshotEntries;
+using internal::Restore;
+using internal::SnapshotEntries;
 
 struct Model::RankRun {
   std::shared_ptr<nn::Module> network;
@@ -159,6 +171,8 @@ absl::Status CheckFitOptions(const FitOptions& o) {
   if (o.log_freq < 0) return bad("log_freq", o.log_freq, "must be >= 0");
   if (o.max_steps_per_epoch < 0)
     return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
+  if (o.snapshot_every_steps < 0)
+    return bad("snapshot_every_steps", o.snapshot_every_steps, "must be >= 0");
   if (o.uneven && o.drop_last)
     return absl::InvalidArgumentError(
         "fit: uneven = true with drop_last = true: uneven data keeps every sample");
@@ -345,6 +359,7 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   RETURN_IF_ERROR(CheckPrepared("fit"));
   RETURN_IF_ERROR(CheckDataset("fit", train, "the training data"));
   RETURN_IF_ERROR(CheckFitOptions(options));
+  if (dist::current_or_null() == nullptr) RETURN_IF_ERROR(CheckRestartOptions(options, launch_));
   History history;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
     History h = FitOnRank(ctx, train, options);
@@ -355,67 +370,19 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   return history;
 }
 
-namespace {
-
-// Where a fit is: the epoch, the steps done in it and their summed loss over
-// every rank (restored from a checkpoint, or zero).
-struct FitPosition {
-  int epoch = 0;
-  int64_t epoch_steps = 0;
-  double epoch_loss_sum = 0;  // over every rank: rank 0 adds it at the epoch's end
-  bool resumed_inside_epoch = false;
-  bool restored = false;  // a checkpoint loaded
-  std::string path;       // its path
-};
-
-constexpr char kEpochKey[] = "hapi.epoch";
-constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
-constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
-
-FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
-                    dist::TrainingState& state, const FitOptions& options) {
-  FitPosition at;
-  absl::StatusOr<std::string> path = checkpoints.Restore(state);
-  dist::ThrowIfError(path.status(), "fit: resume: ");
-  if (path->empty()) {
-    if (ctx.rank() == 0) ctx.log().Info("fit: resume: no checkpoint yet; starting from the beginning");
-    return at;
-  }
-  if (!state.extra.contains(kEpochKey) && options.resume_position) {
-    // Another loop's file: its own entries say where it stands.
-    absl::StatusOr<ResumePosition> p = options.resume_position(state.extra, *path);
-    dist::ThrowIfError(p.status(), "fit: resume: ");
-    at.restored = true;
-    at.path = *path;
-    at.epoch = p->epoch;
-    at.resumed_inside_epoch = p->epoch_steps > 0;
-    at.epoch_steps = std::max<int64_t>(p->epoch_steps, 0);
-    at.epoch_loss_sum = p->epoch_loss_sum;
-    return at;
-  }
-  auto epoch = dist::ExtraValue<int64_t>(state.extra, kEpochKey, *path);
-  auto steps = dist::ExtraValue<int64_t>(state.extra, kEpochStepsKey, *path);
-  auto loss = dist::ExtraValue<double>(state.extra, kEpochLossKey, *path);
-  dist::ThrowIfError(epoch.status(), "fit: resume: ");
-  dist::ThrowIfError(steps.status(), "fit: resume: ");
-  dist::ThrowIfError(loss.status(), "fit: resume: ");
-  at.restored = true;
-  at.path = *path;
-  at.epoch = static_cast<int>(*epoch);
-  // -1: written at the end of a fit, at an epoch boundary.
-  at.resumed_inside_epoch = *steps >= 0;
-  at.epoch_steps = std::max<int64_t>(*steps, 0);
-  at.epoch_loss_sum = *loss;
-  if (ctx.rank() == 0)
-    ctx.log().Info("fit: resumed from {}: epoch {}, step {} ({} of the epoch)", *path, at.epoch + 1,
-                   *state.step, at.epoch_steps);
-  return at;
-}
-
-}  // namespace
 
 History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                          const FitOptions& options) {
+  // In-process restarts (FitOptions::snapshot_every_steps): snapshots only in
+  // a run that keeps them (a restart policy).
+  const dist::AttemptInfo& attempt = ctx.attempt_info();
+  const bool snapshots_on = options.snapshot_every_steps > 0 && attempt.snapshots != nullptr;
+  TANDEM_CHECK(!snapshots_on || !options.uneven, "fit: uneven = true with snapshot_every_steps = ",
+               options.snapshot_every_steps, " under a restart policy (SpawnOptions::restart): ",
+               "the state of a join (the ranks that have joined, the steps they answer) is not ",
+               "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)");
+  const int64_t batch_size = RankBatchSize(ctx, options);
+  const int64_t global_batch = batch_size * ctx.world_size();
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
   nn::Module& network = *run->network;
   network.train();
@@ -443,7 +410,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   TANDEM_CHECK(!options.cuda_graph || ctx.device().is_cuda(),
                "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 
-  data::DistributedOptions so = SamplerOptions(ctx, train->size(), options.batch_size);
+  data::DistributedOptions so = SamplerOptions(ctx, train->size(), batch_size);
   so.shuffle = options.shuffle;
   so.drop_last = options.drop_last;
   so.seed = options.seed;
@@ -494,10 +461,15 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
     if (epoch_steps < 0) last_end_save_step = state.step;
   };
+  History history;
   FitPosition at;
+  // A restart's snapshot, when this attempt has one, rather than a checkpoint.
+  dist::TrainingState snap{.model = &network, .optimizer = run->optimizer.get(),
+                           .loader = &loader, .step = &state.step};
+  const bool from_snapshot = snapshots_on && attempt.resume_step.has_value();
   if (!options.checkpoint.dir.empty()) {
     checkpoints.emplace(ctx, options.checkpoint);
-    if (options.resume) {
+    if (options.resume && !from_snapshot) {
       std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
       if (zero) saved.optimizer = unsharded.get();
       at = Restore(ctx, *checkpoints, saved, options);
@@ -513,6 +485,57 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       }
     }
   }
+  if (from_snapshot) {
+    const std::string name =
+        absl::StrCat("snapshot of step ", *attempt.resume_step, " (rank ", ctx.rank(), ")");
+    std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
+    if (zero) snap.optimizer = unsharded.get();
+    absl::StatusOr<bool> restored = dist::RestoreSnapshot(ctx, snap);
+    dist::ThrowIfError(restored.status(), "fit: restart: ");
+    if (zero) {
+      dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: restart: ");
+      snap.optimizer = nullptr;  // each snapshot gathers its own
+    }
+    absl::StatusOr<SnapshotEntries> entries = ReadSnapshotEntries(snap.extra, name);
+    dist::ThrowIfError(entries.status(), "fit: restart: ");
+    TANDEM_CHECK(entries->global_batch == global_batch, "fit: restart: the ", name,
+                 " was taken with a global batch of ", entries->global_batch,
+                 " rows; this attempt's is ", global_batch, " (", ctx.world_size(),
+                 " ranks x batch_size ", batch_size, "), so the loader's position would point ",
+                 "elsewhere in the epoch (inside a rank's function, size batch_size from ",
+                 "attempt_info().first_world_size: fit keeps the global batch itself)");
+    at = std::move(entries->at);
+    state.stop_training = entries->stop_training;
+    history = std::move(entries->history);
+    history.restored_snapshot_step = state.step;
+    if (ctx.rank() == 0)
+      ctx.log().Info("fit: attempt {} resumes from the {}: epoch {}, step {} ({} of the epoch)",
+                     ctx.attempt(), name, at.epoch + 1, state.step, at.epoch_steps);
+    ResumeInfo info{.path = at.path, .epoch = at.epoch, .epoch_steps = at.epoch_steps,
+                    .step = state.step, .extra = snap.extra, .snapshot = true};
+    CallEach(callbacks, "on_checkpoint_load", [&](Callback& c) { c.on_checkpoint_load(state, info); });
+  }
+  // Every rank at the same step (a multiple of snapshot_every_steps): this
+  // rank's snapshot, fit's entries and the callbacks' (with zero the gathered
+  // optimizer: a collective).
+  auto take_snapshot = [&](int epoch, int64_t epoch_steps, const nn::Tensor& epoch_loss) {
+    dist::TraceSpan span(ctx, "snapshot");
+    if (zero != nullptr) {
+      consolidated = zero->Consolidated();
+      snap.optimizer = consolidated.get();
+    }
+    ++history.snapshots;
+    snap.extra.clear();
+    PutSnapshotEntries(snap.extra, epoch, epoch_steps, epoch_loss.item(), state.stop_training,
+                       history, global_batch);
+    state.saving_snapshot = true;
+    CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, snap.extra); });
+    state.saving_snapshot = false;
+    absl::Status st = dist::SaveSnapshot(ctx, snap);
+    consolidated.reset();
+    if (zero != nullptr) snap.optimizer = nullptr;
+    dist::ThrowIfError(st, "fit: snapshot: ");
+  };
   auto optimizer_step = [&] {
     dist::TraceSpan span(ctx, "optimizer");
     if (zero != nullptr) {
@@ -558,7 +581,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   // the stream) before that.
   auto graphed_step = [&](int64_t at_batch) {
     data::Batch batch = next_batch(at_batch);
-    const bool full = batch.data.size(0) == options.batch_size;
+    const bool full = batch.data.size(0) == batch_size;
     if (run->graph && full && batch.data.shape() == run->static_data.shape()) {
       run->static_data.copy_(batch.data);
       run->static_target.copy_(batch.target);
@@ -586,10 +609,11 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     return loss.to(nn::kFloat64);
   };
 
-  History history;
   Logs logs;
   bool ended = false;
-  const int64_t first_step = state.step;  // after a resume: the checkpoint's
+  // After a resume: the checkpoint's; after a snapshot (taken after a step of
+  // this fit): none, so the final checkpoint is saved.
+  const int64_t first_step = at.from_snapshot ? -1 : state.step;
   CallEach(callbacks, "on_train_begin", [&](Callback& c) { c.on_train_begin(state); });
   for (int epoch = at.epoch; epoch < options.epochs && !ended; ++epoch) {
     state.epoch = epoch;
@@ -597,7 +621,10 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
     loader.start_epoch();
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
-    nn::Tensor epoch_loss = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
+    // After a snapshot: this rank's sum so far, so the sum continues in the same order.
+    nn::Tensor epoch_loss =
+        nn::full({}, resumed && at.from_snapshot ? at.rank_epoch_loss : 0.0,
+                 {.dtype = nn::kFloat64, .device = ctx.device()});
     int64_t steps = resumed ? at.epoch_steps : 0;
     // uneven: ranks with fewer batches answer the others' steps at finish().
     std::optional<dist::DataParallel::JoinGuard> join;
@@ -641,6 +668,8 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
             absl::StrCat("fit: stopped at step ", state.step, " (stop signal; no checkpoint.dir)"),
             state.step);
       }
+      if (snapshots_on && !state.end_fit && state.step % options.snapshot_every_steps == 0)
+        take_snapshot(epoch, steps, epoch_loss);
       if (state.end_fit) {
         ended = true;
         history.ended_at_step = state.step;

@@ -43,6 +43,10 @@
 // CUDA ranks: FitOptions::cuda_graph captures the training step once and
 // replays it for every full batch.
 //
+// In-process restarts: with FitOptions::snapshot_every_steps and a restart
+// policy (SpawnOptions::restart), a fit whose rank failed continues after the
+// restart from its newest in-memory snapshot rather than from the start.
+//
 // Thread-safety: a Model is used from one thread at a time (main, or one rank's
 // thread); its calls from main run the ranks on spawn's threads.
 #ifndef TANDEM_HAPI_MODEL_H_
@@ -173,6 +177,35 @@ struct FitOptions {
   std::function<absl::StatusOr<ResumePosition>(const CheckpointExtra& extra,
                                                const std::string& path)>
       resume_position;
+  // In-process restarts (SpawnOptions::restart, spawn/restart.h; from main:
+  // LaunchOptions::spawn.restart): every snapshot_every_steps optimizer steps
+  // (0: never) each rank stores an in-memory snapshot (dist::SaveSnapshot:
+  // the checkpoint's entries, this rank's own, no file) of the network, the
+  // optimizer (with zero: the unsharded state, gathered: a collective, so
+  // that any world restores it), the loader's epoch and position, the step,
+  // this rank's generator, and fit's counters: the epoch, its steps and this
+  // rank's running loss, the history so far and the callbacks' entries
+  // (on_checkpoint_save). On a later attempt (ctx.attempt() > 0) fit restores
+  // the newest step every rank stored (on_checkpoint_load gets it, with
+  // ResumeInfo::snapshot set) and continues: at most snapshot_every_steps
+  // steps run again, and on CPU ranks the fit ends with the bits of the run
+  // without the failure. A run without a restart policy stores nothing.
+  // Without a snapshot (0, or a failure before the first one) a restarted
+  // fit starts again from the weights it started with (with resume: from
+  // the newest checkpoint). Refused with uneven at the first call, on every
+  // rank (a join's state is not snapshotted); with cuda_graph the graph dies
+  // with its attempt and is captured again. A world shrink (RestartPolicy::leave_out_failed_rank)
+  // keeps the global batch: each of the W remaining ranks takes
+  // batch_size * W0 / W rows (W0: the first attempt's ranks), so the steps
+  // redone and the rest of the epoch draw the same samples (inside a rank's
+  // function, size batch_size from ctx.attempt_info().first_world_size, not
+  // ctx.world_size(): a snapshot restored with another global batch is an
+  // error naming both); a global batch that W does not divide fails that
+  // attempt on every rank naming both sizes (from main with
+  // LaunchOptions::nprocs set, a policy whose smaller worlds cannot keep it
+  // is refused at the call). After a shrink the interrupted epoch's loss
+  // leaves out the failed rank's steps before the snapshot.
+  int64_t snapshot_every_steps = 0;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;
   std::vector<CallbackFactory> callbacks;
@@ -190,6 +223,11 @@ struct History {
   std::vector<Logs> epochs;  // each epoch's logs (after the reduction over ranks)
   int64_t steps = 0;         // optimizer steps done so far (after a resume: in all)
   int64_t ended_at_step = 0;  // > 0: a callback's RunState::end_fit ended the fit there
+  // FitOptions::snapshot_every_steps: snapshots stored over the fit's steps
+  // (one per K steps; a step redone after a restart counts once), and the
+  // step this attempt resumed from (-1: it started from the beginning).
+  int64_t snapshots = 0;
+  int64_t restored_snapshot_step = -1;
 };
 
 class Model {
