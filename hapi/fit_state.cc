@@ -99,17 +99,26 @@ absl::StatusOr<SnapshotEntries> ReadSnapshotEntries(const CheckpointExtra& extra
 }
 
 // The global batch every rank keeps over a world shrink: FitOptions::batch_size
-// rows per rank of the first attempt's world. Throws (every rank alike) when
-// the ranks left do not divide it.
-int64_t RankBatchSize(const dist::Context& ctx, const FitOptions& options) {
+// rows per rank of the first attempt's world, split over the ranks left in
+// shares that differ by at most one row when they do not divide it (then
+// weighed by DataParallelOptions::global_batch_size). Throws (every rank
+// alike) for such shares with grad_accum_steps > 1, whose short last group of
+// an epoch the fixed weighing would misweigh.
+RankBatch RankBatchOf(const dist::Context& ctx, const FitOptions& options) {
   const dist::AttemptInfo& info = ctx.attempt_info();
-  if (!info.world_shrunk) return options.batch_size;
-  const int64_t global = options.batch_size * info.first_world_size;
-  TANDEM_CHECK(global % ctx.world_size() == 0, "fit: batch_size = ", options.batch_size,
-               " with RestartPolicy::leave_out_failed_rank: the world shrank from ",
-               info.first_world_size, " to ", ctx.world_size(), " ranks, which cannot keep the ",
-               "global batch of ", global, " rows (", global, " % ", ctx.world_size(), " != 0)");
-  return global / ctx.world_size();
+  const int world = ctx.world_size();
+  const int64_t global =
+      options.batch_size * (info.world_shrunk ? info.first_world_size : world);
+  RankBatch out{.global = global,
+                .rows = global / world + (ctx.rank() < global % world ? 1 : 0),
+                .uneven_shares = global % world != 0};
+  TANDEM_CHECK(!out.uneven_shares || options.grad_accum_steps == 1,
+               "fit: batch_size = ", options.batch_size,
+               " with RestartPolicy::leave_out_failed_rank and grad_accum_steps = ",
+               options.grad_accum_steps, ": the world shrank from ", info.first_world_size,
+               " to ", world, " ranks, which share the global batch of ", global,
+               " rows unevenly; uneven shares are weighed for one micro-batch a step only");
+  return out;
 }
 
 
@@ -125,16 +134,19 @@ absl::Status CheckRestartOptions(const FitOptions& o, const LaunchOptions& launc
         " under a restart policy (SpawnOptions::restart.max_restarts = ", policy.max_restarts,
         "): the state of a join (the ranks that have joined, the steps they answer) is not "
         "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)"));
-  if (policy.leave_out_failed_rank && launch.nprocs > 0) {
-    // Each restart may leave one rank out: every smaller world must keep the global batch.
+  if (policy.leave_out_failed_rank && launch.nprocs > 0 && o.grad_accum_steps > 1) {
+    // Each restart may leave one rank out: with accumulation every smaller
+    // world must divide the global batch (RankBatchOf).
     const int64_t global = o.batch_size * launch.nprocs;
     for (int w = launch.nprocs - 1; w >= std::max(1, launch.nprocs - policy.max_restarts); --w) {
       if (global % w != 0)
         return absl::InvalidArgumentError(absl::StrCat(
             "fit: batch_size = ", o.batch_size, " on ", launch.nprocs,
-            " ranks with RestartPolicy::leave_out_failed_rank: a world of ", w,
-            " ranks cannot keep the global batch of ", global, " rows (", global, " % ", w,
-            " != 0); choose a batch_size whose global batch every smaller world divides"));
+            " ranks with RestartPolicy::leave_out_failed_rank and grad_accum_steps = ",
+            o.grad_accum_steps, ": a world of ", w, " ranks would share the global batch of ",
+            global, " rows unevenly (", global, " % ", w, " != 0), which is weighed for one ",
+            "micro-batch a step only; choose a batch_size whose global batch every smaller "
+            "world divides"));
     }
   }
   return absl::OkStatus();

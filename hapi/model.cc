@@ -31,7 +31,8 @@ using internal::kEpochKey;
 using internal::kEpochLossKey;
 using internal::kEpochStepsKey;
 using internal::PutSnapshotEntries;
-using internal::RankBatchSize;
+using internal::RankBatch;
+using internal::RankBatchOf;
 using internal::ReadSnapshotEntries;
 using internal::Restore;
 using internal::SnapshotEntries;
@@ -381,13 +382,18 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
                options.snapshot_every_steps, " under a restart policy (SpawnOptions::restart): ",
                "the state of a join (the ranks that have joined, the steps they answer) is not ",
                "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)");
-  const int64_t batch_size = RankBatchSize(ctx, options);
-  const int64_t global_batch = batch_size * ctx.world_size();
+  const RankBatch rank_batch = RankBatchOf(ctx, options);
+  const int64_t batch_size = rank_batch.rows;
+  const int64_t global_batch = rank_batch.global;
+  const double loss_share = static_cast<double>(rank_batch.rows * ctx.world_size()) /
+                            static_cast<double>(global_batch);
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
   nn::Module& network = *run->network;
   network.train();
   if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
-  run->dp = std::make_unique<dist::DataParallel>(network, ctx, options.data_parallel);
+  dist::DataParallelOptions dp_options = options.data_parallel;
+  if (rank_batch.uneven_shares) dp_options.global_batch_size = global_batch;
+  run->dp = std::make_unique<dist::DataParallel>(network, ctx, dp_options);
   dist::DataParallel& dp = *run->dp;
   dist::ZeroRedundancyOptimizer* zero = nullptr;
   if (options.zero) {
@@ -411,6 +417,10 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
                "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 
   data::DistributedOptions so = SamplerOptions(ctx, train->size(), batch_size);
+  if (rank_batch.uneven_shares) {
+    so.batch_size = 0;  // from the global batch: this rank's share
+    so.global_batch_size = global_batch;
+  }
   so.shuffle = options.shuffle;
   so.drop_last = options.drop_last;
   so.seed = options.seed;
@@ -501,7 +511,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     TANDEM_CHECK(entries->global_batch == global_batch, "fit: restart: the ", name,
                  " was taken with a global batch of ", entries->global_batch,
                  " rows; this attempt's is ", global_batch, " (", ctx.world_size(),
-                 " ranks x batch_size ", batch_size, "), so the loader's position would point ",
+                 " ranks, this one's share ", batch_size, "), so the loader's position would point ",
                  "elsewhere in the epoch (inside a rank's function, size batch_size from ",
                  "attempt_info().first_world_size: fit keeps the global batch itself)");
     at = std::move(entries->at);
@@ -649,7 +659,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       ++state.step;
       ++steps;
       state.batch_loss = step_loss;
-      epoch_loss = epoch_loss + step_loss;
+      // The epoch's loss is the mean over the ranks' step losses; uneven shares
+      // (a world shrink) weigh each by its rows, so it stays the mean over samples.
+      epoch_loss = epoch_loss + (rank_batch.uneven_shares ? step_loss * loss_share : step_loss);
       CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
       ctx.check_stop();
       if (options.uneven) {

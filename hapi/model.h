@@ -195,16 +195,18 @@ struct FitOptions {
   // the newest checkpoint). Refused with uneven at the first call, on every
   // rank (a join's state is not snapshotted); with cuda_graph the graph dies
   // with its attempt and is captured again. A world shrink (RestartPolicy::leave_out_failed_rank)
-  // keeps the global batch: each of the W remaining ranks takes
-  // batch_size * W0 / W rows (W0: the first attempt's ranks), so the steps
-  // redone and the rest of the epoch draw the same samples (inside a rank's
-  // function, size batch_size from ctx.attempt_info().first_world_size, not
+  // keeps the global batch G = batch_size * W0 (W0: the first attempt's
+  // ranks): each of the W remaining ranks takes G / W rows, one more for the
+  // first G mod W ranks (64 over 3: 22, 21, 21; the sampler's and
+  // DataParallel's global_batch_size, which weighs each rank's gradient by its
+  // rows), so the steps redone and the rest of the epoch draw the same samples
+  // and step on the gradient of the same mean loss (inside a rank's function,
+  // size batch_size from ctx.attempt_info().first_world_size, not
   // ctx.world_size(): a snapshot restored with another global batch is an
-  // error naming both); a global batch that W does not divide fails that
-  // attempt on every rank naming both sizes (from main with
-  // LaunchOptions::nprocs set, a policy whose smaller worlds cannot keep it
-  // is refused at the call). After a shrink the interrupted epoch's loss
-  // leaves out the failed rank's steps before the snapshot.
+  // error naming both). Uneven shares with grad_accum_steps > 1 fail that
+  // attempt on every rank naming both (from main with LaunchOptions::nprocs
+  // set, such a policy is refused at the call). After a shrink the interrupted
+  // epoch's loss leaves out the failed rank's steps before the snapshot.
   int64_t snapshot_every_steps = 0;
   // ProgressLogger every log_freq steps (0: none); further callbacks after it.
   int64_t log_freq = 0;

@@ -68,13 +68,19 @@ struct SnapshotEntries {
 absl::StatusOr<SnapshotEntries> ReadSnapshotEntries(const CheckpointExtra& extra,
                                                     const std::string& name);
 
-// This rank's batch: FitOptions::batch_size, or after a world shrink the
-// first attempt's global batch over the ranks left (throws when they do not
-// divide it).
-int64_t RankBatchSize(const dist::Context& ctx, const FitOptions& options);
+// This rank's batch: FitOptions::batch_size, or after a world shrink its share
+// of the first attempt's global batch over the ranks left (G / W rows, one more
+// for ranks below G mod W; weighed by DataParallelOptions::global_batch_size
+// when the shares differ). Throws for uneven shares with grad_accum_steps > 1.
+struct RankBatch {
+  int64_t global = 0;          // rows per step over every rank
+  int64_t rows = 0;            // this rank's rows per step
+  bool uneven_shares = false;  // the ranks' rows differ (W does not divide global)
+};
+RankBatch RankBatchOf(const dist::Context& ctx, const FitOptions& options);
 
 // From main, before spawn: InvalidArgument for restart options the snapshots
-// cannot hold (uneven; a world shrink that cannot keep the global batch).
+// cannot hold (uneven; a world shrink whose uneven shares meet accumulation).
 absl::Status CheckRestartOptions(const FitOptions& o, const LaunchOptions& launch);
 
 }  // namespace tandem::hapi::internal
