@@ -15,14 +15,17 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "apps/common.h"
 #include "hapi/model.h"
 #include "nn/error.h"
@@ -138,6 +141,33 @@ class MetricsWriter {
     TANDEM_CHECK(out_.good(), "--metrics: cannot open \"", path, "\" for writing");
     if (fresh && !jsonl_) out_ << "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr\n";
     out_.flush();
+  }
+  // Drops the rows of epochs from `epoch` on (0-based) and appends after the rest.
+  void DropRowsFromEpoch(int epoch) {
+    if (path_.empty()) return;
+    out_.close();
+    hapi::DropRowsFromEpoch(path_, epoch, [this](std::string_view line) -> std::optional<int> {
+      int row_epoch = 0;  // 1-based in the file
+      if (jsonl_) {
+        constexpr std::string_view kKey = "\"epoch\": ";
+        const size_t at = line.find(kKey);
+        if (at == std::string_view::npos) return std::nullopt;
+        const std::string_view rest = line.substr(at + kKey.size());
+        if (!absl::SimpleAtoi(std::string(rest.substr(0, rest.find(','))), &row_epoch)) {
+          return std::nullopt;
+        }
+        return row_epoch - 1;
+      }
+      // dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr: the epoch is the
+      // seventh field from the end (a dataset's name may hold a comma).
+      const std::vector<std::string> fields = absl::StrSplit(std::string(line), ',');
+      if (fields.size() < 8 || !absl::SimpleAtoi(fields[fields.size() - 7], &row_epoch)) {
+        return std::nullopt;  // the header
+      }
+      return row_epoch - 1;
+    });
+    out_.open(path_, std::ios::app);
+    TANDEM_CHECK(out_.good(), "--metrics: cannot open \"", path_, "\" for appending");
   }
   void Row(const std::string& dataset, int epoch, int64_t step, double loss, double accuracy,
            double samples_per_s, double wall_s, double lr) {
@@ -264,6 +294,7 @@ class ClassifierOutputs : public hapi::Callback {
       run_->result.final_loss = value("final_loss", 0.0);
     }
     run_->resumed_step = info.step;
+    resumed_epochs_ = info.epoch;
     if (info.epoch_steps > 0) {
       run_->resumed_epoch = info.epoch;
       run_->resumed_epoch_steps = info.epoch_steps;
@@ -280,6 +311,9 @@ class ClassifierOutputs : public hapi::Callback {
 
   void on_train_begin(hapi::RunState& s) override {
     ctx_.set_trace(trace_);
+    // A resume or a restart continues after resumed_epochs_ finished epochs:
+    // the rows an interrupted attempt wrote for later ones come again.
+    if (flags_.resume || ctx_.attempt() > 0) metrics_->DropRowsFromEpoch(resumed_epochs_);
     steps_per_epoch_ = s.steps_per_epoch;
     if (flags_.lr_schedule == "cosine") {
       // On the flag's lr, not a restored one: the position is the global step.
@@ -461,6 +495,7 @@ class ClassifierOutputs : public hapi::Callback {
   RankRun* run_;
   Progress progress_;
   std::optional<MetricsWriter> metrics_;
+  int resumed_epochs_ = 0;  // epochs finished at the checkpoint or snapshot loaded
   std::unique_ptr<dist::SummaryWriter> tensorboard_;
   std::unique_ptr<optim::LRScheduler> schedule_;
   int64_t global_batch_ = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -195,6 +196,18 @@ MetricsLogger::MetricsLogger(std::string path) : path_(std::move(path)) {
 
 void MetricsLogger::on_train_begin(RunState& s) {
   if (!IsRankZero(s)) return;
+  if (resumed_epochs_.has_value() || (s.ctx != nullptr && s.ctx->attempt() > 0)) {
+    auto epoch_of = [](std::string_view line) -> std::optional<int> {
+      constexpr std::string_view kKey = "{\"epoch\": ";
+      int epoch = 0;
+      if (!line.starts_with(kKey)) return std::nullopt;
+      const std::string_view rest = line.substr(kKey.size());
+      const std::string digits(rest.substr(0, rest.find_first_of(",}")));
+      if (!absl::SimpleAtoi(digits, &epoch)) return std::nullopt;
+      return epoch;
+    };
+    DropRowsFromEpoch(path_, resumed_epochs_.value_or(0), epoch_of);
+  }
   std::ofstream out(path_, std::ios::app);
   TANDEM_CHECK(out.good(), "MetricsLogger: cannot open '", path_, "' for appending");
 }
@@ -212,6 +225,39 @@ void MetricsLogger::on_epoch_end(RunState& s, const Logs& logs) {
   out << line;
   out.flush();
   TANDEM_CHECK(out.good(), "MetricsLogger: writing '", path_, "' failed");
+}
+
+void MetricsLogger::on_checkpoint_load(RunState&, const ResumeInfo& info) {
+  resumed_epochs_ = info.epoch;
+}
+
+void DropRowsFromEpoch(const std::string& path, int epoch,
+                       const std::function<std::optional<int>(std::string_view)>& epoch_of) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return;
+  std::ifstream in(path);
+  TANDEM_CHECK(in.good(), "cannot read the metrics file '", path, "'");
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const std::optional<int> row_epoch = epoch_of(line);
+    if (row_epoch.has_value() && *row_epoch >= epoch) {
+      dropped = true;
+      continue;
+    }
+    absl::StrAppend(&kept, line, "\n");
+  }
+  TANDEM_CHECK(in.eof(), "reading the metrics file '", path, "' failed");
+  if (!dropped) return;
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << kept;
+    out.flush();
+    TANDEM_CHECK(out.good(), "writing '", temporary, "' failed");
+  }
+  std::filesystem::rename(temporary, path, error);
+  TANDEM_CHECK(!error, "renaming '", temporary, "' to '", path, "' failed: ", error.message());
 }
 
 // --- ModelCheckpoint -----------------------------------------------------------------

@@ -41,7 +41,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nn/checkpoint.h"
@@ -200,16 +202,21 @@ class LRSchedulerCallback : public Callback {
 
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
 // `path` (created, with its directory's existence checked at train begin: an
-// error names the path).
+// error names the path). A fit that resumed (from a checkpoint or, after a
+// restart, a snapshot) or restarted first drops the lines of the epoch it
+// continues in and later ones: the interrupted attempt wrote them, and they
+// come again.
 class MetricsLogger : public Callback {
  public:
   explicit MetricsLogger(std::string path);
   std::string name() const override { return "MetricsLogger"; }
   void on_train_begin(RunState& s) override;
   void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
 
  private:
   std::string path_;
+  std::optional<int> resumed_epochs_;  // epochs finished at the checkpoint or snapshot loaded
 };
 
 // Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
@@ -218,6 +225,16 @@ class MetricsLogger : public Callback {
 // improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
 // The best value goes into every checkpoint and snapshot
 // ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
+// Rewrites the text file at `path` (atomically: a temporary file renamed over
+// it) without the lines of epochs from `epoch` on (0-based, as `epoch_of`
+// reads it from a line; lines it reads none from, nullopt, such as a header,
+// stay). A missing file is left alone. For per-epoch metrics files after a
+// resume or a restart: the rows the interrupted run wrote for the epoch it
+// continues in, and later ones, come again. Throws tandem::Error naming the
+// path when it cannot be read or written.
+void DropRowsFromEpoch(const std::string& path, int epoch,
+                       const std::function<std::optional<int>(std::string_view)>& epoch_of);
+
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",

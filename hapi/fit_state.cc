@@ -101,9 +101,10 @@ absl::StatusOr<SnapshotEntries> ReadSnapshotEntries(const CheckpointExtra& extra
 // The global batch every rank keeps over a world shrink: FitOptions::batch_size
 // rows per rank of the first attempt's world, split over the ranks left in
 // shares that differ by at most one row when they do not divide it (then
-// weighed by DataParallelOptions::global_batch_size). Throws (every rank
-// alike) for such shares with grad_accum_steps > 1, whose short last group of
-// an epoch the fixed weighing would misweigh.
+// weighed by DataParallelOptions::global_batch_size, or with uneven by the
+// join). Throws (every rank alike) for such shares with grad_accum_steps > 1
+// outside a join, whose short last group of an epoch the fixed weighing would
+// misweigh.
 RankBatch RankBatchOf(const dist::Context& ctx, const FitOptions& options) {
   const dist::AttemptInfo& info = ctx.attempt_info();
   const int world = ctx.world_size();
@@ -112,7 +113,7 @@ RankBatch RankBatchOf(const dist::Context& ctx, const FitOptions& options) {
   RankBatch out{.global = global,
                 .rows = global / world + (ctx.rank() < global % world ? 1 : 0),
                 .uneven_shares = global % world != 0};
-  TANDEM_CHECK(!out.uneven_shares || options.grad_accum_steps == 1,
+  TANDEM_CHECK(!out.uneven_shares || options.grad_accum_steps == 1 || options.uneven,
                "fit: batch_size = ", options.batch_size,
                " with RestartPolicy::leave_out_failed_rank and grad_accum_steps = ",
                options.grad_accum_steps, ": the world shrank from ", info.first_world_size,
@@ -127,14 +128,14 @@ RankBatch RankBatchOf(const dist::Context& ctx, const FitOptions& options) {
 // same refusals come from FitOnRank, on every rank).
 absl::Status CheckRestartOptions(const FitOptions& o, const LaunchOptions& launch) {
   const dist::RestartPolicy& policy = launch.spawn.restart;
-  if (policy.max_restarts <= 0 || o.snapshot_every_steps == 0) return absl::OkStatus();
-  if (o.uneven)
+  if (policy.max_restarts <= 0) return absl::OkStatus();
+  if (o.uneven && o.snapshot_every_steps > 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "fit: uneven = true with snapshot_every_steps = ", o.snapshot_every_steps,
         " under a restart policy (SpawnOptions::restart.max_restarts = ", policy.max_restarts,
         "): the state of a join (the ranks that have joined, the steps they answer) is not "
         "snapshotted; set snapshot_every_steps = 0 (a restart then starts the fit again)"));
-  if (policy.leave_out_failed_rank && launch.nprocs > 0 && o.grad_accum_steps > 1) {
+  if (policy.leave_out_failed_rank && launch.nprocs > 0 && o.grad_accum_steps > 1 && !o.uneven) {
     // Each restart may leave one rank out: with accumulation every smaller
     // world must divide the global batch (RankBatchOf).
     const int64_t global = o.batch_size * launch.nprocs;

@@ -392,7 +392,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   network.train();
   if (options.sync_batch_norm) dist::ConvertSyncBatchNorm(network);
   dist::DataParallelOptions dp_options = options.data_parallel;
-  if (rank_batch.uneven_shares) dp_options.global_batch_size = global_batch;
+  // Uneven shares are weighed by DataParallel's global_batch_size, or inside
+  // join() (uneven) by the rows the join counts.
+  if (rank_batch.uneven_shares && !options.uneven) dp_options.global_batch_size = global_batch;
   run->dp = std::make_unique<dist::DataParallel>(network, ctx, dp_options);
   dist::DataParallel& dp = *run->dp;
   dist::ZeroRedundancyOptimizer* zero = nullptr;

@@ -110,6 +110,8 @@ int DataParallel::ConnectSyncBatchNorm(internal::JoinState* join) {
     if (auto* bn = dynamic_cast<nn::BatchNorm2dImpl*>(m)) {
       if (auto* sync = dynamic_cast<SyncBatchNormReducer*>(bn->reducer.get())) {
         sync->set_join(join);
+        sync->set_row_weight(join != nullptr && options_.global_batch_size > 0 ? &step_weight_
+                                                                               : nullptr);
         ++connected;
       }
     }
@@ -421,6 +423,9 @@ void DataParallel::WeighStepRows(int64_t rows) {
   TANDEM_CHECK(step_rows <= global, "DataParallel: rank ", ctx_.rank(), "'s step has ",
                step_rows, " rows, more than global_batch_size ", global);
   step_scale_ = static_cast<double>(step_rows * ctx_.world_size()) / static_cast<double>(global);
+  // SyncBatchNorm's gradient sums (set_row_weight): n_r / G, 0 when even.
+  step_weight_ = step_scale_ != 1.0 ? static_cast<double>(step_rows) / static_cast<double>(global)
+                                    : 0.0;
 }
 
 void DataParallel::LaunchBucket(Bucket& b) {

@@ -136,9 +136,11 @@ struct DataParallelOptions {
   // Samples per step over every rank, G, for ranks whose batches differ in rows
   // (data::DistributedOptions::global_batch_size with N not dividing G: 64 over
   // 3 ranks gives 22, 21, 21). Set, each bucket is scaled by n_r N / G before
-  // it is reduced (n_r: the rows of this rank's forwards in the step, no_sync()
-  // micro-batches included, not those of forwards with autograd off, an
-  // evaluation's; a comm hook gets the scaled bucket), so the mean
+  // it is reduced (n_r: the rows, dimension 0, of this rank's synchronised
+  // forward in the step plus those of its no_sync() micro-batches before it;
+  // one synchronised forward per backward; forwards with autograd off, an
+  // evaluation's, do not count; a comm hook gets the scaled bucket; SyncBatchNorm
+  // layers weigh their gradient sums by n_r / G alike), so the mean
   // over the ranks is sum_r n_r g_r / G (g_r: the gradient of this rank's mean
   // loss): the gradient of the mean loss over the G samples, as one rank with
   // batch G computes it. No collective: the ranks' rows must sum to G in every
@@ -320,6 +322,7 @@ class DataParallel {
   // options_.global_batch_size.
   int64_t step_rows_ = 0;
   double step_scale_ = 1;  // global_batch_size: n_r N / G of the current step
+  double step_weight_ = 0;  // n_r / G when step_scale_ != 1, else 0 (SyncBatchNorm's weight)
   OverlapStats overlap_;
   internal::JoinState join_;
 };

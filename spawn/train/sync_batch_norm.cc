@@ -74,7 +74,11 @@ nn::Tensor SyncBatchNormReducer::ReduceGradientSums(const nn::Tensor& sums) {
   // Inside a join the loss is the mean over the step's samples, sum_r w_r L_r
   // (w_r = n_r / n): the sums over the ranks are weighted by w_r, and divided
   // by this rank's own w_r since DataParallel weighs this rank's gradients by it.
-  const double weight = Joining() ? join_->sample_weight() : 0.0;
+  // With DataParallelOptions::global_batch_size and uneven shares the same,
+  // with w_r = n_r / G.
+  const double weight = Joining()                ? join_->sample_weight()
+                        : row_weight_ != nullptr ? *row_weight_
+                                                 : 0.0;
   if (weight > 0) out.mul_(weight);
   comm().all_reduce(out, ReduceOp::kSum);
   if (Joining()) join_->Record(internal::JoinState::Kind::kAllReduce, out);

@@ -68,6 +68,11 @@ class SyncBatchNormReducer : public nn::BatchNormReducer {
   // DataParallel points its layers at its join state (null: none), so that its
   // join() records their collectives and weighs their gradient sums.
   void set_join(internal::JoinState* join) { join_ = join; }
+  // DataParallelOptions::global_batch_size: DataParallel points its layers at
+  // this rank's weight in the current step, n_r / G (0 while the shares are
+  // even: no weighing), so that the gradient sums are weighted as the
+  // parameters' gradients are (null: none).
+  void set_row_weight(const double* weight) { row_weight_ = weight; }
 
  private:
   Communicator& comm() const;
@@ -79,6 +84,7 @@ class SyncBatchNormReducer : public nn::BatchNormReducer {
   SyncBatchNormOptions options_;
   bool checked_ = false;
   internal::JoinState* join_ = nullptr;
+  const double* row_weight_ = nullptr;
 };
 
 // nn::BatchNorm2d whose training statistics span the ranks: the same constructor,

@@ -8,9 +8,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace {
@@ -44,17 +48,39 @@ std::string SummaryWithoutTiming(const std::string& output) {
   return end == std::string::npos ? "" : output.substr(at, end - at);
 }
 
-// restart: --max_restarts and --snapshot_every.
+// A --metrics CSV file's rows without their timing columns (samples_per_s,
+// wall_s): dataset, epoch, step, loss, accuracy, lr.
+std::vector<std::string> MetricsRowsWithoutTiming(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ',');
+    if (f.size() == 8) f.erase(f.begin() + 5, f.begin() + 7);
+    rows.push_back(absl::StrJoin(f, ","));
+  }
+  return rows;
+}
+
+// restart: --max_restarts and --snapshot_every. resumed_step -1: no snapshot
+// (the run starts again). Both runs write --metrics: the restarted run's file
+// holds the same rows (no row of the failed attempt twice).
 void ExpectRestartEndsAsTheUninterruptedRun(const std::string& program, const std::string& common,
                                             const std::string& restart, const std::string& fail_at,
                                             int64_t resumed_step) {
-  RunResult straight = RunProgram(program, common + " " + restart);
+  const std::string dir = ::testing::TempDir();
+  const std::string straight_csv = dir + "app_restart_straight.csv";
+  const std::string restarted_csv = dir + "app_restart_restarted.csv";
+  std::filesystem::remove(straight_csv);
+  std::filesystem::remove(restarted_csv);
+  RunResult straight = RunProgram(program, common + " " + restart + " --metrics=" + straight_csv);
   ASSERT_EQ(straight.status, 0) << straight.output;
   const std::string want = SummaryWithoutTiming(straight.output);
   ASSERT_FALSE(want.empty()) << straight.output;
   EXPECT_EQ(straight.output.find("spawn: restart"), std::string::npos) << straight.output;
 
-  RunResult restarted = RunProgram(program, common + " " + restart + " --test_fail_at=" + fail_at);
+  RunResult restarted = RunProgram(program, common + " " + restart + " --test_fail_at=" + fail_at +
+                                                " --metrics=" + restarted_csv);
   ASSERT_EQ(restarted.status, 0) << restarted.output;
   EXPECT_EQ(SummaryWithoutTiming(restarted.output), want) << restarted.output;
   EXPECT_NE(restarted.output.find(absl::StrCat("spawn: restart 1 of ")), std::string::npos)
@@ -64,9 +90,15 @@ void ExpectRestartEndsAsTheUninterruptedRun(const std::string& program, const st
                 "ClassifierOutputs failed in on_train_batch_end: --test_fail_at")),
             std::string::npos)
       << restarted.output;
-  EXPECT_NE(restarted.output.find(absl::StrCat("resumes from the snapshot of step ", resumed_step)),
+  EXPECT_NE(restarted.output.find(
+                resumed_step >= 0 ? absl::StrCat("resumes from the snapshot of step ", resumed_step)
+                                  : std::string("resumes from the start")),
             std::string::npos)
       << restarted.output;
+  const std::vector<std::string> want_rows = MetricsRowsWithoutTiming(straight_csv);
+  EXPECT_GT(want_rows.size(), 1u);
+  EXPECT_EQ(MetricsRowsWithoutTiming(restarted_csv), want_rows)
+      << "--metrics after the restart (" << restarted_csv << ") differs from " << straight_csv;
 
   // Without restarts the same fault ends the run: status 1, the last line names the rank.
   RunResult failed = RunProgram(program, common + " --test_fail_at=" + fail_at);
@@ -84,6 +116,13 @@ TEST(AppRestart, Cifar10SyntheticRestartEndsWithTheUninterruptedSummary) {
   ExpectRestartEndsAsTheUninterruptedRun(TRAIN_CIFAR10, common, "--max_restarts=1", "1:5", 4);
   ExpectRestartEndsAsTheUninterruptedRun(TRAIN_CIFAR10, common,
                                          "--max_restarts=1 --snapshot_every=3", "0:8", 6);
+  // From step 3's snapshot after a fault at step 5: the first epoch's end
+  // (step 4) and its metrics row come again.
+  ExpectRestartEndsAsTheUninterruptedRun(TRAIN_CIFAR10, common,
+                                         "--max_restarts=1 --snapshot_every=3", "0:5", 3);
+  // No snapshots: the run starts again and writes every row again.
+  ExpectRestartEndsAsTheUninterruptedRun(TRAIN_CIFAR10, common,
+                                         "--max_restarts=1 --snapshot_every=0", "1:6", -1);
 }
 
 TEST(AppRestart, MnistRestartEndsWithTheUninterruptedSummary) {

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -346,16 +348,34 @@ TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
       MakeCallback<LRSchedulerCallback>(LRSchedulerCallback::Factory(
           [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); })),
       MakeCallback<EarlyStopping>(std::string("loss"), 1, std::string("min"), 10.0)};
+  // MetricsLogger: the faulted fit wrote epoch 2's line (step 8) before the
+  // fault; resumed inside epoch 2, it drops that line and writes it again.
+  const std::string straight_log = ::testing::TempDir() + "fit_restart_metrics_straight.jsonl";
+  const std::string faulted_log = ::testing::TempDir() + "fit_restart_metrics_faulted.jsonl";
+  std::filesystem::remove(straight_log);
+  std::filesystem::remove(faulted_log);
+  const std::vector<CallbackFactory> callbacks = options.callbacks;
   auto straight = make();
+  options.callbacks.push_back(MakeCallback<MetricsLogger>(straight_log));
   absl::StatusOr<History> a = straight->fit(TrainData(), options);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_EQ(a->epochs.size(), 3u);
   auto faulted = make();
+  options.callbacks = callbacks;
+  options.callbacks.push_back(MakeCallback<MetricsLogger>(faulted_log));
   options.callbacks.push_back(MakeCallback<ThrowAt10>());
   absl::StatusOr<History> b = faulted->fit(TrainData(), options);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->restored_snapshot_step, 8);
   ExpectSameEpochs(*b, *a);
+  auto lines = [](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  EXPECT_EQ(lines(straight_log).size(), 3u);
+  EXPECT_EQ(lines(faulted_log), lines(straight_log));
   absl::StatusOr<nn::StateDict> wa = straight->state_dict(), wb = faulted->state_dict();
   ASSERT_TRUE(wa.ok() && wb.ok());
   for (size_t i = 0; i < wa->size(); ++i)
@@ -423,6 +443,30 @@ TEST(FitRestartTest, AWorldShrinkKeepsTheGlobalBatch) { ExpectAWorldShrinkKeepsT
 
 TEST(FitRestartTest, AWorldShrinkKeepsAGlobalBatchTheRanksLeftDoNotDivide) {
   ExpectAWorldShrinkKeepsTheGlobalBatch(3, 2);
+}
+
+// uneven = true (join(), which weighs each rank by its rows itself) without
+// snapshots: after rank 2's failure the fit starts again on 2 ranks sharing the
+// global batch of 9 unevenly (5 and 4) and runs every step.
+TEST(FitRestartTest, UnevenDataWithAShrinkToUnevenSharesStartsAgain) {
+  LaunchOptions launch{.gpus = "cpu", .nprocs = 3, .spawn = testing::DefaultTestSpawnOptions()};
+  launch.spawn.restart = {.max_restarts = 1, .leave_out_failed_rank = true};
+  Model m([] { return std::make_shared<Net>(0.0); }, launch);
+  m.prepare(AdamFactory(), CrossEntropy(), {MakeMetric<Accuracy>()});
+  struct ThrowOnRank2 : Callback {
+    std::string name() const override { return "ThrowOnRank2"; }
+    void on_train_batch_end(RunState& s) override {
+      if (s.ctx->attempt() == 0 && s.ctx->rank() == 2 && s.step == 2) throw Error("injected");
+    }
+  };
+  FitOptions options{.epochs = 1, .batch_size = 3, .seed = 3, .uneven = true};
+  options.callbacks = {MakeCallback<ThrowOnRank2>()};
+  absl::StatusOr<History> h = m.fit(Classification(36, 31), options);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->steps, 4);  // 36 rows, 9 a step
+  EXPECT_EQ(h->restored_snapshot_step, -1);  // no snapshots: from the start
+  ASSERT_EQ(h->epochs.size(), 1u);
+  EXPECT_TRUE(std::isfinite(h->epochs[0].at("loss")));
 }
 
 // What snapshots cannot hold is refused at the first call, naming both.

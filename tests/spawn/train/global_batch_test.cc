@@ -3,6 +3,7 @@
 // gradient of one rank with batch 64, step after step; without the option
 // (the plain mean over ranks) they do not. Equal batches keep the bits of the
 // run without it; the uses that cannot work are refused.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "nn/random.h"
 #include "optim/sgd.h"
 #include "spawn/spawn.h"
+#include "tests/spawn/train/sync_bn_net.h"
 #include "tests/test_util.h"
 
 namespace tandem::dist {
@@ -43,11 +45,16 @@ struct RankRun {
 };
 
 // `global`: the sampler's global batch; `weigh`: DataParallelOptions::global_batch_size.
-RankRun Train(Context& ctx, int64_t global, int64_t weigh) {
+// sync_bn: BnNet (tests/spawn/train/sync_bn_net.h) with SyncBatchNorm layers on
+// (N, 2, 5, 5) inputs instead of Net.
+RankRun Train(Context& ctx, int64_t global, int64_t weigh, bool sync_bn = false) {
   nn::manual_seed(77);
-  const Tensor x_all = nn::randn({kRows, 6});
-  const Tensor y_all = nn::randn({kRows, 1});
-  Net net;
+  const Tensor x_all = sync_bn ? nn::randn({kRows, 2, 5, 5}) : nn::randn({kRows, 6});
+  const Tensor y_all = nn::randn({kRows, sync_bn ? 2 : 1});
+  Net plain_net;
+  BnNet bn_net;
+  if (sync_bn) ConvertSyncBatchNorm(bn_net);
+  nn::Module& net = sync_bn ? static_cast<nn::Module&>(bn_net) : plain_net;
   DataParallel dp(net, ctx, {.global_batch_size = weigh});
   optim::SGD sgd(net.parameters(), {.lr = 0.1, .momentum = 0.9});
   data::DistributedBatchSampler sampler({.dataset_size = kRows,
@@ -111,6 +118,29 @@ TEST_F(GlobalBatchTest, UnevenBatchesGiveTheGradientOfOneRankWithTheGlobalBatch)
   std::printf("the same without global_batch_size (mean over ranks), step 1's gradient: %.3g\n",
               unweighed);
   EXPECT_GT(unweighed, 1e-4);
+}
+
+// SyncBatchNorm's gradient sums are weighted as the parameters' gradients are
+// (n_r / G): every layer upstream of a SyncBatchNorm gets the gradient of one
+// rank with the global batch and BatchNorm.
+TEST_F(GlobalBatchTest, UnevenBatchesWithSyncBatchNormGiveTheGradientOfOneRank) {
+  auto one = spawn([](Context& ctx) { return Train(ctx, 64, 0, true); }, 1, "cpu", options_);
+  auto weighed = spawn([](Context& ctx) { return Train(ctx, 64, 64, true); }, 3, "cpu", options_);
+  ASSERT_TRUE(one.ok() && weighed.ok()) << one.status() << weighed.status();
+  const RankRun& ref = (*one)[0];
+  for (int r = 0; r < 3; ++r) {
+    double worst_grad = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      worst_grad = std::max(worst_grad, ScaledError((*weighed)[r].grads[s], ref.grads[s]));
+    }
+    const double params = ScaledError((*weighed)[r].params, ref.params);
+    std::printf("SyncBatchNorm, global batch 64 on 3 ranks (22, 21, 21) vs 1 rank with 64, rank "
+                "%d: max relative difference of the gradients over %d steps %.3g, of the final "
+                "parameters %.3g\n",
+                r, kSteps, worst_grad, params);
+    EXPECT_LE(worst_grad, 2e-6) << "rank " << r;
+    EXPECT_LE(params, 2e-6) << "rank " << r;
+  }
 }
 
 TEST_F(GlobalBatchTest, EqualBatchesKeepTheBitsOfThePlainMean) {
