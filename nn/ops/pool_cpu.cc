@@ -486,7 +486,6 @@ void MaxPoolReluPixel(const T* window, const int64_t* offsets, int64_t positions
   int64_t ch = 0;
 #if defined(__SSE2__)
   alignas(16) float best_out[4];
-  alignas(16) int32_t at_out[4];
   for (; ch + 4 <= c; ch += 4) {
     __m128 best = Load4(window + ch);
     __m128i at = _mm_setzero_si128();
@@ -501,12 +500,12 @@ void MaxPoolReluPixel(const T* window, const int64_t* offsets, int64_t positions
     const __m128i keep = _mm_castps_si128(_mm_cmpgt_ps(best, _mm_setzero_ps()));
     at = _mm_or_si128(_mm_and_si128(keep, at),
                       _mm_andnot_si128(keep, _mm_set1_epi32(kMaxPoolNoGradient)));
+    // The four positions (0..positions-1 or 0xFF) as four bytes in one store.
+    const __m128i at16 = _mm_packs_epi32(at, at);
+    const int32_t at_bytes = _mm_cvtsi128_si32(_mm_packus_epi16(at16, at16));
+    std::memcpy(where_pixel + ch, &at_bytes, sizeof at_bytes);
     _mm_store_ps(best_out, best);
-    _mm_store_si128(reinterpret_cast<__m128i*>(at_out), at);
-    for (int l = 0; l < 4; ++l) {
-      y_pixel[(ch + l) * plane] = Narrow<T>(best_out[l]);
-      where_pixel[ch + l] = static_cast<uint8_t>(at_out[l]);
-    }
+    for (int l = 0; l < 4; ++l) y_pixel[(ch + l) * plane] = Narrow<T>(best_out[l]);
   }
 #endif
   for (; ch < c; ++ch) {
