@@ -30,9 +30,9 @@ void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
 // through `indices`; CUDA float32 / float64: cuDNN from x and y).
 void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indices,
                           const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
-// The pooling half of conv2d_relu_max_pool2d's fused CPU path (float32): x is
-// the relu'd convolution output in channels-last order (n, h, w, c), windows
-// tile it (no padding, kernel == stride; MaxPoolTilesChannelsLast). Forward
+// The pooling half of conv2d_relu_max_pool2d's fused CPU path (float32, and
+// bfloat16 below): x is the relu'd convolution output in channels-last order
+// (n, h, w, c), windows tile it (no padding, kernel == stride; MaxPoolTilesChannelsLast). Forward
 // writes y (n, c, oh, ow) in our NCHW order, each the first maximum in row-major
 // window order as MaxPool2dForwardCpu picks it, and `where` (n, oh, ow, c): the
 // window position i * kw + j of that maximum, or kMaxPoolNoGradient where y is
