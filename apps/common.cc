@@ -720,15 +720,16 @@ void AddNumericsRows(const RunFlags& flags, bool cpu, EnvironmentRows& rows) {
                       absl::StrCat(nn::cpu_blas_threads(), " per rank (float32 GEMM and conv: ",
                                    nn::cpu_conv_backend(), ")"));
   }
-  // On the CPU, bfloat16 convolutions run on oneDNN's bfloat16 primitives where the CPU
-  // has bfloat16 instructions (nn::cpu_bf16_native()); elsewhere they are emulated
-  // (converted to float32), and the run says it will be slower rather than let --bf16
-  // pass for a speed-up there. The CPU's bfloat16 GEMMs (linear) are emulated either way.
+  // On the CPU, bfloat16 convolutions and GEMMs (linear) run on oneDNN's bfloat16
+  // primitives where the CPU has bfloat16 instructions (nn::cpu_bf16_native());
+  // elsewhere they are emulated (converted to float32), and the run says it will be
+  // slower rather than let --bf16 pass for a speed-up there.
   std::string precision = flags.deterministic ? "float32" : "float32 (TF32 allowed on CUDA)";
   if (flags.bf16 && !cpu) precision = "bfloat16 autocast (float32 parameters)";
   if (flags.bf16 && cpu) {
     precision = nn::cpu_bf16_native()
-                    ? absl::StrCat("bfloat16 autocast (float32 parameters), CPU convolutions on ",
+                    ? absl::StrCat("bfloat16 autocast (float32 parameters), CPU convolutions and "
+                                   "GEMMs on ",
                                    nn::cpu_bf16_backend())
                     : absl::StrCat("bfloat16 autocast (float32 parameters), ",
                                    nn::cpu_bf16_backend(), " on the CPU: slower than float32");

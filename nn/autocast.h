@@ -10,11 +10,11 @@
 //  - matmul, linear, linear_relu, conv2d cast their float32 operands to bfloat16
 //    (a differentiable cast) and return bfloat16; products accumulate in float32.
 //    On CUDA this is cuBLASLt / cuDNN with bfloat16 data and float32 compute. On the
-//    CPU, conv2d runs on oneDNN's bfloat16 primitives where the CPU has bfloat16
-//    instructions (avx512_bf16 or AMX: nn::cpu_bf16_native(), nn/ops/conv.h); there
-//    is no bfloat16 GEMM here, so matmul and linear (and conv2d elsewhere) compute
-//    the same contract in float32 on the bfloat16-rounded operands and round the
-//    result to bfloat16.
+//    CPU, conv2d (with relu and max pooling fused where nn::Sequential has them in
+//    a row), matmul and linear run on oneDNN's bfloat16 primitives where the CPU
+//    has bfloat16 instructions (avx512_bf16 or AMX: nn::cpu_bf16_native(),
+//    nn/ops/conv.h); elsewhere they compute the same contract in float32 on the
+//    bfloat16-rounded operands and round the result to bfloat16.
 //  - ops with bfloat16 kernels (relu and the other unary ops, elementwise binary ops
 //    on equal dtypes, max/avg pool, dropout, views) run in the dtype they are given:
 //    bfloat16 in, bfloat16 out, arithmetic in float32.

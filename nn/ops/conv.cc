@@ -207,18 +207,25 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias,
   return Conv2dOp(x, weight, bias, params, /*relu=*/true);
 }
 
-Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+Tensor conv2d_relu_max_pool2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                               const Conv2dParams& params, const Pool2dParams& pool_params) {
-  if (x.defined() && weight.defined() && !x.is_cuda() && x.dtype() == kFloat32 &&
-      !autocast_enabled()) {
-    const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
-    const Pool2dGeometry pool =
-        ops::internal::Pool2dGeometryOf({g.n, g.o, g.oh, g.ow}, pool_params, "max_pool2d");
-    const ops::internal::Conv2dReluMaxPoolLayout layout =
-        ops::internal::Conv2dReluMaxPoolLayoutCpu(g, pool, bias.defined());
-    if (layout.group > 0) return ConvReluMaxPoolFused(x, weight, bias, g, pool, layout);
+  if (x_in.defined() && weight_in.defined() && !x_in.is_cuda()) {
+    // Under autocast float32 operands become bfloat16 (differentiable casts),
+    // as conv2d_relu's would.
+    const Tensor x = ops::internal::AutocastLower(x_in);
+    const Tensor weight = ops::internal::AutocastLower(weight_in);
+    const Tensor bias = ops::internal::AutocastLower(bias_in);
+    if (x.dtype() == kFloat32 || x.dtype() == kBFloat16) {
+      const Conv2dGeometry g = CheckConv2d(x, weight, bias, params);
+      const Pool2dGeometry pool =
+          ops::internal::Pool2dGeometryOf({g.n, g.o, g.oh, g.ow}, pool_params, "max_pool2d");
+      const ops::internal::Conv2dReluMaxPoolLayout layout =
+          ops::internal::Conv2dReluMaxPoolLayoutCpu(x.dtype(), g, pool, bias.defined());
+      if (layout.group > 0) return ConvReluMaxPoolFused(x, weight, bias, g, pool, layout);
+    }
+    return max_pool2d(conv2d_relu(x, weight, bias, params), pool_params);
   }
-  return max_pool2d(conv2d_relu(x, weight, bias, params), pool_params);
+  return max_pool2d(conv2d_relu(x_in, weight_in, bias_in, params), pool_params);
 }
 
 }  // namespace tandem::nn

@@ -50,8 +50,9 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
                    const Conv2dParams& params = {});
 
 // max_pool2d(conv2d_relu(x, weight, bias, params), pool) as one op, with the
-// same values and gradients bit for bit. Fused on the CPU for float32 outside
-// autocast where the convolution runs on a oneDNN JIT kernel (relu its post-op)
+// same values and gradients bit for bit. Fused on the CPU for float32, and for
+// bfloat16 (autocast's: float32 operands are cast first) where cpu_bf16_native(),
+// where the convolution runs on a oneDNN JIT kernel (relu its post-op)
 // channels-last (channel counts off the 16-block; first convolutions without
 // AVX-512) or blocked with the output channels filling the blocks, and max
 // pooling runs on tandem's kernels with windows that tile the output (no
@@ -59,8 +60,8 @@ Tensor conv2d_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 // pooling reads it there and writes the NCHW output, and backward builds the
 // convolution's dy in the same layout in one pass: no reorders of y or dy, no
 // pass for relu's mask. Elsewhere (CUDA, other dtypes and layouts, overlapping
-// or padded windows) the two ops run one after the other. nn::Sequential uses
-// it for a Conv2d, a ReLU and a MaxPool2d in a row.
+// or padded windows, emulated bfloat16) the two ops run one after the other.
+// nn::Sequential uses it for a Conv2d, a ReLU and a MaxPool2d in a row.
 Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               const Conv2dParams& params, const Pool2dParams& pool);
 
@@ -74,14 +75,17 @@ std::string cpu_conv_backend();
 // bfloat16 CPU convolutions (autocast's on the CPU, nn/autocast.h) run on
 // oneDNN's bfloat16 primitives (forward, backward data, backward weights;
 // bfloat16 operands, float32 accumulation, each result rounded to bfloat16 once,
-// the weight gradients accumulated in float32 over the batch) where the CPU has
+// the weight and bias gradients accumulated in float32 over the batch; fused
+// with relu and max pooling as conv2d_relu_max_pool2d says), and so do the
+// bfloat16 GEMMs of matmul and linear (oneDNN's matmul primitive, nn/ops/matmul.h),
+// where the CPU has
 // bfloat16 instructions: oneDNN's effective ISA (dnnl::get_effective_cpu_isa(),
 // which follows the CPU's cpuid flags avx512_bf16 / amx_bf16 and is capped by
 // ONEDNN_MAX_CPU_ISA) includes avx512_core_bf16 (AMD Zen 4, Intel Cooper Lake,
 // Sapphire Rapids and newer). Elsewhere, in builds without oneDNN, on the
-// kIm2col path or while set_cpu_bf16_native(false), they are emulated: the
-// float32 kernels on widened copies, each result rounded once (slower than
-// float32). The two agree within bfloat16 rounding (summation order differs).
+// kIm2col path (convolutions) or while set_cpu_bf16_native(false), they are
+// emulated: the float32 kernels on widened copies, each result rounded once
+// (slower than float32). The two agree within bfloat16 rounding (summation order differs).
 // cpu_bf16_supported(): the CPU and build allow the primitives.
 // cpu_bf16_native(): supported and not switched off (the path of the next call).
 // set_cpu_bf16_native(false) forces the emulation (tests, comparisons); on by

@@ -504,15 +504,19 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (dbias.defined()) Conv2dBackwardBiasCpu(dy, dbias);
 }
 
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(DType dtype, const Conv2dGeometry& g,
                                                    const Pool2dGeometry& pool, bool bias) {
 #if TANDEM_WITH_DNNL
-  const bool applies = g.n > 0 && TakesDnnl(kFloat32, g) && MaxPoolTilesChannelsLast(pool) &&
-                       pool.oh > 0 && pool.ow > 0 &&
-                       ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn;
-  return applies ? Conv2dReluMaxPoolLayoutDnnl(g, bias) : Conv2dReluMaxPoolLayout{};
+  // bfloat16's max pooling always runs on tandem's kernels (oneDNN's pooling
+  // path is float32's).
+  const bool applies = g.n > 0 && (dtype == kFloat32 || dtype == kBFloat16) &&
+                       TakesDnnl(dtype, g) && MaxPoolTilesChannelsLast(pool) && pool.oh > 0 &&
+                       pool.ow > 0 &&
+                       (dtype == kBFloat16 ||
+                        ResolveCpuPoolPath(pool, /*max=*/true) == CpuPoolPath::kOwn);
+  return applies ? Conv2dReluMaxPoolLayoutDnnl(dtype, g, bias) : Conv2dReluMaxPoolLayout{};
 #else
-  (void)g, (void)pool, (void)bias;
+  (void)dtype, (void)g, (void)pool, (void)bias;
   return {};
 #endif
 }
@@ -538,7 +542,7 @@ void Conv2dReluMaxPoolBackwardCpu(const Tensor& dout, const Tensor& where, const
                                   const Conv2dSavedInput& saved_x) {
 #if TANDEM_WITH_DNNL
   // Conv2dBackwardCpu's choice now (the path may have changed since forward).
-  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, TakesDnnl(kFloat32, g),
+  Conv2dReluMaxPoolBackwardDnnl(dout, where, x, weight, g, pool, layout, TakesDnnl(dout.dtype(), g),
                                 dx, dweight, dbias, saved_x);
 #else
   (void)dout, (void)where, (void)x, (void)weight, (void)g, (void)pool, (void)layout, (void)dx,

@@ -302,10 +302,12 @@ const Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
   return it->second;
 }
 
-// A float32 host buffer of `desc`'s size from the host allocator's cache.
-Tensor Buffer(const memory::desc& desc) {
+// A host buffer of `desc`'s size from the host allocator's cache, of float32
+// elements (or `dtype`'s).
+Tensor Buffer(const memory::desc& desc, DType dtype = kFloat32) {
   const int64_t bytes = static_cast<int64_t>(desc.get_size());
-  return empty({(bytes + 3) / 4}, {.dtype = kFloat32, .device = Device::CPU()});
+  const int64_t size = ElementSize(dtype);
+  return empty({(bytes + size - 1) / size}, {.dtype = dtype, .device = Device::CPU()});
 }
 
 // Inputs reordered to a primitive's layout, kept for the next primitive of the
@@ -456,9 +458,9 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
               const Tensor& weight, const Conv2dGeometry& g, const Tensor& dx,
               const Tensor& dweight, const Tensor& dbias, const Conv2dSavedInput& saved_x) {
   const DType dtype = dy.dtype();
-  // bfloat16: dbias from its own pass over dy (Conv2dBackwardBiasCpu, float32
-  // sums rounded once), as on the emulated path.
-  const bool bias_here = dbias.defined() && dweight.defined() && dtype != kBFloat16;
+  // dbias in the weight gradient's pass over dy (bfloat16: summed in float32 by
+  // the primitive and rounded once, as dweight).
+  const bool bias_here = dbias.defined() && dweight.defined();
   const DataType dt = DataTypeOf(dtype);
   const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g), dt);
   // bfloat16: the weight gradients in float32 (the primitive accumulates in
@@ -481,11 +483,14 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
   const Entry* weights_entry =
       dweight.defined() ? &Lookup(Kind::kBackwardWeights, dtype, g, bias_here) : nullptr;
   if (weights_entry != nullptr && weights_entry->widen_instead) {
-    // bfloat16 only, whose dy is NCHW (the fused path is float32's).
+    // bfloat16 only; dy NCHW, or the fused path's layout (copied to NCHW).
+    const Tensor dy_nchw = dy_desc == d.dst ? dy : ToNchw(dy, dy_desc, g);
     const Tensor dw32 = empty(dweight.shape(), f32);
-    Backward(dy.detach().to(kFloat32), YDesc(g, Tag::nchw), x.detach().to(kFloat32), Tensor(), g,
-             Tensor(), dw32, Tensor(), {});
+    const Tensor db32 = bias_here ? empty(dbias.shape(), f32) : Tensor();
+    Backward(dy_nchw.detach().to(kFloat32), YDesc(g, Tag::nchw), x.detach().to(kFloat32), Tensor(),
+             g, Tensor(), dw32, db32, {});
     dweight.detach().copy_(dw32);
+    if (bias_here) dbias.detach().copy_(db32);
   } else if (weights_entry != nullptr) {
     const Entry& e = *weights_entry;
     const Tensor dw = widen ? empty(dweight.shape(), f32) : dweight;
@@ -528,9 +533,10 @@ namespace {
 // way (n * o / block) images of `block` channels-last channels, which is what the
 // pooling kernels read. 0: neither (padded blocks, other layouts).
 int64_t ChannelGroup(const memory::desc& y, const Conv2dGeometry& g) {
-  if (y == YDesc(g, Tag::nhwc)) return g.o;
-  if (g.o % 8 == 0 && y == YDesc(g, Tag::nChw8c)) return 8;
-  if (g.o % 16 == 0 && y == YDesc(g, Tag::nChw16c)) return 16;
+  const DataType dt = y.data_type();
+  if (y == YDesc(g, Tag::nhwc, dt)) return g.o;
+  if (g.o % 8 == 0 && y == YDesc(g, Tag::nChw8c, dt)) return 8;
+  if (g.o % 16 == 0 && y == YDesc(g, Tag::nChw16c, dt)) return 16;
   return 0;
 }
 
@@ -543,8 +549,9 @@ Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
 
 }  // namespace
 
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(const Conv2dGeometry& g, bool bias) {
-  const Entry& e = Lookup(Kind::kForward, kFloat32, g, bias, /*relu=*/true);
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(DType dtype, const Conv2dGeometry& g,
+                                                    bool bias) {
+  const Entry& e = Lookup(Kind::kForward, dtype, g, bias, /*relu=*/true);
   const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
   const int64_t group = e.relu_inside ? ChannelGroup(y_desc, g) : 0;
   if (group == 0) return {};
@@ -555,15 +562,20 @@ void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const T
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
                                   const Tensor& where, Conv2dSavedInput* saved_x) {
-  const Entry& e = Lookup(Kind::kForward, kFloat32, g, bias.defined(), /*relu=*/true);
+  const Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), /*relu=*/true);
   const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
   TANDEM_CHECK(e.relu_inside && y_desc == *static_cast<const memory::desc*>(layout.y_layout.get()),
                "conv2d_relu_max_pool2d: the convolution's layout changed since "
                "Conv2dReluMaxPoolLayoutDnnl chose the fused path");
-  const Tensor y = Buffer(y_desc);
+  const Tensor y = Buffer(y_desc, x.dtype());
   Forward(e, x, weight, bias, g, y_desc, y, saved_x);
-  MaxPool2dReluChannelsLastForwardCpu(y.host_data<float>(), Grouped(pool, layout.group),
-                                      out.host_data<float>(), where.host_data<uint8_t>());
+  if (x.dtype() == kBFloat16) {
+    MaxPool2dReluChannelsLastForwardCpu(y.host_data<BFloat16>(), Grouped(pool, layout.group),
+                                        out.host_data<BFloat16>(), where.host_data<uint8_t>());
+  } else {
+    MaxPool2dReluChannelsLastForwardCpu(y.host_data<float>(), Grouped(pool, layout.group),
+                                        out.host_data<float>(), where.host_data<uint8_t>());
+  }
 }
 
 void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, const Tensor& x,
@@ -573,9 +585,14 @@ void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, cons
                                    const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                    const Conv2dSavedInput& saved_x) {
   const memory::desc& dy_desc = *static_cast<const memory::desc*>(layout.y_layout.get());
-  const Tensor dy = Buffer(dy_desc);
-  MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<float>(), where.host_data<uint8_t>(),
-                                       Grouped(pool, layout.group), dy.host_data<float>());
+  const Tensor dy = Buffer(dy_desc, dout.dtype());
+  if (dout.dtype() == kBFloat16) {
+    MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<BFloat16>(), where.host_data<uint8_t>(),
+                                         Grouped(pool, layout.group), dy.host_data<BFloat16>());
+  } else {
+    MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<float>(), where.host_data<uint8_t>(),
+                                         Grouped(pool, layout.group), dy.host_data<float>());
+  }
   if (on_dnnl) return Backward(dy, dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
   // The convolution's backward runs elsewhere now (the path changed since
   // forward): as conv2d_relu's would, from an NCHW dy.

@@ -20,7 +20,9 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 // operands are not 2-D, their inner sizes differ, or dtypes/devices differ.
 // Supported dtypes: float32, float64, bfloat16 (all operands one dtype). bfloat16
 // products accumulate in float32 (CUDA: cuBLASLt, bfloat16 data, float32 compute;
-// CPU: sgemm on the operands widened to float32), bias and relu are applied in
+// CPU: oneDNN's bfloat16 matmul primitive with a float32 result where
+// cpu_bf16_native() (nn/ops/conv.h: avx512_bf16 or AMX), else sgemm on the
+// operands widened to float32), bias and relu are applied in
 // float32 and each result is rounded to bfloat16 once; the bias gradient sums in
 // float32. Under nn::AutocastGuard(kBFloat16) float32 operands are cast to
 // bfloat16 first (differentiable) and the result is bfloat16 (nn/autocast.h).

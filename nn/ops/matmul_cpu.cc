@@ -2,15 +2,18 @@
 // tandem is built with it (one OpenMP thread team per rank, the same runtime as
 // the oneDNN convolutions, so no second pool spins beside it), else OpenBLAS
 // cblas_sgemm; float64 on OpenBLAS cblas_dgemm.
-// bfloat16 has no GEMM here: its operands (bf16-exact values) are widened to
-// float32 buffers, multiplied with sgemm (float32 accumulation), bias and relu
-// applied in float32, and each result rounded to bfloat16 once.
+// bfloat16: where CpuBf16Native() (avx512_bf16 or AMX, oneDNN), oneDNN's bfloat16
+// matmul primitive (matmul_dnnl.cc) with a float32 result; elsewhere the operands
+// (bf16-exact values) are widened to float32 buffers and multiplied with sgemm.
+// Either way float32 accumulation, bias and relu applied in float32, and each
+// result rounded to bfloat16 once.
 #include <cblas.h>
 
 #include <atomic>
 #include <limits>
 #include <vector>
 
+#include "nn/ops/internal/conv_kernels.h"  // CpuBf16Native
 #include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/matmul.h"
 
@@ -30,6 +33,7 @@ Tensor WidenBFloat16(const Tensor& t) { return t.detach().to(kFloat32); }
 void RoundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16(src[i]);
 }
+
 
 }  // namespace
 
@@ -77,14 +81,31 @@ void GemmRaw<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
               c, ToBlasInt(ldc, "ldc"));
 }
 
+namespace {
+
+// acc (float32, m x n) = op(a) op(b) for contiguous bfloat16 a and b: oneDNN's
+// bfloat16 matmul where CpuBf16Native(), else sgemm on widened copies.
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a,
+              const Tensor& b, float* acc) {
+#if TANDEM_WITH_DNNL
+  if (m > 0 && n > 0 && k > 0 && CpuBf16Native()) {
+    return GemmBf16Dnnl(trans_a, trans_b, m, n, k, a.host_data<BFloat16>(), a.size(1),
+                        b.host_data<BFloat16>(), b.size(1), acc, n);
+  }
+#endif
+  const Tensor af = WidenBFloat16(a), bf = WidenBFloat16(b);
+  GemmRaw<float>(trans_a, trans_b, m, n, k, 1.0f, af.host_data<float>(), a.size(1),
+                 bf.host_data<float>(), b.size(1), 0.0f, acc, n);
+}
+
+}  // namespace
+
 void GemmCpu(bool trans_a, bool trans_b, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t m = out.size(0), n = out.size(1);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
   if (a.dtype() == kBFloat16) {
-    const Tensor af = WidenBFloat16(a), bf = WidenBFloat16(b);
     Tensor acc = empty({m, n}, {.dtype = kFloat32});
-    GemmRaw<float>(trans_a, trans_b, m, n, k, 1.0f, af.host_data<float>(), a.size(1),
-                   bf.host_data<float>(), b.size(1), 0.0f, acc.host_data<float>(), n);
+    GemmBf16(trans_a, trans_b, m, n, k, a, b, acc.host_data<float>());
     RoundToBFloat16(acc.host_data<float>(), out.host_data<BFloat16>(), m * n);
     return;
   }
@@ -98,11 +119,9 @@ void LinearCpu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool r
                const Tensor& out) {
   const int64_t rows = x.size(0), in = x.size(1), outs = weight.size(0);
   if (x.dtype() == kBFloat16) {
-    const Tensor xf = WidenBFloat16(x), wf = WidenBFloat16(weight);
     Tensor acc = empty({rows, outs}, {.dtype = kFloat32});
     float* y = acc.host_data<float>();
-    GemmRaw<float>(false, true, rows, outs, in, 1.0f, xf.host_data<float>(), in, wf.host_data<float>(), in,
-                   0.0f, y, outs);
+    GemmBf16(false, true, rows, outs, in, x, weight, y);
     const BFloat16* b = bias.defined() ? bias.host_data<BFloat16>() : nullptr;
     BFloat16* o = out.host_data<BFloat16>();
     for (int64_t r = 0; r < rows; ++r) {

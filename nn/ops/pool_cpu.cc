@@ -3,6 +3,7 @@
 // and float64 compute in their own type.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -437,22 +438,59 @@ bool MaxPoolTilesChannelsLast(const Pool2dGeometry& g) {
 
 namespace {
 
+// Element access of the channels-last kernels: float32 as it is; bfloat16
+// widened to float32 (exact) for the compares and narrowed back by dropping the
+// low half, exact for the values they store (a window's maximum, 0 + dy, 0).
+inline float Widen(float v) { return v; }
+inline float Widen(BFloat16 v) { return static_cast<float>(v); }
+template <typename T>
+T Narrow(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    T out;
+    out.bits = static_cast<uint16_t>(u >> 16);
+    return out;
+  }
+}
+
+#if defined(__SSE2__)
+// Four consecutive elements as float32 lanes.
+inline __m128 Load4(const float* p) { return _mm_loadu_ps(p); }
+inline __m128 Load4(const BFloat16* p) {
+  const __m128i halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), halves));
+}
+// Four float32 lanes (bfloat16-exact for T = BFloat16) stored as T.
+inline void Store4(float* p, __m128 v) { _mm_storeu_ps(p, v); }
+inline void Store4(BFloat16* p, __m128 v) {
+  // The high half of each 32-bit lane, packed into the low 64 bits.
+  __m128i u = _mm_castps_si128(v);
+  u = _mm_shufflelo_epi16(u, _MM_SHUFFLE(3, 1, 3, 1));
+  u = _mm_shufflehi_epi16(u, _MM_SHUFFLE(3, 1, 3, 1));
+  u = _mm_shuffle_epi32(u, _MM_SHUFFLE(3, 1, 2, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), u);
+}
+#endif
+
 // One output pixel of MaxPool2dReluChannelsLastForwardCpu: window points at the
 // window's first element of channel 0 (channels-last), `offsets` at each window
 // position's offset from it; y_pixel at channel 0's output (channel ch at
 // ch * plane), where_pixel at the pixel's c positions. Scalar selects, and SSE2
 // lanes running the same selects ('>' is cmpgt, false on NaN).
-void MaxPoolReluPixel(const float* window, const int64_t* offsets, int64_t positions, int64_t c,
-                      int64_t plane, float* y_pixel, uint8_t* where_pixel) {
+template <typename T>
+void MaxPoolReluPixel(const T* window, const int64_t* offsets, int64_t positions, int64_t c,
+                      int64_t plane, T* y_pixel, uint8_t* where_pixel) {
   int64_t ch = 0;
 #if defined(__SSE2__)
   alignas(16) float best_out[4];
-  alignas(16) int32_t at_out[4];
   for (; ch + 4 <= c; ch += 4) {
-    __m128 best = _mm_loadu_ps(window + ch);
+    __m128 best = Load4(window + ch);
     __m128i at = _mm_setzero_si128();
     for (int64_t k = 1; k < positions; ++k) {
-      const __m128 v = _mm_loadu_ps(window + offsets[k] + ch);
+      const __m128 v = Load4(window + offsets[k] + ch);
       const __m128 more = _mm_cmpgt_ps(v, best);
       best = _mm_or_ps(_mm_and_ps(more, v), _mm_andnot_ps(more, best));
       const __m128i m = _mm_castps_si128(more);
@@ -462,22 +500,22 @@ void MaxPoolReluPixel(const float* window, const int64_t* offsets, int64_t posit
     const __m128i keep = _mm_castps_si128(_mm_cmpgt_ps(best, _mm_setzero_ps()));
     at = _mm_or_si128(_mm_and_si128(keep, at),
                       _mm_andnot_si128(keep, _mm_set1_epi32(kMaxPoolNoGradient)));
+    // The four positions (0..positions-1 or 0xFF) as four bytes in one store.
+    const __m128i at16 = _mm_packs_epi32(at, at);
+    const int32_t at_bytes = _mm_cvtsi128_si32(_mm_packus_epi16(at16, at16));
+    std::memcpy(where_pixel + ch, &at_bytes, sizeof at_bytes);
     _mm_store_ps(best_out, best);
-    _mm_store_si128(reinterpret_cast<__m128i*>(at_out), at);
-    for (int l = 0; l < 4; ++l) {
-      y_pixel[(ch + l) * plane] = best_out[l];
-      where_pixel[ch + l] = static_cast<uint8_t>(at_out[l]);
-    }
+    for (int l = 0; l < 4; ++l) y_pixel[(ch + l) * plane] = Narrow<T>(best_out[l]);
   }
 #endif
   for (; ch < c; ++ch) {
-    float best = window[ch];
+    float best = Widen(window[ch]);
     int64_t at = 0;
     for (int64_t k = 1; k < positions; ++k) {
-      const float v = window[offsets[k] + ch];
+      const float v = Widen(window[offsets[k] + ch]);
       if (v > best) best = v, at = k;
     }
-    y_pixel[ch * plane] = best;
+    y_pixel[ch * plane] = Narrow<T>(best);
     where_pixel[ch] = best > 0.0f ? static_cast<uint8_t>(at) : kMaxPoolNoGradient;
   }
 }
@@ -486,24 +524,28 @@ void MaxPoolReluPixel(const float* window, const int64_t* offsets, int64_t posit
 // the window (channels-last, at `window`): 0 + dy at the position `at` names, 0
 // at the others and where `at` is kMaxPoolNoGradient; dy_pixel: channel 0's
 // gradient (channel ch at ch * plane). Branch-free (the ReLU's mask is data).
-void MaxPoolReluPixelBackward(const float* dy_pixel, const uint8_t* at, const int64_t* offsets,
-                              int64_t positions, int64_t c, int64_t plane, float* window) {
+template <typename T>
+void MaxPoolReluPixelBackward(const T* dy_pixel, const uint8_t* at, const int64_t* offsets,
+                              int64_t positions, int64_t c, int64_t plane, T* window) {
   int64_t ch = 0;
 #if defined(__SSE2__)
   for (; ch + 4 <= c; ch += 4) {
     const __m128 d = _mm_add_ps(
-        _mm_setzero_ps(), _mm_set_ps(dy_pixel[(ch + 3) * plane], dy_pixel[(ch + 2) * plane],
-                                     dy_pixel[(ch + 1) * plane], dy_pixel[ch * plane]));
+        _mm_setzero_ps(),
+        _mm_set_ps(Widen(dy_pixel[(ch + 3) * plane]), Widen(dy_pixel[(ch + 2) * plane]),
+                   Widen(dy_pixel[(ch + 1) * plane]), Widen(dy_pixel[ch * plane])));
     const __m128i a = _mm_set_epi32(at[ch + 3], at[ch + 2], at[ch + 1], at[ch]);
     for (int64_t k = 0; k < positions; ++k) {
       const __m128i hit = _mm_cmpeq_epi32(a, _mm_set1_epi32(static_cast<int32_t>(k)));
-      _mm_storeu_ps(window + offsets[k] + ch, _mm_and_ps(_mm_castsi128_ps(hit), d));
+      Store4(window + offsets[k] + ch, _mm_and_ps(_mm_castsi128_ps(hit), d));
     }
   }
 #endif
   for (; ch < c; ++ch) {
-    const float d = 0.0f + dy_pixel[ch * plane];
-    for (int64_t k = 0; k < positions; ++k) window[offsets[k] + ch] = at[ch] == k ? d : 0.0f;
+    const float d = 0.0f + Widen(dy_pixel[ch * plane]);
+    for (int64_t k = 0; k < positions; ++k) {
+      window[offsets[k] + ch] = Narrow<T>(at[ch] == k ? d : 0.0f);
+    }
   }
 }
 
@@ -517,20 +559,18 @@ std::vector<int64_t> ChannelsLastWindowOffsets(const Pool2dGeometry& g) {
   return offsets;
 }
 
-}  // namespace
-
 // Rows (image, oy) split over the rank's threads; each output whole on one
 // thread, so the bits do not depend on the thread count.
-void MaxPool2dReluChannelsLastForwardCpu(const float* x, const Pool2dGeometry& g, float* y,
-                                         uint8_t* where) {
+template <typename T>
+void MaxPoolReluChannelsLastForward(const T* x, const Pool2dGeometry& g, T* y, uint8_t* where) {
   const std::vector<int64_t> offsets = ChannelsLastWindowOffsets(g);
   const int64_t c = g.c, h = g.h, w = g.w, oh = g.oh, ow = g.ow, sh = g.sh, sw = g.sw;
   const int64_t plane = oh * ow, positions = static_cast<int64_t>(offsets.size());
   ParallelFor(g.n * oh, 8, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t n = row / oh, oy = row % oh;
-      const float* x_row = x + (n * h + oy * sh) * w * c;
-      float* y_row = y + n * c * plane + oy * ow;
+      const T* x_row = x + (n * h + oy * sh) * w * c;
+      T* y_row = y + n * c * plane + oy * ow;
       uint8_t* where_row = where + row * ow * c;
       for (int64_t ox = 0; ox < ow; ++ox) {
         MaxPoolReluPixel(x_row + ox * sw * c, offsets.data(), positions, c, plane, y_row + ox,
@@ -540,16 +580,18 @@ void MaxPool2dReluChannelsLastForwardCpu(const float* x, const Pool2dGeometry& g
   });
 }
 
-void MaxPool2dReluChannelsLastBackwardCpu(const float* dy, const uint8_t* where,
-                                          const Pool2dGeometry& g, float* dx) {
+template <typename T>
+void MaxPoolReluChannelsLastBackward(const T* dy, const uint8_t* where, const Pool2dGeometry& g,
+                                     T* dx) {
   const std::vector<int64_t> offsets = ChannelsLastWindowOffsets(g);
   const int64_t c = g.c, h = g.h, w = g.w, oh = g.oh, ow = g.ow, sh = g.sh, sw = g.sw;
   const int64_t plane = oh * ow, kh = g.kh, positions = static_cast<int64_t>(offsets.size());
+  const T zero = Narrow<T>(0.0f);
   ParallelFor(g.n * oh, 8, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t n = row / oh, oy = row % oh;
-      float* dx_band = dx + (n * h + oy * sh) * w * c;
-      const float* dy_row = dy + n * c * plane + oy * ow;
+      T* dx_band = dx + (n * h + oy * sh) * w * c;
+      const T* dy_row = dy + n * c * plane + oy * ow;
       const uint8_t* where_row = where + row * ow * c;
       for (int64_t ox = 0; ox < ow; ++ox) {
         MaxPoolReluPixelBackward(dy_row + ox, where_row + ox * c, offsets.data(), positions, c,
@@ -558,13 +600,32 @@ void MaxPool2dReluChannelsLastBackwardCpu(const float* dy, const uint8_t* where,
       // Columns right of the last window and rows below it get no gradient.
       if (ow * sw < w) {
         for (int64_t i = 0; i < kh; ++i) {
-          float* line = dx_band + i * w * c;
-          std::fill(line + ow * sw * c, line + w * c, 0.0f);
+          T* line = dx_band + i * w * c;
+          std::fill(line + ow * sw * c, line + w * c, zero);
         }
       }
-      if (oy == oh - 1) std::fill(dx_band + kh * w * c, dx + (n + 1) * h * w * c, 0.0f);
+      if (oy == oh - 1) std::fill(dx_band + kh * w * c, dx + (n + 1) * h * w * c, zero);
     }
   });
+}
+
+}  // namespace
+
+void MaxPool2dReluChannelsLastForwardCpu(const float* x, const Pool2dGeometry& g, float* y,
+                                         uint8_t* where) {
+  MaxPoolReluChannelsLastForward(x, g, y, where);
+}
+void MaxPool2dReluChannelsLastForwardCpu(const BFloat16* x, const Pool2dGeometry& g, BFloat16* y,
+                                         uint8_t* where) {
+  MaxPoolReluChannelsLastForward(x, g, y, where);
+}
+void MaxPool2dReluChannelsLastBackwardCpu(const float* dy, const uint8_t* where,
+                                          const Pool2dGeometry& g, float* dx) {
+  MaxPoolReluChannelsLastBackward(dy, where, g, dx);
+}
+void MaxPool2dReluChannelsLastBackwardCpu(const BFloat16* dy, const uint8_t* where,
+                                          const Pool2dGeometry& g, BFloat16* dx) {
+  MaxPoolReluChannelsLastBackward(dy, where, g, dx);
 }
 
 void AvgPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {

@@ -358,11 +358,11 @@ TEST(TrainMnist, Bf16AutocastLearnsOnTwoCpuRanks) {
                                               "--lr_schedule=constant --test_limit=1000 --metrics=",
                                               metrics));
   ASSERT_EQ(r.status, 0) << r.output;
-  // The precision row names the CPU convolutions' path (nn::cpu_bf16_native()).
+  // The precision row names the CPU convolutions' and GEMMs' path (nn::cpu_bf16_native()).
   const std::string precision =
       tandem::nn::cpu_bf16_native()
-          ? "bfloat16 autocast (float32 parameters), CPU convolutions on oneDNN bfloat16 "
-            "primitives"
+          ? "bfloat16 autocast (float32 parameters), CPU convolutions and GEMMs on oneDNN "
+            "bfloat16 primitives"
           : "bfloat16 autocast (float32 parameters), emulated in float32";
   EXPECT_NE(r.output.find(precision), std::string::npos) << r.output;
   std::vector<std::string> lines = ReadLines(metrics);

@@ -1,7 +1,7 @@
-// bfloat16 CPU convolutions on oneDNN's bfloat16 primitives (nn::cpu_bf16_native())
-// against the emulated path (the float32 kernels on widened copies, each result
-// rounded once): forward, backward data, backward weights and bias; and which of
-// the two runs, against the CPU's flags.
+// bfloat16 CPU convolutions and GEMMs (matmul, linear) on oneDNN's bfloat16
+// primitives (nn::cpu_bf16_native()) against the emulated path (the float32
+// kernels on widened copies, each result rounded once): forward, backward data,
+// backward weights and bias; and which of the two runs, against the CPU's flags.
 //
 // Tolerance: each path's result is its float32 sum rounded once to bfloat16, so
 // each is within half a bfloat16 ulp of its float32 sum, and the two float32 sums
@@ -20,6 +20,7 @@
 
 #include "nn/autocast.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/matmul.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
@@ -226,6 +227,103 @@ TEST_F(Bf16ConvDnnlParityTest, AutocastGivesFloat32ParameterGradientsOnBothPaths
     loss.backward();
     ASSERT_EQ(w.grad().dtype(), kFloat32);
     ASSERT_EQ(b.grad().dtype(), kFloat32);
+    grads.push_back(w.grad().to_vector<double>());
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    ASSERT_NEAR(grads[0][i], grads[1][i], 0.02 * (std::abs(grads[1][i]) + 1.0)) << i;
+  }
+}
+
+// linear and matmul: oneDNN's bfloat16 matmul primitive (bfloat16 operands,
+// float32 result rounded once after bias and relu) against sgemm on widened
+// copies; forward and the three gradients (dy W and dy^T x are the transposed
+// GEMMs). Same tolerance as the convolutions', abs_ref from the float64 op on
+// the magnitudes.
+struct LinearGrads {
+  Tensor y, dx, dw, db;
+};
+
+LinearGrads RunLinear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy,
+                      bool relu) {
+  Tensor xl = Leaf(x), wl = Leaf(w), bl = Leaf(b);
+  Tensor y = relu ? linear_relu(xl, wl, bl) : linear(xl, wl, bl);
+  y.backward(dy);
+  return {y.detach(), xl.grad(), wl.grad(), bl.grad()};
+}
+
+TEST_F(Bf16ConvDnnlParityTest, LinearForwardAndGradients) {
+  manual_seed(206);
+  struct Shape3 {
+    int64_t rows, in, out;
+  };
+  // train_mnist's fc (batch 64, 980 -> 10), a square one, odd sizes.
+  for (const Shape3 s : {Shape3{64, 980, 10}, Shape3{32, 64, 64}, Shape3{7, 33, 5}}) {
+    for (bool relu : {false, true}) {
+      const std::string what = std::to_string(s.rows) + "x" + std::to_string(s.in) + " -> " +
+                               std::to_string(s.out) + (relu ? " relu" : "");
+      Tensor x = RandomBf16({s.rows, s.in}), w = RandomBf16({s.out, s.in}),
+             b = RandomBf16({s.out});
+      Tensor dy = randn({s.rows, s.out}).to(kBFloat16);
+      const LinearGrads native = RunLinear(x, w, b, dy, relu);
+      set_cpu_bf16_native(false);
+      const LinearGrads emulated = RunLinear(x, w, b, dy, relu);
+      set_cpu_bf16_native(true);
+      Tensor xa = AbsFloat64Leaf(x), wa = AbsFloat64Leaf(w), ba = AbsFloat64Leaf(b);
+      Tensor ya = linear(xa, wa, ba);
+      ya.backward(AbsFloat64Leaf(dy).detach());
+      ExpectClose(native.y, emulated.y, ya, what + ": output");
+      if (relu) {
+        // The masks agree where both outputs are the same: compare the gradients
+        // only when they are (a sum rounding across 0 would move one element).
+        if (native.y.to_vector<double>() != emulated.y.to_vector<double>()) continue;
+      }
+      ExpectClose(native.dx, emulated.dx, xa.grad(), what + ": dx");
+      ExpectClose(native.dw, emulated.dw, wa.grad(), what + ": dweight");
+      ExpectClose(native.db, emulated.db, ba.grad(), what + ": dbias");
+    }
+  }
+}
+
+TEST_F(Bf16ConvDnnlParityTest, MatmulAndAutocastLinear) {
+  manual_seed(207);
+  Tensor a = RandomBf16({9, 40}), b = RandomBf16({40, 11});
+  Tensor dc = randn({9, 11}).to(kBFloat16);
+  std::vector<std::vector<Tensor>> runs;
+  for (bool native : {true, false}) {
+    set_cpu_bf16_native(native);
+    Tensor al = Leaf(a), bl = Leaf(b);
+    Tensor c = matmul(al, bl);
+    c.backward(dc);
+    runs.push_back({c.detach(), al.grad(), bl.grad()});
+  }
+  set_cpu_bf16_native(true);
+  Tensor aa = AbsFloat64Leaf(a), ba = AbsFloat64Leaf(b);
+  Tensor ca = matmul(aa, ba);
+  ca.backward(AbsFloat64Leaf(dc).detach());
+  ExpectClose(runs[0][0], runs[1][0], ca, "matmul output");
+  ExpectClose(runs[0][1], runs[1][1], aa.grad(), "matmul da");
+  ExpectClose(runs[0][2], runs[1][2], ba.grad(), "matmul db");
+
+  // Under autocast: float32 weights (the master copy) get float32 gradients on
+  // both paths, within bfloat16 rounding of each other.
+  Tensor x = randn({16, 50});
+  Tensor w = randn({8, 50}).set_requires_grad(true);
+  Tensor bias = randn({8}).set_requires_grad(true);
+  std::vector<std::vector<double>> grads;
+  for (bool native : {true, false}) {
+    set_cpu_bf16_native(native);
+    w.set_grad(Tensor());
+    bias.set_grad(Tensor());
+    Tensor loss;
+    {
+      AutocastGuard autocast(kBFloat16);
+      Tensor y = linear(x, w, bias);
+      ASSERT_EQ(y.dtype(), kBFloat16);
+      loss = sum(y.to(kFloat32));
+    }
+    loss.backward();
+    ASSERT_EQ(w.grad().dtype(), kFloat32);
+    ASSERT_EQ(bias.grad().dtype(), kFloat32);
     grads.push_back(w.grad().to_vector<double>());
   }
   for (size_t i = 0; i < grads[0].size(); ++i) {

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "nn/autocast.h"
 #include "nn/autograd.h"
 #include "nn/layers.h"
 #include "nn/ops/conv.h"
@@ -18,6 +21,7 @@
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
 #include "nn/ops/matmul.h"                 // set_cpu_blas_threads
 #include "nn/ops/pool.h"
+#include "nn/ops/reduce.h"
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
 #include "tests/nn/gradcheck.h"
@@ -115,7 +119,10 @@ void ExpectSameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b,
     ASSERT_EQ(a[k].defined(), b[k].defined()) << names[k] << ", " << what;
     if (!a[k].defined()) continue;
     ASSERT_EQ(a[k].shape(), b[k].shape()) << names[k] << ", " << what;
-    EXPECT_EQ(std::memcmp(a[k].data_ptr(), b[k].data_ptr(), a[k].numel() * sizeof(float)), 0)
+    ASSERT_EQ(a[k].dtype(), b[k].dtype()) << names[k] << ", " << what;
+    EXPECT_EQ(std::memcmp(a[k].data_ptr(), b[k].data_ptr(),
+                          static_cast<size_t>(a[k].numel() * ElementSize(a[k].dtype()))),
+              0)
         << names[k] << " differs: " << what;
   }
 }
@@ -287,6 +294,108 @@ TEST(ConvReluPoolTest, SequentialFusesConvReluPoolWithTheSameBits) {
   EXPECT_EQ(CountOps(r.one_by_one, "relu"), 2);
   EXPECT_EQ(r.whole.to_vector<float>(), r.one_by_one.to_vector<float>());
   EXPECT_EQ(r.whole_grads, r.one_by_one_grads);
+}
+
+// bfloat16 (autocast's dtype on the CPU): where the CPU has bfloat16 instructions
+// (cpu_bf16_native()) the fused path runs on oneDNN's bfloat16 convolution with
+// relu as its post-op, y and dy bfloat16 in the primitive's layout, and its
+// values and gradients are the bits of the bfloat16 ops one by one (which run
+// the same primitives); emulated (set_cpu_bf16_native(false), or no avx512_bf16 /
+// amx_bf16) the ops run one by one. How close bfloat16 is to float32 is
+// bf16_conv_dnnl_test's and bf16_conv_pool_test's (one bfloat16 rounding plus
+// float32 accumulation error).
+struct RestoreBf16Native {
+  ~RestoreBf16Native() { set_cpu_bf16_native(true); }
+};
+
+TEST(ConvReluPoolTest, Bfloat16FusedEqualsTheOpsOneByOneBitForBit) {
+  const testing::RestoreCpuConv restore;
+  const RestoreBf16Native restore_bf16;
+  const std::vector<CpuConvPath> paths = testing::CpuConvPathsToCompare(/*with_auto=*/true);
+  manual_seed(37);
+  for (const Case& c : Cases()) {
+    for (bool native : {true, false}) {
+      set_cpu_bf16_native(native);
+      const Tensor x0 = randn(c.x).to(kBFloat16);
+      const Tensor w0 = mul_scalar(randn(c.w), 0.3).to(kBFloat16);
+      const Tensor b0 = randn({c.w[0]}).to(kBFloat16);
+      const Shape y_shape = max_pool2d(conv2d_relu(x0, w0, b0, c.conv), c.pool).shape();
+      const Tensor dy = randn(y_shape).to(kBFloat16);
+      for (CpuConvPath path : paths) {
+        ops::internal::SetCpuConvPath(path);
+        const std::string what = c.name + (native ? ", native" : ", emulated") + ", path " +
+                                 std::to_string(static_cast<int>(path));
+        Tensor y;
+        const std::vector<Tensor> fused = RunCase(c, x0, w0, b0, dy, true, &y);
+        ASSERT_EQ(y.dtype(), kBFloat16) << what;
+        ExpectSameBits(fused, RunCase(c, x0, w0, b0, dy, false), what);
+        const int fused_ops = CountOps(y, "conv2d_relu_max_pool2d");
+        if (!cpu_bf16_native() || path == CpuConvPath::kIm2col || path == CpuConvPath::kDnnl) {
+          EXPECT_EQ(fused_ops, 0) << what;
+        } else if (path == CpuConvPath::kDnnlNhwc) {
+          EXPECT_EQ(fused_ops, c.tiles ? 1 : 0) << what;
+        }
+      }
+    }
+  }
+}
+
+// The path follows the CPU's flags: LeNet under autocast runs both conv + relu
+// + pool triples fused on bfloat16 primitives where /proc/cpuinfo lists
+// avx512_bf16 or amx_bf16 (and tandem is built with oneDNN), else the float32
+// kernels on widened copies, one op at a time; the values agree within
+// bfloat16 rounding (the pooled outputs, 2^-6 of the largest: two roundings of
+// the products' sums and a different summation order), and each path's
+// gradients reach the float32 parameters.
+TEST(ConvReluPoolTest, AutocastLeNetPathFollowsTheCpuFlags) {
+  const testing::RestoreCpuConv restore;
+  const RestoreBf16Native restore_bf16;
+  ops::internal::SetCpuConvPath(CpuConvPath::kAuto);
+  std::string flags;
+  {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (flags.empty() && std::getline(in, line)) {
+      if (line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 1) + " ";
+    }
+  }
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr) {
+    GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA caps oneDNN's instruction set";
+  }
+  const bool has_bf16 = flags.find(" avx512_bf16 ") != std::string::npos ||
+                        flags.find(" amx_bf16 ") != std::string::npos;
+  const bool want_fused = has_bf16 && ops::internal::CpuConvUsesDnnl();
+  manual_seed(38);
+  Sequential net({Conv2d(1, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2),
+                  Conv2d(20, 20, 5, {.padding = {2, 2}}), ReLU(), MaxPool2d(2)});
+  const Tensor x = randn({4, 1, 28, 28});
+  std::vector<std::vector<float>> outs;
+  for (bool native : {true, false}) {
+    set_cpu_bf16_native(native);
+    Tensor y;
+    {
+      AutocastGuard autocast(kBFloat16);
+      y = net->forward(x);
+    }
+    ASSERT_EQ(y.dtype(), kBFloat16);
+    EXPECT_EQ(CountOps(y, "conv2d_relu_max_pool2d"), native && want_fused ? 2 : 0)
+        << "native " << native << ", flags:" << flags;
+    EXPECT_EQ(CountOps(y, "conv2d_relu"), native && want_fused ? 0 : 2) << "native " << native;
+    net->zero_grad();
+    sum(y.to(kFloat32)).backward();
+    for (const Tensor& p : net->parameters()) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().dtype(), kFloat32);
+    }
+    outs.push_back(y.to_vector<float>());
+  }
+  float largest = 0;
+  for (float v : outs[1]) largest = std::max(largest, std::abs(v));
+  ASSERT_GT(largest, 0.0f);
+  for (size_t i = 0; i < outs[0].size(); ++i) {
+    ASSERT_NEAR(outs[0][i], outs[1][i], largest / 64) << "element " << i;
+  }
 }
 
 }  // namespace

@@ -64,8 +64,9 @@ void Conv2dBackwardCpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                        const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                        const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
 
-// conv2d_relu_max_pool2d's fused CPU path: float32 on a oneDNN JIT convolution
-// with relu as its post-op and y channels-last (NHWC) or blocked nChw8c /
+// conv2d_relu_max_pool2d's fused CPU path: float32, or bfloat16 where
+// CpuBf16Native() (autocast's; y and dy then bfloat16 in the primitive's
+// layout), on a oneDNN JIT convolution with relu as its post-op and y channels-last (NHWC) or blocked nChw8c /
 // nChw16c with the output channels filling the blocks, then max pooling whose
 // windows tile y (no padding, kernel == stride, < 255 positions) on tandem's
 // own pooling path. y stays in the primitive's layout: the pooling reads it
@@ -83,9 +84,9 @@ struct Conv2dReluMaxPoolLayout {
   int64_t group = 0;  // 0: the fused path does not apply to the call
   std::shared_ptr<const void> y_layout;  // conv_dnnl.cc's description of y's layout
 };
-// For float32 CPU operands outside autocast (the caller's checks); bias: whether
-// the convolution has one.
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(const Conv2dGeometry& g,
+// For float32 CPU operands, or bfloat16 ones (the caller's checks); bias:
+// whether the convolution has one.
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutCpu(DType dtype, const Conv2dGeometry& g,
                                                    const Pool2dGeometry& pool, bool bias);
 void Conv2dReluMaxPoolForwardCpu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                  const Conv2dGeometry& g, const Pool2dGeometry& pool,
@@ -157,7 +158,8 @@ void Conv2dBackwardFilterDnnl(const Tensor& dy, const Tensor& x, const Conv2dGeo
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias, const Conv2dSavedInput& saved_x = {});
-Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(const Conv2dGeometry& g, bool bias);
+Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(DType dtype, const Conv2dGeometry& g,
+                                                    bool bias);
 void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& out,

@@ -35,6 +35,10 @@ bool CpuGemmUsesDnnl();
 void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc);
+// matmul_dnnl.cc: c (float32, m x n) = op(a) op(b) on bfloat16 operands, float32
+// accumulation, on oneDNN's matmul primitive; m, n, k > 0. For CpuBf16Native().
+void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
+                  int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc);
 #endif
 
 // out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype (float32,

@@ -30,9 +30,9 @@ void MaxPool2dForwardCpu(const Tensor& x, const Pool2dGeometry& g, const Tensor&
 // through `indices`; CUDA float32 / float64: cuDNN from x and y).
 void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indices,
                           const Tensor& dy, const Pool2dGeometry& g, const Tensor& dx);
-// The pooling half of conv2d_relu_max_pool2d's fused CPU path (float32): x is
-// the relu'd convolution output in channels-last order (n, h, w, c), windows
-// tile it (no padding, kernel == stride; MaxPoolTilesChannelsLast). Forward
+// The pooling half of conv2d_relu_max_pool2d's fused CPU path (float32, and
+// bfloat16 below): x is the relu'd convolution output in channels-last order
+// (n, h, w, c), windows tile it (no padding, kernel == stride; MaxPoolTilesChannelsLast). Forward
 // writes y (n, c, oh, ow) in our NCHW order, each the first maximum in row-major
 // window order as MaxPool2dForwardCpu picks it, and `where` (n, oh, ow, c): the
 // window position i * kw + j of that maximum, or kMaxPoolNoGradient where y is
@@ -41,10 +41,16 @@ void MaxPool2dBackwardCpu(const Tensor& x, const Tensor& y, const Tensor& indice
 // position, 0 elsewhere, the bits of max_pool2d's and relu's backward in turn.
 inline constexpr uint8_t kMaxPoolNoGradient = 0xFF;
 bool MaxPoolTilesChannelsLast(const Pool2dGeometry& g);
+// bfloat16 (the fused path under autocast): the same selects on the values
+// widened to float32; every stored value is a bfloat16 input or zero (exact).
 void MaxPool2dReluChannelsLastForwardCpu(const float* x, const Pool2dGeometry& g, float* y,
+                                         uint8_t* where);
+void MaxPool2dReluChannelsLastForwardCpu(const BFloat16* x, const Pool2dGeometry& g, BFloat16* y,
                                          uint8_t* where);
 void MaxPool2dReluChannelsLastBackwardCpu(const float* dy, const uint8_t* where,
                                           const Pool2dGeometry& g, float* dx);
+void MaxPool2dReluChannelsLastBackwardCpu(const BFloat16* dy, const uint8_t* where,
+                                          const Pool2dGeometry& g, BFloat16* dx);
 // The checks of max_pool2d / avg_pool2d on an input of shape x_shape (N, C, H, W)
 // (pool.cc): the geometry, or an error naming `op` and the bad value.
 Pool2dGeometry Pool2dGeometryOf(const Shape& x_shape, const Pool2dParams& params, const char* op);

@@ -1,0 +1,78 @@
+// bfloat16 CPU GEMMs on oneDNN's matmul primitive (bfloat16 operands, float32
+// accumulation and a float32 result, which matmul_cpu.cc rounds to bfloat16 once
+// after the bias and relu), where CpuBf16Native(): the CPU has avx512_bf16 or
+// AMX and tandem is built with oneDNN. Every GEMM of the matmul family goes
+// through it: matmul, linear's forward (x W^T) and both of its gradients (dy W,
+// dy^T x). Transposed operands are strided views (no copies); one primitive per
+// shape, transposition and thread count, cached per thread as conv_dnnl.cc's.
+// Determinism: the primitive is chosen from the shape, the ISA and the thread
+// count, and oneDNN 2.6's CPU matmul splits work statically, so the same inputs
+// and thread count give the same bits.
+#include <dnnl.hpp>
+#include <map>
+#include <tuple>
+
+#include "nn/error.h"
+#include "nn/ops/internal/dnnl_runtime.h"
+#include "nn/ops/internal/matmul_kernels.h"
+
+namespace tandem::nn::ops::internal {
+namespace {
+
+using dnnl::memory;
+using DataType = memory::data_type;
+
+struct Key {
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  int threads;
+  auto Tie() const { return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, threads); }
+  bool operator<(const Key& other) const { return Tie() < other.Tie(); }
+};
+
+struct Entry {
+  dnnl::matmul primitive;
+  memory::desc a, b, c, scratchpad;
+};
+
+// Row-major a (m x k, or k x m stored when trans_a), b (k x n, or n x k stored
+// when trans_b) and c (m x n), as oneDNN's strided descriptions.
+Entry MakeEntry(const Key& key) {
+  Entry e;
+  e.a = memory::desc({key.m, key.k}, DataType::bf16,
+                     key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+  e.b = memory::desc({key.k, key.n}, DataType::bf16,
+                     key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+  e.c = memory::desc({key.m, key.n}, DataType::f32, memory::dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, DnnlEngine());
+  e.primitive = dnnl::matmul(pd);
+  e.scratchpad = pd.scratchpad_desc();
+  return e;
+}
+
+}  // namespace
+
+void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
+                  int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
+  TANDEM_CHECK(m > 0 && n > 0 && k > 0, "gemm: bfloat16 oneDNN GEMM needs m, n, k > 0, got m ",
+               m, ", n ", n, ", k ", k);
+  thread_local std::map<Key, Entry> cache;
+  const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, DnnlUseThreads()};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key)).first;
+  const Entry& e = it->second;
+  const dnnl::engine& engine = DnnlEngine();
+  const int64_t scratch_bytes = static_cast<int64_t>(e.scratchpad.get_size());
+  const Tensor scratch = empty({(scratch_bytes + 3) / 4}, {.dtype = kFloat32});
+  e.primitive.execute(
+      DnnlStream(),
+      {{DNNL_ARG_SRC, memory(e.a, engine, const_cast<BFloat16*>(a))},
+       {DNNL_ARG_WEIGHTS, memory(e.b, engine, const_cast<BFloat16*>(b))},
+       {DNNL_ARG_DST, memory(e.c, engine, c)},
+       {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.host_ptr())}});
+  DnnlStream().wait();
+}
+
+}  // namespace tandem::nn::ops::internal
