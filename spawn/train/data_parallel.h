@@ -96,6 +96,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -191,13 +192,19 @@ class DataParallel {
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DataParallel* dp);
-    ~NoSyncGuard() { dp_->sync_ = previous_; }
+    // Left by an exception: the step is abandoned, and the rows its micro-batches
+    // counted (global_batch_size, join()) do not carry into the next one.
+    ~NoSyncGuard() {
+      dp_->sync_ = previous_;
+      if (std::uncaught_exceptions() > exceptions_) dp_->step_rows_ = 0;
+    }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
    private:
     DataParallel* dp_;
     bool previous_;
+    int exceptions_ = std::uncaught_exceptions();
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
 

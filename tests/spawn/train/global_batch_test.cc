@@ -174,6 +174,14 @@ TEST_F(GlobalBatchTest, RefusesWhatCannotWork) {
       dp(nn::randn({5, 6}));
     }
     e.push_back(::tandem::testing::ErrorOf([&] { dp(nn::randn({4, 6})); }));
+    // A step abandoned by an exception inside no_sync(): its rows do not carry
+    // into the next step (8 rows then pass).
+    e.push_back(::tandem::testing::ErrorOf([&] {
+      auto accumulate = dp.no_sync();
+      dp(nn::randn({5, 6}));
+      throw Error("abandoned");
+    }));
+    e.push_back(::tandem::testing::ErrorOf([&] { dp(nn::randn({8, 6})); }));
     return e;
   }, 1, "cpu", options_);
   ASSERT_TRUE(errors.ok()) << errors.status();
@@ -189,6 +197,8 @@ TEST_F(GlobalBatchTest, RefusesWhatCannotWork) {
       << e[3];
   EXPECT_EQ(e[4], "");
   EXPECT_NE(e[5].find("step has 9 rows"), std::string::npos) << e[5];  // 5 accumulated + 4
+  EXPECT_NE(e[6].find("abandoned"), std::string::npos) << e[6];
+  EXPECT_EQ(e[7], "");
 }
 
 }  // namespace
