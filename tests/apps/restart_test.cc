@@ -16,28 +16,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/apps/run_program.h"
 
 namespace {
 
 constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
 
-struct RunResult {
-  int status = -1;     // exit status, or -1 when killed by a signal
-  std::string output;  // stdout and stderr together
-};
-
-RunResult RunProgram(const std::string& program, const std::string& args) {
-  const std::string command = absl::StrCat(program, " ", args, " 2>&1");
-  RunResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int raw = ::pclose(pipe);
-  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return result;
-}
+using ::tandem::testing::RunProgram;
+using ::tandem::testing::RunResult;
 
 // The summary line up to its timing: "summary: <data>, N rank(s), E epoch(s)
 // run (S steps in all): best test accuracy A%, final F%, final train loss L".

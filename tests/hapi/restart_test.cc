@@ -25,6 +25,7 @@
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
 #include "testing/run.h"
+#include "tests/hapi/classification.h"
 
 namespace tandem::hapi {
 namespace {
@@ -42,19 +43,7 @@ struct Net : nn::Module {
   nn::Linear l2;
 };
 
-// n examples of 4 features, labels in [0, 3) from a fixed rule.
-std::shared_ptr<const data::Dataset> Classification(int64_t n, uint64_t seed) {
-  nn::manual_seed(seed);
-  nn::Tensor x = nn::randn({n, 4});
-  std::vector<float> xs = x.to_vector<float>();
-  std::vector<int64_t> labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const float s = xs[i * 4] + 0.5f * xs[i * 4 + 1] - xs[i * 4 + 2];
-    labels[i] = s < -0.4f ? 0 : (s < 0.4f ? 1 : 2);
-  }
-  return std::make_shared<data::TensorDataset>(
-      x, nn::from_vector(labels, {n}, {.dtype = nn::kInt64}));
-}
+using ::tandem::testing::Classification;
 
 OptimizerFactory AdamFactory() {
   return [](std::vector<nn::Tensor> params) {
