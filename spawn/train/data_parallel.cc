@@ -414,18 +414,19 @@ void DataParallel::LaunchReadyBuckets() {
 }
 
 void DataParallel::WeighStepRows(int64_t rows) {
+  const int64_t global = options_.global_batch_size;
+  // SyncBatchNorm's gradient sums in this forward's backward (set_row_weight):
+  // weighed on every rank by the forward's own rows, n N / G (1 with even
+  // shares), no_sync() micro-batches included; only proportions matter.
+  step_weight_ = static_cast<double>(rows * ctx_.world_size()) / static_cast<double>(global);
   if (!sync_) {  // a no_sync() micro-batch: the step's synchronised forward weighs them all
     step_rows_ += rows;
     return;
   }
   const int64_t step_rows = std::exchange(step_rows_, 0) + rows;
-  const int64_t global = options_.global_batch_size;
   TANDEM_CHECK(step_rows <= global, "DataParallel: rank ", ctx_.rank(), "'s step has ",
                step_rows, " rows, more than global_batch_size ", global);
   step_scale_ = static_cast<double>(step_rows * ctx_.world_size()) / static_cast<double>(global);
-  // SyncBatchNorm's gradient sums (set_row_weight): n_r / G, 0 when even.
-  step_weight_ = step_scale_ != 1.0 ? static_cast<double>(step_rows) / static_cast<double>(global)
-                                    : 0.0;
 }
 
 void DataParallel::LaunchBucket(Bucket& b) {

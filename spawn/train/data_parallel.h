@@ -141,7 +141,9 @@ struct DataParallelOptions {
   // forward in the step plus those of its no_sync() micro-batches before it;
   // one synchronised forward per backward; forwards with autograd off, an
   // evaluation's, do not count; a comm hook gets the scaled bucket; SyncBatchNorm
-  // layers weigh their gradient sums by n_r / G alike), so the mean
+  // layers weigh the gradient sums of each forward's backward by that forward's
+  // rows on every rank, so that with no_sync() the micro-batches of a step must
+  // split each rank's rows evenly, as the weighing of its gradients assumes), so the mean
   // over the ranks is sum_r n_r g_r / G (g_r: the gradient of this rank's mean
   // loss): the gradient of the mean loss over the G samples, as one rank with
   // batch G computes it. No collective: the ranks' rows must sum to G in every
@@ -329,7 +331,7 @@ class DataParallel {
   // options_.global_batch_size.
   int64_t step_rows_ = 0;
   double step_scale_ = 1;  // global_batch_size: n_r N / G of the current step
-  double step_weight_ = 0;  // n_r / G when step_scale_ != 1, else 0 (SyncBatchNorm's weight)
+  double step_weight_ = 1;  // global_batch_size: n N / G of the last forward (SyncBatchNorm's weight)
   OverlapStats overlap_;
   internal::JoinState join_;
 };

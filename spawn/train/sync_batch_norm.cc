@@ -74,8 +74,8 @@ nn::Tensor SyncBatchNormReducer::ReduceGradientSums(const nn::Tensor& sums) {
   // Inside a join the loss is the mean over the step's samples, sum_r w_r L_r
   // (w_r = n_r / n): the sums over the ranks are weighted by w_r, and divided
   // by this rank's own w_r since DataParallel weighs this rank's gradients by it.
-  // With DataParallelOptions::global_batch_size and uneven shares the same,
-  // with w_r = n_r / G.
+  // With DataParallelOptions::global_batch_size the same with w_r = n_r N / G
+  // (proportional weights give the same result; 1 with even shares).
   const double weight = Joining()                ? join_->sample_weight()
                         : row_weight_ != nullptr ? *row_weight_
                                                  : 0.0;

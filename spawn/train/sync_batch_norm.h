@@ -69,9 +69,10 @@ class SyncBatchNormReducer : public nn::BatchNormReducer {
   // join() records their collectives and weighs their gradient sums.
   void set_join(internal::JoinState* join) { join_ = join; }
   // DataParallelOptions::global_batch_size: DataParallel points its layers at
-  // this rank's weight in the current step, n_r / G (0 while the shares are
-  // even: no weighing), so that the gradient sums are weighted as the
-  // parameters' gradients are (null: none).
+  // this rank's weight in the current forward, its rows n times N / G (1 with
+  // even shares: the bits of no weighing), so that the gradient sums are
+  // weighted in proportion to each rank's rows as the parameters' gradients
+  // are (null: none).
   void set_row_weight(const double* weight) { row_weight_ = weight; }
 
  private:

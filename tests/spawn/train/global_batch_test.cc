@@ -143,6 +143,70 @@ TEST_F(GlobalBatchTest, UnevenBatchesWithSyncBatchNormGiveTheGradientOfOneRank) 
   }
 }
 
+// One step of BnNet with SyncBatchNorm layers, rank r taking shares[r] rows of
+// 12 (one rank: all 12, with BatchNorm); `micro` > 1: that many no_sync()
+// micro-batches, each the same part of every rank's rows (micro-batch j of
+// rank r: its j-th slice of shares[r] / micro rows), the loss scaled by
+// 1 / micro. Returns every gradient.
+std::vector<float> SyncBnStep(Context& ctx, const std::vector<int64_t>& shares, int micro) {
+  nn::manual_seed(77);
+  const Tensor x_all = nn::randn({12, 2, 5, 5});
+  const Tensor y_all = nn::randn({12, 2});
+  BnNet net;
+  if (ctx.world_size() > 1) ConvertSyncBatchNorm(net);
+  DataParallel dp(net, ctx, {.global_batch_size = ctx.world_size() > 1 ? 12 : 0});
+  for (int j = 0; j < micro; ++j) {
+    // The one rank's micro-batch j: the union of the ranks' micro-batches j, in rank order.
+    std::vector<int64_t> rows;
+    int64_t begin = 0;
+    for (int r = 0; r < static_cast<int>(shares.size()); ++r) {
+      const int64_t part = shares[r] / micro;
+      if (ctx.world_size() == 1 || r == ctx.rank()) {
+        for (int64_t i = begin + j * part; i < begin + (j + 1) * part; ++i) rows.push_back(i);
+      }
+      begin += shares[r];
+    }
+    const Tensor index = nn::from_vector<int64_t>(rows, {static_cast<int64_t>(rows.size())},
+                                                  {.dtype = nn::kInt64});
+    std::optional<DataParallel::NoSyncGuard> accumulate;
+    if (j + 1 < micro) accumulate.emplace(&dp);
+    Tensor loss = nn::mse_loss(dp(nn::index_select(x_all, index)), nn::index_select(y_all, index));
+    (micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+  }
+  std::vector<float> grads;
+  for (const Tensor& p : net.parameters()) {
+    for (const float v : p.grad().to_vector<float>()) grads.push_back(v);
+  }
+  return grads;
+}
+
+// Every rank weighs SyncBatchNorm's gradient sums, also one whose share is
+// G / N among uneven ones (4 of 12 next to 5 and 3), and each no_sync()
+// micro-batch's sums are weighed by its own rows (shares 8, 2, 2 in two
+// micro-batches of 4, 1, 1), on the first step as on any.
+TEST_F(GlobalBatchTest, SyncBatchNormWeighsEveryRankAndEveryMicroBatch) {
+  struct Case {
+    std::vector<int64_t> shares;
+    int micro;
+  };
+  for (const Case& c : {Case{{4, 5, 3}, 1}, Case{{6, 4, 2}, 1}, Case{{8, 2, 2}, 2},
+                        Case{{4, 4, 4}, 2}}) {
+    auto one = spawn([&](Context& ctx) { return SyncBnStep(ctx, c.shares, c.micro); }, 1, "cpu",
+                     options_);
+    auto three = spawn([&](Context& ctx) { return SyncBnStep(ctx, c.shares, c.micro); }, 3, "cpu",
+                       options_);
+    ASSERT_TRUE(one.ok() && three.ok()) << one.status() << three.status();
+    for (int r = 0; r < 3; ++r) {
+      const double error = ScaledError((*three)[r], (*one)[0]);
+      std::printf("SyncBatchNorm, shares %lld, %lld, %lld of 12 in %d micro-batch(es), rank %d vs "
+                  "one rank: gradients within %.3g\n",
+                  static_cast<long long>(c.shares[0]), static_cast<long long>(c.shares[1]),
+                  static_cast<long long>(c.shares[2]), c.micro, r, error);
+      EXPECT_LE(error, 2e-6) << "rank " << r;
+    }
+  }
+}
+
 TEST_F(GlobalBatchTest, EqualBatchesKeepTheBitsOfThePlainMean) {
   auto weighed = spawn([](Context& ctx) { return Train(ctx, 63, 63); }, 3, "cpu", options_);
   auto plain = spawn([](Context& ctx) { return Train(ctx, 63, 0); }, 3, "cpu", options_);
