@@ -3,8 +3,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -196,7 +198,11 @@ MetricsLogger::MetricsLogger(std::string path) : path_(std::move(path)) {
 
 void MetricsLogger::on_train_begin(RunState& s) {
   if (!IsRankZero(s)) return;
-  if (resumed_epochs_.has_value() || (s.ctx != nullptr && s.ctx->attempt() > 0)) {
+  // A fit continuing after E >= 1 finished epochs drops the interrupted
+  // attempt's rows of epochs >= E (its own rows of epochs < E end the drop).
+  // From epoch 0 its rows cannot be told from those of a run before it in the
+  // same file: they stay, and the rows of the epochs run again follow them.
+  if (resumed_epochs_.value_or(0) > 0) {
     auto epoch_of = [](std::string_view line) -> std::optional<int> {
       constexpr std::string_view kKey = "{\"epoch\": ";
       int epoch = 0;
@@ -206,7 +212,7 @@ void MetricsLogger::on_train_begin(RunState& s) {
       if (!absl::SimpleAtoi(digits, &epoch)) return std::nullopt;
       return epoch;
     };
-    DropRowsFromEpoch(path_, resumed_epochs_.value_or(0), epoch_of);
+    DropRowsFromEpoch(path_, *resumed_epochs_, epoch_of);
   }
   std::ofstream out(path_, std::ios::app);
   TANDEM_CHECK(out.good(), "MetricsLogger: cannot open '", path_, "' for appending");
@@ -237,18 +243,23 @@ void DropRowsFromEpoch(const std::string& path, int epoch,
   if (!std::filesystem::exists(path, error)) return;
   std::ifstream in(path);
   TANDEM_CHECK(in.good(), "cannot read the metrics file '", path, "'");
-  std::string kept, line;
-  bool dropped = false;
-  while (std::getline(in, line)) {
-    const std::optional<int> row_epoch = epoch_of(line);
-    if (row_epoch.has_value() && *row_epoch >= epoch) {
-      dropped = true;
-      continue;
-    }
-    absl::StrAppend(&kept, line, "\n");
-  }
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
   TANDEM_CHECK(in.eof(), "reading the metrics file '", path, "' failed");
-  if (!dropped) return;
+  // The interrupted run's own rows end the file, their epochs increasing:
+  // from the end, drop rows of epochs >= `epoch` while the epochs go down; a
+  // header, an earlier epoch or a row of another run before it stops.
+  size_t keep = lines.size();
+  int later = std::numeric_limits<int>::max();
+  while (keep > 0) {
+    const std::optional<int> row_epoch = epoch_of(lines[keep - 1]);
+    if (!row_epoch.has_value() || *row_epoch < epoch || *row_epoch >= later) break;
+    later = *row_epoch;
+    --keep;
+  }
+  if (keep == lines.size()) return;
+  std::string kept;
+  for (size_t i = 0; i < keep; ++i) absl::StrAppend(&kept, lines[i], "\n");
   const std::string temporary = path + ".tmp";
   {
     std::ofstream out(temporary, std::ios::trunc);

@@ -203,9 +203,10 @@ class LRSchedulerCallback : public Callback {
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
 // `path` (created, with its directory's existence checked at train begin: an
 // error names the path). A fit that resumed (from a checkpoint or, after a
-// restart, a snapshot) or restarted first drops the lines of the epoch it
-// continues in and later ones: the interrupted attempt wrote them, and they
-// come again.
+// restart, a snapshot) after E >= 1 finished epochs first drops the lines the
+// interrupted run wrote for epochs >= E (DropRowsFromEpoch), which come
+// again; a restart from epoch 0 cannot tell the interrupted attempt's lines
+// from an earlier run's in the same file and appends after them.
 class MetricsLogger : public Callback {
  public:
   explicit MetricsLogger(std::string path);
@@ -226,12 +227,15 @@ class MetricsLogger : public Callback {
 // The best value goes into every checkpoint and snapshot
 // ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 // Rewrites the text file at `path` (atomically: a temporary file renamed over
-// it) without the lines of epochs from `epoch` on (0-based, as `epoch_of`
-// reads it from a line; lines it reads none from, nullopt, such as a header,
-// stay). A missing file is left alone. For per-epoch metrics files after a
-// resume or a restart: the rows the interrupted run wrote for the epoch it
-// continues in, and later ones, come again. Throws tandem::Error naming the
-// path when it cannot be read or written.
+// it) without the rows the interrupted run wrote for epochs from `epoch` on
+// (0-based, as `epoch_of` reads it from a line; nullopt: not a row, such as a
+// header): the trailing rows of epochs >= `epoch` whose epochs increase to
+// the end of the file. Rows of other runs before them stay (an earlier
+// epoch, a header or an epoch that does not continue the sequence stops the
+// drop). A missing file is left alone. For per-epoch metrics files after a
+// resume or a restart, whose rows for the epoch it continues in, and later
+// ones, come again. Throws tandem::Error naming the path when it cannot be
+// read or written.
 void DropRowsFromEpoch(const std::string& path, int epoch,
                        const std::function<std::optional<int>(std::string_view)>& epoch_of);
 

@@ -338,11 +338,15 @@ TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
           [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); })),
       MakeCallback<EarlyStopping>(std::string("loss"), 1, std::string("min"), 10.0)};
   // MetricsLogger: the faulted fit wrote epoch 2's line (step 8) before the
-  // fault; resumed inside epoch 2, it drops that line and writes it again.
+  // fault; resumed inside epoch 2, it drops that line and writes it again,
+  // keeping the lines of another run earlier in the file.
   const std::string straight_log = ::testing::TempDir() + "fit_restart_metrics_straight.jsonl";
   const std::string faulted_log = ::testing::TempDir() + "fit_restart_metrics_faulted.jsonl";
-  std::filesystem::remove(straight_log);
-  std::filesystem::remove(faulted_log);
+  // Both files begin with another run's lines, which stay.
+  for (const std::string& path : {straight_log, faulted_log}) {
+    std::ofstream other(path, std::ios::trunc);
+    for (int e = 0; e < 5; ++e) other << "{\"epoch\": " << e << ", \"step\": " << 10 * (e + 1) << "}\n";
+  }
   const std::vector<CallbackFactory> callbacks = options.callbacks;
   auto straight = make();
   options.callbacks.push_back(MakeCallback<MetricsLogger>(straight_log));
@@ -363,7 +367,7 @@ TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
     for (std::string line; std::getline(in, line);) out.push_back(line);
     return out;
   };
-  EXPECT_EQ(lines(straight_log).size(), 3u);
+  EXPECT_EQ(lines(straight_log).size(), 5u + 3u);
   EXPECT_EQ(lines(faulted_log), lines(straight_log));
   absl::StatusOr<nn::StateDict> wa = straight->state_dict(), wb = faulted->state_dict();
   ASSERT_TRUE(wa.ok() && wb.ok());
