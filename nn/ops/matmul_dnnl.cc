@@ -58,10 +58,17 @@ void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
   TANDEM_CHECK(m > 0 && n > 0 && k > 0, "gemm: bfloat16 oneDNN GEMM needs m, n, k > 0, got m ",
                m, ", n ", n, ", k ", k);
+  // One JIT-compiled primitive per shape (~9 ms and ~70 KB each): a network's
+  // few shapes stay; a stream of distinct row counts (variable batches) would
+  // grow it without bound, so past kMaxShapes it starts again.
+  constexpr size_t kMaxShapes = 256;
   thread_local std::map<Key, Entry> cache;
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, DnnlUseThreads()};
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key)).first;
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxShapes) cache.clear();
+    it = cache.emplace(key, MakeEntry(key)).first;
+  }
   const Entry& e = it->second;
   const dnnl::engine& engine = DnnlEngine();
   const int64_t scratch_bytes = static_cast<int64_t>(e.scratchpad.get_size());
