@@ -146,18 +146,14 @@ class MetricsWriter {
   void DropRowsFromEpoch(int epoch) {
     if (path_.empty()) return;
     out_.close();
-    hapi::DropRowsFromEpoch(path_, epoch, [this](std::string_view line) -> std::optional<int> {
-      int row_epoch = 0;  // 1-based in the file
+    auto epoch_of = [this](std::string_view line) -> std::optional<int64_t> {
+      // 1-based in the file.
       if (jsonl_) {
-        constexpr std::string_view kKey = "\"epoch\": ";
-        const size_t at = line.find(kKey);
-        if (at == std::string_view::npos) return std::nullopt;
-        const std::string_view rest = line.substr(at + kKey.size());
-        if (!absl::SimpleAtoi(std::string(rest.substr(0, rest.find(','))), &row_epoch)) {
-          return std::nullopt;
-        }
-        return row_epoch - 1;
+        const std::optional<int64_t> row_epoch = hapi::JsonLineInt(line, "epoch");
+        if (!row_epoch.has_value()) return std::nullopt;
+        return *row_epoch - 1;
       }
+      int64_t row_epoch = 0;
       // dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr: the epoch is the
       // seventh field from the end (a dataset's name may hold a comma).
       const std::vector<std::string> fields = absl::StrSplit(std::string(line), ',');
@@ -165,7 +161,8 @@ class MetricsWriter {
         return std::nullopt;  // the header
       }
       return row_epoch - 1;
-    });
+    };
+    hapi::DropRowsFromEpoch(path_, epoch, epoch_of);
     out_.open(path_, std::ios::app);
     TANDEM_CHECK(out_.good(), "--metrics: cannot open \"", path_, "\" for appending");
   }

@@ -139,6 +139,23 @@ struct Times {
   int64_t steady_a_ns = 0, steady_b_ns = 0;
 };
 
+// Restores `state` as the mode asks: disk, the --checkpoint file with
+// --resume; in the process, the run's snapshot on a later attempt. True when
+// this rank resumed (rank 0 then notes Times::restored_ns).
+absl::StatusOr<bool> Resume(dist::Context& ctx, bool disk, dist::TrainingState& state,
+                            Times* times) {
+  bool resumed = false;
+  if (disk && absl::GetFlag(FLAGS_resume)) {
+    RETURN_IF_ERROR(dist::LoadTrainingCheckpoint(ctx, absl::GetFlag(FLAGS_checkpoint), state));
+    resumed = true;
+  } else if (!disk) {
+    ASSIGN_OR_RETURN(resumed, dist::RestoreSnapshot(ctx, state));
+    resumed = resumed || ctx.attempt() > 0;
+  }
+  if (resumed && ctx.rank() == 0) times->restored_ns = UnixNs();
+  return resumed;
+}
+
 // One rank. inprocess: restores the snapshot on a later attempt; disk: loads
 // the checkpoint with --resume and writes one every --every steps.
 absl::Status Train(dist::Context& ctx, bool disk, Times* times) {
@@ -151,15 +168,7 @@ absl::Status Train(dist::Context& ctx, bool disk, Times* times) {
   optim::SGD sgd(net.parameters(), {.lr = 0.01, .momentum = 0.9});
   int64_t step = 0;
   dist::TrainingState state{.model = &net, .optimizer = &sgd, .step = &step};
-  bool resumed = false;
-  if (disk && resume) {
-    RETURN_IF_ERROR(dist::LoadTrainingCheckpoint(ctx, path, state));
-    resumed = true;
-  } else if (!disk) {
-    ASSIGN_OR_RETURN(resumed, dist::RestoreSnapshot(ctx, state));
-    resumed = resumed || ctx.attempt() > 0;
-  }
-  if (resumed && ctx.rank() == 0) times->restored_ns = UnixNs();
+  ASSIGN_OR_RETURN(const bool resumed, Resume(ctx, disk, state, times));
   const int batch = absl::GetFlag(FLAGS_batch);
   for (bool first = true; step < steps; first = false) {
     if (absl::GetFlag(FLAGS_check_stop)) ctx.check_stop();
@@ -280,15 +289,7 @@ absl::Status TrainLeNet(dist::Context& ctx, const LeNetData& d, uint64_t seed, b
                           {.num_workers = 1, .prefetch = 2, .batch_transform = Normalize()});
   int64_t step = 0;
   dist::TrainingState state{.model = net.get(), .optimizer = &sgd, .loader = &loader, .step = &step};
-  bool resumed = false;
-  if (disk && resume) {
-    RETURN_IF_ERROR(dist::LoadTrainingCheckpoint(ctx, path, state));
-    resumed = true;
-  } else if (!disk) {
-    ASSIGN_OR_RETURN(resumed, dist::RestoreSnapshot(ctx, state));
-    resumed = resumed || ctx.attempt() > 0;
-  }
-  if (resumed && ctx.rank() == 0) times->restored_ns = UnixNs();
+  ASSIGN_OR_RETURN(const bool resumed, Resume(ctx, disk, state, times));
   loader.start_epoch();
   for (bool first = true; step < steps;) {
     if (absl::GetFlag(FLAGS_check_stop)) ctx.check_stop();

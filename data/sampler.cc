@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
+#include <utility>
 
 #include "nn/error.h"
 #include "nn/random.h"
@@ -104,6 +106,17 @@ const char* DistributedTailName(DistributedTail tail) {
   return "unknown";
 }
 
+namespace {
+
+// `total` samples split contiguously over `replicas` ranks, the first
+// total mod replicas ranks one more: where rank `rank`'s part starts, and its size.
+std::pair<int64_t, int64_t> EvenSplit(int64_t total, int64_t replicas, int64_t rank) {
+  const int64_t each = total / replicas, extra = total % replicas;
+  return {rank * each + std::min(rank, extra), each + (rank < extra ? 1 : 0)};
+}
+
+}  // namespace
+
 DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& options)
     : options_(options) {
   const int64_t n = options.dataset_size;
@@ -131,12 +144,8 @@ DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& optio
   TANDEM_CHECK(!(options.tail == DistributedTail::kPaddle && global_ % replicas != 0),
                "DistributedBatchSampler: tail 'paddle' gives every rank one batch size; global "
                "batch size ", global_, " does not divide by ", replicas, " replicas");
-  // Rank r's share of a full global batch and where it starts: G/N each, the
-  // first G mod N ranks one more.
-  const int64_t rank = options.rank;
-  const int64_t extra = global_ % replicas;
-  share_ = global_ / replicas + (rank < extra ? 1 : 0);
-  offset_ = rank * (global_ / replicas) + std::min(rank, extra);
+  // Rank r's share of a full global batch and where it starts.
+  std::tie(offset_, share_) = EvenSplit(global_, replicas, options.rank);
   if (options.tail != DistributedTail::kWrapGlobalBatch) PlanTail();
 }
 
@@ -165,12 +174,8 @@ void DistributedBatchSampler::PlanTail() {
   }
   // The remainder, split evenly: kPaddle's is a multiple of N; kUneven gives the
   // first (rest mod N) ranks one sample more. Either way at most share_.
-  const int64_t rest = total - full;
-  const int64_t share = rest / replicas;
-  const int64_t extra = rest % replicas;
-  const int64_t first = full + rank * share + std::min(rank, extra);
-  const int64_t count = share + (rank < extra ? 1 : 0);
-  for (int64_t j = 0; j < count; ++j) positions_.push_back(first + j);
+  const auto [first, count] = EvenSplit(total - full, replicas, rank);
+  for (int64_t j = 0; j < count; ++j) positions_.push_back(full + first + j);
   // This rank's positions in batches of its share; the last one partial unless drop_last.
   const int64_t mine = static_cast<int64_t>(positions_.size());
   const int64_t kept = options_.drop_last ? mine / share_ * share_ : mine;

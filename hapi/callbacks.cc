@@ -203,16 +203,8 @@ void MetricsLogger::on_train_begin(RunState& s) {
   // From epoch 0 its rows cannot be told from those of a run before it in the
   // same file: they stay, and the rows of the epochs run again follow them.
   if (resumed_epochs_.value_or(0) > 0) {
-    auto epoch_of = [](std::string_view line) -> std::optional<int> {
-      constexpr std::string_view kKey = "{\"epoch\": ";
-      int epoch = 0;
-      if (!line.starts_with(kKey)) return std::nullopt;
-      const std::string_view rest = line.substr(kKey.size());
-      const std::string digits(rest.substr(0, rest.find_first_of(",}")));
-      if (!absl::SimpleAtoi(digits, &epoch)) return std::nullopt;
-      return epoch;
-    };
-    DropRowsFromEpoch(path_, *resumed_epochs_, epoch_of);
+    DropRowsFromEpoch(path_, *resumed_epochs_,
+                      [](std::string_view line) { return JsonLineInt(line, "epoch"); });
   }
   std::ofstream out(path_, std::ios::app);
   TANDEM_CHECK(out.good(), "MetricsLogger: cannot open '", path_, "' for appending");
@@ -237,8 +229,20 @@ void MetricsLogger::on_checkpoint_load(RunState&, const ResumeInfo& info) {
   resumed_epochs_ = info.epoch;
 }
 
-void DropRowsFromEpoch(const std::string& path, int epoch,
-                       const std::function<std::optional<int>(std::string_view)>& epoch_of) {
+std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key) {
+  const std::string quoted = "\"" + std::string(key) + "\": ";
+  const size_t at = line.find(quoted);
+  if (at == std::string_view::npos) return std::nullopt;
+  const std::string_view rest = line.substr(at + quoted.size());
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(std::string(rest.substr(0, rest.find_first_of(",}"))), &value)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+void DropRowsFromEpoch(const std::string& path, int64_t epoch,
+                       const std::function<std::optional<int64_t>(std::string_view)>& epoch_of) {
   std::error_code error;
   if (!std::filesystem::exists(path, error)) return;
   std::ifstream in(path);
@@ -250,9 +254,9 @@ void DropRowsFromEpoch(const std::string& path, int epoch,
   // from the end, drop rows of epochs >= `epoch` while the epochs go down; a
   // header, an earlier epoch or a row of another run before it stops.
   size_t keep = lines.size();
-  int later = std::numeric_limits<int>::max();
+  int64_t later = std::numeric_limits<int64_t>::max();
   while (keep > 0) {
-    const std::optional<int> row_epoch = epoch_of(lines[keep - 1]);
+    const std::optional<int64_t> row_epoch = epoch_of(lines[keep - 1]);
     if (!row_epoch.has_value() || *row_epoch < epoch || *row_epoch >= later) break;
     later = *row_epoch;
     --keep;

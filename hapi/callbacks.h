@@ -236,8 +236,11 @@ class MetricsLogger : public Callback {
 // resume or a restart, whose rows for the epoch it continues in, and later
 // ones, come again. Throws tandem::Error naming the path when it cannot be
 // read or written.
-void DropRowsFromEpoch(const std::string& path, int epoch,
-                       const std::function<std::optional<int>(std::string_view)>& epoch_of);
+void DropRowsFromEpoch(const std::string& path, int64_t epoch,
+                       const std::function<std::optional<int64_t>(std::string_view)>& epoch_of);
+// The integer after `"key": ` in a JSON line as MetricsLogger and the
+// programs' --metrics write them ({"epoch": 3, "step": 120, ...}), or nullopt.
+std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key);
 
 class ModelCheckpoint : public Callback {
  public:

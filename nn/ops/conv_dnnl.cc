@@ -379,6 +379,7 @@ void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tenso
 const dnnl::engine& DnnlEngine() { return Engine(); }
 dnnl::stream& DnnlStream() { return Stream(); }
 int DnnlUseThreads() { return UseThreads(); }
+Tensor DnnlBuffer(const memory::desc& desc) { return Buffer(desc); }
 
 void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

@@ -34,7 +34,6 @@ void RoundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16(src[i]);
 }
 
-
 }  // namespace
 
 namespace {

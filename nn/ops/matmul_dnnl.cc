@@ -71,8 +71,7 @@ void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   }
   const Entry& e = it->second;
   const dnnl::engine& engine = DnnlEngine();
-  const int64_t scratch_bytes = static_cast<int64_t>(e.scratchpad.get_size());
-  const Tensor scratch = empty({(scratch_bytes + 3) / 4}, {.dtype = kFloat32});
+  const Tensor scratch = DnnlBuffer(e.scratchpad);
   e.primitive.execute(
       DnnlStream(),
       {{DNNL_ARG_SRC, memory(e.a, engine, const_cast<BFloat16*>(a))},

@@ -79,10 +79,12 @@ nn::Tensor SyncBatchNormReducer::ReduceGradientSums(const nn::Tensor& sums) {
   const double weight = Joining()                ? join_->sample_weight()
                         : row_weight_ != nullptr ? *row_weight_
                                                  : 0.0;
-  if (weight > 0) out.mul_(weight);
+  // A weight of 1 (even shares) changes nothing: no multiply.
+  const bool weigh = weight > 0 && weight != 1.0;
+  if (weigh) out.mul_(weight);
   comm().all_reduce(out, ReduceOp::kSum);
   if (Joining()) join_->Record(internal::JoinState::Kind::kAllReduce, out);
-  if (weight > 0) out.mul_(1.0 / weight);
+  if (weigh) out.mul_(1.0 / weight);
   return out;
 }
 
