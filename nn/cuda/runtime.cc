@@ -291,7 +291,8 @@ void* CudaAllocate(int64_t bytes, Device device) {
   CudaDeviceScope current(device);  // pool memory is handled with its device current
   void* ptr = nullptr;
   CountCudaCall(CudaCall::kMallocAsync);
-  const cudaError_t status = cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device));
+  const cudaError_t status =
+      cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device));
   if (status != cudaSuccess) {
     CheckCuda(status, absl::StrCat("cudaMallocAsync of ", bytes, " bytes").c_str(), device);
   }
