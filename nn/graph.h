@@ -71,7 +71,10 @@
 // from another thread whose current device is device() is allowed (it launches
 // on that thread's stream, and the pre-replay hooks then run on that thread:
 // e.g. dropout advances that thread's generator), but two threads must not call
-// Replay() on one graph at once. The components the step used (module,
+// Replay() on one graph at once. Such a replay is ordered both ways against the
+// capturing thread's stream, which owns the tensors the graph reads and writes:
+// it runs after the work queued there, and work queued there later runs after
+// it; it throws while a capture runs on the device (those waits would join it). The components the step used (module,
 // optimizer, DataParallel, communicator) must outlive the replays; an optimizer
 // destroyed before a Replay() makes that Replay() throw.
 #ifndef TANDEM_NN_GRAPH_H_

@@ -193,6 +193,17 @@ class ActiveCaptures {
     }
     return ready;
   }
+  // Runs `fn` unless a capture runs on `device` now (returns whether it ran),
+  // under the lock: no capture can begin on a stream of the device while `fn`
+  // records events on or makes waits on its streams (Begin waits for it).
+  template <typename Fn>
+  bool RunUnlessCapturing(int device, Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = counts_.find(device);
+    if (it != counts_.end() && it->second > 0) return false;
+    fn();
+    return true;
+  }
   // Keeps `memory` for later when one of its devices captures now, else
   // releases it. The release runs under the lock: Begin (which comes before
   // cudaStreamBeginCapture) waits for it, so no capture can start on a stream
@@ -326,6 +337,9 @@ struct CudaGraph::Impl {
   std::vector<std::pair<const void*, std::function<void()>>> post_hooks;
   std::string released;  // why Release ran ("" while the graph may be replayed)
   cudaStream_t last_user = nullptr;  // the stream last given to arena->AddUser
+  // The capturing thread's stream: it owns the tensors made before the capture
+  // that the graph reads and writes (weights, gradients, optimizer state).
+  cudaStream_t capture_stream = nullptr;
 };
 
 CudaGraph::CudaGraph(Device device) : device_(device) {
@@ -575,6 +589,7 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   }
   arena->AddUser(stream);
   impl_->last_user = stream;
+  impl_->capture_stream = stream;
   impl_->exec = InstantiateAndUpload(run, stream, device_);
   impl_->num_nodes = work_nodes;
   impl_->arena = std::move(arena);
@@ -592,20 +607,44 @@ void CudaGraph::Replay() {
   TANDEM_CHECK(current_device() == device_, "CudaGraph::Replay: the calling thread's current "
                "device is ", current_device().ToString(), " but the graph is for ",
                device_.ToString(), " (use nn::DeviceGuard)");
-  for (const std::function<void()>& hook : impl_->hooks) hook();
   cudaStream_t stream = internal::ThreadStream(device_);
-  if (stream != impl_->last_user) {  // another thread's stream: its memory waits for it too
-    if (impl_->arena->AddUser(stream)) {
-      // Only the capturing stream was ordered after the arena's cudaMallocAsync
-      // calls on GraphMemoryStream (and the waits the pool may have put there
-      // before reusing a block another stream freed): this one must be too.
-      if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
-        OrderAfter(stream, memory_stream, device_);
+  auto launch = [&] {
+    for (const std::function<void()>& hook : impl_->hooks) hook();
+    if (stream != impl_->last_user) {  // another thread's stream: its memory waits for it too
+      if (impl_->arena->AddUser(stream)) {
+        // Only the capturing stream was ordered after the arena's cudaMallocAsync
+        // calls on GraphMemoryStream (and the waits the pool may have put there
+        // before reusing a block another stream freed): this one must be too.
+        if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
+          OrderAfter(stream, memory_stream, device_);
+        }
       }
+      impl_->last_user = stream;
     }
-    impl_->last_user = stream;
+    TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, stream), device_);
+  };
+  if (stream == impl_->capture_stream) {
+    launch();
+  } else {
+    // Another thread's stream. The graph reads and writes tensors that the
+    // capturing stream owns, so, as for any tensor read on another stream,
+    // this stream first waits for the work queued there (an earlier replay,
+    // the writes of the inputs, which the hooks' writes must follow too), and
+    // the capturing stream then waits for this replay (its later writes and
+    // frees of those tensors, and its use of the thread's cuBLASLt workspace
+    // that the graph's matmuls use, come after it). Under ActiveCaptures'
+    // lock: neither wait may join a capture.
+    const bool ran = ActiveCaptures::Get().RunUnlessCapturing(device_.index, [&] {
+      internal::CudaStreamWait(stream, impl_->capture_stream, device_);
+      launch();
+      internal::CudaStreamWait(impl_->capture_stream, stream, device_);
+    });
+    TANDEM_CHECK(ran, "CudaGraph::Replay: the graph of ", device_.ToString(), " was captured on "
+                 "another thread and a capture runs on ", device_.ToString(), " now: a replay "
+                 "from this thread must be ordered against the capturing thread's stream, which "
+                 "cannot be done during a capture; replay it after the capture has ended, or on "
+                 "the thread that captured it");
   }
-  TANDEM_CHECK_CUDA(cudaGraphLaunch(impl_->exec, stream), device_);
   for (const auto& [key, hook] : impl_->post_hooks) hook();
 }
 

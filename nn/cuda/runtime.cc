@@ -24,6 +24,10 @@ namespace tandem::nn::internal {
 
 void CheckCuda(cudaError_t status, const char* call, Device device) {
   if (status != cudaSuccess) {
+    // The error is reported here: cleared from the thread's last error (unless
+    // sticky), so that the next kernel's launch check does not report it again
+    // against that kernel after a caller has caught this one (an out-of-memory).
+    cudaGetLastError();
     Fail(call, " failed on ", device.ToString(), ": ", cudaGetErrorName(status), " (",
          cudaGetErrorString(status), ")");
   }
@@ -287,8 +291,11 @@ void* CudaAllocate(int64_t bytes, Device device) {
   CudaDeviceScope current(device);  // pool memory is handled with its device current
   void* ptr = nullptr;
   CountCudaCall(CudaCall::kMallocAsync);
-  CheckCuda(cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device)),
-        "cudaMallocAsync", device);
+  const cudaError_t status =
+      cudaMallocAsync(&ptr, static_cast<size_t>(bytes), ThreadStream(device));
+  if (status != cudaSuccess) {
+    CheckCuda(status, absl::StrCat("cudaMallocAsync of ", bytes, " bytes").c_str(), device);
+  }
   return ptr;
 }
 

@@ -4,7 +4,10 @@
 // pooling counts the zero padding in the divisor, as on the CPU. bfloat16 goes
 // to our own kernels (pool_bf16_cuda.cu), which follow the CPU kernels exactly
 // (first maximum on ties, argmax indices kept for backward). A shape's
-// descriptors are made at its first call and cached per thread.
+// descriptors are made at its first call and cached per thread. An input with
+// H or W 0 (padding makes the output non-empty: every window is padding) never
+// reaches cuDNN, which rejects 0-sized descriptors: y is 0, as the CPU and
+// bfloat16 kernels give, and dx is empty.
 #include <map>
 #include <memory>
 #include <tuple>
@@ -12,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
 #include "nn/cuda/handles.h"
+#include "nn/ops/internal/fill_kernels.h"
 #include "nn/ops/internal/pool_kernels.h"
 
 namespace tandem::nn::ops::internal {
@@ -80,6 +84,10 @@ struct Scalars {
 
 void Forward(cudnnPoolingMode_t mode, const Tensor& x, const Pool2dGeometry& g, const Tensor& y,
              const char* op) {
+  if (x.numel() == 0) {  // all-padding windows (see the file comment)
+    FillCuda(y, 0.0);
+    return;
+  }
   const Device device = x.device();
   const PoolDescriptors& d = DescriptorsFor(g, mode, x.dtype(), device, op);
   const Scalars s(x.dtype());
@@ -90,6 +98,7 @@ void Forward(cudnnPoolingMode_t mode, const Tensor& x, const Pool2dGeometry& g, 
 
 void Backward(cudnnPoolingMode_t mode, const Tensor& x, const Tensor& y, const Tensor& dy,
               const Pool2dGeometry& g, const Tensor& dx, const char* op) {
+  if (dx.numel() == 0) return;  // x had H or W 0: nothing to route dy to
   const Device device = dy.device();
   const PoolDescriptors& d = DescriptorsFor(g, mode, dy.dtype(), device, op);
   const Scalars s(dy.dtype());

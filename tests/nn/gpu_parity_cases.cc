@@ -222,6 +222,16 @@ void AddPoolRows(Rows& rows) {
                       .f = [p](Ins in) { return avg_pool2d(in[0], p); }, .tol = tol});
     }
   }
+  // H = 0 with padding: every window is padding, y is 0 (cuDNN is not called).
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    const Pool2dParams p{.kernel = {2, 2}, .padding = {1, 0}};
+    rows.push_back({.op = "max_pool2d", .attrs = "padding-only windows (H = 0)", .dtype = dt,
+                    .inputs = {Randn({2, 3, 0, 4})},
+                    .f = [p](Ins in) { return max_pool2d(in[0], p); }, .tol = Exact()});
+    rows.push_back({.op = "avg_pool2d", .attrs = "padding-only windows (H = 0)", .dtype = dt,
+                    .inputs = {Randn({2, 3, 0, 4})},
+                    .f = [p](Ins in) { return avg_pool2d(in[0], p); }, .tol = Exact()});
+  }
   const std::vector<Pool2dParams> bf16_variants = {
       {},
       {.kernel = {3, 3}, .stride = {1, 1}},

@@ -174,6 +174,39 @@ TEST_F(CudaGraphGpuTest, ReleasingAGraphOnAnotherThreadDoesNotBreakACapture) {
   EXPECT_EQ(b_value, std::vector<float>(4, 3.0f));
 }
 
+// Thread b replays a graph that this thread captured, right after this thread
+// queued long work writing the graph's input (not waited for), and this
+// thread writes the input again once b has returned. The capturing stream owns
+// the input and the output: b's replay must run after the queued adds and
+// before the later fill, and this thread's read of the output after the
+// replay. Unordered, b's copy ran during the adds (or after the fill) and
+// this thread could read the output before it.
+TEST_F(CudaGraphGpuTest, ReplayOnAnotherThreadIsOrderedAgainstTheCapturingStream) {
+  constexpr int64_t kNumel = int64_t{1} << 24;  // 64 MiB of float32: each add takes tens of us
+  constexpr int kAdds = 400;
+  Tensor x = zeros({kNumel}), y = zeros({kNumel}), one = full({kNumel}, 1.0);
+  CudaGraph graph;
+  graph.Capture([&] { y.copy_(x); });
+  for (int k = 0; k < kAdds; ++k) x.add_(one);
+  std::string error;
+  std::thread b([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      graph.Replay();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  b.join();
+  x.fill_(-1.0);
+  EXPECT_EQ(error, "");
+  const std::vector<float> got = y.to_vector<float>();
+  int64_t wrong = 0;
+  for (float v : got) wrong += v != static_cast<float>(kAdds);
+  EXPECT_EQ(wrong, 0) << "of " << kNumel << " elements; first " << got.front() << ", last "
+                      << got.back();
+}
+
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
   Tensor counter = zeros({4});
   CudaGraph graph;

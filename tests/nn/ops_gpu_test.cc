@@ -1,7 +1,8 @@
 // CUDA op checks that are not a row of the parity table (gpu_parity_cases.cc):
 // dropout masks drawn alike on both devices and in both dtypes, batch norm's
 // running statistics, the determinism of a large sum, bfloat16 sums accumulated in
-// float32. Label gpu; skipped with the reason when no GPU is visible.
+// float32, an allocation the device cannot hold. Label gpu; skipped with the
+// reason when no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +30,25 @@ using testing::Rel;
 using testing::Ulps;
 
 const Device kGpu = Device::CUDA(0);
+
+// An allocation the device cannot hold throws naming its size, and the
+// thread goes on: the next kernel's launch check does not report the
+// out-of-memory again (before, CheckCuda left it in the thread's last error,
+// and the next launch check blamed FillKernel for it).
+TEST_F(OpsGpuTest, FailedAllocationNamesItsSizeAndLeavesTheThreadUsable) {
+  const Device gpu = Device::CUDA(0);
+  const int64_t bytes = int64_t{1} << 50;  // 1 PiB
+  std::string error;
+  try {
+    (void)empty({bytes}, {.dtype = kUInt8, .device = gpu});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("cudaMallocAsync of 1125899906842624 bytes failed on cuda:0"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(full({4}, 3.0, {.device = gpu}).to_vector<float>(), std::vector<float>(4, 3.0f));
+}
 
 TEST_F(OpsGpuTest, LargeSumIsDeterministic) {
   manual_seed(1);

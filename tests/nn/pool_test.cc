@@ -89,6 +89,25 @@ TEST(PoolTest, MaxPoolPaddingIsMinusInfinity) {
   EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2, 1, 2, 4, 2, 1, 2, 1}));
 }
 
+// H = 0 with padding: every window holds only padding. Both pools give 0 (the
+// contract the CUDA side follows: cuDNN is not called there), and x's
+// gradient is empty. Every dtype, through the default paths.
+TEST(PoolTest, AllPaddingWindowsGiveZeroAndAnEmptyGradient) {
+  const Pool2dParams p{.kernel = {2, 2}, .padding = {1, 0}};
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    for (bool max : {true, false}) {
+      Tensor x = zeros({2, 3, 0, 4}, {.dtype = dt, .requires_grad = true});
+      Tensor y = max ? max_pool2d(x, p) : avg_pool2d(x, p);
+      ASSERT_EQ(y.shape(), (Shape{2, 3, 1, 2})) << DTypeName(dt) << (max ? " max" : " avg");
+      EXPECT_EQ(y.to_vector<double>(), std::vector<double>(12, 0.0))
+          << DTypeName(dt) << (max ? " max" : " avg");
+      y.backward(ones(y.shape(), {.dtype = dt}));
+      ASSERT_TRUE(x.grad().defined()) << DTypeName(dt);
+      EXPECT_EQ(x.grad().shape(), x.shape()) << DTypeName(dt);
+    }
+  }
+}
+
 TEST(PoolTest, TieSendsGradientToTheFirstMaximum) {
   Tensor x = from_vector(std::vector<double>{5, 5, 1, 5}, {1, 1, 2, 2}, {.requires_grad = true});
   max_pool2d(x).backward(ones({1, 1, 1, 1}, {.dtype = kFloat64}));

@@ -75,8 +75,10 @@
 // An event recorded in a capture cannot be queried, so a replay is traced
 // instead: a post-replay hook (nn::CudaGraph::AddPostReplayHook) enters one
 // collective "graph replay" and records an event on the compute stream behind
-// the graph; a rank that replays once more than its peers shows in the
-// watchdog's report like any stuck collective. barrier() cannot be captured.
+// the graph (a pre-replay hook first refuses a replay from another thread, or
+// after the run, before anything is launched); a rank that replays once more
+// than its peers shows in the watchdog's report like any stuck collective.
+// barrier() cannot be captured.
 //
 // Asynchronous errors: the watchdog polls ncclCommGetAsyncError (PollAsyncError,
 // under a try-lock of the guard, never waiting for a rank's call) and fails the
@@ -499,16 +501,19 @@ class NcclCommunicator final : public Communicator {
         if (auto release = nn::CudaGraph::ReleaserOfCurrentCapture()) {
           graph_releasers_.push_back(std::move(release));
         }
-        nn::CudaGraph::AddPostReplayHook(
-            this, [this, alive = std::weak_ptr<int>(alive_), thread = std::this_thread::get_id()] {
+        // Before the launch: a replay that cannot be followed (another thread)
+        // or whose communicator is gone must not run the collectives at all
+        // (they would wait for peers that never join, untraced).
+        nn::CudaGraph::AddPreReplayHook(
+            [this, alive = std::weak_ptr<int>(alive_), thread = std::this_thread::get_id()] {
               TANDEM_CHECK(!alive.expired(), "CudaGraph::Replay: the graph holds NCCL collectives "
                            "of a spawn run that has ended (its communicators are gone): destroy "
                            "such graphs before the training function returns");
               TANDEM_CHECK(std::this_thread::get_id() == thread, "CudaGraph::Replay: the graph "
                            "holds NCCL collectives of rank ", rank(), ": replay it on the rank "
                            "thread that captured it (its replays are traced there)");
-              TrackReplay();
             });
+        nn::CudaGraph::AddPostReplayHook(this, [this] { TrackReplay(); });
       }
       return;
     }

@@ -118,6 +118,54 @@ TEST_F(NcclGpuTest, TensorOnTheWrongDeviceLeavesNothingInFlight) {
   EXPECT_NE((*got)[0].find("is not on rank 0's device cuda:0"), std::string::npos) << (*got)[0];
 }
 
+// What ReplayOnAnotherThreadIsRefusedBeforeTheLaunch saw on the rank.
+struct ForeignReplay {
+  std::string error;         // of the replay from another thread
+  float after_refusal = -1;  // x after it
+  float after_replay = -1;   // x after a replay on the rank thread
+};
+
+// A graph holding the rank's collectives, replayed on another thread, is
+// refused before anything is launched: the step does not run (its collectives
+// would wait, untraced, for peers that never join), and the rank thread's own
+// replay still works. Before, the refusal came from the post-replay hook,
+// after the launch: x had been incremented by then.
+TEST_F(NcclGpuTest, ReplayOnAnotherThreadIsRefusedBeforeTheLaunch) {
+  auto got = spawn(
+      [](Context& ctx) {
+        Tensor x = nn::zeros({4}, {.device = ctx.device()});
+        Tensor one = nn::ones({4}, {.device = ctx.device()});
+        auto step = [&] {
+          x.add_(one);
+          ctx.communicator().all_reduce(x);
+        };
+        step();  // eager warm-up: x = 1
+        ForeignReplay seen;
+        nn::CudaGraph graph(ctx.device());
+        graph.Capture(step);
+        std::thread other([&] {
+          nn::DeviceGuard device(ctx.device());
+          try {
+            graph.Replay();
+          } catch (const Error& e) {
+            seen.error = e.what();
+          }
+        });
+        other.join();
+        seen.after_refusal = x.to_vector<float>()[0];
+        graph.Replay();
+        seen.after_replay = x.to_vector<float>()[0];
+        return seen;
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const ForeignReplay& seen = (*got)[0];
+  EXPECT_NE(seen.error.find("replay it on the rank thread that captured it"), std::string::npos)
+      << seen.error;
+  EXPECT_EQ(seen.after_refusal, 1.0f);
+  EXPECT_EQ(seen.after_replay, 2.0f);
+}
+
 struct SmallNet : nn::Module {
   SmallNet()
       : l1(register_module("l1", nn::Linear(32, 64))),
