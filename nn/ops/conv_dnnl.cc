@@ -583,7 +583,9 @@ void Backward(const Tensor& dy, const memory::desc* dy_layout, const Tensor& x,
   }
   if (dx.defined()) {
     call.Run(Lookup(Kind::kBackwardData, dtype, g, false),
-             {{DNNL_ARG_DIFF_DST, dy, dy_layout}, {DNNL_ARG_WEIGHTS, weight}, {DNNL_ARG_DIFF_SRC, dx}});
+             {{DNNL_ARG_DIFF_DST, dy, dy_layout},
+              {DNNL_ARG_WEIGHTS, weight},
+              {DNNL_ARG_DIFF_SRC, dx}});
   }
   Entry* weights_entry =
       dweight.defined() ? &Lookup(Kind::kBackwardWeights, dtype, g, bias_here) : nullptr;

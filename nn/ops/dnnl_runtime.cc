@@ -90,8 +90,8 @@ void* DnnlScratch::Get(size_t bytes) {
                "DnnlScratch::Get on a scope that is not the thread's innermost one");
   if (bytes == 0) return nullptr;
   if (bytes > kKeptBytes || stack.top >= kKeptBuffers) {
-    own_.push_back(
-        empty({static_cast<int64_t>((bytes + 3) / 4)}, {.dtype = kFloat32, .device = Device::CPU()}));
+    const int64_t floats = static_cast<int64_t>((bytes + 3) / 4);
+    own_.push_back(empty({floats}, {.dtype = kFloat32, .device = Device::CPU()}));
     return own_.back().host_ptr();
   }
   ScratchStack::Block& block = stack.blocks[stack.top];

@@ -83,8 +83,9 @@ Side MakeSide(const memory::desc& want, const memory::desc& plain, bool input) {
   side.bound = memory(want, engine, DNNL_MEMORY_NONE);
   if (!side.plain_is_want) {
     side.user = memory(plain, engine, DNNL_MEMORY_NONE);
-    side.reorder = dnnl::reorder(input ? dnnl::reorder::primitive_desc(engine, plain, engine, want)
-                                       : dnnl::reorder::primitive_desc(engine, want, engine, plain));
+    side.reorder =
+        dnnl::reorder(input ? dnnl::reorder::primitive_desc(engine, plain, engine, want)
+                            : dnnl::reorder::primitive_desc(engine, want, engine, plain));
   }
   return side;
 }
