@@ -17,6 +17,13 @@
 // OpenBLAS (oneDNN 2.6 has no float64 convolution), and so does bfloat16 elsewhere
 // (on widened float32 copies).
 //
+// Host cost per call: a tiny convolution's arithmetic takes about a microsecond,
+// so a call creates no oneDNN objects. Each cached primitive keeps the memory
+// objects of its arguments (pointed at the call's buffers with set_data_handle)
+// and, made on first use, its reorders; arguments go to oneDNN as the C API's
+// array (DnnlExecute), and scratchpads and reordered copies that do not outlive
+// the call come from the thread's scratch buffers (DnnlScratch).
+//
 // Threads: oneDNN's OpenMP runtime keeps one thread count per calling thread; each
 // call sets the calling thread's count to nn::cpu_blas_threads() (the count the
 // programs choose for OpenBLAS), so a rank thread and OpenBLAS's pool use the
@@ -25,15 +32,15 @@
 // count (all in the cache key) and oneDNN 2.6's CPU convolutions split work
 // statically over the threads, so the same inputs and thread count give the
 // same bits (tests/nn/conv_test.cc checks it run to run).
-#include <omp.h>
-
-#include <cstring>
+#include <array>
 #include <dnnl.hpp>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "nn/error.h"
@@ -50,25 +57,6 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 using DataType = memory::data_type;
-
-const dnnl::engine& Engine() {
-  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
-
-// The calling thread's stream (oneDNN CPU streams are in-order and cheap; one
-// per thread keeps rank threads independent).
-dnnl::stream& Stream() {
-  thread_local dnnl::stream stream(Engine());
-  return stream;
-}
-
-// Sets the calling thread's OpenMP team size to the process's CPU thread count.
-int UseThreads() {
-  const int threads = std::max(1, cpu_blas_threads());
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-  return threads;
-}
 
 enum class Kind { kForward, kBackwardData, kBackwardWeights };
 
@@ -101,15 +89,47 @@ Key KeyOf(Kind kind, DataType dt, const Conv2dGeometry& g, bool bias, bool relu,
           relu,         layout,        threads};
 }
 
+// One argument of a primitive (DNNL_ARG_*): the layout the primitive wants, the
+// plain one of our tensor for it (NCHW, OIHW / GOIHW, x), and the memory object
+// in the wanted layout that each call points at its buffer (set_data_handle;
+// oneDNN 2.6 neither reads nor writes the buffer there, as when creating the
+// object: reorders and primitives write a blocked layout's padding).
+struct Arg {
+  int id = 0;
+  bool output = false;
+  memory::desc want, plain;
+  memory bound;
+  // Decided once (oneDNN's description queries cost as much as a small
+  // primitive's arithmetic): want's size, whether it is the plain layout, and
+  // the index in Entry::reorders of the reorder from or to the plain layout.
+  size_t want_bytes = 0;
+  bool plain_is_want = false;
+  int plain_reorder = -1;
+};
+
+// A reorder of one argument between a layout of our tensor (`from`: its plain
+// one, or a caller's, as the fused path's dy) and the primitive's, made by the
+// first call that needs it; `user` is a memory object over our tensor.
+struct Reorder {
+  int id = 0;
+  memory::desc from;
+  memory user;
+  dnnl::reorder primitive;
+};
+
 // A primitive with the layouts it wants for its arguments; where those differ
 // from the plain NCHW / OIHW ones of our tensors, the arguments are reordered
-// inside the call.
+// inside the call. The memory objects and reorders are made once and kept with
+// the primitive, so a call creates no oneDNN objects and builds no maps.
 struct Entry {
   dnnl::primitive primitive;
   memory::desc scratchpad;
-  // Per argument (DNNL_ARG_*): the primitive's layout; plain layouts are the
-  // user's tensors themselves.
-  std::map<int, memory::desc> want;
+  size_t scratchpad_bytes = 0;
+  memory scratchpad_memory;
+  std::vector<Arg> args;
+  // One per argument and layout of ours that needed one (at most two per
+  // argument: plain, or the fused path's).
+  std::vector<Reorder> reorders;
   // Forward with relu asked: whether the primitive applies it (a post-op of a
   // JIT kernel); else Conv2dForwardDnnl runs relu's kernel after it.
   bool relu_inside = false;
@@ -118,6 +138,17 @@ struct Entry {
   // slower than float32's JIT kernel: Backward runs the float32 primitive on
   // widened copies instead (the emulated path's arithmetic).
   bool widen_instead = false;
+
+  void Add(int id, const memory::desc& want, bool output = false) {
+    args.push_back({.id = id, .output = output, .want = want});
+  }
+  Arg& At(int id) {
+    for (Arg& arg : args) {
+      if (arg.id == id) return arg;
+    }
+    Fail("conv2d: the oneDNN primitive has no argument ", id);
+  }
+  const memory::desc& Want(int id) { return At(id).want; }
 };
 
 struct Descs {
@@ -182,7 +213,7 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Conv2dGeometry& g, b
                                              dnnl::algorithm::convolution_direct, d.src,
                                              d.weights, d.dst, d.strides, d.dilates, d.padding,
                                              d.padding);
-  return dnnl::convolution_forward::primitive_desc(desc, Attr(relu), Engine());
+  return dnnl::convolution_forward::primitive_desc(desc, Attr(relu), DnnlEngine());
 }
 
 // The three kinds of primitive for `key`, with the tags of its activations (act)
@@ -200,10 +231,10 @@ void MakeForward(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei, Entr
   if (key.relu && !e.relu_inside) pd = ForwardDesc(g, key.bias, act, wei, key.dt, false);
   e.primitive = dnnl::convolution_forward(pd);
   e.scratchpad = pd.scratchpad_desc();
-  e.want[DNNL_ARG_SRC] = pd.src_desc();
-  e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
-  e.want[DNNL_ARG_DST] = pd.dst_desc();
-  if (key.bias) e.want[DNNL_ARG_BIAS] = pd.bias_desc();
+  e.Add(DNNL_ARG_SRC, pd.src_desc());
+  e.Add(DNNL_ARG_WEIGHTS, pd.weights_desc());
+  if (key.bias) e.Add(DNNL_ARG_BIAS, pd.bias_desc());
+  e.Add(DNNL_ARG_DST, pd.dst_desc(), /*output=*/true);
 }
 
 void MakeBackwardData(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei,
@@ -212,12 +243,12 @@ void MakeBackwardData(const Key& key, const Conv2dGeometry& g, Tag act, Tag wei,
   const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                    d.weights, d.dst, d.strides, d.dilates,
                                                    d.padding, d.padding);
-  const dnnl::convolution_backward_data::primitive_desc pd(desc, Attr(), Engine(), hint);
+  const dnnl::convolution_backward_data::primitive_desc pd(desc, Attr(), DnnlEngine(), hint);
   e.primitive = dnnl::convolution_backward_data(pd);
   e.scratchpad = pd.scratchpad_desc();
-  e.want[DNNL_ARG_DIFF_SRC] = pd.diff_src_desc();
-  e.want[DNNL_ARG_WEIGHTS] = pd.weights_desc();
-  e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
+  e.Add(DNNL_ARG_DIFF_DST, pd.diff_dst_desc());
+  e.Add(DNNL_ARG_WEIGHTS, pd.weights_desc());
+  e.Add(DNNL_ARG_DIFF_SRC, pd.diff_src_desc(), /*output=*/true);
 }
 
 // key.bias: the bias gradient in the same pass over dy.
@@ -233,16 +264,16 @@ void MakeBackwardWeights(const Key& key, const Conv2dGeometry& g, Tag act, Tag w
                : dnnl::convolution_backward_weights::desc(
                      dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
                      d.dilates, d.padding, d.padding);
-  const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), Engine(), hint);
+  const dnnl::convolution_backward_weights::primitive_desc pd(desc, Attr(), DnnlEngine(), hint);
   const std::string impl = pd.impl_info_str();
   e.widen_instead = key.dt == DataType::bf16 && (impl.find("gemm") != std::string::npos ||
                                                  impl.find("ref") != std::string::npos);
   e.primitive = dnnl::convolution_backward_weights(pd);
   e.scratchpad = pd.scratchpad_desc();
-  e.want[DNNL_ARG_SRC] = pd.src_desc();
-  e.want[DNNL_ARG_DIFF_WEIGHTS] = pd.diff_weights_desc();
-  e.want[DNNL_ARG_DIFF_DST] = pd.diff_dst_desc();
-  if (key.bias) e.want[DNNL_ARG_DIFF_BIAS] = pd.diff_bias_desc();
+  e.Add(DNNL_ARG_DIFF_DST, pd.diff_dst_desc());
+  e.Add(DNNL_ARG_SRC, pd.src_desc());
+  e.Add(DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc(), /*output=*/true);
+  if (key.bias) e.Add(DNNL_ARG_DIFF_BIAS, pd.diff_bias_desc(), /*output=*/true);
 }
 
 // The layouts the primitives see (key.layout), reordered to and from ours inside
@@ -260,6 +291,21 @@ Entry MakeEntry(const Key& key, const Conv2dGeometry& g) {
     case Kind::kBackwardData: MakeBackwardData(key, g, act, wei, d, e); break;
     case Kind::kBackwardWeights: MakeBackwardWeights(key, g, act, wei, d, e); break;
   }
+  // Our tensors' layouts (bfloat16's weight gradients: float32, as wdt).
+  const Descs plain = DescsOf(g, key.bias, Tag::nchw, PlainWeightTag(g), key.dt, wdt);
+  for (Arg& arg : e.args) {
+    switch (arg.id) {
+      case DNNL_ARG_SRC: case DNNL_ARG_DIFF_SRC: arg.plain = plain.src; break;
+      case DNNL_ARG_WEIGHTS: case DNNL_ARG_DIFF_WEIGHTS: arg.plain = plain.weights; break;
+      case DNNL_ARG_BIAS: case DNNL_ARG_DIFF_BIAS: arg.plain = plain.bias; break;
+      default: arg.plain = plain.dst; break;  // DST, DIFF_DST
+    }
+    arg.bound = memory(arg.want, DnnlEngine(), DNNL_MEMORY_NONE);
+    arg.want_bytes = arg.want.get_size();
+    arg.plain_is_want = arg.plain == arg.want;
+  }
+  e.scratchpad_bytes = e.scratchpad.get_size();
+  e.scratchpad_memory = memory(e.scratchpad, DnnlEngine(), DNNL_MEMORY_NONE);
   return e;
 }
 
@@ -286,8 +332,7 @@ Layout AutoLayout(const Conv2dGeometry& g, DType dtype) {
 
 // The calling thread's primitives by shape (as the cuDNN algorithm cache, but
 // per thread: no lock on the hot path, and a rank thread's thread count is its own).
-const Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
-                    bool relu = false) {
+Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias, bool relu = false) {
   thread_local std::map<Key, Entry> cache;
   // kAuto: AutoLayout; plain NCHW (oneDNN's gemm:jit) and im2col + OpenBLAS
   // measured slower on every conv of the apps' models (docs/benchmarks.md).
@@ -296,95 +341,157 @@ const Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
                         : path == CpuConvPath::kDnnlNhwc    ? Layout::kNhwc
                         : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
                                                             : AutoLayout(g, dtype);
-  const Key key = KeyOf(kind, DataTypeOf(dtype), g, bias, relu, layout, UseThreads());
+  const Key key = KeyOf(kind, DataTypeOf(dtype), g, bias, relu, layout, DnnlUseThreads());
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
   return it->second;
 }
 
-// A host buffer of `desc`'s size from the host allocator's cache, of float32
-// elements (or `dtype`'s).
-Tensor Buffer(const memory::desc& desc, DType dtype = kFloat32) {
-  const int64_t bytes = static_cast<int64_t>(desc.get_size());
-  const int64_t size = ElementSize(dtype);
-  return empty({(bytes + size - 1) / size}, {.dtype = dtype, .device = Device::CPU()});
-}
-
-// Inputs reordered to a primitive's layout, kept for the next primitive of the
-// same call that wants the same input in the same layout (the two backward
-// primitives both read dy): one reorder instead of two.
-struct Reordered {
-  struct Input {
-    const void* data;  // the plain tensor's elements
-    memory::desc desc;  // the layout of the copy
-    memory copy;
-    Tensor buffer;  // the copy's elements
-  };
-  std::vector<Input> inputs;
-  std::vector<Tensor> outputs;  // the outputs' copies, alive until the call ends
+// An argument of one call: our tensor (undefined: left out, as an absent bias)
+// and its layout where that is not the entry's plain one (the fused path's y
+// and dy). keep: an input whose reordered copy outlives the call (forward's x,
+// for backward) goes to a host tensor instead of the call's scratch.
+struct Operand {
+  int id;  // DNNL_ARG_*
+  const Tensor& tensor;
+  const memory::desc* layout = nullptr;
+  bool keep = false;
 };
 
-// Runs `e` on plain tensors: inputs in `in` and outputs in `out` (argument ->
-// tensor, with its plain desc), reordering any whose layout the primitive wants
-// otherwise (inputs found in `reordered` are not reordered again).
-void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tensor*>>& in,
-         const std::map<int, std::pair<memory::desc, const Tensor*>>& out,
-         Reordered& reordered) {
-  dnnl::stream& stream = Stream();
-  std::unordered_map<int, memory> args;
-  std::vector<std::pair<memory, memory>> copy_back;
-  auto bind = [&](int arg, const memory::desc& plain, const Tensor& t, bool is_output) {
-    memory user(plain, Engine(), t.host_ptr());
-    const memory::desc& want = e.want.at(arg);
-    if (want == plain) {
-      args.emplace(arg, user);
-      return;
-    }
-    if (!is_output) {
-      for (const Reordered::Input& input : reordered.inputs) {
-        if (input.data == t.host_ptr() && input.desc == want) {
-          args.emplace(arg, input.copy);
-          return;
-        }
-      }
-    }
-    Tensor buffer = Buffer(want);
-    memory blocked(want, Engine(), buffer.host_ptr());
-    if (is_output) {
-      copy_back.emplace_back(blocked, user);
-      reordered.outputs.push_back(std::move(buffer));
-    } else {
-      dnnl::reorder(user, blocked).execute(stream, user, blocked);
-      reordered.inputs.push_back({t.host_ptr(), want, blocked, std::move(buffer)});
-    }
-    args.emplace(arg, blocked);
+// What the primitives of one call (a forward, or the backward primitives of one
+// backward) share: the inputs reordered so far, for a later primitive that
+// wants the same input in the same layout (the two backward primitives both
+// read dy: one reorder instead of two), and the scratch buffers of the call's
+// temporaries (the primitives' scratchpads, the copies of reordered arguments),
+// the thread's, given back when the call ends.
+class Call {
+ public:
+  // A reordered input: our tensor's elements `data` in the layout `*desc` (an
+  // entry's, or the forward's saved layout) at `copy`.
+  struct Input {
+    const void* data = nullptr;
+    const memory::desc* desc = nullptr;
+    void* copy = nullptr;
+    Tensor kept;  // the copy's tensor, where it outlives the call
   };
-  for (const auto& [arg, value] : in) bind(arg, value.first, *value.second, false);
-  for (const auto& [arg, value] : out) bind(arg, value.first, *value.second, true);
-  Tensor scratch = Buffer(e.scratchpad);
-  args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, Engine(), scratch.host_ptr()));
-  e.primitive.execute(stream, args);
-  for (auto& [from, to] : copy_back) dnnl::reorder(from, to).execute(stream, from, to);
-  stream.wait();
+
+  void AddInput(Input input) {
+    TANDEM_CHECK(inputs_size_ < kMaxInputs, "conv2d: more than ", kMaxInputs,
+                 " reordered inputs in one oneDNN call");
+    inputs_[inputs_size_++] = std::move(input);
+  }
+
+  // The reordered copy of `data` in layout `desc`, or null.
+  Input* FindInput(const void* data, const memory::desc& desc) {
+    for (int i = 0; i < inputs_size_; ++i) {
+      const Input& input = inputs_[i];
+      if (input.data == data && (input.desc == &desc || *input.desc == desc)) return &inputs_[i];
+    }
+    return nullptr;
+  }
+
+  // Runs `e` on our tensors, reordering those whose layout the primitive wants
+  // otherwise (inputs before, outputs after it; inputs found here are not
+  // reordered again), and waits for it.
+  void Run(Entry& e, std::initializer_list<Operand> operands);
+
+ private:
+  static constexpr int kMaxInputs = 6;
+  // Points arg.bound (op's argument) at op's tensor, or at a copy in the
+  // primitive's layout: an input's reordered now (or earlier in the call), an
+  // output's to be copied back by the reorder Bind sets copy_back to.
+  void Bind(Entry& e, const Operand& op, Arg& arg, Reorder*& copy_back);
+
+  DnnlScratch scratch_;
+  std::array<Input, kMaxInputs> inputs_;
+  int inputs_size_ = 0;
+};
+
+// e's reorder of argument `arg` from our layout `from` (an input) or to it (an
+// output), made and kept on first use; from_plain: `from` is arg.plain.
+Reorder& ReorderOf(Entry& e, Arg& arg, const memory::desc& from, bool from_plain) {
+  if (from_plain && arg.plain_reorder >= 0) return e.reorders[arg.plain_reorder];
+  if (!from_plain) {
+    for (Reorder& r : e.reorders) {
+      if (r.id == arg.id && r.from == from) return r;
+    }
+  }
+  if (from_plain) arg.plain_reorder = static_cast<int>(e.reorders.size());
+  const dnnl::engine& engine = DnnlEngine();
+  const dnnl::reorder::primitive_desc pd =
+      arg.output ? dnnl::reorder::primitive_desc(engine, arg.want, engine, from)
+                 : dnnl::reorder::primitive_desc(engine, from, engine, arg.want);
+  e.reorders.push_back({.id = arg.id,
+                        .from = from,
+                        .user = memory(from, engine, DNNL_MEMORY_NONE),
+                        .primitive = dnnl::reorder(pd)});
+  return e.reorders.back();
 }
 
-void Run(const Entry& e, const std::map<int, std::pair<memory::desc, const Tensor*>>& in,
-         const std::map<int, std::pair<memory::desc, const Tensor*>>& out) {
-  Reordered reordered;
-  Run(e, in, out, reordered);
+void Call::Bind(Entry& e, const Operand& op, Arg& arg, Reorder*& copy_back) {
+  void* data = op.tensor.host_ptr();
+  const bool plain = op.layout == nullptr;
+  const memory::desc& layout = plain ? arg.plain : *op.layout;
+  if (plain ? arg.plain_is_want : layout == arg.want) return arg.bound.set_data_handle(data);
+  if (!arg.output) {
+    if (const Input* input = FindInput(data, arg.want)) {
+      return arg.bound.set_data_handle(input->copy);
+    }
+  }
+  Input input{.data = data, .desc = &arg.want};
+  if (op.keep) {
+    input.kept = DnnlBuffer(arg.want);
+    input.copy = input.kept.host_ptr();
+  } else {
+    input.copy = scratch_.Get(arg.want_bytes);
+  }
+  arg.bound.set_data_handle(input.copy);
+  Reorder& reorder = ReorderOf(e, arg, layout, plain);
+  reorder.user.set_data_handle(data);
+  if (arg.output) {
+    copy_back = &reorder;
+    return;
+  }
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, reorder.user.get()},
+                                  {DNNL_ARG_TO, arg.bound.get()}};
+  DnnlExecute(reorder.primitive, args, "conv2d: reorder");
+  AddInput(std::move(input));
+}
+
+void Call::Run(Entry& e, std::initializer_list<Operand> operands) {
+  // At most 4 arguments and the scratchpad.
+  constexpr size_t kMaxArgs = 5;
+  TANDEM_CHECK(operands.size() < kMaxArgs, "conv2d: ", operands.size(),
+               " arguments for one oneDNN primitive");
+  std::array<dnnl_exec_arg_t, kMaxArgs> args;
+  std::array<std::pair<Reorder*, const Arg*>, kMaxArgs> copy_back;
+  size_t size = 0, copies = 0;
+  for (const Operand& op : operands) {
+    if (!op.tensor.defined()) continue;
+    Arg& arg = e.At(op.id);
+    Reorder* reorder = nullptr;
+    Bind(e, op, arg, reorder);
+    if (reorder != nullptr) copy_back[copies++] = {reorder, &arg};
+    args[size++] = {op.id, arg.bound.get()};
+  }
+  e.scratchpad_memory.set_data_handle(scratch_.Get(e.scratchpad_bytes));
+  args[size++] = {DNNL_ARG_SCRATCHPAD, e.scratchpad_memory.get()};
+  DnnlExecute(e.primitive, std::span(args.data(), size), "conv2d");
+  for (size_t i = 0; i < copies; ++i) {
+    const auto& [reorder, arg] = copy_back[i];
+    const dnnl_exec_arg_t back[] = {{DNNL_ARG_FROM, arg->bound.get()},
+                                    {DNNL_ARG_TO, reorder->user.get()}};
+    DnnlExecute(reorder->primitive, back, "conv2d: reorder");
+  }
+  DnnlStream().wait();
 }
 
 }  // namespace
 
-const dnnl::engine& DnnlEngine() { return Engine(); }
-dnnl::stream& DnnlStream() { return Stream(); }
-int DnnlUseThreads() { return UseThreads(); }
-Tensor DnnlBuffer(const memory::desc& desc) { return Buffer(desc); }
-
 void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc) {
-  UseThreads();
+  DnnlUseThreads();
   const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
                                           alpha, a, lda, b, ldb, beta, c, ldc);
   TANDEM_CHECK(status == dnnl_success, "gemm: dnnl_sgemm failed with status ",
@@ -415,99 +522,97 @@ memory::desc YDesc(const Conv2dGeometry& g, Tag tag, DataType dt = DataType::f32
 }
 
 // Hands forward's reordered copy of x (if it made one) to saved_x.
-void KeepReorderedInput(const Entry& e, const Tensor& x, Reordered& reordered,
-                        Conv2dSavedInput* saved_x) {
+void KeepReorderedInput(Entry& e, const Tensor& x, Call& call, Conv2dSavedInput* saved_x) {
   if (saved_x == nullptr) return;
   *saved_x = {};
-  for (Reordered::Input& input : reordered.inputs) {
-    if (input.data == x.host_ptr() && input.desc == e.want.at(DNNL_ARG_SRC)) {
-      saved_x->data = std::move(input.buffer);
-      saved_x->layout = std::make_shared<const memory::desc>(input.desc);
-    }
+  const memory::desc& want = e.Want(DNNL_ARG_SRC);
+  if (Call::Input* input = call.FindInput(x.host_ptr(), want); input != nullptr) {
+    saved_x->data = std::move(input->kept);
+    saved_x->layout = std::make_shared<const memory::desc>(want);
   }
 }
 
 // Runs the forward primitive `e` on our NCHW x, OIHW weight and bias, writing y
-// in `y_desc` (ours, NCHW, or the primitive's own layout: then no reorder).
-void Forward(const Entry& e, const Tensor& x, const Tensor& weight, const Tensor& bias,
-             const Conv2dGeometry& g, const memory::desc& y_desc, const Tensor& y,
-             Conv2dSavedInput* saved_x) {
-  const bool has_bias = bias.defined();
-  const Descs d = DescsOf(g, has_bias, Tag::nchw, PlainWeightTag(g), DataTypeOf(x.dtype()));
-  std::map<int, std::pair<memory::desc, const Tensor*>> in = {
-      {DNNL_ARG_SRC, {d.src, &x}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}};
-  if (has_bias) in[DNNL_ARG_BIAS] = {d.bias, &bias};
-  Reordered reordered;
-  Run(e, in, {{DNNL_ARG_DST, {y_desc, &y}}}, reordered);
-  KeepReorderedInput(e, x, reordered, saved_x);
+// in `y_layout` (null: ours, NCHW; or the primitive's own layout: then no reorder).
+void Forward(Entry& e, const Tensor& x, const Tensor& weight, const Tensor& bias,
+             const memory::desc* y_layout, const Tensor& y, Conv2dSavedInput* saved_x) {
+  Call call;
+  call.Run(e, {{DNNL_ARG_SRC, x, nullptr, /*keep=*/saved_x != nullptr},
+               {DNNL_ARG_WEIGHTS, weight},
+               {DNNL_ARG_BIAS, bias},
+               {DNNL_ARG_DST, y, y_layout}});
+  KeepReorderedInput(e, x, call, saved_x);
 }
 
 // dy (n, o, oh, ow) in the layout `desc`, as an NCHW tensor.
 Tensor ToNchw(const Tensor& dy, const memory::desc& desc, const Conv2dGeometry& g) {
   Tensor nchw = empty({g.n, g.o, g.oh, g.ow}, {.dtype = dy.dtype(), .device = Device::CPU()});
-  memory from(desc, Engine(), dy.host_ptr()),
-      to(YDesc(g, Tag::nchw, DataTypeOf(dy.dtype())), Engine(), nchw.host_ptr());
-  dnnl::reorder(from, to).execute(Stream(), from, to);
-  Stream().wait();
+  memory from(desc, DnnlEngine(), dy.host_ptr()),
+      to(YDesc(g, Tag::nchw, DataTypeOf(dy.dtype())), DnnlEngine(), nchw.host_ptr());
+  dnnl::reorder(from, to).execute(DnnlStream(), from, to);
+  DnnlStream().wait();
   return nchw;
 }
 
-// Conv2dBackwardDnnl's work with dy in `dy_desc` (NCHW, or a primitive's own
-// layout: then the primitives read it as it is). dbias without dweight needs an
-// NCHW dy (Conv2dBackwardBiasCpu's).
-void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
+// dy as an NCHW tensor: itself where dy_layout is null or NCHW.
+Tensor DyNchw(const Tensor& dy, const memory::desc* dy_layout, const Conv2dGeometry& g) {
+  if (dy_layout == nullptr || *dy_layout == YDesc(g, Tag::nchw, DataTypeOf(dy.dtype()))) {
+    return dy;
+  }
+  return ToNchw(dy, *dy_layout, g);
+}
+
+// Conv2dBackwardDnnl's work with dy in `dy_layout` (null: NCHW; or a primitive's
+// own layout: then the primitives read it as it is). dbias without dweight
+// needs an NCHW dy (Conv2dBackwardBiasCpu's).
+void Backward(const Tensor& dy, const memory::desc* dy_layout, const Tensor& x,
               const Tensor& weight, const Conv2dGeometry& g, const Tensor& dx,
               const Tensor& dweight, const Tensor& dbias, const Conv2dSavedInput& saved_x) {
   const DType dtype = dy.dtype();
   // dbias in the weight gradient's pass over dy (bfloat16: summed in float32 by
   // the primitive and rounded once, as dweight).
   const bool bias_here = dbias.defined() && dweight.defined();
-  const DataType dt = DataTypeOf(dtype);
-  const Descs d = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g), dt);
-  // bfloat16: the weight gradients in float32 (the primitive accumulates in
-  // float32), rounded to bfloat16 once below.
-  const Descs dw_descs = DescsOf(g, bias_here, Tag::nchw, PlainWeightTag(g), dt, DataType::f32);
   const bool widen = dtype == kBFloat16;
   const TensorOptions f32{.dtype = kFloat32, .device = Device::CPU()};
   // dy, reordered once for both primitives where they agree; x, the forward's copy.
-  Reordered reordered;
+  Call call;
   if (dweight.defined() && saved_x.data.defined()) {
-    const auto& desc = *static_cast<const memory::desc*>(saved_x.layout.get());
-    reordered.inputs.push_back({x.host_ptr(), desc, memory(desc, Engine(), saved_x.data.host_ptr()),
-                                saved_x.data});
+    call.AddInput({.data = x.host_ptr(),
+                   .desc = static_cast<const memory::desc*>(saved_x.layout.get()),
+                   .copy = saved_x.data.host_ptr()});
   }
   if (dx.defined()) {
-    const Entry& e = Lookup(Kind::kBackwardData, dtype, g, false);
-    Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_WEIGHTS, {d.weights, &weight}}},
-        {{DNNL_ARG_DIFF_SRC, {d.src, &dx}}}, reordered);
+    call.Run(Lookup(Kind::kBackwardData, dtype, g, false),
+             {{DNNL_ARG_DIFF_DST, dy, dy_layout},
+              {DNNL_ARG_WEIGHTS, weight},
+              {DNNL_ARG_DIFF_SRC, dx}});
   }
-  const Entry* weights_entry =
+  Entry* weights_entry =
       dweight.defined() ? &Lookup(Kind::kBackwardWeights, dtype, g, bias_here) : nullptr;
   if (weights_entry != nullptr && weights_entry->widen_instead) {
     // bfloat16 only; dy NCHW, or the fused path's layout (copied to NCHW).
-    const Tensor dy_nchw = dy_desc == d.dst ? dy : ToNchw(dy, dy_desc, g);
+    const Tensor dy_nchw = DyNchw(dy, dy_layout, g);
     const Tensor dw32 = empty(dweight.shape(), f32);
     const Tensor db32 = bias_here ? empty(dbias.shape(), f32) : Tensor();
-    Backward(dy_nchw.detach().to(kFloat32), YDesc(g, Tag::nchw), x.detach().to(kFloat32), Tensor(),
-             g, Tensor(), dw32, db32, {});
+    Backward(dy_nchw.detach().to(kFloat32), nullptr, x.detach().to(kFloat32), Tensor(), g,
+             Tensor(), dw32, db32, {});
     dweight.detach().copy_(dw32);
     if (bias_here) dbias.detach().copy_(db32);
   } else if (weights_entry != nullptr) {
-    const Entry& e = *weights_entry;
+    // bfloat16: the weight gradients in float32 (the primitive accumulates in
+    // float32), rounded to bfloat16 once below.
     const Tensor dw = widen ? empty(dweight.shape(), f32) : dweight;
     const Tensor db = widen && bias_here ? empty(dbias.shape(), f32) : dbias;
-    std::map<int, std::pair<memory::desc, const Tensor*>> out = {
-        {DNNL_ARG_DIFF_WEIGHTS, {dw_descs.weights, &dw}}};
-    if (bias_here) out[DNNL_ARG_DIFF_BIAS] = {dw_descs.bias, &db};
-    Run(e, {{DNNL_ARG_DIFF_DST, {dy_desc, &dy}}, {DNNL_ARG_SRC, {d.src, &x}}}, out, reordered);
+    call.Run(*weights_entry, {{DNNL_ARG_DIFF_DST, dy, dy_layout},
+                              {DNNL_ARG_SRC, x},
+                              {DNNL_ARG_DIFF_WEIGHTS, dw},
+                              {DNNL_ARG_DIFF_BIAS, db}});
     if (widen) {
       dweight.detach().copy_(dw);
       if (bias_here) dbias.detach().copy_(db);
     }
   }
-  if (dbias.defined() && !bias_here) {
-    Conv2dBackwardBiasCpu(dy_desc == d.dst ? dy : ToNchw(dy, dy_desc, g), dbias);
-  }
+  if (dbias.defined() && !bias_here) Conv2dBackwardBiasCpu(DyNchw(dy, dy_layout, g), dbias);
 }
 
 }  // namespace
@@ -515,16 +620,15 @@ void Backward(const Tensor& dy, const memory::desc& dy_desc, const Tensor& x,
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y, bool relu,
                        Conv2dSavedInput* saved_x) {
-  const Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), relu);
-  Forward(e, x, weight, bias, g, YDesc(g, Tag::nchw, DataTypeOf(x.dtype())), y, saved_x);
+  Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), relu);
+  Forward(e, x, weight, bias, nullptr, y, saved_x);
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
 
 void Conv2dBackwardDnnl(const Tensor& dy, const Tensor& x, const Tensor& weight,
                         const Conv2dGeometry& g, const Tensor& dx, const Tensor& dweight,
                         const Tensor& dbias, const Conv2dSavedInput& saved_x) {
-  Backward(dy, YDesc(g, Tag::nchw, DataTypeOf(dy.dtype())), x, weight, g, dx, dweight, dbias,
-           saved_x);
+  Backward(dy, nullptr, x, weight, g, dx, dweight, dbias, saved_x);
 }
 
 namespace {
@@ -552,8 +656,8 @@ Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
 
 Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(DType dtype, const Conv2dGeometry& g,
                                                     bool bias) {
-  const Entry& e = Lookup(Kind::kForward, dtype, g, bias, /*relu=*/true);
-  const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
+  Entry& e = Lookup(Kind::kForward, dtype, g, bias, /*relu=*/true);
+  const memory::desc& y_desc = e.Want(DNNL_ARG_DST);
   const int64_t group = e.relu_inside ? ChannelGroup(y_desc, g) : 0;
   if (group == 0) return {};
   return {.group = group, .y_layout = std::make_shared<const memory::desc>(y_desc)};
@@ -563,13 +667,13 @@ void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const T
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
                                   const Tensor& where, Conv2dSavedInput* saved_x) {
-  const Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), /*relu=*/true);
-  const memory::desc& y_desc = e.want.at(DNNL_ARG_DST);
+  Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), /*relu=*/true);
+  const memory::desc& y_desc = e.Want(DNNL_ARG_DST);
   TANDEM_CHECK(e.relu_inside && y_desc == *static_cast<const memory::desc*>(layout.y_layout.get()),
                "conv2d_relu_max_pool2d: the convolution's layout changed since "
                "Conv2dReluMaxPoolLayoutDnnl chose the fused path");
-  const Tensor y = Buffer(y_desc, x.dtype());
-  Forward(e, x, weight, bias, g, y_desc, y, saved_x);
+  const Tensor y = DnnlBuffer(y_desc, x.dtype());
+  Forward(e, x, weight, bias, &y_desc, y, saved_x);
   if (x.dtype() == kBFloat16) {
     MaxPool2dReluChannelsLastForwardCpu(y.host_data<BFloat16>(), Grouped(pool, layout.group),
                                         out.host_data<BFloat16>(), where.host_data<uint8_t>());
@@ -586,7 +690,7 @@ void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, cons
                                    const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                    const Conv2dSavedInput& saved_x) {
   const memory::desc& dy_desc = *static_cast<const memory::desc*>(layout.y_layout.get());
-  const Tensor dy = Buffer(dy_desc, dout.dtype());
+  const Tensor dy = DnnlBuffer(dy_desc, dout.dtype());
   if (dout.dtype() == kBFloat16) {
     MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<BFloat16>(), where.host_data<uint8_t>(),
                                          Grouped(pool, layout.group), dy.host_data<BFloat16>());
@@ -594,7 +698,7 @@ void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, cons
     MaxPool2dReluChannelsLastBackwardCpu(dout.host_data<float>(), where.host_data<uint8_t>(),
                                          Grouped(pool, layout.group), dy.host_data<float>());
   }
-  if (on_dnnl) return Backward(dy, dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
+  if (on_dnnl) return Backward(dy, &dy_desc, x, weight, g, dx, dweight, dbias, saved_x);
   // The convolution's backward runs elsewhere now (the path changed since
   // forward): as conv2d_relu's would, from an NCHW dy.
   const Tensor dy_nchw = ToNchw(dy, dy_desc, g);

@@ -4,7 +4,8 @@
 // AMX and tandem is built with oneDNN. Every GEMM of the matmul family goes
 // through it: matmul, linear's forward (x W^T) and both of its gradients (dy W,
 // dy^T x). Transposed operands are strided views (no copies); one primitive per
-// shape, transposition and thread count, cached per thread as conv_dnnl.cc's.
+// shape, transposition and thread count, cached per thread as conv_dnnl.cc's,
+// with the memory objects of its operands (a call creates no oneDNN objects).
 // Determinism: the primitive is chosen from the shape, the ISA and the thread
 // count, and oneDNN 2.6's CPU matmul splits work statically, so the same inputs
 // and thread count give the same bits.
@@ -30,9 +31,13 @@ struct Key {
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
+// The primitive with its operands' memory objects, pointed at each call's
+// buffers (set_data_handle), so that a call creates no oneDNN objects.
 struct Entry {
   dnnl::matmul primitive;
   memory::desc a, b, c, scratchpad;
+  memory a_memory, b_memory, c_memory, scratchpad_memory;
+  size_t scratchpad_bytes = 0;
 };
 
 // Row-major a (m x k, or k x m stored when trans_a), b (k x n, or n x k stored
@@ -49,6 +54,12 @@ Entry MakeEntry(const Key& key) {
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, DnnlEngine());
   e.primitive = dnnl::matmul(pd);
   e.scratchpad = pd.scratchpad_desc();
+  e.scratchpad_bytes = e.scratchpad.get_size();
+  const dnnl::engine& engine = DnnlEngine();
+  e.a_memory = memory(e.a, engine, DNNL_MEMORY_NONE);
+  e.b_memory = memory(e.b, engine, DNNL_MEMORY_NONE);
+  e.c_memory = memory(e.c, engine, DNNL_MEMORY_NONE);
+  e.scratchpad_memory = memory(e.scratchpad, engine, DNNL_MEMORY_NONE);
   return e;
 }
 
@@ -69,15 +80,17 @@ void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     if (cache.size() >= kMaxShapes) cache.clear();
     it = cache.emplace(key, MakeEntry(key)).first;
   }
-  const Entry& e = it->second;
-  const dnnl::engine& engine = DnnlEngine();
-  const Tensor scratch = DnnlBuffer(e.scratchpad);
-  e.primitive.execute(
-      DnnlStream(),
-      {{DNNL_ARG_SRC, memory(e.a, engine, const_cast<BFloat16*>(a))},
-       {DNNL_ARG_WEIGHTS, memory(e.b, engine, const_cast<BFloat16*>(b))},
-       {DNNL_ARG_DST, memory(e.c, engine, c)},
-       {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.host_ptr())}});
+  Entry& e = it->second;
+  DnnlScratch scratch;
+  e.a_memory.set_data_handle(const_cast<BFloat16*>(a));
+  e.b_memory.set_data_handle(const_cast<BFloat16*>(b));
+  e.c_memory.set_data_handle(c);
+  e.scratchpad_memory.set_data_handle(scratch.Get(e.scratchpad_bytes));
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e.a_memory.get()},
+                                  {DNNL_ARG_WEIGHTS, e.b_memory.get()},
+                                  {DNNL_ARG_DST, e.c_memory.get()},
+                                  {DNNL_ARG_SCRATCHPAD, e.scratchpad_memory.get()}};
+  DnnlExecute(e.primitive, args, "gemm: bfloat16 oneDNN matmul");
   DnnlStream().wait();
 }
 

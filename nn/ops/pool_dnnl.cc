@@ -1,6 +1,7 @@
 // float32 CPU max and average pooling on oneDNN (Debian's libdnnl 2.6, OpenMP
 // runtime), forward and backward, one primitive per shape cached per thread, as
-// conv_dnnl.cc does for convolutions (same engine, streams and thread count).
+// conv_dnnl.cc does for convolutions (same engine, streams, thread count and
+// scratch buffers; the memory objects and reorders made once with the primitive).
 // Max pooling runs forward_training and keeps oneDNN's workspace (the argmax's
 // offset inside each window, in the primitive's dst layout) for backward in
 // place of our int64 indices. CpuPoolPath picks the layout: plain NCHW (our
@@ -24,8 +25,8 @@
 #include <algorithm>
 #include <dnnl.hpp>
 #include <map>
+#include <span>
 #include <tuple>
-#include <unordered_map>
 
 #include "nn/error.h"
 #include "nn/ops/internal/dnnl_runtime.h"
@@ -52,12 +53,42 @@ struct Key {
   bool operator<(const Key& other) const { return Tie() < other.Tie(); }
 };
 
+// One side of a primitive, what it reads (forward: x; backward: dy) or writes
+// (y; dx): the layout it wants, our tensor's (NCHW), and, made once so that a
+// call creates no oneDNN objects, the memory objects of the two (pointed at
+// the call's buffers with set_data_handle) and the reorder between them where
+// they differ (ours to the primitive's for the input, back for the output).
+struct Side {
+  memory::desc want, plain;
+  bool plain_is_want = false;
+  size_t want_bytes = 0;
+  memory bound, user;
+  dnnl::reorder reorder;
+};
+
 // A primitive with the layouts it runs in (src / dst for forward, diff_src /
 // diff_dst for backward: x's and y's shapes) and its scratchpad and workspace.
 struct Entry {
   dnnl::primitive primitive;
   memory::desc x, y, scratchpad, workspace;
+  Side in, out;
+  memory scratchpad_memory, workspace_memory;
+  size_t scratchpad_bytes = 0;
 };
+
+Side MakeSide(const memory::desc& want, const memory::desc& plain, bool input) {
+  const dnnl::engine& engine = DnnlEngine();
+  Side side{.want = want, .plain = plain, .plain_is_want = want == plain,
+            .want_bytes = want.get_size()};
+  side.bound = memory(want, engine, DNNL_MEMORY_NONE);
+  if (!side.plain_is_want) {
+    side.user = memory(plain, engine, DNNL_MEMORY_NONE);
+    side.reorder =
+        dnnl::reorder(input ? dnnl::reorder::primitive_desc(engine, plain, engine, want)
+                            : dnnl::reorder::primitive_desc(engine, want, engine, plain));
+  }
+  return side;
+}
 
 // The activation layout of `path` (kDnnl, kDnnlBlocked or kDnnlNhwc).
 Tag LayoutTag(CpuPoolPath path) {
@@ -99,6 +130,17 @@ dnnl::pooling_forward::primitive_desc ForwardDesc(const Pool2dGeometry& g, bool 
   return dnnl::pooling_forward::primitive_desc(desc, Attr(), DnnlEngine());
 }
 
+// e's sides (forward: x in, y out; backward: dy in, dx out) and the memory
+// objects of its scratchpad and workspace.
+void Finish(const Pool2dGeometry& g, bool forward, Entry& e) {
+  const memory::desc x_plain = XDesc(g, Tag::nchw), y_plain = YDesc(g, Tag::nchw);
+  e.in = forward ? MakeSide(e.x, x_plain, /*input=*/true) : MakeSide(e.y, y_plain, true);
+  e.out = forward ? MakeSide(e.y, y_plain, /*input=*/false) : MakeSide(e.x, x_plain, false);
+  e.scratchpad_bytes = e.scratchpad.get_size();
+  e.scratchpad_memory = memory(e.scratchpad, DnnlEngine(), DNNL_MEMORY_NONE);
+  e.workspace_memory = memory(e.workspace, DnnlEngine(), DNNL_MEMORY_NONE);
+}
+
 Entry MakeEntry(const Key& key, const Pool2dGeometry& g) {
   const Tag tag = LayoutTag(key.path);
   const auto forward = ForwardDesc(g, key.max, tag);
@@ -109,6 +151,7 @@ Entry MakeEntry(const Key& key, const Pool2dGeometry& g) {
     e.y = forward.dst_desc();
     e.scratchpad = forward.scratchpad_desc();
     e.workspace = forward.workspace_desc();
+    Finish(g, /*forward=*/true, e);
     return e;
   }
   const dnnl::pooling_backward::desc desc(Algorithm(key.max), XDesc(g, tag), YDesc(g, tag),
@@ -120,12 +163,13 @@ Entry MakeEntry(const Key& key, const Pool2dGeometry& g) {
   e.y = pd.diff_dst_desc();
   e.scratchpad = pd.scratchpad_desc();
   e.workspace = pd.workspace_desc();
+  Finish(g, /*forward=*/false, e);
   return e;
 }
 
 // The calling thread's primitives by shape (no lock; a rank thread's thread
 // count is its own).
-const Entry& Lookup(Kind kind, bool max, const Pool2dGeometry& g, CpuPoolPath path) {
+Entry& Lookup(Kind kind, bool max, const Pool2dGeometry& g, CpuPoolPath path) {
   TANDEM_CHECK(path == CpuPoolPath::kDnnl || path == CpuPoolPath::kDnnlBlocked ||
                    path == CpuPoolPath::kDnnlNhwc,
                "pool2d: not a oneDNN path: ", static_cast<int>(path));
@@ -142,52 +186,55 @@ Tensor Buffer(const memory::desc& desc) {
   return empty({static_cast<int64_t>(desc.get_size())}, {.dtype = kUInt8, .device = Device::CPU()});
 }
 
-// Runs `e` with input `in` (x or dy) and output `out` (y or dx), plain NCHW
-// tensors with descs in_plain / out_plain, reordered where the primitive wants
-// another layout; `workspace` (may be undefined) is passed as it is.
-void Run(const Entry& e, const memory::desc& in_want, const Tensor& in,
-         const memory::desc& in_plain, const memory::desc& out_want, const Tensor& out,
-         const memory::desc& out_plain, const Tensor& workspace, int in_arg, int out_arg) {
-  dnnl::stream& stream = DnnlStream();
-  const dnnl::engine& engine = DnnlEngine();
-  memory in_user(in_plain, engine, in.host_ptr()), out_user(out_plain, engine, out.host_ptr());
-  memory in_mem = in_user, out_mem = out_user;
-  Tensor in_copy, out_copy;  // reordered copies, alive until the primitive ran
-  if (in_want != in_plain) {
-    in_copy = Buffer(in_want);
-    in_mem = memory(in_want, engine, in_copy.host_ptr());
-    dnnl::reorder(in_user, in_mem).execute(stream, in_user, in_mem);
+// Runs `e` with input `in` (x or dy) and output `out` (y or dx), our NCHW
+// tensors, reordered where the primitive wants another layout (the copies and
+// the scratchpad in the thread's scratch buffers); `workspace` (may be
+// undefined) is passed as it is.
+void Run(Entry& e, const Tensor& in, const Tensor& out, const Tensor& workspace, int in_arg,
+         int out_arg) {
+  DnnlScratch scratch;
+  if (e.in.plain_is_want) {
+    e.in.bound.set_data_handle(in.host_ptr());
+  } else {
+    e.in.bound.set_data_handle(scratch.Get(e.in.want_bytes));
+    e.in.user.set_data_handle(in.host_ptr());
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, e.in.user.get()},
+                                    {DNNL_ARG_TO, e.in.bound.get()}};
+    DnnlExecute(e.in.reorder, args, "pool2d: reorder");
   }
-  if (out_want != out_plain) {
-    out_copy = Buffer(out_want);
-    out_mem = memory(out_want, engine, out_copy.host_ptr());
+  if (e.out.plain_is_want) {
+    e.out.bound.set_data_handle(out.host_ptr());
+  } else {
+    e.out.bound.set_data_handle(scratch.Get(e.out.want_bytes));
+    e.out.user.set_data_handle(out.host_ptr());
   }
-  Tensor scratch = Buffer(e.scratchpad);
-  std::unordered_map<int, memory> args = {
-      {in_arg, in_mem},
-      {out_arg, out_mem},
-      {DNNL_ARG_SCRATCHPAD, memory(e.scratchpad, engine, scratch.host_ptr())}};
-  if (workspace.defined()) {
-    args.emplace(DNNL_ARG_WORKSPACE, memory(e.workspace, engine, workspace.host_ptr()));
+  e.scratchpad_memory.set_data_handle(scratch.Get(e.scratchpad_bytes));
+  dnnl_exec_arg_t args[] = {{in_arg, e.in.bound.get()},
+                            {out_arg, e.out.bound.get()},
+                            {DNNL_ARG_SCRATCHPAD, e.scratchpad_memory.get()},
+                            {DNNL_ARG_WORKSPACE, e.workspace_memory.get()}};
+  if (workspace.defined()) e.workspace_memory.set_data_handle(workspace.host_ptr());
+  DnnlExecute(e.primitive, std::span(args, workspace.defined() ? 4 : 3), "pool2d");
+  if (!e.out.plain_is_want) {
+    const dnnl_exec_arg_t back[] = {{DNNL_ARG_FROM, e.out.bound.get()},
+                                    {DNNL_ARG_TO, e.out.user.get()}};
+    DnnlExecute(e.out.reorder, back, "pool2d: reorder");
   }
-  e.primitive.execute(stream, args);
-  if (out_copy.defined()) dnnl::reorder(out_mem, out_user).execute(stream, out_mem, out_user);
-  stream.wait();
+  DnnlStream().wait();
 }
 
 Tensor Forward(bool max, const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
                const Tensor& y) {
-  const Entry& e = Lookup(Kind::kForward, max, g, path);
+  Entry& e = Lookup(Kind::kForward, max, g, path);
   Tensor workspace;
   if (max) workspace = Buffer(e.workspace);
-  Run(e, e.x, x, XDesc(g, Tag::nchw), e.y, y, YDesc(g, Tag::nchw), workspace, DNNL_ARG_SRC,
-      DNNL_ARG_DST);
+  Run(e, x, y, workspace, DNNL_ARG_SRC, DNNL_ARG_DST);
   return workspace;
 }
 
 void Backward(bool max, const Tensor& workspace, const Tensor& dy, const Pool2dGeometry& g,
               CpuPoolPath path, const Tensor& dx) {
-  const Entry& e = Lookup(Kind::kBackward, max, g, path);
+  Entry& e = Lookup(Kind::kBackward, max, g, path);
   // The forward's workspace must be the one this primitive reads (oneDNN 2.6 lays
   // it out like y in every implementation, whatever the thread counts).
   if (max) {
@@ -197,8 +244,7 @@ void Backward(bool max, const Tensor& workspace, const Tensor& dy, const Pool2dG
                  workspace.numel() * ElementSize(workspace.dtype()), " bytes, the primitive wants ",
                  e.workspace.get_size());
   }
-  Run(e, e.y, dy, YDesc(g, Tag::nchw), e.x, dx, XDesc(g, Tag::nchw), workspace,
-      DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC);
+  Run(e, dy, dx, workspace, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_SRC);
 }
 
 }  // namespace
