@@ -634,9 +634,19 @@ void CudaGraph::Replay() {
     // frees of those tensors, and its use of the thread's cuBLASLt workspace
     // that the graph's matmuls use, come after it). Under ActiveCaptures'
     // lock: neither wait may join a capture.
+    // A hook that throws (an NCCL graph replayed here is refused by its
+    // pre-replay hook) may follow hooks that already wrote, on this stream,
+    // the arena memory the graph reads (a dropout's offset): the capturing
+    // stream waits for those writes too, or its next replay could read them
+    // late.
     const bool ran = ActiveCaptures::Get().RunUnlessCapturing(device_.index, [&] {
       internal::CudaStreamWait(stream, impl_->capture_stream, device_);
-      launch();
+      try {
+        launch();
+      } catch (...) {
+        internal::CudaStreamWaitNoThrow(impl_->capture_stream, stream, device_);
+        throw;
+      }
       internal::CudaStreamWait(impl_->capture_stream, stream, device_);
     });
     TANDEM_CHECK(ran, "CudaGraph::Replay: the graph of ", device_.ToString(), " was captured on "

@@ -207,6 +207,56 @@ TEST_F(CudaGraphGpuTest, ReplayOnAnotherThreadIsOrderedAgainstTheCapturingStream
                       << got.back();
 }
 
+// A replay on thread b refused by a hook (as an NCCL graph's is) after a
+// dropout's hook has already written, on b's stream, the offset the graph
+// reads: this thread's next replay must read its own offset. b's stream is
+// kept busy before that write (a hook queues adds there), and the graph's
+// adds before its dropout outlast them: unordered, b's write landed between
+// this thread's write and the dropout's read (the mask of offset 0, the
+// warm-up's, instead of the next one).
+TEST_F(CudaGraphGpuTest, WritesOfARefusedReplayOnAnotherThreadComeBeforeTheNextReplay) {
+  constexpr int64_t kNumel = int64_t{1} << 24;  // 64 MiB of float32: each add takes tens of us
+  const std::thread::id self = std::this_thread::get_id();
+  Tensor x = full({1000}, 1.0);
+  manual_seed(9);
+  const std::vector<float> eager0 = dropout(x, 0.5, true).to_vector<float>();
+  const std::vector<float> eager1 = dropout(x, 0.5, true).to_vector<float>();
+  manual_seed(9);
+  (void)dropout(x, 0.5, true);  // warm-up: offset 0, as eager0
+  Tensor z = zeros({kNumel}), w = zeros({kNumel}), one = full({kNumel}, 1.0);
+  Tensor y;
+  CudaGraph graph;
+  graph.Capture([&] {
+    ASSERT_TRUE(CudaGraph::AddPreReplayHook([&] {  // b's stream busy before the offset's write
+      if (std::this_thread::get_id() != self) {
+        for (int k = 0; k < 50; ++k) z.add_(one);
+      }
+    }));
+    for (int k = 0; k < 100; ++k) w.add_(one);
+    y = dropout(x, 0.5, true);
+    ASSERT_TRUE(CudaGraph::AddPreReplayHook([&] {
+      if (std::this_thread::get_id() != self) throw std::runtime_error("refused on thread b");
+    }));
+  });
+  std::string error;
+  std::thread b([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      graph.Replay();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  b.join();
+  EXPECT_EQ(error, "refused on thread b");
+  graph.Replay();
+  const std::vector<float> got = y.to_vector<float>();
+  EXPECT_NE(eager0, eager1);
+  ExpectSameBits(got, eager1, "the mask of the replay after the refused one");
+  EXPECT_EQ(w.to_vector<float>()[0], 100.0f);
+  EXPECT_EQ(z.to_vector<float>()[0], 50.0f);
+}
+
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
   Tensor counter = zeros({4});
   CudaGraph graph;
