@@ -76,7 +76,7 @@
 // instead: a post-replay hook (nn::CudaGraph::AddPostReplayHook) enters one
 // collective "graph replay" and records an event on the compute stream behind
 // the graph (a pre-replay hook first refuses a replay from another thread, or
-// after the run, before anything is launched); a rank that replays once more
+// after the run, before the graph is launched); a rank that replays once more
 // than its peers shows in the watchdog's report like any stuck collective.
 // barrier() cannot be captured.
 //
