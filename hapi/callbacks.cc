@@ -27,9 +27,13 @@ std::string FormatLogs(const Logs& logs) {
   return absl::StrJoin(parts, " ");
 }
 
-double Monitored(const std::string& who, const std::string& monitor, const Logs& logs) {
+// The monitored value of this epoch; nullopt for an evaluation value in an
+// epoch that did not evaluate (FitOptions::eval_freq).
+std::optional<double> Monitored(const std::string& who, const std::string& monitor,
+                                const RunState& s, const Logs& logs) {
   auto it = logs.find(monitor);
   if (it == logs.end()) {
+    if (monitor.starts_with("eval_") && s.has_eval_data && !s.evaluated) return std::nullopt;
     std::vector<std::string> keys;
     for (const auto& [key, value] : logs) keys.push_back(key);
     Fail(who, ": monitor '", monitor, "' is not among this epoch's logs (",
@@ -133,7 +137,9 @@ void EarlyStopping::on_checkpoint_load(RunState&, const ResumeInfo& info) {
 }
 
 void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
-  const double value = Monitored("EarlyStopping", monitor_, logs);
+  const std::optional<double> monitored = Monitored("EarlyStopping", monitor_, s, logs);
+  if (!monitored.has_value()) return;
+  const double value = *monitored;
   if (!have_best_ || Improves(value, best_, maximize_, min_delta_)) {
     best_ = value;
     have_best_ = true;
@@ -315,11 +321,12 @@ void ModelCheckpoint::on_train_begin(RunState& s) {
 }
 
 void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
-  if (!monitor_.empty()) {
-    const double value = Monitored("ModelCheckpoint", monitor_, logs);
-    const bool better = !have_best_ || Improves(value, best_, maximize_, 0);
+  const std::optional<double> value =
+      monitor_.empty() ? std::nullopt : Monitored("ModelCheckpoint", monitor_, s, logs);
+  if (value.has_value()) {
+    const bool better = !have_best_ || Improves(*value, best_, maximize_, 0);
     if (better) {
-      best_ = value;
+      best_ = *value;
       have_best_ = true;
       if (IsRankZero(s)) SaveWeights(dir_ + "/best.safetensors", *s.network);
     }

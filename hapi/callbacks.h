@@ -19,8 +19,9 @@
 // restart restored one (ResumeInfo::snapshot).
 //
 // Logs: epoch and evaluation values after the reduction over ranks, so every
-// rank sees the same numbers: "loss" and each metric of the training epoch,
-// "eval_loss" and "eval_<metric>" of the evaluation. At a batch end
+// rank sees the same numbers: "loss" of the training epoch (metrics run on
+// evaluation data only), "eval_loss" and "eval_<metric>" of the evaluation
+// (in the epochs that evaluate: every eval_freq-th and the last). At a batch end
 // RunState::batch_loss holds the step's loss on the device (this rank's; read it
 // with item(), a host wait, only when needed: ProgressLogger reads it every
 // log_freq steps).
@@ -89,6 +90,10 @@ struct RunState {
   int64_t step = 0;                       // optimizer steps done so far in the fit
   int64_t steps_per_epoch = 0;
   nn::Tensor batch_loss;                  // at on_train_batch_end: the step's loss (0-dim)
+  // fit: FitOptions::eval_data is set; at on_epoch_end: this epoch evaluated it
+  // (every eval_freq epochs and after the last), so its logs hold "eval_*".
+  bool has_eval_data = false;
+  bool evaluated = false;
   bool stop_training = false;
   dist::DataParallel* data_parallel = nullptr;  // fit only
   dist::ZeroRedundancyOptimizer* zero = nullptr;  // fit with FitOptions::zero
@@ -152,7 +157,11 @@ class ProgressLogger : public Callback {
 // Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not
 // improved by more than min_delta for `patience` epochs. mode: "min", "max",
 // or "auto" (max for names containing "acc", "precision" or "recall").
-// A monitor missing from the epoch's logs is an error naming it and the keys.
+// An evaluation value ("eval_*") is read in the epochs that evaluate
+// (FitOptions::eval_freq), so patience counts evaluations, as Paddle's
+// EarlyStopping does; the epochs between are skipped. A monitor missing from
+// an epoch's logs otherwise (a misspelt name, an evaluation value without eval
+// data) is an error naming it and the keys.
 // Its best value and wait go into every checkpoint and snapshot
 // ("hapi.EarlyStopping.<monitor>.*") and come back on resume and restart.
 class EarlyStopping : public Callback {
@@ -220,12 +229,6 @@ class MetricsLogger : public Callback {
   std::optional<int> resumed_epochs_;  // epochs finished at the checkpoint or snapshot loaded
 };
 
-// Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
-// dir/epoch_<E>.safetensors every save_freq epochs and dir/final.safetensors at
-// the end; with `monitor` set also dir/best.safetensors when the monitored value
-// improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
-// The best value goes into every checkpoint and snapshot
-// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 // Rewrites the text file at `path` (atomically: a temporary file renamed over
 // it) without the rows the interrupted run wrote for epochs from `epoch` on
 // (0-based, as `epoch_of` reads it from a line; nullopt: not a row, such as a
@@ -242,6 +245,14 @@ void DropRowsFromEpoch(const std::string& path, int64_t epoch,
 // programs' --metrics write them ({"epoch": 3, "step": 120, ...}), or nullopt.
 std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key);
 
+// Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
+// dir/epoch_<E>.safetensors (E from 1) every save_freq epochs (0: none) and
+// dir/final.safetensors at the end; with `monitor` set also
+// dir/best.safetensors when the monitored value improves (mode and the epochs
+// an evaluation value is read in as EarlyStopping's). Writes are atomic
+// (nn/safetensors.h).
+// The best value goes into every checkpoint and snapshot
+// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",

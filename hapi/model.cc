@@ -430,6 +430,12 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
   data::DataLoader loader(train, sampler,
                           LoaderOptions(ctx, options.num_workers, options.batch_transform));
+  // Only drop_last drops every batch (a kUneven rank without a batch answers
+  // the others' steps under join()); kWrapGlobalBatch gives every rank the same count.
+  TANDEM_CHECK(loader.num_batches() > 0 || options.uneven || options.epochs == 0,
+               "fit: no step per epoch: drop_last with ", train->size(),
+               " examples and a global batch of ", global_batch, " (batch_size ",
+               options.batch_size, " on ", global_batch / options.batch_size, " ranks)");
   const int accum = options.grad_accum_steps;
   // This rank's batches per epoch: all of them, or max_steps_per_epoch steps' worth.
   const int64_t batches =
@@ -445,6 +451,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   state.zero = zero;
   state.epochs = options.epochs;
   state.steps_per_epoch = (batches + accum - 1) / accum;
+  state.has_eval_data = options.eval_data != nullptr;
   std::vector<std::unique_ptr<Callback>> callbacks =
       MakeCallbacks(options.callbacks, options.log_freq);
 
@@ -707,7 +714,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
         SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
     logs["loss"] = total[1] > 0 ? total[0] / total[1] : 0.0;
     const bool last = epoch + 1 == options.epochs;
-    if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
+    state.evaluated =
+        options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last);
+    if (state.evaluated) {
       CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
       Logs eval;
       {
@@ -754,6 +763,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
 
 absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
                                      EvalOptions options) {
+  RETURN_IF_ERROR(CheckPrepared("evaluate"));
   RETURN_IF_ERROR(CheckDataset("evaluate", data, "the data"));
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;

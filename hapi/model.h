@@ -245,10 +245,13 @@ class Model {
                std::vector<MetricFactory> metrics = {});
 
   // Trains (see the file comment). FailedPrecondition before prepare();
-  // InvalidArgument naming the value for a bad option or an empty dataset.
+  // InvalidArgument naming the value for a bad option or an empty dataset; an
+  // epoch without a step (drop_last with fewer examples than one global batch)
+  // fails on the ranks, naming the sizes.
   absl::StatusOr<History> fit(std::shared_ptr<const data::Dataset> train, FitOptions options = {});
   // "eval_loss" (when prepared with a loss) and "eval_<metric>" for each metric,
-  // over every sample exactly once. InvalidArgument for an empty dataset.
+  // over every sample exactly once. FailedPrecondition before prepare();
+  // InvalidArgument for an empty dataset.
   absl::StatusOr<Logs> evaluate(std::shared_ptr<const data::Dataset> data,
                                 EvalOptions options = {});
   // The network's outputs for every example, in dataset order, stacked along

@@ -1,0 +1,114 @@
+// hapi::Model's callbacks and options as a user combines them: EarlyStopping
+// and ModelCheckpoint monitoring an evaluation value that only every
+// eval_freq-th epoch has, a fit whose epochs would hold no step, and evaluate
+// before prepare.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "hapi/model.h"
+#include "nn/nn.h"
+#include "optim/sgd.h"
+#include "testing/run.h"
+#include "tests/hapi/classification.h"
+
+namespace tandem::hapi {
+namespace {
+
+struct Net : nn::Module {
+  Net() : l1(register_module("l1", nn::Linear(4, 8))), l2(register_module("l2", nn::Linear(8, 3))) {}
+  nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
+  nn::Linear l1, l2;
+};
+
+using ::tandem::testing::Classification;
+
+std::unique_ptr<Model> Prepared(int ranks, double lr) {
+  auto model = std::make_unique<Model>(
+      [] { return std::make_shared<Net>(); },
+      LaunchOptions{.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()});
+  model->prepare(
+      [lr](std::vector<nn::Tensor> params) {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = lr});
+      },
+      CrossEntropy(), {MakeMetric<Accuracy>()});
+  return model;
+}
+
+bool Contains(const absl::Status& s, const std::string& part) {
+  return std::string(s.message()).find(part) != std::string::npos;
+}
+
+// With eval_freq 2 only epochs 2, 4, ... carry "eval_*" values: the callbacks
+// act on those epochs and wait through the others (as Paddle's act on each
+// evaluation). lr 0: eval_loss never improves, so EarlyStopping with patience
+// 1 stops at the second evaluation after the first (epoch 6 of 10).
+TEST(CallbacksTest, EvalMonitorsActOnTheEpochsThatEvaluate) {
+  auto train = Classification(16, 71), test = Classification(9, 72);
+  const std::string dir = ::testing::TempDir() + "/hapi_eval_freq_mc";
+  std::filesystem::remove_all(dir);
+  auto model = Prepared(2, 0.0);
+  auto h = model->fit(train, {.epochs = 10, .batch_size = 4, .eval_data = test, .eval_freq = 2,
+                              .callbacks = {MakeCallback<EarlyStopping>("eval_loss", 1),
+                                            MakeCallback<ModelCheckpoint>(dir, 0, "eval_acc")}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->epochs.size(), 6u);
+  for (size_t e = 0; e < h->epochs.size(); ++e)
+    EXPECT_EQ(h->epochs[e].count("eval_loss"), e % 2 == 1 ? 1u : 0u) << e;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/best.safetensors"));
+
+  // A monitor that an evaluating epoch lacks (a misspelt name) is still an
+  // error, at the first evaluation.
+  auto typo = Prepared(2, 0.1)->fit(
+      train, {.epochs = 4, .batch_size = 4, .eval_data = test, .eval_freq = 2,
+              .callbacks = {MakeCallback<EarlyStopping>("eval_accuracy", 1)}});
+  ASSERT_FALSE(typo.ok());
+  EXPECT_TRUE(Contains(typo.status(), "monitor 'eval_accuracy' is not among this epoch's logs "
+                                      "(eval_acc, eval_loss, loss)"))
+      << typo.status();
+  // And an evaluation value without eval data, at the first epoch.
+  auto no_eval = Prepared(2, 0.1)->fit(
+      train, {.epochs = 4, .batch_size = 4,
+              .callbacks = {MakeCallback<ModelCheckpoint>(dir, 0, "eval_acc")}});
+  ASSERT_FALSE(no_eval.ok());
+  EXPECT_TRUE(Contains(no_eval.status(), "ModelCheckpoint: monitor 'eval_acc' is not among this "
+                                         "epoch's logs (loss); evaluation values need eval data"))
+      << no_eval.status();
+}
+
+// drop_last with fewer examples than one global batch leaves no step in an
+// epoch: refused on every rank naming the sizes, not a fit that trains nothing.
+TEST(CallbacksTest, AFitWithoutAStepPerEpochIsRefusedNamingTheSizes) {
+  auto train = Classification(12, 73);
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 2, .batch_size = 8, .drop_last = true});
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(Contains(h.status(), "fit: no step per epoch: drop_last with 12 examples and a "
+                                   "global batch of 16 (batch_size 8 on 2 ranks)"))
+      << h.status();
+  // Enough examples for one global batch: one step an epoch.
+  auto one = Prepared(2, 0.1)->fit(Classification(16, 74),
+                                   {.epochs = 2, .batch_size = 8, .drop_last = true});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->steps, 2);
+}
+
+// evaluate() needs the loss and metrics of prepare(); unprepared it returned
+// empty logs.
+TEST(CallbacksTest, EvaluateBeforePrepareIsAFailedPrecondition) {
+  Model model([] { return std::make_shared<Net>(); },
+              LaunchOptions{.gpus = "cpu", .nprocs = 1, .spawn = testing::DefaultTestSpawnOptions()});
+  auto logs = model.evaluate(Classification(8, 75));
+  EXPECT_EQ(logs.status().code(), absl::StatusCode::kFailedPrecondition) << logs.status();
+  EXPECT_TRUE(Contains(logs.status(), "hapi::Model::evaluate: call prepare(optimizer, loss, "
+                                      "metrics) first"))
+      << logs.status();
+  // predict needs no loss.
+  auto out = model.predict(Classification(8, 75));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->size(0), 8);
+}
+
+}  // namespace
+}  // namespace tandem::hapi
