@@ -1,13 +1,17 @@
 // hapi::Model's callbacks and options as a user combines them: EarlyStopping
 // and ModelCheckpoint monitoring an evaluation value that only every
-// eval_freq-th epoch has, a fit whose epochs would hold no step, and evaluate
-// before prepare.
+// eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
+// before prepare, and random augmentations across fit's epochs.
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "data/dataset.h"
+#include "data/transforms.h"
 #include "hapi/model.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
@@ -108,6 +112,34 @@ TEST(CallbacksTest, EvaluateBeforePrepareIsAFailedPrecondition) {
   auto out = model.predict(Classification(8, 75));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->size(0), 8);
+}
+
+// Records the epoch each example's draw is for (the generator's offset), as a
+// random augmentation would use it.
+class RecordEpochs : public data::Transform {
+ public:
+  explicit RecordEpochs(std::shared_ptr<std::set<uint64_t>> epochs) : epochs_(std::move(epochs)) {}
+  nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    epochs_->insert(generator.offset >> 32);
+    return x;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<std::set<uint64_t>> epochs_;
+};
+
+// fit's loader passes each epoch to the dataset: a TransformDataset's random
+// augmentations differ from epoch to epoch (fit cannot call its set_epoch: the
+// dataset is const and shared by the ranks).
+TEST(CallbacksTest, FitDrawsNewAugmentationsEachEpoch) {
+  auto epochs = std::make_shared<std::set<uint64_t>>();
+  auto train = std::make_shared<data::TransformDataset>(
+      Classification(16, 76), std::make_shared<RecordEpochs>(epochs), 1);
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 3, .batch_size = 4, .num_workers = 1});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(*epochs, (std::set<uint64_t>{0, 1, 2}));
 }
 
 }  // namespace
