@@ -30,6 +30,7 @@ using internal::FitPosition;
 using internal::kEpochKey;
 using internal::kEpochLossKey;
 using internal::kEpochStepsKey;
+using internal::kGlobalBatchKey;
 using internal::PutSnapshotEntries;
 using internal::RankBatch;
 using internal::RankBatchOf;
@@ -477,6 +478,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     s.extra[kEpochKey] = epoch;
     s.extra[kEpochStepsKey] = epoch_steps;
     s.extra[kEpochLossKey] = loss_sum;
+    s.extra[kGlobalBatchKey] = global_batch;  // what the loader's position counts
     CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
     if (epoch_steps < 0) last_end_save_step = state.step;
   };
@@ -491,7 +493,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     if (options.resume && !from_snapshot) {
       std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
       if (zero) saved.optimizer = unsharded.get();
-      at = Restore(ctx, *checkpoints, saved, options);
+      at = Restore(ctx, *checkpoints, saved, options, global_batch);
       if (zero) {
         if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
         saved.optimizer = nullptr;

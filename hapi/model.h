@@ -169,6 +169,10 @@ struct FitOptions {
   bool checkpoint_each_epoch = false;
   // Continue from the newest checkpoint in checkpoint.dir that loads (none:
   // from the start): the same fit then ends as the uninterrupted one would.
+  // Another number of ranks resumes too (not bit for bit: the generators stay
+  // this run's); a checkpoint from inside an epoch then needs the same global
+  // batch (batch_size * ranks: the loader's position counts global batches),
+  // else fit fails naming both; one at an epoch's end resumes with any.
   bool resume = false;
   // For a checkpoint without fit's own entries ("hapi.epoch", ...: a file that
   // another training loop wrote): where it stands, from the file's entries and

@@ -1,7 +1,8 @@
 // hapi::Model's callbacks and options as a user combines them: EarlyStopping
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
-// before prepare, and random augmentations across fit's epochs.
+// before prepare, random augmentations across fit's epochs, and a resume
+// inside an epoch with another global batch.
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -140,6 +141,47 @@ TEST(CallbacksTest, FitDrawsNewAugmentationsEachEpoch) {
   auto h = Prepared(2, 0.1)->fit(train, {.epochs = 3, .batch_size = 4, .num_workers = 1});
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(*epochs, (std::set<uint64_t>{0, 1, 2}));
+}
+
+struct EndFitAt : Callback {
+  explicit EndFitAt(int64_t step) : step(step) {}
+  std::string name() const override { return "EndFitAt"; }
+  void on_train_batch_end(RunState& s) override { s.end_fit = s.step == step; }
+  int64_t step;
+};
+
+// A checkpoint inside an epoch counts the loader's position in global
+// batches: resumed on a world with another global batch it would train the
+// wrong samples (2 ranks of 4 rows stopped after samples 0-15; 1 rank of 4
+// rows went on from sample 8). Refused naming both global batches; the same
+// global batch on another world size (1 rank of 8 rows), and a checkpoint
+// at an epoch's end, resume.
+TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
+  auto train = Classification(24, 77);
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_world";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 2, .batch_size = 4, .checkpoint = {.dir = dir, .every_steps = 2}};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{2})};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, first).ok());
+  FitOptions resumed = options;
+  resumed.resume = true;
+  auto refused = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status(), "stopped after 2 steps of epoch 1 with a global batch "
+                                         "of 8 rows; this fit's global batch is 4 rows "
+                                         "(batch_size 4 on 1 ranks)"))
+      << refused.status();
+  resumed.batch_size = 8;
+  auto same_global = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(same_global.ok()) << same_global.status();
+  EXPECT_EQ(same_global->steps, 6);  // 3 steps an epoch of 8 rows over 24 examples
+  // The end of that fit (an epoch boundary) resumes with any global batch.
+  resumed.epochs = 3;
+  resumed.batch_size = 4;
+  auto at_end = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(at_end.ok()) << at_end.status();
+  EXPECT_EQ(at_end->steps, 12);
 }
 
 }  // namespace
