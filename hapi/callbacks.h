@@ -209,6 +209,43 @@ class LRSchedulerCallback : public Callback {
   std::map<std::string, double> loaded_;  // on_checkpoint_load's, for on_train_begin
 };
 
+// Multiplies every parameter group's lr by `factor` (not below min_lr) when
+// `monitor` has not improved by more than min_delta for `patience` epochs,
+// then waits `cooldown` epochs before counting again (Paddle's and Keras'
+// ReduceLROnPlateau; mode and the epochs an evaluation value is read in as
+// EarlyStopping's). Every rank does the same on the same (reduced) logs, so
+// the lrs stay equal. The lr lives in the optimizer and comes back with it on
+// resume; best, wait and cooldown go into every checkpoint and snapshot
+// ("hapi.ReduceLROnPlateau.<monitor>.*"). Not for an optimizer that an
+// LRSchedulerCallback also drives (the schedule rewrites the lrs). Throws
+// tandem::Error naming a bad factor (not in (0, 1)), patience, cooldown,
+// min_lr or min_delta.
+class ReduceLROnPlateau : public Callback {
+ public:
+  explicit ReduceLROnPlateau(std::string monitor = "loss", double factor = 0.1, int patience = 10,
+                             std::string mode = "auto", double min_delta = 1e-4, int cooldown = 0,
+                             double min_lr = 0);
+  std::string name() const override { return "ReduceLROnPlateau"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
+
+ private:
+  bool loaded_ = false;  // on_checkpoint_load restored the counters
+  std::string monitor_;
+  double factor_;
+  int patience_;
+  bool maximize_;
+  double min_delta_;
+  int cooldown_;
+  double min_lr_;
+  double best_ = 0;
+  bool have_best_ = false;
+  int wait_ = 0;
+  int cooldown_left_ = 0;
+};
+
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
 // `path` (created, with its directory's existence checked at train begin: an
 // error names the path). A fit that resumed (from a checkpoint or, after a

@@ -1,8 +1,8 @@
 // hapi::Model's callbacks and options as a user combines them: EarlyStopping
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
-// before prepare, random augmentations across fit's epochs, and a resume
-// inside an epoch with another global batch.
+// before prepare, random augmentations across fit's epochs, a resume inside
+// an epoch with another global batch, and ReduceLROnPlateau.
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "data/transforms.h"
 #include "hapi/model.h"
+#include "nn/error.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
 #include "testing/run.h"
@@ -182,6 +183,55 @@ TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
   auto at_end = Prepared(1, 0.1)->fit(train, resumed);
   ASSERT_TRUE(at_end.ok()) << at_end.status();
   EXPECT_EQ(at_end->steps, 12);
+}
+
+// Rank 0's lr at each epoch's end (after the callbacks before it).
+struct RecordLr : Callback {
+  explicit RecordLr(std::shared_ptr<std::vector<double>> lrs) : lrs(std::move(lrs)) {}
+  std::string name() const override { return "RecordLr"; }
+  void on_epoch_end(RunState& s, const Logs&) override {
+    if (s.ctx->rank() == 0) lrs->push_back(s.optimizer->lr());
+  }
+  std::shared_ptr<std::vector<double>> lrs;
+};
+
+// Keras' rule (Paddle's callback restates it) on a loss that never improves by
+// min_delta 10: patience 2, factor 0.5, cooldown 1 halve the lr after epochs
+// 3, 5, 7 and 9 (the cooldown epoch resets the wait, the next one counts), not
+// below min_lr 0.01. A fit resumed from epoch 3's checkpoint continues the counts and
+// the lr, to the same sequence.
+TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
+  auto train = Classification(16, 78);
+  auto plateau = [](std::shared_ptr<std::vector<double>> lrs) {
+    return std::vector<CallbackFactory>{
+        MakeCallback<ReduceLROnPlateau>("loss", 0.5, 2, "min", 10.0, 1, 0.01),
+        MakeCallback<RecordLr>(std::move(lrs))};
+  };
+  auto straight = std::make_shared<std::vector<double>>();
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 10, .batch_size = 4, .callbacks = plateau(straight)});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(*straight, (std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125,
+                                            0.01, 0.01}));
+
+  const std::string dir = ::testing::TempDir() + "/hapi_plateau";
+  std::filesystem::remove_all(dir);
+  auto first = std::make_shared<std::vector<double>>(), second = first;
+  FitOptions options{.epochs = 3, .batch_size = 4, .checkpoint = {.dir = dir},
+                     .checkpoint_each_epoch = true, .callbacks = plateau(first)};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+  options.epochs = 10;
+  options.resume = true;
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+  EXPECT_EQ(*second, *straight);
+
+  EXPECT_THROW(ReduceLROnPlateau("loss", 1.5), Error);
+  std::string what;
+  try {
+    ReduceLROnPlateau("loss", 0.1, -1);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
 }
 
 }  // namespace
