@@ -16,6 +16,7 @@
 #include "nn/ops/loss.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
+#include "optim/clip_grad.h"
 #include "spawn/comm/communicator.h"
 #include "spawn/observe/trace.h"
 #include "spawn/signals.h"
@@ -175,6 +176,8 @@ absl::Status CheckFitOptions(const FitOptions& o) {
     return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
   if (o.snapshot_every_steps < 0)
     return bad("snapshot_every_steps", o.snapshot_every_steps, "must be >= 0");
+  if (!(o.clip_grad_norm >= 0))
+    return bad("clip_grad_norm", o.clip_grad_norm, "must be >= 0 (0: no clipping)");
   if (o.uneven && o.drop_last)
     return absl::InvalidArgumentError(
         "fit: uneven = true with drop_last = true: uneven data keeps every sample");
@@ -182,6 +185,10 @@ absl::Status CheckFitOptions(const FitOptions& o) {
     return absl::InvalidArgumentError(
         "fit: cuda_graph with grad_accum_steps > 1, zero or uneven: the captured step holds "
         "one synchronised micro-batch and the unsharded optimizer");
+  if (o.cuda_graph && o.clip_grad_norm > 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fit: cuda_graph with clip_grad_norm = ", o.clip_grad_norm,
+        ": the captured step does not clip"));
   if (o.uneven && !o.checkpoint.dir.empty())
     return absl::InvalidArgumentError(
         "fit: uneven = true with checkpoint.dir: a rank that has joined cannot take part in "
@@ -559,6 +566,14 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   };
   auto optimizer_step = [&] {
     dist::TraceSpan span(ctx, "optimizer");
+    if (options.clip_grad_norm > 0) {
+      // The reduced gradients: the same norm on every rank.
+      if (zero != nullptr) {
+        zero->clip_grad_norm_(options.clip_grad_norm);
+      } else {
+        optim::clip_grad_norm_(dp.parameters(), options.clip_grad_norm);
+      }
+    }
     if (zero != nullptr) {
       zero->step();
       zero->zero_grad();

@@ -115,6 +115,11 @@ struct FitOptions {
   // grad_accum_steps still steps.
   int grad_accum_steps = 1;
   bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16)
+  // Before each optimizer step the gradients (reduced over the ranks) are
+  // scaled so that their global 2-norm is at most clip_grad_norm
+  // (optim::clip_grad_norm_; with zero, ZeroRedundancyOptimizer's across the
+  // shards). 0: no clipping. Refused with cuda_graph.
+  double clip_grad_norm = 0;
   // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
   std::shared_ptr<const data::Transform> batch_transform;
   // Buckets, comm hook (dist::Bf16CompressHook(), Fp16CompressHook(): the
@@ -151,7 +156,7 @@ struct FitOptions {
   // DataParallel's bucket all-reduces, optimizer step) captured in an
   // nn::CudaGraph after the first full batch's eager step and replayed for
   // every full batch; a partial batch runs eagerly. Refused with
-  // grad_accum_steps > 1, zero and uneven; a CPU rank throws.
+  // grad_accum_steps > 1, zero, uneven and clip_grad_norm; a CPU rank throws.
   bool cuda_graph = false;
   // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
   bool sync_batch_norm = false;

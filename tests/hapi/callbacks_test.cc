@@ -2,7 +2,8 @@
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
-// an epoch with another global batch, and ReduceLROnPlateau.
+// an epoch with another global batch, ReduceLROnPlateau and clip_grad_norm.
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -232,6 +233,44 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
     what = e.what();
   }
   EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
+}
+
+// The 2-norm of the change of every parameter between two state dicts.
+double ChangeNorm(const nn::StateDict& before, const nn::StateDict& after) {
+  double sum = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    std::vector<double> a = before[i].second.to_vector<double>();
+    std::vector<double> b = after[i].second.to_vector<double>();
+    for (size_t j = 0; j < a.size(); ++j) sum += (b[j] - a[j]) * (b[j] - a[j]);
+  }
+  return std::sqrt(sum);
+}
+
+// FitOptions::clip_grad_norm: one SGD step of lr 1 on gradients whose global
+// norm is far above max_norm moves the parameters by max_norm (the closed
+// form of clip_grad_norm_: scale max_norm / (norm + 1e-6)), on one rank, on
+// two and with the sharded optimizer alike; without it the step is larger.
+TEST(CallbacksTest, ClipGradNormBoundsEachStep) {
+  auto train = Classification(16, 79);
+  auto one_step = [&](int ranks, double clip, bool zero) {
+    nn::manual_seed(80);  // the same initial weights (state_dict builds them here)
+    auto model = Prepared(ranks, 1.0);
+    nn::StateDict before = *model->state_dict();
+    auto h = model->fit(train, {.epochs = 1, .batch_size = 16 / ranks, .shuffle = false,
+                                .clip_grad_norm = clip, .zero = zero});
+    EXPECT_TRUE(h.ok()) << h.status();
+    return ChangeNorm(before, *model->state_dict());
+  };
+  EXPECT_GT(one_step(1, 0.0, false), 0.05);
+  EXPECT_NEAR(one_step(1, 0.01, false), 0.01, 1e-6);
+  EXPECT_NEAR(one_step(2, 0.01, false), 0.01, 1e-6);
+  EXPECT_NEAR(one_step(2, 0.01, true), 0.01, 1e-6);
+  auto refused = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = -1});
+  EXPECT_TRUE(Contains(refused.status(), "fit: clip_grad_norm = -1: must be >= 0 (0: no clipping)"))
+      << refused.status();
+  auto graphed = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = 1, .cuda_graph = true});
+  EXPECT_TRUE(Contains(graphed.status(), "fit: cuda_graph with clip_grad_norm = 1"))
+      << graphed.status();
 }
 
 }  // namespace
