@@ -76,14 +76,17 @@ void ProgressLogger::on_train_begin(RunState& s) {
                       s.ctx->world_size());
 }
 
-void ProgressLogger::on_epoch_begin(RunState&) { epoch_start_ = std::chrono::steady_clock::now(); }
+void ProgressLogger::on_epoch_begin(RunState& s) {
+  epoch_start_ = std::chrono::steady_clock::now();
+  epoch_start_steps_ = s.epoch_steps;
+}
 
 void ProgressLogger::on_train_batch_end(RunState& s) {
-  const int64_t in_epoch = s.step - static_cast<int64_t>(s.epoch) * s.steps_per_epoch;
+  const int64_t in_epoch = s.epoch_steps;
   if (!IsRankZero(s) || in_epoch % log_freq_ != 0 || !s.batch_loss.defined()) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
-  const double rate = seconds > 0 ? in_epoch / seconds : 0;
+  const double rate = seconds > 0 ? (in_epoch - epoch_start_steps_) / seconds : 0;
   const double eta = rate > 0 ? (s.steps_per_epoch - in_epoch) / rate : 0;
   s.ctx->log().Info("epoch {}/{} step {}/{} loss {} {} steps/s ETA {}s", s.epoch + 1, s.epochs,
                     in_epoch, s.steps_per_epoch, absl::StrFormat("%.6g", s.batch_loss.item()),

@@ -89,6 +89,9 @@ struct RunState {
   int epochs = 0;
   int64_t step = 0;                       // optimizer steps done so far in the fit
   int64_t steps_per_epoch = 0;
+  // Optimizer steps done in the current epoch (with those before a resume or
+  // restart that continued it).
+  int64_t epoch_steps = 0;
   nn::Tensor batch_loss;                  // at on_train_batch_end: the step's loss (0-dim)
   // fit: FitOptions::eval_data is set; at on_epoch_end: this epoch evaluated it
   // (every eval_freq epochs and after the last), so its logs hold "eval_*".
@@ -152,6 +155,7 @@ class ProgressLogger : public Callback {
  private:
   int64_t log_freq_;
   std::chrono::steady_clock::time_point epoch_start_;
+  int64_t epoch_start_steps_ = 0;  // RunState::epoch_steps at on_epoch_begin
 };
 
 // Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not

@@ -656,12 +656,13 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
     loader.start_epoch();
+    int64_t steps = resumed ? at.epoch_steps : 0;
+    state.epoch_steps = steps;
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
     // After a snapshot: this rank's sum so far, so the sum continues in the same order.
     nn::Tensor epoch_loss =
         nn::full({}, resumed && at.from_snapshot ? at.rank_epoch_loss : 0.0,
                  {.dtype = nn::kFloat64, .device = ctx.device()});
-    int64_t steps = resumed ? at.epoch_steps : 0;
     // uneven: ranks with fewer batches answer the others' steps at finish().
     std::optional<dist::DataParallel::JoinGuard> join;
     if (options.uneven) join.emplace(&dp);
@@ -684,6 +685,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       }
       ++state.step;
       ++steps;
+      state.epoch_steps = steps;
       state.batch_loss = step_loss;
       // The epoch's loss is the mean over the ranks' step losses; uneven shares
       // (a world shrink) weigh each by its rows, so it stays the mean over samples.

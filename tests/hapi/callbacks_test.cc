@@ -2,7 +2,8 @@
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
-// an epoch with another global batch, ReduceLROnPlateau and clip_grad_norm.
+// an epoch with another global batch, ReduceLROnPlateau, clip_grad_norm, and
+// the progress lines after a resume on another world.
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -271,6 +272,37 @@ TEST(CallbacksTest, ClipGradNormBoundsEachStep) {
   auto graphed = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = 1, .cuda_graph = true});
   EXPECT_TRUE(Contains(graphed.status(), "fit: cuda_graph with clip_grad_norm = 1"))
       << graphed.status();
+}
+
+// ProgressLogger counts the steps of the epoch it is in: after a resume at an
+// epoch's end on a world with more steps per epoch (2 ranks of 2 steps an
+// epoch, then 1 rank of 4) it read "epoch 2/2 step -1/4".
+TEST(CallbacksTest, ProgressAfterAResumeOnAnotherWorldCountsTheEpochsSteps) {
+  const std::string dir = ::testing::TempDir() + "/hapi_progress_resume";
+  std::filesystem::remove_all(dir);
+  auto fit = [&](int epochs, bool resume) {
+    return [=](dist::Context&, testing::StepLog&) -> absl::Status {
+      Model model([] { return std::make_shared<Net>(); });
+      model.prepare(
+          [](std::vector<nn::Tensor> params) {
+            return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+          },
+          CrossEntropy());
+      return model.fit(Classification(16, 81), {.epochs = epochs, .batch_size = 4,
+                                                .checkpoint = {.dir = dir}, .resume = resume,
+                                                .log_freq = 1})
+          .status();
+    };
+  };
+  ASSERT_TRUE(testing::RunRanks(fit(1, false), {.ranks = 2}).ok());
+  testing::RunReport report;
+  absl::Status s = testing::RunRanks(fit(2, true), {.ranks = 1}, &report);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int step = 1; step <= 4; ++step)
+    EXPECT_NE(report.log.find("epoch 2/2 step " + std::to_string(step) + "/4 loss"),
+              std::string::npos)
+        << step << "\n" << report.log;
+  EXPECT_EQ(report.log.find("step -"), std::string::npos) << report.log;
 }
 
 }  // namespace
