@@ -30,7 +30,8 @@ class Dataset {
   virtual Example get(int64_t index) const = 0;
   // The example as drawn in `epoch`: what a DataLoader calls, with its pass's
   // epoch (the sampler's), so a dataset with random draws (TransformDataset)
-  // draws anew each epoch. The default ignores the epoch.
+  // draws anew each epoch. The default ignores the epoch; a dataset wrapping
+  // another passes it on.
   virtual Example get_in_epoch(int64_t index, int64_t epoch) const {
     (void)epoch;
     return get(index);

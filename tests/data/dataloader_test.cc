@@ -336,8 +336,15 @@ TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
   at_epoch1->set_epoch(1);
   DataLoader serial(dataset, at_epoch1, {.num_workers = 0});
   EXPECT_EQ(pass(serial), epoch1);
+  // A TransformDataset over it passes the epoch on.
+  auto outer = std::make_shared<TransformDataset>(
+      dataset, std::make_shared<Normalize>(std::vector<double>{0}, std::vector<double>{1}), 3);
+  at_epoch1->set_epoch(1);  // a finished pass moved it on
+  DataLoader wrapped(outer, at_epoch1, {.num_workers = 2});
+  EXPECT_EQ(pass(wrapped), epoch1);
   // set_epoch() on the dataset chooses the draws itself, whatever the loader's epoch.
   dataset->set_epoch(0);
+  at_epoch1->set_epoch(1);
   DataLoader fixed(dataset, at_epoch1, {.num_workers = 2});
   EXPECT_EQ(pass(fixed), epoch0);
 }
