@@ -63,6 +63,11 @@ class PrefixDataset : public data::Dataset {
                  n_, ")");
     return base_->get(index);
   }
+  data::Example get_in_epoch(int64_t index, int64_t epoch) const override {
+    TANDEM_CHECK(index >= 0 && index < n_, "PrefixDataset: index ", index, " out of range [0, ",
+                 n_, ")");
+    return base_->get_in_epoch(index, epoch);
+  }
 
  private:
   std::shared_ptr<const data::Dataset> base_;

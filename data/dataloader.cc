@@ -72,7 +72,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<B
 
 DataLoader::~DataLoader() { StopWorkers(); }
 
-DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices) const {
+DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices, int64_t epoch) const {
   Result result;
   int64_t current = -1;
   try {
@@ -81,7 +81,7 @@ DataLoader::Result DataLoader::Build(const std::vector<int64_t>& indices) const 
     for (int64_t index : indices) {
       if (cancel_.load(std::memory_order_relaxed)) return result;
       current = index;
-      examples.push_back(dataset_->get(index));
+      examples.push_back(dataset_->get_in_epoch(index, epoch));
     }
     current = -1;
     result.batch = Collate(examples, indices, pin_);
@@ -133,7 +133,7 @@ void DataLoader::WorkerLoop() {
     if (device_error) {
       result.error = device_error;
     } else {
-      result = Build(task.indices);
+      result = Build(task.indices, task.epoch);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -189,7 +189,7 @@ void DataLoader::Dispatch() {
         sampler_done_ = true;
         break;
       }
-      tasks_.push_back({dispatched_++, std::move(*indices)});
+      tasks_.push_back({dispatched_++, std::move(*indices), pass_start_.epoch});
       ++added;
     }
   }
@@ -215,7 +215,7 @@ std::optional<Batch> DataLoader::next() {
       return std::nullopt;
     }
     ++dispatched_;
-    result = Build(*indices);
+    result = Build(*indices, pass_start_.epoch);
   } else {
     Dispatch();
     if (sampler_done_ && delivered_ == dispatched_) {

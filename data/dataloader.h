@@ -30,14 +30,17 @@
 // on GPU 0 when the loader's device is another GPU; if selecting it fails, the
 // batches that worker takes fail with the reason.
 //
+// Epochs: each example is read with Dataset::get_in_epoch(index, e), e the
+// pass's epoch (the sampler's), so random per-example draws change per epoch.
+//
 // Errors: an exception while loading or collating sample i (in a worker or in the
 // caller) is rethrown from next() as tandem::Error "DataLoader: sample i: <message>"
 // when its batch's turn comes.
 //
 // Lifetime: destroying the loader (or starting a new epoch) mid-epoch stops its
 // workers after their current sample and joins them.
-// Thread-safety: one loader is driven by one thread; the dataset's get() is
-// called from the workers concurrently.
+// Thread-safety: one loader is driven by one thread; the dataset's
+// get_in_epoch() is called from the workers concurrently.
 #ifndef TANDEM_DATA_DATALOADER_H_
 #define TANDEM_DATA_DATALOADER_H_
 
@@ -134,6 +137,7 @@ class DataLoader {
   struct Task {
     int64_t sequence;
     std::vector<int64_t> indices;
+    int64_t epoch;  // the pass's, for Dataset::get_in_epoch
   };
   struct Result {
     std::optional<Batch> batch;
@@ -142,7 +146,7 @@ class DataLoader {
 
   // Builds one batch on the calling thread; errors are captured, not thrown.
   // Gives up (empty result) once `cancel_` is set.
-  Result Build(const std::vector<int64_t>& indices) const;
+  Result Build(const std::vector<int64_t>& indices, int64_t epoch) const;
   void WorkerLoop();
   // Hands sampler batches to the workers until `prefetch` are in flight.
   void Dispatch();

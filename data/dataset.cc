@@ -26,10 +26,13 @@ TransformDataset::TransformDataset(std::shared_ptr<const Dataset> base,
   TANDEM_CHECK(base_ != nullptr && transform_ != nullptr, "TransformDataset: null dataset or transform");
 }
 
-Example TransformDataset::get(int64_t index) const {
-  Example example = base_->get(index);
+Example TransformDataset::get(int64_t index) const { return get_in_epoch(index, 0); }
+
+Example TransformDataset::get_in_epoch(int64_t index, int64_t epoch) const {
+  Example example = base_->get_in_epoch(index, epoch);
+  const int64_t draws_of = epoch_.value_or(epoch);
   nn::Generator generator{.seed = seed_, .stream = static_cast<uint64_t>(index),
-                          .offset = static_cast<uint64_t>(epoch_) << 32};
+                          .offset = static_cast<uint64_t>(draws_of) << 32};
   example.data = (*transform_)(example.data, generator);
   return example;
 }

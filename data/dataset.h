@@ -1,12 +1,14 @@
 // Datasets: random access to examples (one input tensor and one target each).
 //
-// Thread-safety: get() is const and must be safe to call from several threads at
-// once (the DataLoader's workers do); every dataset here is.
+// Thread-safety: get() and get_in_epoch() are const and must be safe to call
+// from several threads at once (the DataLoader's workers do); every dataset
+// here is.
 #ifndef TANDEM_DATA_DATASET_H_
 #define TANDEM_DATA_DATASET_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "data/transforms.h"
@@ -26,6 +28,14 @@ class Dataset {
   virtual int64_t size() const = 0;
   // Example `index` in [0, size()); throws tandem::Error naming the index otherwise.
   virtual Example get(int64_t index) const = 0;
+  // The example as drawn in `epoch`: what a DataLoader calls, with its pass's
+  // epoch (the sampler's), so a dataset with random draws (TransformDataset)
+  // draws anew each epoch. The default ignores the epoch; a dataset wrapping
+  // another passes it on.
+  virtual Example get_in_epoch(int64_t index, int64_t epoch) const {
+    (void)epoch;
+    return get(index);
+  }
 };
 
 // Rows of two host tensors: example i is (data[i], target[i]).
@@ -46,22 +56,26 @@ class TensorDataset : public Dataset {
 
 // Applies `transform` to each example's data. The random generator for example
 // i in epoch e is Philox (seed, stream = i, offset = e << 32), so the same seed
-// and epoch reproduce every crop and flip whatever the number of workers.
+// and epoch reproduce every crop and flip whatever the number of workers. e is
+// the DataLoader's epoch (get_in_epoch; hapi::Model::fit's epochs too), or
+// the one set_epoch() chose, which then holds for every loader.
 class TransformDataset : public Dataset {
  public:
   TransformDataset(std::shared_ptr<const Dataset> base, std::shared_ptr<const Transform> transform,
                    uint64_t seed);
   int64_t size() const override { return base_->size(); }
-  Example get(int64_t index) const override;
-  // Selects the random draws of epoch `epoch`. Not thread-safe against get():
-  // call between epochs, when no loader is running over this dataset.
+  Example get(int64_t index) const override;  // epoch 0 unless set_epoch() chose one
+  Example get_in_epoch(int64_t index, int64_t epoch) const override;
+  // Selects the random draws of epoch `epoch` for every caller. Not
+  // thread-safe against get(): call between epochs, when no loader is running
+  // over this dataset.
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
 
  private:
   std::shared_ptr<const Dataset> base_;
   std::shared_ptr<const Transform> transform_;
   uint64_t seed_;
-  int64_t epoch_ = 0;
+  std::optional<int64_t> epoch_;  // set_epoch()'s
 };
 
 }  // namespace tandem::data

@@ -124,7 +124,9 @@ DistributedBatchSampler::DistributedBatchSampler(const DistributedOptions& optio
   const int64_t g = options.global_batch_size;
   const int64_t replicas = options.num_replicas;
   TANDEM_CHECK(n >= 0, "DistributedBatchSampler: negative dataset size ", n);
-  TANDEM_CHECK(options.num_replicas > 0 && options.rank >= 0 && options.rank < options.num_replicas,
+  TANDEM_CHECK(options.num_replicas > 0, "DistributedBatchSampler: num_replicas ",
+               options.num_replicas, ": must be at least 1");
+  TANDEM_CHECK(options.rank >= 0 && options.rank < options.num_replicas,
                "DistributedBatchSampler: rank ", options.rank, " outside 0..",
                options.num_replicas - 1);
   TANDEM_CHECK(b >= 0 && g >= 0 && (b > 0 || g > 0), "DistributedBatchSampler: batch size ", b,

@@ -1,5 +1,6 @@
 #include "hapi/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -27,9 +28,13 @@ std::string FormatLogs(const Logs& logs) {
   return absl::StrJoin(parts, " ");
 }
 
-double Monitored(const std::string& who, const std::string& monitor, const Logs& logs) {
+// The monitored value of this epoch; nullopt for an evaluation value in an
+// epoch that did not evaluate (FitOptions::eval_freq).
+std::optional<double> Monitored(const std::string& who, const std::string& monitor,
+                                const RunState& s, const Logs& logs) {
   auto it = logs.find(monitor);
   if (it == logs.end()) {
+    if (monitor.starts_with("eval_") && s.has_eval_data && !s.evaluated) return std::nullopt;
     std::vector<std::string> keys;
     for (const auto& [key, value] : logs) keys.push_back(key);
     Fail(who, ": monitor '", monitor, "' is not among this epoch's logs (",
@@ -71,14 +76,17 @@ void ProgressLogger::on_train_begin(RunState& s) {
                       s.ctx->world_size());
 }
 
-void ProgressLogger::on_epoch_begin(RunState&) { epoch_start_ = std::chrono::steady_clock::now(); }
+void ProgressLogger::on_epoch_begin(RunState& s) {
+  epoch_start_ = std::chrono::steady_clock::now();
+  epoch_start_steps_ = s.epoch_steps;
+}
 
 void ProgressLogger::on_train_batch_end(RunState& s) {
-  const int64_t in_epoch = s.step - static_cast<int64_t>(s.epoch) * s.steps_per_epoch;
+  const int64_t in_epoch = s.epoch_steps;
   if (!IsRankZero(s) || in_epoch % log_freq_ != 0 || !s.batch_loss.defined()) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
-  const double rate = seconds > 0 ? in_epoch / seconds : 0;
+  const double rate = seconds > 0 ? (in_epoch - epoch_start_steps_) / seconds : 0;
   const double eta = rate > 0 ? (s.steps_per_epoch - in_epoch) / rate : 0;
   s.ctx->log().Info("epoch {}/{} step {}/{} loss {} {} steps/s ETA {}s", s.epoch + 1, s.epochs,
                     in_epoch, s.steps_per_epoch, absl::StrFormat("%.6g", s.batch_loss.item()),
@@ -133,7 +141,9 @@ void EarlyStopping::on_checkpoint_load(RunState&, const ResumeInfo& info) {
 }
 
 void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
-  const double value = Monitored("EarlyStopping", monitor_, logs);
+  const std::optional<double> monitored = Monitored("EarlyStopping", monitor_, s, logs);
+  if (!monitored.has_value()) return;
+  const double value = *monitored;
   if (!have_best_ || Improves(value, best_, maximize_, min_delta_)) {
     best_ = value;
     have_best_ = true;
@@ -188,6 +198,89 @@ void LRSchedulerCallback::on_train_batch_end(RunState&) {
 
 void LRSchedulerCallback::on_epoch_end(RunState&, const Logs&) {
   if (!by_step_) scheduler_->step();
+}
+
+// --- ReduceLROnPlateau ---------------------------------------------------------------
+
+ReduceLROnPlateau::ReduceLROnPlateau(std::string monitor, double factor, int patience,
+                                     std::string mode, double min_delta, int cooldown,
+                                     double min_lr)
+    : monitor_(std::move(monitor)), factor_(factor), patience_(patience),
+      maximize_(MaximizeFor(monitor_, mode)), min_delta_(min_delta), cooldown_(cooldown),
+      min_lr_(min_lr) {
+  TANDEM_CHECK(factor > 0 && factor < 1, "ReduceLROnPlateau: factor must be in (0, 1), got ",
+               factor);
+  TANDEM_CHECK(patience >= 0, "ReduceLROnPlateau: patience must be >= 0, got ", patience);
+  TANDEM_CHECK(cooldown >= 0, "ReduceLROnPlateau: cooldown must be >= 0, got ", cooldown);
+  TANDEM_CHECK(min_lr >= 0, "ReduceLROnPlateau: min_lr must be >= 0, got ", min_lr);
+  TANDEM_CHECK(min_delta >= 0, "ReduceLROnPlateau: min_delta must be >= 0, got ", min_delta);
+}
+
+void ReduceLROnPlateau::on_train_begin(RunState& s) {
+  TANDEM_CHECK(s.optimizer != nullptr, "ReduceLROnPlateau: no optimizer (prepare() one)");
+  if (loaded_) return;  // a resume or restart continues the counts
+  have_best_ = false;
+  wait_ = 0;
+  cooldown_left_ = 0;
+}
+
+void ReduceLROnPlateau::on_epoch_end(RunState& s, const Logs& logs) {
+  const std::optional<double> value = Monitored("ReduceLROnPlateau", monitor_, s, logs);
+  if (!value.has_value()) return;
+  if (cooldown_left_ > 0) {
+    --cooldown_left_;
+    wait_ = 0;
+  }
+  if (!have_best_ || Improves(*value, best_, maximize_, min_delta_)) {
+    best_ = *value;
+    have_best_ = true;
+    wait_ = 0;
+    return;
+  }
+  if (cooldown_left_ > 0 || ++wait_ < patience_) return;
+  optim::Optimizer& optimizer = *s.optimizer;
+  bool reduced = false;
+  for (int64_t g = 0; g < optimizer.num_groups(); ++g) {
+    const double lr = optimizer.lr(g);
+    if (lr <= min_lr_) continue;
+    optimizer.set_lr(g, std::max(lr * factor_, min_lr_));
+    reduced = true;
+  }
+  if (!reduced) return;
+  cooldown_left_ = cooldown_;
+  wait_ = 0;
+  if (IsRankZero(s))
+    s.ctx->log().Info("ReduceLROnPlateau: {} has not improved on {} for {} epochs; lr now {}",
+                      monitor_, best_, patience_, optimizer.lr(0));
+}
+
+void ReduceLROnPlateau::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
+  const std::string key = absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, ".");
+  extra[key + "best"] = best_;
+  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
+  extra[key + "wait"] = int64_t{wait_};
+  extra[key + "cooldown_left"] = int64_t{cooldown_left_};
+}
+
+void ReduceLROnPlateau::on_checkpoint_load(RunState&, const ResumeInfo& info) {
+  const std::string key = absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, ".");
+  auto best = info.extra.find(key + "best");
+  auto have = info.extra.find(key + "have_best");
+  auto wait = info.extra.find(key + "wait");
+  auto cooldown = info.extra.find(key + "cooldown_left");
+  if (best == info.extra.end() || have == info.extra.end() || wait == info.extra.end() ||
+      cooldown == info.extra.end())
+    return;
+  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
+                   std::holds_alternative<int64_t>(have->second) &&
+                   std::holds_alternative<int64_t>(wait->second) &&
+                   std::holds_alternative<int64_t>(cooldown->second),
+               "ReduceLROnPlateau: ", info.path, ": the entries ", key, "* have the wrong types");
+  best_ = std::get<double>(best->second);
+  have_best_ = std::get<int64_t>(have->second) != 0;
+  wait_ = static_cast<int>(std::get<int64_t>(wait->second));
+  cooldown_left_ = static_cast<int>(std::get<int64_t>(cooldown->second));
+  loaded_ = true;
 }
 
 // --- MetricsLogger -------------------------------------------------------------------
@@ -315,11 +408,12 @@ void ModelCheckpoint::on_train_begin(RunState& s) {
 }
 
 void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
-  if (!monitor_.empty()) {
-    const double value = Monitored("ModelCheckpoint", monitor_, logs);
-    const bool better = !have_best_ || Improves(value, best_, maximize_, 0);
+  const std::optional<double> value =
+      monitor_.empty() ? std::nullopt : Monitored("ModelCheckpoint", monitor_, s, logs);
+  if (value.has_value()) {
+    const bool better = !have_best_ || Improves(*value, best_, maximize_, 0);
     if (better) {
-      best_ = value;
+      best_ = *value;
       have_best_ = true;
       if (IsRankZero(s)) SaveWeights(dir_ + "/best.safetensors", *s.network);
     }

@@ -19,8 +19,9 @@
 // restart restored one (ResumeInfo::snapshot).
 //
 // Logs: epoch and evaluation values after the reduction over ranks, so every
-// rank sees the same numbers: "loss" and each metric of the training epoch,
-// "eval_loss" and "eval_<metric>" of the evaluation. At a batch end
+// rank sees the same numbers: "loss" of the training epoch (metrics run on
+// evaluation data only), "eval_loss" and "eval_<metric>" of the evaluation
+// (in the epochs that evaluate: every eval_freq-th and the last). At a batch end
 // RunState::batch_loss holds the step's loss on the device (this rank's; read it
 // with item(), a host wait, only when needed: ProgressLogger reads it every
 // log_freq steps).
@@ -88,7 +89,14 @@ struct RunState {
   int epochs = 0;
   int64_t step = 0;                       // optimizer steps done so far in the fit
   int64_t steps_per_epoch = 0;
+  // Optimizer steps done in the current epoch (with those before a resume or
+  // restart that continued it).
+  int64_t epoch_steps = 0;
   nn::Tensor batch_loss;                  // at on_train_batch_end: the step's loss (0-dim)
+  // fit: FitOptions::eval_data is set; at on_epoch_end: this epoch evaluated it
+  // (every eval_freq epochs and after the last), so its logs hold "eval_*".
+  bool has_eval_data = false;
+  bool evaluated = false;
   bool stop_training = false;
   dist::DataParallel* data_parallel = nullptr;  // fit only
   dist::ZeroRedundancyOptimizer* zero = nullptr;  // fit with FitOptions::zero
@@ -147,12 +155,17 @@ class ProgressLogger : public Callback {
  private:
   int64_t log_freq_;
   std::chrono::steady_clock::time_point epoch_start_;
+  int64_t epoch_start_steps_ = 0;  // RunState::epoch_steps at on_epoch_begin
 };
 
 // Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not
 // improved by more than min_delta for `patience` epochs. mode: "min", "max",
 // or "auto" (max for names containing "acc", "precision" or "recall").
-// A monitor missing from the epoch's logs is an error naming it and the keys.
+// An evaluation value ("eval_*") is read in the epochs that evaluate
+// (FitOptions::eval_freq), so patience counts evaluations, as Paddle's
+// EarlyStopping does; the epochs between are skipped. A monitor missing from
+// an epoch's logs otherwise (a misspelt name, an evaluation value without eval
+// data) is an error naming it and the keys.
 // Its best value and wait go into every checkpoint and snapshot
 // ("hapi.EarlyStopping.<monitor>.*") and come back on resume and restart.
 class EarlyStopping : public Callback {
@@ -200,6 +213,43 @@ class LRSchedulerCallback : public Callback {
   std::map<std::string, double> loaded_;  // on_checkpoint_load's, for on_train_begin
 };
 
+// Multiplies every parameter group's lr by `factor` (not below min_lr) when
+// `monitor` has not improved by more than min_delta for `patience` epochs,
+// then waits `cooldown` epochs before counting again (Paddle's and Keras'
+// ReduceLROnPlateau; mode and the epochs an evaluation value is read in as
+// EarlyStopping's). Every rank does the same on the same (reduced) logs, so
+// the lrs stay equal. The lr lives in the optimizer and comes back with it on
+// resume; best, wait and cooldown go into every checkpoint and snapshot
+// ("hapi.ReduceLROnPlateau.<monitor>.*"). Not for an optimizer that an
+// LRSchedulerCallback also drives (the schedule rewrites the lrs). Throws
+// tandem::Error naming a bad factor (not in (0, 1)), patience, cooldown,
+// min_lr or min_delta.
+class ReduceLROnPlateau : public Callback {
+ public:
+  explicit ReduceLROnPlateau(std::string monitor = "loss", double factor = 0.1, int patience = 10,
+                             std::string mode = "auto", double min_delta = 1e-4, int cooldown = 0,
+                             double min_lr = 0);
+  std::string name() const override { return "ReduceLROnPlateau"; }
+  void on_train_begin(RunState& s) override;
+  void on_epoch_end(RunState& s, const Logs& logs) override;
+  void on_checkpoint_save(RunState& s, CheckpointExtra& extra) override;
+  void on_checkpoint_load(RunState& s, const ResumeInfo& info) override;
+
+ private:
+  bool loaded_ = false;  // on_checkpoint_load restored the counters
+  std::string monitor_;
+  double factor_;
+  int patience_;
+  bool maximize_;
+  double min_delta_;
+  int cooldown_;
+  double min_lr_;
+  double best_ = 0;
+  bool have_best_ = false;
+  int wait_ = 0;
+  int cooldown_left_ = 0;
+};
+
 // Rank 0 appends one JSON line per epoch ({"epoch": E, "step": S, <logs>}) to
 // `path` (created, with its directory's existence checked at train begin: an
 // error names the path). A fit that resumed (from a checkpoint or, after a
@@ -220,12 +270,6 @@ class MetricsLogger : public Callback {
   std::optional<int> resumed_epochs_;  // epochs finished at the checkpoint or snapshot loaded
 };
 
-// Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
-// dir/epoch_<E>.safetensors every save_freq epochs and dir/final.safetensors at
-// the end; with `monitor` set also dir/best.safetensors when the monitored value
-// improves (mode as EarlyStopping's). Writes are atomic (nn/safetensors.h).
-// The best value goes into every checkpoint and snapshot
-// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 // Rewrites the text file at `path` (atomically: a temporary file renamed over
 // it) without the rows the interrupted run wrote for epochs from `epoch` on
 // (0-based, as `epoch_of` reads it from a line; nullopt: not a row, such as a
@@ -242,6 +286,14 @@ void DropRowsFromEpoch(const std::string& path, int64_t epoch,
 // programs' --metrics write them ({"epoch": 3, "step": 120, ...}), or nullopt.
 std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key);
 
+// Rank 0 writes the network's state (safetensors, PyTorch-loadable) to
+// dir/epoch_<E>.safetensors (E from 1) every save_freq epochs (0: none) and
+// dir/final.safetensors at the end; with `monitor` set also
+// dir/best.safetensors when the monitored value improves (mode and the epochs
+// an evaluation value is read in as EarlyStopping's). Writes are atomic
+// (nn/safetensors.h).
+// The best value goes into every checkpoint and snapshot
+// ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(std::string dir, int save_freq = 1, std::string monitor = "",

@@ -16,6 +16,7 @@
 #include "nn/ops/loss.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
+#include "optim/clip_grad.h"
 #include "spawn/comm/communicator.h"
 #include "spawn/observe/trace.h"
 #include "spawn/signals.h"
@@ -30,6 +31,7 @@ using internal::FitPosition;
 using internal::kEpochKey;
 using internal::kEpochLossKey;
 using internal::kEpochStepsKey;
+using internal::kGlobalBatchKey;
 using internal::PutSnapshotEntries;
 using internal::RankBatch;
 using internal::RankBatchOf;
@@ -174,6 +176,8 @@ absl::Status CheckFitOptions(const FitOptions& o) {
     return bad("max_steps_per_epoch", o.max_steps_per_epoch, "must be >= 0");
   if (o.snapshot_every_steps < 0)
     return bad("snapshot_every_steps", o.snapshot_every_steps, "must be >= 0");
+  if (!(o.clip_grad_norm >= 0))
+    return bad("clip_grad_norm", o.clip_grad_norm, "must be >= 0 (0: no clipping)");
   if (o.uneven && o.drop_last)
     return absl::InvalidArgumentError(
         "fit: uneven = true with drop_last = true: uneven data keeps every sample");
@@ -181,6 +185,10 @@ absl::Status CheckFitOptions(const FitOptions& o) {
     return absl::InvalidArgumentError(
         "fit: cuda_graph with grad_accum_steps > 1, zero or uneven: the captured step holds "
         "one synchronised micro-batch and the unsharded optimizer");
+  if (o.cuda_graph && o.clip_grad_norm > 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fit: cuda_graph with clip_grad_norm = ", o.clip_grad_norm,
+        ": the captured step does not clip"));
   if (o.uneven && !o.checkpoint.dir.empty())
     return absl::InvalidArgumentError(
         "fit: uneven = true with checkpoint.dir: a rank that has joined cannot take part in "
@@ -430,6 +438,12 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   auto sampler = std::make_shared<data::DistributedBatchSampler>(so);
   data::DataLoader loader(train, sampler,
                           LoaderOptions(ctx, options.num_workers, options.batch_transform));
+  // Only drop_last drops every batch (a kUneven rank without a batch answers
+  // the others' steps under join()); kWrapGlobalBatch gives every rank the same count.
+  TANDEM_CHECK(loader.num_batches() > 0 || options.uneven || options.epochs == 0,
+               "fit: no step per epoch: drop_last with ", train->size(),
+               " examples and a global batch of ", global_batch, " (batch_size ",
+               options.batch_size, " on ", global_batch / options.batch_size, " ranks)");
   const int accum = options.grad_accum_steps;
   // This rank's batches per epoch: all of them, or max_steps_per_epoch steps' worth.
   const int64_t batches =
@@ -445,6 +459,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   state.zero = zero;
   state.epochs = options.epochs;
   state.steps_per_epoch = (batches + accum - 1) / accum;
+  state.has_eval_data = options.eval_data != nullptr;
   std::vector<std::unique_ptr<Callback>> callbacks =
       MakeCallbacks(options.callbacks, options.log_freq);
 
@@ -470,6 +485,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     s.extra[kEpochKey] = epoch;
     s.extra[kEpochStepsKey] = epoch_steps;
     s.extra[kEpochLossKey] = loss_sum;
+    s.extra[kGlobalBatchKey] = global_batch;  // what the loader's position counts
     CallEach(callbacks, "on_checkpoint_save", [&](Callback& c) { c.on_checkpoint_save(state, s.extra); });
     if (epoch_steps < 0) last_end_save_step = state.step;
   };
@@ -484,7 +500,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     if (options.resume && !from_snapshot) {
       std::unique_ptr<optim::Optimizer> unsharded = zero ? zero->MakeUnsharded() : nullptr;
       if (zero) saved.optimizer = unsharded.get();
-      at = Restore(ctx, *checkpoints, saved, options);
+      at = Restore(ctx, *checkpoints, saved, options, global_batch);
       if (zero) {
         if (at.restored) dist::ThrowIfError(zero->LoadFrom(*unsharded), "fit: resume: ");
         saved.optimizer = nullptr;
@@ -550,6 +566,14 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   };
   auto optimizer_step = [&] {
     dist::TraceSpan span(ctx, "optimizer");
+    if (options.clip_grad_norm > 0) {
+      // The reduced gradients: the same norm on every rank.
+      if (zero != nullptr) {
+        zero->clip_grad_norm_(options.clip_grad_norm);
+      } else {
+        optim::clip_grad_norm_(dp.parameters(), options.clip_grad_norm);
+      }
+    }
     if (zero != nullptr) {
       zero->step();
       zero->zero_grad();
@@ -632,12 +656,13 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     const bool resumed = at.resumed_inside_epoch && epoch == at.epoch;
     if (!resumed) sampler->set_epoch(epoch);  // a restored loader continues its epoch
     loader.start_epoch();
+    int64_t steps = resumed ? at.epoch_steps : 0;
+    state.epoch_steps = steps;
     CallEach(callbacks, "on_epoch_begin", [&](Callback& c) { c.on_epoch_begin(state); });
     // After a snapshot: this rank's sum so far, so the sum continues in the same order.
     nn::Tensor epoch_loss =
         nn::full({}, resumed && at.from_snapshot ? at.rank_epoch_loss : 0.0,
                  {.dtype = nn::kFloat64, .device = ctx.device()});
-    int64_t steps = resumed ? at.epoch_steps : 0;
     // uneven: ranks with fewer batches answer the others' steps at finish().
     std::optional<dist::DataParallel::JoinGuard> join;
     if (options.uneven) join.emplace(&dp);
@@ -660,6 +685,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       }
       ++state.step;
       ++steps;
+      state.epoch_steps = steps;
       state.batch_loss = step_loss;
       // The epoch's loss is the mean over the ranks' step losses; uneven shares
       // (a world shrink) weigh each by its rows, so it stays the mean over samples.
@@ -707,7 +733,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
         SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
     logs["loss"] = total[1] > 0 ? total[0] / total[1] : 0.0;
     const bool last = epoch + 1 == options.epochs;
-    if (options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last)) {
+    state.evaluated =
+        options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last);
+    if (state.evaluated) {
       CallEach(callbacks, "on_eval_begin", [&](Callback& c) { c.on_eval_begin(state); });
       Logs eval;
       {
@@ -754,6 +782,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
 
 absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
                                      EvalOptions options) {
+  RETURN_IF_ERROR(CheckPrepared("evaluate"));
   RETURN_IF_ERROR(CheckDataset("evaluate", data, "the data"));
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;

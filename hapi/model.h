@@ -115,6 +115,11 @@ struct FitOptions {
   // grad_accum_steps still steps.
   int grad_accum_steps = 1;
   bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16)
+  // Before each optimizer step the gradients (reduced over the ranks) are
+  // scaled so that their global 2-norm is at most clip_grad_norm
+  // (optim::clip_grad_norm_; with zero, ZeroRedundancyOptimizer's across the
+  // shards). 0: no clipping. Refused with cuda_graph.
+  double clip_grad_norm = 0;
   // Applied to each collated input batch on the host (e.g. data::ToFloatNormalize).
   std::shared_ptr<const data::Transform> batch_transform;
   // Buckets, comm hook (dist::Bf16CompressHook(), Fp16CompressHook(): the
@@ -134,7 +139,13 @@ struct FitOptions {
   // run different numbers of steps; each epoch runs under DataParallel::join(),
   // whose gradients weigh each rank by its rows: N ranks with batch B train as
   // one rank with batch N*B on each step's union of batches (that one rank with
-  // uneven = true too, whose last batch is the remainder). RunState::step and
+  // uneven = true too, whose last batch is the remainder). Two exceptions:
+  // the epoch's "loss" is the mean of the ranks' step losses (a rank's short
+  // last batch counts as a whole step), which differs from one rank's; and with
+  // grad_accum_steps > 1 a step whose micro-batches split the epoch's tail
+  // unevenly over the ranks weighs all its rows alike (the join's weighing),
+  // where one rank weighs each micro-batch by 1 / grad_accum_steps, so the
+  // parameters part from one rank's there. RunState::step and
   // steps_per_epoch are this rank's; History::steps is the job's (the most any
   // rank ran). Batch-level callbacks must make no collective (a joined rank
   // cannot answer it). At each epoch's end every rank takes rank 0's
@@ -151,7 +162,7 @@ struct FitOptions {
   // DataParallel's bucket all-reduces, optimizer step) captured in an
   // nn::CudaGraph after the first full batch's eager step and replayed for
   // every full batch; a partial batch runs eagerly. Refused with
-  // grad_accum_steps > 1, zero and uneven; a CPU rank throws.
+  // grad_accum_steps > 1, zero, uneven and clip_grad_norm; a CPU rank throws.
   bool cuda_graph = false;
   // BatchNorm2d layers become dist::SyncBatchNorm2d before DataParallel wraps the network.
   bool sync_batch_norm = false;
@@ -169,6 +180,10 @@ struct FitOptions {
   bool checkpoint_each_epoch = false;
   // Continue from the newest checkpoint in checkpoint.dir that loads (none:
   // from the start): the same fit then ends as the uninterrupted one would.
+  // Another number of ranks resumes too (not bit for bit: the generators stay
+  // this run's); a checkpoint from inside an epoch then needs the same global
+  // batch (batch_size * ranks: the loader's position counts global batches),
+  // else fit fails naming both; one at an epoch's end resumes with any.
   bool resume = false;
   // For a checkpoint without fit's own entries ("hapi.epoch", ...: a file that
   // another training loop wrote): where it stands, from the file's entries and
@@ -245,10 +260,13 @@ class Model {
                std::vector<MetricFactory> metrics = {});
 
   // Trains (see the file comment). FailedPrecondition before prepare();
-  // InvalidArgument naming the value for a bad option or an empty dataset.
+  // InvalidArgument naming the value for a bad option or an empty dataset; an
+  // epoch without a step (drop_last with fewer examples than one global batch)
+  // fails on the ranks, naming the sizes.
   absl::StatusOr<History> fit(std::shared_ptr<const data::Dataset> train, FitOptions options = {});
   // "eval_loss" (when prepared with a loss) and "eval_<metric>" for each metric,
-  // over every sample exactly once. InvalidArgument for an empty dataset.
+  // over every sample exactly once. FailedPrecondition before prepare();
+  // InvalidArgument for an empty dataset.
   absl::StatusOr<Logs> evaluate(std::shared_ptr<const data::Dataset> data,
                                 EvalOptions options = {});
   // The network's outputs for every example, in dataset order, stacked along

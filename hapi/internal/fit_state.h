@@ -37,19 +37,23 @@ struct FitPosition {
 inline constexpr char kEpochKey[] = "hapi.epoch";
 inline constexpr char kEpochStepsKey[] = "hapi.epoch_steps";
 inline constexpr char kEpochLossKey[] = "hapi.epoch_loss_sum";
+inline constexpr char kGlobalBatchKey[] = "hapi.global_batch";  // rows per micro-batch, all ranks
 // A snapshot's own entries (FitOptions::snapshot_every_steps): where the fit
 // stands, this rank's running loss, the loop's counters and the history so far.
 inline constexpr char kRankEpochLossKey[] = "hapi.rank_epoch_loss_sum";
 inline constexpr char kStopTrainingKey[] = "hapi.stop_training";
 inline constexpr char kSnapshotsKey[] = "hapi.snapshots";
-inline constexpr char kGlobalBatchKey[] = "hapi.global_batch";
 inline constexpr char kHistoryEpochsKey[] = "hapi.history.epochs";
 inline constexpr char kHistoryPrefix[] = "hapi.history.";  // "hapi.history.<epoch>.<log name>"
 
 // Loads the newest checkpoint of `checkpoints` that loads into `state` (resume)
-// and says where the fit stands; throws on a file that does not say it.
+// and says where the fit stands; throws on a file that does not say it, and on
+// one written inside an epoch with a global batch other than `global_batch`
+// (the loader's position counts global batches; files without the entry,
+// written before it existed, are taken as they come).
 FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
-                    dist::TrainingState& state, const FitOptions& options);
+                    dist::TrainingState& state, const FitOptions& options,
+                    int64_t global_batch);
 
 // A snapshot's fit entries: epoch, steps done in it (a snapshot is taken after
 // a step), this rank's running loss, stop_training, the snapshot count, the

@@ -54,9 +54,11 @@ std::vector<std::string> MetricsRowsWithoutTiming(const std::string& path) {
 void ExpectRestartEndsAsTheUninterruptedRun(const std::string& program, const std::string& common,
                                             const std::string& restart, const std::string& fail_at,
                                             int64_t resumed_step) {
-  const std::string dir = ::testing::TempDir();
-  const std::string straight_csv = dir + "app_restart_straight.csv";
-  const std::string restarted_csv = dir + "app_restart_restarted.csv";
+  // Named after the test: ctest -j runs the tests of this file in parallel processes.
+  const std::string dir = ::testing::TempDir() + "app_restart_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string straight_csv = dir + "_straight.csv";
+  const std::string restarted_csv = dir + "_restarted.csv";
   std::filesystem::remove(straight_csv);
   std::filesystem::remove(restarted_csv);
   RunResult straight = RunProgram(program, common + " " + restart + " --metrics=" + straight_csv);

@@ -312,6 +312,43 @@ TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
   EXPECT_NE(run(3), serial);
 }
 
+// The loader passes its pass's epoch (the sampler's) to the dataset, so a
+// TransformDataset draws new crops and flips each epoch without set_epoch(),
+// the same for any number of workers and for a sampler restored to that epoch.
+TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
+  nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
+  auto base = std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64}));
+  auto dataset = std::make_shared<TransformDataset>(base, std::make_shared<RandomCrop>(6, 6, 2), 9);
+  auto pass = [](DataLoader& loader) {
+    std::vector<float> all;
+    for (const Batch& b : loader) {
+      auto v = b.data.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(8), 4, false);
+  DataLoader loader(dataset, sampler, {.num_workers = 2});
+  const auto epoch0 = pass(loader);
+  const auto epoch1 = pass(loader);
+  EXPECT_NE(epoch1, epoch0);
+  auto at_epoch1 = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(8), 4, false);
+  at_epoch1->set_epoch(1);
+  DataLoader serial(dataset, at_epoch1, {.num_workers = 0});
+  EXPECT_EQ(pass(serial), epoch1);
+  // A TransformDataset over it passes the epoch on.
+  auto outer = std::make_shared<TransformDataset>(
+      dataset, std::make_shared<Normalize>(std::vector<double>{0}, std::vector<double>{1}), 3);
+  at_epoch1->set_epoch(1);  // a finished pass moved it on
+  DataLoader wrapped(outer, at_epoch1, {.num_workers = 2});
+  EXPECT_EQ(pass(wrapped), epoch1);
+  // set_epoch() on the dataset chooses the draws itself, whatever the loader's epoch.
+  dataset->set_epoch(0);
+  at_epoch1->set_epoch(1);
+  DataLoader fixed(dataset, at_epoch1, {.num_workers = 2});
+  EXPECT_EQ(pass(fixed), epoch0);
+}
+
 TEST(DeviceDatasetTest, GatherOnCpu) {
   nn::Tensor images = nn::arange(10 * 2, {.dtype = nn::kFloat32}).reshape({10, 2});
   TensorDataset dataset(images, nn::arange(10, {.dtype = nn::kInt64}));

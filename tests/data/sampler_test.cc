@@ -510,6 +510,9 @@ TEST(DistributedGlobalBatchTest, RefusesContradictionsNamingTheValues) {
       << paddle;
   const std::string neither = ErrorOf({.dataset_size = 10, .num_replicas = 2});
   EXPECT_NE(neither.find("batch size 0 and global batch size 0"), std::string::npos) << neither;
+  const std::string no_replicas = ErrorOf({.dataset_size = 10, .batch_size = 2, .num_replicas = 0});
+  EXPECT_NE(no_replicas.find("num_replicas 0: must be at least 1"), std::string::npos)
+      << no_replicas;
   const std::string negative = ErrorOf({.dataset_size = 10, .global_batch_size = -4});
   EXPECT_NE(negative.find("global batch size -4"), std::string::npos) << negative;
   const std::string uneven_drop = ErrorOf({.dataset_size = 10,

@@ -1,0 +1,309 @@
+// hapi::Model's callbacks and options as a user combines them: EarlyStopping
+// and ModelCheckpoint monitoring an evaluation value that only every
+// eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
+// before prepare, random augmentations across fit's epochs, a resume inside
+// an epoch with another global batch, ReduceLROnPlateau, clip_grad_norm, and
+// the progress lines after a resume on another world.
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "data/dataset.h"
+#include "data/transforms.h"
+#include "hapi/model.h"
+#include "nn/error.h"
+#include "nn/nn.h"
+#include "optim/sgd.h"
+#include "testing/run.h"
+#include "tests/hapi/classification.h"
+
+namespace tandem::hapi {
+namespace {
+
+struct Net : nn::Module {
+  Net() : l1(register_module("l1", nn::Linear(4, 8))), l2(register_module("l2", nn::Linear(8, 3))) {}
+  nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
+  nn::Linear l1, l2;
+};
+
+using ::tandem::testing::Classification;
+
+std::unique_ptr<Model> Prepared(int ranks, double lr) {
+  auto model = std::make_unique<Model>(
+      [] { return std::make_shared<Net>(); },
+      LaunchOptions{.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()});
+  model->prepare(
+      [lr](std::vector<nn::Tensor> params) {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = lr});
+      },
+      CrossEntropy(), {MakeMetric<Accuracy>()});
+  return model;
+}
+
+bool Contains(const absl::Status& s, const std::string& part) {
+  return std::string(s.message()).find(part) != std::string::npos;
+}
+
+// With eval_freq 2 only epochs 2, 4, ... carry "eval_*" values: the callbacks
+// act on those epochs and wait through the others (as Paddle's act on each
+// evaluation). lr 0: eval_loss never improves, so EarlyStopping with patience
+// 1 stops at the second evaluation after the first (epoch 6 of 10).
+TEST(CallbacksTest, EvalMonitorsActOnTheEpochsThatEvaluate) {
+  auto train = Classification(16, 71), test = Classification(9, 72);
+  const std::string dir = ::testing::TempDir() + "/hapi_eval_freq_mc";
+  std::filesystem::remove_all(dir);
+  auto model = Prepared(2, 0.0);
+  auto h = model->fit(train, {.epochs = 10, .batch_size = 4, .eval_data = test, .eval_freq = 2,
+                              .callbacks = {MakeCallback<EarlyStopping>("eval_loss", 1),
+                                            MakeCallback<ModelCheckpoint>(dir, 0, "eval_acc")}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->epochs.size(), 6u);
+  for (size_t e = 0; e < h->epochs.size(); ++e)
+    EXPECT_EQ(h->epochs[e].count("eval_loss"), e % 2 == 1 ? 1u : 0u) << e;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/best.safetensors"));
+
+  // A monitor that an evaluating epoch lacks (a misspelt name) is still an
+  // error, at the first evaluation.
+  auto typo = Prepared(2, 0.1)->fit(
+      train, {.epochs = 4, .batch_size = 4, .eval_data = test, .eval_freq = 2,
+              .callbacks = {MakeCallback<EarlyStopping>("eval_accuracy", 1)}});
+  ASSERT_FALSE(typo.ok());
+  EXPECT_TRUE(Contains(typo.status(), "monitor 'eval_accuracy' is not among this epoch's logs "
+                                      "(eval_acc, eval_loss, loss)"))
+      << typo.status();
+  // And an evaluation value without eval data, at the first epoch.
+  auto no_eval = Prepared(2, 0.1)->fit(
+      train, {.epochs = 4, .batch_size = 4,
+              .callbacks = {MakeCallback<ModelCheckpoint>(dir, 0, "eval_acc")}});
+  ASSERT_FALSE(no_eval.ok());
+  EXPECT_TRUE(Contains(no_eval.status(), "ModelCheckpoint: monitor 'eval_acc' is not among this "
+                                         "epoch's logs (loss); evaluation values need eval data"))
+      << no_eval.status();
+}
+
+// drop_last with fewer examples than one global batch leaves no step in an
+// epoch: refused on every rank naming the sizes, not a fit that trains nothing.
+TEST(CallbacksTest, AFitWithoutAStepPerEpochIsRefusedNamingTheSizes) {
+  auto train = Classification(12, 73);
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 2, .batch_size = 8, .drop_last = true});
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(Contains(h.status(), "fit: no step per epoch: drop_last with 12 examples and a "
+                                   "global batch of 16 (batch_size 8 on 2 ranks)"))
+      << h.status();
+  // Enough examples for one global batch: one step an epoch.
+  auto one = Prepared(2, 0.1)->fit(Classification(16, 74),
+                                   {.epochs = 2, .batch_size = 8, .drop_last = true});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->steps, 2);
+}
+
+// evaluate() needs the loss and metrics of prepare(); unprepared it returned
+// empty logs.
+TEST(CallbacksTest, EvaluateBeforePrepareIsAFailedPrecondition) {
+  Model model([] { return std::make_shared<Net>(); },
+              LaunchOptions{.gpus = "cpu", .nprocs = 1, .spawn = testing::DefaultTestSpawnOptions()});
+  auto logs = model.evaluate(Classification(8, 75));
+  EXPECT_EQ(logs.status().code(), absl::StatusCode::kFailedPrecondition) << logs.status();
+  EXPECT_TRUE(Contains(logs.status(), "hapi::Model::evaluate: call prepare(optimizer, loss, "
+                                      "metrics) first"))
+      << logs.status();
+  // predict needs no loss.
+  auto out = model.predict(Classification(8, 75));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->size(0), 8);
+}
+
+// Records the epoch each example's draw is for (the generator's offset), as a
+// random augmentation would use it.
+class RecordEpochs : public data::Transform {
+ public:
+  explicit RecordEpochs(std::shared_ptr<std::set<uint64_t>> epochs) : epochs_(std::move(epochs)) {}
+  nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    epochs_->insert(generator.offset >> 32);
+    return x;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<std::set<uint64_t>> epochs_;
+};
+
+// fit's loader passes each epoch to the dataset: a TransformDataset's random
+// augmentations differ from epoch to epoch (fit cannot call its set_epoch: the
+// dataset is const and shared by the ranks).
+TEST(CallbacksTest, FitDrawsNewAugmentationsEachEpoch) {
+  auto epochs = std::make_shared<std::set<uint64_t>>();
+  auto train = std::make_shared<data::TransformDataset>(
+      Classification(16, 76), std::make_shared<RecordEpochs>(epochs), 1);
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 3, .batch_size = 4, .num_workers = 1});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(*epochs, (std::set<uint64_t>{0, 1, 2}));
+}
+
+struct EndFitAt : Callback {
+  explicit EndFitAt(int64_t step) : step(step) {}
+  std::string name() const override { return "EndFitAt"; }
+  void on_train_batch_end(RunState& s) override { s.end_fit = s.step == step; }
+  int64_t step;
+};
+
+// A checkpoint inside an epoch counts the loader's position in global
+// batches: resumed on a world with another global batch it would train the
+// wrong samples (2 ranks of 4 rows stopped after samples 0-15; 1 rank of 4
+// rows went on from sample 8). Refused naming both global batches; the same
+// global batch on another world size (1 rank of 8 rows), and a checkpoint
+// at an epoch's end, resume.
+TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
+  auto train = Classification(24, 77);
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_world";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 2, .batch_size = 4, .checkpoint = {.dir = dir, .every_steps = 2}};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{2})};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, first).ok());
+  FitOptions resumed = options;
+  resumed.resume = true;
+  auto refused = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status(), "stopped after 2 steps of epoch 1 with a global batch "
+                                         "of 8 rows; this fit's global batch is 4 rows "
+                                         "(batch_size 4 on 1 ranks)"))
+      << refused.status();
+  resumed.batch_size = 8;
+  auto same_global = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(same_global.ok()) << same_global.status();
+  EXPECT_EQ(same_global->steps, 6);  // 3 steps an epoch of 8 rows over 24 examples
+  // The end of that fit (an epoch boundary) resumes with any global batch.
+  resumed.epochs = 3;
+  resumed.batch_size = 4;
+  auto at_end = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(at_end.ok()) << at_end.status();
+  EXPECT_EQ(at_end->steps, 12);
+}
+
+// Rank 0's lr at each epoch's end (after the callbacks before it).
+struct RecordLr : Callback {
+  explicit RecordLr(std::shared_ptr<std::vector<double>> lrs) : lrs(std::move(lrs)) {}
+  std::string name() const override { return "RecordLr"; }
+  void on_epoch_end(RunState& s, const Logs&) override {
+    if (s.ctx->rank() == 0) lrs->push_back(s.optimizer->lr());
+  }
+  std::shared_ptr<std::vector<double>> lrs;
+};
+
+// Keras' rule (Paddle's callback restates it) on a loss that never improves by
+// min_delta 10: patience 2, factor 0.5, cooldown 1 halve the lr after epochs
+// 3, 5, 7 and 9 (the cooldown epoch resets the wait, the next one counts), not
+// below min_lr 0.01. A fit resumed from epoch 3's checkpoint continues the counts and
+// the lr, to the same sequence.
+TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
+  auto train = Classification(16, 78);
+  auto plateau = [](std::shared_ptr<std::vector<double>> lrs) {
+    return std::vector<CallbackFactory>{
+        MakeCallback<ReduceLROnPlateau>("loss", 0.5, 2, "min", 10.0, 1, 0.01),
+        MakeCallback<RecordLr>(std::move(lrs))};
+  };
+  auto straight = std::make_shared<std::vector<double>>();
+  auto h = Prepared(2, 0.1)->fit(train, {.epochs = 10, .batch_size = 4, .callbacks = plateau(straight)});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(*straight, (std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125,
+                                            0.01, 0.01}));
+
+  const std::string dir = ::testing::TempDir() + "/hapi_plateau";
+  std::filesystem::remove_all(dir);
+  auto first = std::make_shared<std::vector<double>>(), second = first;
+  FitOptions options{.epochs = 3, .batch_size = 4, .checkpoint = {.dir = dir},
+                     .checkpoint_each_epoch = true, .callbacks = plateau(first)};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+  options.epochs = 10;
+  options.resume = true;
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+  EXPECT_EQ(*second, *straight);
+
+  EXPECT_THROW(ReduceLROnPlateau("loss", 1.5), Error);
+  std::string what;
+  try {
+    ReduceLROnPlateau("loss", 0.1, -1);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
+}
+
+// The 2-norm of the change of every parameter between two state dicts.
+double ChangeNorm(const nn::StateDict& before, const nn::StateDict& after) {
+  double sum = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    std::vector<double> a = before[i].second.to_vector<double>();
+    std::vector<double> b = after[i].second.to_vector<double>();
+    for (size_t j = 0; j < a.size(); ++j) sum += (b[j] - a[j]) * (b[j] - a[j]);
+  }
+  return std::sqrt(sum);
+}
+
+// FitOptions::clip_grad_norm: one SGD step of lr 1 on gradients whose global
+// norm is far above max_norm moves the parameters by max_norm (the closed
+// form of clip_grad_norm_: scale max_norm / (norm + 1e-6)), on one rank, on
+// two and with the sharded optimizer alike; without it the step is larger.
+TEST(CallbacksTest, ClipGradNormBoundsEachStep) {
+  auto train = Classification(16, 79);
+  auto one_step = [&](int ranks, double clip, bool zero) {
+    nn::manual_seed(80);  // the same initial weights (state_dict builds them here)
+    auto model = Prepared(ranks, 1.0);
+    nn::StateDict before = *model->state_dict();
+    auto h = model->fit(train, {.epochs = 1, .batch_size = 16 / ranks, .shuffle = false,
+                                .clip_grad_norm = clip, .zero = zero});
+    EXPECT_TRUE(h.ok()) << h.status();
+    return ChangeNorm(before, *model->state_dict());
+  };
+  EXPECT_GT(one_step(1, 0.0, false), 0.05);
+  EXPECT_NEAR(one_step(1, 0.01, false), 0.01, 1e-6);
+  EXPECT_NEAR(one_step(2, 0.01, false), 0.01, 1e-6);
+  EXPECT_NEAR(one_step(2, 0.01, true), 0.01, 1e-6);
+  auto refused = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = -1});
+  EXPECT_TRUE(Contains(refused.status(), "fit: clip_grad_norm = -1: must be >= 0 (0: no clipping)"))
+      << refused.status();
+  auto graphed = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = 1, .cuda_graph = true});
+  EXPECT_TRUE(Contains(graphed.status(), "fit: cuda_graph with clip_grad_norm = 1"))
+      << graphed.status();
+}
+
+// ProgressLogger counts the steps of the epoch it is in: after a resume at an
+// epoch's end on a world with more steps per epoch (2 ranks of 2 steps an
+// epoch, then 1 rank of 4) it read "epoch 2/2 step -1/4".
+TEST(CallbacksTest, ProgressAfterAResumeOnAnotherWorldCountsTheEpochsSteps) {
+  const std::string dir = ::testing::TempDir() + "/hapi_progress_resume";
+  std::filesystem::remove_all(dir);
+  auto fit = [&](int epochs, bool resume) {
+    return [=](dist::Context&, testing::StepLog&) -> absl::Status {
+      Model model([] { return std::make_shared<Net>(); });
+      model.prepare(
+          [](std::vector<nn::Tensor> params) {
+            return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+          },
+          CrossEntropy());
+      return model.fit(Classification(16, 81), {.epochs = epochs, .batch_size = 4,
+                                                .checkpoint = {.dir = dir}, .resume = resume,
+                                                .log_freq = 1})
+          .status();
+    };
+  };
+  ASSERT_TRUE(testing::RunRanks(fit(1, false), {.ranks = 2}).ok());
+  testing::RunReport report;
+  absl::Status s = testing::RunRanks(fit(2, true), {.ranks = 1}, &report);
+  ASSERT_TRUE(s.ok()) << s;
+  for (int step = 1; step <= 4; ++step)
+    EXPECT_NE(report.log.find("epoch 2/2 step " + std::to_string(step) + "/4 loss"),
+              std::string::npos)
+        << step << "\n" << report.log;
+  EXPECT_EQ(report.log.find("step -"), std::string::npos) << report.log;
+}
+
+}  // namespace
+}  // namespace tandem::hapi
