@@ -72,8 +72,10 @@ ProgressLogger::ProgressLogger(int64_t log_freq) : log_freq_(log_freq) {
 
 void ProgressLogger::on_train_begin(RunState& s) {
   if (IsRankZero(s))
-    s.ctx->log().Info("fit: {} epochs of {} steps on {} ranks", s.epochs, s.steps_per_epoch,
-                      s.ctx->world_size());
+    s.ctx->log().Info("fit: {} epoch{} of {} step{} on {} rank{}", s.epochs,
+                      s.epochs == 1 ? "" : "s", s.steps_per_epoch,
+                      s.steps_per_epoch == 1 ? "" : "s", s.ctx->world_size(),
+                      s.ctx->world_size() == 1 ? "" : "s");
 }
 
 void ProgressLogger::on_epoch_begin(RunState& s) {
