@@ -2,14 +2,15 @@
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
-// an epoch with another global batch, ReduceLROnPlateau, clip_grad_norm, and
-// the progress lines after a resume on another world.
+// an epoch with another global batch or grad_accum_steps, ReduceLROnPlateau,
+// clip_grad_norm, and the progress lines after a resume on another world.
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -153,6 +154,53 @@ struct EndFitAt : Callback {
   int64_t step;
 };
 
+// Records each draw's (example, epoch): the generator's stream and offset.
+class RecordDraws : public data::Transform {
+ public:
+  using Draws = std::multiset<std::pair<uint64_t, uint64_t>>;
+  explicit RecordDraws(std::shared_ptr<Draws> draws) : draws_(std::move(draws)) {}
+  nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    draws_->insert({generator.stream, generator.offset >> 32});
+    return x;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<Draws> draws_;
+};
+
+// A fit resumed inside an epoch reads the rest of that epoch with that
+// epoch's draws and the next epochs with theirs: the stopped and the resumed
+// fit together draw exactly what the uninterrupted one does (shuffled, on two
+// ranks; no workers, which would read ahead of the stop).
+TEST(CallbacksTest, AResumedFitDrawsTheAugmentationsOfEachEpoch) {
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_draws";
+  std::filesystem::remove_all(dir);
+  auto fit = [&](std::shared_ptr<RecordDraws::Draws> draws, FitOptions options) {
+    auto train = std::make_shared<data::TransformDataset>(
+        Classification(24, 83), std::make_shared<RecordDraws>(draws), 2);
+    return Prepared(2, 0.1)->fit(train, options);
+  };
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(straight, options).ok());
+  ASSERT_EQ(straight->size(), 72u);
+  options.checkpoint = {.dir = dir, .every_steps = 2};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{4})};  // epoch 2, after its first step
+  auto interrupted = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(interrupted, first).ok());
+  options.resume = true;
+  auto resumed = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(resumed, options).ok());
+  // The checkpoint of step 4 (the last) was taken: nothing is read twice.
+  RecordDraws::Draws both = *interrupted;
+  both.insert(resumed->begin(), resumed->end());
+  EXPECT_EQ(both, *straight);
+  EXPECT_EQ(resumed->count({0, 0}), 0u);
+}
+
 // A checkpoint inside an epoch counts the loader's position in global
 // batches: resumed on a world with another global batch it would train the
 // wrong samples (2 ranks of 4 rows stopped after samples 0-15; 1 rank of 4
@@ -185,6 +233,49 @@ TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
   auto at_end = Prepared(1, 0.1)->fit(train, resumed);
   ASSERT_TRUE(at_end.ok()) << at_end.status();
   EXPECT_EQ(at_end->steps, 12);
+}
+
+// The steps a checkpoint inside an epoch counts are grad_accum_steps loader
+// batches each: resumed with another grad_accum_steps, the rest of the epoch
+// would start elsewhere than where the loader stopped (2 steps of 1 batch
+// stopped at batch 2; with 2 batches a step the loop went on from batch 4,
+// reading batches 2 and 3 as 4 and 5 and leaving 4 and 5 untrained; the other
+// way round it ran out of batches). Refused naming both; the same
+// grad_accum_steps resumes.
+TEST(CallbacksTest, AMidEpochResumeWithAnotherGradAccumIsRefused) {
+  auto train = Classification(24, 82);
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_accum";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 2, .batch_size = 4, .checkpoint = {.dir = dir, .every_steps = 2}};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{2})};
+  ASSERT_TRUE(Prepared(1, 0.1)->fit(train, first).ok());
+  FitOptions resumed = options;
+  resumed.resume = true;
+  resumed.grad_accum_steps = 2;
+  auto refused = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status(), "stopped after 2 steps of epoch 1 with the loader at "
+                                         "batch 2 of 6; with grad_accum_steps = 2 those steps "
+                                         "end at batch 4"))
+      << refused.status();
+  resumed.grad_accum_steps = 1;
+  auto same = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->steps, 12);
+
+  // Written with 2 batches a step (1 step: batch 2 of 6), resumed with 1.
+  std::filesystem::remove_all(dir);
+  first.grad_accum_steps = 2;
+  first.checkpoint.every_steps = 1;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{1})};
+  ASSERT_TRUE(Prepared(1, 0.1)->fit(train, first).ok());
+  auto fewer = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(fewer.ok());
+  EXPECT_TRUE(Contains(fewer.status(), "stopped after 1 steps of epoch 1 with the loader at "
+                                       "batch 2 of 6; with grad_accum_steps = 1 those steps "
+                                       "end at batch 1"))
+      << fewer.status();
 }
 
 // Rank 0's lr at each epoch's end (after the callbacks before it).
