@@ -327,6 +327,59 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
   EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
 }
 
+// The rule against Keras' (tf.keras ReduceLROnPlateau.on_epoch_end, run in
+// Python on the same values): improvements by more than min_delta reset the
+// wait, in and out of the cooldown; mode max; patience 0; min_lr. With eval
+// data the epochs that did not evaluate are skipped (every other one here).
+TEST(CallbacksTest, ReduceLROnPlateauMatchesKerasOnImprovingValues) {
+  const std::vector<double> values = {0.5,  0.52, 0.6,  0.6,  0.61, 0.58, 0.7,  0.69, 0.68,
+                                      0.67, 0.66, 0.8,  0.79, 0.78, 0.77, 0.76, 0.75, 0.74};
+  auto run = [&](ReduceLROnPlateau plateau, double sign) {
+    nn::Tensor w = nn::zeros({2});
+    w.set_requires_grad(true);
+    optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.1});
+    RunState s;
+    s.optimizer = &sgd;
+    s.has_eval_data = true;
+    plateau.on_train_begin(s);
+    std::vector<double> lrs;
+    for (double v : values) {
+      s.evaluated = false;  // an epoch between evaluations: not counted
+      plateau.on_epoch_end(s, {{"loss", 1.0}});
+      s.evaluated = true;
+      plateau.on_epoch_end(s, {{"loss", 1.0}, {"eval_acc", sign * v}});
+      lrs.push_back(sgd.lr());
+    }
+    return lrs;
+  };
+  auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+  };
+  near(run(ReduceLROnPlateau("eval_acc", 0.5, 2, "auto", 0.05, 2, 0.02), 1.0),
+       {0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025, 0.02,
+        0.02, 0.02, 0.02, 0.02});
+  near(run(ReduceLROnPlateau("eval_acc", 0.5, 0, "min", 0.05, 1, 0.02), -1.0),
+       {0.1, 0.05, 0.05, 0.025, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02,
+        0.02, 0.02, 0.02, 0.02});
+
+  // A first value of NaN counts as no improvement (Keras compares it with an
+  // infinite best); the finite values after it improve again.
+  nn::Tensor w = nn::zeros({2});
+  w.set_requires_grad(true);
+  optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.1});
+  RunState s;
+  s.optimizer = &sgd;
+  ReduceLROnPlateau plateau("loss", 0.5, 2);
+  plateau.on_train_begin(s);
+  std::vector<double> lrs;
+  for (double v : {std::nan(""), 1.0, 0.5, 0.4, 0.6, 0.6}) {
+    plateau.on_epoch_end(s, {{"loss", v}});
+    lrs.push_back(sgd.lr());
+  }
+  near(lrs, {0.1, 0.1, 0.1, 0.1, 0.1, 0.05});
+}
+
 // The 2-norm of the change of every parameter between two state dicts.
 double ChangeNorm(const nn::StateDict& before, const nn::StateDict& after) {
   double sum = 0;
