@@ -418,6 +418,33 @@ TEST(CallbacksTest, ClipGradNormBoundsEachStep) {
       << graphed.status();
 }
 
+// clip_grad_norm under uneven data (DataParallel::join()): 62 samples on 3
+// ranks with batch 4 (rank 2 joins a step early each epoch) train as one rank
+// with batch 12, clipped alike: the unsharded optimizer clips the join's
+// reduced gradients on the active ranks; the sharded one's norm over the
+// shards is answered by the joined rank's replay (no hang, the same norm).
+TEST(CallbacksTest, ClipGradNormUnderJoinEqualsOneRank) {
+  auto train = Classification(62, 84);
+  auto weights = [&](int ranks, bool zero) {
+    nn::manual_seed(85);
+    auto model = Prepared(ranks, 0.5);
+    auto h = model->fit(train, {.epochs = 2, .batch_size = 12 / ranks, .seed = 3,
+                                .clip_grad_norm = 0.05, .zero = zero, .uneven = true});
+    EXPECT_TRUE(h.ok()) << ranks << " ranks, zero " << zero << ": " << h.status();
+    return *model->state_dict();
+  };
+  const nn::StateDict one = weights(1, false);
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    EXPECT_LT(ChangeNorm(one, weights(3, zero)), 1e-5);
+  }
+  // Not clipped: other weights.
+  nn::manual_seed(85);
+  auto unclipped = Prepared(1, 0.5);
+  ASSERT_TRUE(unclipped->fit(train, {.epochs = 2, .batch_size = 12, .seed = 3}).ok());
+  EXPECT_GT(ChangeNorm(one, *unclipped->state_dict()), 1e-3);
+}
+
 // ProgressLogger counts the steps of the epoch it is in: after a resume at an
 // epoch's end on a world with more steps per epoch (2 ranks of 2 steps an
 // epoch, then 1 rank of 4) it read "epoch 2/2 step -1/4".
