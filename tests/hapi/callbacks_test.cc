@@ -306,16 +306,20 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
   EXPECT_EQ(*straight, (std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125,
                                             0.01, 0.01}));
 
-  const std::string dir = ::testing::TempDir() + "/hapi_plateau";
-  std::filesystem::remove_all(dir);
-  auto first = std::make_shared<std::vector<double>>(), second = first;
-  FitOptions options{.epochs = 3, .batch_size = 4, .checkpoint = {.dir = dir},
-                     .checkpoint_each_epoch = true, .callbacks = plateau(first)};
-  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
-  options.epochs = 10;
-  options.resume = true;
-  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
-  EXPECT_EQ(*second, *straight);
+  // With the sharded optimizer too: its lr goes through the gathered one.
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    const std::string dir = ::testing::TempDir() + "/hapi_plateau";
+    std::filesystem::remove_all(dir);
+    auto first = std::make_shared<std::vector<double>>(), second = first;
+    FitOptions options{.epochs = 3, .batch_size = 4, .zero = zero, .checkpoint = {.dir = dir},
+                       .checkpoint_each_epoch = true, .callbacks = plateau(first)};
+    ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+    options.epochs = 10;
+    options.resume = true;
+    ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+    EXPECT_EQ(*second, *straight);
+  }
 
   EXPECT_THROW(ReduceLROnPlateau("loss", 1.5), Error);
   std::string what;
