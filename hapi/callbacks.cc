@@ -233,7 +233,9 @@ void ReduceLROnPlateau::on_epoch_end(RunState& s, const Logs& logs) {
     --cooldown_left_;
     wait_ = 0;
   }
-  if (!have_best_ || Improves(*value, best_, maximize_, min_delta_)) {
+  // As Keras' best of +-inf: a first value of NaN does not improve on it (a
+  // NaN best would stop every later value from improving).
+  if (have_best_ ? Improves(*value, best_, maximize_, min_delta_) : !std::isnan(*value)) {
     best_ = *value;
     have_best_ = true;
     wait_ = 0;

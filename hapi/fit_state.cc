@@ -6,6 +6,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "data/dataloader.h"
+#include "data/sampler.h"
 #include "nn/error.h"
 #include "nn/status_macros.h"
 #include "spawn/signals.h"
@@ -57,6 +59,27 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
                  options.batch_size, " on ", ctx.world_size(), " ranks), with which the rest ",
                  "of that epoch would train other samples: resume it with a batch_size of ",
                  "that global batch over the ranks, or from a checkpoint at an epoch's end ",
+                 "(checkpoint_each_epoch)");
+  }
+  if (at.epoch_steps > 0 && state.loader != nullptr) {
+    // Each step took grad_accum_steps loader batches (the epoch's last one
+    // what was left): the loop goes on from at.epoch_steps * grad_accum_steps,
+    // which must be where the loader stopped.
+    const int64_t accum = options.grad_accum_steps;
+    const int64_t n = state.loader->num_batches();
+    const int64_t expect = std::min(at.epoch_steps * accum, n);
+    const data::SamplerState loader = state.loader->get_state();
+    // The loader's state after the epoch's last batch is the next epoch's start.
+    const bool same_epoch = loader.epoch == at.epoch;
+    const bool epoch_done = loader.epoch == at.epoch + 1 && loader.position == 0;
+    const int64_t stopped = same_epoch ? loader.position : epoch_done ? n : -1;
+    TANDEM_CHECK(stopped == expect, "fit: resume: ", *path, " stopped after ", at.epoch_steps,
+                 " steps of epoch ", at.epoch + 1, " with the loader at ",
+                 same_epoch || epoch_done ? "" : absl::StrCat("epoch ", loader.epoch + 1, " "),
+                 "batch ", same_epoch || epoch_done ? stopped : loader.position, " of ", n,
+                 "; with grad_accum_steps = ", accum, " those steps end at batch ", expect,
+                 ", so the rest of that epoch would train other batches: resume it with the ",
+                 "grad_accum_steps it was written with, or from a checkpoint at an epoch's end ",
                  "(checkpoint_each_epoch)");
   }
   if (ctx.rank() == 0)

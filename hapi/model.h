@@ -183,7 +183,9 @@ struct FitOptions {
   // Another number of ranks resumes too (not bit for bit: the generators stay
   // this run's); a checkpoint from inside an epoch then needs the same global
   // batch (batch_size * ranks: the loader's position counts global batches),
-  // else fit fails naming both; one at an epoch's end resumes with any.
+  // else fit fails naming both; one at an epoch's end resumes with any. A
+  // checkpoint from inside an epoch also needs the grad_accum_steps it was
+  // written with (its steps took that many loader batches each), on any world.
   bool resume = false;
   // For a checkpoint without fit's own entries ("hapi.epoch", ...: a file that
   // another training loop wrote): where it stands, from the file's entries and

@@ -50,7 +50,8 @@ inline constexpr char kHistoryPrefix[] = "hapi.history.";  // "hapi.history.<epo
 // and says where the fit stands; throws on a file that does not say it, and on
 // one written inside an epoch with a global batch other than `global_batch`
 // (the loader's position counts global batches; files without the entry,
-// written before it existed, are taken as they come).
+// written before it existed, are taken as they come), or with a loader
+// position other than its steps times options.grad_accum_steps.
 FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
                     dist::TrainingState& state, const FitOptions& options,
                     int64_t global_batch);

@@ -2,14 +2,15 @@
 // and ModelCheckpoint monitoring an evaluation value that only every
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
-// an epoch with another global batch, ReduceLROnPlateau, clip_grad_norm, and
-// the progress lines after a resume on another world.
+// an epoch with another global batch or grad_accum_steps, ReduceLROnPlateau,
+// clip_grad_norm, and the progress lines after a resume on another world.
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -153,6 +154,53 @@ struct EndFitAt : Callback {
   int64_t step;
 };
 
+// Records each draw's (example, epoch): the generator's stream and offset.
+class RecordDraws : public data::Transform {
+ public:
+  using Draws = std::multiset<std::pair<uint64_t, uint64_t>>;
+  explicit RecordDraws(std::shared_ptr<Draws> draws) : draws_(std::move(draws)) {}
+  nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    draws_->insert({generator.stream, generator.offset >> 32});
+    return x;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<Draws> draws_;
+};
+
+// A fit resumed inside an epoch reads the rest of that epoch with that
+// epoch's draws and the next epochs with theirs: the stopped and the resumed
+// fit together draw exactly what the uninterrupted one does (shuffled, on two
+// ranks; no workers, which would read ahead of the stop).
+TEST(CallbacksTest, AResumedFitDrawsTheAugmentationsOfEachEpoch) {
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_draws";
+  std::filesystem::remove_all(dir);
+  auto fit = [&](std::shared_ptr<RecordDraws::Draws> draws, FitOptions options) {
+    auto train = std::make_shared<data::TransformDataset>(
+        Classification(24, 83), std::make_shared<RecordDraws>(draws), 2);
+    return Prepared(2, 0.1)->fit(train, options);
+  };
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  auto straight = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(straight, options).ok());
+  ASSERT_EQ(straight->size(), 72u);
+  options.checkpoint = {.dir = dir, .every_steps = 2};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{4})};  // epoch 2, after its first step
+  auto interrupted = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(interrupted, first).ok());
+  options.resume = true;
+  auto resumed = std::make_shared<RecordDraws::Draws>();
+  ASSERT_TRUE(fit(resumed, options).ok());
+  // The checkpoint of step 4 (the last) was taken: nothing is read twice.
+  RecordDraws::Draws both = *interrupted;
+  both.insert(resumed->begin(), resumed->end());
+  EXPECT_EQ(both, *straight);
+  EXPECT_EQ(resumed->count({0, 0}), 0u);
+}
+
 // A checkpoint inside an epoch counts the loader's position in global
 // batches: resumed on a world with another global batch it would train the
 // wrong samples (2 ranks of 4 rows stopped after samples 0-15; 1 rank of 4
@@ -187,6 +235,49 @@ TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
   EXPECT_EQ(at_end->steps, 12);
 }
 
+// The steps a checkpoint inside an epoch counts are grad_accum_steps loader
+// batches each: resumed with another grad_accum_steps, the rest of the epoch
+// would start elsewhere than where the loader stopped (2 steps of 1 batch
+// stopped at batch 2; with 2 batches a step the loop went on from batch 4,
+// reading batches 2 and 3 as 4 and 5 and leaving 4 and 5 untrained; the other
+// way round it ran out of batches). Refused naming both; the same
+// grad_accum_steps resumes.
+TEST(CallbacksTest, AMidEpochResumeWithAnotherGradAccumIsRefused) {
+  auto train = Classification(24, 82);
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_accum";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 2, .batch_size = 4, .checkpoint = {.dir = dir, .every_steps = 2}};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{2})};
+  ASSERT_TRUE(Prepared(1, 0.1)->fit(train, first).ok());
+  FitOptions resumed = options;
+  resumed.resume = true;
+  resumed.grad_accum_steps = 2;
+  auto refused = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status(), "stopped after 2 steps of epoch 1 with the loader at "
+                                         "batch 2 of 6; with grad_accum_steps = 2 those steps "
+                                         "end at batch 4"))
+      << refused.status();
+  resumed.grad_accum_steps = 1;
+  auto same = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->steps, 12);
+
+  // Written with 2 batches a step (1 step: batch 2 of 6), resumed with 1.
+  std::filesystem::remove_all(dir);
+  first.grad_accum_steps = 2;
+  first.checkpoint.every_steps = 1;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{1})};
+  ASSERT_TRUE(Prepared(1, 0.1)->fit(train, first).ok());
+  auto fewer = Prepared(1, 0.1)->fit(train, resumed);
+  ASSERT_FALSE(fewer.ok());
+  EXPECT_TRUE(Contains(fewer.status(), "stopped after 1 steps of epoch 1 with the loader at "
+                                       "batch 2 of 6; with grad_accum_steps = 1 those steps "
+                                       "end at batch 1"))
+      << fewer.status();
+}
+
 // Rank 0's lr at each epoch's end (after the callbacks before it).
 struct RecordLr : Callback {
   explicit RecordLr(std::shared_ptr<std::vector<double>> lrs) : lrs(std::move(lrs)) {}
@@ -215,16 +306,20 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
   EXPECT_EQ(*straight, (std::vector<double>{0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.0125, 0.0125,
                                             0.01, 0.01}));
 
-  const std::string dir = ::testing::TempDir() + "/hapi_plateau";
-  std::filesystem::remove_all(dir);
-  auto first = std::make_shared<std::vector<double>>(), second = first;
-  FitOptions options{.epochs = 3, .batch_size = 4, .checkpoint = {.dir = dir},
-                     .checkpoint_each_epoch = true, .callbacks = plateau(first)};
-  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
-  options.epochs = 10;
-  options.resume = true;
-  ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
-  EXPECT_EQ(*second, *straight);
+  // With the sharded optimizer too: its lr goes through the gathered one.
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    const std::string dir = ::testing::TempDir() + "/hapi_plateau";
+    std::filesystem::remove_all(dir);
+    auto first = std::make_shared<std::vector<double>>(), second = first;
+    FitOptions options{.epochs = 3, .batch_size = 4, .zero = zero, .checkpoint = {.dir = dir},
+                       .checkpoint_each_epoch = true, .callbacks = plateau(first)};
+    ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+    options.epochs = 10;
+    options.resume = true;
+    ASSERT_TRUE(Prepared(2, 0.1)->fit(train, options).ok());
+    EXPECT_EQ(*second, *straight);
+  }
 
   EXPECT_THROW(ReduceLROnPlateau("loss", 1.5), Error);
   std::string what;
@@ -234,6 +329,59 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
     what = e.what();
   }
   EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
+}
+
+// The rule against Keras' (tf.keras ReduceLROnPlateau.on_epoch_end, run in
+// Python on the same values): improvements by more than min_delta reset the
+// wait, in and out of the cooldown; mode max; patience 0; min_lr. With eval
+// data the epochs that did not evaluate are skipped (every other one here).
+TEST(CallbacksTest, ReduceLROnPlateauMatchesKerasOnImprovingValues) {
+  const std::vector<double> values = {0.5,  0.52, 0.6,  0.6,  0.61, 0.58, 0.7,  0.69, 0.68,
+                                      0.67, 0.66, 0.8,  0.79, 0.78, 0.77, 0.76, 0.75, 0.74};
+  auto run = [&](ReduceLROnPlateau plateau, double sign) {
+    nn::Tensor w = nn::zeros({2});
+    w.set_requires_grad(true);
+    optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.1});
+    RunState s;
+    s.optimizer = &sgd;
+    s.has_eval_data = true;
+    plateau.on_train_begin(s);
+    std::vector<double> lrs;
+    for (double v : values) {
+      s.evaluated = false;  // an epoch between evaluations: not counted
+      plateau.on_epoch_end(s, {{"loss", 1.0}});
+      s.evaluated = true;
+      plateau.on_epoch_end(s, {{"loss", 1.0}, {"eval_acc", sign * v}});
+      lrs.push_back(sgd.lr());
+    }
+    return lrs;
+  };
+  auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+  };
+  near(run(ReduceLROnPlateau("eval_acc", 0.5, 2, "auto", 0.05, 2, 0.02), 1.0),
+       {0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025, 0.02,
+        0.02, 0.02, 0.02, 0.02});
+  near(run(ReduceLROnPlateau("eval_acc", 0.5, 0, "min", 0.05, 1, 0.02), -1.0),
+       {0.1, 0.05, 0.05, 0.025, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02,
+        0.02, 0.02, 0.02, 0.02});
+
+  // A first value of NaN counts as no improvement (Keras compares it with an
+  // infinite best); the finite values after it improve again.
+  nn::Tensor w = nn::zeros({2});
+  w.set_requires_grad(true);
+  optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.1});
+  RunState s;
+  s.optimizer = &sgd;
+  ReduceLROnPlateau plateau("loss", 0.5, 2);
+  plateau.on_train_begin(s);
+  std::vector<double> lrs;
+  for (double v : {std::nan(""), 1.0, 0.5, 0.4, 0.6, 0.6}) {
+    plateau.on_epoch_end(s, {{"loss", v}});
+    lrs.push_back(sgd.lr());
+  }
+  near(lrs, {0.1, 0.1, 0.1, 0.1, 0.1, 0.05});
 }
 
 // The 2-norm of the change of every parameter between two state dicts.
@@ -272,6 +420,33 @@ TEST(CallbacksTest, ClipGradNormBoundsEachStep) {
   auto graphed = Prepared(1, 0.1)->fit(train, {.clip_grad_norm = 1, .cuda_graph = true});
   EXPECT_TRUE(Contains(graphed.status(), "fit: cuda_graph with clip_grad_norm = 1"))
       << graphed.status();
+}
+
+// clip_grad_norm under uneven data (DataParallel::join()): 62 samples on 3
+// ranks with batch 4 (rank 2 joins a step early each epoch) train as one rank
+// with batch 12, clipped alike: the unsharded optimizer clips the join's
+// reduced gradients on the active ranks; the sharded one's norm over the
+// shards is answered by the joined rank's replay (no hang, the same norm).
+TEST(CallbacksTest, ClipGradNormUnderJoinEqualsOneRank) {
+  auto train = Classification(62, 84);
+  auto weights = [&](int ranks, bool zero) {
+    nn::manual_seed(85);
+    auto model = Prepared(ranks, 0.5);
+    auto h = model->fit(train, {.epochs = 2, .batch_size = 12 / ranks, .seed = 3,
+                                .clip_grad_norm = 0.05, .zero = zero, .uneven = true});
+    EXPECT_TRUE(h.ok()) << ranks << " ranks, zero " << zero << ": " << h.status();
+    return *model->state_dict();
+  };
+  const nn::StateDict one = weights(1, false);
+  for (bool zero : {false, true}) {
+    SCOPED_TRACE(zero ? "zero" : "unsharded");
+    EXPECT_LT(ChangeNorm(one, weights(3, zero)), 1e-5);
+  }
+  // Not clipped: other weights.
+  nn::manual_seed(85);
+  auto unclipped = Prepared(1, 0.5);
+  ASSERT_TRUE(unclipped->fit(train, {.epochs = 2, .batch_size = 12, .seed = 3}).ok());
+  EXPECT_GT(ChangeNorm(one, *unclipped->state_dict()), 1e-3);
 }
 
 // ProgressLogger counts the steps of the epoch it is in: after a resume at an
