@@ -50,13 +50,16 @@ FitPosition Restore(dist::Context& ctx, dist::CheckpointManager& checkpoints,
   at.epoch_steps = std::max<int64_t>(*steps, 0);
   at.epoch_loss_sum = *loss;
   auto saved_global = state.extra.find(kGlobalBatchKey);
-  if (at.epoch_steps > 0 && saved_global != state.extra.end() &&
-      std::holds_alternative<int64_t>(saved_global->second)) {
+  TANDEM_CHECK(saved_global == state.extra.end() ||
+                   std::holds_alternative<int64_t>(saved_global->second),
+               "fit: resume: ", *path, ": ", kGlobalBatchKey, " is not an integer");
+  if (at.epoch_steps > 0 && saved_global != state.extra.end()) {
     const int64_t saved = std::get<int64_t>(saved_global->second);
     TANDEM_CHECK(saved == global_batch, "fit: resume: ", *path, " stopped after ", at.epoch_steps,
                  " steps of epoch ", at.epoch + 1, " with a global batch of ", saved,
                  " rows; this fit's global batch is ", global_batch, " rows (batch_size ",
-                 options.batch_size, " on ", ctx.world_size(), " ranks), with which the rest ",
+                 options.batch_size, " on ", ctx.world_size(), " rank",
+                 ctx.world_size() == 1 ? "" : "s", "), with which the rest ",
                  "of that epoch would train other samples: resume it with a batch_size of ",
                  "that global batch over the ranks, or from a checkpoint at an epoch's end ",
                  "(checkpoint_each_epoch)");

@@ -442,8 +442,8 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   // the others' steps under join()); kWrapGlobalBatch gives every rank the same count.
   TANDEM_CHECK(loader.num_batches() > 0 || options.uneven || options.epochs == 0,
                "fit: no step per epoch: drop_last with ", train->size(),
-               " examples and a global batch of ", global_batch, " (batch_size ",
-               options.batch_size, " on ", global_batch / options.batch_size, " ranks)");
+               " examples and a global batch of ", global_batch, " rows over ", ctx.world_size(),
+               " rank", ctx.world_size() == 1 ? "" : "s");
   const int accum = options.grad_accum_steps;
   // This rank's batches per epoch: all of them, or max_steps_per_epoch steps' worth.
   const int64_t batches =

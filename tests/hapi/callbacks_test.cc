@@ -94,7 +94,7 @@ TEST(CallbacksTest, AFitWithoutAStepPerEpochIsRefusedNamingTheSizes) {
   auto h = Prepared(2, 0.1)->fit(train, {.epochs = 2, .batch_size = 8, .drop_last = true});
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(Contains(h.status(), "fit: no step per epoch: drop_last with 12 examples and a "
-                                   "global batch of 16 (batch_size 8 on 2 ranks)"))
+                                   "global batch of 16 rows over 2 ranks"))
       << h.status();
   // Enough examples for one global batch: one step an epoch.
   auto one = Prepared(2, 0.1)->fit(Classification(16, 74),
@@ -221,7 +221,7 @@ TEST(CallbacksTest, AMidEpochResumeWithAnotherGlobalBatchIsRefused) {
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(Contains(refused.status(), "stopped after 2 steps of epoch 1 with a global batch "
                                          "of 8 rows; this fit's global batch is 4 rows "
-                                         "(batch_size 4 on 1 ranks)"))
+                                         "(batch_size 4 on 1 rank)"))
       << refused.status();
   resumed.batch_size = 8;
   auto same_global = Prepared(1, 0.1)->fit(train, resumed);
