@@ -416,7 +416,6 @@ Reorder& ReorderOf(Entry& e, Arg& arg, const memory::desc& from, bool from_plain
       if (r.id == arg.id && r.from == from) return r;
     }
   }
-  if (from_plain) arg.plain_reorder = static_cast<int>(e.reorders.size());
   const dnnl::engine& engine = DnnlEngine();
   const dnnl::reorder::primitive_desc pd =
       arg.output ? dnnl::reorder::primitive_desc(engine, arg.want, engine, from)
@@ -425,6 +424,10 @@ Reorder& ReorderOf(Entry& e, Arg& arg, const memory::desc& from, bool from_plain
                         .from = from,
                         .user = memory(from, engine, DNNL_MEMORY_NONE),
                         .primitive = dnnl::reorder(pd)});
+  // Only once the reorder is there: making it may throw (an allocation inside
+  // oneDNN), and an index set before would point past e.reorders' end, or at
+  // another argument's reorder, on every later call.
+  if (from_plain) arg.plain_reorder = static_cast<int>(e.reorders.size()) - 1;
   return e.reorders.back();
 }
 

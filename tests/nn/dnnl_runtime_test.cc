@@ -178,5 +178,47 @@ TEST(DnnlScratchTest, ConvolutionsGiveTheSameBitsOverStaleScratch) {
   }
 }
 
+// Rank threads running the same shapes at once: each thread's primitives, memory
+// objects, reorders and scratch buffers are its own, so every thread gets the
+// bits of a thread running alone (several rounds: the later ones on the cached
+// entries and kept buffers).
+TEST(DnnlScratchTest, ThreadsRunningTheSameShapesAtOnceGiveTheBitsOfOne) {
+  testing::RestoreCpuConv restore;
+  if (!ops::internal::CpuConvUsesDnnl()) GTEST_SKIP() << "oneDNN convolutions are off";
+  const std::vector<Case> cases = {{{2, 20, 9, 9}, {20, 20, 3, 3}, {.padding = {1, 1}}},
+                                   {{2, 1, 12, 12}, {6, 1, 5, 5}, {}},
+                                   {{2, 16, 10, 10}, {32, 16, 3, 3}, {.stride = {2, 2}}}};
+  // Two OpenMP threads per rank thread: the teams of several ranks at once.
+  set_cpu_blas_threads(2);
+  for (CpuConvPath path : {CpuConvPath::kAuto, CpuConvPath::kDnnlBlocked}) {
+    ops::internal::SetCpuConvPath(path);
+    for (DType dtype : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE(absl::StrCat("path ", static_cast<int>(path), " ", DTypeName(dtype)));
+      std::vector<std::vector<std::vector<uint8_t>>> want;
+      std::thread([&] {
+        for (const Case& c : cases) want.push_back(ConvBytes(c, dtype, /*fused=*/true));
+      }).join();
+      constexpr int kThreads = 4, kRounds = 3;
+      std::vector<std::string> differing(kThreads);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          for (int round = 0; round < kRounds; ++round) {
+            for (size_t i = 0; i < cases.size(); ++i) {
+              // (ConvBytes seeds the calling thread's own generator.)
+              const std::string d = Differing(ConvBytes(cases[i], dtype, true), want[i]);
+              if (!d.empty() && differing[t].empty()) {
+                differing[t] = absl::StrCat("round ", round, " case ", i, ": ", d);
+              }
+            }
+          }
+        });
+      }
+      for (std::thread& thread : threads) thread.join();
+      for (int t = 0; t < kThreads; ++t) EXPECT_EQ(differing[t], "") << "thread " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::nn
