@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -401,8 +402,8 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
                                       "\": unknown hook (allreduce, bf16, fp16)"));
   }
-  if (!(flags.lr > 0)) {
-    FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
+  if (!(flags.lr > 0) || !std::isfinite(flags.lr)) {  // inf trains to NaN at the first step
+    FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be a positive, finite number"));
   }
 }
 

@@ -448,7 +448,10 @@ TEST(TrainCifar10, DirectoryWithoutFilesFallsBackToSynthetic) {
                                                 "--synthetic_test_size=20 --data_dir=",
                                                 dir));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("no usable CIFAR-10 files in " + dir), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no CIFAR-10 files (data_batch_1.bin .. data_batch_5.bin, "
+                          "test_batch.bin) in " + dir),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("CIFAR-10 (synthetic) epoch 1/1"), std::string::npos) << r.output;
 }
 
@@ -526,6 +529,16 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
   ExpectBadFlag(TRAIN_LINEAR, "--seed", "train_linear: error: --seed needs a value");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --cpu_threads=-1", "--cpu_threads -1: must be >= 0");
+  for (const char* lr : {"0", "-1", "nan", "inf"}) {
+    ExpectBadFlag(TRAIN_LINEAR, absl::StrCat("--gpus=cpu --lr=", lr),
+                  absl::StrCat("train_linear: error: --lr ", lr, ": must be a positive, finite number"));
+  }
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr=inf", "train_mnist: error: --lr inf: ");
+  // More CPU ranks than one process runs: a bad flag at once (it once built a
+  // 2^31-entry device list first and was killed for memory).
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --nprocs=2147483647",
+                "train_linear: error: --gpus \"cpu\" --nprocs 2147483647: 2147483647 ranks in one "
+                "process: at most 1024");
   for (const char* timeout : {"0", "-2", "inf", "nan"}) {
     ExpectBadFlag(TRAIN_MNIST, absl::StrCat("--gpus=cpu --timeout_s=", timeout),
                   absl::StrCat("train_mnist: error: --timeout_s ", timeout,
@@ -533,6 +546,38 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   }
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --timeout_s=0", "train_linear: error: --timeout_s 0: ");
   ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --timeout_s=-1", "train_cifar10: error: --timeout_s -1: ");
+}
+
+// Files that are there but unusable are a bad --data_dir naming the file, not a
+// run on generated data that exits 0 (a truncated batch, a missing one, a
+// corrupt label byte).
+TEST(TrainCifar10, DamagedFilesAreABadDataDirNotSynthetic) {
+  constexpr int64_t kRecord = 3073;  // 1 label byte + 3 x 32 x 32 image bytes
+  const std::string dir = MakeTempDir("tandem_apps_cifar");
+  auto write = [&](const std::string& name, int64_t records, uint8_t label) {
+    std::string bytes(static_cast<size_t>(records * kRecord), '\0');
+    for (int64_t r = 0; r < records; ++r) bytes[static_cast<size_t>(r * kRecord)] = static_cast<char>(label);
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  };
+  for (int i = 1; i <= 5; ++i) write(absl::StrCat("data_batch_", i, ".bin"), 4, 3);
+  write("test_batch.bin", 4, 3);
+  const std::string args = absl::StrCat(
+      "--gpus=cpu --epochs=1 --max_steps_per_epoch=1 --batch_size=2 --data_dir=", dir);
+  RunResult good = RunProgram(TRAIN_CIFAR10, args);  // the set itself is usable
+  ASSERT_EQ(good.status, 0) << good.output;
+  EXPECT_NE(good.output.find("CIFAR-10 epoch 1/1"), std::string::npos) << good.output;
+
+  std::filesystem::resize_file(dir + "/data_batch_3.bin", 1000);
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/data_batch_3.bin"));
+  write("data_batch_3.bin", 4, 3);
+  write("test_batch.bin", 4, 200);  // label 200: not a CIFAR-10 class
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/test_batch.bin"));
+  write("test_batch.bin", 4, 3);
+  std::filesystem::remove(dir + "/data_batch_5.bin");
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/data_batch_5.bin"));
 }
 
 // --cuda_graph needs one GPU per rank and none of the options a captured step
