@@ -580,6 +580,22 @@ TEST(TrainCifar10, DamagedFilesAreABadDataDirNotSynthetic) {
                 absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/data_batch_5.bin"));
 }
 
+// More --num_workers than the system can start threads for (here: address space
+// for their stacks, capped by ulimit -v) is one error naming the count, not only
+// errno's "Resource temporarily unavailable".
+TEST(TrainCifar10, TooManyWorkersNameTheCount) {
+  RunResult r = RunProgram(absl::StrCat("ulimit -v 2000000; ", TRAIN_CIFAR10),
+                           "--gpus=cpu --epochs=1 --max_steps_per_epoch=1 "
+                           "--synthetic_train_size=64 --synthetic_test_size=16 --num_workers=1000");
+  EXPECT_EQ(r.status, 1) << r.output;
+  ASSERT_FALSE(r.lines().empty()) << r.output;
+  EXPECT_EQ(r.lines().back().rfind("train_cifar10: error: rank 0 (cpu) threw: DataLoader: "
+                                   "num_workers 1000: could not start worker thread ",
+                                   0),
+            0u)
+      << r.output;
+}
+
 // --cuda_graph needs one GPU per rank and none of the options a captured step
 // cannot hold: each refusal is exit status 2 and one line naming --cuda_graph and
 // why (--data_dir=/tmp: a directory, so that the dataset's absence is not the error).
