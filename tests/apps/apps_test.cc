@@ -596,6 +596,50 @@ TEST(TrainCifar10, TooManyWorkersNameTheCount) {
       << r.output;
 }
 
+#ifdef TANDEM_MPIRUN
+// Writes an MNIST-format dataset of `train` and `test` blank images (raw IDX
+// files, no .gz) into a new directory.
+std::string WriteBlankMnist(const std::string& name, uint32_t train, uint32_t test) {
+  const std::string dir = MakeTempDir(name);
+  auto be32 = [](std::string& out, uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
+  };
+  for (const auto& [prefix, n] : {std::pair<std::string, uint32_t>{"train", train}, {"t10k", test}}) {
+    std::string images, labels;
+    be32(images, 0x803);
+    be32(images, n);
+    be32(images, 28);
+    be32(images, 28);
+    images.append(size_t{n} * 28 * 28, '\0');
+    be32(labels, 0x801);
+    be32(labels, n);
+    labels.append(n, '\0');
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
+  return dir;
+}
+
+// Two processes whose --data_dir copies hold different numbers of examples would
+// run different numbers of steps and pair unlike collectives (OpenMPI aborted the
+// job in its own cleanup, "free(): invalid size"): they stop at start-up naming
+// both counts, like disagreeing flags.
+TEST(TrainMnistMpi, DataOfOtherSizesOnTwoProcessesStopsAtStartNamingBoth) {
+  const std::string a = WriteBlankMnist("tandem_apps_mnist_a", 64, 16);
+  const std::string b = WriteBlankMnist("tandem_apps_mnist_b", 32, 16);
+  const std::string flags = " --gpus=cpu --nprocs=1 --epochs=1 --batch_size=8 --data_dir=";
+  RunResult r = RunProgram(TANDEM_MPIRUN, absl::StrCat("-np 1 ", TRAIN_MNIST, flags, a, " : -np 1 ",
+                                                       TRAIN_MNIST, flags, b));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("train_mnist: error: the processes of this job disagree: training "
+                          "examples in --data_dir: 64 on host "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(", 32 on host "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("test examples in --data_dir"), std::string::npos) << r.output;
+}
+#endif  // TANDEM_MPIRUN
+
 // --cuda_graph needs one GPU per rank and none of the options a captured step
 // cannot hold: each refusal is exit status 2 and one line naming --cuda_graph and
 // why (--data_dir=/tmp: a directory, so that the dataset's absence is not the error).
