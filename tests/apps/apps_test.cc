@@ -503,6 +503,8 @@ TEST(BadFlags, ExitTwoWithOneLine) {
                 "existing directory");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --save_safetensors=w.safetensors",
                 "--save_safetensors: train_linear has no model file to read or write");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --metrics=m.csv",
+                "train_linear: error: --metrics \"m.csv\": train_linear writes no per-epoch rows");
   ExpectBadFlag(TRAIN_CIFAR10, "--model=resnet34",
                 "--model \"resnet34\": not a model (convnet, mobilenet_v2, resnet18)");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
@@ -637,6 +639,34 @@ TEST(TrainMnistMpi, DataOfOtherSizesOnTwoProcessesStopsAtStartNamingBoth) {
       << r.output;
   EXPECT_NE(r.output.find(", 32 on host "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("test examples in --data_dir"), std::string::npos) << r.output;
+}
+
+// Paths may differ between processes, but not whether they are given: a
+// --checkpoint_dir on one process only (its saves' collectives unmatched on the
+// other) ended in OpenMPI's MPI_ERR_TRUNCATE abort; a --save_safetensors or
+// --metrics on a process without global rank 0 wrote nothing, exit 0.
+void ExpectOneSidedFlagRefused(const char* program, const std::string& flags,
+                               const std::string& flag) {
+  const std::string name = flag.substr(0, flag.find('='));
+  RunResult r = RunProgram(TANDEM_MPIRUN, absl::StrCat("-np 1 ", program, flags, " : -np 1 ",
+                                                       program, flags, " ", flag));
+  EXPECT_NE(r.status, 0) << flag << "\n" << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat(": error: the processes of this job disagree: ", name,
+                                       ": (off) on host ")),
+            std::string::npos)
+      << flag << "\n" << r.output;
+  EXPECT_NE(r.output.find("(on) on host "), std::string::npos) << flag << "\n" << r.output;
+}
+
+TEST(TrainMnistMpi, AFileFlagOnOneProcessOnlyStopsAtStartNamingIt) {
+  const std::string out = MakeTempDir("tandem_apps_one_side");
+  ExpectOneSidedFlagRefused(TRAIN_LINEAR, " --gpus=cpu --nprocs=1 --steps=4",
+                            "--checkpoint_dir=" + out + "/ck");
+  const std::string mnist = absl::StrCat(" --gpus=cpu --nprocs=1 --epochs=1 --batch_size=8 "
+                                         "--data_dir=", WriteBlankMnist("tandem_apps_mnist", 32, 16));
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--checkpoint_dir=" + out + "/ck");
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--metrics=" + out + "/m.csv");
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--save_safetensors=" + out + "/w.safetensors");
 }
 #endif  // TANDEM_MPIRUN
 
