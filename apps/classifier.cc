@@ -672,12 +672,20 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
   // --trace: one recorder for this process's ranks (each its own track).
   std::optional<dist::TraceRecorder> trace;
   if (!flags.trace.empty()) trace.emplace(flags.trace_window);
+  // Several processes read their own copies of the data (--data_dir may differ
+  // per host): copies of other sizes would run other numbers of steps and pair
+  // unlike collectives across processes (OpenMPI then aborted the job in its own
+  // cleanup). They must agree, as the flags do.
+  dist::SpawnOptions options = MakeSpawnOptions(flags);
+  options.must_agree.emplace_back("training examples in --data_dir",
+                                  absl::StrCat(data.train->size()));
+  options.must_agree.emplace_back("test examples in --data_dir", absl::StrCat(data.test->size()));
   const Clock::time_point start = Clock::now();
   absl::StatusOr<std::vector<TrainResult>> results = dist::spawn(
       [&](dist::Context& ctx) {
         return TrainClassifier(ctx, flags, data, make_model, trace ? &*trace : nullptr);
       },
-      flags.nprocs, flags.gpus, MakeSpawnOptions(flags));
+      flags.nprocs, flags.gpus, options);
   if (!results.ok()) return ExitStatusOf(flags, results.status());
   const TrainResult& r = results->front();
   // Every rank of every process stopped at the same step: each process says so.

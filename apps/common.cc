@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -80,7 +81,8 @@ ABSL_FLAG(int, keep_checkpoints, 0,
           "deleted after each successful write; 0: keep all). K >= 2 leaves --resume an older "
           "file to fall back on when the newest is damaged.");
 ABSL_FLAG(std::string, metrics, "",
-          "Metrics file, one row per epoch (dataset, epoch, step, loss, accuracy, samples/s, "
+          "Metrics file of train_mnist and train_cifar10, one row per epoch (dataset, epoch, "
+          "step, loss, accuracy, samples/s, "
           "wall time, learning rate): CSV when it ends in .csv, JSON lines when it ends in "
           ".jsonl (scripts/plot_metrics.py draws it). Appended "
           "to with --resume, replaced otherwise.");
@@ -397,12 +399,17 @@ void CheckHyperParameters(RunFlags& flags, const Validation& v) {
                                       ": only the classifier programs (train_mnist, "
                                       "train_cifar10) take these"));
   }
+  if (!v.uses_epochs && !flags.metrics.empty()) {  // it was accepted and nothing was written
+    FlagErrorExit(flags, absl::StrCat("--metrics \"", flags.metrics, "\": ", flags.program,
+                                      " writes no per-epoch rows (only the classifier programs, "
+                                      "train_mnist and train_cifar10, do)"));
+  }
   if (flags.comm_hook != "allreduce" && flags.comm_hook != "bf16" && flags.comm_hook != "fp16") {
     FlagErrorExit(flags, absl::StrCat("--comm_hook \"", flags.comm_hook,
                                       "\": unknown hook (allreduce, bf16, fp16)"));
   }
-  if (!(flags.lr > 0)) {
-    FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be positive"));
+  if (!(flags.lr > 0) || !std::isfinite(flags.lr)) {  // inf trains to NaN at the first step
+    FlagErrorExit(flags, absl::StrCat("--lr ", flags.lr, ": must be a positive, finite number"));
   }
 }
 
@@ -664,6 +671,15 @@ dist::SpawnOptions MakeSpawnOptions(const RunFlags& flags) {
       {"--checkpoint_every_minutes", absl::StrCat(flags.checkpoint_every_minutes)},
       // Every rank takes part in the gathers of TensorBoard's step times and of the trace.
       {"--tensorboard_dir", flags.tensorboard_dir.empty() ? "(off)" : "(on)"},
+      // Paths may differ, but not whether they are given: every rank takes part in a
+      // checkpoint's save (a process without --checkpoint_dir paired other collectives
+      // with it, and OpenMPI aborted); global rank 0's --init_from weights reach every
+      // rank (DataParallel's broadcast) and rank 0 alone writes --metrics and
+      // --save_safetensors, so these on another process only would do nothing.
+      {"--checkpoint_dir", flags.checkpoint_dir.empty() ? "(off)" : "(on)"},
+      {"--metrics", flags.metrics.empty() ? "(off)" : "(on)"},
+      {"--init_from", flags.init_from.empty() ? "(off)" : "(on)"},
+      {"--save_safetensors", flags.save_safetensors.empty() ? "(off)" : "(on)"},
       {"--log_every", absl::StrCat(flags.log_every)},
       {"--trace", flags.trace.empty() ? "(off)" : "(on)"},
       {"--trace_steps", flags.trace_steps},

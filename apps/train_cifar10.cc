@@ -2,8 +2,9 @@
 // torchvision's ResNet-18 with the CIFAR stem (--model=resnet18) or torchvision's
 // MobileNetV2 (--model=mobilenet_v2, OneFlow's DDP example:
 // width 1.0, 10 classes; use --optimizer=sgd --lr=1e-3 --batch_size=64 as OneFlow
-// does) on CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin in --data_dir). Without
-// real files it says so and trains on a generated CIFAR-shaped dataset
+// does) on CIFAR-10 binary files (data_batch_1..5.bin, test_batch.bin in --data_dir; files
+// that are there but damaged or incomplete are a bad --data_dir). Without any of
+// them it says so and trains on a generated CIFAR-shaped dataset
 // (3x32x32 images, 10 classes, each class a fixed random pattern plus noise),
 // labelled "synthetic" in the environment table, every log line, the metrics
 // file and the summary.
@@ -12,6 +13,7 @@
 //   train_cifar10 --epochs=1 --max_steps_per_epoch=20      # synthetic, a smoke run
 //   train_cifar10 --model=mobilenet_v2 --gpus=cpu --nprocs=2 --optimizer=sgd --batch_size=64
 //   train_cifar10 --model=resnet18 --gpus=cpu --nprocs=2 --optimizer=momentum --lr=0.05
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -50,8 +52,9 @@ ABSL_FLAG(std::string, optimizer, "adam",
           "sgd | momentum (SGD with momentum 0.9) | adagrad | adam | adamw (weight decay 0.01).");
 ABSL_FLAG(std::string, data_dir, "",
           "Directory of the CIFAR-10 binary version (data_batch_1.bin .. data_batch_5.bin, "
-          "test_batch.bin). Empty, or a directory without those files: a generated "
-          "CIFAR-shaped dataset, reported as synthetic.");
+          "test_batch.bin). Empty, or a directory without any of those files: a generated "
+          "CIFAR-shaped dataset, reported as synthetic; files that are there but damaged or "
+          "incomplete: an error naming the file.");
 ABSL_FLAG(int64_t, synthetic_train_size, 10000,
           "Training examples of the generated dataset (used only without real files).");
 ABSL_FLAG(int64_t, synthetic_test_size, 2000,
@@ -156,14 +159,29 @@ ModelChoice ChooseModelOrExit(apps::RunFlags& flags) {
                      choice->description + "; SyncBatchNorm over the ranks", true};
 }
 
-// CIFAR-10 from --data_dir, else (no folder, or unusable files: said on stderr) a
-// generated CIFAR-shaped dataset labelled synthetic.
+// True when --data_dir holds any of the CIFAR-10 binary files.
+bool HasAnyCifarFile(const std::string& dir) {
+  for (const char* name : {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                           "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"}) {
+    std::error_code error;
+    if (std::filesystem::exists(std::filesystem::path(dir) / name, error)) return true;
+  }
+  return false;
+}
+
+// CIFAR-10 from --data_dir, else (no --data_dir, or none of the files in it: said
+// on stderr) a generated CIFAR-shaped dataset labelled synthetic. Files that are
+// there but unusable (missing batches, truncated, corrupt) are a bad --data_dir
+// (exit 2 naming the file), not a quiet run on generated data.
 apps::ClassifierData LoadDataOrSynthetic(const apps::RunFlags& flags, int64_t synthetic_train,
                                          int64_t synthetic_test) {
   apps::ClassifierData set;
   std::string why_synthetic;
   if (flags.data_dir.empty()) {
     why_synthetic = "no --data_dir given";
+  } else if (!HasAnyCifarFile(flags.data_dir)) {
+    why_synthetic = absl::StrCat("no CIFAR-10 files (data_batch_1.bin .. data_batch_5.bin, "
+                                 "test_batch.bin) in ", flags.data_dir);
   } else {
     // uint8 images as stored, converted per batch.
     absl::StatusOr<data::TensorDataset> train = data::LoadCifar10(flags.data_dir, true);
@@ -175,8 +193,8 @@ apps::ClassifierData LoadDataOrSynthetic(const apps::RunFlags& flags, int64_t sy
       set.batch_transform = Standardise(1.0 / 255);
       set.name = "CIFAR-10";
     } else {
-      why_synthetic = absl::StrCat("no usable CIFAR-10 files in ", flags.data_dir, " (",
-                                   (train.ok() ? test : train).status().message(), ")");
+      apps::FlagErrorExit(flags, absl::StrCat("--data_dir: ",
+                                              (train.ok() ? test : train).status().message()));
     }
   }
   if (!why_synthetic.empty()) {

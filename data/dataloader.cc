@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <exception>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "nn/error.h"
@@ -164,7 +165,18 @@ void DataLoader::StartWorkers() {
     stop_ = false;
   }
   cancel_.store(false);
-  for (int i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < options_.num_workers; ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      // The system's thread limit or memory for stacks: name the count, not
+      // only errno's text ("Resource temporarily unavailable").
+      StopWorkers();
+      ::tandem::Fail("DataLoader: num_workers ", options_.num_workers,
+                     ": could not start worker thread ", i + 1, ": ", e.what(),
+                     " (too many threads for this system: use fewer workers)");
+    }
+  }
 }
 
 void DataLoader::start_epoch() {

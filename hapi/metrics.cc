@@ -76,11 +76,15 @@ void Accuracy::update(const nn::Tensor& output, const nn::Tensor& target) {
     TANDEM_CHECK(label >= 0 && label < classes, "metric ", name(), ": label ", label,
                  " at row ", i, " is outside [0, ", classes, ")");
     // The label is in the top k when fewer than k scores beat it (ties: the
-    // lower index wins, as argmax's first maximum does).
+    // lower index wins, as argmax's first maximum does). NaN scores (a diverged
+    // model) are never right: a NaN label score is wrong, and a NaN elsewhere
+    // beats it (torch's topk orders NaN above every number); compared as
+    // numbers only, every score would tie with nothing and count as correct.
     const double* row = scores.data() + i * classes;
+    if (std::isnan(row[label])) continue;
     int64_t better = 0;
     for (int64_t c = 0; c < classes; ++c)
-      better += row[c] > row[label] || (row[c] == row[label] && c < label);
+      better += std::isnan(row[c]) || row[c] > row[label] || (row[c] == row[label] && c < label);
     correct += better < k_;
   }
   add(0, correct);

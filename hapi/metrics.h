@@ -73,6 +73,8 @@ using MetricFactory = std::function<std::unique_ptr<Metric>()>;
 
 // Fraction of samples whose label is among the k largest outputs.
 // output: (N, C) float scores; target: (N) or (N, 1) int64 labels in [0, C).
+// A NaN score ranks above every number, and a sample whose label's score is NaN
+// is wrong: a diverged model scores 0, not 1.
 // Name "acc" for k = 1, "acc_top<k>" otherwise (Paddle's names).
 class Accuracy : public Metric {
  public:

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -284,6 +285,11 @@ absl::Status WriteCheckpointBytes(const std::string& path, const std::string& by
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+  // An ifstream opens a directory and reads nothing: it would be "file is empty".
+  std::error_code dir_error;
+  if (std::filesystem::is_directory(path, dir_error)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": is a directory, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("checkpoint ", path, ": cannot open: ", ErrnoText()));
   std::ostringstream buffer;

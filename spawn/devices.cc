@@ -49,12 +49,19 @@ absl::StatusOr<int> RankCount(int nprocs, int listed, absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("nprocs ", nprocs, " is invalid: use -1 (one rank per device) or 1 or more"));
   }
-  if (nprocs == -1) return listed;
-  if (listed >= 0 && nprocs > listed) {
+  if (nprocs != -1 && listed >= 0 && nprocs > listed) {
     return absl::InvalidArgumentError(absl::StrCat("nprocs ", nprocs, " is more than the ", listed,
                                                    " devices of ", what));
   }
-  return nprocs;
+  const int ranks = nprocs == -1 ? listed : nprocs;
+  // Checked before the device list is built: "cpu" with nprocs 2147483647
+  // would otherwise allocate gigabytes first.
+  if (ranks > kMaxRanksPerProcess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ranks, " ranks in one process: at most ", kMaxRanksPerProcess,
+        " rank threads per process (check nprocs / --nprocs; use several processes for more)"));
+  }
+  return ranks;
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 //   -1        one rank per listed device (1 for CPU ranks).
 //   1..N      the first nprocs listed devices (nprocs CPU ranks for "cpu").
 //   more than listed, 0 or below -1: an error.
+// More than kMaxRanksPerProcess ranks (a typo such as nprocs 100000) is an error
+// before any list of that length is built.
 // Tokens are checked before any CUDA or NCCL call: empty tokens, signs, non-numbers,
 // overflow, ordinals that are not visible and duplicates are errors that name the
 // bad token and what is visible. Duplicates ("0,0") are allowed only with
@@ -28,6 +30,9 @@
 #include "nn/device.h"
 
 namespace tandem::dist {
+
+// The most rank threads one process runs (more: use several processes).
+inline constexpr int kMaxRanksPerProcess = 1024;
 
 // visible_gpus: how many CUDA devices this process sees (nn::cuda_device_count()).
 // Returns one device per rank, rank order. Thread-safe (pure function).

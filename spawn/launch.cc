@@ -180,19 +180,6 @@ void LogEnvironment(Logger& logger, const EnvironmentTable& table,
   LogEnvironmentTable(logger, table, /*files_only=*/true);  // a workerlog keeps it all
 }
 
-// More rank threads than one process runs (a typo such as --nprocs=100000) is
-// an error before any thread starts.
-constexpr int kMaxRanksPerProcess = 1024;
-
-absl::Status CheckRankCount(int ranks) {
-  if (ranks > kMaxRanksPerProcess) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spawn: ", ranks, " ranks in one process: at most ", kMaxRanksPerProcess,
-        " rank threads per process (check nprocs / --nprocs; use several processes for more)"));
-  }
-  return absl::OkStatus();
-}
-
 // Rank thread, once its function has returned or thrown: CUDA graphs that
 // still hold the rank's collectives (kept in a thread_local, a static or
 // outside the function) would make NCCL's abort and destroy wait for good.
@@ -549,7 +536,6 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
   ASSIGN_OR_RETURN(std::vector<nn::Device> devices,
                    SelectDevices(gpus, nprocs, visible_gpus, options.share_devices));
   const int world = static_cast<int>(devices.size());  // this process's ranks
-  RETURN_IF_ERROR(CheckRankCount(world));
   // Several processes (mpirun, srun): agree with the others, or stop here.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> procs, JoinProcesses(options, devices, gpus));
   const int rank_offset = procs ? procs->rank_offset() : 0;

@@ -165,9 +165,15 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
   }
   const int64_t stop_ns = record.stop_ns.load();
   const auto timeout_ns = static_cast<int64_t>(run.timeout_s * 1e9);
+  // Every rank returned OK: no rank went on past the others. A failure found
+  // after that (a communicator's asynchronous error seen at the watchdog's
+  // next poll, up to 100 ms after the last collective) is judged by its cause.
+  const bool all_returned =
+      std::all_of(record.ranks.begin(), record.ranks.end(),
+                  [](const RankEnding& e) { return e.end == RankEnd::kReturned; });
   for (size_t r = 0; r < record.ranks.size(); ++r) {
     const RankEnding& e = record.ranks[r];
-    if (e.end == RankEnd::kReturned) {
+    if (e.end == RankEnd::kReturned && !all_returned) {
       return absl::StrCat("local rank ", r,
                           "'s function returned while the other ranks went on "
                           "(a program error: every rank must run the same steps)");

@@ -448,7 +448,10 @@ TEST(TrainCifar10, DirectoryWithoutFilesFallsBackToSynthetic) {
                                                 "--synthetic_test_size=20 --data_dir=",
                                                 dir));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("no usable CIFAR-10 files in " + dir), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no CIFAR-10 files (data_batch_1.bin .. data_batch_5.bin, "
+                          "test_batch.bin) in " + dir),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("CIFAR-10 (synthetic) epoch 1/1"), std::string::npos) << r.output;
 }
 
@@ -500,6 +503,8 @@ TEST(BadFlags, ExitTwoWithOneLine) {
                 "existing directory");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --save_safetensors=w.safetensors",
                 "--save_safetensors: train_linear has no model file to read or write");
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --metrics=m.csv",
+                "train_linear: error: --metrics \"m.csv\": train_linear writes no per-epoch rows");
   ExpectBadFlag(TRAIN_CIFAR10, "--model=resnet34",
                 "--model \"resnet34\": not a model (convnet, mobilenet_v2, resnet18)");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr_schedule=step",
@@ -526,6 +531,16 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_MNIST, "--nobf16=1", "train_mnist: error: --nobf16 takes no value");
   ExpectBadFlag(TRAIN_LINEAR, "--seed", "train_linear: error: --seed needs a value");
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --cpu_threads=-1", "--cpu_threads -1: must be >= 0");
+  for (const char* lr : {"0", "-1", "nan", "inf"}) {
+    ExpectBadFlag(TRAIN_LINEAR, absl::StrCat("--gpus=cpu --lr=", lr),
+                  absl::StrCat("train_linear: error: --lr ", lr, ": must be a positive, finite number"));
+  }
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --lr=inf", "train_mnist: error: --lr inf: ");
+  // More CPU ranks than one process runs: a bad flag at once (it once built a
+  // 2^31-entry device list first and was killed for memory).
+  ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --nprocs=2147483647",
+                "train_linear: error: --gpus \"cpu\" --nprocs 2147483647: 2147483647 ranks in one "
+                "process: at most 1024");
   for (const char* timeout : {"0", "-2", "inf", "nan"}) {
     ExpectBadFlag(TRAIN_MNIST, absl::StrCat("--gpus=cpu --timeout_s=", timeout),
                   absl::StrCat("train_mnist: error: --timeout_s ", timeout,
@@ -534,6 +549,126 @@ TEST(BadFlags, ExitTwoWithOneLine) {
   ExpectBadFlag(TRAIN_LINEAR, "--gpus=cpu --timeout_s=0", "train_linear: error: --timeout_s 0: ");
   ExpectBadFlag(TRAIN_CIFAR10, "--gpus=cpu --timeout_s=-1", "train_cifar10: error: --timeout_s -1: ");
 }
+
+// Files that are there but unusable are a bad --data_dir naming the file, not a
+// run on generated data that exits 0 (a truncated batch, a missing one, a
+// corrupt label byte).
+TEST(TrainCifar10, DamagedFilesAreABadDataDirNotSynthetic) {
+  constexpr int64_t kRecord = 3073;  // 1 label byte + 3 x 32 x 32 image bytes
+  const std::string dir = MakeTempDir("tandem_apps_cifar");
+  auto write = [&](const std::string& name, int64_t records, uint8_t label) {
+    std::string bytes(static_cast<size_t>(records * kRecord), '\0');
+    for (int64_t r = 0; r < records; ++r) bytes[static_cast<size_t>(r * kRecord)] = static_cast<char>(label);
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  };
+  for (int i = 1; i <= 5; ++i) write(absl::StrCat("data_batch_", i, ".bin"), 4, 3);
+  write("test_batch.bin", 4, 3);
+  const std::string args = absl::StrCat(
+      "--gpus=cpu --epochs=1 --max_steps_per_epoch=1 --batch_size=2 --data_dir=", dir);
+  RunResult good = RunProgram(TRAIN_CIFAR10, args);  // the set itself is usable
+  ASSERT_EQ(good.status, 0) << good.output;
+  EXPECT_NE(good.output.find("CIFAR-10 epoch 1/1"), std::string::npos) << good.output;
+
+  std::filesystem::resize_file(dir + "/data_batch_3.bin", 1000);
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/data_batch_3.bin"));
+  write("data_batch_3.bin", 4, 3);
+  write("test_batch.bin", 4, 200);  // label 200: not a CIFAR-10 class
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/test_batch.bin"));
+  write("test_batch.bin", 4, 3);
+  std::filesystem::remove(dir + "/data_batch_5.bin");
+  ExpectBadFlag(TRAIN_CIFAR10, args,
+                absl::StrCat("train_cifar10: error: --data_dir: ", dir, "/data_batch_5.bin"));
+}
+
+// More --num_workers than the system can start threads for (here: address space
+// for their stacks, capped by ulimit -v) is one error naming the count, not only
+// errno's "Resource temporarily unavailable".
+TEST(TrainCifar10, TooManyWorkersNameTheCount) {
+  RunResult r = RunProgram(absl::StrCat("ulimit -v 2000000; ", TRAIN_CIFAR10),
+                           "--gpus=cpu --epochs=1 --max_steps_per_epoch=1 "
+                           "--synthetic_train_size=64 --synthetic_test_size=16 --num_workers=1000");
+  EXPECT_EQ(r.status, 1) << r.output;
+  ASSERT_FALSE(r.lines().empty()) << r.output;
+  EXPECT_EQ(r.lines().back().rfind("train_cifar10: error: rank 0 (cpu) threw: DataLoader: "
+                                   "num_workers 1000: could not start worker thread ",
+                                   0),
+            0u)
+      << r.output;
+}
+
+#ifdef TANDEM_MPIRUN
+// Writes an MNIST-format dataset of `train` and `test` blank images (raw IDX
+// files, no .gz) into a new directory.
+std::string WriteBlankMnist(const std::string& name, uint32_t train, uint32_t test) {
+  const std::string dir = MakeTempDir(name);
+  auto be32 = [](std::string& out, uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
+  };
+  for (const auto& [prefix, n] : {std::pair<std::string, uint32_t>{"train", train}, {"t10k", test}}) {
+    std::string images, labels;
+    be32(images, 0x803);
+    be32(images, n);
+    be32(images, 28);
+    be32(images, 28);
+    images.append(size_t{n} * 28 * 28, '\0');
+    be32(labels, 0x801);
+    be32(labels, n);
+    labels.append(n, '\0');
+    std::ofstream(dir + "/" + prefix + "-images-idx3-ubyte", std::ios::binary) << images;
+    std::ofstream(dir + "/" + prefix + "-labels-idx1-ubyte", std::ios::binary) << labels;
+  }
+  return dir;
+}
+
+// Two processes whose --data_dir copies hold different numbers of examples would
+// run different numbers of steps and pair unlike collectives (OpenMPI aborted the
+// job in its own cleanup, "free(): invalid size"): they stop at start-up naming
+// both counts, like disagreeing flags.
+TEST(TrainMnistMpi, DataOfOtherSizesOnTwoProcessesStopsAtStartNamingBoth) {
+  const std::string a = WriteBlankMnist("tandem_apps_mnist_a", 64, 16);
+  const std::string b = WriteBlankMnist("tandem_apps_mnist_b", 32, 16);
+  const std::string flags = " --gpus=cpu --nprocs=1 --epochs=1 --batch_size=8 --data_dir=";
+  RunResult r = RunProgram(TANDEM_MPIRUN, absl::StrCat("-np 1 ", TRAIN_MNIST, flags, a, " : -np 1 ",
+                                                       TRAIN_MNIST, flags, b));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("train_mnist: error: the processes of this job disagree: training "
+                          "examples in --data_dir: 64 on host "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(", 32 on host "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("test examples in --data_dir"), std::string::npos) << r.output;
+}
+
+// Paths may differ between processes, but not whether they are given: a
+// --checkpoint_dir on one process only (its saves' collectives unmatched on the
+// other) ended in OpenMPI's MPI_ERR_TRUNCATE abort; a --save_safetensors or
+// --metrics on a process without global rank 0 wrote nothing, exit 0.
+void ExpectOneSidedFlagRefused(const char* program, const std::string& flags,
+                               const std::string& flag) {
+  const std::string name = flag.substr(0, flag.find('='));
+  RunResult r = RunProgram(TANDEM_MPIRUN, absl::StrCat("-np 1 ", program, flags, " : -np 1 ",
+                                                       program, flags, " ", flag));
+  EXPECT_NE(r.status, 0) << flag << "\n" << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat(": error: the processes of this job disagree: ", name,
+                                       ": (off) on host ")),
+            std::string::npos)
+      << flag << "\n" << r.output;
+  EXPECT_NE(r.output.find("(on) on host "), std::string::npos) << flag << "\n" << r.output;
+}
+
+TEST(TrainMnistMpi, AFileFlagOnOneProcessOnlyStopsAtStartNamingIt) {
+  const std::string out = MakeTempDir("tandem_apps_one_side");
+  ExpectOneSidedFlagRefused(TRAIN_LINEAR, " --gpus=cpu --nprocs=1 --steps=4",
+                            "--checkpoint_dir=" + out + "/ck");
+  const std::string mnist = absl::StrCat(" --gpus=cpu --nprocs=1 --epochs=1 --batch_size=8 "
+                                         "--data_dir=", WriteBlankMnist("tandem_apps_mnist", 32, 16));
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--checkpoint_dir=" + out + "/ck");
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--metrics=" + out + "/m.csv");
+  ExpectOneSidedFlagRefused(TRAIN_MNIST, mnist, "--save_safetensors=" + out + "/w.safetensors");
+}
+#endif  // TANDEM_MPIRUN
 
 // --cuda_graph needs one GPU per rank and none of the options a captured step
 // cannot hold: each refusal is exit status 2 and one line naming --cuda_graph and

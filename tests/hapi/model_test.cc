@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -610,6 +611,26 @@ TEST(MetricsTest, PrecisionRecallAndMeanCountByHand) {
   EXPECT_DOUBLE_EQ(recall.value(), 2.0 / 4.0);  // one more false negative
   EXPECT_NEAR(mean.value(), (0.9 + 0.6 + 0.2 + 0.7 + 0.1) / 5, 1e-7);
   EXPECT_THROW(precision.update(out, nn::full({5}, 2.0)), Error);  // not a binary label
+}
+
+// A diverged model's NaN scores are wrong answers: every comparison with NaN
+// is false, so counted as numbers a row of NaN had nothing above its label and
+// scored 100% (train_mnist --lr=inf once reported "best test accuracy 100.00%").
+TEST(MetricsTest, AccuracyCountsNanScoresAsWrong) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const nn::Tensor labels =
+      nn::from_vector(std::vector<int64_t>{0, 1, 2, 2}, {4}, {.dtype = nn::kInt64});
+  // Rows: all NaN; NaN at the label only; NaN above a finite label score; all
+  // numbers, the label's the largest.
+  const nn::Tensor out = nn::from_vector(
+      std::vector<float>{nan, nan, nan, 0.1f, nan, 0.2f, 0.1f, nan, 0.9f, 0.1f, 0.2f, 0.7f},
+      {4, 3});
+  Accuracy top1;
+  Accuracy top2(2);
+  top1.update(out, labels);
+  top2.update(out, labels);
+  EXPECT_DOUBLE_EQ(top1.value(), 1.0 / 4.0);  // only the last row
+  EXPECT_DOUBLE_EQ(top2.value(), 2.0 / 4.0);  // and row 2: only the NaN beats its 0.9
 }
 
 TEST(ModelTest, BadInputsGetOneClearErrorEach) {

@@ -96,6 +96,15 @@ TEST(CheckpointTest, CorruptFilesGiveErrorsNamingFileAndProblem) {
     EXPECT_FALSE(ParseCheckpoint(good.substr(0, n), "x").ok()) << n;
   }
   EXPECT_EQ(LoadCheckpoint("/nonexistent/dir/x.ckpt").status().code(), absl::StatusCode::kNotFound);
+  // A directory under a checkpoint's name says so (an ifstream reads it as empty).
+  const std::string dir = ::testing::TempDir() + "/checkpoint_test_dir.ckpt";
+  std::filesystem::create_directories(dir);
+  const absl::StatusOr<Checkpoint> from_dir = LoadCheckpoint(dir);
+  ASSERT_FALSE(from_dir.ok());
+  EXPECT_EQ(from_dir.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(from_dir.status().message().find(dir + ": is a directory, not a file"), std::string::npos)
+      << from_dir.status();
+  std::filesystem::remove(dir);
 }
 
 TEST(CheckpointTest, SaveIntoMissingDirectoryFails) {

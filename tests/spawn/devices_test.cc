@@ -1,5 +1,6 @@
 #include "spawn/devices.h"
 
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -91,6 +92,12 @@ TEST_F(DevicesTest, InvalidSelectionsNameTheBadTokenAndWhatIsVisible) {
       {"0,1,0,1", 3, 2, true, {"nprocs 3", "ranks on GPUs 0,1,0", "not a mix"}},
       {"1,0,0", -1, 2, true, {"ranks on GPUs 1,0,0", "in-process communicator"}},
       {"cpu", -2, 0, false, {"nprocs -2", "invalid"}},
+      // More rank threads than one process runs: refused before the list is built
+      // (INT_MAX CPU ranks would allocate gigabytes of devices first).
+      {"cpu", 1025, 0, false,
+       {"1025 ranks in one process", "at most 1024 rank threads"}},
+      {"cpu", INT_MAX, 0, false, {"2147483647 ranks in one process"}},
+      {"", INT_MAX, 0, false, {"2147483647 ranks in one process"}},
   };
   for (const Bad& b : cases) {
     absl::StatusOr<std::vector<Device>> got = SelectDevices(b.gpus, b.nprocs, b.visible, b.share);
