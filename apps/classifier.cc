@@ -398,10 +398,10 @@ class ClassifierOutputs : public hapi::Callback {
     const double accuracy = logs.at("eval_acc");
     TrainResult& r = run_->result;
     run_->train_seconds += epoch_train_s_;
-    run_->trained_samples += (k_ - first_k_) * global_batch_;
+    const int64_t trained = SamplesIn(k_) - SamplesIn(first_k_);
+    run_->trained_samples += trained;
     r.best_accuracy = std::max(r.best_accuracy, accuracy);
-    const double rate =
-        static_cast<double>((k_ - first_k_) * global_batch_) / std::max(epoch_train_s_, 1e-9);
+    const double rate = static_cast<double>(trained) / std::max(epoch_train_s_, 1e-9);
     const double wall_s = run_->elapsed_before_s + SecondsSince(run_->start);
     progress_.Clear();
     if (ctx_.rank() == 0) {
@@ -451,6 +451,13 @@ class ClassifierOutputs : public hapi::Callback {
   }
 
  private:
+  // The examples an epoch's first k steps train: whole global batches, the last
+  // step what the epoch has left (with --grad_accum_steps above the epoch's
+  // micro-batches, the one step trains the whole training set).
+  int64_t SamplesIn(int64_t k) const {
+    return std::min(k * global_batch_, static_cast<int64_t>(data_.train->size()));
+  }
+
   // --tensorboard_dir, every --log_every steps and at the epoch's end: every
   // rank's mean loss and step time over the window, gathered; rank 0 writes them.
   void LogTensorBoardWindow(hapi::RunState& s) {
@@ -465,7 +472,8 @@ class ClassifierOutputs : public hapi::Callback {
       tensorboard_->AddScalar("train/loss", loss_mean, s.step);
       tensorboard_->AddScalar("train/learning_rate", s.optimizer->lr(), s.step);
       tensorboard_->AddScalar("train/samples_per_s",
-                              static_cast<double>(tb_window_ * global_batch_) /
+                              static_cast<double>(SamplesIn(k_ + 1) -
+                                                  SamplesIn(k_ + 1 - tb_window_)) /
                                   std::max(SecondsSince(tb_window_start_), 1e-9),
                               s.step);
       for (int r = 0; r < ctx_.world_size(); ++r) {
@@ -482,9 +490,11 @@ class ClassifierOutputs : public hapi::Callback {
   void ShowProgress() {
     const int64_t done = k_ + 1;
     const double elapsed = SecondsSince(epoch_start_);
-    const double rate = static_cast<double>(done * global_batch_) / std::max(elapsed, 1e-9);
-    const double eta =
-        elapsed / static_cast<double>(done) * static_cast<double>(steps_per_epoch_ - done);
+    // Timed from this attempt's first step of the epoch (a resume's first_k_).
+    const double rate =
+        static_cast<double>(SamplesIn(done) - SamplesIn(first_k_)) / std::max(elapsed, 1e-9);
+    const double eta = elapsed / static_cast<double>(done - first_k_) *
+                       static_cast<double>(steps_per_epoch_ - done);
     progress_.Update(epoch_ + 1, done, steps_per_epoch_, window_sum_.item() / window_, rate, eta);
     window_sum_.zero_();
     window_ = 0;
@@ -511,6 +521,7 @@ class ClassifierOutputs : public hapi::Callback {
   int epoch_ = 0;
   Clock::time_point epoch_start_;
   int64_t k_ = 0, first_k_ = 0;
+
   nn::Tensor window_sum_, tb_sum_;
   int64_t window_ = 0, tb_window_ = 0;
   Clock::time_point tb_window_start_, step_start_;

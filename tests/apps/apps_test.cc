@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -166,6 +167,29 @@ TEST(TrainMnist, SmokeRunWritesMetrics) {
   EXPECT_EQ(lines[0], "dataset,epoch,step,loss,accuracy,samples_per_s,wall_s,lr");
   EXPECT_EQ(lines[1].rfind("Fashion-MNIST,1,5,", 0), 0u) << lines[1];
   EXPECT_EQ(lines[2].rfind("Fashion-MNIST,2,10,", 0), 0u) << lines[2];
+}
+
+// samples/s counts the examples trained: with --grad_accum_steps above the
+// epoch's micro-batches the one step trains the 100 examples, not 10 x 10^6 (the
+// rate of whole global batches was then ~10^7 samples/s; 100 examples take far
+// more than the 1 ms that would reach the bound here).
+TEST(TrainMnist, SamplesPerSecondCountsTheExamplesTrained) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "no Fashion-MNIST at " << kFashion;
+  const std::string dir = MakeTempDir("tandem_apps_rate");
+  const std::string metrics = dir + "/m.csv";
+  RunResult r = RunProgram(TRAIN_MNIST, absl::StrCat("--gpus=cpu --epochs=1 --train_limit=100 "
+                                              "--test_limit=100 --batch_size=10 "
+                                              "--grad_accum_steps=1000000 --metrics=",
+                                              metrics));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<std::string> lines = ReadLines(metrics);
+  ASSERT_EQ(lines.size(), 2u) << r.output;
+  const std::vector<std::string> cells = absl::StrSplit(lines[1], ',');
+  ASSERT_EQ(cells.size(), 8u) << lines[1];
+  double rate = 0;
+  ASSERT_TRUE(absl::SimpleAtod(cells[5], &rate)) << lines[1];
+  EXPECT_GT(rate, 0) << lines[1];
+  EXPECT_LT(rate, 1e5) << lines[1];
 }
 
 // --tensorboard_dir on two CPU ranks: one event file (rank 0's), decoded by the
