@@ -52,10 +52,13 @@ class TrainingRestorer {
   std::vector<std::pair<nn::Module*, bool>> flags_;
 };
 
-// "tandem::nn::Conv2dImpl" -> "Conv2d"; namespaces inside template arguments go too.
+// Module::type_name() without "Impl" and without the namespaces it leaves inside
+// template arguments: "Conv2dImpl" -> "Conv2d".
 std::string ShortType(std::string name) {
   const std::string anonymous = "(anonymous namespace)::";
-  for (size_t at; (at = name.find(anonymous)) != std::string::npos;) name.erase(at, anonymous.size());
+  for (size_t at; (at = name.find(anonymous)) != std::string::npos;) {
+    name.erase(at, anonymous.size());
+  }
   for (size_t at; (at = name.find("::")) != std::string::npos;) {
     size_t begin = at;
     while (begin > 0 && (std::isalnum(static_cast<unsigned char>(name[begin - 1])) != 0 ||
@@ -100,6 +103,16 @@ class ShapeRecorder : public nn::ForwardRecorder {
   }
 
   std::vector<SummaryLayer> TakeLayers() { return std::move(layers_); }
+
+  // After a forward threw: " in layer <path> (<type>)" for the innermost call
+  // still open, "" when only the root's was.
+  std::string OpenLayer() const {
+    for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
+      if (*it == kRoot) continue;
+      return absl::StrCat(" in layer ", layers_[*it].name, " (", layers_[*it].type, ")");
+    }
+    return "";
+  }
 
   static int64_t CountElements(const std::vector<nn::Tensor>& tensors) {
     int64_t n = 0;
@@ -240,9 +253,10 @@ absl::StatusOr<ModelSummary> Summary(nn::Module& network, const nn::Shape& input
       s.output_shape = network(x).shape();
     } catch (const std::exception& e) {
       nn::thread_generator() = generator;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hapi::Summary: the forward of ", ShortType(network.type_name()), " on an input of shape ",
-          nn::ShapeToString(input_shape), " failed: ", e.what()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("hapi::Summary: the forward of ", ShortType(network.type_name()),
+                       " on an input of shape ", nn::ShapeToString(input_shape), " failed",
+                       recorder.OpenLayer(), ": ", e.what()));
     }
     nn::thread_generator() = generator;
   }

@@ -59,8 +59,8 @@ struct ModelSummary {
 
 // The summary of `network` for an input of `input_shape` (batch first).
 // InvalidArgument, naming the value: an empty shape or a dimension that is not
-// positive; a forward that throws (the shape does not fit the model), with the
-// layer's message. The model is left as it was in every case.
+// positive; a forward that throws (the shape does not fit the model), naming the
+// innermost layer then running and with its message. The model is left as it was in every case.
 absl::StatusOr<ModelSummary> Summary(nn::Module& network, const nn::Shape& input_shape);
 
 }  // namespace tandem::hapi
