@@ -19,6 +19,7 @@
 #include "apps/models.h"
 #include "data/readers.h"
 #include "data/transforms.h"
+#include "hapi/model.h"
 #include "nn/nn.h"
 
 ABSL_FLAG(int, epochs, 2, "Passes over the training set.");
@@ -81,8 +82,13 @@ int main(int argc, char** argv) {
                             .batch_transform = std::make_shared<tandem::data::ToFloatNormalize>(
                                 1.0 / 255, std::vector<double>{0.2860}, std::vector<double>{0.3530}),
                             .name = fashion ? "Fashion-MNIST" : "MNIST-format"};
-  return apps::RunClassifier(flags, data, apps::MakeLeNet,
-                             {absl::StrCat("data dir=", flags.data_dir),
-                              "model=LeNet: conv5x5(20)+ReLU, maxpool2, conv5x5(20)+ReLU, "
-                              "maxpool2, fc(980->10)"});
+  // The parameter count from hapi::Summary (a LeNet built here, the thread's generator put back).
+  absl::StatusOr<tandem::hapi::ModelSummary> summary =
+      tandem::hapi::Model(apps::MakeLeNet).summary({1, 1, 28, 28});
+  return apps::RunClassifier(
+      flags, data, apps::MakeLeNet,
+      {absl::StrCat("data dir=", flags.data_dir),
+       absl::StrCat("model=LeNet: conv5x5(20)+ReLU, maxpool2, conv5x5(20)+ReLU, maxpool2, "
+                    "fc(980->10)",
+                    summary.ok() ? absl::StrCat("; ", summary->total_params, " parameters") : "")});
 }

@@ -14,6 +14,7 @@
 #include "nn/graph.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/random.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
 #include "optim/clip_grad.h"
@@ -921,6 +922,14 @@ absl::Status Model::Materialize() {
 absl::StatusOr<nn::StateDict> Model::state_dict() {
   RETURN_IF_ERROR(Materialize());
   return weights_;
+}
+
+absl::StatusOr<ModelSummary> Model::summary(const nn::Shape& input_shape) {
+  const nn::Generator generator = nn::thread_generator();
+  std::shared_ptr<nn::Module> net = network_();
+  nn::thread_generator() = generator;
+  if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
+  return Summary(*net, input_shape);
 }
 
 }  // namespace tandem::hapi

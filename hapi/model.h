@@ -64,6 +64,7 @@
 #include "data/transforms.h"
 #include "hapi/callbacks.h"
 #include "hapi/metrics.h"
+#include "hapi/summary.h"
 #include "nn/module.h"
 #include "nn/tensor.h"
 #include "optim/optimizer.h"
@@ -284,6 +285,12 @@ class Model {
   // state_dict() and save() build one on the calling thread and keep its
   // weights: every later call starts from them.
   absl::StatusOr<nn::StateDict> state_dict();
+
+  // The network's layers, output shapes and parameter counts for an input of
+  // `input_shape`, batch first (hapi/summary.h), from a network the factory
+  // builds on the calling thread's device (the CPU from main), not kept; the
+  // thread's generator is put back after the factory. Needs no prepare().
+  absl::StatusOr<ModelSummary> summary(const nn::Shape& input_shape);
 
   const LaunchOptions& launch_options() const { return launch_; }
 

@@ -145,8 +145,10 @@ Tensor SequentialImpl::forward(const Tensor& x) {
   for (size_t i = 0; i < modules_.size(); ++i) {
     // Exact types only: a subclass may override forward.
     // Conv2d, ReLU [, MaxPool2d]: one fused op (conv.h), the same bits.
+    // Unfused while a ForwardRecorder watches, so that each layer reports its output.
     const Module& m = *modules_[i];
-    if (typeid(m) == typeid(Conv2dImpl) && i + 1 < modules_.size() &&
+    if (internal::forward_recorder == nullptr && typeid(m) == typeid(Conv2dImpl) &&
+        i + 1 < modules_.size() &&
         typeid(*modules_[i + 1]) == typeid(ReLUImpl)) {
       auto& conv = static_cast<Conv2dImpl&>(*modules_[i]);
       if (i + 2 < modules_.size() && typeid(*modules_[i + 2]) == typeid(MaxPool2dImpl)) {
@@ -158,7 +160,7 @@ Tensor SequentialImpl::forward(const Tensor& x) {
       }
       continue;
     }
-    y = modules_[i]->forward(y);
+    y = (*modules_[i])(y);
   }
   return y;
 }

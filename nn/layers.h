@@ -179,7 +179,8 @@ void AddMissingBatchCounts(const Module& model, StateDict& state);
 // Chains its children: forward(x) = m_k(...m_1(m_0(x))). Children are named
 // "0", "1", ... in order. A Conv2d directly followed by a ReLU (exactly these
 // classes, not subclasses) runs as one op, Conv2dImpl::forward_relu: the same
-// values and gradients; on the CPU's oneDNN JIT kernels one pass over y fewer.
+// values and gradients; on the CPU's oneDNN JIT kernels one pass over y fewer
+// (not while a ForwardRecorder is installed: then each child is called alone).
 class SequentialImpl : public Module {
  public:
   SequentialImpl() = default;

@@ -18,6 +18,13 @@
 //
 // Thread-safety: a Module is not synchronised; build, move and train it on one
 // thread (each rank owns its own copy of the model).
+//
+// Recording calls: while a ForwardRecorder is installed on a thread
+// (ForwardRecordScope), every module call through Module::operator() or a holder's
+// operator() on that thread reports Enter before forward and Exit with the output
+// after it (a call that throws reports no Exit); a direct call of forward() is not
+// seen. hapi::Summary uses it for each layer's output shape. Without one a call
+// costs one thread-local read more.
 #ifndef TANDEM_NN_MODULE_H_
 #define TANDEM_NN_MODULE_H_
 
@@ -41,6 +48,36 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 using StateDict = NamedTensors;
 
 class ModuleHolderBase;
+class Module;
+
+// Observes module calls on one thread (see the file comment). Not owned by the scope.
+class ForwardRecorder {
+ public:
+  virtual ~ForwardRecorder() = default;
+  virtual void Enter(const Module& module) = 0;
+  virtual void Exit(const Module& module, const Tensor& output) = 0;
+};
+
+namespace internal {
+// The calling thread's recorder; null (the usual case) records nothing.
+inline thread_local ForwardRecorder* forward_recorder = nullptr;
+}  // namespace internal
+
+// Installs `recorder` on the calling thread for the scope's life, then puts back
+// the one before (scopes nest).
+class ForwardRecordScope {
+ public:
+  explicit ForwardRecordScope(ForwardRecorder* recorder)
+      : previous_(internal::forward_recorder) {
+    internal::forward_recorder = recorder;
+  }
+  ~ForwardRecordScope() { internal::forward_recorder = previous_; }
+  ForwardRecordScope(const ForwardRecordScope&) = delete;
+  ForwardRecordScope& operator=(const ForwardRecordScope&) = delete;
+
+ private:
+  ForwardRecorder* previous_;
+};
 
 class Module {
  public:
@@ -53,7 +90,15 @@ class Module {
   // Computes the module's output. The default throws tandem::Error naming the
   // module's type: a module that is only a container need not define it.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x), reported to the thread's ForwardRecorder when one is installed.
+  Tensor operator()(const Tensor& x) {
+    ForwardRecorder* recorder = internal::forward_recorder;
+    if (recorder == nullptr) [[likely]] return forward(x);
+    recorder->Enter(*this);
+    Tensor y = forward(x);
+    recorder->Exit(*this, y);
+    return y;
+  }
 
   // The module's C++ type name ("LinearImpl", "LinearNet"), for messages.
   std::string type_name() const;
@@ -180,10 +225,16 @@ class ModuleHolder : public ModuleHolderBase {
   bool is_empty() const { return impl_ == nullptr; }
 
   // Calls the module's forward with `args` (one tensor for layers; prediction and
-  // target for losses).
+  // target for losses), reported to the thread's ForwardRecorder when one is installed.
   template <typename... Args>
   Tensor operator()(Args&&... args) const {
-    return get()->forward(std::forward<Args>(args)...);
+    Impl* module = get();
+    ForwardRecorder* recorder = internal::forward_recorder;
+    if (recorder == nullptr) [[likely]] return module->forward(std::forward<Args>(args)...);
+    recorder->Enter(*module);
+    Tensor y = module->forward(std::forward<Args>(args)...);
+    recorder->Exit(*module, y);
+    return y;
   }
 
  private:

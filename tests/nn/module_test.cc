@@ -425,5 +425,59 @@ TEST(LayersTest, LossModules) {
   EXPECT_NEAR(mse(pred, zeros({2, 2})).item(), (1 + 4 + 9 + 16) / 4.0, 1e-6);
 }
 
+// Records (type, depth of open calls) at Enter and the output shape at Exit.
+struct CallLog : ForwardRecorder {
+  void Enter(const Module& module) override {
+    entered.push_back(module.type_name() + "@" + std::to_string(open++));
+  }
+  void Exit(const Module& module, const Tensor& output) override {
+    --open;
+    exited.push_back(module.type_name() + ShapeToString(output.shape()));
+  }
+  std::vector<std::string> entered, exited;
+  int open = 0;
+};
+
+TEST(ForwardRecorderTest, SeesEachLayerOfASequentialUnfusedWithTheSameValues) {
+  manual_seed(5);
+  Sequential net({Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten()});
+  const Tensor x = randn({1, 1, 6, 6});
+  const std::vector<float> fused = net(x).to_vector<float>();  // conv+ReLU+pool as one op
+  CallLog log;
+  std::vector<float> recorded;
+  {
+    ForwardRecordScope scope(&log);
+    recorded = net(x).to_vector<float>();
+  }
+  EXPECT_EQ(recorded, fused);
+  EXPECT_EQ(log.entered,
+            (std::vector<std::string>{"SequentialImpl@0", "Conv2dImpl@1",
+                                      "ReLUImpl@1", "MaxPool2dImpl@1",
+                                      "FlattenImpl@1"}));
+  EXPECT_EQ(log.exited, (std::vector<std::string>{
+                            "Conv2dImpl(1, 2, 4, 4)", "ReLUImpl(1, 2, 4, 4)",
+                            "MaxPool2dImpl(1, 2, 2, 2)",
+                            "FlattenImpl(1, 8)", "SequentialImpl(1, 8)"}));
+  // The scope put back "none": later calls are not seen.
+  EXPECT_EQ(internal::forward_recorder, nullptr);
+  net(x);
+  EXPECT_EQ(log.exited.size(), 5u);
+}
+
+TEST(ForwardRecorderTest, ScopesNest) {
+  CallLog outer, inner;
+  ReLU relu;
+  {
+    ForwardRecordScope a(&outer);
+    {
+      ForwardRecordScope b(&inner);
+      relu(zeros({2}));
+    }
+    relu(zeros({3}));
+  }
+  EXPECT_EQ(inner.exited, (std::vector<std::string>{"ReLUImpl(2)"}));
+  EXPECT_EQ(outer.exited, (std::vector<std::string>{"ReLUImpl(3)"}));
+}
+
 }  // namespace
 }  // namespace tandem::nn
