@@ -21,11 +21,7 @@
 namespace tandem::hapi {
 namespace {
 
-struct Net : nn::Module {
-  Net() : l1(register_module("l1", nn::Linear(4, 8))), l2(register_module("l2", nn::Linear(8, 3))) {}
-  nn::Tensor forward(const nn::Tensor& x) override { return l2(nn::relu(l1(x))); }
-  nn::Linear l1, l2;
-};
+using Net = ::tandem::testing::TwoLayerNet;
 
 // fit with evaluation every epoch and a checkpoint every 2 steps, inside a
 // rank's function; each step is reported to the StepLog.
