@@ -171,7 +171,11 @@ void DataLoader::StartWorkers() {
     } catch (const std::system_error& e) {
       // The system's thread limit or memory for stacks: name the count, not
       // only errno's text ("Resource temporarily unavailable").
+      // No pass is running: the next next() starts the same pass again (and
+      // fails alike) rather than waiting for batches no worker would build.
       StopWorkers();
+      sampler_->set_state(pass_start_);
+      started_ = false;
       ::tandem::Fail("DataLoader: num_workers ", options_.num_workers,
                      ": could not start worker thread ", i + 1, ": ", e.what(),
                      " (too many threads for this system: use fewer workers)");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,7 +81,7 @@ class ShapeRecorder : public nn::ForwardRecorder {
 
   void Enter(const nn::Module& module) override {
     if (&module == &root_) {
-      open_.push_back(kRoot);
+      open_.push_back({kRoot, &module});
       return;
     }
     SummaryLayer layer;
@@ -91,25 +92,40 @@ class ShapeRecorder : public nn::ForwardRecorder {
     layer.type = ShortType(module.type_name());
     layer.has_children = !module.named_children().empty();
     layer.params = CountElements(module.parameters());
-    open_.push_back(layers_.size());
+    open_.push_back({layers_.size(), &module});
     layers_.push_back(std::move(layer));
+    ended_.push_back(false);
   }
 
-  void Exit(const nn::Module& /*module*/, const nn::Tensor& output) override {
-    if (open_.empty()) return;
-    const size_t row = open_.back();
-    open_.pop_back();
-    if (row != kRoot) layers_[row].output_shape = output.shape();
+  // The innermost open call of `module`: the calls still open inside it threw
+  // (a throw reports no Exit) and their callers caught it; they are dropped.
+  void Exit(const nn::Module& module, const nn::Tensor& output) override {
+    auto it = std::find_if(open_.rbegin(), open_.rend(),
+                           [&](const OpenCall& call) { return call.module == &module; });
+    if (it == open_.rend()) return;
+    const size_t row = it->row;
+    open_.erase(std::prev(it.base()), open_.end());
+    if (row == kRoot) return;
+    layers_[row].output_shape = output.shape();
+    ended_[row] = true;
   }
 
-  std::vector<SummaryLayer> TakeLayers() { return std::move(layers_); }
+  // The rows whose call ended (those that threw and were caught are left out).
+  std::vector<SummaryLayer> TakeLayers() {
+    std::vector<SummaryLayer> ended;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (ended_[i]) ended.push_back(std::move(layers_[i]));
+    }
+    layers_.clear();
+    return ended;
+  }
 
   // After a forward threw: " in layer <path> (<type>)" for the innermost call
   // still open, "" when only the root's was.
   std::string OpenLayer() const {
     for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
-      if (*it == kRoot) continue;
-      return absl::StrCat(" in layer ", layers_[*it].name, " (", layers_[*it].type, ")");
+      if (it->row == kRoot) continue;
+      return absl::StrCat(" in layer ", layers_[it->row].name, " (", layers_[it->row].type, ")");
     }
     return "";
   }
@@ -125,15 +141,21 @@ class ShapeRecorder : public nn::ForwardRecorder {
 
   int CallerDepth() const {
     for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
-      if (*it != kRoot) return layers_[*it].depth;
+      if (it->row != kRoot) return layers_[it->row].depth;
     }
     return 0;
   }
 
   const nn::Module& root_;
   const std::unordered_map<const nn::Module*, Place>& places_;
+  struct OpenCall {
+    size_t row;  // kRoot for the root's call
+    const nn::Module* module;
+  };
+
   std::vector<SummaryLayer> layers_;
-  std::vector<size_t> open_;  // rows whose forward has begun and not ended
+  std::vector<bool> ended_;     // per row: its call reported Exit
+  std::vector<OpenCall> open_;  // calls whose forward has begun and not ended
 };
 
 std::string Grouped(int64_t n) {

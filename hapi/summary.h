@@ -17,7 +17,9 @@
 // when it is called through its holder or Module::operator() (every layer of
 // nn::Sequential and of models written as the README's are); a child whose
 // forward() is called directly is not listed, though its parameters count in the
-// totals. The root module is not a row; its output is `output_shape`.
+// totals. The root module is not a row; its output is `output_shape`. A call that
+// threw and was caught by its caller (a layer trying one child, then another) is
+// not a row either.
 //
 // Thread-safety: call it on the thread that owns the model (a rank's thread, or
 // main for a model on the CPU), as any forward.
@@ -46,7 +48,7 @@ struct SummaryLayer {
 };
 
 struct ModelSummary {
-  std::vector<SummaryLayer> layers;  // in the order their forward began
+  std::vector<SummaryLayer> layers;  // in the order their forward began (calls that ended)
   nn::Shape input_shape;
   nn::Shape output_shape;            // the root's output
   // Module::parameters() (a shared tensor once): trainable ones require grad.

@@ -26,6 +26,8 @@
 // rank's had not (the ranks
 // disagree on the steps to run: a program error, which the watchdog fails at
 // once when a peer waits in a collective the returned rank never entered); a
+// collective's timeout after every rank's function returned OK (a collective
+// that some rank never entered, left in flight); a
 // rank that left its
 // function more than timeout_s after the stop (it was outside any abortable
 // wait); every other failure of the watchdog's own (threads that do not

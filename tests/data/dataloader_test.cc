@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <chrono>
 #include <optional>
 #include <set>
@@ -125,6 +130,59 @@ TEST(DataLoaderTest, DestructionMidEpochStopsWorkersPromptly) {
   const int64_t calls = dataset->calls();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(dataset->calls(), calls);  // nothing runs after the destructor returned
+}
+
+#if defined(__has_feature)
+#define TANDEM_TEST_CLANG_SANITIZER \
+  (__has_feature(thread_sanitizer) || __has_feature(address_sanitizer))
+#else
+#define TANDEM_TEST_CLANG_SANITIZER 0
+#endif
+
+// In a child process: exits 0 when both calls fail naming the count.
+[[noreturn]] void StartTooManyWorkersTwice() {
+  alarm(10);  // a hang ends the child by SIGALRM, not with status 0
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  statm >> pages;
+  const rlim_t limit = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (256 << 20);
+  const rlimit cap{limit, limit};
+  if (setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(3);
+  auto dataset = std::make_shared<CountingDataset>(64);
+  auto sampler = std::make_shared<SimpleBatchSampler>(
+      std::make_shared<SequentialSampler>(64), 8, false);
+  DataLoader loader(dataset, sampler, {.num_workers = 1000});
+  const SamplerState before = loader.get_state();
+  for (int call = 0; call < 2; ++call) {
+    try {
+      (void)loader.next();
+      std::_Exit(4);  // 1000 stacks fit in 256 MiB more
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("num_workers 1000: could not start worker thread") ==
+          std::string::npos) {
+        std::_Exit(5);
+      }
+    }
+    // The pass that could not start is still the next one.
+    const SamplerState after = loader.get_state();
+    if (after.epoch != before.epoch || after.position != before.position) std::_Exit(6);
+  }
+  std::_Exit(0);
+}
+
+// Workers that cannot all start (here: address space for their stacks, capped
+// by RLIMIT_AS in a child process): the error names the count, the threads
+// already started are stopped, and a later next() tries again and fails the
+// same way instead of waiting for batches no worker will build.
+TEST(DataLoaderTest, WorkersThatCannotStartFailEachCallWithoutAHang) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || TANDEM_TEST_CLANG_SANITIZER
+  GTEST_SKIP() << "an address-space limit and a sanitizer's shadow memory do not mix";
+#else
+  const std::string style = ::testing::FLAGS_gtest_death_test_style;
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";  // a child without the others' threads
+  EXPECT_EXIT(StartTooManyWorkersTwice(), ::testing::ExitedWithCode(0), "");
+  ::testing::FLAGS_gtest_death_test_style = style;
+#endif
 }
 
 TEST(DataLoaderTest, StateResumesWhereTheCallerWas) {

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "apps/models.h"
 #include "gtest/gtest.h"
 #include "hapi/model.h"
+#include "nn/error.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/random.h"
@@ -187,6 +189,44 @@ TEST(SummaryTest, RefusesBadShapesNamingThem) {
       << wrong.status();
   EXPECT_TRUE(net->is_training());
   EXPECT_EQ(nn::internal::forward_recorder, nullptr);
+}
+
+// A layer that tries one child and, when it throws, another: the call that
+// threw reported no Exit. Its row is left out, and the rows after it still get
+// their own shapes (the outer layer's output is not given to the failed child).
+struct TryThenFallBack : nn::Module {
+  TryThenFallBack()
+      : narrow(register_module("narrow", nn::Linear(3, 4))),
+        wide(register_module("wide", nn::Linear(5, 6))) {}
+  nn::Tensor forward(const nn::Tensor& x) override {
+    try {
+      return narrow(x);
+    } catch (const Error&) {
+      return wide(x);
+    }
+  }
+  nn::Linear narrow, wide;
+};
+
+struct FallBackNet : nn::Module {
+  FallBackNet()
+      : block(register_module("block", std::make_shared<TryThenFallBack>())),
+        head(register_module("head", nn::Linear(6, 2))) {}
+  nn::Tensor forward(const nn::Tensor& x) override { return head((*block)(x)); }
+  std::shared_ptr<TryThenFallBack> block;
+  nn::Linear head;
+};
+
+TEST(SummaryTest, ACallThatThrewAndWasCaughtLeavesNoRowAndShiftsNoShape) {
+  FallBackNet net;
+  absl::StatusOr<ModelSummary> s = Summary(net, {2, 5});
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<std::string> rows;
+  for (const SummaryLayer& layer : s->layers) {
+    rows.push_back(absl::StrCat(layer.name, " ", nn::ShapeToString(layer.output_shape)));
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"block (2, 6)", "block.wide (2, 6)", "head (2, 2)"}))
+      << s->table;
 }
 
 TEST(SummaryTest, ModelSummaryBuildsFromTheFactoryAndPutsTheGeneratorBack) {

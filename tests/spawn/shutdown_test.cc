@@ -246,6 +246,37 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsTimedOut) {
   EXPECT_LT(seconds_, 15.0);
 }
 
+// The same uneven collectives under a restart policy: every rank returned, but
+// rank 0 entered a collective rank 1 never did. That timeout is a program error
+// (the ranks ran different steps), not a hang to restart: a new attempt would
+// run the same steps and time out again.
+TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsNotRestarted) {
+  options_.timeout_s = 0.5;
+  options_.restart.max_restarts = 2;
+  std::atomic<int> calls{0};
+  absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
+    if (ctx.rank() == 0) calls.fetch_add(1);
+    Tensor x = nn::ones({4});
+    ctx.communicator().all_reduce(x);
+    if (ctx.rank() == 0) {
+      thread_local std::shared_ptr<Work> extra;
+      thread_local TeardownProbe probe;
+      static std::atomic<int> aborted_at_start{-1}, synced{-1};
+      probe.comm = &Fake(ctx);
+      probe.aborted_at_start = &aborted_at_start;
+      probe.synced = &synced;
+      extra = ctx.communicator().all_reduce_async(x);  // rank 1 never joins it
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(calls.load(), 1) << console_.str();
+  EXPECT_TRUE(Logged("spawn: not restarting: a collective timed out after every rank's "
+                     "function had returned"))
+      << console_.str();
+  EXPECT_FALSE(Logged("spawn: restart 1")) << console_.str();
+}
+
 // Device work the trace does not show (a graph replayed once more on one rank,
 // untracked) keeps rank 0's thread in its teardown after every rank returned.
 // The watchdog lives until the joins: timeout_s after the last return it fails
