@@ -926,7 +926,14 @@ absl::StatusOr<nn::StateDict> Model::state_dict() {
 
 absl::StatusOr<ModelSummary> Model::summary(const nn::Shape& input_shape) {
   const nn::Generator generator = nn::thread_generator();
-  std::shared_ptr<nn::Module> net = network_();
+  std::shared_ptr<nn::Module> net;
+  try {
+    net = network_();
+  } catch (const std::exception& e) {
+    nn::thread_generator() = generator;
+    return absl::InvalidArgumentError(
+        absl::StrCat("hapi::Model::summary: the network factory threw: ", e.what()));
+  }
   nn::thread_generator() = generator;
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
   return Summary(*net, input_shape);

@@ -240,5 +240,22 @@ TEST(SummaryTest, ModelSummaryBuildsFromTheFactoryAndPutsTheGeneratorBack) {
   EXPECT_EQ(s->layers.back().output_shape, (nn::Shape{1, 10}));
 }
 
+// A factory that throws after drawing: a status naming its message, and the
+// generator as it was.
+TEST(SummaryTest, ModelSummaryOfAThrowingFactoryIsAStatusAndPutsTheGeneratorBack) {
+  Model model([]() -> std::shared_ptr<nn::Module> {
+    auto net = apps::MakeLeNet();
+    throw Error("no such layer width 0");
+  });
+  nn::manual_seed(3);
+  const uint64_t offset_before = nn::thread_generator().offset;
+  absl::StatusOr<ModelSummary> s = model.summary({1, 1, 28, 28});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("the network factory threw: no such layer width 0"),
+            std::string::npos)
+      << s.status();
+  EXPECT_EQ(nn::thread_generator().offset, offset_before);
+}
+
 }  // namespace
 }  // namespace tandem::hapi
