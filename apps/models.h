@@ -1,4 +1,7 @@
-// The models the programs train and the benchmarks (bench/) time.
+// tandem's model definitions, as torchvision.models and paddle.vision.models give
+// theirs: the models the programs train and the benchmarks (bench/) time. They
+// are part of the installed package: link tandem::models (find_package(tandem))
+// and #include "apps/models.h".
 // Each builds a new model on nn::current_device(), initialised from the calling
 // thread's generator (seed it first with nn::manual_seed for a reproducible one).
 //

@@ -3,7 +3,8 @@
 #   install  `cmake --install` of the build into a staged prefix; fails when a file
 #            lands outside the prefix. Writes the installed headers' list.
 #   example  configures, builds and runs consumer/ against that prefix, with
-#            GoogleTest's find disabled (the core package must not need it).
+#            GoogleTest's find disabled (the core package must not need it): two
+#            ranks training, a fault, a hapi fit, LeNet and ResNet-18 (tandem::models).
 #   testing  configures, builds and runs testing_consumer/: a user's GoogleTest
 #            tests of a training function through tandem::testing_gtest.
 #   headers  configures and builds headers/: every installed header compiled alone.
@@ -92,6 +93,7 @@ elseif(STEP STREQUAL "example")
   run("${WORK_DIR}/example/train_two_ranks")
   run("${WORK_DIR}/example/fault_check")
   run("${WORK_DIR}/example/fit_circle")
+  run("${WORK_DIR}/example/models_check")
 elseif(STEP STREQUAL "testing")
   build_outside("${CMAKE_CURRENT_LIST_DIR}/testing_consumer" "${WORK_DIR}/testing")
   run("${WORK_DIR}/testing/trainer_test")
