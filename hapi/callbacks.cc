@@ -146,7 +146,9 @@ void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
   const std::optional<double> monitored = Monitored("EarlyStopping", monitor_, s, logs);
   if (!monitored.has_value()) return;
   const double value = *monitored;
-  if (!have_best_ || Improves(value, best_, maximize_, min_delta_)) {
+  // A NaN never improves, not even as the first value (Keras starts from an
+  // infinite best): the finite values after it are compared with each other.
+  if (have_best_ ? Improves(value, best_, maximize_, min_delta_) : !std::isnan(value)) {
     best_ = value;
     have_best_ = true;
     wait_ = 0;
@@ -415,7 +417,7 @@ void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
   const std::optional<double> value =
       monitor_.empty() ? std::nullopt : Monitored("ModelCheckpoint", monitor_, s, logs);
   if (value.has_value()) {
-    const bool better = !have_best_ || Improves(*value, best_, maximize_, 0);
+    const bool better = have_best_ ? Improves(*value, best_, maximize_, 0) : !std::isnan(*value);
     if (better) {
       best_ = *value;
       have_best_ = true;

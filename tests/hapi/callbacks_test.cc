@@ -380,6 +380,32 @@ TEST(CallbacksTest, ReduceLROnPlateauMatchesKerasOnImprovingValues) {
   near(lrs, {0.1, 0.1, 0.1, 0.1, 0.1, 0.05});
 }
 
+// EarlyStopping and ModelCheckpoint: a NaN first value is no best (as Keras',
+// whose best starts infinite); before, it became the best, no finite value
+// improved on it, and EarlyStopping stopped after patience epochs of progress
+// while ModelCheckpoint never saved a better model.
+TEST(CallbacksTest, ANanFirstValueIsNoBestForEarlyStoppingAndModelCheckpoint) {
+  RunState s;
+  EarlyStopping stopping("loss", 1);
+  stopping.on_train_begin(s);
+  for (double v : {std::nan(""), 1.0, 0.9, 0.8, 0.7}) {
+    stopping.on_epoch_end(s, {{"loss", v}});
+    EXPECT_FALSE(s.stop_training) << "after " << v;
+  }
+  const std::string dir = ::testing::TempDir() + "/hapi_nan_best";
+  ModelCheckpoint checkpoint(dir, 0, "loss");
+  checkpoint.on_train_begin(s);
+  CheckpointExtra extra;
+  checkpoint.on_epoch_end(s, {{"loss", std::nan("")}});
+  checkpoint.on_checkpoint_save(s, extra);
+  EXPECT_EQ(std::get<int64_t>(extra.at("hapi.ModelCheckpoint.loss.have_best")), 0);
+  checkpoint.on_epoch_end(s, {{"loss", 2.0}});
+  checkpoint.on_epoch_end(s, {{"loss", 1.5}});
+  checkpoint.on_checkpoint_save(s, extra);
+  EXPECT_EQ(std::get<int64_t>(extra.at("hapi.ModelCheckpoint.loss.have_best")), 1);
+  EXPECT_EQ(std::get<double>(extra.at("hapi.ModelCheckpoint.loss.best")), 1.5);
+}
+
 // The 2-norm of the change of every parameter between two state dicts.
 double ChangeNorm(const nn::StateDict& before, const nn::StateDict& after) {
   double sum = 0;
