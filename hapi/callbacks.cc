@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 #include <variant>
@@ -49,8 +50,51 @@ void SaveWeights(const std::string& path, const nn::Module& network) {
   TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
 }
 
-bool Improves(double value, double best, bool maximize, double min_delta) {
-  return maximize ? value > best + min_delta : value < best - min_delta;
+// The monitoring callbacks' rule: true, with best set to value, when value
+// improves on best by more than min_delta. A NaN never improves, not even as
+// the first value (Keras starts from an infinite best; a NaN best would stop
+// every later value from improving).
+bool Improve(double value, bool maximize, double min_delta, double& best, bool& have_best) {
+  const bool better = have_best ? (maximize ? value > best + min_delta : value < best - min_delta)
+                                : !std::isnan(value);
+  if (better) {
+    best = value;
+    have_best = true;
+  }
+  return better;
+}
+
+// A monitoring callback's entries in checkpoints and snapshots:
+// "<key>best", "<key>have_best" and an integer "<key><name>" per counter.
+void SaveMonitorState(CheckpointExtra& extra, const std::string& key, double best, bool have_best,
+                      std::initializer_list<std::pair<const char*, int>> counters) {
+  extra[key + "best"] = best;
+  extra[key + "have_best"] = int64_t{have_best ? 1 : 0};
+  for (const auto& [name, value] : counters) extra[key + name] = int64_t{value};
+}
+
+// Reads what SaveMonitorState wrote; false (nothing read) when an entry is
+// missing, an error naming the file when one has the wrong type.
+bool LoadMonitorState(const ResumeInfo& info, const char* who, const std::string& key,
+                      double& best, bool& have_best,
+                      std::initializer_list<std::pair<const char*, int*>> counters) {
+  auto best_it = info.extra.find(key + "best");
+  auto have_it = info.extra.find(key + "have_best");
+  if (best_it == info.extra.end() || have_it == info.extra.end()) return false;
+  bool types = std::holds_alternative<double>(best_it->second) &&
+               std::holds_alternative<int64_t>(have_it->second);
+  for (const auto& [name, value] : counters) {
+    auto it = info.extra.find(key + name);
+    if (it == info.extra.end()) return false;
+    types = types && std::holds_alternative<int64_t>(it->second);
+  }
+  TANDEM_CHECK(types, who, ": ", info.path, ": the entries ", key, "* have the wrong types");
+  best = std::get<double>(best_it->second);
+  have_best = std::get<int64_t>(have_it->second) != 0;
+  for (const auto& [name, value] : counters) {
+    *value = static_cast<int>(std::get<int64_t>(info.extra.at(key + name)));
+  }
+  return true;
 }
 
 }  // namespace
@@ -120,37 +164,21 @@ void EarlyStopping::on_train_begin(RunState&) {
 }
 
 void EarlyStopping::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
-  const std::string key = absl::StrCat("hapi.EarlyStopping.", monitor_, ".");
-  extra[key + "best"] = best_;
-  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
-  extra[key + "wait"] = int64_t{wait_};
+  SaveMonitorState(extra, absl::StrCat("hapi.EarlyStopping.", monitor_, "."), best_, have_best_,
+                   {{"wait", wait_}});
 }
 
 void EarlyStopping::on_checkpoint_load(RunState&, const ResumeInfo& info) {
-  const std::string key = absl::StrCat("hapi.EarlyStopping.", monitor_, ".");
-  auto best = info.extra.find(key + "best");
-  auto have = info.extra.find(key + "have_best");
-  auto wait = info.extra.find(key + "wait");
-  if (best == info.extra.end() || have == info.extra.end() || wait == info.extra.end()) return;
-  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
-                   std::holds_alternative<int64_t>(have->second) &&
-                   std::holds_alternative<int64_t>(wait->second),
-               "EarlyStopping: ", info.path, ": the entries ", key, "* have the wrong types");
-  best_ = std::get<double>(best->second);
-  have_best_ = std::get<int64_t>(have->second) != 0;
-  wait_ = static_cast<int>(std::get<int64_t>(wait->second));
-  loaded_ = true;
+  if (LoadMonitorState(info, "EarlyStopping", absl::StrCat("hapi.EarlyStopping.", monitor_, "."),
+                       best_, have_best_, {{"wait", &wait_}})) {
+    loaded_ = true;
+  }
 }
 
 void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
   const std::optional<double> monitored = Monitored("EarlyStopping", monitor_, s, logs);
   if (!monitored.has_value()) return;
-  const double value = *monitored;
-  // A NaN never improves, not even as the first value (Keras starts from an
-  // infinite best): the finite values after it are compared with each other.
-  if (have_best_ ? Improves(value, best_, maximize_, min_delta_) : !std::isnan(value)) {
-    best_ = value;
-    have_best_ = true;
+  if (Improve(*monitored, maximize_, min_delta_, best_, have_best_)) {
     wait_ = 0;
     return;
   }
@@ -235,11 +263,7 @@ void ReduceLROnPlateau::on_epoch_end(RunState& s, const Logs& logs) {
     --cooldown_left_;
     wait_ = 0;
   }
-  // As Keras' best of +-inf: a first value of NaN does not improve on it (a
-  // NaN best would stop every later value from improving).
-  if (have_best_ ? Improves(*value, best_, maximize_, min_delta_) : !std::isnan(*value)) {
-    best_ = *value;
-    have_best_ = true;
+  if (Improve(*value, maximize_, min_delta_, best_, have_best_)) {
     wait_ = 0;
     return;
   }
@@ -261,32 +285,16 @@ void ReduceLROnPlateau::on_epoch_end(RunState& s, const Logs& logs) {
 }
 
 void ReduceLROnPlateau::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
-  const std::string key = absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, ".");
-  extra[key + "best"] = best_;
-  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
-  extra[key + "wait"] = int64_t{wait_};
-  extra[key + "cooldown_left"] = int64_t{cooldown_left_};
+  SaveMonitorState(extra, absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, "."), best_,
+                   have_best_, {{"wait", wait_}, {"cooldown_left", cooldown_left_}});
 }
 
 void ReduceLROnPlateau::on_checkpoint_load(RunState&, const ResumeInfo& info) {
-  const std::string key = absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, ".");
-  auto best = info.extra.find(key + "best");
-  auto have = info.extra.find(key + "have_best");
-  auto wait = info.extra.find(key + "wait");
-  auto cooldown = info.extra.find(key + "cooldown_left");
-  if (best == info.extra.end() || have == info.extra.end() || wait == info.extra.end() ||
-      cooldown == info.extra.end())
-    return;
-  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
-                   std::holds_alternative<int64_t>(have->second) &&
-                   std::holds_alternative<int64_t>(wait->second) &&
-                   std::holds_alternative<int64_t>(cooldown->second),
-               "ReduceLROnPlateau: ", info.path, ": the entries ", key, "* have the wrong types");
-  best_ = std::get<double>(best->second);
-  have_best_ = std::get<int64_t>(have->second) != 0;
-  wait_ = static_cast<int>(std::get<int64_t>(wait->second));
-  cooldown_left_ = static_cast<int>(std::get<int64_t>(cooldown->second));
-  loaded_ = true;
+  if (LoadMonitorState(info, "ReduceLROnPlateau",
+                       absl::StrCat("hapi.ReduceLROnPlateau.", monitor_, "."), best_, have_best_,
+                       {{"wait", &wait_}, {"cooldown_left", &cooldown_left_}})) {
+    loaded_ = true;
+  }
 }
 
 // --- MetricsLogger -------------------------------------------------------------------
@@ -386,23 +394,17 @@ ModelCheckpoint::ModelCheckpoint(std::string dir, int save_freq, std::string mon
 
 void ModelCheckpoint::on_checkpoint_save(RunState&, CheckpointExtra& extra) {
   if (monitor_.empty()) return;
-  const std::string key = absl::StrCat("hapi.ModelCheckpoint.", monitor_, ".");
-  extra[key + "best"] = best_;
-  extra[key + "have_best"] = int64_t{have_best_ ? 1 : 0};
+  SaveMonitorState(extra, absl::StrCat("hapi.ModelCheckpoint.", monitor_, "."), best_, have_best_,
+                   {});
 }
 
 void ModelCheckpoint::on_checkpoint_load(RunState&, const ResumeInfo& info) {
   if (monitor_.empty()) return;
-  const std::string key = absl::StrCat("hapi.ModelCheckpoint.", monitor_, ".");
-  auto best = info.extra.find(key + "best");
-  auto have = info.extra.find(key + "have_best");
-  if (best == info.extra.end() || have == info.extra.end()) return;
-  TANDEM_CHECK(std::holds_alternative<double>(best->second) &&
-                   std::holds_alternative<int64_t>(have->second),
-               "ModelCheckpoint: ", info.path, ": the entries ", key, "* have the wrong types");
-  best_ = std::get<double>(best->second);
-  have_best_ = std::get<int64_t>(have->second) != 0;
-  loaded_ = true;
+  if (LoadMonitorState(info, "ModelCheckpoint",
+                       absl::StrCat("hapi.ModelCheckpoint.", monitor_, "."), best_, have_best_,
+                       {})) {
+    loaded_ = true;
+  }
 }
 
 void ModelCheckpoint::on_train_begin(RunState& s) {
@@ -417,11 +419,8 @@ void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
   const std::optional<double> value =
       monitor_.empty() ? std::nullopt : Monitored("ModelCheckpoint", monitor_, s, logs);
   if (value.has_value()) {
-    const bool better = have_best_ ? Improves(*value, best_, maximize_, 0) : !std::isnan(*value);
-    if (better) {
-      best_ = *value;
-      have_best_ = true;
-      if (IsRankZero(s)) SaveWeights(dir_ + "/best.safetensors", *s.network);
+    if (Improve(*value, maximize_, 0, best_, have_best_) && IsRankZero(s)) {
+      SaveWeights(dir_ + "/best.safetensors", *s.network);
     }
   }
   if (IsRankZero(s) && save_freq_ > 0 && (s.epoch + 1) % save_freq_ == 0)

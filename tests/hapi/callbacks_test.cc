@@ -406,6 +406,42 @@ TEST(CallbacksTest, ANanFirstValueIsNoBestForEarlyStoppingAndModelCheckpoint) {
   EXPECT_EQ(std::get<double>(extra.at("hapi.ModelCheckpoint.loss.best")), 1.5);
 }
 
+// The monitoring callbacks' entries round-trip: a callback loaded from another's
+// entries goes on counting where that one stopped (EarlyStopping: patience 2,
+// two epochs without improvement saved, the third stops); entries of the wrong
+// type are an error naming the file; missing entries load nothing.
+TEST(CallbacksTest, MonitorStateRoundTripsAndWrongTypesAreNamed) {
+  RunState s;
+  EarlyStopping first("loss", 2);
+  first.on_train_begin(s);
+  for (double v : {1.0, 1.5, 1.2}) first.on_epoch_end(s, {{"loss", v}});
+  ResumeInfo info{.path = "ckpt-7"};
+  first.on_checkpoint_save(s, info.extra);
+  EarlyStopping resumed("loss", 2);
+  resumed.on_checkpoint_load(s, info);
+  resumed.on_train_begin(s);
+  resumed.on_epoch_end(s, {{"loss", 1.1}});
+  EXPECT_TRUE(s.stop_training);
+  EarlyStopping fresh("loss", 2);
+  fresh.on_checkpoint_load(s, ResumeInfo{.path = "empty"});
+  s.stop_training = false;
+  fresh.on_train_begin(s);
+  fresh.on_epoch_end(s, {{"loss", 1.1}});
+  EXPECT_FALSE(s.stop_training);
+
+  info.extra["hapi.EarlyStopping.loss.wait"] = 2.0;
+  EarlyStopping wrong("loss", 2);
+  try {
+    wrong.on_checkpoint_load(s, info);
+    ADD_FAILURE() << "a double under hapi.EarlyStopping.loss.wait was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EarlyStopping: ckpt-7: the entries "
+                                         "hapi.EarlyStopping.loss.* have the wrong types"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The 2-norm of the change of every parameter between two state dicts.
 double ChangeNorm(const nn::StateDict& before, const nn::StateDict& after) {
   double sum = 0;
