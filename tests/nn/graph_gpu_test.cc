@@ -118,6 +118,22 @@ void ExpectReplayMatchesEager(bool bf16) {
   ExpectSameBits(FlatParams(net), FlatParams(eager_net), "weights");
 }
 
+// Replays `graph` on a new thread (on cuda:0) and joins it: the replay's error
+// message, "" when it ran.
+std::string ReplayOnAnotherThread(CudaGraph& graph) {
+  std::string error;
+  std::thread b([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      graph.Replay();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  b.join();
+  return error;
+}
+
 TEST_F(CudaGraphGpuTest, ReplayedTrainingStepMatchesEagerSteps) { ExpectReplayMatchesEager(false); }
 
 TEST_F(CudaGraphGpuTest, ReplayedBf16AutocastStepMatchesEagerSteps) {
@@ -188,16 +204,7 @@ TEST_F(CudaGraphGpuTest, ReplayOnAnotherThreadIsOrderedAgainstTheCapturingStream
   CudaGraph graph;
   graph.Capture([&] { y.copy_(x); });
   for (int k = 0; k < kAdds; ++k) x.add_(one);
-  std::string error;
-  std::thread b([&] {
-    DeviceGuard device(Device::CUDA(0));
-    try {
-      graph.Replay();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  b.join();
+  const std::string error = ReplayOnAnotherThread(graph);
   x.fill_(-1.0);
   EXPECT_EQ(error, "");
   const std::vector<float> got = y.to_vector<float>();
@@ -238,16 +245,7 @@ TEST_F(CudaGraphGpuTest, WritesOfARefusedReplayOnAnotherThreadComeBeforeTheNextR
       if (std::this_thread::get_id() != self) throw std::runtime_error("refused on thread b");
     }));
   });
-  std::string error;
-  std::thread b([&] {
-    DeviceGuard device(Device::CUDA(0));
-    try {
-      graph.Replay();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  b.join();
+  const std::string error = ReplayOnAnotherThread(graph);
   EXPECT_EQ(error, "refused on thread b");
   graph.Replay();
   const std::vector<float> got = y.to_vector<float>();

@@ -23,6 +23,7 @@
 #include "nn/ops/loss.h"
 #include "spawn/train/checkpoint.h"
 #include "testing/run.h"
+#include "tests/testing/same_bits.h"
 #include "tests/testing/train_fixture.h"
 
 namespace tandem::testing {
@@ -116,20 +117,7 @@ RunOptions Options(int ranks, std::vector<Fault> faults, int max_restarts = 2,
 
 // Every rank's losses and parameters at every step, exactly.
 void ExpectSameBits(const RunReport& expected, const RunReport& actual) {
-  ASSERT_EQ(expected.ranks.size(), actual.ranks.size());
-  for (size_t r = 0; r < expected.ranks.size(); ++r) {
-    const RankRecord& e = expected.ranks[r];
-    const RankRecord& a = actual.ranks[r];
-    ASSERT_EQ(e.losses.size(), a.losses.size()) << "rank " << r;
-    for (size_t s = 0; s < e.losses.size(); ++s) {
-      EXPECT_EQ(e.losses[s], a.losses[s]) << "rank " << r << " step " << s;
-      ASSERT_EQ(e.parameters[s].size(), a.parameters[s].size());
-      for (size_t p = 0; p < e.parameters[s].size(); ++p) {
-        EXPECT_EQ(e.parameters[s][p].values, a.parameters[s][p].values)
-            << "rank " << r << " step " << s << " " << e.parameters[s][p].name;
-      }
-    }
-  }
+  ExpectSameLossesAndParameters(expected, actual);
 }
 
 RunReport Reference(int ranks, const Knobs& k) {

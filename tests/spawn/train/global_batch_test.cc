@@ -44,6 +44,15 @@ struct RankRun {
   std::vector<int64_t> rows;              // this rank's rows per step
 };
 
+// The largest relative difference of `run`'s gradients from `ref`'s over the steps.
+double WorstGradientError(const RankRun& run, const RankRun& ref) {
+  double worst = 0;
+  for (size_t s = 0; s < ref.grads.size(); ++s) {
+    worst = std::max(worst, ScaledError(run.grads[s], ref.grads[s]));
+  }
+  return worst;
+}
+
 // `global`: the sampler's global batch; `weigh`: DataParallelOptions::global_batch_size.
 // sync_bn: BnNet (tests/spawn/train/sync_bn_net.h) with SyncBatchNorm layers on
 // (N, 2, 5, 5) inputs instead of Net.
@@ -101,10 +110,7 @@ TEST_F(GlobalBatchTest, UnevenBatchesGiveTheGradientOfOneRankWithTheGlobalBatch)
   const RankRun& ref = (*one)[0];
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ((*weighed)[r].rows, std::vector<int64_t>(kSteps, r == 0 ? 22 : 21)) << "rank " << r;
-    double worst_grad = 0;
-    for (int s = 0; s < kSteps; ++s) {
-      worst_grad = std::max(worst_grad, ScaledError((*weighed)[r].grads[s], ref.grads[s]));
-    }
+    const double worst_grad = WorstGradientError((*weighed)[r], ref);
     const double params = ScaledError((*weighed)[r].params, ref.params);
     std::printf("global batch 64 on 3 ranks (22, 21, 21) vs 1 rank with 64, rank %d: max "
                 "relative difference of the gradients over %d steps %.3g, of the final "
@@ -129,10 +135,7 @@ TEST_F(GlobalBatchTest, UnevenBatchesWithSyncBatchNormGiveTheGradientOfOneRank) 
   ASSERT_TRUE(one.ok() && weighed.ok()) << one.status() << weighed.status();
   const RankRun& ref = (*one)[0];
   for (int r = 0; r < 3; ++r) {
-    double worst_grad = 0;
-    for (int s = 0; s < kSteps; ++s) {
-      worst_grad = std::max(worst_grad, ScaledError((*weighed)[r].grads[s], ref.grads[s]));
-    }
+    const double worst_grad = WorstGradientError((*weighed)[r], ref);
     const double params = ScaledError((*weighed)[r].params, ref.params);
     std::printf("SyncBatchNorm, global batch 64 on 3 ranks (22, 21, 21) vs 1 rank with 64, rank "
                 "%d: max relative difference of the gradients over %d steps %.3g, of the final "
