@@ -61,6 +61,18 @@ class ForwardRecorder {
 namespace internal {
 // The calling thread's recorder; null (the usual case) records nothing.
 inline thread_local ForwardRecorder* forward_recorder = nullptr;
+
+// forward() (a callable returning the output of `module`), reported to the
+// thread's recorder when one is installed: Module's and holders' operator().
+template <typename Forward>
+Tensor RecordedCall(const Module& module, Forward&& forward) {
+  ForwardRecorder* recorder = forward_recorder;
+  if (recorder == nullptr) [[likely]] return forward();
+  recorder->Enter(module);
+  Tensor y = forward();
+  recorder->Exit(module, y);
+  return y;
+}
 }  // namespace internal
 
 // Installs `recorder` on the calling thread for the scope's life, then puts back
@@ -92,12 +104,7 @@ class Module {
   virtual Tensor forward(const Tensor& x);
   // forward(x), reported to the thread's ForwardRecorder when one is installed.
   Tensor operator()(const Tensor& x) {
-    ForwardRecorder* recorder = internal::forward_recorder;
-    if (recorder == nullptr) [[likely]] return forward(x);
-    recorder->Enter(*this);
-    Tensor y = forward(x);
-    recorder->Exit(*this, y);
-    return y;
+    return internal::RecordedCall(*this, [&] { return forward(x); });
   }
 
   // The module's C++ type name ("LinearImpl", "LinearNet"), for messages.
@@ -229,12 +236,8 @@ class ModuleHolder : public ModuleHolderBase {
   template <typename... Args>
   Tensor operator()(Args&&... args) const {
     Impl* module = get();
-    ForwardRecorder* recorder = internal::forward_recorder;
-    if (recorder == nullptr) [[likely]] return module->forward(std::forward<Args>(args)...);
-    recorder->Enter(*module);
-    Tensor y = module->forward(std::forward<Args>(args)...);
-    recorder->Exit(*module, y);
-    return y;
+    return internal::RecordedCall(
+        *module, [&] { return module->forward(std::forward<Args>(args)...); });
   }
 
  private:
