@@ -189,6 +189,7 @@ class DeviceTables {
       tables_.splice(tables_.end(), tables_, reusable);  // reuse the oldest not in a graph
     }
     Table& t = tables_.back();
+    t.words.clear();  // holds nothing a lookup may match until the upload is queued
     const size_t bytes = words.size() * sizeof(int64_t);
     // A fresh pinned buffer for every upload: the old one goes back to the
     // cache, which keeps it until its upload is done (no host wait here).
@@ -200,7 +201,6 @@ class DeviceTables {
                               {.dtype = nn::kInt64, .device = device});
       t.device = device;
     }
-    t.words = words;
     void* pinned = t.pinned.host_ptr();
     std::memcpy(pinned, words.data(), bytes);
     cudaStream_t stream = nn::internal::ThreadStream(device);
@@ -208,6 +208,7 @@ class DeviceTables {
     TANDEM_CHECK_CUDA(cudaMemcpyAsync(t.on_device.data_ptr(), pinned, bytes,
                                       cudaMemcpyHostToDevice, stream),
                       device);
+    t.words = words;
     nn::internal::RecordPinnedUse(pinned, device, stream);
     return static_cast<const TableEntry*>(t.on_device.data_ptr());
   }
