@@ -7,7 +7,8 @@
 // search over the offsets. The table is uploaded from a pinned host buffer
 // with cudaMemcpyAsync only when the tensors' addresses change (in steady
 // training they never do: zero_grad keeps the gradient tensors), so a step is
-// one kernel launch with its scalars passed by value, and no host sync.
+// one kernel launch with its scalars passed by value, and no host sync; an
+// upload when they change does not wait on the host either (DeviceTables).
 //
 // CUDA graph capture (nn/graph.h): a captured launch reads its scalars from a
 // device buffer that the optimizer's pre-replay hook rewrites before every
@@ -20,7 +21,6 @@
 #include "nn/cuda/context.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/graph.h"
-#include "nn/interrupt.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim::internal {
@@ -138,27 +138,6 @@ __global__ void ScaleGradsKernel(const TableEntry* table, int n, int64_t total, 
 
 __global__ void WriteScalarsKernel(UpdateScalars scalars, UpdateScalars* dst) { *dst = scalars; }
 
-// Waits on the host for `event`, stop-aware (nn/interrupt.h): the upload it
-// follows sits on the compute stream, which may wait on a collective that a
-// failed peer never joins; on a rank thread the wait then ends with the rank's
-// stop instead of never.
-void WaitOnHost(cudaEvent_t event, nn::Device device) {
-  nn::internal::CountCudaCall(nn::internal::CudaCall::kHostWait);
-  if (!nn::HasInterruptCheck()) {
-    TANDEM_CHECK_CUDA(cudaEventSynchronize(event), device);
-    return;
-  }
-  nn::internal::WaitUntil([&] {
-    const cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) {
-      cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
-      return false;
-    }
-    TANDEM_CHECK_CUDA(status, device);
-    return true;
-  });
-}
-
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + kChunk - 1) / kChunk, kMaxBlocks));
 }
@@ -167,27 +146,23 @@ int Blocks(int64_t total) {
 
 // Up to kMaxCachedTables tables, least recently used first. Each has a pinned
 // host buffer (from nn's pinned host cache, needed for a truly asynchronous
-// upload: a table that grows gives its buffer back to the cache and takes a
-// larger one there, so a run that has warmed the cache calls no cudaHostAlloc /
+// upload, so a run that has warmed the cache calls no cudaHostAlloc /
 // cudaFreeHost, which mid-run can wait behind other GPUs' NCCL kernels) and an
-// int64 device tensor (the device's stream-ordered pool). A pinned buffer is
-// rewritten only after its previous upload finished (event), which happens only
-// when the set of tensors changes. A table used by a captured graph is kept as
-// it is for the tables' lifetime (the graph reads it at every replay): it is
-// never chosen for reuse.
+// int64 device tensor (the device's stream-ordered pool). A table rewritten
+// with other words (the set of tensors changed) takes a fresh pinned buffer
+// from the cache and gives the old one back: each upload records its use of
+// its buffer (RecordPinnedUse), so the cache hands a buffer out again only
+// once its copy is done, and the host never waits for an earlier upload (more
+// tensor sets than cached tables, or gradients that move every step, would
+// otherwise make every step wait for the GPU). The device copy is rewritten on
+// the calling thread's stream, after the kernels queued there that read it. A
+// table used by a captured graph is kept as it is for the tables' lifetime
+// (the graph reads it at every replay): it is never chosen for reuse.
 class DeviceTables {
  public:
   DeviceTables() = default;
   DeviceTables(const DeviceTables&) = delete;
   DeviceTables& operator=(const DeviceTables&) = delete;
-  ~DeviceTables() {
-    // No wait: each upload recorded its use of the pinned buffer
-    // (RecordPinnedUse), so the cache hands it out again only once the copy is
-    // done; an event is released once complete.
-    for (Table& t : tables_) {
-      if (t.uploaded != nullptr) cudaEventDestroy(t.uploaded);
-    }
-  }
 
   // Device address of a table holding `words`, uploading it if no cached table
   // on `device` holds exactly these words. Under capture (`what` names the
@@ -214,22 +189,18 @@ class DeviceTables {
       tables_.splice(tables_.end(), tables_, reusable);  // reuse the oldest not in a graph
     }
     Table& t = tables_.back();
-    if (t.uploaded != nullptr) WaitOnHost(t.uploaded, t.device);
+    t.words.clear();  // holds nothing a lookup may match until the upload is queued
     const size_t bytes = words.size() * sizeof(int64_t);
-    if (!t.pinned.defined() || t.capacity_words < words.size() || !(t.device == device)) {
-      // The old buffer goes back to the pinned cache (its last upload is done).
-      t.pinned = nn::empty({static_cast<int64_t>(words.size())},
-                           {.dtype = nn::kInt64, .device = nn::Device::CPU(), .pinned = true});
+    // A fresh pinned buffer for every upload: the old one goes back to the
+    // cache, which keeps it until its upload is done (no host wait here).
+    t.pinned = nn::empty({static_cast<int64_t>(words.size())},
+                         {.dtype = nn::kInt64, .device = nn::Device::CPU(), .pinned = true});
+    if (!t.on_device.defined() || t.capacity_words < words.size() || !(t.device == device)) {
       t.capacity_words = words.size();
       t.on_device = nn::empty({static_cast<int64_t>(words.size())},
                               {.dtype = nn::kInt64, .device = device});
-      if (t.uploaded != nullptr) TANDEM_CHECK_CUDA(cudaEventDestroy(t.uploaded), t.device);
-      t.uploaded = nullptr;
       t.device = device;
-      nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
-      TANDEM_CHECK_CUDA(cudaEventCreateWithFlags(&t.uploaded, cudaEventDisableTiming), device);
     }
-    t.words = words;
     void* pinned = t.pinned.host_ptr();
     std::memcpy(pinned, words.data(), bytes);
     cudaStream_t stream = nn::internal::ThreadStream(device);
@@ -237,19 +208,17 @@ class DeviceTables {
     TANDEM_CHECK_CUDA(cudaMemcpyAsync(t.on_device.data_ptr(), pinned, bytes,
                                       cudaMemcpyHostToDevice, stream),
                       device);
+    t.words = words;
     nn::internal::RecordPinnedUse(pinned, device, stream);
-    nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-    TANDEM_CHECK_CUDA(cudaEventRecord(t.uploaded, stream), device);
     return static_cast<const TableEntry*>(t.on_device.data_ptr());
   }
 
  private:
   struct Table {
     std::vector<int64_t> words;  // what the device copy holds
-    nn::Tensor pinned;  // int64, pinned host memory (nn's pinned cache)
-    size_t capacity_words = 0;
+    nn::Tensor pinned;  // int64, pinned host memory (nn's pinned cache): the last upload's source
+    size_t capacity_words = 0;  // of on_device
     nn::Tensor on_device;
-    cudaEvent_t uploaded = nullptr;
     nn::Device device;
     bool captured = false;  // read by a captured graph: never reused
   };

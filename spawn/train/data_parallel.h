@@ -20,7 +20,12 @@
 // backward thread right then, with NCCL on the communication stream, overlapping
 // the rest of the backward pass. At the end of backward (autograd::QueueCallback)
 // the compute stream waits for the last bucket: every gradient then holds the
-// mean over ranks.
+// mean over ranks. A grad-ready hook the caller registers on a parameter after
+// the DataParallel was made runs after DataParallel's, when the bucket's
+// all-reduce may already be launched: it must neither read nor write the
+// gradient (with NCCL the collective is reducing it on the communication
+// stream meanwhile; in-process it may already hold the mean). Register such hooks
+// before making the DataParallel, or reduce through a comm hook.
 //
 // A parameter that got no gradient in a backward pass is an error naming it,
 // unless find_unused_parameters is set: then it counts as a zero gradient.

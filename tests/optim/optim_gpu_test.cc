@@ -10,6 +10,7 @@
 #include "optim/adagrad.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
+#include "nn/cuda/internal/call_counter.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
@@ -95,6 +96,56 @@ TEST_F(OptimGpuTest, ClipGradNormMatchesCpu) {
   for (size_t i = 0; i < cpu.size(); ++i) {
     const auto a = cpu[i].grad().to_vector<double>(), b = gpu[i].grad().to_vector<double>();
     for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-12);
+  }
+}
+
+// More gradient sets than the pointer tables a thread keeps for the clip
+// kernels (4): every call rewrites a table. The rewrite takes a fresh pinned
+// buffer from the cache instead of waiting on the host for the previous upload
+// out of the old one (a wait per call, in every step, before), and each set
+// keeps its own results.
+TEST_F(OptimGpuTest, ClipGradNormOverMoreSetsThanTablesMakesNoHostWait) {
+  constexpr int kSets = 6;
+  constexpr int kRounds = 3;
+  std::vector<std::vector<nn::Tensor>> cpu(kSets), gpu(kSets);
+  for (int s = 0; s < kSets; ++s) {
+    nn::manual_seed(100 + s);
+    for (int64_t n : {int64_t{300} + 10 * s, int64_t{7}}) {
+      nn::Tensor p = nn::randn({n}, {.dtype = nn::kFloat64});
+      p.set_requires_grad(true);
+      p.set_grad(nn::randn({n}, {.dtype = nn::kFloat64}));
+      nn::Tensor q = p.detach().to(nn::Device::CUDA(0));
+      q.set_requires_grad(true);
+      q.set_grad(p.grad().to(nn::Device::CUDA(0)));
+      cpu[s].push_back(p);
+      gpu[s].push_back(q);
+    }
+  }
+  // max_norm 0.5 / (s + 1): a different scale per set, so a set clipped with
+  // another set's table would show in its gradients.
+  auto clip_all = [&](std::vector<std::vector<nn::Tensor>>& sets, std::vector<nn::Tensor>* norms) {
+    for (int s = 0; s < kSets; ++s) norms->push_back(clip_grad_norm_(sets[s], 0.5 / (s + 1)));
+  };
+  std::vector<nn::Tensor> norms_cpu, norms_gpu;
+  clip_all(cpu, &norms_cpu);
+  clip_all(gpu, &norms_gpu);  // warm-up: the tables and the pinned cache's blocks
+  const nn::internal::CudaCallCounts before = nn::internal::ThreadCudaCalls();
+  for (int round = 0; round < kRounds; ++round) clip_all(gpu, &norms_gpu);
+  const nn::internal::CudaCallCounts made = nn::internal::ThreadCudaCalls() - before;
+  // Six sets over four tables, least recently used first: every call uploads.
+  EXPECT_EQ(made[nn::internal::CudaCall::kMemcpyAsync], kRounds * kSets) << made.ToString();
+  EXPECT_EQ(made[nn::internal::CudaCall::kHostWait], 0) << made.ToString();
+  for (int round = 0; round < kRounds; ++round) clip_all(cpu, &norms_cpu);
+  ASSERT_EQ(norms_cpu.size(), norms_gpu.size());
+  for (size_t k = 0; k < norms_cpu.size(); ++k) {
+    EXPECT_NEAR(norms_cpu[k].item(), norms_gpu[k].item(), 1e-12) << "call " << k;
+  }
+  for (int s = 0; s < kSets; ++s) {
+    for (size_t i = 0; i < cpu[s].size(); ++i) {
+      const auto a = cpu[s][i].grad().to_vector<double>();
+      const auto b = gpu[s][i].grad().to_vector<double>();
+      for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-12) << "set " << s;
+    }
   }
 }
 
