@@ -1,5 +1,6 @@
 // float32 CPU convolution on oneDNN (Debian's libdnnl, OpenMP runtime): forward,
-// backward data and backward weights, one primitive per shape cached per thread;
+// backward data and backward weights, one primitive per shape cached per thread
+// (least recently used dropped past nn::cpu_primitive_cache_capacity());
 // and the float32 GEMM of the matmul family (dnnl_sgemm), so that every float32
 // CPU kernel with threads runs on one runtime (OpenMP), never beside a spinning
 // OpenBLAS pool.
@@ -35,7 +36,6 @@
 #include <array>
 #include <dnnl.hpp>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,6 +47,7 @@
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/dnnl_runtime.h"
 #include "nn/ops/internal/elementwise_kernels.h"
+#include "nn/ops/internal/lru_cache.h"
 #include "nn/ops/internal/matmul_kernels.h"
 #include "nn/ops/internal/pool_kernels.h"
 #include "nn/ops/matmul.h"
@@ -331,9 +332,17 @@ Layout AutoLayout(const Conv2dGeometry& g, DType dtype) {
 }
 
 // The calling thread's primitives by shape (as the cuDNN algorithm cache, but
-// per thread: no lock on the hot path, and a rank thread's thread count is its own).
-Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias, bool relu = false) {
-  thread_local std::map<Key, Entry> cache;
+// per thread: no lock on the hot path, and a rank thread's thread count is its
+// own), the least recently used dropped past the capacity.
+LruCache<Key, Entry>& ThreadCache() {
+  thread_local LruCache<Key, Entry> cache;
+  return cache;
+}
+
+// The entry for a shape, valid until the thread's next Lookup, which may drop
+// it: a call that runs two entries (Backward) keeps the first one's pointer.
+const std::shared_ptr<Entry>& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias,
+                                     bool relu = false) {
   // kAuto: AutoLayout; plain NCHW (oneDNN's gemm:jit) and im2col + OpenBLAS
   // measured slower on every conv of the apps' models (docs/benchmarks.md).
   const CpuConvPath path = GetCpuConvPath();
@@ -342,9 +351,7 @@ Entry& Lookup(Kind kind, DType dtype, const Conv2dGeometry& g, bool bias, bool r
                         : path == CpuConvPath::kDnnlBlocked ? Layout::kBlocked
                                                             : AutoLayout(g, dtype);
   const Key key = KeyOf(kind, DataTypeOf(dtype), g, bias, relu, layout, DnnlUseThreads());
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
-  return it->second;
+  return ThreadCache().Get(key, cpu_primitive_cache_capacity, [&] { return MakeEntry(key, g); });
 }
 
 // An argument of one call: our tensor (undefined: left out, as an absent bias)
@@ -577,6 +584,10 @@ void Backward(const Tensor& dy, const memory::desc* dy_layout, const Tensor& x,
   const bool bias_here = dbias.defined() && dweight.defined();
   const bool widen = dtype == kBFloat16;
   const TensorOptions f32{.dtype = kFloat32, .device = Device::CPU()};
+  // The entries `call` runs, held here as well as by the cache, for as long as
+  // `call` lives: the weights' Lookup (or the widened path's) may drop the data
+  // entry, whose layouts `call`'s reordered inputs point at.
+  std::shared_ptr<Entry> data_entry, weights_entry;
   // dy, reordered once for both primitives where they agree; x, the forward's copy.
   Call call;
   if (dweight.defined() && saved_x.data.defined()) {
@@ -585,13 +596,12 @@ void Backward(const Tensor& dy, const memory::desc* dy_layout, const Tensor& x,
                    .copy = saved_x.data.host_ptr()});
   }
   if (dx.defined()) {
-    call.Run(Lookup(Kind::kBackwardData, dtype, g, false),
-             {{DNNL_ARG_DIFF_DST, dy, dy_layout},
-              {DNNL_ARG_WEIGHTS, weight},
-              {DNNL_ARG_DIFF_SRC, dx}});
+    data_entry = Lookup(Kind::kBackwardData, dtype, g, false);
+    call.Run(*data_entry, {{DNNL_ARG_DIFF_DST, dy, dy_layout},
+                           {DNNL_ARG_WEIGHTS, weight},
+                           {DNNL_ARG_DIFF_SRC, dx}});
   }
-  Entry* weights_entry =
-      dweight.defined() ? &Lookup(Kind::kBackwardWeights, dtype, g, bias_here) : nullptr;
+  if (dweight.defined()) weights_entry = Lookup(Kind::kBackwardWeights, dtype, g, bias_here);
   if (weights_entry != nullptr && weights_entry->widen_instead) {
     // bfloat16 only; dy NCHW, or the fused path's layout (copied to NCHW).
     const Tensor dy_nchw = DyNchw(dy, dy_layout, g);
@@ -620,10 +630,12 @@ void Backward(const Tensor& dy, const memory::desc* dy_layout, const Tensor& x,
 
 }  // namespace
 
+size_t Conv2dDnnlCacheSize() { return ThreadCache().size(); }
+
 void Conv2dForwardDnnl(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dGeometry& g, const Tensor& y, bool relu,
                        Conv2dSavedInput* saved_x) {
-  Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), relu);
+  Entry& e = *Lookup(Kind::kForward, x.dtype(), g, bias.defined(), relu);
   Forward(e, x, weight, bias, nullptr, y, saved_x);
   if (relu && !e.relu_inside) UnaryCpu(UnaryOp::kRelu, y, y, 0, 0);
 }
@@ -659,7 +671,7 @@ Pool2dGeometry Grouped(Pool2dGeometry pool, int64_t group) {
 
 Conv2dReluMaxPoolLayout Conv2dReluMaxPoolLayoutDnnl(DType dtype, const Conv2dGeometry& g,
                                                     bool bias) {
-  Entry& e = Lookup(Kind::kForward, dtype, g, bias, /*relu=*/true);
+  Entry& e = *Lookup(Kind::kForward, dtype, g, bias, /*relu=*/true);
   const memory::desc& y_desc = e.Want(DNNL_ARG_DST);
   const int64_t group = e.relu_inside ? ChannelGroup(y_desc, g) : 0;
   if (group == 0) return {};
@@ -670,7 +682,7 @@ void Conv2dReluMaxPoolForwardDnnl(const Tensor& x, const Tensor& weight, const T
                                   const Conv2dGeometry& g, const Pool2dGeometry& pool,
                                   const Conv2dReluMaxPoolLayout& layout, const Tensor& out,
                                   const Tensor& where, Conv2dSavedInput* saved_x) {
-  Entry& e = Lookup(Kind::kForward, x.dtype(), g, bias.defined(), /*relu=*/true);
+  Entry& e = *Lookup(Kind::kForward, x.dtype(), g, bias.defined(), /*relu=*/true);
   const memory::desc& y_desc = e.Want(DNNL_ARG_DST);
   TANDEM_CHECK(e.relu_inside && y_desc == *static_cast<const memory::desc*>(layout.y_layout.get()),
                "conv2d_relu_max_pool2d: the convolution's layout changed since "

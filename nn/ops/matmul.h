@@ -44,6 +44,21 @@ bool allow_tf32();
 void set_cpu_blas_threads(int n);
 int cpu_blas_threads();
 
+// How many oneDNN primitives (with their memory objects and reorders) each
+// thread keeps per cache: the CPU convolutions', poolings' and bfloat16 GEMMs'
+// (TANDEM_WITH_DNNL), one per shape, layout and thread count, ~0.07 MB each.
+// Past it the least recently used is dropped, and made again when its shape
+// comes back (~10 us where oneDNN's own cache still has the primitive, else
+// its JIT compilation, up to milliseconds). Default 256 (matmul_cpu.cc says
+// why); the environment variable TANDEM_CPU_PRIMITIVE_CACHE_CAPACITY sets the
+// start value, read at the first miss. n >= 1, else tandem::Error naming n; a
+// bad environment value is an error naming it at the first miss (or call of
+// cpu_primitive_cache_capacity). Process-wide; each thread's caches shrink to
+// a new value at their next miss. oneDNN's own process-wide cache
+// (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024) is apart.
+void set_cpu_primitive_cache_capacity(int64_t n);
+int64_t cpu_primitive_cache_capacity();
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_OPS_MATMUL_H_

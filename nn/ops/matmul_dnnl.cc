@@ -10,12 +10,13 @@
 // count, and oneDNN 2.6's CPU matmul splits work statically, so the same inputs
 // and thread count give the same bits.
 #include <dnnl.hpp>
-#include <map>
 #include <tuple>
 
 #include "nn/error.h"
 #include "nn/ops/internal/dnnl_runtime.h"
+#include "nn/ops/internal/lru_cache.h"
 #include "nn/ops/internal/matmul_kernels.h"
+#include "nn/ops/matmul.h"
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -63,24 +64,24 @@ Entry MakeEntry(const Key& key) {
   return e;
 }
 
+// One JIT-compiled primitive per shape (~9 ms and ~70 KB each): a network's few
+// shapes stay; a stream of distinct row counts (variable batches) drops the
+// least recently used. No lock: one cache per thread.
+LruCache<Key, Entry>& ThreadCache() {
+  thread_local LruCache<Key, Entry> cache;
+  return cache;
+}
+
 }  // namespace
+
+size_t GemmBf16DnnlCacheSize() { return ThreadCache().size(); }
 
 void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc) {
   TANDEM_CHECK(m > 0 && n > 0 && k > 0, "gemm: bfloat16 oneDNN GEMM needs m, n, k > 0, got m ",
                m, ", n ", n, ", k ", k);
-  // One JIT-compiled primitive per shape (~9 ms and ~70 KB each): a network's
-  // few shapes stay; a stream of distinct row counts (variable batches) would
-  // grow it without bound, so past kMaxShapes it starts again.
-  constexpr size_t kMaxShapes = 256;
-  thread_local std::map<Key, Entry> cache;
   const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, DnnlUseThreads()};
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    if (cache.size() >= kMaxShapes) cache.clear();
-    it = cache.emplace(key, MakeEntry(key)).first;
-  }
-  Entry& e = it->second;
+  Entry& e = *ThreadCache().Get(key, cpu_primitive_cache_capacity, [&] { return MakeEntry(key); });
   DnnlScratch scratch;
   e.a_memory.set_data_handle(const_cast<BFloat16*>(a));
   e.b_memory.set_data_handle(const_cast<BFloat16*>(b));

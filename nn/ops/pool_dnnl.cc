@@ -1,5 +1,6 @@
 // float32 CPU max and average pooling on oneDNN (Debian's libdnnl 2.6, OpenMP
-// runtime), forward and backward, one primitive per shape cached per thread, as
+// runtime), forward and backward, one primitive per shape cached per thread
+// (least recently used dropped past nn::cpu_primitive_cache_capacity()), as
 // conv_dnnl.cc does for convolutions (same engine, streams, thread count and
 // scratch buffers; the memory objects and reorders made once with the primitive).
 // Max pooling runs forward_training and keeps oneDNN's workspace (the argmax's
@@ -24,13 +25,14 @@
 // and thread count give the same bits (tested run to run).
 #include <algorithm>
 #include <dnnl.hpp>
-#include <map>
 #include <span>
 #include <tuple>
 
 #include "nn/error.h"
 #include "nn/ops/internal/dnnl_runtime.h"
+#include "nn/ops/internal/lru_cache.h"
 #include "nn/ops/internal/pool_kernels.h"
+#include "nn/ops/matmul.h"  // cpu_primitive_cache_capacity
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -168,17 +170,22 @@ Entry MakeEntry(const Key& key, const Pool2dGeometry& g) {
 }
 
 // The calling thread's primitives by shape (no lock; a rank thread's thread
-// count is its own).
+// count is its own), the least recently used dropped past the capacity.
+LruCache<Key, Entry>& ThreadCache() {
+  thread_local LruCache<Key, Entry> cache;
+  return cache;
+}
+
+// The entry for a shape; valid until the thread's next Lookup (each call here
+// runs one entry, looked up last).
 Entry& Lookup(Kind kind, bool max, const Pool2dGeometry& g, CpuPoolPath path) {
   TANDEM_CHECK(path == CpuPoolPath::kDnnl || path == CpuPoolPath::kDnnlBlocked ||
                    path == CpuPoolPath::kDnnlNhwc,
                "pool2d: not a oneDNN path: ", static_cast<int>(path));
-  thread_local std::map<Key, Entry> cache;
   const Key key{kind, max, g.n, g.c,  g.h,  g.w,  g.kh, g.kw,          g.sh,
                 g.sw, g.ph, g.pw, g.oh, g.ow, path, DnnlUseThreads()};
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, MakeEntry(key, g)).first;
-  return it->second;
+  return *ThreadCache().Get(key, cpu_primitive_cache_capacity,
+                            [&] { return MakeEntry(key, g); });
 }
 
 // A host buffer of `desc`'s size from the host allocator's cache.
@@ -248,6 +255,8 @@ void Backward(bool max, const Tensor& workspace, const Tensor& dy, const Pool2dG
 }
 
 }  // namespace
+
+size_t Pool2dDnnlCacheSize() { return ThreadCache().size(); }
 
 Tensor MaxPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath path,
                             const Tensor& y) {

@@ -171,6 +171,9 @@ void Conv2dReluMaxPoolBackwardDnnl(const Tensor& dout, const Tensor& where, cons
                                    const Conv2dReluMaxPoolLayout& layout, bool on_dnnl,
                                    const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                    const Conv2dSavedInput& saved_x);
+// How many primitives conv_dnnl.cc's cache holds on the calling thread (forward,
+// backward data and backward weights count one each per shape).
+size_t Conv2dDnnlCacheSize();
 #endif
 
 #if TANDEM_WITH_CUDA

@@ -29,6 +29,11 @@ void SetCpuGemmPath(CpuGemmPath path);
 // True when GemmRaw<float> runs on oneDNN now.
 bool CpuGemmUsesDnnl();
 
+// nn::cpu_primitive_cache_capacity()'s start value, read now: the whole number
+// in TANDEM_CPU_PRIMITIVE_CACHE_CAPACITY, or the default where it is unset;
+// tandem::Error naming the variable's value when that is not a number >= 1.
+int64_t CpuPrimitiveCacheCapacityFromEnvironment();
+
 #if TANDEM_WITH_DNNL
 // GemmRaw<float>'s contract on dnnl_sgemm (conv_dnnl.cc), with the calling
 // thread's OpenMP team at nn::cpu_blas_threads() threads. k > 0.
@@ -39,6 +44,8 @@ void SgemmDnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 // accumulation, on oneDNN's matmul primitive; m, n, k > 0. For CpuBf16Native().
 void GemmBf16Dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc);
+// How many primitives GemmBf16Dnnl's cache holds on the calling thread.
+size_t GemmBf16DnnlCacheSize();
 #endif
 
 // out (m, n) = op(a) op(b); a, b, out 2-D, contiguous, one dtype (float32,

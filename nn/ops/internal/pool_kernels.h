@@ -111,6 +111,8 @@ void AvgPool2dForwardDnnl(const Tensor& x, const Pool2dGeometry& g, CpuPoolPath 
                           const Tensor& y);
 void AvgPool2dBackwardDnnl(const Tensor& dy, const Pool2dGeometry& g, CpuPoolPath path,
                            const Tensor& dx);
+// How many primitives pool_dnnl.cc's cache holds on the calling thread.
+size_t Pool2dDnnlCacheSize();
 
 #if TANDEM_WITH_CUDA
 // pool_adaptive_cuda.cu: float32, float64 and bfloat16, the CPU's arithmetic.
