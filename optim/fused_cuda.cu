@@ -196,9 +196,12 @@ class DeviceTables {
     t.pinned = nn::empty({static_cast<int64_t>(words.size())},
                          {.dtype = nn::kInt64, .device = nn::Device::CPU(), .pinned = true});
     if (!t.on_device.defined() || t.capacity_words < words.size() || !(t.device == device)) {
-      t.capacity_words = words.size();
+      // Size and device change with the tensor only: an allocation that throws
+      // leaves the old tensor with its own size and device, so that a later
+      // upload that fits the size asked for here does not copy past its end.
       t.on_device = nn::empty({static_cast<int64_t>(words.size())},
                               {.dtype = nn::kInt64, .device = device});
+      t.capacity_words = words.size();
       t.device = device;
     }
     void* pinned = t.pinned.host_ptr();
