@@ -141,7 +141,8 @@ TEST(DnnlCacheTest, TheEnvironmentVariableIsReadAndBadValuesAreErrorsNamingThem)
   EXPECT_EQ(ops::internal::CpuPrimitiveCacheCapacityFromEnvironment(), 256);  // the default
   setenv(kVariable, "7", 1);
   EXPECT_EQ(ops::internal::CpuPrimitiveCacheCapacityFromEnvironment(), 7);
-  for (const char* bad : {"0", "-3", "abc", "12x", " 5", "", "99999999999999999999"}) {
+  for (const char* bad : {"0", "-3", "-0", "abc", "12x", " 5", "5 ", "+5", "1e3", "0x10", "",
+                          "99999999999999999999"}) {
     setenv(kVariable, bad, 1);
     try {
       ops::internal::CpuPrimitiveCacheCapacityFromEnvironment();

@@ -1,17 +1,22 @@
 // The least-recently-used map behind the per-thread oneDNN primitive caches
 // (nn/ops/internal/lru_cache.h): what it keeps, what it drops, that a value held
-// outside lives on after it is dropped, and a `make` that throws.
+// outside lives on after it is dropped, and a `make` that throws; and the
+// process-wide capacity (nn/ops/matmul.h) read by threads while another sets it.
 #include "nn/ops/internal/lru_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/error.h"
+#include "nn/ops/internal/matmul_kernels.h"  // CpuPrimitiveCacheCapacityFromEnvironment
+#include "nn/ops/matmul.h"                   // cpu_primitive_cache_capacity
 
 namespace tandem::nn::ops::internal {
 namespace {
@@ -123,6 +128,40 @@ TEST_F(LruCacheTest, ACapacityBelowOneIsAnErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("capacity 0"), std::string::npos) << e.what();
   }
   EXPECT_EQ(cache_.size(), 0u);
+}
+
+// The process-wide capacity as the oneDNN caches read it: threads missing in
+// their own caches (the first of them reading the environment, as nothing in
+// this process has read the capacity before) while another thread sets it.
+// Under ThreadSanitizer (label tsan_ok) a capacity read or written without
+// synchronisation is a reported race; each cache then keeps the last capacity
+// set at its next miss.
+TEST(LruCacheCapacityTest, ThreadsReadTheCapacityWhileAnotherSetsIt) {
+  constexpr int kThreads = 4;
+  constexpr int kGets = 2000;
+  std::atomic<bool> last_set{false};
+  std::vector<size_t> after_last(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      LruCache<int, int> cache;
+      for (int k = 0; k < kGets; ++k) {
+        cache.Get(k % 10, cpu_primitive_cache_capacity, [k] { return k; });
+      }
+      while (!last_set.load(std::memory_order_acquire)) std::this_thread::yield();
+      cache.Get(-1, cpu_primitive_cache_capacity, [] { return -1; });  // a miss
+      after_last[i] = cache.size();
+    });
+  }
+  for (int k = 0; k < 200; ++k) set_cpu_primitive_cache_capacity(k % 2 == 0 ? 6 : 2);
+  set_cpu_primitive_cache_capacity(3);
+  last_set.store(true, std::memory_order_release);
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_GE(after_last[i], 1u) << "thread " << i;
+    EXPECT_LE(after_last[i], 3u) << "thread " << i;
+  }
+  set_cpu_primitive_cache_capacity(CpuPrimitiveCacheCapacityFromEnvironment());
 }
 
 }  // namespace
