@@ -51,11 +51,12 @@ int cpu_blas_threads();
 // comes back (~10 us where oneDNN's own cache still has the primitive, else
 // its JIT compilation, up to milliseconds). Default 256 (matmul_cpu.cc says
 // why); the environment variable TANDEM_CPU_PRIMITIVE_CACHE_CAPACITY sets the
-// start value, read at the first miss. n >= 1, else tandem::Error naming n; a
-// bad environment value is an error naming it at the first miss (or call of
-// cpu_primitive_cache_capacity). Process-wide; each thread's caches shrink to
-// a new value at their next miss. oneDNN's own process-wide cache
-// (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024) is apart.
+// start value, read at the first miss unless set_cpu_primitive_cache_capacity
+// came first (then never). n >= 1, else tandem::Error naming n; a bad
+// environment value is an error naming it at every miss (or call of
+// cpu_primitive_cache_capacity) until a value is set. Process-wide; each
+// thread's caches shrink to a new value at their next miss. oneDNN's own
+// process-wide cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024) is apart.
 void set_cpu_primitive_cache_capacity(int64_t n);
 int64_t cpu_primitive_cache_capacity();
 
