@@ -11,12 +11,14 @@
 # formatting (spawn/logger.h); clang: scripts/test.sh's compile check of the
 # libraries with a second compiler; python3-torch and
 # python3-torchvision: the tests that exchange weights with PyTorch
-# (tests/apps/interop_test.py) and the PyTorch side of the benchmarks.
+# (tests/apps/interop_test.py) and the PyTorch side of the benchmarks;
+# valgrind: the memory check of the CPU primitive cache's eviction
+# (nn_dnnl_cache_valgrind_test).
 set -euo pipefail
 packages=(build-essential cmake g++ clang libabsl-dev libfmt-dev libgtest-dev libgmock-dev
           libbenchmark-dev libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev
           dataset-fashion-mnist openmpi-bin libopenmpi-dev python3 python3-protobuf
-          python3-matplotlib python3-torch python3-torchvision)
+          python3-matplotlib python3-torch python3-torchvision valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
