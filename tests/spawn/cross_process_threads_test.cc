@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nn/tensor.h"
 #include "spawn/comm/mpi/hierarchical_communicator.h"
@@ -176,6 +177,8 @@ class HubTransport final : public ProcessTransport {
   int index_;
 };
 
+std::string ProcessLabel(int p) { return absl::StrCat("process ", p); }
+
 // P processes x L ranks: every step an all_reduce of each rank's global index +
 // 1 (checked: the sum over the world), then the step boundary; a stop requested
 // by one process's rank at `stop_at` must stop every rank at one later step.
@@ -198,12 +201,14 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
   std::stop_source never;
   for (int p = 0; p < processes; ++p) {
     threads.emplace_back([&, p] {  // the communication thread
+      // The collectives match: the rounds' comparison of them stays silent.
       ControlPlane control(
           transports[p].get(),
           {.agreement = agreements[p].get(),
            .fail = [](absl::Status s) { ADD_FAILURE() << s; },
            .collectives_entered = [] { return uint64_t{0}; }},
-          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {});
+          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
+          {.exchange = exchanges[p].get(), .name = ProcessLabel});
       exchanges[p]->Serve(never.get_token(), &control);
     });
     for (int l = 0; l < local; ++l) {
@@ -249,6 +254,73 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
 
 TEST(CrossProcessThreads, TwoProcessesStopTogether) { RunJob(2, 2, 20, 1); }
 TEST(CrossProcessThreads, ThreeProcessesStopTogether) { RunJob(3, 1, 15, 2); }
+
+// Collective #3 is a broadcast from process p's own rank on each process p: the
+// transport completes it (as MPI does), each process keeping its own data. The
+// rounds find it while the ranks go on with all_reduces, and every process's
+// run fails with the same message naming every side; the ranks are cancelled.
+TEST(CrossProcessThreads, DifferentBroadcastRootsFailEveryProcessNamingEachSide) {
+  constexpr int kProcesses = 3;
+  Hub hub(kProcesses);
+  const std::vector<int> ranks_per_process(kProcesses, 1);
+  std::vector<std::unique_ptr<HubTransport>> transports;
+  std::vector<std::shared_ptr<HierarchicalExchange>> exchanges;
+  std::vector<std::unique_ptr<StepAgreement>> agreements;
+  std::vector<std::stop_source> stops(kProcesses);
+  std::vector<std::string> failures(kProcesses);
+  std::vector<int> cancelled(kProcesses, 0);
+  std::vector<std::unique_ptr<std::atomic<int>>> running;
+  for (int p = 0; p < kProcesses; ++p) {
+    transports.push_back(std::make_unique<HubTransport>(&hub, p));
+    exchanges.push_back(
+        std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+    agreements.push_back(std::make_unique<StepAgreement>(1, nullptr, 60, true));
+    running.push_back(std::make_unique<std::atomic<int>>(1));
+  }
+  std::vector<std::thread> threads;
+  for (int p = 0; p < kProcesses; ++p) {
+    threads.emplace_back([&, p] {
+      ControlPlane control(
+          transports[p].get(),
+          {.agreement = agreements[p].get(),
+           .fail = [&, p](absl::Status s) {
+             failures[p] = std::string(s.message());
+             stops[p].request_stop();
+           },
+           .collectives_entered = [] { return uint64_t{0}; }},
+          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
+          {.exchange = exchanges[p].get(), .name = ProcessLabel});
+      exchanges[p]->Serve(stops[p].get_token(), &control);
+    });
+    threads.emplace_back([&, p] {
+      HierarchicalCommunicator comm(0, nn::Device::CPU(), exchanges[p]);
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      try {
+        for (int i = 0; std::chrono::steady_clock::now() < give_up; ++i) {
+          nn::Tensor x = nn::full({8}, 1.0, {.dtype = nn::kFloat32});
+          if (i == 2) {
+            comm.broadcast(x, p);
+          } else {
+            comm.all_reduce(x, ReduceOp::kSum);
+          }
+        }
+      } catch (const CancelledError&) {
+        cancelled[p] = 1;
+      }
+      exchanges[p]->RankExited(0);
+      running[p]->fetch_sub(1);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::string expected =
+      "collective mismatch across processes: process 0 called broadcast #3 (8 float32, root 0) "
+      "while process 1 called broadcast #3 (8 float32, root 1), process 2 called broadcast #3 "
+      "(8 float32, root 2) (op, size, dtype, reduction or root differ";
+  for (int p = 0; p < kProcesses; ++p) {
+    EXPECT_NE(failures[p].find(expected), std::string::npos) << "process " << p << ": " << failures[p];
+    EXPECT_EQ(cancelled[p], 1) << "process " << p << "'s rank was not cancelled";
+  }
+}
 
 }  // namespace
 }  // namespace tandem::dist::internal

@@ -226,7 +226,34 @@ void HierarchicalExchange::Serve(std::stop_token stop, BackgroundRounds* control
   control_ = nullptr;
 }
 
+std::optional<int64_t> HierarchicalExchange::FingerprintOf(uint64_t sequence) const {
+  if (sequence == 0 || sequence > started_ || started_ - sequence >= kFingerprintHistory) {
+    return std::nullopt;
+  }
+  return fingerprints_[sequence % kFingerprintHistory];
+}
+
+bool HierarchicalExchange::AwaitVerdict(const std::stop_token& stop) {
+  const auto deadline = std::chrono::steady_clock::now() + kVerdictWait;
+  while (!stop.stop_requested() && std::chrono::steady_clock::now() < deadline) {
+    if (!control_->Tick(stop)) break;
+    std::this_thread::sleep_for(control_->NextWait());
+  }
+  return stop.stop_requested();
+}
+
 bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
+  try {
+    return PollUntilDone(op, stop);
+  } catch (const std::exception&) {
+    // A transport error: with rounds, let them say first whether the
+    // processes called different collectives (then they stop the run).
+    if (control_ == nullptr || !AwaitVerdict(stop)) throw;
+    return false;
+  }
+}
+
+bool HierarchicalExchange::PollUntilDone(PendingOp* op, const std::stop_token& stop) {
   // MPI progresses inside MPI_Test only (a non-blocking collective's fragments
   // move when it is tested). While every local rank waits for a collective
   // (nothing else to run), poll hot with a yield: sleeping between tests halved
@@ -386,6 +413,12 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
 }
 
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
+  const Request& first = *batch[0];
+  if (fingerprints_.empty()) fingerprints_.resize(kFingerprintHistory);
+  fingerprints_[++started_ % kFingerprintHistory] = PackFingerprint(
+      {.op = first.op, .reduce = first.reduce, .root = first.root,
+       .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
+       .numel = first.in.defined() ? first.in.numel() : 0});
   CheckSameCollective(batch);
   const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
