@@ -113,9 +113,10 @@ struct CollectiveCheck {
 // the run fails (hooks.fail) on every process with the same message, naming
 // each side ("collective mismatch across processes: process 0 (...) called
 // all_reduce #4 (1530 float32, sum) while process 1 (...) called all_gather #4
-// (4 float64)"), about three rounds after the processes reached it. Checked:
+// (4 float64)"), about three rounds after the processes reached it. Compared:
 // up to kCheckWindow collectives a round (6400 a second); a job that runs more
-// for longer than its fingerprint history lasts is checked in samples.
+// falls behind, and once half the fingerprint history behind the comparison
+// skips to the collectives still kept (the skipped ones are not compared).
 class ControlPlane final : public BackgroundRounds {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
