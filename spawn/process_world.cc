@@ -563,7 +563,10 @@ void ControlPlane::CheckCollectives() {
       hooks_.fail(absl::FailedPreconditionError(message));
       return;
     }
-    probe_ = 0;  // no process kept two different ones (its history moved on): go on
+    // No two processes still kept different ones (their histories moved on):
+    // count it as compared, so that the rounds never ask for it again.
+    checked_ = probe_;
+    probe_ = 0;
   } else {
     const int64_t* window = window_slots();
     const uint64_t end = std::min(common_, checked_ + kCheckWindow);
