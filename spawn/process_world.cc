@@ -31,6 +31,22 @@ std::string Env(const char* name) {
   return value != nullptr ? std::string(value) : std::string();
 }
 
+// How the processes' collectives are compared: unset or "rounds" (by the step
+// agreement's rounds, ControlPlane), "each" (also before each collective, a
+// round trip more: HierarchicalExchange::CheckEachCollective).
+constexpr char kCheckCollectivesEnv[] = "TANDEM_CHECK_COLLECTIVES";
+
+#if TANDEM_WITH_MPI
+absl::Status CheckCollectivesSetting() {
+  const std::string value = Env(kCheckCollectivesEnv);
+  if (value.empty() || value == "rounds" || value == "each") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spawn: ", kCheckCollectivesEnv, "=\"", value,
+      "\" is not a setting: unset or \"rounds\" (the processes' collectives compared by the "
+      "step agreement's rounds), or \"each\" (also before each collective)"));
+}
+#endif
+
 std::string HostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
@@ -238,12 +254,22 @@ std::vector<std::pair<std::string, std::string>> ProcessWorld::Describe() const 
   return lines;
 }
 
+std::string ProcessWorld::NameOf(int process) const {
+  int first = 0;
+  for (int q = 0; q < process; ++q) first += static_cast<int>(processes_[q].devices.size());
+  return ProcessName(processes_, process, first);
+}
+
 std::vector<std::unique_ptr<Communicator>> ProcessWorld::MakeCommunicators(
     const std::vector<nn::Device>& local_devices) {
   std::vector<int> ranks_per_process;
   for (const ProcessInfo& p : processes_) ranks_per_process.push_back(static_cast<int>(p.devices.size()));
   exchange_ = std::make_shared<HierarchicalExchange>(process_index_, std::move(ranks_per_process),
                                                      transport_.get());
+  // The processes agreed on the setting (JoinProcesses), so all check alike.
+  if (Env(kCheckCollectivesEnv) == "each") {
+    exchange_->CheckEachCollective([this](int p) { return NameOf(p); });
+  }
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int l = 0; l < static_cast<int>(local_devices.size()); ++l) {
     comms.push_back(std::make_unique<HierarchicalCommunicator>(l, local_devices[l], exchange_));
@@ -302,13 +328,8 @@ void ProcessWorld::Serve(std::stop_token stop, ServeHooks hooks) {
           progress_.returned_entered.assign(slots.begin() + n, slots.begin() + 2 * n);
           progress_.returned_rank.assign(slots.begin() + 2 * n, slots.end());
         },
-        CollectiveCheck{.exchange = exchange_.get(), .name = [this](int p) {
-                          int first = 0;
-                          for (int q = 0; q < p; ++q) {
-                            first += static_cast<int>(processes_[q].devices.size());
-                          }
-                          return ProcessName(processes_, p, first);
-                        }});
+        CollectiveCheck{.exchange = exchange_.get(),
+                        .name = [this](int p) { return NameOf(p); }});
   }
   if (exchange_) {
     exchange_->Serve(std::move(stop), control_.get());
@@ -589,26 +610,7 @@ void ControlPlane::CheckCollectives() {
 
 std::string ControlPlane::MismatchMessage() const {
   const int64_t* probe = buffer_.data() + kFixed + 4 * processes_;
-  int first = -1, other = -1;
-  for (int p = 0; p < processes_; ++p) {
-    if (probe[p] == INT64_MIN) continue;
-    if (first < 0) {
-      first = p;
-    } else if (probe[p] != probe[first] && other < 0) {
-      other = p;
-    }
-  }
-  if (other < 0) return "";
-  auto side = [&](int p) {
-    return absl::StrCat(check_.name(p), " called ", DescribeFingerprint(probe[p], probe_));
-  };
-  std::string message = absl::StrCat("collective mismatch across processes: ", side(first),
-                                     " while ", side(other));
-  for (int p = other + 1; p < processes_; ++p) {
-    if (probe[p] != INT64_MIN && probe[p] != probe[first]) absl::StrAppend(&message, ", ", side(p));
-  }
-  return absl::StrCat(message, " (op, size, dtype, reduction or root differ: every process's "
-                               "ranks must call the same collectives in the same order)");
+  return CollectiveMismatch(std::vector<int64_t>(probe, probe + processes_), probe_, check_.name);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
@@ -662,13 +664,21 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
                  {"SpawnOptions::seed", absl::StrCat(options.seed)},
                  {"SpawnOptions::share_devices", options.share_devices ? "true" : "false"}};
   for (const auto& entry : options.must_agree) mine.agreed.push_back(entry);
+  // A process that compares before each collective pairs with no other.
+  const std::string check = Env(kCheckCollectivesEnv);
+  mine.agreed.push_back({absl::StrCat("environment ", kCheckCollectivesEnv),
+                         check.empty() ? "(unset)" : check});
   // GPU ranks: NCCL's settings are compared before any NCCL call (the unique
   // id's exchange), so a setting on one host fails every process, named.
   if (!local_devices.empty() && local_devices[0].is_cuda()) {
     for (auto& entry : NcclEnvironmentToAgree()) mine.agreed.push_back(std::move(entry));
   }
   (void)gpus;
-  return JoinMpiWorld(launcher, mine, options.share_devices);
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> world,
+                   JoinMpiWorld(launcher, mine, options.share_devices));
+  // After the join: every process has the same value, so every one fails alike.
+  if (world != nullptr) RETURN_IF_ERROR(CheckCollectivesSetting());
+  return world;
 #endif
 }
 

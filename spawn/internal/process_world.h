@@ -190,12 +190,16 @@ class ProcessWorld {
   const std::vector<ProcessInfo>& processes() const { return processes_; }
   // "host h, pid p"
   std::string Where() const;
+  // "process 1 (host h, pid p, rank 1)", "process 2 (host h, pid p, ranks 4..7)"
+  std::string NameOf(int process) const;
   // The spawn header's lines: every process's host, pid, ranks and devices.
   std::vector<std::pair<std::string, std::string>> Describe() const;
 
   // The CPU ranks' communicators (local_devices.size() of them), hierarchical:
   // in-process step, one transport collective per process on Serve's thread,
-  // in-process step back. Call once, before Serve.
+  // in-process step back. Call once, before Serve. TANDEM_CHECK_COLLECTIVES=each
+  // (agreed at the join) compares each collective between the processes before
+  // its data moves (HierarchicalExchange::CheckEachCollective).
   std::vector<std::unique_ptr<Communicator>> MakeCommunicators(
       const std::vector<nn::Device>& local_devices);
 

@@ -132,6 +132,13 @@ class HubTransport final : public ProcessTransport {
   }
   std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
                                               ReduceOp op) override {
+    if (dtype == nn::kInt64) {  // the exchange's check before each collective: a MAX
+      EXPECT_EQ(op, ReduceOp::kMax);
+      const int64_t k = hub_->Start(kData, index_, Bytes(data, count * 8));
+      return Make(kData, k, [=](const std::vector<std::string>& in) {
+        MaxInt64(in, static_cast<int64_t*>(data), static_cast<int>(count));
+      });
+    }
     EXPECT_EQ(dtype, nn::kFloat32);
     const int64_t k = hub_->Start(kData, index_, Bytes(data, count * 4));
     return Make(kData, k, [=](const std::vector<std::string>& in) {
@@ -148,16 +155,17 @@ class HubTransport final : public ProcessTransport {
   }
   std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) override {
     const int64_t k = hub_->Start(kControl, index_, Bytes(data, n * 8));
-    return Make(kControl, k, [=](const std::vector<std::string>& in) {
-      for (int i = 0; i < n; ++i) {
-        int64_t m = INT64_MIN;
-        for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);
-        data[i] = m;
-      }
-    });
+    return Make(kControl, k, [=](const std::vector<std::string>& in) { MaxInt64(in, data, n); });
   }
 
  private:
+  static void MaxInt64(const std::vector<std::string>& in, int64_t* out, int n) {
+    for (int i = 0; i < n; ++i) {
+      int64_t m = INT64_MIN;
+      for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);
+      out[i] = m;
+    }
+  }
   static std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
     std::vector<int64_t> offsets;
     int64_t at = 0;
@@ -279,8 +287,10 @@ struct FailingJob {
   std::vector<std::string> outcomes;  // per process: "cancelled", "error: <what>"
   std::vector<double> seconds;        // per process: from the start to the rank's throw
 
-  // fail_data_op: per process, HubTransport::fail_data_op_.
-  FailingJob(int processes, const Body& body, std::vector<int64_t> fail_data_op = {})
+  // fail_data_op: per process, HubTransport::fail_data_op_. check_each: the
+  // exchanges compare before each collective too (CheckEachCollective).
+  FailingJob(int processes, const Body& body, std::vector<int64_t> fail_data_op = {},
+             bool check_each = false)
       : failures(processes), outcomes(processes), seconds(processes) {
     Hub hub(processes);
     const std::vector<int> ranks_per_process(processes, 1);
@@ -294,6 +304,7 @@ struct FailingJob {
       if (p < static_cast<int>(fail_data_op.size())) transports[p]->fail_data_op_ = fail_data_op[p];
       exchanges.push_back(
           std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+      if (check_each) exchanges[p]->CheckEachCollective(ProcessLabel);
       agreements.push_back(std::make_unique<StepAgreement>(1, nullptr, 60, true));
       running.push_back(std::make_unique<std::atomic<int>>(1));
     }
@@ -361,6 +372,45 @@ TEST(CrossProcessThreads, DifferentBroadcastRootsFailEveryProcessNamingEachSide)
   for (int p = 0; p < 3; ++p) {
     EXPECT_NE(job.failures[p].find(expected), std::string::npos)
         << "process " << p << ": " << job.failures[p];
+    EXPECT_EQ(job.outcomes[p], "cancelled") << "process " << p;
+  }
+}
+
+// The same with the check before each collective: the broadcast never runs;
+// every rank throws the mismatch, naming each side.
+TEST(CrossProcessThreads, CheckingEachCollectiveStopsTheMismatchBeforeItsDataMoves) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        if (i != 2) return AllReduceEight(comm);
+        nn::Tensor x = nn::full({8}, static_cast<double>(p), {.dtype = nn::kFloat32});
+        comm.broadcast(x, p);
+        ADD_FAILURE() << "process " << p << "'s broadcast returned";
+      },
+      {}, /*check_each=*/true);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_NE(job.outcomes[p].find("error: collective mismatch across processes: process 0 "
+                                   "called broadcast #3 (8 float32, root 0) while process 1 "
+                                   "called broadcast #3 (8 float32, root 1)"),
+              std::string::npos)
+        << "process " << p << ": " << job.outcomes[p];
+  }
+}
+
+// Matching collectives with the check before each one: the sums are right, and
+// nothing is reported (the ranks stop after 200 collectives).
+TEST(CrossProcessThreads, CheckingEachCollectiveIsSilentWhenTheyMatch) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        if (i == 200) throw CancelledError("done");
+        nn::Tensor x = nn::full({3}, static_cast<double>(p + 1), {.dtype = nn::kFloat32});
+        comm.all_reduce(x, ReduceOp::kSum);
+        EXPECT_EQ(x.to_vector<float>()[1], 3.0f);
+      },
+      {}, /*check_each=*/true);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(job.failures[p], "") << "process " << p;
     EXPECT_EQ(job.outcomes[p], "cancelled") << "process " << p;
   }
 }

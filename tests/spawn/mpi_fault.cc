@@ -18,7 +18,8 @@
 // of 0, or a barrier before the step's all_reduce), mismatch_last (the roots
 // differ in a broadcast after the 200 steps, the ranks' last collective: MPI
 // completes it and the ranks return), extra_last (process 1's rank calls a
-// barrier after the 200 steps, which process 0's never enters).
+// barrier after the 200 steps, which process 0's never enters), refused (trains
+// as ok does; its test sets an environment that spawn refuses).
 #include <unistd.h>
 
 #include <csignal>

@@ -58,4 +58,31 @@ std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
   return text + ")";
 }
 
+std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_t sequence,
+                               const std::function<std::string(int process)>& name) {
+  const int processes = static_cast<int>(fingerprints.size());
+  int first = -1, other = -1;
+  for (int p = 0; p < processes; ++p) {
+    if (fingerprints[p] == INT64_MIN) continue;
+    if (first < 0) {
+      first = p;
+    } else if (fingerprints[p] != fingerprints[first] && other < 0) {
+      other = p;
+    }
+  }
+  if (other < 0) return "";
+  auto side = [&](int p) {
+    return absl::StrCat(name(p), " called ", DescribeFingerprint(fingerprints[p], sequence));
+  };
+  std::string message = absl::StrCat("collective mismatch across processes: ", side(first),
+                                     " while ", side(other));
+  for (int p = other + 1; p < processes; ++p) {
+    if (fingerprints[p] != INT64_MIN && fingerprints[p] != fingerprints[first]) {
+      absl::StrAppend(&message, ", ", side(p));
+    }
+  }
+  return absl::StrCat(message, " (op, size, dtype, reduction or root differ: every process's "
+                               "ranks must call the same collectives in the same order)");
+}
+
 }  // namespace tandem::dist::internal

@@ -12,7 +12,9 @@
 #define TANDEM_SPAWN_COMM_MPI_COLLECTIVE_FINGERPRINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "nn/dtype.h"
 #include "spawn/comm/communicator.h"
@@ -32,6 +34,15 @@ int64_t PackFingerprint(const CollectiveShape& shape);
 // "all_reduce #4 (1530 float32, sum)", "broadcast #2 (64 float32, root 1)",
 // "barrier #7"; an unknown op or dtype reads "op?" / "dtype?".
 std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence);
+
+// fingerprints: every process's fingerprint of collective `sequence`, in process
+// order (INT64_MIN: unknown, left out). "" when the known ones agree, else
+// "collective mismatch across processes: <name(0)> called all_reduce #4 (...)
+// while <name(1)> called all_gather #4 (...)[, <name(p)> called ...] (op, size,
+// ...)": the first process against the first that differs, then every further
+// process that differs from the first.
+std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_t sequence,
+                               const std::function<std::string(int process)>& name);
 
 }  // namespace tandem::dist::internal
 

@@ -412,14 +412,30 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
   return true;
 }
 
+bool HierarchicalExchange::CompareBeforehand(int64_t fingerprint, const std::stop_token& stop) {
+  const int processes = static_cast<int>(ranks_per_process_.size());
+  check_slots_.assign(processes, INT64_MIN);
+  check_slots_[process_index_] = fingerprint;
+  if (!Poll(transport_->AllReduceInPlace(check_slots_.data(), processes, nn::DType::kInt64,
+                                         ReduceOp::kMax).get(),
+            stop)) {
+    return false;
+  }
+  const std::string mismatch = CollectiveMismatch(check_slots_, started_, check_each_name_);
+  TANDEM_CHECK(mismatch.empty(), mismatch);
+  return true;
+}
+
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
   const Request& first = *batch[0];
   if (fingerprints_.empty()) fingerprints_.resize(kFingerprintHistory);
-  fingerprints_[++started_ % kFingerprintHistory] = PackFingerprint(
+  const int64_t fingerprint = PackFingerprint(
       {.op = first.op, .reduce = first.reduce, .root = first.root,
        .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
        .numel = first.in.defined() ? first.in.numel() : 0});
+  fingerprints_[++started_ % kFingerprintHistory] = fingerprint;
   CheckSameCollective(batch);
+  if (check_each_name_ && !CompareBeforehand(fingerprint, stop)) return false;
   const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
   if (op == "all_reduce") return ExecuteAllReduce(batch, stop);

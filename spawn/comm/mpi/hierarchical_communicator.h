@@ -38,7 +38,12 @@
 // transport unusable (spawn then aborts the job).
 //
 // Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) is
-// kept for the last kFingerprintHistory collectives, for those rounds.
+// kept for the last kFingerprintHistory collectives, for those rounds. With
+// CheckEachCollective the processes also compare it before each collective's
+// data moves (a MAX all-reduce of one slot per process on the data channel: a
+// round trip more per collective, off by default); a mismatch then throws
+// tandem::Error naming each side on every rank of every process, and MPI never
+// sees the mismatched collective.
 //
 // Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
 #ifndef TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
@@ -48,6 +53,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -117,6 +123,12 @@ class HierarchicalExchange {
   std::optional<int64_t> FingerprintOf(uint64_t sequence) const;
   // How long a transport error waits for the rounds' verdict (see Errors above).
   static constexpr std::chrono::milliseconds kVerdictWait{2000};
+  // Compare each collective's fingerprint between the processes before its data
+  // moves; `name` names a process in the error ("process 1 (host h, pid p, rank
+  // 1)"). Every process must set it alike. Before Serve.
+  void CheckEachCollective(std::function<std::string(int process)> name) {
+    check_each_name_ = std::move(name);
+  }
 
   // Communication thread: runs until every local rank exited or, with `control`
   // (may be null), until its rounds say every process's ranks exited. Ticks
@@ -141,6 +153,9 @@ class HierarchicalExchange {
   // for the rounds' verdict first (AwaitVerdict), then throws.
   bool Poll(PendingOp* op, const std::stop_token& stop);
   bool PollUntilDone(PendingOp* op, const std::stop_token& stop);
+  // CheckEachCollective's comparison of collective started_; false when stopped,
+  // throws tandem::Error on a mismatch.
+  bool CompareBeforehand(int64_t fingerprint, const std::stop_token& stop);
   // After a transport error: ticks the rounds for up to kVerdictWait; true when
   // the run is stopping meanwhile (the rounds, or anything else, reported first).
   bool AwaitVerdict(const std::stop_token& stop);
@@ -168,6 +183,8 @@ class HierarchicalExchange {
   std::vector<char> partial_, recv_, result_;  // scratch of the communication thread
   uint64_t started_ = 0;                         // communication thread only
   std::vector<int64_t> fingerprints_;            // ring of kFingerprintHistory, by sequence
+  std::function<std::string(int)> check_each_name_;  // set: CheckEachCollective
+  std::vector<int64_t> check_slots_;                 // its all-reduce's buffer
 };
 
 class HierarchicalCommunicator final : public Communicator {
