@@ -3,7 +3,9 @@
 // and the description reads back what was packed.
 #include "spawn/comm/mpi/collective_fingerprint.h"
 
+#include <cstdint>
 #include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "nn/error.h"
@@ -75,6 +77,19 @@ TEST(CollectiveFingerprint, DescriptionReadsBackEachField) {
                                                  .numel = int64_t{1} << 31}), 7),
             "reduce_scatter #7 (2147483648 bfloat16, avg)");
   EXPECT_EQ(DescribeFingerprint(PackFingerprint({.op = "barrier"}), 9), "barrier #9");
+}
+
+TEST(CollectiveFingerprint, MismatchNamesTheFirstProcessAndEachThatDiffers) {
+  auto name = [](int p) { return "process " + std::to_string(p); };
+  const int64_t a = PackFingerprint(AllReduce());
+  const int64_t b = PackFingerprint({.op = "barrier"});
+  EXPECT_EQ(CollectiveMismatch({a, a, a}, 4, name), "");
+  EXPECT_EQ(CollectiveMismatch({a, INT64_MIN, a}, 4, name), "") << "an unknown one is left out";
+  EXPECT_EQ(CollectiveMismatch({INT64_MIN, a, b, a, b}, 4, name),
+            "collective mismatch across processes: process 1 called all_reduce #4 (1530 float32, "
+            "sum) while process 2 called barrier #4, process 4 called barrier #4 (op, size, "
+            "dtype, reduction or root differ: every process's ranks must call the same "
+            "collectives in the same order)");
 }
 
 TEST(CollectiveFingerprint, AnOpThatIsNoCrossProcessCollectiveIsNamed) {
