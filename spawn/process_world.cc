@@ -31,6 +31,22 @@ std::string Env(const char* name) {
   return value != nullptr ? std::string(value) : std::string();
 }
 
+// How the processes' collectives are compared: unset or "rounds" (by the step
+// agreement's rounds, ControlPlane), "each" (also before each collective, a
+// round trip more: HierarchicalExchange::CheckEachCollective).
+constexpr char kCheckCollectivesEnv[] = "TANDEM_CHECK_COLLECTIVES";
+
+#if TANDEM_WITH_MPI
+absl::Status CheckCollectivesSetting() {
+  const std::string value = Env(kCheckCollectivesEnv);
+  if (value.empty() || value == "rounds" || value == "each") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spawn: ", kCheckCollectivesEnv, "=\"", value,
+      "\" is not a setting: unset or \"rounds\" (the processes' collectives compared by the "
+      "step agreement's rounds), or \"each\" (also before each collective)"));
+}
+#endif
+
 std::string HostName() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
@@ -50,6 +66,15 @@ bool Take(absl::string_view* in, std::string* field) {
   *field = std::string(in->substr(colon + 1, length));
   in->remove_prefix(colon + 1 + length);
   return true;
+}
+
+// "process 1 (host h, pid 7, ranks 2..3)": process p, whose first global rank is `first`.
+std::string ProcessName(const std::vector<ProcessInfo>& processes, size_t p, int first) {
+  const int count = static_cast<int>(processes[p].devices.size());
+  return absl::StrCat("process ", p, " (host ", processes[p].host, ", pid ", processes[p].pid,
+                      ", rank", count > 1 ? absl::StrCat("s ", first, "..", first + count - 1)
+                                          : absl::StrCat(" ", first),
+                      ")");
 }
 
 std::string Where(const std::vector<ProcessInfo>& processes, size_t p) {
@@ -229,12 +254,22 @@ std::vector<std::pair<std::string, std::string>> ProcessWorld::Describe() const 
   return lines;
 }
 
+std::string ProcessWorld::NameOf(int process) const {
+  int first = 0;
+  for (int q = 0; q < process; ++q) first += static_cast<int>(processes_[q].devices.size());
+  return ProcessName(processes_, process, first);
+}
+
 std::vector<std::unique_ptr<Communicator>> ProcessWorld::MakeCommunicators(
     const std::vector<nn::Device>& local_devices) {
   std::vector<int> ranks_per_process;
   for (const ProcessInfo& p : processes_) ranks_per_process.push_back(static_cast<int>(p.devices.size()));
   exchange_ = std::make_shared<HierarchicalExchange>(process_index_, std::move(ranks_per_process),
                                                      transport_.get());
+  // The processes agreed on the setting (JoinProcesses), so all check alike.
+  if (Env(kCheckCollectivesEnv) == "each") {
+    exchange_->CheckEachCollective([this](int p) { return NameOf(p); });
+  }
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int l = 0; l < static_cast<int>(local_devices.size()); ++l) {
     comms.push_back(std::make_unique<HierarchicalCommunicator>(l, local_devices[l], exchange_));
@@ -292,7 +327,9 @@ void ProcessWorld::Serve(std::stop_token stop, ServeHooks hooks) {
           progress_.entered.assign(slots.begin(), slots.begin() + n);
           progress_.returned_entered.assign(slots.begin() + n, slots.begin() + 2 * n);
           progress_.returned_rank.assign(slots.begin() + 2 * n, slots.end());
-        });
+        },
+        CollectiveCheck{.exchange = exchange_.get(),
+                        .name = [this](int p) { return NameOf(p); }});
   }
   if (exchange_) {
     exchange_->Serve(std::move(stop), control_.get());
@@ -323,15 +360,6 @@ char ProcessState(int64_t pid) {
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');  // the command name may hold spaces
   return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
-}
-
-// "process 1 (host h, pid 7, ranks 2..3)": process p, whose first global rank is `first`.
-std::string ProcessName(const std::vector<ProcessInfo>& processes, size_t p, int first) {
-  const int count = static_cast<int>(processes[p].devices.size());
-  return absl::StrCat("process ", p, " (host ", processes[p].host, ", pid ", processes[p].pid,
-                      ", rank", count > 1 ? absl::StrCat("s ", first, "..", first + count - 1)
-                                          : absl::StrCat(" ", first),
-                      ")");
 }
 
 // "; process 1 (...) is stopped (SIGSTOP or a debugger)" for each process other
@@ -438,12 +466,15 @@ std::vector<ReturnedElsewhere> ProcessWorld::ReturnedRanksElsewhere() const {
 
 ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
                            std::function<int()> running,
-                           std::function<void(const std::vector<int64_t>&)> progress)
+                           std::function<void(const std::vector<int64_t>&)> progress,
+                           CollectiveCheck check)
     : transport_(transport),
       hooks_(std::move(hooks)),
       running_(std::move(running)),
       progress_(std::move(progress)),
-      buffer_(kFixed + 3 * transport->process_count(), 0) {}
+      check_(std::move(check)),
+      processes_(transport->process_count()),
+      buffer_(kFixed + 5 * processes_ + 2 * kCheckWindow, 0) {}
 
 ControlPlane::~ControlPlane() { AbandonRound(); }
 
@@ -475,8 +506,15 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
     op_.reset();
     hooks_.agreement->ApplyRound({.stop_code = buffer_[0], .save_wanted = buffer_[1],
                                   .arrived = buffer_[2]});
-    progress_(std::vector<int64_t>(buffer_.begin() + kFixed, buffer_.end()));
-    if (buffer_[3] == 0) {  // no process has a running rank: this was the last round
+    progress_(std::vector<int64_t>(buffer_.begin() + kFixed,
+                                   buffer_.begin() + kFixed + 3 * processes_));
+    CheckCollectives();
+    if (buffer_[3] == 0) {  // no process has a running rank: the last round, once
+      // the last collectives are compared too (every process decides alike)
+      if (!CollectivesCompared()) {
+        next_round_ = now;
+        return true;
+      }
       finished_ = true;
       return false;
     }
@@ -508,8 +546,71 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
       buffer_[kFixed + 2 * processes + me] = returned->second;
     }
   }
+  PutCollectives();
   op_ = transport_->ControlAllReduceMax(buffer_.data(), static_cast<int>(buffer_.size()));
   return true;
+}
+
+void ControlPlane::PutCollectives() {
+  const HierarchicalExchange* exchange = check_.exchange;
+  if (exchange == nullptr) return;
+  const int me = transport_->process_index();
+  started_slots()[me] = static_cast<int64_t>(exchange->started());
+  if (probe_ != 0) {
+    probe_slots()[me] = exchange->FingerprintOf(probe_).value_or(INT64_MIN);
+    return;
+  }
+  // Largest in the even slot, smallest (negated) in the odd one; INT64_MIN: not kept.
+  int64_t* window = window_slots();
+  for (uint64_t s = checked_ + 1; s <= std::min(common_, checked_ + kCheckWindow); ++s) {
+    if (const std::optional<int64_t> fingerprint = exchange->FingerprintOf(s)) {
+      const size_t i = 2 * (s - checked_ - 1);
+      window[i] = *fingerprint;
+      window[i + 1] = -*fingerprint;
+    }
+  }
+}
+
+bool ControlPlane::CollectivesCompared() const {
+  return check_.exchange == nullptr || mismatch_reported_ || (probe_ == 0 && checked_ >= common_);
+}
+
+void ControlPlane::CheckCollectives() {
+  if (check_.exchange == nullptr || mismatch_reported_) return;
+  if (probe_ != 0) {
+    const std::string message = MismatchMessage();
+    if (!message.empty()) {
+      mismatch_reported_ = true;
+      hooks_.fail(absl::FailedPreconditionError(message));
+      return;
+    }
+    // No two processes still kept different ones (their histories moved on):
+    // count it as compared, so that the rounds never ask for it again.
+    checked_ = probe_;
+    probe_ = 0;
+  } else {
+    const int64_t* window = window_slots();
+    const uint64_t end = std::min(common_, checked_ + kCheckWindow);
+    for (uint64_t s = checked_ + 1; s <= end; ++s) {
+      const size_t i = 2 * (s - checked_ - 1);
+      if (window[i] != INT64_MIN && window[i] != -window[i + 1]) {
+        probe_ = s;
+        break;
+      }
+    }
+    if (probe_ == 0) checked_ = end;
+  }
+  const int64_t* started = started_slots();
+  common_ = static_cast<uint64_t>(*std::min_element(started, started + processes_));
+  // Far behind (more collectives a round than the window holds): the oldest
+  // fingerprints are gone from the history; go on from where they are kept.
+  const uint64_t kept = HierarchicalExchange::kFingerprintHistory / 2;
+  if (probe_ == 0 && common_ > checked_ + kept) checked_ = common_ - kept;
+}
+
+std::string ControlPlane::MismatchMessage() const {
+  const int64_t* probe = buffer_.data() + kFixed + 4 * processes_;
+  return CollectiveMismatch(std::vector<int64_t>(probe, probe + processes_), probe_, check_.name);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
@@ -563,13 +664,21 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
                  {"SpawnOptions::seed", absl::StrCat(options.seed)},
                  {"SpawnOptions::share_devices", options.share_devices ? "true" : "false"}};
   for (const auto& entry : options.must_agree) mine.agreed.push_back(entry);
+  // A process that compares before each collective pairs with no other.
+  const std::string check = Env(kCheckCollectivesEnv);
+  mine.agreed.push_back({absl::StrCat("environment ", kCheckCollectivesEnv),
+                         check.empty() ? "(unset)" : check});
   // GPU ranks: NCCL's settings are compared before any NCCL call (the unique
   // id's exchange), so a setting on one host fails every process, named.
   if (!local_devices.empty() && local_devices[0].is_cuda()) {
     for (auto& entry : NcclEnvironmentToAgree()) mine.agreed.push_back(std::move(entry));
   }
   (void)gpus;
-  return JoinMpiWorld(launcher, mine, options.share_devices);
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessWorld> world,
+                   JoinMpiWorld(launcher, mine, options.share_devices));
+  // After the join: every process has the same value, so every one fails alike.
+  if (world != nullptr) RETURN_IF_ERROR(CheckCollectivesSetting());
+  return world;
 #endif
 }
 

@@ -87,6 +87,14 @@ struct ProcessProgress {
   std::vector<int64_t> returned_rank;
 };
 
+// What the rounds compare of the processes' cross-process collectives.
+struct CollectiveCheck {
+  // The CPU ranks' exchange (its fingerprints); null (GPU ranks): nothing compared.
+  const HierarchicalExchange* exchange = nullptr;
+  // "process 1 (host h, pid p, rank 1)", for the mismatch's message.
+  std::function<std::string(int process)> name;
+};
+
 // The communication thread's share of the step agreement across processes
 // (spawn/signals.h): rounds of ControlAllReduceMax over (stop signal, save
 // wanted, largest arrived step, ranks running, then three slots per process: the
@@ -94,20 +102,39 @@ struct ProcessProgress {
 // have returned the one that entered the fewest: the collectives it entered and
 // its global rank, INT64_MIN when none returned), one at a time, every
 // kRoundPeriod or at once when the agreement is Urgent().
+//
+// The same rounds compare the processes' collectives (CollectiveCheck), at no
+// cost to the collectives themselves: each round also carries, per process, how
+// many collectives its communication thread has started, and for a window of up
+// to kCheckWindow collectives that every process had started by the previous
+// round the largest and the smallest fingerprint (op, size, dtype, reduction,
+// root; spawn/comm/mpi/collective_fingerprint.h). A collective whose two differ
+// is a mismatch: the next round carries each process's fingerprint of it, and
+// the run fails (hooks.fail) on every process with the same message, naming
+// each side ("collective mismatch across processes: process 0 (...) called
+// all_reduce #4 (1530 float32, sum) while process 1 (...) called all_gather #4
+// (4 float64)"), about three rounds after the processes reached it. Compared:
+// up to kCheckWindow collectives a round (6400 a second); a job that runs more
+// falls behind, and once half the fingerprint history behind the comparison
+// skips to the collectives still kept (the skipped ones are not compared).
 class ControlPlane final : public BackgroundRounds {
  public:
   static constexpr std::chrono::milliseconds kRoundPeriod{10};
+  static constexpr int kCheckWindow = 64;
   // running(): this process's rank threads that have not exited. progress(): told
   // every completed round's per-process slots (3 * processes values: the entered
   // slots of every process, then the returned ranks' entered, then their ranks).
   ControlPlane(ProcessTransport* transport, ServeHooks hooks, std::function<int()> running,
-               std::function<void(const std::vector<int64_t>&)> progress);
+               std::function<void(const std::vector<int64_t>&)> progress,
+               CollectiveCheck check = {});
   // A round still in flight (only on the way to Abort) is left to MPI, not freed.
   ~ControlPlane() override;
   // Advances the round in flight, applies a finished one, starts the next one
   // when due (none once `stop` is requested: the job is ending with Abort). False
-  // once a round said that no process has a running rank (the last round: every
-  // process ends at the same one), or after a transport error (reported to fail).
+  // once a round said that no process has a running rank and every collective
+  // has been compared (the last round: every process ends at the same one; the
+  // rounds that finish the comparison follow each other without a pause), or
+  // after a transport error (reported to fail).
   bool Tick(const std::stop_token& stop) override;
   // How long the caller may sleep before the next Tick.
   std::chrono::microseconds NextWait() const override { return urgent_ ? std::chrono::microseconds(100)
@@ -116,6 +143,16 @@ class ControlPlane final : public BackgroundRounds {
  private:
   static constexpr int kFixed = 4;  // slots before the per-process ones
   bool TickOrThrow(const std::stop_token& stop);
+  // The collective check's slots: this process's part of the next round, and
+  // what a completed round says (hooks.fail on a mismatch).
+  void PutCollectives();
+  void CheckCollectives();
+  // Every collective the processes started has been compared (or nothing is).
+  bool CollectivesCompared() const;
+  std::string MismatchMessage() const;
+  int64_t* started_slots() { return buffer_.data() + kFixed + 3 * processes_; }
+  int64_t* probe_slots() { return started_slots() + processes_; }
+  int64_t* window_slots() { return probe_slots() + processes_; }
   // Leaves a round still in flight to MPI (request and buffer not freed).
   void AbandonRound();
 
@@ -123,8 +160,15 @@ class ControlPlane final : public BackgroundRounds {
   ServeHooks hooks_;
   std::function<int()> running_;
   std::function<void(const std::vector<int64_t>&)> progress_;
+  CollectiveCheck check_;
+  int processes_ = 0;
   std::vector<int64_t> buffer_;
   std::unique_ptr<PendingOp> op_;
+  // Communication thread only; the same on every process (from the same rounds).
+  uint64_t checked_ = 0;    // every collective up to this one agreed
+  uint64_t common_ = 0;     // every process had started this many at the last round
+  uint64_t probe_ = 0;      // a mismatched collective whose sides the next round names
+  bool mismatch_reported_ = false;
   std::chrono::steady_clock::time_point next_round_{};
   bool urgent_ = false;
   bool finished_ = false;
@@ -146,12 +190,16 @@ class ProcessWorld {
   const std::vector<ProcessInfo>& processes() const { return processes_; }
   // "host h, pid p"
   std::string Where() const;
+  // "process 1 (host h, pid p, rank 1)", "process 2 (host h, pid p, ranks 4..7)"
+  std::string NameOf(int process) const;
   // The spawn header's lines: every process's host, pid, ranks and devices.
   std::vector<std::pair<std::string, std::string>> Describe() const;
 
   // The CPU ranks' communicators (local_devices.size() of them), hierarchical:
   // in-process step, one transport collective per process on Serve's thread,
-  // in-process step back. Call once, before Serve.
+  // in-process step back. Call once, before Serve. TANDEM_CHECK_COLLECTIVES=each
+  // (agreed at the join) compares each collective between the processes before
+  // its data moves (HierarchicalExchange::CheckEachCollective).
   std::vector<std::unique_ptr<Communicator>> MakeCommunicators(
       const std::vector<nn::Device>& local_devices);
 

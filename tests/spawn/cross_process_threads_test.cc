@@ -7,6 +7,7 @@
 // the same code between real processes, but not under TSan.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -18,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nn/error.h"
 #include "nn/tensor.h"
 #include "spawn/comm/mpi/hierarchical_communicator.h"
 #include "spawn/internal/process_world.h"
@@ -129,6 +132,13 @@ class HubTransport final : public ProcessTransport {
   }
   std::unique_ptr<PendingOp> AllReduceInPlace(void* data, int64_t count, nn::DType dtype,
                                               ReduceOp op) override {
+    if (dtype == nn::kInt64) {  // the exchange's check before each collective: a MAX
+      EXPECT_EQ(op, ReduceOp::kMax);
+      const int64_t k = hub_->Start(kData, index_, Bytes(data, count * 8));
+      return Make(kData, k, [=](const std::vector<std::string>& in) {
+        MaxInt64(in, static_cast<int64_t*>(data), static_cast<int>(count));
+      });
+    }
     EXPECT_EQ(dtype, nn::kFloat32);
     const int64_t k = hub_->Start(kData, index_, Bytes(data, count * 4));
     return Make(kData, k, [=](const std::vector<std::string>& in) {
@@ -145,16 +155,17 @@ class HubTransport final : public ProcessTransport {
   }
   std::unique_ptr<PendingOp> ControlAllReduceMax(int64_t* data, int n) override {
     const int64_t k = hub_->Start(kControl, index_, Bytes(data, n * 8));
-    return Make(kControl, k, [=](const std::vector<std::string>& in) {
-      for (int i = 0; i < n; ++i) {
-        int64_t m = INT64_MIN;
-        for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);
-        data[i] = m;
-      }
-    });
+    return Make(kControl, k, [=](const std::vector<std::string>& in) { MaxInt64(in, data, n); });
   }
 
  private:
+  static void MaxInt64(const std::vector<std::string>& in, int64_t* out, int n) {
+    for (int i = 0; i < n; ++i) {
+      int64_t m = INT64_MIN;
+      for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);
+      out[i] = m;
+    }
+  }
   static std::vector<int64_t> Offsets(const std::vector<int64_t>& counts) {
     std::vector<int64_t> offsets;
     int64_t at = 0;
@@ -170,11 +181,26 @@ class HubTransport final : public ProcessTransport {
     return t;
   }
   std::unique_ptr<PendingOp> Make(int channel, int64_t k, HubOp::Finish finish) {
+    if (channel == kData && data_ops_++ == fail_data_op_) {
+      // Started at the hub (the other processes' op completes), failed here.
+      class FailingOp final : public PendingOp {
+       public:
+        bool Test() override { throw Error("test transport error"); }
+      };
+      return std::make_unique<FailingOp>();
+    }
     return std::make_unique<HubOp>(hub_, channel, k, std::move(finish));
   }
   Hub* hub_;
   int index_;
+  int64_t data_ops_ = 0;
+
+ public:
+  // The data operation with this index (0-based, on this process) fails in Test.
+  int64_t fail_data_op_ = -1;
 };
+
+std::string ProcessLabel(int p) { return absl::StrCat("process ", p); }
 
 // P processes x L ranks: every step an all_reduce of each rank's global index +
 // 1 (checked: the sum over the world), then the step boundary; a stop requested
@@ -198,12 +224,14 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
   std::stop_source never;
   for (int p = 0; p < processes; ++p) {
     threads.emplace_back([&, p] {  // the communication thread
+      // The collectives match: the rounds' comparison of them stays silent.
       ControlPlane control(
           transports[p].get(),
           {.agreement = agreements[p].get(),
            .fail = [](absl::Status s) { ADD_FAILURE() << s; },
            .collectives_entered = [] { return uint64_t{0}; }},
-          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {});
+          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
+          {.exchange = exchanges[p].get(), .name = ProcessLabel});
       exchanges[p]->Serve(never.get_token(), &control);
     });
     for (int l = 0; l < local; ++l) {
@@ -249,6 +277,178 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
 
 TEST(CrossProcessThreads, TwoProcessesStopTogether) { RunJob(2, 2, 20, 1); }
 TEST(CrossProcessThreads, ThreeProcessesStopTogether) { RunJob(3, 1, 15, 2); }
+
+// P processes x 1 rank, each rank calling body(process, comm, i) for i = 0, 1,
+// ... until its collective throws (or 20 s pass); each process's rounds compare
+// the collectives. What the run's failure hook and each rank saw.
+struct FailingJob {
+  using Body = std::function<void(int, HierarchicalCommunicator&, int)>;
+  std::vector<std::string> failures;  // per process: hooks.fail's message, or ""
+  std::vector<std::string> outcomes;  // per process: "cancelled", "error: <what>"
+  std::vector<double> seconds;        // per process: from the start to the rank's throw
+
+  // fail_data_op: per process, HubTransport::fail_data_op_. check_each: the
+  // exchanges compare before each collective too (CheckEachCollective).
+  FailingJob(int processes, const Body& body, std::vector<int64_t> fail_data_op = {},
+             bool check_each = false)
+      : failures(processes), outcomes(processes), seconds(processes) {
+    Hub hub(processes);
+    const std::vector<int> ranks_per_process(processes, 1);
+    std::vector<std::unique_ptr<HubTransport>> transports;
+    std::vector<std::shared_ptr<HierarchicalExchange>> exchanges;
+    std::vector<std::unique_ptr<StepAgreement>> agreements;
+    std::vector<std::stop_source> stops(processes);
+    std::vector<std::unique_ptr<std::atomic<int>>> running;
+    for (int p = 0; p < processes; ++p) {
+      transports.push_back(std::make_unique<HubTransport>(&hub, p));
+      if (p < static_cast<int>(fail_data_op.size())) transports[p]->fail_data_op_ = fail_data_op[p];
+      exchanges.push_back(
+          std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+      if (check_each) exchanges[p]->CheckEachCollective(ProcessLabel);
+      agreements.push_back(std::make_unique<StepAgreement>(1, nullptr, 60, true));
+      running.push_back(std::make_unique<std::atomic<int>>(1));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int p = 0; p < processes; ++p) {
+      threads.emplace_back([&, p] {
+        ControlPlane control(
+            transports[p].get(),
+            {.agreement = agreements[p].get(),
+             .fail = [&, p](absl::Status s) {
+               failures[p] = std::string(s.message());
+               stops[p].request_stop();
+             },
+             .collectives_entered = [] { return uint64_t{0}; }},
+            [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
+            {.exchange = exchanges[p].get(), .name = ProcessLabel});
+        exchanges[p]->Serve(stops[p].get_token(), &control);
+      });
+      threads.emplace_back([&, p] {
+        HierarchicalCommunicator comm(0, nn::Device::CPU(), exchanges[p]);
+        const auto give_up = start + std::chrono::seconds(20);
+        try {
+          for (int i = 0; std::chrono::steady_clock::now() < give_up; ++i) body(p, comm, i);
+          outcomes[p] = "returned";
+        } catch (const CancelledError&) {
+          outcomes[p] = "cancelled";
+        } catch (const Error& e) {
+          outcomes[p] = absl::StrCat("error: ", e.what());
+        }
+        seconds[p] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        // A rank that failed ends the job, as spawn's abort would: the other
+        // processes' ranks would wait for a collective it never enters. (A
+        // cancelled rank's process failed through the rounds, as the others do.)
+        if (outcomes[p] != "cancelled") {
+          for (std::stop_source& stop : stops) stop.request_stop();
+        }
+        exchanges[p]->RankExited(0);
+        running[p]->fetch_sub(1);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+};
+
+void AllReduceEight(HierarchicalCommunicator& comm, ReduceOp op = ReduceOp::kSum) {
+  nn::Tensor x = nn::full({8}, 1.0, {.dtype = nn::kFloat32});
+  comm.all_reduce(x, op);
+}
+
+// Collective #3 is a broadcast from process p's own rank on each process p: the
+// transport completes it (as MPI does), each process keeping its own data. The
+// rounds find it while the ranks go on with all_reduces, and every process's
+// run fails with the same message naming every side; the ranks are cancelled.
+TEST(CrossProcessThreads, DifferentBroadcastRootsFailEveryProcessNamingEachSide) {
+  FailingJob job(3, [](int p, HierarchicalCommunicator& comm, int i) {
+    if (i != 2) return AllReduceEight(comm);
+    nn::Tensor x = nn::full({8}, 1.0, {.dtype = nn::kFloat32});
+    comm.broadcast(x, p);
+  });
+  const std::string expected =
+      "collective mismatch across processes: process 0 called broadcast #3 (8 float32, root 0) "
+      "while process 1 called broadcast #3 (8 float32, root 1), process 2 called broadcast #3 "
+      "(8 float32, root 2) (op, size, dtype, reduction or root differ";
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_NE(job.failures[p].find(expected), std::string::npos)
+        << "process " << p << ": " << job.failures[p];
+    EXPECT_EQ(job.outcomes[p], "cancelled") << "process " << p;
+  }
+}
+
+// The same with the check before each collective: the broadcast never runs;
+// every rank throws the mismatch, naming each side.
+TEST(CrossProcessThreads, CheckingEachCollectiveStopsTheMismatchBeforeItsDataMoves) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        if (i != 2) return AllReduceEight(comm);
+        nn::Tensor x = nn::full({8}, static_cast<double>(p), {.dtype = nn::kFloat32});
+        comm.broadcast(x, p);
+        ADD_FAILURE() << "process " << p << "'s broadcast returned";
+      },
+      {}, /*check_each=*/true);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_NE(job.outcomes[p].find("error: collective mismatch across processes: process 0 "
+                                   "called broadcast #3 (8 float32, root 0) while process 1 "
+                                   "called broadcast #3 (8 float32, root 1)"),
+              std::string::npos)
+        << "process " << p << ": " << job.outcomes[p];
+  }
+}
+
+// Matching collectives with the check before each one: the sums are right, and
+// nothing is reported (the ranks stop after 200 collectives).
+TEST(CrossProcessThreads, CheckingEachCollectiveIsSilentWhenTheyMatch) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        if (i == 200) throw CancelledError("done");
+        nn::Tensor x = nn::full({3}, static_cast<double>(p + 1), {.dtype = nn::kFloat32});
+        comm.all_reduce(x, ReduceOp::kSum);
+        EXPECT_EQ(x.to_vector<float>()[1], 3.0f);
+      },
+      {}, /*check_each=*/true);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(job.failures[p], "") << "process " << p;
+    EXPECT_EQ(job.outcomes[p], "cancelled") << "process " << p;
+  }
+}
+
+// Collective #3 differs (sum on process 0, max on process 1) and fails in
+// process 0's transport, as MPI_ERR_TRUNCATE does: process 0 holds its error
+// until the rounds name the mismatch, which becomes the failure of both; its
+// rank is cancelled rather than given the transport's error.
+TEST(CrossProcessThreads, ATransportErrorWaitsForTheRoundsToNameTheMismatch) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        AllReduceEight(comm, i == 2 && p == 1 ? ReduceOp::kMax : ReduceOp::kSum);
+      },
+      {2, -1});
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_NE(job.failures[p].find("collective mismatch across processes: process 0 called "
+                                   "all_reduce #3 (8 float32, sum) while process 1 called "
+                                   "all_reduce #3 (8 float32, max)"),
+              std::string::npos)
+        << "process " << p << ": " << job.failures[p];
+  }
+  EXPECT_EQ(job.outcomes[0], "cancelled");
+  EXPECT_LT(job.seconds[0], 1.0) << "the rounds' verdict took that long";
+}
+
+// A transport error where the collectives agree: after the rounds' wait
+// (kVerdictWait) the rank gets the transport's own error; no mismatch is reported.
+TEST(CrossProcessThreads, ATransportErrorWithoutMismatchIsReportedAfterTheWait) {
+  FailingJob job(2, [](int, HierarchicalCommunicator& comm, int) { AllReduceEight(comm); },
+                 {2, -1});
+  EXPECT_NE(job.outcomes[0].find("test transport error"), std::string::npos) << job.outcomes[0];
+  const double wait_s = std::chrono::duration<double>(HierarchicalExchange::kVerdictWait).count();
+  EXPECT_GE(job.seconds[0], wait_s);
+  EXPECT_LT(job.seconds[0], wait_s + 5);
+  EXPECT_EQ(job.failures[0], "");
+  EXPECT_EQ(job.failures[1], "");
+}
 
 }  // namespace
 }  // namespace tandem::dist::internal

@@ -11,7 +11,15 @@
 // process 0's goes on without DataParallel::join(): process 0's watchdog ends the
 // job as soon as the last round between the processes reports the return, long
 // before timeout_s 60), even_late (equal steps, but process 0's rank waits 1.5 s
-// after its last step while process 1's has returned: silent, exit 0).
+// after its last step while process 1's has returned: silent, exit 0),
+// mismatch_{op,size,dtype,root,extra} (at step 3 process 0's rank calls
+// all_reduce of 1530 float32 and process 1's all_gather of 4 float64, an
+// all_reduce of 1531 float32 or of 1530 float64, a broadcast from root 1 instead
+// of 0, or a barrier before the step's all_reduce), mismatch_last (the roots
+// differ in a broadcast after the 200 steps, the ranks' last collective: MPI
+// completes it and the ranks return), extra_last (process 1's rank calls a
+// barrier after the 200 steps, which process 0's never enters), refused (trains
+// as ok does; its test sets an environment that spawn refuses).
 #include <unistd.h>
 
 #include <csignal>
@@ -27,6 +35,35 @@ namespace {
 int ProcessIndex() {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   return rank != nullptr ? std::atoi(rank) : 0;
+}
+
+// Step 3 of the mismatch modes: process 0's and process 1's ranks call
+// collectives that do not pair.
+void CallMismatched(tandem::dist::Context& ctx, const std::string& mode) {
+  using namespace tandem;
+  dist::Communicator& comm = ctx.communicator();
+  const bool first = ctx.process_index() == 0;
+  if (mode == "mismatch_op") {
+    if (first) {
+      nn::Tensor x = nn::zeros({1530});
+      comm.all_reduce(x);
+    } else {
+      nn::Tensor in = nn::zeros({4}, {.dtype = nn::DType::kFloat64});
+      nn::Tensor out = nn::zeros({4 * ctx.world_size()}, {.dtype = nn::DType::kFloat64});
+      comm.all_gather_into(in, out);
+    }
+  } else if (mode == "mismatch_size") {
+    nn::Tensor x = nn::zeros({first ? 1530 : 1531});
+    comm.all_reduce(x);
+  } else if (mode == "mismatch_dtype") {
+    nn::Tensor x = nn::zeros({1530}, {.dtype = first ? nn::DType::kFloat32 : nn::DType::kFloat64});
+    comm.all_reduce(x);
+  } else if (mode == "mismatch_root" || mode == "mismatch_last") {
+    nn::Tensor x = nn::zeros({64});
+    comm.broadcast(x, first ? 0 : 1);
+  } else if (mode == "mismatch_extra" && !first) {
+    comm.barrier();
+  }
 }
 
 }  // namespace
@@ -57,11 +94,16 @@ int main(int argc, char** argv) {
               return;
             }
           }
+          if (step == 3 && mode.rfind("mismatch_", 0) == 0 && mode != "mismatch_last") {
+            CallMismatched(ctx, mode);
+          }
           nn::Tensor x = nn::full({256}, static_cast<double>(ctx.rank()));
           ctx.communicator().all_reduce(x);
           ::usleep(2000);
         }
         if (mode == "even_late" && ctx.process_index() == 0) ::usleep(1500 * 1000);
+        if (mode == "extra_last" && ctx.process_index() == 1) ctx.communicator().barrier();
+        if (mode == "mismatch_last") CallMismatched(ctx, mode);
         ctx.log().Info("done: 200 steps");
       },
       1, "cpu", options);

@@ -226,7 +226,34 @@ void HierarchicalExchange::Serve(std::stop_token stop, BackgroundRounds* control
   control_ = nullptr;
 }
 
+std::optional<int64_t> HierarchicalExchange::FingerprintOf(uint64_t sequence) const {
+  if (sequence == 0 || sequence > started_ || started_ - sequence >= kFingerprintHistory) {
+    return std::nullopt;
+  }
+  return fingerprints_[sequence % kFingerprintHistory];
+}
+
+bool HierarchicalExchange::AwaitVerdict(const std::stop_token& stop) {
+  const auto deadline = std::chrono::steady_clock::now() + kVerdictWait;
+  while (!stop.stop_requested() && std::chrono::steady_clock::now() < deadline) {
+    if (!control_->Tick(stop)) break;
+    std::this_thread::sleep_for(control_->NextWait());
+  }
+  return stop.stop_requested();
+}
+
 bool HierarchicalExchange::Poll(PendingOp* op, const std::stop_token& stop) {
+  try {
+    return PollUntilDone(op, stop);
+  } catch (const std::exception&) {
+    // A transport error: with rounds, let them say first whether the
+    // processes called different collectives (then they stop the run).
+    if (control_ == nullptr || !AwaitVerdict(stop)) throw;
+    return false;
+  }
+}
+
+bool HierarchicalExchange::PollUntilDone(PendingOp* op, const std::stop_token& stop) {
   // MPI progresses inside MPI_Test only (a non-blocking collective's fragments
   // move when it is tested). While every local rank waits for a collective
   // (nothing else to run), poll hot with a yield: sleeping between tests halved
@@ -385,8 +412,30 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
   return true;
 }
 
+bool HierarchicalExchange::CompareBeforehand(int64_t fingerprint, const std::stop_token& stop) {
+  const int processes = static_cast<int>(ranks_per_process_.size());
+  check_slots_.assign(processes, INT64_MIN);
+  check_slots_[process_index_] = fingerprint;
+  if (!Poll(transport_->AllReduceInPlace(check_slots_.data(), processes, nn::DType::kInt64,
+                                         ReduceOp::kMax).get(),
+            stop)) {
+    return false;
+  }
+  const std::string mismatch = CollectiveMismatch(check_slots_, started_, check_each_name_);
+  TANDEM_CHECK(mismatch.empty(), mismatch);
+  return true;
+}
+
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
+  const Request& first = *batch[0];
+  if (fingerprints_.empty()) fingerprints_.resize(kFingerprintHistory);
+  const int64_t fingerprint = PackFingerprint(
+      {.op = first.op, .reduce = first.reduce, .root = first.root,
+       .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
+       .numel = first.in.defined() ? first.in.numel() : 0});
+  fingerprints_[++started_ % kFingerprintHistory] = fingerprint;
   CheckSameCollective(batch);
+  if (check_each_name_ && !CompareBeforehand(fingerprint, stop)) return false;
   const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
   if (op == "all_reduce") return ExecuteAllReduce(batch, stop);

@@ -29,9 +29,21 @@
 // the same again for the all-gather: a ring all-reduce's volume.
 //
 // Errors: a local mismatch (op, size, dtype, root) throws tandem::Error on every
-// local rank; a transport error likewise; a stop (another rank failed, the
-// watchdog, Ctrl-C) throws CancelledError and leaves the transport unusable
-// (spawn then aborts the job).
+// local rank; a transport error likewise, except that with background rounds
+// the communication thread first ticks them for up to kVerdictWait: a
+// transport error is often the symptom of collectives that differ between the
+// processes (MPI_ERR_TRUNCATE), which the rounds compare (ControlPlane) and
+// then report, naming both sides, as the run's first error. A stop (another
+// rank failed, the watchdog, Ctrl-C) throws CancelledError and leaves the
+// transport unusable (spawn then aborts the job).
+//
+// Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) is
+// kept for the last kFingerprintHistory collectives, for those rounds. With
+// CheckEachCollective the processes also compare it before each collective's
+// data moves (a MAX all-reduce of one slot per process on the data channel: a
+// round trip more per collective, off by default); a mismatch then throws
+// tandem::Error naming each side on every rank of every process, and MPI never
+// sees the mismatched collective.
 //
 // Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
 #ifndef TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
@@ -41,13 +53,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
 
 #include "spawn/comm/communicator.h"
+#include "spawn/comm/mpi/collective_fingerprint.h"
 #include "spawn/comm/mpi/process_transport.h"
 
 namespace tandem::dist::internal {
@@ -99,6 +114,22 @@ class HierarchicalExchange {
     return completed_[local_rank].load(std::memory_order_acquire);
   }
 
+  // Communication thread only (also from BackgroundRounds::Tick, which it
+  // calls): how many collectives it has started (taken every local rank's
+  // request of), and the fingerprint of collective `sequence` while it is among
+  // the last kFingerprintHistory started (nullopt: not started, or older).
+  static constexpr uint64_t kFingerprintHistory = 4096;
+  uint64_t started() const { return started_; }
+  std::optional<int64_t> FingerprintOf(uint64_t sequence) const;
+  // How long a transport error waits for the rounds' verdict (see Errors above).
+  static constexpr std::chrono::milliseconds kVerdictWait{2000};
+  // Compare each collective's fingerprint between the processes before its data
+  // moves; `name` names a process in the error ("process 1 (host h, pid p, rank
+  // 1)"). Every process must set it alike. Before Serve.
+  void CheckEachCollective(std::function<std::string(int process)> name) {
+    check_each_name_ = std::move(name);
+  }
+
   // Communication thread: runs until every local rank exited or, with `control`
   // (may be null), until its rounds say every process's ranks exited. Ticks
   // `control` throughout, also while a collective is in flight.
@@ -118,7 +149,16 @@ class HierarchicalExchange {
   bool ExecuteReduceScatter(const Batch& batch, const std::stop_token& stop);
   bool ExecuteBroadcast(const Batch& batch, const std::stop_token& stop);
   bool ExecuteAllGather(const Batch& batch, const std::stop_token& stop);
+  // Tests `op` until done (true) or stopped (false); a transport error waits
+  // for the rounds' verdict first (AwaitVerdict), then throws.
   bool Poll(PendingOp* op, const std::stop_token& stop);
+  bool PollUntilDone(PendingOp* op, const std::stop_token& stop);
+  // CheckEachCollective's comparison of collective started_; false when stopped,
+  // throws tandem::Error on a mismatch.
+  bool CompareBeforehand(int64_t fingerprint, const std::stop_token& stop);
+  // After a transport error: ticks the rounds for up to kVerdictWait; true when
+  // the run is stopping meanwhile (the rounds, or anything else, reported first).
+  bool AwaitVerdict(const std::stop_token& stop);
   // inputs: local ranks' n elements each; result: n elements (may alias inputs[0]).
   bool AllReduceInto(const std::vector<const void*>& inputs, void* result, int64_t n,
                      nn::DType dtype, ReduceOp op, const std::stop_token& stop);
@@ -141,6 +181,10 @@ class HierarchicalExchange {
   bool broken_ = false;
   std::string broken_reason_;
   std::vector<char> partial_, recv_, result_;  // scratch of the communication thread
+  uint64_t started_ = 0;                         // communication thread only
+  std::vector<int64_t> fingerprints_;            // ring of kFingerprintHistory, by sequence
+  std::function<std::string(int)> check_each_name_;  // set: CheckEachCollective
+  std::vector<int64_t> check_slots_;                 // its all-reduce's buffer
 };
 
 class HierarchicalCommunicator final : public Communicator {

@@ -4,7 +4,13 @@
 // that joins a world, on that thread; every later MPI call comes from the same
 // thread (spawn's caller, the communication thread while ranks run). MPI_Finalize
 // runs at exit. Each run works on its own duplicate of MPI_COMM_WORLD, with
-// MPI_ERRORS_RETURN so that an MPI error becomes a message, not an abort.
+// MPI_ERRORS_RETURN so that an MPI error becomes a message, not an abort. While
+// the run lasts MPI_COMM_WORLD returns errors too: Open MPI 4.1 reports an error
+// that MPI_Test finds in a non-blocking collective (MPI_ERR_TRUNCATE when the
+// processes' collectives differ) through MPI_COMM_WORLD's handler, not the
+// request's communicator's, and that handler aborts by default (measured: the
+// job ended in Open MPI's MPI_ERRORS_ARE_FATAL banner before tandem could say
+// which collectives differed). The previous handler is put back after the run.
 // The C API only: OpenMPI would otherwise pull in its deprecated C++ bindings.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -105,7 +111,9 @@ class MpiOp final : public PendingOp {
 
 class MpiTransport final : public ProcessTransport {
  public:
-  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
+  // world_handler: MPI_COMM_WORLD's error handler before this run, put back at the end.
+  MpiTransport(MPI_Comm comm, MPI_Errhandler world_handler)
+      : comm_(comm), world_handler_(world_handler) {
     MPI_Comm_rank(comm_, &index_);
     MPI_Comm_size(comm_, &count_);
     MPI_Comm_dup(comm_, &control_);
@@ -114,6 +122,8 @@ class MpiTransport final : public ProcessTransport {
   ~MpiTransport() override {
     MPI_Comm_free(&control_);
     MPI_Comm_free(&comm_);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, world_handler_);
+    MPI_Errhandler_free(&world_handler_);
   }
   int process_index() const override { return index_; }
   int process_count() const override { return count_; }
@@ -211,6 +221,7 @@ class MpiTransport final : public ProcessTransport {
 
   MPI_Comm comm_;
   MPI_Comm control_;  // the step agreement's rounds, apart from the ranks' traffic
+  MPI_Errhandler world_handler_;
   int index_ = 0;
   int count_ = 1;
 };
@@ -229,10 +240,13 @@ absl::StatusOr<MpiWorld> ConnectMpi(const std::string& record) {
   MPI_Comm_size(MPI_COMM_WORLD, &world.size);
   MPI_Comm_rank(MPI_COMM_WORLD, &world.index);
   if (world.size == 1) return world;
+  MPI_Errhandler world_handler;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);  // see the top of this file
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  auto transport = std::make_unique<MpiTransport>(comm);
+  auto transport = std::make_unique<MpiTransport>(comm, world_handler);
   ASSIGN_OR_RETURN(world.records, transport->GatherStrings(record));
   world.transport = std::move(transport);
   return world;

@@ -1,0 +1,88 @@
+#include "spawn/comm/mpi/collective_fingerprint.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "nn/error.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+constexpr int kNumelBits = 34, kRootBits = 20, kDTypeBits = 4, kReduceBits = 2;
+constexpr int kRootShift = kNumelBits;
+constexpr int kDTypeShift = kRootShift + kRootBits;
+constexpr int kReduceShift = kDTypeShift + kDTypeBits;
+constexpr int kOpShift = kReduceShift + kReduceBits;
+
+// Index + 1 is the op's code (0: none).
+constexpr const char* kOps[] = {"all_reduce", "reduce_scatter", "broadcast", "all_gather",
+                                "barrier"};
+constexpr int kOpCount = sizeof(kOps) / sizeof(kOps[0]);
+
+int64_t Field(int64_t value, int bits) { return value & ((int64_t{1} << bits) - 1); }
+
+bool Reduces(int op_code) { return op_code == 1 || op_code == 2; }
+
+}  // namespace
+
+int64_t PackFingerprint(const CollectiveShape& shape) {
+  int op_code = 0;
+  for (int i = 0; i < kOpCount; ++i) {
+    if (std::strcmp(shape.op, kOps[i]) == 0) op_code = i + 1;
+  }
+  TANDEM_CHECK(op_code != 0, "collective fingerprint: op \"", shape.op,
+               "\" is not a cross-process collective");
+  const bool barrier = op_code == 5;
+  const int64_t reduce = Reduces(op_code) ? static_cast<int64_t>(shape.reduce) : 0;
+  const int64_t root = op_code == 3 ? shape.root : 0;
+  return (int64_t{op_code} << kOpShift) | (reduce << kReduceShift) |
+         (barrier ? 0 : static_cast<int64_t>(shape.dtype) << kDTypeShift) |
+         (Field(root, kRootBits) << kRootShift) | (barrier ? 0 : Field(shape.numel, kNumelBits));
+}
+
+std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
+  const int op_code = static_cast<int>(Field(fingerprint >> kOpShift, 3));
+  const std::string op = op_code >= 1 && op_code <= kOpCount ? kOps[op_code - 1] : "op?";
+  std::string text = absl::StrCat(op, " #", sequence);
+  if (op_code == 5) return text;  // barrier: no data
+  const int64_t dtype = Field(fingerprint >> kDTypeShift, kDTypeBits);
+  const char* dtype_name = dtype <= static_cast<int64_t>(nn::DType::kFloat16)
+                               ? nn::DTypeName(static_cast<nn::DType>(dtype))
+                               : "dtype?";
+  absl::StrAppend(&text, " (", Field(fingerprint, kNumelBits), " ", dtype_name);
+  if (Reduces(op_code)) {
+    absl::StrAppend(&text, ", ", ReduceOpName(static_cast<ReduceOp>(
+                                     Field(fingerprint >> kReduceShift, kReduceBits))));
+  }
+  if (op_code == 3) absl::StrAppend(&text, ", root ", Field(fingerprint >> kRootShift, kRootBits));
+  return text + ")";
+}
+
+std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_t sequence,
+                               const std::function<std::string(int process)>& name) {
+  const int processes = static_cast<int>(fingerprints.size());
+  int first = -1, other = -1;
+  for (int p = 0; p < processes; ++p) {
+    if (fingerprints[p] == INT64_MIN) continue;
+    if (first < 0) {
+      first = p;
+    } else if (fingerprints[p] != fingerprints[first] && other < 0) {
+      other = p;
+    }
+  }
+  if (other < 0) return "";
+  auto side = [&](int p) {
+    return absl::StrCat(name(p), " called ", DescribeFingerprint(fingerprints[p], sequence));
+  };
+  std::string message = absl::StrCat("collective mismatch across processes: ", side(first),
+                                     " while ", side(other));
+  for (int p = other + 1; p < processes; ++p) {
+    if (fingerprints[p] != INT64_MIN && fingerprints[p] != fingerprints[first]) {
+      absl::StrAppend(&message, ", ", side(p));
+    }
+  }
+  return absl::StrCat(message, " (op, size, dtype, reduction or root differ: every process's "
+                               "ranks must call the same collectives in the same order)");
+}
+
+}  // namespace tandem::dist::internal

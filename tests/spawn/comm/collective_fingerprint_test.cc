@@ -1,0 +1,107 @@
+// The cross-process collectives' fingerprints (spawn/comm/mpi/collective_fingerprint.h):
+// every field that must agree changes the value, what need not agree does not,
+// and the description reads back what was packed.
+#include "spawn/comm/mpi/collective_fingerprint.h"
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nn/error.h"
+
+namespace tandem::dist::internal {
+namespace {
+
+CollectiveShape AllReduce() {
+  return {.op = "all_reduce", .reduce = ReduceOp::kSum, .dtype = nn::kFloat32, .numel = 1530};
+}
+
+TEST(CollectiveFingerprint, EachFieldThatMustAgreeChangesIt) {
+  std::vector<CollectiveShape> shapes = {AllReduce()};
+  CollectiveShape s = AllReduce();
+  s.op = "reduce_scatter";
+  shapes.push_back(s);
+  s = AllReduce();
+  s.op = "all_gather";
+  shapes.push_back(s);
+  s = AllReduce();
+  s.op = "broadcast";
+  shapes.push_back(s);
+  s.root = 1;
+  shapes.push_back(s);
+  s = AllReduce();
+  s.reduce = ReduceOp::kAvg;
+  shapes.push_back(s);
+  s.reduce = ReduceOp::kMax;
+  shapes.push_back(s);
+  s = AllReduce();
+  s.numel = 1531;
+  shapes.push_back(s);
+  s = AllReduce();
+  s.dtype = nn::kFloat64;
+  shapes.push_back(s);
+  s.dtype = nn::kBFloat16;
+  shapes.push_back(s);
+  shapes.push_back({.op = "barrier"});
+  std::set<int64_t> seen;
+  for (const CollectiveShape& shape : shapes) {
+    const int64_t f = PackFingerprint(shape);
+    EXPECT_GE(f, 0) << DescribeFingerprint(f, 1);
+    EXPECT_TRUE(seen.insert(f).second) << "two shapes share " << DescribeFingerprint(f, 1);
+  }
+}
+
+TEST(CollectiveFingerprint, FieldsAnOpDoesNotUseAreIgnored) {
+  // A root outside broadcast, a reduction outside the reducing ops, a barrier's data.
+  CollectiveShape a = AllReduce(), b = AllReduce();
+  b.root = 3;
+  EXPECT_EQ(PackFingerprint(a), PackFingerprint(b));
+  a.op = b.op = "all_gather";
+  b.reduce = ReduceOp::kMax;
+  EXPECT_EQ(PackFingerprint(a), PackFingerprint(b));
+  EXPECT_EQ(PackFingerprint({.op = "barrier", .dtype = nn::kFloat64, .numel = 9}),
+            PackFingerprint({.op = "barrier"}));
+}
+
+TEST(CollectiveFingerprint, DescriptionReadsBackEachField) {
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint(AllReduce()), 4), "all_reduce #4 (1530 float32, sum)");
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint({.op = "all_gather", .dtype = nn::kFloat64,
+                                                 .numel = 4}), 4),
+            "all_gather #4 (4 float64)");
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint({.op = "broadcast", .root = 1025,
+                                                 .dtype = nn::kInt64, .numel = 1}), 12),
+            "broadcast #12 (1 int64, root 1025)");
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint({.op = "reduce_scatter", .reduce = ReduceOp::kAvg,
+                                                 .dtype = nn::kBFloat16,
+                                                 .numel = int64_t{1} << 31}), 7),
+            "reduce_scatter #7 (2147483648 bfloat16, avg)");
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint({.op = "barrier"}), 9), "barrier #9");
+}
+
+TEST(CollectiveFingerprint, MismatchNamesTheFirstProcessAndEachThatDiffers) {
+  auto name = [](int p) { return "process " + std::to_string(p); };
+  const int64_t a = PackFingerprint(AllReduce());
+  const int64_t b = PackFingerprint({.op = "barrier"});
+  EXPECT_EQ(CollectiveMismatch({a, a, a}, 4, name), "");
+  EXPECT_EQ(CollectiveMismatch({a, INT64_MIN, a}, 4, name), "") << "an unknown one is left out";
+  EXPECT_EQ(CollectiveMismatch({INT64_MIN, a, b, a, b}, 4, name),
+            "collective mismatch across processes: process 1 called all_reduce #4 (1530 float32, "
+            "sum) while process 2 called barrier #4, process 4 called barrier #4 (op, size, "
+            "dtype, reduction or root differ: every process's ranks must call the same "
+            "collectives in the same order)");
+}
+
+TEST(CollectiveFingerprint, AnOpThatIsNoCrossProcessCollectiveIsNamed) {
+  try {
+    PackFingerprint({.op = "all_to_all"});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("op \"all_to_all\" is not a cross-process collective"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::dist::internal
