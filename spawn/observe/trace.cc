@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "nn/graph.h"
+#include "nn/interrupt.h"
 #include "spawn/context.h"
 #if TANDEM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -28,6 +29,33 @@ namespace {
 int64_t Micros(TraceRecorder::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
 }
+
+#if TANDEM_WITH_CUDA
+// Waits on the host for `event` as a rank's other host waits do (nn/interrupt.h):
+// the rank's stream may sit behind a collective that a failed peer never joins,
+// and the rank's stop must end the wait. False when the event failed or the wait
+// was abandoned (the span then has no device time); never throws.
+bool WaitForEvent(cudaEvent_t event) {
+  bool ok = true;
+  try {
+    nn::internal::WaitUntil([&] {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaErrorNotReady) {
+        cudaGetLastError();  // "not ready" is no error: not for the next launch check to see
+        return false;
+      }
+      if (status != cudaSuccess) {
+        cudaGetLastError();
+        ok = false;
+      }
+      return true;
+    });
+  } catch (...) {  // the rank's interrupt check: it is stopping
+    return false;
+  }
+  return ok;
+}
+#endif
 
 // A JSON string literal's body: quotes, backslashes and control characters escaped.
 std::string Escape(absl::string_view text) {
@@ -195,7 +223,7 @@ void TraceRecorder::DeviceSpan(int rank, nn::Device device, absl::string_view na
     nn::internal::CudaDeviceScope scope(device, std::nothrow);
     if (cudaEventCreate(&reference) == cudaSuccess &&
         cudaEventRecord(reference, nn::internal::ThreadStream(device)) == cudaSuccess &&
-        cudaEventSynchronize(reference) == cudaSuccess) {
+        WaitForEvent(reference)) {
       r.reference = reference;
       r.reference_us = Micros(Clock::now());
     } else {
@@ -221,7 +249,7 @@ void TraceRecorder::ResolveDeviceSpans(int rank) {
     // span: earlier events have negative offsets, which is fine); the duration
     // from the span's own pair, so that it keeps full float precision however
     // long after the reference the span ran.
-    if (r.reference != nullptr && cudaEventSynchronize(end) == cudaSuccess &&
+    if (r.reference != nullptr && WaitForEvent(end) &&
         cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(r.reference), start) ==
             cudaSuccess &&
         cudaEventElapsedTime(&duration_ms, start, end) == cudaSuccess) {
