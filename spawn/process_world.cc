@@ -664,10 +664,11 @@ absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(
                  {"SpawnOptions::seed", absl::StrCat(options.seed)},
                  {"SpawnOptions::share_devices", options.share_devices ? "true" : "false"}};
   for (const auto& entry : options.must_agree) mine.agreed.push_back(entry);
-  // A process that compares before each collective pairs with no other.
+  // A process that compares before each collective pairs with no other. Unset
+  // and "rounds" are one setting (the default), so they agree with each other.
   const std::string check = Env(kCheckCollectivesEnv);
   mine.agreed.push_back({absl::StrCat("environment ", kCheckCollectivesEnv),
-                         check.empty() ? "(unset)" : check});
+                         check.empty() || check == "rounds" ? "rounds (the default)" : check});
   // GPU ranks: NCCL's settings are compared before any NCCL call (the unique
   // id's exchange), so a setting on one host fails every process, named.
   if (!local_devices.empty() && local_devices[0].is_cuda()) {

@@ -275,6 +275,107 @@ void RunJob(int processes, int local, int64_t stop_at, int stopper) {
   EXPECT_GT(stopped_at[0], stop_at);
 }
 
+// P processes x L ranks, each rank `collectives` collectives of every kind the
+// exchange runs, the same on every rank (async all-reduces two at a time in
+// flight, as DataParallel's buckets, broadcasts from every root, several dtypes
+// and sizes), then it returns. With `differ_last` process 1's ranks broadcast
+// the last one from another root (the transport completes it, as MPI does).
+// The rounds compare them, also after the ranks returned. Per process:
+// hooks.fail's message, or "".
+std::vector<std::string> RunMixedJob(int processes, int local, int collectives,
+                                     bool differ_last) {
+  Hub hub(processes);
+  const std::vector<int> ranks_per_process(processes, local);
+  const int world = processes * local;
+  std::vector<std::unique_ptr<HubTransport>> transports;
+  std::vector<std::shared_ptr<HierarchicalExchange>> exchanges;
+  std::vector<std::unique_ptr<StepAgreement>> agreements;
+  std::vector<std::unique_ptr<std::atomic<int>>> running;
+  std::vector<std::stop_source> stops(processes);
+  std::vector<std::string> failures(processes);
+  for (int p = 0; p < processes; ++p) {
+    transports.push_back(std::make_unique<HubTransport>(&hub, p));
+    exchanges.push_back(std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+    agreements.push_back(std::make_unique<StepAgreement>(local, nullptr, 60, true));
+    running.push_back(std::make_unique<std::atomic<int>>(local));
+  }
+  std::vector<std::thread> threads;
+  for (int p = 0; p < processes; ++p) {
+    threads.emplace_back([&, p] {
+      ControlPlane control(
+          transports[p].get(),
+          {.agreement = agreements[p].get(),
+           .fail = [&, p](absl::Status s) {
+             failures[p] = std::string(s.message());
+             stops[p].request_stop();
+           },
+           .collectives_entered = [] { return uint64_t{0}; }},
+          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
+          {.exchange = exchanges[p].get(), .name = ProcessLabel});
+      exchanges[p]->Serve(stops[p].get_token(), &control);
+    });
+    for (int l = 0; l < local; ++l) {
+      threads.emplace_back([&, p, l] {
+        HierarchicalCommunicator comm(l, nn::Device::CPU(), exchanges[p]);
+        try {
+          for (int step = 0, i = 0; i < collectives; ++step) {  // i: collectives so far
+            const int kind = i == collectives - 1 ? 1 : step % 5;
+            if (kind == 0 && i + 2 < collectives) {  // two buckets in flight
+              nn::Tensor a = nn::ones({i % 7 + 1}), b = nn::ones({i % 11 + 1});
+              std::shared_ptr<Work> wa = comm.all_reduce_async(a, ReduceOp::kAvg);
+              std::shared_ptr<Work> wb = comm.all_reduce_async(b, ReduceOp::kSum);
+              wa->wait();
+              wb->wait();
+              i += 2;
+            } else if (kind <= 1) {
+              nn::Tensor x = nn::ones({i % 13 + 1}, {.dtype = nn::kFloat64});
+              const bool other = differ_last && p == 1 && i == collectives - 1;
+              comm.broadcast(x, other ? (i + 1) % world : i % world);
+              ++i;
+            } else if (kind == 2) {
+              comm.all_gather(nn::ones({2}, {.dtype = nn::kBFloat16}));
+              ++i;
+            } else if (kind == 3) {
+              comm.reduce_scatter(nn::ones({2 * world}), ReduceOp::kMax);
+              ++i;
+            } else {
+              comm.barrier();
+              ++i;
+            }
+          }
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "process " << p << " rank " << l << ": " << e.what();
+        }
+        exchanges[p]->RankExited(l);
+        running[p]->fetch_sub(1);
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  for (int p = 0; p < processes; ++p) {
+    EXPECT_EQ(exchanges[p]->started(), static_cast<uint64_t>(collectives)) << "process " << p;
+  }
+  return failures;
+}
+
+// Matched collectives of every kind, several ranks per process issuing them
+// concurrently, 3000 of them (a round compares 64): nothing is reported, and
+// every process's rounds end once the ranks returned and all are compared.
+TEST(CrossProcessThreads, MatchedCollectivesOfEveryKindAreNeverReported) {
+  for (const std::string& failure : RunMixedJob(3, 2, 3000, false)) EXPECT_EQ(failure, "");
+}
+
+// The same job with the last broadcast's root differing on process 1: found
+// after the ranks returned, by every process, each naming the same sides.
+TEST(CrossProcessThreads, AMismatchInTheLastOfManyCollectivesIsFound) {
+  for (const std::string& failure : RunMixedJob(3, 2, 3000, true)) {
+    EXPECT_NE(failure.find("process 0 called broadcast #3000 (10 float64, root 5) while process 1 "
+                           "called broadcast #3000 (10 float64, root 0)"),
+              std::string::npos)
+        << failure;
+  }
+}
+
 TEST(CrossProcessThreads, TwoProcessesStopTogether) { RunJob(2, 2, 20, 1); }
 TEST(CrossProcessThreads, ThreeProcessesStopTogether) { RunJob(3, 1, 15, 2); }
 

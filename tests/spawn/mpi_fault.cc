@@ -19,7 +19,10 @@
 // differ in a broadcast after the 200 steps, the ranks' last collective: MPI
 // completes it and the ranks return), extra_last (process 1's rank calls a
 // barrier after the 200 steps, which process 0's never enters), refused (trains
-// as ok does; its test sets an environment that spawn refuses).
+// as ok does; its test sets an environment that spawn refuses), rounds_one
+// (trains as ok does, with TANDEM_CHECK_COLLECTIVES=rounds, the default, set on
+// process 1 only: the same setting as unset, so the processes agree), each_one
+// (TANDEM_CHECK_COLLECTIVES=each on process 1 only: refused at the join).
 #include <unistd.h>
 
 #include <csignal>
@@ -74,6 +77,9 @@ int main(int argc, char** argv) {
   if (mode == "early" && ProcessIndex() == 1) {
     std::cerr << "spawn_mpi_fault: process 1 fails before spawn (bad flag)\n";
     return 3;
+  }
+  if (ProcessIndex() == 1 && (mode == "rounds_one" || mode == "each_one")) {
+    ::setenv("TANDEM_CHECK_COLLECTIVES", mode == "rounds_one" ? "rounds" : "each", 1);
   }
   dist::SpawnOptions options;
   options.timeout_s = mode == "stop" || mode == "startup" ? 3 : 60;

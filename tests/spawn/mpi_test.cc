@@ -13,6 +13,12 @@
 #include <random>
 #include <sstream>
 
+// mpi.h here only to read MPI_COMM_WORLD's error handler after the runs (the
+// C API only, as spawn/comm/mpi/mpi_transport.cc).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
 #include "gtest/gtest.h"
 #include "nn/status_macros.h"
 #include "optim/adam.h"
@@ -226,6 +232,25 @@ TEST_F(MpiTest, DisagreeingFlagIsAnErrorNamingValueHostAndProcess) {
   // The job goes on: the next run agrees.
   options.must_agree = {{"--batch_size", "64"}};
   EXPECT_TRUE(spawn([](Context&) {}, 1, "cpu", options).ok());
+}
+
+// A run sets MPI_ERRORS_RETURN on MPI_COMM_WORLD (Open MPI reports a failed
+// non-blocking collective through it) and puts the handler it found back at its
+// end: after a run that trained and after one refused at the join.
+TEST_F(MpiTest, WorldErrorHandlerIsPutBackAfterTheRun) {
+  auto world_handler_is_fatal = [] {
+    MPI_Errhandler handler;
+    MPI_Comm_get_errhandler(MPI_COMM_WORLD, &handler);
+    const bool fatal = handler == MPI_ERRORS_ARE_FATAL;
+    MPI_Errhandler_free(&handler);
+    return fatal;
+  };
+  ASSERT_TRUE(spawn([](Context& ctx) { ctx.communicator().barrier(); }, 1, "cpu", Options()).ok());
+  EXPECT_TRUE(world_handler_is_fatal()) << "after a run that trained";
+  SpawnOptions refused = Options();
+  refused.must_agree = {{"--batch_size", LaunchedIndex() == 0 ? "64" : "32"}};
+  ASSERT_FALSE(spawn([](Context&) {}, 1, "cpu", refused).ok());
+  EXPECT_TRUE(world_handler_is_fatal()) << "after a run refused at the join";
 }
 
 TEST_F(MpiTest, ValueReturningSpawnReturnsThisProcesssRanks) {
