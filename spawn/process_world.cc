@@ -279,6 +279,15 @@ std::vector<std::unique_ptr<Communicator>> ProcessWorld::MakeCommunicators(
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcclCommunicators(
     const std::vector<nn::Device>& local_devices) {
+  // The check compares what goes through the hierarchical exchange; NCCL carries
+  // GPU ranks' collectives, which it does not see: refused rather than silently
+  // unchecked (every process agreed on the setting, so every process refuses).
+  if (Env(kCheckCollectivesEnv) == "each") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spawn: ", kCheckCollectivesEnv, "=each compares the collectives of CPU ranks (and of "
+        "ranks sharing a GPU) between processes; these ranks are GPU ranks whose collectives "
+        "NCCL carries, which it cannot see: unset it (NCCL's own NCCL_DEBUG=INFO logs them)"));
+  }
 #if TANDEM_WITH_CUDA
   std::string id(128, '\0');
   if (process_index_ == 0) {

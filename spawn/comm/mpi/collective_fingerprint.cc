@@ -32,6 +32,13 @@ int64_t PackFingerprint(const CollectiveShape& shape) {
   }
   TANDEM_CHECK(op_code != 0, "collective fingerprint: op \"", shape.op,
                "\" is not a cross-process collective");
+  // Fields that would spill into their neighbours: a dtype or reduction added to
+  // nn/dtype.h or communicator.h beyond what the bits hold fails here, not quietly.
+  TANDEM_CHECK(static_cast<int64_t>(shape.dtype) < (int64_t{1} << kDTypeBits) &&
+                   static_cast<int64_t>(shape.reduce) >= 0 &&
+                   static_cast<int64_t>(shape.reduce) < (int64_t{1} << kReduceBits),
+               "collective fingerprint: dtype ", static_cast<int>(shape.dtype), " or reduction ",
+               static_cast<int>(shape.reduce), " does not fit its field");
   const bool barrier = op_code == 5;
   const int64_t reduce = Reduces(op_code) ? static_cast<int64_t>(shape.reduce) : 0;
   const int64_t root = op_code == 3 ? shape.root : 0;
@@ -46,7 +53,7 @@ std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
   std::string text = absl::StrCat(op, " #", sequence);
   if (op_code == 5) return text;  // barrier: no data
   const int64_t dtype = Field(fingerprint >> kDTypeShift, kDTypeBits);
-  const char* dtype_name = dtype <= static_cast<int64_t>(nn::DType::kFloat16)
+  const char* dtype_name = dtype <= static_cast<int64_t>(nn::DType::kFloat16)  // the last dtype
                                ? nn::DTypeName(static_cast<nn::DType>(dtype))
                                : "dtype?";
   absl::StrAppend(&text, " (", Field(fingerprint, kNumelBits), " ", dtype_name);

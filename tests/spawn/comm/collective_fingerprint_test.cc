@@ -103,5 +103,24 @@ TEST(CollectiveFingerprint, AnOpThatIsNoCrossProcessCollectiveIsNamed) {
   }
 }
 
+// A dtype or reduction beyond its field's bits would change the op or reduction
+// bits of the value: refused by name instead.
+TEST(CollectiveFingerprint, ADTypeOrReductionBeyondItsFieldIsAnError) {
+  CollectiveShape s = AllReduce();
+  s.dtype = static_cast<nn::DType>(16);
+  EXPECT_THROW(PackFingerprint(s), Error);
+  s = AllReduce();
+  s.reduce = static_cast<ReduceOp>(4);
+  try {
+    PackFingerprint(s);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduction 4 does not fit"), std::string::npos)
+        << e.what();
+  }
+  s.reduce = ReduceOp::kMax;  // the largest today fits
+  EXPECT_NO_THROW(PackFingerprint(s));
+}
+
 }  // namespace
 }  // namespace tandem::dist::internal
