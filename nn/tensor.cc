@@ -201,8 +201,19 @@ Storage::~Storage() {
   }
 #if TANDEM_WITH_CUDA
   // Other streams that used the memory: the owner waits for their work so far,
-  // so the free below (on the owner) comes after it.
-  for (const internal::StreamRef& user : uses_.TakeUsers()) {
+  // so the free (on the owner) comes after it.
+  std::vector<internal::StreamRef> users = uses_.TakeUsers();
+  // The owner is the calling thread's stream: no other thread captures it. If
+  // this thread captures it, its frees go to the capture's deferred list, and
+  // only waits for users (which would invalidate the capture) need more.
+  const bool own = owner == internal::CudaThreadStreamIfAny(device_);
+  if (!own || (!users.empty() && thread_deferred_frees != nullptr)) {
+    // The owner may be under capture (another thread's, or this one's).
+    internal::FreeOnOwnerUnlessCaptured(allocator_, data_, bytes_, device_, owner,
+                                        std::move(users));
+    return;
+  }
+  for (const internal::StreamRef& user : users) {
     internal::CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
   }
 #endif
@@ -215,7 +226,7 @@ void Storage::PrepareUse() const {
   if (owner == nullptr) return;
   CUstream_st* mine = internal::CudaThreadStream(device_);
   if (!uses_.NeedsWait(mine)) return;
-  internal::CudaStreamWait(mine, owner, device_);
+  internal::WaitForOwner(mine, owner, device_);  // another thread may capture the owner
   uses_.AddUser({mine, device_.index});
 #endif
 }
