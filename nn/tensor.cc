@@ -203,18 +203,15 @@ Storage::~Storage() {
   // Other streams that used the memory: the owner waits for their work so far,
   // so the free (on the owner) comes after it.
   std::vector<internal::StreamRef> users = uses_.TakeUsers();
-  // The owner is the calling thread's stream: no other thread captures it. If
-  // this thread captures it, its frees go to the capture's deferred list, and
-  // only waits for users (which would invalidate the capture) need more.
-  const bool own = owner == internal::CudaThreadStreamIfAny(device_);
-  if (!own || (!users.empty() && thread_deferred_frees != nullptr)) {
-    // The owner may be under capture (another thread's, or this one's).
+  // The common case: the owner is the calling thread's stream (no other thread
+  // captures it; if this one does, the free goes to its capture's deferred
+  // list) and no other stream used the memory. Otherwise a capture may run on
+  // the owner (another thread's, or this one's, where the waits for the users
+  // would invalidate it) or on a user stream: through the capture registry.
+  if (!users.empty() || owner != internal::CudaThreadStreamIfAny(device_)) {
     internal::FreeOnOwnerUnlessCaptured(allocator_, data_, bytes_, device_, owner,
                                         std::move(users));
     return;
-  }
-  for (const internal::StreamRef& user : users) {
-    internal::CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
   }
 #endif
   allocator_->FreeOnStream(data_, bytes_, device_, owner);

@@ -409,8 +409,12 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   // After the stream's eager work: what another stream's first use of a tensor
   // this stream owns waits for while the capture runs (UseOnAnotherStream).
   cudaEvent_t mark = nullptr;
+  internal::CountCudaCall(internal::CudaCall::kEventCreate);
   run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
-  if (run.begin == cudaSuccess) run.begin = cudaEventRecord(mark, stream);
+  if (run.begin == cudaSuccess) {
+    internal::CountCudaCall(internal::CudaCall::kEventRecord);
+    run.begin = cudaEventRecord(mark, stream);
+  }
   if (run.begin == cudaSuccess) {
     Captures().Begin(device.index, stream, mark);
     run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
@@ -641,11 +645,30 @@ namespace tandem::nn::internal {
 namespace {
 
 // The owner's waits for the users, then the free through the allocator on the
-// owner. Never throws.
+// owner. A user stream of the owner's device that another thread captures now
+// must not get the event record (it would join the owner to that capture): the
+// owner waits for the event recorded on it just before its capture began (the
+// user's eager work). A user of another device: a plain wait (its lock is not
+// taken under this device's; a capture there while this storage dies is not
+// handled). Never throws.
 void WaitForUsersAndFree(Allocator& allocator, void* ptr, int64_t bytes, Device device,
                          cudaStream_t owner, const std::vector<StreamRef>& users) noexcept {
   for (const StreamRef& user : users) {
-    CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
+    const Device user_device = Device::CUDA(user.device);
+    if (user.device != device.index) {
+      CudaStreamWaitNoThrow(owner, user.stream, user_device);
+      continue;
+    }
+    try {
+      Captures().RunOrMark(
+          user.device, user.stream, [&] { CudaStreamWaitNoThrow(owner, user.stream, user_device); },
+          [&](CUevent_st* mark) {
+            CudaDeviceScope current(device, std::nothrow);
+            CountCudaCall(CudaCall::kStreamWaitEvent);
+            if (cudaStreamWaitEvent(owner, mark, 0) != cudaSuccess) cudaGetLastError();
+          });
+    } catch (...) {  // the registry's bookkeeping failed (out of memory): no wait to be had
+    }
   }
   allocator.FreeOnStream(ptr, bytes, device, owner);
 }

@@ -39,16 +39,19 @@ DeferredCudaFrees* SetThreadDeferredCudaFrees(DeferredCudaFrees* frees);
 CUstream_st* CudaThreadStreamIfAny(Device device) noexcept;
 
 // A Storage's free of `ptr` (`bytes` of `device`, from `allocator`, owned by
-// stream `owner`, used by `users`), where `owner` may be another thread's
-// stream, or this thread's being captured while it has users: `owner` waits
-// for every user, then the memory is freed through the allocator on `owner`
-// (FreeOnStream). At once, unless a CUDA graph capture runs on `owner` now
-// (CudaGraph, on another thread or this one): that work would be recorded in
-// the capture (the waits invalidate it; a free of memory the graph did not
-// allocate too), so it is handed to the capture and done by the capturing
-// thread once the capture has ended, with the pool memory kept by the graph
-// (which may read it at every replay). Never throws (out of memory for that
-// hand-over: the memory is leaked rather than freed into a capture).
+// stream `owner`, used by `users`), for every free but the common one (the
+// owner is the calling thread's stream and no other stream used the memory):
+// `owner` waits for every user, then the memory is freed through the
+// allocator on `owner` (FreeOnStream). At once, unless a CUDA graph capture
+// runs on `owner` now (CudaGraph, on another thread or this one): that work
+// would be recorded in the capture (the waits invalidate it; a free of memory
+// the graph did not allocate too), so it is handed to the capture and done by
+// the capturing thread once the capture has ended, with the pool memory kept
+// by the graph (which may read it at every replay). A user stream of `device`
+// that another thread captures is waited for through the event recorded on it
+// before its capture began (an event recorded there would join `owner` to that
+// capture). Never throws (out of memory for the hand-over: the memory is
+// leaked rather than freed into a capture).
 void FreeOnOwnerUnlessCaptured(std::shared_ptr<Allocator> allocator, void* ptr, int64_t bytes,
                                Device device, CUstream_st* owner,
                                std::vector<StreamRef> users) noexcept;

@@ -318,6 +318,49 @@ TEST_F(CudaGraphGpuTest, AnotherThreadsFreeAndFirstReadDuringACaptureDoNotBreakI
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(kNumel, 8.0f));
 }
 
+// The mirror case: this thread frees a tensor its stream owns while thread b,
+// whose stream read it, captures. The owner's wait for b's stream used to
+// record an event on b's capturing stream: this thread's stream then joined
+// b's capture (its free and its next kernels recorded there, b's capture
+// ending unjoined). It now waits for the event b's capture recorded before it
+// began (b's eager read).
+TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapture) {
+  constexpr int64_t kNumel = 1 << 16;
+  std::optional<Tensor> shared = full({kNumel}, 3.0);
+  std::atomic<bool> b_read{false}, capturing{false}, freed{false};
+  std::string b_error;
+  std::vector<float> b_value;
+  std::thread b([&, seen = *shared]() mutable {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      (void)seen.to_vector<float>();  // b's stream becomes a user
+      seen = Tensor();
+      b_read.store(true);
+      Tensor y = zeros({kNumel});
+      CudaGraph graph;
+      graph.Capture([&] {
+        capturing.store(true);
+        EXPECT_TRUE(AwaitFlag(freed)) << "this thread did not free the tensor during the capture";
+        y.add_(full({kNumel}, 2.0));
+      });
+      graph.Replay();
+      b_value = y.to_vector<float>();
+    } catch (const std::exception& e) {
+      capturing.store(true);
+      b_error = e.what();
+    }
+  });
+  ASSERT_TRUE(AwaitFlag(b_read));
+  ASSERT_TRUE(AwaitFlag(capturing));
+  shared.reset();  // the last reference: the owner waits for b's use, then frees
+  const std::vector<float> after = full({4}, 5.0).to_vector<float>();  // this stream's next work
+  freed.store(true);
+  b.join();
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(after, std::vector<float>(4, 5.0f));
+  EXPECT_EQ(b_value, std::vector<float>(kNumel, 2.0f));
+}
+
 // Two GPUs: thread b replays, on cuda:0, a graph this thread captured there;
 // while b's replay runs its pre-replay hook (under cuda:0's capture lock),
 // thread c captures a step on cuda:1. A lock over every GPU held c's capture
