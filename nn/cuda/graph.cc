@@ -5,12 +5,17 @@
 // Capture sequence (all on the capturing thread):
 //   1. route the thread's CUDA allocations to a fresh CaptureArena and its pool
 //      frees to a deferred list (nn/internal/allocator.h);
-//   2. cudaStreamBeginCapture(ThreadStream(device), cudaStreamCaptureModeThreadLocal):
-//      other threads (other ranks) are not affected by this capture;
+//   2. record a mark event on ThreadStream(device) (its eager work) and register
+//      the capture with the device's capture registry (nn/internal/capture_registry.h:
+//      other threads' work on this stream waits or is handed to the capture
+//      from now on); cudaStreamBeginCapture(ThreadStream(device),
+//      cudaStreamCaptureModeThreadLocal): other threads (other ranks) are not
+//      affected by this capture;
 //   3. run the step; every kernel, copy and memset enqueued on the thread's stream
 //      (and on streams that join it through event waits, e.g. NCCL's) is recorded;
 //   4. cudaStreamEndCapture, whatever happened in 3 (a capture must not outlive
-//      Capture()); restore the allocator, hand the pool memory released during
+//      Capture()); unregister the capture and do the frees other threads handed
+//      to it; restore the allocator, hand the pool memory released during
 //      the step to the arena (the graph may read it at every replay), clear
 //      CUDA's last error; on failure throw (see the header) with the thread usable;
 //   5. order the thread's stream after the arena's allocations; cudaGraphInstantiate
@@ -407,7 +412,7 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
   CaptureRun run;
   // After the stream's eager work: what another stream's first use of a tensor
-  // this stream owns waits for while the capture runs (UseOnAnotherStream).
+  // this stream owns waits for while the capture runs (WaitForOwner).
   cudaEvent_t mark = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
   run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
