@@ -32,9 +32,10 @@
 //    as long as the graph or any tensor allocated from it (the loss returned by
 //    the step stays valid after the graph is destroyed). Pool memory allocated
 //    before Capture() and released during it (the graph may still read it), by
-//    the capturing thread or by another thread (below), is kept with the arena. When the last of them goes, the arena frees it all,
-//    stream-ordered after every stream that launched the graph (a replay may be
-//    pending) and every stream that owned the released memory: no host wait,
+//    the capturing thread or by another thread (below), is kept with the
+//    arena. When the last of them goes, the arena frees it all, stream-ordered
+//    after every stream that launched the graph (a replay may be pending) and
+//    every stream that owned the released memory: no host wait,
 //    no cudaFree and no device synchronisation (which, mid-run, could wait
 //    behind other GPUs' NCCL kernels).
 //  - Optimizers: the step count, learning rate and bias corrections are not

@@ -448,8 +448,8 @@ absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Dev
     if (!report.empty()) reports.push_back(std::move(report));
   }
   if (reports.empty()) return status;
-  const std::string words =
-      absl::StrCat("a kernel had also reported, unread before the stop: ", absl::StrJoin(reports, "; "));
+  const std::string words = absl::StrCat("a kernel had also reported, unread before the stop: ",
+                                         absl::StrJoin(reports, "; "));
   if (IsStopped(status)) {
     logger.Write(LogLevel::kWarning, -1, nn::Device(), absl::StrCat("spawn: ", words));
     return status;

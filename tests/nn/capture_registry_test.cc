@@ -88,7 +88,8 @@ TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOr
   std::vector<int> order;
   bool now_ran = false;
   // Another stream of the same device is not captured: at once.
-  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(1), [&] { now_ran = true; }, [&] { order.push_back(-1); }));
+  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(1), [&] { now_ran = true; },
+                                  [&] { order.push_back(-1); }));
   EXPECT_TRUE(now_ran);
   now_ran = false;
   for (int i = 0; i < 3; ++i) {
