@@ -31,10 +31,11 @@
 //    the step's temporaries (activations, gradients, workspaces). The arena lives
 //    as long as the graph or any tensor allocated from it (the loss returned by
 //    the step stays valid after the graph is destroyed). Pool memory allocated
-//    before Capture() and released inside it (the graph may still read it) is
-//    kept with the arena. When the last of them goes, the arena frees it all,
-//    stream-ordered after every stream that launched the graph (a replay may be
-//    pending) and every stream that owned the released memory: no host wait,
+//    before Capture() and released during it (the graph may still read it), by
+//    the capturing thread or by another thread (below), is kept with the
+//    arena. When the last of them goes, the arena frees it all, stream-ordered
+//    after every stream that launched the graph (a replay may be pending) and
+//    every stream that owned the released memory: no host wait,
 //    no cudaFree and no device synchronisation (which, mid-run, could wait
 //    behind other GPUs' NCCL kernels).
 //  - Optimizers: the step count, learning rate and bias corrections are not
@@ -64,6 +65,18 @@
 //    not join a capture, so it waits until no capture runs on that device;
 //    calls that synchronise a device (a thread's cuDNN teardown at exit)
 //    should not overlap another thread's capture of the same GPU.
+//  - Another thread may drop or read tensors that the capturing thread's stream
+//    owns while it captures (work enqueued on a capturing stream, from any
+//    thread, is recorded rather than run, so that work is not done there): a
+//    free, with the owner's waits for the streams that used the tensor, is done
+//    by the capturing thread once the capture has ended (the memory is kept
+//    with the arena), and a first read on another stream waits for the work
+//    the capturing stream had queued before the capture began (what the
+//    captured work writes exists only at replays). The other way round is a
+//    limit: the capturing thread's first use of a tensor that another thread's
+//    stream owns makes the capturing stream wait for an event recorded outside
+//    the capture, which CUDA refuses: Capture() throws with CUDA's error. The
+//    eager warm-up step makes those first uses.
 //  - A graph that holds collectives (NCCL) must be replayed on the rank thread
 //    that captured it: its replays are traced in that rank's communicator.
 //
@@ -74,7 +87,9 @@
 // Replay() on one graph at once. Such a replay is ordered both ways against the
 // capturing thread's stream, which owns the tensors the graph reads and writes:
 // it runs after the work queued there, and work queued there later runs after
-// it; it throws while a capture runs on the device (those waits would join it). The components the step used (module,
+// it; it throws while a capture runs on the device (those waits would join it),
+// and a capture on the device waits for it to be launched (a capture or replay
+// on another device does not). The components the step used (module,
 // optimizer, DataParallel, communicator) must outlive the replays; an optimizer
 // destroyed before a Replay() makes that Replay() throw.
 #ifndef TANDEM_NN_GRAPH_H_

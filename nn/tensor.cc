@@ -201,9 +201,17 @@ Storage::~Storage() {
   }
 #if TANDEM_WITH_CUDA
   // Other streams that used the memory: the owner waits for their work so far,
-  // so the free below (on the owner) comes after it.
-  for (const internal::StreamRef& user : uses_.TakeUsers()) {
-    internal::CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
+  // so the free (on the owner) comes after it.
+  std::vector<internal::StreamRef> users = uses_.TakeUsers();
+  // The common case: the owner is the calling thread's stream (no other thread
+  // captures it; if this one does, the free goes to its capture's deferred
+  // list) and no other stream used the memory. Otherwise a capture may run on
+  // the owner (another thread's, or this one's, where the waits for the users
+  // would invalidate it) or on a user stream: through the capture registry.
+  if (!users.empty() || owner != internal::CudaThreadStreamIfAny(device_)) {
+    internal::FreeOnOwnerUnlessCaptured(allocator_, data_, bytes_, device_, owner,
+                                        std::move(users));
+    return;
   }
 #endif
   allocator_->FreeOnStream(data_, bytes_, device_, owner);
@@ -215,7 +223,7 @@ void Storage::PrepareUse() const {
   if (owner == nullptr) return;
   CUstream_st* mine = internal::CudaThreadStream(device_);
   if (!uses_.NeedsWait(mine)) return;
-  internal::CudaStreamWait(mine, owner, device_);
+  internal::WaitForOwner(mine, owner, device_);  // another thread may capture the owner
   uses_.AddUser({mine, device_.index});
 #endif
 }

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -25,6 +26,7 @@
 #include "spawn/internal/restart.h"
 #include "spawn/internal/startup.h"
 #if TANDEM_WITH_CUDA
+#include "nn/internal/device_error.h"
 #include "spawn/comm/nccl/nccl_communicator.h"
 #endif
 
@@ -426,6 +428,43 @@ absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* pr
   return status;
 }
 
+// After a failed attempt's joins: the deferred device errors (a kernel's report
+// of bad input, nn/internal/device_error.h) that its kernels raised and no host
+// wait read before the stop. They belong to this attempt: added to its failure
+// (logged, for a stop), and cleared, so that none surfaces in the next attempt
+// (SpawnOptions::restart), or in the caller's next host wait, and fails it. An
+// attempt that succeeded leaves the word alone: a report its ranks did not wait
+// for surfaces at the next host wait on the device, as anywhere in nn.
+absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Device>& devices,
+                                  Logger& logger) {
+#if TANDEM_WITH_CUDA
+  if (status.ok()) return status;
+  std::vector<std::string> reports;
+  std::vector<nn::Device> seen;
+  for (const nn::Device& d : devices) {
+    if (!d.is_cuda() || std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
+    seen.push_back(d);
+    std::string report = nn::internal::TakeDeviceErrorOfEndedThreads(d);
+    if (!report.empty()) reports.push_back(std::move(report));
+  }
+  if (reports.empty()) return status;
+  const std::string words = absl::StrCat("a kernel had also reported, unread before the stop: ",
+                                         absl::StrJoin(reports, "; "));
+  if (IsStopped(status)) {
+    logger.Write(LogLevel::kWarning, -1, nn::Device(), absl::StrCat("spawn: ", words));
+    return status;
+  }
+  absl::Status with(status.code(), absl::StrCat(status.message(), "; ", words));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { with.SetPayload(url, payload); });
+  return with;
+#else
+  (void)devices;
+  (void)logger;
+  return status;
+#endif
+}
+
 // The run itself: dist::RunSpawnWithHooks.
 // The run's logger: this process's ranks, numbered from the process's first rank.
 absl::StatusOr<std::unique_ptr<Logger>> CreateLogger(int world, const SpawnOptions& options,
@@ -578,7 +617,8 @@ absl::Status RunWithHooks(absl::string_view gpus, int nprocs, const SpawnOptions
                             .rank_offset = rank_offset,
                             .global_world = procs ? procs->world_size() : ranks};
     RunRanksUnderWatch(env, hooks, sigint_at_start);
-    return FinishRun(run, agreement, procs.get(), comms, *logger);
+    return WithDeviceErrorsLeft(FinishRun(run, agreement, procs.get(), comms, *logger), devices,
+                                *logger);
   };
   // Restarts run in one process only (CheckRestartPolicy): procs is null there.
   absl::Status status = RunWithRestarts(

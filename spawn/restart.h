@@ -57,7 +57,13 @@
 //              every object the function makes (models, optimizers, loaders,
 //              DataParallel). CUDA graphs die with the attempt that captured
 //              them (released when the function returns, as in any run):
-//              capture them again.
+//              capture them again. Each GPU's deferred device error word
+//              (a kernel's report of bad input, e.g. cross_entropy's target
+//              check): once the failed attempt's threads are joined, spawn
+//              waits for the work they left on the device and takes a report
+//              no host wait had read; it is added to that attempt's failure
+//              (the restart's log line says it), and the next attempt starts
+//              with a clean word.
 //
 // World shrink (RestartPolicy::leave_out_failed_rank): a restart after one
 // rank's failure runs the next attempt on the other devices, the ranks after

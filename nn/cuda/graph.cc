@@ -5,12 +5,17 @@
 // Capture sequence (all on the capturing thread):
 //   1. route the thread's CUDA allocations to a fresh CaptureArena and its pool
 //      frees to a deferred list (nn/internal/allocator.h);
-//   2. cudaStreamBeginCapture(ThreadStream(device), cudaStreamCaptureModeThreadLocal):
-//      other threads (other ranks) are not affected by this capture;
+//   2. record a mark event on ThreadStream(device) (its eager work) and register
+//      the capture with the device's capture registry (nn/internal/capture_registry.h:
+//      other threads' work on this stream waits or is handed to the capture
+//      from now on); cudaStreamBeginCapture(ThreadStream(device),
+//      cudaStreamCaptureModeThreadLocal): other threads (other ranks) are not
+//      affected by this capture;
 //   3. run the step; every kernel, copy and memset enqueued on the thread's stream
 //      (and on streams that join it through event waits, e.g. NCCL's) is recorded;
 //   4. cudaStreamEndCapture, whatever happened in 3 (a capture must not outlive
-//      Capture()); restore the allocator, hand the pool memory released during
+//      Capture()); unregister the capture and do the frees other threads handed
+//      to it; restore the allocator, hand the pool memory released during
 //      the step to the arena (the graph may read it at every replay), clear
 //      CUDA's last error; on failure throw (see the header) with the thread usable;
 //   5. order the thread's stream after the arena's allocations; cudaGraphInstantiate
@@ -29,6 +34,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -39,6 +45,7 @@
 #include "nn/error.h"
 #include "nn/graph.h"
 #include "nn/internal/allocator.h"
+#include "nn/internal/capture_registry.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/tensor.h"
 
@@ -127,7 +134,7 @@ thread_local CaptureState* t_capture = nullptr;
 // owned it. No host wait, no device synchronisation. Destructors call this:
 // nothing throws, and a failure is cleared from the thread's last error (the
 // next kernel's launch check must not report it). Only when no stream of the
-// devices involved captures (ActiveCaptures): an event recorded on a stream
+// devices involved captures (Captures()): an event recorded on a stream
 // that another thread captures would join that capture.
 void ReleaseNow(GraphMemory& memory) {
   if (memory.chunks.empty() && memory.pool_frees.empty()) return;
@@ -159,88 +166,47 @@ void ReleaseNow(GraphMemory& memory) {
   memory.users.clear();
 }
 
-// The captures running now in the whole process, per device. Releasing graph
-// memory records events on the streams that launched the graph, which must not
-// be captured at that moment (the record would join another thread's capture:
-// two ranks sharing a GPU capture at once, and one's graph memory goes; when
-// releasing synchronised the device, CUDA refused it with
-// cudaErrorStreamCaptureUnsupported and invalidated that capture). Such a
-// release waits in a list until the last capture on its devices has ended;
-// that capture's thread then releases it.
-class ActiveCaptures {
- public:
-  static ActiveCaptures& Get() {
-    static ActiveCaptures* captures = new ActiveCaptures();  // never destroyed
-    return *captures;
-  }
+// The captures running now, per device (nn/internal/capture_registry.h).
+// Releasing graph memory records events on the streams that launched the
+// graph, which must not be captured at that moment (the record would join
+// another thread's capture: two ranks sharing a GPU capture at once, and one's
+// graph memory goes; when releasing synchronised the device, CUDA refused it
+// with cudaErrorStreamCaptureUnsupported and invalidated that capture). Such a
+// release waits until the last capture on its devices has ended; that
+// capture's thread then releases it. The release runs under the locks of its
+// devices: no capture can start on a stream between the check and the events
+// ReleaseNow records there (such a record would fork GraphMemoryStream into
+// that capture, with the frees after it).
+internal::CaptureRegistry& Captures() {
+  static auto* captures = new internal::CaptureRegistry();  // never destroyed
+  return *captures;
+}
 
-  void Begin(int device) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counts_[device];
-  }
-  // Returns the deferred releases none of whose devices captures any more.
-  std::vector<GraphMemory> End(int device) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --counts_[device];
-    std::vector<GraphMemory> ready;
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (CapturingLocked(*it)) {
-        ++it;
-      } else {
-        ready.push_back(std::move(*it));
-        it = pending_.erase(it);
-      }
-    }
-    return ready;
-  }
-  // Runs `fn` unless a capture runs on `device` now (returns whether it ran),
-  // under the lock: no capture can begin on a stream of the device while `fn`
-  // records events on or makes waits on its streams (Begin waits for it).
-  template <typename Fn>
-  bool RunUnlessCapturing(int device, Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = counts_.find(device);
-    if (it != counts_.end() && it->second > 0) return false;
-    fn();
-    return true;
-  }
-  // Keeps `memory` for later when one of its devices captures now, else
-  // releases it. The release runs under the lock: Begin (which comes before
-  // cudaStreamBeginCapture) waits for it, so no capture can start on a stream
-  // between the check and the events ReleaseNow records there (such a record
-  // would fork GraphMemoryStream into that capture, with the frees after it).
-  void ReleaseOrDefer(GraphMemory& memory) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (CapturingLocked(memory)) {
-      pending_.push_back(std::move(memory));
-    } else {
-      ReleaseNow(memory);
-    }
-  }
-
- private:
-  bool CapturingLocked(const GraphMemory& memory) const {
-    auto capturing = [&](int device) {
-      auto it = counts_.find(device);
-      return it != counts_.end() && it->second > 0;
-    };
-    if (capturing(memory.device.index)) return true;
-    for (const internal::DeferredCudaFree& f : memory.pool_frees) {
-      if (capturing(f.device.index)) return true;
-    }
-    return false;
-  }
-
-  std::mutex mu_;
-  std::map<int, int> counts_;
-  std::vector<GraphMemory> pending_;
-};
+// The devices whose streams releasing `memory` touches.
+std::vector<int> DevicesOf(const GraphMemory& memory) {
+  std::vector<int> devices{memory.device.index};
+  for (const internal::DeferredCudaFree& f : memory.pool_frees) devices.push_back(f.device.index);
+  return devices;
+}
 
 void Release(GraphMemory memory) {
+  if (memory.chunks.empty() && memory.pool_frees.empty()) return;
   if (t_capture != nullptr) {
     t_capture->released.push_back(std::move(memory));
-  } else {
-    ActiveCaptures::Get().ReleaseOrDefer(memory);
+    return;
+  }
+  std::vector<int> devices = DevicesOf(memory);
+  try {
+    auto held = std::make_shared<GraphMemory>(std::move(memory));
+    Captures().ReleaseOrDefer(std::move(devices), [held] { ReleaseNow(*held); });
+  } catch (...) {  // out of memory for the bookkeeping: leaked rather than freed in use
+  }
+}
+
+// Releases that waited for a capture to end: again, now that one has.
+void RetryDeferredReleases() {
+  for (internal::CaptureRegistry::Release& r : Captures().TakeDeferred()) {
+    Captures().ReleaseOrDefer(std::move(r.first), std::move(r.second));
   }
 }
 
@@ -444,9 +410,20 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   internal::DeferredCudaFrees deferred;
   std::shared_ptr<Allocator> previous_allocator = SetThreadCudaAllocator(arena);
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
-  ActiveCaptures::Get().Begin(device.index);
   CaptureRun run;
-  run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  // After the stream's eager work: what another stream's first use of a tensor
+  // this stream owns waits for while the capture runs (WaitForOwner).
+  cudaEvent_t mark = nullptr;
+  internal::CountCudaCall(internal::CudaCall::kEventCreate);
+  run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
+  if (run.begin == cudaSuccess) {
+    internal::CountCudaCall(internal::CudaCall::kEventRecord);
+    run.begin = cudaEventRecord(mark, stream);
+  }
+  if (run.begin == cudaSuccess) {
+    Captures().Begin(device.index, stream, mark);
+    run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  }
   if (run.begin == cudaSuccess) {
     t_capture = &state;
     try {
@@ -460,17 +437,23 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
     run.end = cudaStreamEndCapture(stream, &run.graph);
   }
   run.last = cudaGetLastError();  // clears a sticky capture error
+  // What other threads left for the end of the capture (frees of storages this
+  // stream owns, with the waits for their users): now, with the thread's
+  // deferred frees still set, so pool memory freed there stays with the arena
+  // (the graph may read it, as memory this thread released during the step).
+  for (const std::function<void()>& after : Captures().End(device.index, stream)) after();
+  if (mark != nullptr) cudaEventDestroy(mark);  // released once its waits are done
+  cudaGetLastError();
   SetThreadCudaAllocator(std::move(previous_allocator));
   internal::SetThreadDeferredCudaFrees(previous_deferred);
   // Pool memory released during the step may be read by the graph: it lives
   // with the arena.
   arena->Keep(deferred);
   // Graph memory of others that died during the capture, and releases that
-  // waited for captures on this device to end: now, unless another capture on
-  // their devices still runs (Release defers them again).
-  std::vector<GraphMemory> ready = ActiveCaptures::Get().End(device.index);
+  // waited for captures to end: now, unless another capture on their devices
+  // still runs (they wait again).
   for (GraphMemory& memory : state.released) Release(std::move(memory));
-  for (GraphMemory& memory : ready) Release(std::move(memory));
+  RetryDeferredReleases();
   return run;
 }
 
@@ -632,14 +615,17 @@ void CudaGraph::Replay() {
     // the writes of the inputs, which the hooks' writes must follow too), and
     // the capturing stream then waits for this replay (its later writes and
     // frees of those tensors, and its use of the thread's cuBLASLt workspace
-    // that the graph's matmuls use, come after it). Under ActiveCaptures'
-    // lock: neither wait may join a capture.
+    // that the graph's matmuls use, come after it). Under the device's capture
+    // lock (Captures()): neither wait may join a capture. A per-device lock: a
+    // capture records only work of its own device, so a replay here (its
+    // hooks, waits and launch, all on this device's streams) cannot reach a
+    // capture on another GPU and does not hold it up.
     // A hook that throws (an NCCL graph replayed here is refused by its
     // pre-replay hook) may follow hooks that already wrote, on this stream,
     // the arena memory the graph reads (a dropout's offset): the capturing
     // stream waits for those writes too, or its next replay could read them
     // late.
-    const bool ran = ActiveCaptures::Get().RunUnlessCapturing(device_.index, [&] {
+    const bool ran = Captures().RunUnlessCapturing(device_.index, [&] {
       internal::CudaStreamWait(stream, impl_->capture_stream, device_);
       try {
         launch();
@@ -659,3 +645,65 @@ void CudaGraph::Replay() {
 }
 
 }  // namespace tandem::nn
+
+namespace tandem::nn::internal {
+namespace {
+
+// The owner's waits for the users, then the free through the allocator on the
+// owner. A user stream of the owner's device that another thread captures now
+// must not get the event record (it would join the owner to that capture): the
+// owner waits for the event recorded on it just before its capture began (the
+// user's eager work). A user of another device: a plain wait (its lock is not
+// taken under this device's; a capture there while this storage dies is not
+// handled). Never throws.
+void WaitForUsersAndFree(Allocator& allocator, void* ptr, int64_t bytes, Device device,
+                         cudaStream_t owner, const std::vector<StreamRef>& users) noexcept {
+  for (const StreamRef& user : users) {
+    const Device user_device = Device::CUDA(user.device);
+    if (user.device != device.index) {
+      CudaStreamWaitNoThrow(owner, user.stream, user_device);
+      continue;
+    }
+    try {
+      Captures().RunOrMark(
+          user.device, user.stream, [&] { CudaStreamWaitNoThrow(owner, user.stream, user_device); },
+          [&](CUevent_st* mark) {
+            CudaDeviceScope current(device, std::nothrow);
+            CountCudaCall(CudaCall::kStreamWaitEvent);
+            if (cudaStreamWaitEvent(owner, mark, 0) != cudaSuccess) cudaGetLastError();
+          });
+    } catch (...) {  // the registry's bookkeeping failed (out of memory): no wait to be had
+    }
+  }
+  allocator.FreeOnStream(ptr, bytes, device, owner);
+}
+
+}  // namespace
+
+void FreeOnOwnerUnlessCaptured(std::shared_ptr<Allocator> allocator, void* ptr, int64_t bytes,
+                               Device device, CUstream_st* owner,
+                               std::vector<StreamRef> users) noexcept {
+  try {
+    // `later`: run by the capturing thread after cudaStreamEndCapture when a
+    // capture runs on `owner` (CaptureStep).
+    Captures().RunOrQueue(
+        device.index, owner,
+        [&] { WaitForUsersAndFree(*allocator, ptr, bytes, device, owner, users); },
+        [allocator, ptr, bytes, device, owner, users] {
+          WaitForUsersAndFree(*allocator, ptr, bytes, device, owner, users);
+        });
+  } catch (...) {  // out of memory for the hand-over: leaked, never freed into a capture
+  }
+}
+
+void WaitForOwner(CUstream_st* stream, CUstream_st* owner, Device device) {
+  Captures().RunOrMark(
+      device.index, owner, [&] { CudaStreamWait(stream, owner, device); },
+      [&](CUevent_st* mark) {
+        CudaDeviceScope current(device);
+        CountCudaCall(CudaCall::kStreamWaitEvent);
+        CheckCuda(cudaStreamWaitEvent(stream, mark, 0), "cudaStreamWaitEvent", device);
+      });
+}
+
+}  // namespace tandem::nn::internal

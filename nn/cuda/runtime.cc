@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "nn/cuda/context.h"
 #include "nn/error.h"
+#include "nn/internal/allocator.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/internal/device_error.h"
 #include "nn/interrupt.h"
@@ -112,14 +113,21 @@ struct ThreadStreams {
   std::unordered_map<int, cudaEvent_t> wait_events;
   int last_index = -1;  // one-entry cache of streams: ops ask for the same device
   cudaStream_t last_stream = nullptr;
-  ~ThreadStreams() {
-    for (auto& [index, event] : wait_events) cudaEventDestroy(event);  // released once complete
-    StreamPool& pool = Pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    for (auto& [index, stream] : streams) pool.spare[index].push_back(stream);
-  }
+  ~ThreadStreams();
 };
+// Set when the thread's ThreadStreams is gone (a thread_local destroyed after it
+// may still free storages: CudaThreadStreamIfAny must not read it then).
+thread_local bool t_streams_gone = false;
+
 thread_local ThreadStreams t_streams;
+
+ThreadStreams::~ThreadStreams() {
+  t_streams_gone = true;
+  for (auto& [index, event] : wait_events) cudaEventDestroy(event);  // released once complete
+  StreamPool& pool = Pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  for (auto& [index, stream] : streams) pool.spare[index].push_back(stream);
+}
 
 cudaStream_t NewStream(Device device) {
   {
@@ -177,6 +185,14 @@ cudaStream_t ThreadStream(Device device) {
 }
 
 CUstream_st* CudaThreadStream(Device device) { return ThreadStream(device); }
+
+CUstream_st* CudaThreadStreamIfAny(Device device) noexcept {
+  if (t_streams_gone) return nullptr;
+  const ThreadStreams& local = t_streams;
+  if (device.index == local.last_index) return local.last_stream;
+  auto it = local.streams.find(device.index);
+  return it == local.streams.end() ? nullptr : it->second;
+}
 
 void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_device) {
   if (waiter == producer) return;
@@ -242,23 +258,51 @@ std::string DeviceErrorMessage(unsigned long long code, long long a, long long b
   }
 }
 
-void RaiseDeviceError(Device device) {
-  if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return;
+std::string TakeDeviceError(Device device) {
+  if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return "";
   DeviceErrorWord* word = host_error_words[device.index].load(std::memory_order_acquire);
-  if (word == nullptr) return;  // no stream on the device yet: nothing ran there
+  if (word == nullptr) return "";  // no stream on the device yet: nothing ran there
   unsigned long long code = __atomic_load_n(&word->code, __ATOMIC_ACQUIRE);
   // kDeviceErrorWriting: a kernel of another stream is filling the word in; the
   // next synchronisation raises it.
-  if (code == kDeviceErrorNone || code == kDeviceErrorWriting) return;
+  if (code == kDeviceErrorNone || code == kDeviceErrorWriting) return "";
   const long long a = __atomic_load_n(&word->a, __ATOMIC_RELAXED);
   const long long b = __atomic_load_n(&word->b, __ATOMIC_RELAXED);
   const long long c = __atomic_load_n(&word->c, __ATOMIC_RELAXED);
-  // Only the thread that clears the word raises it.
+  // Only the thread that clears the word reports it.
   if (!__atomic_compare_exchange_n(&word->code, &code, static_cast<unsigned long long>(kDeviceErrorNone),
                                    false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    return;
+    return "";
   }
-  Fail(DeviceErrorMessage(code, a, b, c, device));
+  return DeviceErrorMessage(code, a, b, c, device);
+}
+
+void RaiseDeviceError(Device device) {
+  const std::string message = TakeDeviceError(device);
+  if (!message.empty()) Fail(message);
+}
+
+std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept {
+  if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return "";
+  try {
+    {
+      // Under the pool's lock: no thread takes one of these streams (and could
+      // begin a capture on it) while it is synchronised.
+      StreamPool& pool = Pool();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      auto it = pool.spare.find(device.index);
+      if (it != pool.spare.end() && !it->second.empty()) {
+        CudaDeviceScope current(device, std::nothrow);
+        for (cudaStream_t stream : it->second) {
+          CountCudaCall(CudaCall::kHostWait);
+          if (cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
+        }
+      }
+    }
+    return TakeDeviceError(device);
+  } catch (...) {  // the message could not be made (out of memory): nothing to add
+    return "";
+  }
 }
 
 namespace {

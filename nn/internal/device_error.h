@@ -61,6 +61,23 @@ std::string DeviceErrorMessage(unsigned long long code, long long a, long long b
 // reported it (its writes are visible to the host once the stream is done).
 void RaiseDeviceError(Device device);
 
+// The same without throwing: the message of the report pending on `device`,
+// the word cleared, or "" when none is pending (or a kernel is still filling
+// it in).
+std::string TakeDeviceError(Device device);
+
+// For spawn, once the rank threads of a failed attempt have been joined and
+// their communicators destroyed (SpawnOptions::restart): waits for the work
+// left on the streams that ended threads gave back to the pool (no live thread
+// uses them, so none is being captured), then takes the report pending on
+// `device` as TakeDeviceError does. A report raised in a failed attempt and not
+// yet read so belongs to that attempt's failure (spawn adds it to the
+// failure's message) and cannot surface in, and fail, the next attempt, whose
+// word starts clean. Never throws: a failing wait (a broken context) is
+// cleared from the thread's last error, for the next checked call to report;
+// "" for a device that is not CUDA or has no word yet.
+std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept;
+
 #ifdef __CUDACC__
 // Reports (code, a, b, c) unless an earlier report is pending. Device atomics on
 // mapped host memory are atomic among the threads of this device, which is all

@@ -108,7 +108,10 @@ class Work {
   // needs to wait any more; a stopping run's aborted collective counts as
   // finished. Any thread, as wait()'s owner may poll it while another waits
   // (not while the handle is being destroyed). The base class returns false:
-  // a handle that cannot tell is finished only once wait() has returned.
+  // a handle that cannot tell is finished only once wait() has returned. A
+  // handle made inside a CUDA graph capture (NCCL) is finished at once: its
+  // collective is recorded in the graph and runs in the replays (wait() for it
+  // inside the captured step all the same, to join the capture back).
   virtual bool is_completed() const { return false; }
   // The collective's sequence number on its rank (Communicator::Enter's,
   // the watchdog's "#N" and the flight recorder's), 1 for the first; 0 for a

@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "hapi/model.h"
@@ -53,8 +55,11 @@ absl::Status FitWithEvaluationAndCheckpoints(const std::string& dir, dist::Conte
   return h.status();
 }
 
+// Per process: ctest runs each case as a process of its own, several at once,
+// and the cases' checkpoints must not meet (one run would resume from another's).
 std::string FreshDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/fault_sweep_" + name;
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/fault_sweep_", getpid(), "_", name);
   std::filesystem::remove_all(dir);
   return dir;
 }

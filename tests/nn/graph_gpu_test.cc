@@ -255,6 +255,165 @@ TEST_F(CudaGraphGpuTest, WritesOfARefusedReplayOnAnotherThreadComeBeforeTheNextR
   EXPECT_EQ(z.to_vector<float>()[0], 50.0f);
 }
 
+// Waits (up to 20 s) until `flag` is set; whether it was.
+bool AwaitFlag(const std::atomic<bool>& flag) {
+  for (int i = 0; i < 20000 && !flag.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return flag.load();
+}
+
+// While this thread captures, thread b frees a tensor this thread's stream
+// owns (b held the last reference and had used it: the free waits for b's
+// stream) and reads, for the first time, another one. Done at that moment on
+// the capturing stream, b's work would be recorded in the capture instead of
+// run: the event recorded for b's first read joins b's stream to the capture
+// (b's copy is captured, its host wait fails, and cudaStreamEndCapture fails,
+// unjoined); the owner's wait for b's stream before the free, and the free of
+// memory the graph did not allocate, invalidate the capture. Instead b's read
+// waits for the work queued here before the capture, and the free is done
+// after it ends, the memory kept by the graph, which reads it at every replay
+// (new tensors filled with other values must not get it).
+TEST_F(CudaGraphGpuTest, AnotherThreadsFreeAndFirstReadDuringACaptureDoNotBreakIt) {
+  constexpr int64_t kNumel = 1 << 16;
+  Tensor read_by_b = full({kNumel}, 7.0);
+  Tensor freed_by_b = full({kNumel}, 3.0);
+  Tensor x = zeros({kNumel});
+  std::atomic<bool> b_used{false}, b_may_go{false}, b_done{false};
+  std::string b_error;
+  std::vector<float> b_read;
+  std::thread b([&, held = freed_by_b]() mutable {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      (void)held.to_vector<float>();  // b's stream becomes a user of the storage
+      b_used.store(true);
+      if (!AwaitFlag(b_may_go)) throw std::runtime_error("the capture never began");
+      held = Tensor();  // the last reference: the storage goes during the capture
+      b_read = read_by_b.to_vector<float>();  // b's first use of this storage
+    } catch (const std::exception& e) {
+      b_error = e.what();
+    }
+    b_done.store(true);
+  });
+  ASSERT_TRUE(AwaitFlag(b_used));
+  CudaGraph graph;
+  const std::string capture_error = ErrorOf([&] {
+    graph.Capture([&] {
+      x.add_(freed_by_b);
+      freed_by_b = Tensor();  // b holds the last reference now
+      b_may_go.store(true);
+      EXPECT_TRUE(AwaitFlag(b_done)) << "thread b did not finish during the capture";
+      x.add_(full({kNumel}, 1.0));
+    });
+  });
+  b.join();
+  EXPECT_EQ(capture_error, "");
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(b_read, std::vector<float>(kNumel, 7.0f));
+  ASSERT_TRUE(graph.captured());
+  std::vector<Tensor> others;
+  for (int k = 0; k < 8; ++k) others.push_back(full({kNumel}, -100.0));
+  graph.Replay();
+  graph.Replay();
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(kNumel, 8.0f));
+}
+
+// The mirror case: this thread frees a tensor its stream owns while thread b,
+// whose stream read it, captures. The owner's wait for b's stream used to
+// record an event on b's capturing stream: this thread's stream then joined
+// b's capture (its free and its next kernels recorded there, b's capture
+// ending unjoined). It now waits for the event b's capture recorded before it
+// began (b's eager read).
+TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapture) {
+  constexpr int64_t kNumel = 1 << 16;
+  std::optional<Tensor> shared = full({kNumel}, 3.0);
+  std::atomic<bool> b_read{false}, capturing{false}, freed{false};
+  std::string b_error;
+  std::vector<float> b_value;
+  std::thread b([&, seen = *shared]() mutable {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      (void)seen.to_vector<float>();  // b's stream becomes a user
+      seen = Tensor();
+      b_read.store(true);
+      Tensor y = zeros({kNumel});
+      CudaGraph graph;
+      graph.Capture([&] {
+        capturing.store(true);
+        EXPECT_TRUE(AwaitFlag(freed)) << "this thread did not free the tensor during the capture";
+        y.add_(full({kNumel}, 2.0));
+      });
+      graph.Replay();
+      b_value = y.to_vector<float>();
+    } catch (const std::exception& e) {
+      capturing.store(true);
+      b_error = e.what();
+    }
+  });
+  ASSERT_TRUE(AwaitFlag(b_read));
+  ASSERT_TRUE(AwaitFlag(capturing));
+  shared.reset();  // the last reference: the owner waits for b's use, then frees
+  const std::vector<float> after = full({4}, 5.0).to_vector<float>();  // this stream's next work
+  freed.store(true);
+  b.join();
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(after, std::vector<float>(4, 5.0f));
+  EXPECT_EQ(b_value, std::vector<float>(kNumel, 2.0f));
+}
+
+// Two GPUs: thread b replays, on cuda:0, a graph this thread captured there;
+// while b's replay runs its pre-replay hook (under cuda:0's capture lock),
+// thread c captures a step on cuda:1. A lock over every GPU held c's capture
+// until b's replay was done; the hook waits for c's capture to end.
+TEST(CudaGraphTwoGpuTest, AReplayOnAnotherThreadDoesNotHoldUpACaptureOnAnotherGpu) {
+  TANDEM_REQUIRE_GPUS(2);
+  DeviceGuard device(Device::CUDA(0));
+  const std::thread::id self = std::this_thread::get_id();
+  std::atomic<bool> in_hook{false}, c_captured{false};
+  bool c_captured_during_replay = false;
+  Tensor x = zeros({16});
+  CudaGraph graph;
+  graph.Capture([&] {
+    ASSERT_TRUE(CudaGraph::AddPreReplayHook([&] {
+      if (std::this_thread::get_id() == self) return;
+      in_hook.store(true);
+      c_captured_during_replay = AwaitFlag(c_captured);
+    }));
+    x.add_(full({16}, 1.0));
+  });
+  std::string b_error;
+  std::thread b([&] {
+    DeviceGuard on_zero(Device::CUDA(0));
+    try {
+      graph.Replay();
+    } catch (const std::exception& e) {
+      b_error = e.what();
+    }
+  });
+  std::string c_error;
+  std::thread c([&] {
+    DeviceGuard on_one(Device::CUDA(1));
+    try {
+      if (!AwaitFlag(in_hook)) throw std::runtime_error("b's replay never reached its hook");
+      Tensor y = zeros({16});
+      CudaGraph other;
+      other.Capture([&] { y.add_(full({16}, 2.0)); });
+      c_captured.store(true);
+      other.Replay();
+      EXPECT_EQ(y.to_vector<float>(), std::vector<float>(16, 2.0f));
+    } catch (const std::exception& e) {
+      c_captured.store(true);
+      c_error = e.what();
+    }
+  });
+  b.join();
+  c.join();
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(c_error, "");
+  EXPECT_TRUE(c_captured_during_replay);
+  EXPECT_EQ(x.to_vector<float>(), std::vector<float>(16, 1.0f));
+}
+
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
   Tensor counter = zeros({4});
   CudaGraph graph;

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/internal/cuda_runtime.h"
+#include "nn/internal/device_error.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/matmul.h"
 #include "nn/random.h"
@@ -197,6 +199,34 @@ TEST_F(PinnedGpuTest, BadCrossEntropyTargetIsRaisedAtTheNextSyncAndTheContextLiv
   ASSERT_TRUE(x.grad().defined());
   EXPECT_TRUE(std::isnan(x.grad().to_vector<float>()[5]));  // row 1, the bad one
   EXPECT_FALSE(std::isnan(x.grad().to_vector<float>()[0]));
+}
+
+// A thread reports bad input behind a second of matmuls and ends without a host
+// wait (a failed restart attempt's rank). TakeDeviceErrorOfEndedThreads waits
+// for the work it left on its stream, returns the report and clears the word:
+// the next host wait raises nothing. Without that wait the report, written
+// later, would be missed here and raised by the next host wait instead.
+TEST_F(PinnedGpuTest, ReportLeftByAnEndedThreadIsTakenAfterItsWorkAndCleared) {
+  std::string thread_error;
+  std::thread rank([&] {
+    try {
+      DeviceGuard guard(kGpu);
+      Tensor logits = ones({4, 5}, {.device = kGpu});
+      Tensor bad = from_vector(std::vector<int64_t>{0, 1, 2, 11}, {4}, {.device = kGpu});
+      KeepStreamBusy();
+      (void)cross_entropy(logits, bad);
+    } catch (const std::exception& e) {
+      thread_error = e.what();
+    }
+  });
+  rank.join();
+  EXPECT_EQ(thread_error, "");
+  EXPECT_EQ(internal::TakeDeviceErrorOfEndedThreads(kGpu),
+            "cross_entropy: target 11 of sample 3 is out of range [0, 5) on cuda:0");
+  EXPECT_EQ(internal::TakeDeviceErrorOfEndedThreads(kGpu), "");
+  DeviceGuard guard(kGpu);
+  EXPECT_NO_THROW(Synchronize(kGpu));
+  EXPECT_EQ(internal::TakeDeviceErrorOfEndedThreads(Device::CPU()), "");
 }
 
 }  // namespace

@@ -189,6 +189,44 @@ TEST_F(GpuSpawnTest, NcclGraphReplaysAreTracked) {
   EXPECT_EQ((*got)[0], 1.0f);
 }
 
+// The handle of an asynchronous collective made inside a capture: its event
+// was recorded in the capture, and CUDA refuses to query such an event
+// (cudaErrorCapturedEvent, which a query left as the thread's last error: the
+// next kernel's launch check blamed that kernel, inside the capture or after
+// it). is_completed() answers true without a query, inside the capture and
+// after; the kernels launched right after it run, and the replays reduce as
+// captured.
+TEST_F(GpuSpawnTest, NcclWorkOfACapturedCollectiveIsCompletedWithoutQueryingItsEvent) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        Tensor y = nn::zeros({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        std::shared_ptr<Work> work;
+        bool inside = false;
+        nn::CudaGraph graph(ctx.device());
+        graph.Capture([&] {
+          x.fill_(1.0);
+          work = ctx.communicator().all_reduce_async(x);
+          inside = work->is_completed();
+          y.fill_(2.0);  // a launch check right after the query
+          work->wait();
+          x.add_(y, 1.0);
+        });
+        const bool after = work->is_completed();
+        Tensor z = nn::zeros({4}, {.device = ctx.device()});
+        z.fill_(5.0);  // an eager launch check right after the query
+        work.reset();  // unwaited outside its capture: no wait on its event
+        graph.Replay();
+        graph.Replay();
+        return std::vector<float>{inside ? 1.0f : 0.0f, after ? 1.0f : 0.0f,
+                                  x.to_vector<float>()[0], z.to_vector<float>()[0]};
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  EXPECT_EQ((*got)[0], (std::vector<float>{1.0f, 1.0f, 3.0f, 5.0f}));
+}
+
 // A graph holding NCCL collectives that outlives the training function would
 // make NCCL's destroy wait for good (spawn would hang at its end): spawn
 // releases it, fails the run naming it, and a later replay is a clear error.

@@ -209,15 +209,26 @@ class EventPool {
 // destroying thread's compute stream wait for the collective, so memory freed
 // after it on that stream (the tensor, held by Communicator's wrapper until this
 // is gone) is not reused while NCCL may still read or write it.
+//
+// Made inside a CUDA graph capture (`captured`), the collective is recorded in
+// the graph, not run, and done_ was recorded in the capture: CUDA refuses to
+// query such an event (cudaErrorCapturedEvent, left as the thread's last error,
+// where the next kernel's launch check would report it against that kernel, and
+// a query inside the capture may invalidate it). Such a handle never queries
+// it: is_completed() is true (nothing of it runs outside the graph; each
+// replay is followed by the watchdog as one "graph replay"), wait() joins the
+// compute stream back inside the capture, and outside it is a clear error.
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool)
-      : done_(done), device_(device), pool_(std::move(pool)) {}
+  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool, bool captured)
+      : done_(done), device_(device), pool_(std::move(pool)), captured_(captured) {}
   ~NcclWork() override {
     // Destructors must not throw: a failing wait is reported by the next checked
     // call. ThreadStream throws when the destroying thread has no stream on the
     // device yet and none can be made (a broken context): not std::terminate.
-    if (!waited_) {
+    // A captured handle outside its capture: its event cannot be waited for
+    // (the graph's replays are ordered on the stream that launches them).
+    if (!waited_ && (!captured_ || nn::CudaGraph::IsCapturing())) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
         if (StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
@@ -229,18 +240,25 @@ class NcclWork final : public Work {
     pool_->Give(done_);
   }
   void wait() override {
+    TANDEM_CHECK(!captured_ || nn::CudaGraph::IsCapturing(), "Work::wait on ", device_.ToString(),
+                 ": the collective was recorded in a CUDA graph capture that has ended; wait "
+                 "for it inside the captured step (a replay runs it in order on the stream "
+                 "that launches the graph)");
     nn::internal::CudaDeviceScope on_device(device_);
     TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
   }
   // The event after the collective on the communication stream; an error other
   // than "not ready" (an aborted communicator's broken stream) counts as
-  // finished, for wait() or the next checked call to report.
+  // finished, for wait() or the next checked call to report. A captured
+  // handle: true, without a query (see above); an event recorded in a capture
+  // all the same (cudaErrorCapturedEvent) is answered alike, the error cleared.
   bool is_completed() const override {
+    if (captured_) return true;
     const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaErrorNotReady) {
+    if (q == cudaErrorNotReady || q == cudaErrorCapturedEvent) {
       cudaGetLastError();  // not for the next kernel's launch check to report
-      return false;
+      return q == cudaErrorCapturedEvent;
     }
     return true;
   }
@@ -249,6 +267,7 @@ class NcclWork final : public Work {
   cudaEvent_t done_;
   nn::Device device_;
   std::shared_ptr<EventPool> pool_;
+  const bool captured_;
   bool waited_ = false;
 };
 
@@ -427,7 +446,7 @@ class NcclCommunicator final : public Communicator {
       events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
     }
-    return std::make_shared<NcclWork>(done, device(), events_);
+    return std::make_shared<NcclWork>(done, device(), events_, nn::CudaGraph::IsCapturing());
   }
 
   // The communicator's asynchronous error, or ncclSuccess (ncclInProgress, an

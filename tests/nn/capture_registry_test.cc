@@ -1,0 +1,205 @@
+// The per-device capture registry of CUDA graphs (nn/internal/capture_registry.h),
+// driven with fake streams and events so that its rules are checked without a
+// GPU, and under ThreadSanitizer (label tsan_ok): work under one device's lock
+// (a replay from another thread) holds up a capture's start on that device and
+// not on another; work on a stream being captured is queued for the end of the
+// capture, or redirected to the event recorded before it; releases wait for
+// every capture on their devices; the locks are recursive.
+#include "nn/internal/capture_registry.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+namespace tandem::nn::internal {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Distinct addresses standing in for cudaStream_t and cudaEvent_t values.
+CUstream_st* FakeStream(int i) {
+  static char slots[16];
+  return reinterpret_cast<CUstream_st*>(&slots[i]);
+}
+CUevent_st* FakeEvent(int i) {
+  static char slots[16];
+  return reinterpret_cast<CUevent_st*>(&slots[i]);
+}
+
+// Work under device 0's lock blocks until `release` is set; meanwhile a capture
+// begins on `capture_device` on another thread. Returns whether that Begin
+// returned while the work still held the lock.
+bool BeginReturnsWhileDeviceZeroIsHeld(int capture_device) {
+  CaptureRegistry registry;
+  std::promise<void> holding;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread replay([&] {
+    EXPECT_TRUE(registry.RunUnlessCapturing(0, [&] {
+      holding.set_value();
+      released.wait();
+    }));
+  });
+  holding.get_future().wait();
+  std::atomic<bool> begun{false};
+  std::thread capture([&] {
+    registry.Begin(capture_device, FakeStream(1), FakeEvent(1));
+    begun = true;
+  });
+  // Long enough for an unblocked Begin to return many times over.
+  for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
+  const bool returned_while_held = begun;
+  release.set_value();
+  replay.join();
+  capture.join();
+  EXPECT_EQ(registry.captures(capture_device), 1);
+  return returned_while_held;
+}
+
+TEST(CaptureRegistryTest, WorkUnderOneDevicesLockDoesNotHoldUpACaptureOnAnother) {
+  EXPECT_TRUE(BeginReturnsWhileDeviceZeroIsHeld(1));
+}
+
+TEST(CaptureRegistryTest, WorkUnderADevicesLockHoldsUpACaptureOnThatDevice) {
+  EXPECT_FALSE(BeginReturnsWhileDeviceZeroIsHeld(0));
+}
+
+TEST(CaptureRegistryTest, NothingRunsUnderADevicesLockWhileItCaptures) {
+  CaptureRegistry registry;
+  registry.Begin(2, FakeStream(0), FakeEvent(0));
+  bool ran = false;
+  EXPECT_FALSE(registry.RunUnlessCapturing(2, [&] { ran = true; }));
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(registry.RunUnlessCapturing(3, [&] { ran = true; }));  // another device
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(registry.End(2, FakeStream(0)).empty());
+  ran = false;
+  EXPECT_TRUE(registry.RunUnlessCapturing(2, [&] { ran = true; }));
+  EXPECT_TRUE(ran);
+}
+
+TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOrder) {
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(0));
+  std::vector<int> order;
+  bool now_ran = false;
+  // Another stream of the same device is not captured: at once.
+  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(1), [&] { now_ran = true; },
+                                  [&] { order.push_back(-1); }));
+  EXPECT_TRUE(now_ran);
+  now_ran = false;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; },
+                                     [&order, i] { order.push_back(i); }));
+  }
+  EXPECT_FALSE(now_ran);
+  EXPECT_TRUE(order.empty());
+  std::vector<std::function<void()>> after = registry.End(0, FakeStream(0));
+  ASSERT_EQ(after.size(), 3u);
+  for (auto& fn : after) fn();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  // The capture has ended: at once again, nothing queued.
+  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; }, [] {}));
+  EXPECT_TRUE(now_ran);
+  EXPECT_TRUE(registry.End(0, FakeStream(0)).empty());
+}
+
+TEST(CaptureRegistryTest, AFirstUseOfACapturedStreamsTensorGetsTheEventRecordedBeforeTheCapture) {
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(7));
+  registry.Begin(0, FakeStream(1), FakeEvent(8));  // two ranks sharing the GPU capture at once
+  CUevent_st* got = nullptr;
+  bool now_ran = false;
+  registry.RunOrMark(0, FakeStream(1), [&] { now_ran = true; }, [&](CUevent_st* e) { got = e; });
+  EXPECT_FALSE(now_ran);
+  EXPECT_EQ(got, FakeEvent(8));
+  registry.End(0, FakeStream(1));
+  got = nullptr;
+  registry.RunOrMark(0, FakeStream(1), [&] { now_ran = true; }, [&](CUevent_st* e) { got = e; });
+  EXPECT_TRUE(now_ran);
+  EXPECT_EQ(got, nullptr);
+  EXPECT_EQ(registry.captures(0), 1);
+}
+
+TEST(CaptureRegistryTest, AReleaseWaitsForTheLastCaptureOnAnyOfItsDevices) {
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(0));
+  registry.Begin(1, FakeStream(1), FakeEvent(1));
+  int released = 0;
+  EXPECT_FALSE(registry.ReleaseOrDefer({1, 0, 1}, [&] { ++released; }));
+  EXPECT_TRUE(registry.ReleaseOrDefer({2}, [&] { released += 10; }));  // no capture on 2
+  EXPECT_EQ(released, 10);
+  // The capture on 0 ends: device 1 still captures, the release waits again.
+  registry.End(0, FakeStream(0));
+  std::vector<CaptureRegistry::Release> ready = registry.TakeDeferred();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].first, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(registry.ReleaseOrDefer(ready[0].first, ready[0].second));
+  EXPECT_EQ(released, 10);
+  registry.End(1, FakeStream(1));
+  for (CaptureRegistry::Release& r : registry.TakeDeferred()) {
+    EXPECT_TRUE(registry.ReleaseOrDefer(std::move(r.first), std::move(r.second)));
+  }
+  EXPECT_EQ(released, 11);
+  EXPECT_TRUE(registry.TakeDeferred().empty());
+}
+
+// A replay's pre-replay hook, under the device's lock, may reach a tensor's
+// first use on that device (its lock again): no deadlock.
+TEST(CaptureRegistryTest, TheLocksAreRecursive) {
+  CaptureRegistry registry;
+  bool inner = false;
+  EXPECT_TRUE(registry.RunUnlessCapturing(0, [&] {
+    registry.RunOrMark(0, FakeStream(3), [&] {
+      EXPECT_TRUE(registry.ReleaseOrDefer({0}, [&] { inner = true; }));
+    }, [](CUevent_st*) { ADD_FAILURE() << "no capture runs"; });
+  }));
+  EXPECT_TRUE(inner);
+}
+
+// Releases racing with captures on two devices: every release runs exactly
+// once, never while one of its devices captures (under ThreadSanitizer too).
+TEST(CaptureRegistryTest, ReleasesRacingWithCapturesRunOnceAndNeverDuringACapture) {
+  CaptureRegistry registry;
+  std::atomic<int> capturing[2] = {0, 0};
+  std::atomic<int> released{0};
+  std::atomic<int> during_capture{0};
+  constexpr int kReleases = 400;
+  std::vector<std::thread> threads;
+  for (int d = 0; d < 2; ++d) {
+    threads.emplace_back([&, d] {
+      for (int i = 0; i < 200; ++i) {
+        registry.Begin(d, FakeStream(d), FakeEvent(d));
+        capturing[d].fetch_add(1);
+        std::this_thread::yield();
+        capturing[d].fetch_sub(1);
+        for (auto& fn : registry.End(d, FakeStream(d))) fn();
+        for (CaptureRegistry::Release& r : registry.TakeDeferred()) {
+          registry.ReleaseOrDefer(std::move(r.first), std::move(r.second));
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < kReleases; ++i) {
+      const int a = i % 2, b = (i / 2) % 2;
+      registry.ReleaseOrDefer({a, b}, [&, a, b] {
+        if (capturing[a].load() + capturing[b].load() > 0) during_capture.fetch_add(1);
+        released.fetch_add(1);
+      });
+    }
+  });
+  for (std::thread& t : threads) t.join();
+  for (CaptureRegistry::Release& r : registry.TakeDeferred()) {
+    EXPECT_TRUE(registry.ReleaseOrDefer(std::move(r.first), std::move(r.second)));
+  }
+  EXPECT_EQ(released.load(), kReleases);
+  EXPECT_EQ(during_capture.load(), 0);
+}
+
+}  // namespace
+}  // namespace tandem::nn::internal
