@@ -5,10 +5,11 @@
 // Capture sequence (all on the capturing thread):
 //   1. route the thread's CUDA allocations to a fresh CaptureArena and its pool
 //      frees to a deferred list (nn/internal/allocator.h);
-//   2. record a mark event on ThreadStream(device) (its eager work) and register
-//      the capture with the device's capture registry (nn/internal/capture_registry.h:
-//      other threads' work on this stream waits or is handed to the capture
-//      from now on); cudaStreamBeginCapture(ThreadStream(device),
+//   2. under the device's capture lock, record a mark event on
+//      ThreadStream(device) (its eager work) and register the capture with the
+//      device's capture registry (nn/internal/capture_registry.h: other
+//      threads' work on this stream waits or is handed to the capture from now
+//      on); cudaStreamBeginCapture(ThreadStream(device),
 //      cudaStreamCaptureModeThreadLocal): other threads (other ranks) are not
 //      affected by this capture;
 //   3. run the step; every kernel, copy and memset enqueued on the thread's stream
@@ -412,16 +413,18 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   internal::DeferredCudaFrees* previous_deferred = internal::SetThreadDeferredCudaFrees(&deferred);
   CaptureRun run;
   // After the stream's eager work: what another stream's first use of a tensor
-  // this stream owns waits for while the capture runs (WaitForOwner).
+  // this stream owns waits for while the capture runs (WaitForOwner). Recorded
+  // under the device's capture lock (Begin): after the waits other threads put
+  // on this stream (a replay from another thread: the tensors it writes are
+  // this stream's), which a mark recorded before the lock would miss.
   cudaEvent_t mark = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
   run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
-  if (run.begin == cudaSuccess) {
-    internal::CountCudaCall(internal::CudaCall::kEventRecord);
-    run.begin = cudaEventRecord(mark, stream);
-  }
-  if (run.begin == cudaSuccess) {
-    Captures().Begin(device.index, stream, mark);
+  if (run.begin == cudaSuccess && Captures().Begin(device.index, stream, mark, [&] {
+        internal::CountCudaCall(internal::CudaCall::kEventRecord);
+        run.begin = cudaEventRecord(mark, stream);
+        return run.begin == cudaSuccess;
+      })) {
     run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   }
   if (run.begin == cudaSuccess) {

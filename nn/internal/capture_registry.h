@@ -54,12 +54,23 @@ class CaptureRegistry {
 
   // A capture of `stream` on `device` begins (call before
   // cudaStreamBeginCapture; waits for work other threads do under the device's
-  // lock). `mark`: an event recorded on `stream` just before, after all of its
-  // eager work (RunOrMark hands it to first uses from other streams).
-  void Begin(int device, CUstream_st* stream, CUevent_st* mark) {
+  // lock). `mark`: an event that `record` records on `stream`, after all of its
+  // eager work (RunOrMark hands it to first uses from other streams). `record`
+  // runs under the device's lock, so that the work other threads queue on
+  // `stream` under it (a replay's wait, a free) comes before the mark, never
+  // between the mark and the capture; it returns whether it recorded (if not,
+  // nothing is registered). Returns that.
+  template <typename Record>
+  bool Begin(int device, CUstream_st* stream, CUevent_st* mark, Record&& record) {
     Slot& slot = SlotOf(device);
     std::lock_guard<std::recursive_mutex> lock(slot.mu);
+    if (!record()) return false;
     slot.captures.push_back({stream, mark, {}});
+    return true;
+  }
+  // The same with `mark` already recorded.
+  void Begin(int device, CUstream_st* stream, CUevent_st* mark) {
+    Begin(device, stream, mark, [] { return true; });
   }
 
   // The capture of `stream` has ended (call after cudaStreamEndCapture):

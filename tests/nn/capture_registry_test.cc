@@ -68,6 +68,41 @@ TEST(CaptureRegistryTest, WorkUnderADevicesLockHoldsUpACaptureOnThatDevice) {
   EXPECT_FALSE(BeginReturnsWhileDeviceZeroIsHeld(0));
 }
 
+// The mark is recorded under the device's lock: work another thread queues on
+// the stream under that lock (a replay's wait on the capturing stream) comes
+// before the mark, which first uses from other streams wait for.
+TEST(CaptureRegistryTest, TheMarkIsRecordedAfterWorkUnderTheDevicesLock) {
+  CaptureRegistry registry;
+  std::promise<void> holding;
+  std::promise<void> calling;
+  std::atomic<bool> replay_done{false};
+  std::thread replay([&] {
+    EXPECT_TRUE(registry.RunUnlessCapturing(0, [&] {
+      holding.set_value();
+      calling.get_future().wait();
+      // Long enough for a record made outside the lock to run many times over.
+      std::this_thread::sleep_for(100ms);
+      replay_done = true;
+    }));
+  });
+  holding.get_future().wait();
+  bool recorded_after_replay = false;
+  std::thread capture([&] {
+    calling.set_value();
+    EXPECT_TRUE(registry.Begin(0, FakeStream(0), FakeEvent(0), [&] {
+      recorded_after_replay = replay_done.load();
+      return true;
+    }));
+  });
+  replay.join();
+  capture.join();
+  EXPECT_TRUE(recorded_after_replay);
+  EXPECT_EQ(registry.captures(0), 1);
+  // A record that fails registers nothing.
+  EXPECT_FALSE(registry.Begin(1, FakeStream(1), FakeEvent(1), [] { return false; }));
+  EXPECT_EQ(registry.captures(1), 0);
+}
+
 TEST(CaptureRegistryTest, NothingRunsUnderADevicesLockWhileItCaptures) {
   CaptureRegistry registry;
   registry.Begin(2, FakeStream(0), FakeEvent(0));
