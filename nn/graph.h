@@ -91,7 +91,12 @@
 // and a capture on the device waits for it to be launched (a capture or replay
 // on another device does not). The components the step used (module,
 // optimizer, DataParallel, communicator) must outlive the replays; an optimizer
-// destroyed before a Replay() makes that Replay() throw.
+// destroyed before a Replay() makes that Replay() throw. So must the capturing
+// thread: the graph reads memory of that thread at every replay (its cuBLASLt
+// workspace, clip_grad_norm_'s pointer tables), freed when it exits, so its
+// exit releases the graphs it captured (waiting for a Replay() under way on
+// another thread to be launched), and a later Replay() throws tandem::Error
+// naming the exited thread.
 #ifndef TANDEM_NN_GRAPH_H_
 #define TANDEM_NN_GRAPH_H_
 

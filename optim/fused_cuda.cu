@@ -280,8 +280,15 @@ void WriteUpdateScalarsCuda(const UpdateScalars& scalars, UpdateScalars* dst, nn
 }
 
 nn::Tensor ClipGradNormCuda(const std::vector<nn::Tensor>& grads, double max_norm) {
-  // The calling thread's (rank's) cache of gradient tables.
-  thread_local DeviceTables tables;
+  // The calling thread's (rank's) cache of gradient tables. Graphs captured on
+  // the thread read them at every replay: released before the tables go at the
+  // thread's exit (a replay from another thread then throws).
+  struct ThreadTables {
+    DeviceTables tables;
+    ~ThreadTables() { nn::internal::ReleaseThreadGraphs(); }
+  };
+  thread_local ThreadTables local;
+  DeviceTables& tables = local.tables;
   const nn::Device device = grads.front().device();
   const nn::DType dtype = grads.front().dtype();
   int64_t total = 0;

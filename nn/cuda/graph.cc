@@ -37,7 +37,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -297,6 +299,9 @@ bool IsCaptureFailure(cudaError_t e) {
 }  // namespace
 
 struct CudaGraph::Impl {
+  // Guards exec and released: the thread that captured the graph releases it
+  // when it exits (ReleaseThreadGraphs), maybe while another thread replays it.
+  std::mutex mu;
   cudaGraphExec_t exec = nullptr;
   int64_t num_nodes = 0;
   std::shared_ptr<CaptureArena> arena;
@@ -319,7 +324,9 @@ CudaGraph::CudaGraph(Device device) : device_(device) {
 }
 
 CudaGraph::~CudaGraph() {
-  if (impl_ != nullptr && impl_->exec != nullptr) {
+  if (impl_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->exec != nullptr) {
     // Destroying an executable graph is safe while a launch of it is pending
     // (the driver defers the release). Destructors must not throw; a failure
     // is not left for the next kernel's launch check.
@@ -328,7 +335,10 @@ CudaGraph::~CudaGraph() {
   }
 }
 
-bool CudaGraph::captured() const { return impl_->exec != nullptr; }
+bool CudaGraph::captured() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->exec != nullptr;
+}
 int64_t CudaGraph::num_nodes() const { return impl_->num_nodes; }
 Device CudaGraph::device() const { return device_; }
 
@@ -365,6 +375,32 @@ bool CudaGraph::AddPostReplayHook(const void* key, std::function<void()> hook) {
 }
 
 namespace {
+
+// The graphs captured on this thread, for ReleaseThreadGraphs: each one's
+// liveness and its releaser (the function a communicator's ReleaseGraphs
+// calls). A plain pointer, trivially destroyed: readable from any
+// thread-local's destructor at the thread's exit.
+struct ThreadGraph {
+  std::weak_ptr<void> alive;
+  std::function<std::string(const std::string&)> release;
+};
+thread_local std::vector<ThreadGraph>* t_graphs = nullptr;
+
+// Made at the end of the thread's first capture: destroyed at its exit before
+// the thread-locals the step made earlier (the cuBLASLt workspace,
+// clip_grad_norm_'s tables), whose own destructors release the graphs too.
+struct ReleaseThreadGraphsAtExit {
+  ~ReleaseThreadGraphsAtExit() { internal::ReleaseThreadGraphs(); }
+};
+
+void RegisterThreadGraph(std::weak_ptr<void> alive,
+                         std::function<std::string(const std::string&)> release) {
+  thread_local ReleaseThreadGraphsAtExit at_exit;
+  (void)at_exit;
+  if (t_graphs == nullptr) t_graphs = new std::vector<ThreadGraph>();
+  std::erase_if(*t_graphs, [](const ThreadGraph& g) { return g.alive.expired(); });
+  t_graphs->push_back({std::move(alive), std::move(release)});
+}
 
 // Capture's steps, in the order it runs them.
 
@@ -554,7 +590,9 @@ void CudaGraph::Capture(const std::function<void()>& step) {
                      [impl = std::weak_ptr<Impl>(impl_), device = device_](
                          const std::string& reason) -> std::string {
                        std::shared_ptr<Impl> graph = impl.lock();
-                       if (graph == nullptr || graph->exec == nullptr) return "";
+                       if (graph == nullptr) return "";
+                       std::lock_guard<std::mutex> lock(graph->mu);
+                       if (graph->exec == nullptr) return "";
                        // Safe while a launch is pending: the driver defers the
                        // release. The graph memory (arena) stays until the
                        // CudaGraph goes.
@@ -574,6 +612,9 @@ void CudaGraph::Capture(const std::function<void()>& step) {
     OrderAfter(stream, memory_stream, device_);
   }
   arena->AddUser(stream);
+  // Released when this thread exits (its cuBLASLt workspace and pointer tables,
+  // which the graph reads, go with it); harmless if the graph never gets exec.
+  RegisterThreadGraph(impl_, state.releaser);
   impl_->last_user = stream;
   impl_->capture_stream = stream;
   impl_->exec = InstantiateAndUpload(run, stream, device_);
@@ -584,6 +625,9 @@ void CudaGraph::Capture(const std::function<void()>& step) {
 }
 
 void CudaGraph::Replay() {
+  // Held to the end: the capturing thread's exit may release the graph
+  // (ReleaseThreadGraphs) while another thread replays it.
+  std::lock_guard<std::mutex> lock(impl_->mu);
   TANDEM_CHECK(impl_->released.empty(), "CudaGraph::Replay: the graph of ", device_.ToString(),
                " was released: ", impl_->released);
   TANDEM_CHECK(impl_->exec != nullptr, "CudaGraph::Replay: the graph of ", device_.ToString(),
@@ -650,6 +694,25 @@ void CudaGraph::Replay() {
 }  // namespace tandem::nn
 
 namespace tandem::nn::internal {
+
+void ReleaseThreadGraphs() noexcept {
+  std::vector<ThreadGraph>* graphs = t_graphs;
+  if (graphs == nullptr) return;
+  t_graphs = nullptr;
+  try {
+    std::ostringstream thread;
+    thread << std::this_thread::get_id();
+    const std::string reason = absl::StrCat(
+        "it was captured on thread ", thread.str(), ", which has exited: the memory of that "
+        "thread the graph reads at every replay (its cuBLASLt workspace, clip_grad_norm_'s "
+        "pointer tables) went with it; replay a graph only while the thread that captured it runs");
+    for (ThreadGraph& g : *graphs) g.release(reason);
+  } catch (...) {  // no memory for the reason: the graphs stay (as before this release existed)
+  }
+  cudaGetLastError();  // a failed cudaGraphExecDestroy is not for the next launch check
+  delete graphs;
+}
+
 namespace {
 
 // The owner's waits for the users, then the free through the allocator on the

@@ -6,6 +6,7 @@
 
 #include "nn/cuda/context.h"
 #include "nn/error.h"
+#include "nn/internal/cuda_runtime.h"
 #include "nn/tensor.h"
 
 namespace tandem::nn::internal {
@@ -23,6 +24,9 @@ struct ThreadHandles {
   std::unordered_map<int, CublasLtEntry> cublaslt;
   std::unordered_map<int, cudnnHandle_t> cudnn;
   ~ThreadHandles() {
+    // Graphs captured on this thread read the cuBLASLt workspaces at every
+    // replay: released first (a replay from another thread then throws).
+    ReleaseThreadGraphs();
     // Destructors must not throw; a failing destroy has nothing left to report to.
     // Each handle is destroyed with its device current, and the thread's device
     // restored after.

@@ -108,6 +108,17 @@ struct PinnedCacheStats {
 };
 PinnedCacheStats GetPinnedCacheStats();
 
+// For thread-locals holding device memory that a CUDA graph captured on the
+// thread reads at every replay (the thread's cuBLASLt workspace,
+// clip_grad_norm_'s pointer tables): their destructors call this first, so
+// that at the thread's exit the graphs it captured are released (CudaGraph: a
+// later Replay() from another thread throws, naming the exited thread) before
+// that memory goes. CudaGraph also calls it from a thread-local made at the end
+// of the thread's first capture (destroyed before those the step made
+// earlier). Releases each graph once; nothing when the thread captured none.
+// Never throws.
+void ReleaseThreadGraphs() noexcept;
+
 }  // namespace tandem::nn::internal
 
 #endif  // TANDEM_NN_INTERNAL_CUDA_RUNTIME_H_

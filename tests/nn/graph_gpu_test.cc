@@ -16,6 +16,7 @@
 #include <thread>
 #include <cstring>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "nn/ops/dropout.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/ops/matmul.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
 #include "tests/gpu_test_util.h"
@@ -412,6 +414,48 @@ TEST(CudaGraphTwoGpuTest, AReplayOnAnotherThreadDoesNotHoldUpACaptureOnAnotherGp
   EXPECT_EQ(c_error, "");
   EXPECT_TRUE(c_captured_during_replay);
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(16, 1.0f));
+}
+
+// A graph reads memory of the thread that captured it at every replay (its
+// cuBLASLt workspace, used by the matmul here), freed when that thread exits:
+// a replay from another thread while it runs works; after its exit the replay
+// is a clear error naming the exited thread, not a read of freed memory.
+TEST_F(CudaGraphGpuTest, AReplayAfterTheCapturingThreadExitedIsAnErrorNamingIt) {
+  Tensor a = full({8, 8}, 1.0);
+  Tensor b = full({8, 8}, 2.0);
+  Tensor y = zeros({8, 8});
+  CudaGraph graph;
+  std::atomic<bool> captured{false}, replayed{false};
+  std::string capturing_thread;
+  std::string a_error;
+  std::thread capturer([&] {
+    DeviceGuard device(Device::CUDA(0));
+    try {
+      y.copy_(matmul(a, b));  // eager: the thread's cuBLASLt handle and workspace
+      graph.Capture([&] { y.add_(matmul(a, b)); });
+      std::ostringstream id;
+      id << std::this_thread::get_id();
+      capturing_thread = id.str();
+    } catch (const std::exception& e) {
+      a_error = e.what();
+    }
+    captured.store(true);
+    if (!AwaitFlag(replayed)) a_error += "; the test thread never replayed";
+  });
+  ASSERT_TRUE(AwaitFlag(captured));
+  const std::string while_running = ErrorOf([&] { graph.Replay(); });
+  replayed.store(true);
+  capturer.join();
+  ASSERT_EQ(a_error, "");
+  EXPECT_EQ(while_running, "");
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(64, 32.0f));  // 16 eager + 16 replayed
+  const std::string after_exit = ErrorOf([&] { graph.Replay(); });
+  EXPECT_NE(after_exit.find("was released"), std::string::npos) << after_exit;
+  EXPECT_NE(after_exit.find("captured on thread " + capturing_thread + ", which has exited"),
+            std::string::npos)
+      << after_exit;
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(64, 32.0f));  // nothing ran
 }
 
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
