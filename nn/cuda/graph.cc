@@ -614,10 +614,17 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   arena->AddUser(stream);
   // Released when this thread exits (its cuBLASLt workspace and pointer tables,
   // which the graph reads, go with it); harmless if the graph never gets exec.
-  RegisterThreadGraph(impl_, state.releaser);
+  try {
+    RegisterThreadGraph(impl_, state.releaser);
+  } catch (...) {  // out of memory for the list
+    run.DestroyGraph();
+    throw;
+  }
   impl_->last_user = stream;
   impl_->capture_stream = stream;
-  impl_->exec = InstantiateAndUpload(run, stream, device_);
+  cudaGraphExec_t exec = InstantiateAndUpload(run, stream, device_);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->exec = exec;
   impl_->num_nodes = work_nodes;
   impl_->arena = std::move(arena);
   impl_->hooks = std::move(hooks);
