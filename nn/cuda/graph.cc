@@ -456,13 +456,20 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   cudaEvent_t mark = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
   run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
-  if (run.begin == cudaSuccess && Captures().Begin(device.index, stream, mark, [&] {
+  bool registered = false;
+  if (run.begin == cudaSuccess) {
+    try {
+      registered = Captures().Begin(device.index, stream, mark, [&] {
         internal::CountCudaCall(internal::CudaCall::kEventRecord);
         run.begin = cudaEventRecord(mark, stream);
         return run.begin == cudaSuccess;
-      })) {
-    run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      });
+    } catch (...) {  // out of memory for the registry: this function must not
+                     // throw with the thread's allocator still the arena
+      run.begin = cudaErrorMemoryAllocation;
+    }
   }
+  if (registered) run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
   if (run.begin == cudaSuccess) {
     t_capture = &state;
     try {
