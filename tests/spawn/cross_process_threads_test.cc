@@ -202,6 +202,24 @@ class HubTransport final : public ProcessTransport {
 
 std::string ProcessLabel(int p) { return absl::StrCat("process ", p); }
 
+// A process's communication thread in the jobs below whose failures are kept:
+// its ControlPlane (rounds and the collective comparison) serves the exchange;
+// a failure is kept in `failure` and stops the process.
+void ServeKeepingFailure(HubTransport& transport, StepAgreement& agreement,
+                         HierarchicalExchange& exchange, const std::atomic<int>& running,
+                         std::string& failure, std::stop_source& stop) {
+  ControlPlane control(&transport,
+                       {.agreement = &agreement,
+                        .fail = [&](absl::Status s) {
+                          failure = std::string(s.message());
+                          stop.request_stop();
+                        },
+                        .collectives_entered = [] { return uint64_t{0}; }},
+                       [&] { return running.load(); }, [](const std::vector<int64_t>&) {},
+                       {.exchange = &exchange, .name = ProcessLabel});
+  exchange.Serve(stop.get_token(), &control);
+}
+
 // P processes x L ranks: every step an all_reduce of each rank's global index +
 // 1 (checked: the sum over the world), then the step boundary; a stop requested
 // by one process's rank at `stop_at` must stop every rank at one later step.
@@ -302,17 +320,8 @@ std::vector<std::string> RunMixedJob(int processes, int local, int collectives,
   std::vector<std::thread> threads;
   for (int p = 0; p < processes; ++p) {
     threads.emplace_back([&, p] {
-      ControlPlane control(
-          transports[p].get(),
-          {.agreement = agreements[p].get(),
-           .fail = [&, p](absl::Status s) {
-             failures[p] = std::string(s.message());
-             stops[p].request_stop();
-           },
-           .collectives_entered = [] { return uint64_t{0}; }},
-          [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
-          {.exchange = exchanges[p].get(), .name = ProcessLabel});
-      exchanges[p]->Serve(stops[p].get_token(), &control);
+      ServeKeepingFailure(*transports[p], *agreements[p], *exchanges[p], *running[p], failures[p],
+                          stops[p]);
     });
     for (int l = 0; l < local; ++l) {
       threads.emplace_back([&, p, l] {
@@ -413,17 +422,8 @@ struct FailingJob {
     std::vector<std::thread> threads;
     for (int p = 0; p < processes; ++p) {
       threads.emplace_back([&, p] {
-        ControlPlane control(
-            transports[p].get(),
-            {.agreement = agreements[p].get(),
-             .fail = [&, p](absl::Status s) {
-               failures[p] = std::string(s.message());
-               stops[p].request_stop();
-             },
-             .collectives_entered = [] { return uint64_t{0}; }},
-            [&, p] { return running[p]->load(); }, [](const std::vector<int64_t>&) {},
-            {.exchange = exchanges[p].get(), .name = ProcessLabel});
-        exchanges[p]->Serve(stops[p].get_token(), &control);
+        ServeKeepingFailure(*transports[p], *agreements[p], *exchanges[p], *running[p],
+                            failures[p], stops[p]);
       });
       threads.emplace_back([&, p] {
         HierarchicalCommunicator comm(0, nn::Device::CPU(), exchanges[p]);
