@@ -424,6 +424,7 @@ cudaStream_t CheckCaptureCanStart(Device device, const std::function<void()>& st
 // it left behind, the graph (null unless it ended well), the step's exception.
 struct CaptureRun {
   cudaError_t begin = cudaSuccess;
+  const char* begin_call = "cudaStreamBeginCapture";  // what `begin` is the result of
   cudaError_t end = cudaSuccess;
   cudaError_t last = cudaSuccess;
   cudaGraph_t graph = nullptr;
@@ -456,20 +457,26 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
   cudaEvent_t mark = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
   run.begin = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
+  run.begin_call = "cudaEventCreateWithFlags (the capture's mark event)";
   bool registered = false;
   if (run.begin == cudaSuccess) {
     try {
       registered = Captures().Begin(device.index, stream, mark, [&] {
         internal::CountCudaCall(internal::CudaCall::kEventRecord);
         run.begin = cudaEventRecord(mark, stream);
+        run.begin_call = "cudaEventRecord (the capture's mark event)";
         return run.begin == cudaSuccess;
       });
     } catch (...) {  // out of memory for the registry: this function must not
                      // throw with the thread's allocator still the arena
       run.begin = cudaErrorMemoryAllocation;
+      run.begin_call = "registering the capture (out of host memory)";
     }
   }
-  if (registered) run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (registered) {
+    run.begin = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    run.begin_call = "cudaStreamBeginCapture";
+  }
   if (run.begin == cudaSuccess) {
     t_capture = &state;
     try {
@@ -513,7 +520,7 @@ CaptureRun CaptureStep(Device device, cudaStream_t stream,
 // step's own exception, or what CUDA reported.
 void ThrowIfCaptureFailed(CaptureRun& run, Device device) {
   if (run.begin != cudaSuccess) {
-    Fail("CudaGraph::Capture: cudaStreamBeginCapture on ", device.ToString(), " failed: ",
+    Fail("CudaGraph::Capture: ", run.begin_call, " on ", device.ToString(), " failed: ",
          cudaGetErrorName(run.begin), " (", cudaGetErrorString(run.begin), ")");
   }
   const bool invalidated = IsCaptureFailure(run.end) || IsCaptureFailure(run.last);
