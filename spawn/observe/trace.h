@@ -14,7 +14,12 @@
 // host issued the work. On a CUDA rank each TraceSpan also records a pair of
 // CUDA events on the rank's stream, and WriteTrace places those device spans on
 // a second track per rank ("rank R (cuda:N) stream"), aligned with the host
-// timeline through a reference event synchronised once, at the first span.
+// timeline through a reference event waited for once, at the first span. Those
+// host waits (the reference, and each span's end event in WriteTrace) are
+// stop-aware polls (nn/interrupt.h), as a rank's other host waits: a rank whose
+// stream sits behind a collective a failed peer never joins still stops. An
+// abandoned wait for the reference leaves every device span of the rank out; one
+// for a span's end, that span.
 // (Written and compiled; not yet run on a GPU: no GPU test or GPU run records a trace.) DataParallel adds one
 // span per bucket all-reduce, with the bucket's bytes, from its launch in
 // backward to when it finished (Work::finished_at; the end of its wait where the
