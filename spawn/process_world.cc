@@ -286,7 +286,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcc
     return absl::FailedPreconditionError(absl::StrCat(
         "spawn: ", kCheckCollectivesEnv, "=each compares the collectives of CPU ranks (and of "
         "ranks sharing a GPU) between processes; these ranks are GPU ranks whose collectives "
-        "NCCL carries, which it cannot see: unset it (NCCL's own NCCL_DEBUG=INFO logs them)"));
+        "NCCL carries, which the check cannot see: unset it (NCCL_DEBUG=INFO with "
+        "NCCL_DEBUG_SUBSYS=COLL makes NCCL log each collective)"));
   }
 #if TANDEM_WITH_CUDA
   std::string id(128, '\0');
