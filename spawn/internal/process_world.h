@@ -207,7 +207,9 @@ class ProcessWorld {
   // every GPU rank of every process (process 0's unique id, broadcast through
   // MPI; the local ranks initialised in one group). Built with CUDA only.
   // During start-up (startup() set) the exchange and the group's wait keep its
-  // deadline.
+  // deadline. FailedPrecondition with TANDEM_CHECK_COLLECTIVES=each, whose check
+  // cannot see NCCL's collectives (every process agreed on it at the join, so
+  // every process refuses).
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
       const std::vector<nn::Device>& local_devices);
 
