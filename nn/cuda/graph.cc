@@ -594,8 +594,13 @@ cudaGraphExec_t InstantiateAndUpload(CaptureRun& run, cudaStream_t stream, Devic
 }  // namespace
 
 void CudaGraph::Capture(const std::function<void()>& step) {
-  TANDEM_CHECK(impl_->exec == nullptr, "CudaGraph::Capture: this graph of ", device_.ToString(),
-               " was already captured (a CudaGraph captures once; make a new one)");
+  {
+    // A released graph has no exec either, but its Replay() throws for good.
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    TANDEM_CHECK(impl_->exec == nullptr && impl_->released.empty(), "CudaGraph::Capture: this "
+                 "graph of ", device_.ToString(), " was already captured (a CudaGraph captures "
+                 "once; make a new one)");
+  }
   cudaStream_t stream = CheckCaptureCanStart(device_, step);
   auto arena = std::make_shared<CaptureArena>(device_);
   std::vector<std::function<void()>> hooks;

@@ -456,6 +456,11 @@ TEST_F(CudaGraphGpuTest, AReplayAfterTheCapturingThreadExitedIsAnErrorNamingIt) 
       << after_exit;
   EXPECT_FALSE(graph.captured());
   EXPECT_EQ(y.to_vector<float>(), std::vector<float>(64, 32.0f));  // nothing ran
+  // Released for good: capturing it again is refused as for any captured graph
+  // (not a capture whose every replay then throws "was released").
+  const std::string recapture = ErrorOf([&] { graph.Capture([&] { y.add_(y); }); });
+  EXPECT_NE(recapture.find("was already captured"), std::string::npos) << recapture;
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(64, 32.0f));
 }
 
 TEST_F(CudaGraphGpuTest, CaptureRunsNothingAndEachReplayRunsOnce) {
