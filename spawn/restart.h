@@ -60,10 +60,11 @@
 //              capture them again. Each GPU's deferred device error word
 //              (a kernel's report of bad input, e.g. cross_entropy's target
 //              check): once the failed attempt's threads are joined, spawn
-//              waits for the work they left on the device and takes a report
-//              no host wait had read; it is added to that attempt's failure
-//              (the restart's log line says it), and the next attempt starts
-//              with a clean word.
+//              waits (5 s at most) for the work they left on the device and
+//              takes a report no host wait had read; it is added to that
+//              attempt's failure (the restart's log line says it), and the
+//              next attempt starts with a clean word (unless that work never
+//              ended: a kernel still running after 5 s keeps its report).
 //
 // World shrink (RestartPolicy::leave_out_failed_rank): a restart after one
 // rank's failure runs the next attempt on the other devices, the ranks after

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -282,6 +284,9 @@ void RaiseDeviceError(Device device) {
   if (!message.empty()) Fail(message);
 }
 
+// How long TakeDeviceErrorOfEndedThreads waits for the work ended threads left.
+constexpr std::chrono::seconds kEndedThreadsWait{5};
+
 std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept {
   if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return "";
   try {
@@ -293,9 +298,21 @@ std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept {
       auto it = pool.spare.find(device.index);
       if (it != pool.spare.end() && !it->second.empty()) {
         CudaDeviceScope current(device, std::nothrow);
+        // Polled with a deadline, not cudaStreamSynchronize: a kernel that never
+        // ends (a user kernel's endless loop; a collective nobody aborted) must
+        // not turn a failed run into a hang of spawn. Past the deadline the
+        // report (if any) is left on the word, as before this wait existed.
+        const auto deadline = std::chrono::steady_clock::now() + kEndedThreadsWait;
         for (cudaStream_t stream : it->second) {
           CountCudaCall(CudaCall::kHostWait);
-          if (cudaStreamSynchronize(stream) != cudaSuccess) cudaGetLastError();
+          while (true) {
+            const cudaError_t status = cudaStreamQuery(stream);
+            if (status == cudaSuccess) break;
+            cudaGetLastError();  // not ready, or a broken context: not for a launch check
+            if (status != cudaErrorNotReady) break;
+            if (std::chrono::steady_clock::now() >= deadline) return "";
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          }
         }
       }
     }

@@ -73,9 +73,11 @@ std::string TakeDeviceError(Device device);
 // `device` as TakeDeviceError does. A report raised in a failed attempt and not
 // yet read so belongs to that attempt's failure (spawn adds it to the
 // failure's message) and cannot surface in, and fail, the next attempt, whose
-// word starts clean. Never throws: a failing wait (a broken context) is
-// cleared from the thread's last error, for the next checked call to report;
-// "" for a device that is not CUDA or has no word yet.
+// word starts clean. The wait is bounded (5 s in all): work that has not ended
+// by then (a kernel that never ends) leaves the report on the word, and this
+// returns "". Never throws: a failing wait (a broken context) is cleared from
+// the thread's last error, for the next checked call to report; "" for a device
+// that is not CUDA or has no word yet.
 std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept;
 
 #ifdef __CUDACC__
