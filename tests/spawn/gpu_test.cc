@@ -216,7 +216,7 @@ TEST_F(GpuSpawnTest, NcclWorkOfACapturedCollectiveIsCompletedWithoutQueryingItsE
         const bool after = work->is_completed();
         Tensor z = nn::zeros({4}, {.device = ctx.device()});
         z.fill_(5.0);  // an eager launch check right after the query
-        work.reset();  // unwaited outside its capture: no wait on its event
+        work.reset();  // destroyed outside its capture (waited inside it): nothing to wait for
         graph.Replay();
         graph.Replay();
         return std::vector<float>{inside ? 1.0f : 0.0f, after ? 1.0f : 0.0f,
