@@ -33,7 +33,7 @@ std::vector<std::string> Describe(const nn::Module& module) {
   return lines;
 }
 
-// Live DataParallels by module, for BroadcastBuffersOf (newest last).
+// Live DataParallels by module (at most one each), for BroadcastBuffersOf.
 std::mutex& RegistryMutex() {
   static std::mutex mutex;
   return mutex;
@@ -56,6 +56,15 @@ std::optional<bool> BroadcastBuffersOf(const nn::Module* module) {
 
 DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions options)
     : module_(module), ctx_(ctx), options_(std::move(options)) {
+  {
+    // Two live wrappers would each reduce every gradient: twice the traffic, and
+    // on NCCL the second's hook would read the first's bucket while it is reduced.
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    auto it = Registry().find(&module_);
+    TANDEM_CHECK(it == Registry().end() || it->second.empty(), "DataParallel: this ",
+                 module_.type_name(), " is already wrapped by a live DataParallel on rank ",
+                 ctx_.rank(), "; destroy that one before wrapping the module again");
+  }
   TANDEM_CHECK(options_.bucket_bytes > 0 && options_.first_bucket_bytes > 0,
                "DataParallel: bucket sizes must be positive, not ", options_.first_bucket_bytes,
                " and ", options_.bucket_bytes);

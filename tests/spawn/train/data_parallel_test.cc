@@ -287,6 +287,37 @@ TEST_F(DataParallelTest, UnusedParameterIsAnErrorNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10);
 }
 
+// A second live DataParallel over one module would reduce every gradient again
+// (on NCCL reading the first's bucket while it is reduced): refused on every
+// rank before any collective; once the first is gone the module can be wrapped
+// again.
+TEST_F(DataParallelTest, ASecondLiveWrapperOfOneModuleIsRefused) {
+  auto result = spawn(
+      [](Context& ctx) {
+        LinearNet net;
+        std::string refusal;
+        {
+          DataParallel first(net, ctx);
+          try {
+            DataParallel second(net, ctx);
+          } catch (const Error& e) {
+            refusal = e.what();
+          }
+        }
+        DataParallel again(net, ctx);  // the first is gone
+        nn::mse_loss(again(nn::randn({2, 10})), nn::randn({2, 1})).backward();
+        return refusal;
+      },
+      2, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE((*result)[r].find("is already wrapped by a live DataParallel on rank " +
+                                std::to_string(r)),
+              std::string::npos)
+        << (*result)[r];
+  }
+}
+
 TEST_F(DataParallelTest, FindUnusedParametersTreatsThemAsZero) {
   auto result = spawn(
       [](Context& ctx) {
