@@ -284,10 +284,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ProcessWorld::MakeNcc
   // unchecked (every process agreed on the setting, so every process refuses).
   if (Env(kCheckCollectivesEnv) == "each") {
     return absl::FailedPreconditionError(absl::StrCat(
-        "spawn: ", kCheckCollectivesEnv, "=each compares the collectives of CPU ranks (and of "
-        "ranks sharing a GPU) between processes; these ranks are GPU ranks whose collectives "
-        "NCCL carries, which the check cannot see: unset it (NCCL_DEBUG=INFO with "
-        "NCCL_DEBUG_SUBSYS=COLL makes NCCL log each collective)"));
+        "spawn: ", kCheckCollectivesEnv, "=each compares the collectives of CPU ranks between "
+        "processes (ranks sharing a GPU run in one process only); these ranks are GPU "
+        "ranks whose collectives NCCL carries, which the check cannot see: unset it "
+        "(NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=COLL makes NCCL log each collective)"));
   }
 #if TANDEM_WITH_CUDA
   std::string id(128, '\0');
