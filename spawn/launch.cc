@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <functional>
@@ -441,10 +442,13 @@ absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Dev
   if (status.ok()) return status;
   std::vector<std::string> reports;
   std::vector<nn::Device> seen;
+  // One bound for the whole wait: a collective stuck on every GPU costs 5 s, not
+  // 5 s a device.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (const nn::Device& d : devices) {
     if (!d.is_cuda() || std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
     seen.push_back(d);
-    std::string report = nn::internal::TakeDeviceErrorOfEndedThreads(d);
+    std::string report = nn::internal::TakeDeviceErrorOfEndedThreads(d, deadline);
     if (!report.empty()) reports.push_back(std::move(report));
   }
   if (reports.empty()) return status;

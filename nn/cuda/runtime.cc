@@ -284,10 +284,8 @@ void RaiseDeviceError(Device device) {
   if (!message.empty()) Fail(message);
 }
 
-// How long TakeDeviceErrorOfEndedThreads waits for the work ended threads left.
-constexpr std::chrono::seconds kEndedThreadsWait{5};
-
-std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept {
+std::string TakeDeviceErrorOfEndedThreads(Device device,
+                                          std::chrono::steady_clock::time_point deadline) noexcept {
   if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return "";
   try {
     {
@@ -302,7 +300,6 @@ std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept {
         // ends (a user kernel's endless loop; a collective nobody aborted) must
         // not turn a failed run into a hang of spawn. Past the deadline the
         // report (if any) is left on the word, as before this wait existed.
-        const auto deadline = std::chrono::steady_clock::now() + kEndedThreadsWait;
         for (cudaStream_t stream : it->second) {
           CountCudaCall(CudaCall::kHostWait);
           while (true) {

@@ -26,6 +26,7 @@
 #ifndef TANDEM_NN_INTERNAL_DEVICE_ERROR_H_
 #define TANDEM_NN_INTERNAL_DEVICE_ERROR_H_
 
+#include <chrono>
 #include <string>
 
 #include "nn/device.h"
@@ -73,12 +74,16 @@ std::string TakeDeviceError(Device device);
 // `device` as TakeDeviceError does. A report raised in a failed attempt and not
 // yet read so belongs to that attempt's failure (spawn adds it to the
 // failure's message) and cannot surface in, and fail, the next attempt, whose
-// word starts clean. The wait is bounded (5 s in all): work that has not ended
-// by then (a kernel that never ends) leaves the report on the word, and this
-// returns "". Never throws: a failing wait (a broken context) is cleared from
-// the thread's last error, for the next checked call to report; "" for a device
+// word starts clean. The wait ends at `deadline` (spawn passes one deadline,
+// 5 s away, for all of an attempt's devices): work that has not ended by then
+// (a kernel that never ends) leaves the report on the word, and this returns
+// "". Never throws: a failing wait (a broken context) is cleared from the
+// thread's last error, for the next checked call to report; "" for a device
 // that is not CUDA or has no word yet.
-std::string TakeDeviceErrorOfEndedThreads(Device device) noexcept;
+std::string TakeDeviceErrorOfEndedThreads(
+    Device device,
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() +
+                                                     std::chrono::seconds(5)) noexcept;
 
 #ifdef __CUDACC__
 // Reports (code, a, b, c) unless an earlier report is pending. Device atomics on
