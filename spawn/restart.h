@@ -60,7 +60,7 @@
 //              capture them again. Each GPU's deferred device error word
 //              (a kernel's report of bad input, e.g. cross_entropy's target
 //              check): once the failed attempt's threads are joined, spawn
-//              waits (5 s at most) for the work they left on the device and
+//              waits (5 s at most, all devices together) for the work they left and
 //              takes a report no host wait had read; it is added to that
 //              attempt's failure (the restart's log line says it), and the
 //              next attempt starts with a clean word (unless that work never
