@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,14 +34,29 @@ std::vector<std::string> Describe(const nn::Module& module) {
   return lines;
 }
 
-// Live DataParallels by module (at most one each), for BroadcastBuffersOf.
+// Live DataParallels by module (at most one each), for BroadcastBuffersOf and
+// the refusal of overlapping wrappers; each with the thread that made it (the
+// module's rank thread: only its own modules are walked).
+struct LiveWrapper {
+  const DataParallelOptions* options;
+  std::thread::id thread;
+};
 std::mutex& RegistryMutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::map<const nn::Module*, std::vector<const DataParallelOptions*>>& Registry() {
-  static auto* registry = new std::map<const nn::Module*, std::vector<const DataParallelOptions*>>();
+std::map<const nn::Module*, std::vector<LiveWrapper>>& Registry() {
+  static auto* registry = new std::map<const nn::Module*, std::vector<LiveWrapper>>();
   return *registry;
+}
+
+// Whether `inner` is `outer` or one of its descendants.
+bool Within(const nn::Module& inner, const nn::Module& outer) {
+  if (&inner == &outer) return true;
+  for (const auto& [name, child] : outer.named_children()) {
+    if (child != nullptr && Within(inner, *child)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -50,20 +66,31 @@ std::optional<bool> BroadcastBuffersOf(const nn::Module* module) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto it = Registry().find(module);
   if (it == Registry().end() || it->second.empty()) return std::nullopt;
-  return it->second.back()->broadcast_buffers;
+  return it->second.back().options->broadcast_buffers;
 }
 }  // namespace internal
 
 DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions options)
     : module_(module), ctx_(ctx), options_(std::move(options)) {
   {
-    // Two live wrappers would each reduce every gradient: twice the traffic, and
-    // on NCCL the second's hook would read the first's bucket while it is reduced.
+    // Two live wrappers of one parameter (the same module, or one module inside
+    // the other) would each reduce its gradient: twice the traffic, and on NCCL
+    // the second's hook would read the first's bucket while it is reduced.
     std::lock_guard<std::mutex> lock(RegistryMutex());
-    auto it = Registry().find(&module_);
-    TANDEM_CHECK(it == Registry().end() || it->second.empty(), "DataParallel: this ",
-                 module_.type_name(), " is already wrapped by a live DataParallel on rank ",
-                 ctx_.rank(), "; destroy that one before wrapping the module again");
+    for (const auto& [wrapped, live] : Registry()) {
+      const bool mine = std::any_of(live.begin(), live.end(), [](const LiveWrapper& w) {
+        return w.thread == std::this_thread::get_id();
+      });
+      if (!mine) continue;
+      TANDEM_CHECK(wrapped != &module_, "DataParallel: this ", module_.type_name(),
+                   " is already wrapped by a live DataParallel on rank ", ctx_.rank(),
+                   "; destroy that one before wrapping the module again");
+      TANDEM_CHECK(!Within(*wrapped, module_) && !Within(module_, *wrapped),
+                   "DataParallel: this ", module_.type_name(), " and a ", wrapped->type_name(),
+                   " wrapped by a live DataParallel on rank ", ctx_.rank(),
+                   " contain one another (their shared parameters would be reduced twice); "
+                   "wrap only the outer module");
+    }
   }
   TANDEM_CHECK(options_.bucket_bytes > 0 && options_.first_bucket_bytes > 0,
                "DataParallel: bucket sizes must be positive, not ", options_.first_bucket_bytes,
@@ -92,7 +119,7 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
         params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
   }
   std::lock_guard<std::mutex> lock(RegistryMutex());  // last: a throw above leaves no entry
-  Registry()[&module_].push_back(&options_);
+  Registry()[&module_].push_back({&options_, std::this_thread::get_id()});
 }
 
 DataParallel::~DataParallel() {
@@ -100,7 +127,7 @@ DataParallel::~DataParallel() {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     auto it = Registry().find(&module_);
     if (it != Registry().end()) {
-      std::erase(it->second, &options_);
+      std::erase_if(it->second, [&](const LiveWrapper& w) { return w.options == &options_; });
       if (it->second.empty()) Registry().erase(it);
     }
   }

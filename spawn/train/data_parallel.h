@@ -26,8 +26,9 @@
 // gradient (with NCCL the collective is reducing it on the communication
 // stream meanwhile; in-process it may already hold the mean). Register such hooks
 // before making the DataParallel, or reduce through a comm hook.
-// One live DataParallel per module: making a second over the same module throws
-// tandem::Error naming the rank (destroy the first to wrap the module again).
+// One live DataParallel per parameter: making a second over the same module, or
+// over a module inside (or around) a wrapped one, throws tandem::Error naming the
+// rank (destroy the first to wrap the module again).
 //
 // A parameter that got no gradient in a backward pass is an error naming it,
 // unless find_unused_parameters is set: then it counts as a zero gradient.

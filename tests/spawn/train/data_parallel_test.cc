@@ -287,10 +287,10 @@ TEST_F(DataParallelTest, UnusedParameterIsAnErrorNamingIt) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10);
 }
 
-// A second live DataParallel over one module would reduce every gradient again
-// (on NCCL reading the first's bucket while it is reduced): refused on every
-// rank before any collective; once the first is gone the module can be wrapped
-// again.
+// A second live DataParallel over one module, or over a module inside (or
+// around) a wrapped one, would reduce gradients again (on NCCL reading the
+// first's bucket while it is reduced): refused on every rank before any
+// collective; once the first is gone the module can be wrapped again.
 TEST_F(DataParallelTest, ASecondLiveWrapperOfOneModuleIsRefused) {
   auto result = spawn(
       [](Context& ctx) {
@@ -304,15 +304,40 @@ TEST_F(DataParallelTest, ASecondLiveWrapperOfOneModuleIsRefused) {
             refusal = e.what();
           }
         }
-        DataParallel again(net, ctx);  // the first is gone
+        std::string nested;
+        {
+          DataParallel whole(net, ctx);
+          try {
+            DataParallel part(*net.l1.get(), ctx);  // a child of the wrapped module
+          } catch (const Error& e) {
+            nested = e.what();
+          }
+        }
+        {
+          DataParallel part(*net.l2.get(), ctx);
+          try {
+            DataParallel whole(net, ctx);  // the parent of a wrapped module
+          } catch (const Error& e) {
+            nested += e.what();
+          }
+        }
+        DataParallel again(net, ctx);  // the others are gone
         nn::mse_loss(again(nn::randn({2, 10})), nn::randn({2, 1})).backward();
-        return refusal;
+        return refusal + "|" + nested;
       },
       2, "cpu", options_);
   ASSERT_TRUE(result.ok()) << result.status();
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE((*result)[r].find("is already wrapped by a live DataParallel on rank " +
                                 std::to_string(r)),
+              std::string::npos)
+        << (*result)[r];
+    EXPECT_NE((*result)[r].find("LinearImpl wrapped by a live DataParallel on rank " +
+                                std::to_string(r) + " contain one another"),
+              std::string::npos)
+        << (*result)[r];
+    EXPECT_NE((*result)[r].find("LinearNet wrapped by a live DataParallel on rank " +
+                                std::to_string(r) + " contain one another"),
               std::string::npos)
         << (*result)[r];
   }
