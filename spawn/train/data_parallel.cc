@@ -45,8 +45,8 @@ std::mutex& RegistryMutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::map<const nn::Module*, std::vector<LiveWrapper>>& Registry() {
-  static auto* registry = new std::map<const nn::Module*, std::vector<LiveWrapper>>();
+std::map<const nn::Module*, LiveWrapper>& Registry() {
+  static auto* registry = new std::map<const nn::Module*, LiveWrapper>();
   return *registry;
 }
 
@@ -65,8 +65,8 @@ namespace internal {
 std::optional<bool> BroadcastBuffersOf(const nn::Module* module) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto it = Registry().find(module);
-  if (it == Registry().end() || it->second.empty()) return std::nullopt;
-  return it->second.back().options->broadcast_buffers;
+  if (it == Registry().end()) return std::nullopt;
+  return it->second.options->broadcast_buffers;
 }
 }  // namespace internal
 
@@ -78,10 +78,7 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
     // the second's hook would read the first's bucket while it is reduced.
     std::lock_guard<std::mutex> lock(RegistryMutex());
     for (const auto& [wrapped, live] : Registry()) {
-      const bool mine = std::any_of(live.begin(), live.end(), [](const LiveWrapper& w) {
-        return w.thread == std::this_thread::get_id();
-      });
-      if (!mine) continue;
+      if (live.thread != std::this_thread::get_id()) continue;
       TANDEM_CHECK(wrapped != &module_, "DataParallel: this ", module_.type_name(),
                    " is already wrapped by a live DataParallel on rank ", ctx_.rank(),
                    "; destroy that one before wrapping the module again");
@@ -119,16 +116,15 @@ DataParallel::DataParallel(nn::Module& module, Context& ctx, DataParallelOptions
         params_[i].param.register_grad_ready_hook([this, i](nn::Tensor&) { OnGradReady(i); });
   }
   std::lock_guard<std::mutex> lock(RegistryMutex());  // last: a throw above leaves no entry
-  Registry()[&module_].push_back({&options_, std::this_thread::get_id()});
+  Registry()[&module_] = {&options_, std::this_thread::get_id()};
 }
 
 DataParallel::~DataParallel() {
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     auto it = Registry().find(&module_);
-    if (it != Registry().end()) {
-      std::erase_if(it->second, [&](const LiveWrapper& w) { return w.options == &options_; });
-      if (it->second.empty()) Registry().erase(it);
+    if (it != Registry().end() && it->second.options == &options_) {
+      Registry().erase(it);
     }
   }
   for (Slot& s : params_) {

@@ -19,6 +19,7 @@
 #include "optim/adam.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/step_log_callback.h"
 
 namespace tandem::hapi {
 namespace {
@@ -35,23 +36,13 @@ absl::Status FitWithEvaluationAndCheckpoints(const std::string& dir, dist::Conte
         return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
       },
       CrossEntropy(), {MakeMetric<Accuracy>()});
-  struct Report : Callback {
-    explicit Report(testing::StepLog* log) : log(log) {}
-    std::string name() const override { return "Report"; }
-    void on_train_batch_end(RunState& s) override {
-      absl::Status st = log->EndStep(s.batch_loss.item(), *s.network);
-      if (!st.ok()) throw Error(std::string(st.message()));
-    }
-    testing::StepLog* log;
-  };
-  testing::StepLog* log_ptr = &log;
   auto h = model.fit(testing::Classification(16, 10),
                      {.epochs = 2,
                       .batch_size = 8 / ctx.world_size(),
                       .seed = 3,
                       .eval_data = testing::Classification(6, 11),
                       .checkpoint = {.dir = dir, .every_steps = 2},
-                      .callbacks = {[log_ptr] { return std::make_unique<Report>(log_ptr); }}});
+                      .callbacks = {testing::StepLogReport(&log)}});
   return h.status();
 }
 

@@ -27,6 +27,7 @@
 #include "testing/equivalence.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/step_log_callback.h"
 
 namespace tandem::hapi {
 namespace {
@@ -681,19 +682,9 @@ TEST(ModelTest, BadInputsGetOneClearErrorEach) {
 absl::Status FitInsideSpawn(dist::Context& ctx, testing::StepLog& log) {
   Model model([] { return std::make_shared<Net>(); });
   model.prepare(AdamFactory(1e-2), CrossEntropy());
-  struct Report : Callback {
-    explicit Report(testing::StepLog* log) : log(log) {}
-    std::string name() const override { return "Report"; }
-    void on_train_batch_end(RunState& s) override {
-      absl::Status st = log->EndStep(s.batch_loss.item(), *s.network);
-      if (!st.ok()) throw Error(std::string(st.message()));
-    }
-    testing::StepLog* log;
-  };
-  testing::StepLog* log_ptr = &log;
   auto h = model.fit(Classification(32, 10),
                      {.epochs = 2, .batch_size = 8 / ctx.world_size(), .seed = 3,
-                      .callbacks = {[log_ptr] { return std::make_unique<Report>(log_ptr); }}});
+                      .callbacks = {testing::StepLogReport(&log)}});
   return h.status();
 }
 

@@ -150,6 +150,21 @@ struct TeardownProbe {
   }
 };
 
+// Rank 0's last step in the tests below: an all_reduce_async of `x` that rank 1
+// never joins, its handle kept in a thread-local destroyed after a
+// TeardownProbe's (thread-locals go in reverse order): the handle is dropped
+// unwaited at thread exit, with no host wait in the function, and the probe
+// reports the teardown's abort state and device sync.
+void LeaveACollectiveUnjoined(Context& ctx, Tensor& x, std::atomic<int>& aborted_at_start,
+                              std::atomic<int>& synced) {
+  thread_local std::shared_ptr<Work> extra;
+  thread_local TeardownProbe probe;
+  probe.comm = &Fake(ctx);
+  probe.aborted_at_start = &aborted_at_start;
+  probe.synced = &synced;
+  extra = ctx.communicator().all_reduce_async(x);
+}
+
 TEST_F(ShutdownTest, AbortComesBeforeTheJoinsAndBeforeThreadTeardown) {
   std::atomic<bool> entered{false};
   std::atomic<int> aborted_at_start{-1}, synced{-1};
@@ -225,16 +240,7 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsTimedOut) {
   absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
     Tensor x = nn::ones({4});
     ctx.communicator().all_reduce(x);
-    if (ctx.rank() == 0) {
-      // Destroyed after the probe (thread-locals go in reverse order): the
-      // handle is dropped unwaited at thread exit, no host wait in fn.
-      thread_local std::shared_ptr<Work> extra;
-      thread_local TeardownProbe probe;
-      probe.comm = &Fake(ctx);
-      probe.aborted_at_start = &aborted_at_start;
-      probe.synced = &synced;
-      extra = ctx.communicator().all_reduce_async(x);  // rank 1 never joins it
-    }
+    if (ctx.rank() == 0) LeaveACollectiveUnjoined(ctx, x, aborted_at_start, synced);
     return absl::OkStatus();
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -259,13 +265,8 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsNotRestarted) {
     Tensor x = nn::ones({4});
     ctx.communicator().all_reduce(x);
     if (ctx.rank() == 0) {
-      thread_local std::shared_ptr<Work> extra;
-      thread_local TeardownProbe probe;
       static std::atomic<int> aborted_at_start{-1}, synced{-1};
-      probe.comm = &Fake(ctx);
-      probe.aborted_at_start = &aborted_at_start;
-      probe.synced = &synced;
-      extra = ctx.communicator().all_reduce_async(x);  // rank 1 never joins it
+      LeaveACollectiveUnjoined(ctx, x, aborted_at_start, synced);
     }
     return absl::OkStatus();
   });
