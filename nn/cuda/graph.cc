@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <map>
 #include <memory>
@@ -128,8 +129,15 @@ struct CaptureState {
   // Graph memory whose owner died during this capture: released after it ends
   // (the device synchronisation that releasing needs is not allowed inside).
   std::vector<GraphMemory> released;
+  // CudaGraph::CaptureId(): from NextCaptureId, never 0.
+  uint64_t id = 0;
 };
 thread_local CaptureState* t_capture = nullptr;
+
+uint64_t NextCaptureId() {
+  static std::atomic<uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 // Gives the memory back, stream-ordered: on each device's GraphMemoryStream,
 // after every stream that launched the graph (a replay may still be pending)
@@ -343,6 +351,8 @@ int64_t CudaGraph::num_nodes() const { return impl_->num_nodes; }
 Device CudaGraph::device() const { return device_; }
 
 bool CudaGraph::IsCapturing() { return t_capture != nullptr; }
+
+uint64_t CudaGraph::CaptureId() { return t_capture != nullptr ? t_capture->id : 0; }
 
 bool CudaGraph::AddPreReplayHook(std::function<void()> hook) {
   if (t_capture == nullptr) return false;
@@ -621,7 +631,8 @@ void CudaGraph::Capture(const std::function<void()>& step) {
                        return absl::StrCat("CUDA graph of ", device.ToString(), " (",
                                            graph->num_nodes, " nodes)");
                      },
-                     {}};
+                     {},
+                     NextCaptureId()};
   CaptureRun run = CaptureStep(device_, stream, arena, state, step);
   ThrowIfCaptureFailed(run, device_);
   const int64_t work_nodes = CountWorkNodes(run.graph);
@@ -742,32 +753,34 @@ void ReleaseThreadGraphs() noexcept {
 namespace {
 
 // The owner's waits for the users, then the free through the allocator on the
-// owner. A user stream of the owner's device that another thread captures now
-// must not get the event record (it would join the owner to that capture): the
-// owner waits for the event recorded on it just before its capture began (the
-// user's eager work). A user of another device: a plain wait (its lock is not
-// taken under this device's; a capture there while this storage dies is not
-// handled). Never throws.
-void WaitForUsersAndFree(Allocator& allocator, void* ptr, int64_t bytes, Device device,
-                         cudaStream_t owner, const std::vector<StreamRef>& users) noexcept {
-  for (const StreamRef& user : users) {
-    const Device user_device = Device::CUDA(user.device);
-    if (user.device != device.index) {
-      CudaStreamWaitNoThrow(owner, user.stream, user_device);
-      continue;
-    }
-    try {
-      Captures().RunOrMark(
-          user.device, user.stream, [&] { CudaStreamWaitNoThrow(owner, user.stream, user_device); },
-          [&](CUevent_st* mark) {
-            CudaDeviceScope current(device, std::nothrow);
-            CountCudaCall(CudaCall::kStreamWaitEvent);
-            if (cudaStreamWaitEvent(owner, mark, 0) != cudaSuccess) cudaGetLastError();
-          });
-    } catch (...) {  // the registry's bookkeeping failed (out of memory): no wait to be had
-    }
+// owner, under the locks of the devices involved (CaptureRegistry::
+// RunAfterUsersOrQueue), or, while a capture runs on the owner, by the
+// capturing thread once it has ended. A user stream that another thread
+// captures now (of the owner's device or of another GPU) must not get the
+// event record (it would join the owner to that capture): the owner waits for
+// the event recorded on it just before its capture began (the user's eager
+// work). Never throws (out of memory for the hand-over: the memory is leaked,
+// never freed into a capture).
+void FreeAfterUsers(const std::shared_ptr<Allocator>& allocator, void* ptr, int64_t bytes,
+                    Device device, cudaStream_t owner, const std::vector<StreamRef>& users) noexcept {
+  try {
+    Captures().RunAfterUsersOrQueue(
+        device.index, owner, users,
+        [&](const StreamRef& user) {
+          CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
+        },
+        [&](const StreamRef&, CUevent_st* mark) {
+          CudaDeviceScope current(device, std::nothrow);
+          CountCudaCall(CudaCall::kStreamWaitEvent);
+          if (cudaStreamWaitEvent(owner, mark, 0) != cudaSuccess) cudaGetLastError();
+        },
+        [&] { allocator->FreeOnStream(ptr, bytes, device, owner); },
+        // Run by the capturing thread after cudaStreamEndCapture (CaptureStep).
+        [allocator, ptr, bytes, device, owner, users] {
+          FreeAfterUsers(allocator, ptr, bytes, device, owner, users);
+        });
+  } catch (...) {  // out of memory for the bookkeeping: leaked, never freed into a capture
   }
-  allocator.FreeOnStream(ptr, bytes, device, owner);
 }
 
 }  // namespace
@@ -775,17 +788,7 @@ void WaitForUsersAndFree(Allocator& allocator, void* ptr, int64_t bytes, Device 
 void FreeOnOwnerUnlessCaptured(std::shared_ptr<Allocator> allocator, void* ptr, int64_t bytes,
                                Device device, CUstream_st* owner,
                                std::vector<StreamRef> users) noexcept {
-  try {
-    // `later`: run by the capturing thread after cudaStreamEndCapture when a
-    // capture runs on `owner` (CaptureStep).
-    Captures().RunOrQueue(
-        device.index, owner,
-        [&] { WaitForUsersAndFree(*allocator, ptr, bytes, device, owner, users); },
-        [allocator, ptr, bytes, device, owner, users] {
-          WaitForUsersAndFree(*allocator, ptr, bytes, device, owner, users);
-        });
-  } catch (...) {  // out of memory for the hand-over: leaked, never freed into a capture
-  }
+  FreeAfterUsers(allocator, ptr, bytes, device, owner, users);
 }
 
 void WaitForOwner(CUstream_st* stream, CUstream_st* owner, Device device) {

@@ -47,10 +47,12 @@ CUstream_st* CudaThreadStreamIfAny(Device device) noexcept;
 // would be recorded in the capture (the waits invalidate it; a free of memory
 // the graph did not allocate too), so it is handed to the capture and done by
 // the capturing thread once the capture has ended, with the pool memory kept
-// by the graph (which may read it at every replay). A user stream of `device`
-// that another thread captures is waited for through the event recorded on it
-// before its capture began (an event recorded there would join `owner` to that
-// capture). Never throws (out of memory for the hand-over: the memory is
+// by the graph (which may read it at every replay). A user stream (of
+// `device` or of another GPU) that another thread captures is waited for
+// through the event recorded on it before its capture began (an event
+// recorded there would join `owner` to that capture); the locks of every
+// device involved are held meanwhile (CaptureRegistry::RunAfterUsersOrQueue).
+// Never throws (out of memory for the hand-over: the memory is
 // leaked rather than freed into a capture).
 void FreeOnOwnerUnlessCaptured(std::shared_ptr<Allocator> allocator, void* ptr, int64_t bytes,
                                Device device, CUstream_st* owner,

@@ -27,9 +27,10 @@
 //
 // The locks are recursive: work done under a device's lock (a replay's
 // pre-replay hooks) may reach a Storage's first use on that device again.
-// Lock order: the device locks in ascending order (ReleaseOrDefer takes
-// several), then the list of deferred releases; work run under one device's
-// lock must not need another device's lock.
+// Lock order: the device locks in ascending order (ReleaseOrDefer and
+// RunAfterUsersOrQueue take several), then the list of deferred releases;
+// work run under one device's lock must not need another device's lock (a
+// replay's hooks must not free a storage that another GPU's stream used).
 //
 // Thread-safe.
 #ifndef TANDEM_NN_INTERNAL_CAPTURE_REGISTRY_H_
@@ -41,6 +42,8 @@
 #include <mutex>
 #include <utility>
 #include <vector>
+
+#include "nn/internal/stream_uses.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 struct CUevent_st;   // cudaEvent_t is CUevent_st*
@@ -111,6 +114,41 @@ class CaptureRegistry {
       return false;
     }
     now();
+    return true;
+  }
+
+  // A free on `owner` (a stream of `device`) that must first wait for `users`
+  // (streams of any device: a peer copy's destination is another GPU's), under
+  // the locks of `device` and of every user's device, taken in ascending order
+  // (a capture on a user's device cannot begin between the check and the wait
+  // recorded there). If `owner` is being captured, queues `later` for the
+  // capturing thread (End) and returns false. Otherwise, for each user in
+  // order: wait_mark(user, mark) when the user's stream is being captured on
+  // its device (the event its Begin got: the user's eager work; an event
+  // recorded on that stream would join `owner` to the capture), else
+  // wait(user); then done(); returns true.
+  template <typename Wait, typename WaitMark, typename Done, typename Later>
+  bool RunAfterUsersOrQueue(int device, CUstream_st* owner, const std::vector<StreamRef>& users,
+                            Wait&& wait, WaitMark&& wait_mark, Done&& done, Later&& later) {
+    std::vector<int> devices{device};
+    for (const StreamRef& user : users) devices.push_back(user.device);
+    std::sort(devices.begin(), devices.end());
+    devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+    std::vector<std::unique_lock<std::recursive_mutex>> locks;
+    locks.reserve(devices.size());
+    for (int d : devices) locks.emplace_back(SlotOf(d).mu);
+    if (Capture* capture = Find(SlotOf(device), owner)) {
+      capture->after.emplace_back(std::forward<Later>(later));
+      return false;
+    }
+    for (const StreamRef& user : users) {
+      if (const Capture* capture = Find(SlotOf(user.device), user.stream)) {
+        wait_mark(user, capture->mark);
+      } else {
+        wait(user);
+      }
+    }
+    done();
     return true;
   }
 

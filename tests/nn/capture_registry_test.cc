@@ -3,8 +3,9 @@
 // GPU, and under ThreadSanitizer (label tsan_ok): work under one device's lock
 // (a replay from another thread) holds up a capture's start on that device and
 // not on another; work on a stream being captured is queued for the end of the
-// capture, or redirected to the event recorded before it; releases wait for
-// every capture on their devices; the locks are recursive.
+// capture, or redirected to the event recorded before it (a storage's free
+// with users on several GPUs under all their locks, in one order); releases
+// wait for every capture on their devices; the locks are recursive.
 #include "nn/internal/capture_registry.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -181,6 +183,120 @@ TEST(CaptureRegistryTest, AReleaseWaitsForTheLastCaptureOnAnyOfItsDevices) {
   }
   EXPECT_EQ(released, 11);
   EXPECT_TRUE(registry.TakeDeferred().empty());
+}
+
+// A storage's free on its owner after waits for its users
+// (RunAfterUsersOrQueue), users of the owner's GPU and of another one (a peer
+// copy's destination stream): a user stream being captured, on either GPU, is
+// waited for through its capture's mark, never recorded on; the others are
+// waited for as they are; then the free.
+TEST(CaptureRegistryTest, AFreeWaitsForUsersThatCaptureOnAnyGpuThroughTheirMarks) {
+  CaptureRegistry registry;
+  registry.Begin(1, FakeStream(5), FakeEvent(5));  // another thread captures on GPU 1
+  registry.Begin(0, FakeStream(3), FakeEvent(3));  // and another on the owner's GPU
+  std::vector<std::string> order;
+  const std::vector<StreamRef> users = {
+      {FakeStream(2), 0}, {FakeStream(3), 0}, {FakeStream(5), 1}, {FakeStream(6), 1}};
+  auto name = [](const StreamRef& u) {
+    for (int i = 0; i < 8; ++i) {
+      if (u.stream == FakeStream(i)) return std::to_string(i);
+    }
+    return std::string("?");
+  };
+  EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), users, [&](const StreamRef& u) { order.push_back("wait " + name(u)); },
+      [&](const StreamRef& u, CUevent_st* mark) {
+        order.push_back("mark " + name(u) + (mark == FakeEvent(u.device == 1 ? 5 : 3) ? "" : "?"));
+      },
+      [&] { order.push_back("free"); }, [] { ADD_FAILURE() << "the owner does not capture"; }));
+  EXPECT_EQ(order, (std::vector<std::string>{"wait 2", "mark 3", "mark 5", "wait 6", "free"}));
+}
+
+// While the owner itself is being captured the whole free (waits included) is
+// queued for the capturing thread, which runs it after the capture has ended.
+TEST(CaptureRegistryTest, AFreeWhoseOwnerCapturesIsQueuedWithItsWaits) {
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(0));
+  int ran = 0;
+  bool later = false;
+  EXPECT_FALSE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), {{FakeStream(4), 1}}, [&](const StreamRef&) { ++ran; },
+      [&](const StreamRef&, CUevent_st*) { ++ran; }, [&] { ++ran; }, [&] { later = true; }));
+  EXPECT_EQ(ran, 0);
+  std::vector<std::function<void()>> after = registry.End(0, FakeStream(0));
+  ASSERT_EQ(after.size(), 1u);
+  after[0]();
+  EXPECT_TRUE(later);
+}
+
+// The wait recorded on a user stream of another GPU is made under that GPU's
+// lock: a capture cannot begin there between the check and the record (the
+// record would join the owner to it).
+TEST(CaptureRegistryTest, AFreeHoldsTheLockOfItsUsersGpuWhileWaitingForIt) {
+  CaptureRegistry registry;
+  std::promise<void> waiting;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread free([&] {
+    EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+        0, FakeStream(0), {{FakeStream(1), 1}},
+        [&](const StreamRef&) {
+          waiting.set_value();
+          released.wait();
+        },
+        [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no capture yet"; }, [] {},
+        [] { ADD_FAILURE() << "the owner does not capture"; }));
+  });
+  waiting.get_future().wait();
+  std::atomic<bool> begun{false};
+  std::thread capture([&] {
+    registry.Begin(1, FakeStream(1), FakeEvent(1));
+    begun = true;
+  });
+  for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_FALSE(begun.load()) << "a capture began on the user's GPU while its wait was recorded";
+  release.set_value();
+  free.join();
+  capture.join();
+  EXPECT_EQ(registry.captures(1), 1);
+}
+
+// Frees on two GPUs, each with a user on the other, racing with captures of
+// those users: the locks are taken in one order (no deadlock; ThreadSanitizer
+// reports an inversion), and a captured user is only ever waited for through
+// its mark.
+TEST(CaptureRegistryTest, FreesWithUsersOnEachOthersGpuRacingWithCapturesTakeLocksInOrder) {
+  CaptureRegistry registry;
+  std::atomic<int> capturing[2] = {0, 0};
+  std::atomic<int> recorded_on_capture{0};
+  std::atomic<int> frees{0};
+  std::vector<std::thread> threads;
+  for (int d = 0; d < 2; ++d) {
+    threads.emplace_back([&, d] {  // captures of the user streams FakeStream(10 + d)
+      for (int i = 0; i < 200; ++i) {
+        registry.Begin(d, FakeStream(10 + d), FakeEvent(d));
+        capturing[d].fetch_add(1);
+        std::this_thread::yield();
+        capturing[d].fetch_sub(1);
+        for (auto& fn : registry.End(d, FakeStream(10 + d))) fn();
+      }
+    });
+    threads.emplace_back([&, d] {  // frees owned by GPU d, used on the other GPU
+      const int other = 1 - d;
+      for (int i = 0; i < 400; ++i) {
+        registry.RunAfterUsersOrQueue(
+            d, FakeStream(d), {{FakeStream(10 + other), other}},
+            [&](const StreamRef& u) {
+              if (capturing[u.device].load() > 0) recorded_on_capture.fetch_add(1);
+            },
+            [](const StreamRef&, CUevent_st*) {}, [&] { frees.fetch_add(1); },
+            [] { ADD_FAILURE() << "the owners never capture"; });
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(frees.load(), 800);
+  EXPECT_EQ(recorded_on_capture.load(), 0);
 }
 
 // A replay's pre-replay hook, under the device's lock, may reach a tensor's

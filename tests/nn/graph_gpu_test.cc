@@ -416,6 +416,55 @@ TEST(CudaGraphTwoGpuTest, AReplayOnAnotherThreadDoesNotHoldUpACaptureOnAnotherGp
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(16, 1.0f));
 }
 
+// Two GPUs: thread b copies a tensor of this thread (cuda:0) to cuda:1 (b's
+// cuda:1 stream becomes a user of it) and then captures a step on cuda:1;
+// during that capture this thread drops the tensor. The owner's wait for a
+// user stream of another GPU used to record an event there without that
+// GPU's lock and without looking for a capture: this thread's stream joined
+// b's capture (its free and next kernels recorded there, b's capture ending
+// unjoined). It now waits, under both GPUs' locks, for the event b's capture
+// recorded before it began (b's eager copy).
+TEST(CudaGraphTwoGpuTest, FreeingATensorWhosePeerCopyStreamCapturesDoesNotJoinTheCapture) {
+  TANDEM_REQUIRE_GPUS(2);
+  DeviceGuard device(Device::CUDA(0));
+  constexpr int64_t kNumel = 1 << 16;
+  std::optional<Tensor> shared = full({kNumel}, 3.0);
+  std::atomic<bool> b_copied{false}, capturing{false}, freed{false};
+  std::string b_error;
+  std::vector<float> b_copy, b_value;
+  std::thread b([&, seen = *shared]() mutable {
+    DeviceGuard on_one(Device::CUDA(1));
+    try {
+      Tensor copy = seen.to(Device::CUDA(1));  // b's cuda:1 stream becomes a user
+      seen = Tensor();
+      b_copied.store(true);
+      Tensor y = zeros({kNumel});
+      CudaGraph graph(Device::CUDA(1));
+      graph.Capture([&] {
+        capturing.store(true);
+        EXPECT_TRUE(AwaitFlag(freed)) << "this thread did not free the tensor during the capture";
+        y.add_(full({kNumel}, 2.0));
+      });
+      graph.Replay();
+      b_value = y.to_vector<float>();
+      b_copy = copy.to_vector<float>();
+    } catch (const std::exception& e) {
+      capturing.store(true);
+      b_error = e.what();
+    }
+  });
+  ASSERT_TRUE(AwaitFlag(b_copied));
+  ASSERT_TRUE(AwaitFlag(capturing));
+  shared.reset();  // the last reference: the owner waits for b's copy, then frees
+  const std::vector<float> after = full({4}, 5.0).to_vector<float>();  // this stream's next work
+  freed.store(true);
+  b.join();
+  EXPECT_EQ(b_error, "");
+  EXPECT_EQ(after, std::vector<float>(4, 5.0f));
+  EXPECT_EQ(b_value, std::vector<float>(kNumel, 2.0f));
+  EXPECT_EQ(b_copy, std::vector<float>(kNumel, 3.0f));
+}
+
 // A graph reads memory of the thread that captured it at every replay (its
 // cuBLASLt workspace, used by the matmul here), freed when that thread exits:
 // a replay from another thread while it runs works; after its exit the replay
