@@ -27,6 +27,7 @@ bool CudaGraph::AddPreReplayHook(std::function<void()>) { return false; }
 bool CudaGraph::AddPostReplayHook(const void*, std::function<void()>) { return false; }
 bool CudaGraph::HasPostReplayHook(const void*) { return false; }
 bool CudaGraph::IsCapturing() { return false; }
+uint64_t CudaGraph::CaptureId() { return 0; }
 std::function<std::string(const std::string&)> CudaGraph::ReleaserOfCurrentCapture() {
   return nullptr;
 }

@@ -169,6 +169,11 @@ class CudaGraph {
   static std::function<std::string(const std::string& reason)> ReleaserOfCurrentCapture();
   // True while a CudaGraph capture runs on the calling thread.
   static bool IsCapturing();
+  // The capture running on the calling thread: a number unique in the process
+  // (never reused), 0 when none runs. For handles made inside a capture (an
+  // asynchronous collective's) that must tell their capture from a later one
+  // on the same thread.
+  static uint64_t CaptureId();
 
  private:
   struct Impl;

@@ -227,6 +227,48 @@ TEST_F(GpuSpawnTest, NcclWorkOfACapturedCollectiveIsCompletedWithoutQueryingItsE
   EXPECT_EQ((*got)[0], (std::vector<float>{1.0f, 1.0f, 3.0f, 5.0f}));
 }
 
+// The handle of a collective made in one capture, unwaited there (a later
+// synchronous collective joined the communication stream back), then waited
+// for and destroyed inside a later capture on the same thread. Its end event
+// belongs to the first capture: the destructor's wait on it from the second
+// merged the two captures, which invalidated the second ("the step
+// synchronised with the host"). Now wait() there is a clear error and the
+// destructor waits for nothing; both graphs replay as captured.
+TEST_F(GpuSpawnTest, NcclWorkOfOneCaptureIsNotWaitedForInALaterCapture) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        Tensor y = nn::ones({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        std::shared_ptr<Work> work;
+        nn::CudaGraph first(ctx.device());
+        first.Capture([&] {
+          x.fill_(1.0);
+          work = ctx.communicator().all_reduce_async(x);
+          ctx.communicator().all_reduce(y);  // joins the communication stream back
+        });
+        std::string wait_error;
+        nn::CudaGraph second(ctx.device());
+        second.Capture([&] {
+          try {
+            work->wait();
+          } catch (const Error& e) {
+            wait_error = e.what();
+          }
+          work.reset();  // destroyed inside the later capture
+          y.fill_(4.0);
+        });
+        first.Replay();
+        second.Replay();
+        const bool refused = wait_error.find("capture that has ended") != std::string::npos;
+        return std::vector<float>{refused ? 1.0f : 0.0f, x.to_vector<float>()[0],
+                                  y.to_vector<float>()[0]};
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  EXPECT_EQ((*got)[0], (std::vector<float>{1.0f, 1.0f, 4.0f}));
+}
+
 // A graph holding NCCL collectives that outlives the training function would
 // make NCCL's destroy wait for good (spawn would hang at its end): spawn
 // releases it, fails the run naming it, and a later replay is a clear error.

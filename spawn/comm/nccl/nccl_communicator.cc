@@ -210,25 +210,29 @@ class EventPool {
 // after it on that stream (the tensor, held by Communicator's wrapper until this
 // is gone) is not reused while NCCL may still read or write it.
 //
-// Made inside a CUDA graph capture (`captured`), the collective is recorded in
-// the graph, not run, and done_ was recorded in the capture: CUDA refuses to
-// query such an event (cudaErrorCapturedEvent, left as the thread's last error,
-// where the next kernel's launch check would report it against that kernel, and
-// a query inside the capture may invalidate it). Such a handle never queries
-// it: is_completed() is true (nothing of it runs outside the graph; each
-// replay is followed by the watchdog as one "graph replay"), wait() joins the
-// compute stream back inside the capture, and outside it is a clear error.
+// Made inside a CUDA graph capture (`capture`, CudaGraph::CaptureId(); 0 when
+// none ran), the collective is recorded in the graph, not run, and done_ was
+// recorded in the capture: CUDA refuses to query such an event
+// (cudaErrorCapturedEvent, left as the thread's last error, where the next
+// kernel's launch check would report it against that kernel, and a query
+// inside the capture may invalidate it), and a wait on it from any other
+// capture (a later one on the same thread) would merge two captures, which
+// invalidates the later one. Such a handle never queries it: is_completed() is
+// true (nothing of it runs outside the graph; each replay is followed by the
+// watchdog as one "graph replay"), wait() joins the compute stream back inside
+// its own capture, and anywhere else is a clear error, and the destructor
+// waits only inside its own capture.
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool, bool captured)
-      : done_(done), device_(device), pool_(std::move(pool)), captured_(captured) {}
+  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool, uint64_t capture)
+      : done_(done), device_(device), pool_(std::move(pool)), capture_(capture) {}
   ~NcclWork() override {
     // Destructors must not throw: a failing wait is reported by the next checked
     // call. ThreadStream throws when the destroying thread has no stream on the
     // device yet and none can be made (a broken context): not std::terminate.
     // A captured handle outside its capture: its event cannot be waited for
     // (the graph's replays are ordered on the stream that launches them).
-    if (!waited_ && (!captured_ || nn::CudaGraph::IsCapturing())) {
+    if (!waited_ && (capture_ == 0 || capture_ == nn::CudaGraph::CaptureId())) {
       try {
         nn::internal::CudaDeviceScope on_device(device_);
         if (StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
@@ -240,10 +244,10 @@ class NcclWork final : public Work {
     pool_->Give(done_);
   }
   void wait() override {
-    TANDEM_CHECK(!captured_ || nn::CudaGraph::IsCapturing(), "Work::wait on ", device_.ToString(),
-                 ": the collective was recorded in a CUDA graph capture that has ended; wait "
-                 "for it inside the captured step (a replay runs it in order on the stream "
-                 "that launches the graph)");
+    TANDEM_CHECK(capture_ == 0 || capture_ == nn::CudaGraph::CaptureId(), "Work::wait on ",
+                 device_.ToString(), ": the collective was recorded in a CUDA graph capture "
+                 "that has ended; wait for it inside the captured step (a replay runs it in "
+                 "order on the stream that launches the graph)");
     nn::internal::CudaDeviceScope on_device(device_);
     TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
     waited_ = true;
@@ -254,7 +258,7 @@ class NcclWork final : public Work {
   // handle: true, without a query (see above); an event recorded in a capture
   // all the same (cudaErrorCapturedEvent) is answered alike, the error cleared.
   bool is_completed() const override {
-    if (captured_) return true;
+    if (capture_ != 0) return true;
     const cudaError_t q = cudaEventQuery(done_);
     if (q == cudaErrorNotReady || q == cudaErrorCapturedEvent) {
       cudaGetLastError();  // not for the next kernel's launch check to report
@@ -267,7 +271,7 @@ class NcclWork final : public Work {
   cudaEvent_t done_;
   nn::Device device_;
   std::shared_ptr<EventPool> pool_;
-  const bool captured_;
+  const uint64_t capture_;  // CudaGraph::CaptureId() when made; 0: eager
   bool waited_ = false;
 };
 
@@ -446,7 +450,7 @@ class NcclCommunicator final : public Communicator {
       events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
     }
-    return std::make_shared<NcclWork>(done, device(), events_, nn::CudaGraph::IsCapturing());
+    return std::make_shared<NcclWork>(done, device(), events_, nn::CudaGraph::CaptureId());
   }
 
   // The communicator's asynchronous error, or ncclSuccess (ncclInProgress, an
