@@ -18,6 +18,8 @@ namespace tandem::nn::internal {
 // stream goes back to the pool, never destroyed: storages name their owning
 // stream (Storage::stream()) and may outlive the thread. Every op enqueues its
 // work here. Cheap when called again for the same device (a one-entry cache).
+// Throws tandem::Error once the thread's streams have been given back (from a
+// destructor of a thread_local destroyed after them at the thread's exit).
 cudaStream_t ThreadStream(Device device);
 
 // Throws tandem::Error naming `call`, the device and CUDA's message unless OK.

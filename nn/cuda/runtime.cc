@@ -168,6 +168,11 @@ cudaEvent_t WaitEvent(Device device) {
 }  // namespace
 
 cudaStream_t ThreadStream(Device device) {
+  // A thread_local destroyed after the thread's ThreadStreams (one made before
+  // the thread's first stream) may still reach here from a destructor: its
+  // maps are gone. Destructors catch this (a broken context's path).
+  TANDEM_CHECK(!t_streams_gone, "ThreadStream(", device.ToString(), "): the calling thread "
+               "is exiting and its streams have been given back");
   ThreadStreams& local = t_streams;
   if (device.index == local.last_index) return local.last_stream;
   auto it = local.streams.find(device.index);
@@ -198,6 +203,25 @@ CUstream_st* CudaThreadStreamIfAny(Device device) noexcept {
 
 void CudaStreamWait(CUstream_st* waiter, CUstream_st* producer, Device producer_device) {
   if (waiter == producer) return;
+  if (t_streams_gone) {
+    // At the thread's exit, after its ThreadStreams (and its wait events) went:
+    // a storage held by a thread_local destroyed later is freed after its
+    // owner waits for its users. An event made for this wait.
+    CudaDeviceScope current(producer_device);
+    cudaEvent_t event = nullptr;
+    CountCudaCall(CudaCall::kEventCreate);
+    CheckCuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate",
+              producer_device);
+    CountCudaCall(CudaCall::kEventRecord);
+    cudaError_t status = cudaEventRecord(event, producer);
+    if (status == cudaSuccess) {
+      CountCudaCall(CudaCall::kStreamWaitEvent);
+      status = cudaStreamWaitEvent(waiter, event, 0);
+    }
+    cudaEventDestroy(event);  // released once the record completes
+    CheckCuda(status, "cudaEventRecord / cudaStreamWaitEvent", producer_device);
+    return;
+  }
   cudaEvent_t event = WaitEvent(producer_device);
   // Recording on a stream of another thread is allowed (the runtime is thread-safe);
   // the event takes the producer's work enqueued up to this call.

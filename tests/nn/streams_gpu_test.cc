@@ -9,10 +9,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "nn/internal/cuda_runtime.h"
+#include "nn/ops/elementwise.h"
 #include "nn/ops/matmul.h"
 #include "nn/tensor.h"
 #include "tests/gpu_test_util.h"
@@ -110,6 +112,33 @@ TEST(StreamsGpuTest, TensorDroppedOnAnotherThreadIsFreedAfterItsOwnersKernels) {
   Tensor mine = full({kElements}, 7.0f);       // same size, this thread's stream
   SynchronizeAll();                            // the owner's late fill has run
   EXPECT_EQ(Mismatches(mine, 7.0f), 0) << "the owner's kernel wrote into reused memory";
+}
+
+// A thread_local made before the thread's first stream is destroyed after the
+// thread's streams at its exit. The last reference to a tensor of this thread,
+// read late on the other thread's stream, dies there: the owner waits for that
+// read, then frees. The wait used the exiting thread's wait event, from a map
+// already destroyed (a use after free, not reliably seen here); it now makes
+// an event for it. Checked: the read comes before the memory is reused.
+TEST(StreamsGpuTest, ATensorDroppedAtThreadExitAfterItsStreamsIsFreedAfterItsRead) {
+  TANDEM_REQUIRE_GPUS(1);
+  const Device gpu = Device::CUDA(0);
+  DeviceGuard guard(gpu);
+  internal::CudaThreadStream(gpu);  // the other thread gets its own stream
+  std::optional<Tensor> shared = full({kElements}, 3.0f);
+  Tensor read;
+  std::thread([&] {
+    thread_local std::optional<Tensor> held;  // before this thread's first stream
+    held = *shared;
+    shared.reset();  // held is the last reference
+    DeviceGuard guard(gpu);
+    Burn(gpu);
+    read = add_scalar(*held, 0.0);  // reads late on this thread's stream
+  }).join();  // held dies after the thread's streams
+  Tensor mine = full({kElements}, 7.0f);  // same size, this thread's stream
+  SynchronizeAll();
+  EXPECT_EQ(Mismatches(read, 3.0f), 0) << "the memory was reused before the exiting thread's read";
+  EXPECT_EQ(Mismatches(mine, 7.0f), 0);
 }
 
 // Before: the copy was enqueued on cuda:1's stream only, not ordered after the
