@@ -110,13 +110,18 @@ void OrderAfter(cudaStream_t waiter, cudaStream_t producer, Device producer_devi
   internal::CudaDeviceScope on_device(producer_device, std::nothrow);
   cudaEvent_t event = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
-  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return;
+  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
   internal::CountCudaCall(internal::CudaCall::kEventRecord);
-  if (cudaEventRecord(event, producer) == cudaSuccess) {
+  cudaError_t status = cudaEventRecord(event, producer);
+  if (status == cudaSuccess) {
     internal::CountCudaCall(internal::CudaCall::kStreamWaitEvent);
-    cudaStreamWaitEvent(waiter, event, 0);
+    status = cudaStreamWaitEvent(waiter, event, 0);
   }
   cudaEventDestroy(event);  // released once the record completes
+  if (status != cudaSuccess) cudaGetLastError();
 }
 
 // What a capture on this thread collects (null when none runs).
