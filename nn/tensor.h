@@ -76,8 +76,10 @@ std::shared_ptr<Allocator> SetThreadCudaAllocator(std::shared_ptr<Allocator> all
 // kernels that produced it come first, and its memory is not reused while
 // another stream may still read it. Not covered: a write by the owner after
 // another stream's first use (shared tensors are written before they are
-// shared; later writes need the owner's own synchronisation), and a use from a
-// stream while the owner is being captured into a CUDA graph.
+// shared; later writes need the owner's own synchronisation), and a first use
+// from a stream that is being captured into a CUDA graph (CUDA refuses its
+// wait; nn/graph.h). A first use while the owner is being captured waits for
+// the owner's work queued before the capture began.
 // The owner's own uses cost nothing: a pointer comparison.
 class Storage {
  public:

@@ -598,6 +598,21 @@ TEST_F(CudaGraphGpuTest, PreReplayHooksRunInOrderBeforeEveryReplay) {
   EXPECT_EQ(order, (std::vector<int>{1, 2, 1, 2}));
 }
 
+// CaptureId tells a capture from a later one on the same thread (an
+// asynchronous collective's handle keeps it): 0 outside, set and distinct
+// inside each.
+TEST_F(CudaGraphGpuTest, EachCaptureHasItsOwnIdAndNoneRunsOutside) {
+  EXPECT_EQ(CudaGraph::CaptureId(), 0u);
+  uint64_t first = 0, second = 0;
+  CudaGraph a, b;
+  a.Capture([&] { first = CudaGraph::CaptureId(); });
+  EXPECT_EQ(CudaGraph::CaptureId(), 0u);
+  b.Capture([&] { second = CudaGraph::CaptureId(); });
+  EXPECT_NE(first, 0u);
+  EXPECT_NE(second, 0u);
+  EXPECT_NE(first, second);
+}
+
 TEST_F(CudaGraphGpuTest, TensorsOfTheStepOutliveTheGraph) {
   Tensor x = full({5}, 2.0);
   Tensor y;

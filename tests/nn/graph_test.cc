@@ -41,6 +41,7 @@ TEST(CudaGraphTest, InvisibleCudaDeviceIsAnErrorNamingIt) {
 
 TEST(CudaGraphTest, NoCaptureOutsideCapture) {
   EXPECT_FALSE(CudaGraph::IsCapturing());
+  EXPECT_EQ(CudaGraph::CaptureId(), 0u);
   bool ran = false;
   EXPECT_FALSE(CudaGraph::AddPreReplayHook([&] { ran = true; }));
   EXPECT_FALSE(ran);
