@@ -130,13 +130,21 @@ class CaptureRegistry {
   template <typename Wait, typename WaitMark, typename Done, typename Later>
   bool RunAfterUsersOrQueue(int device, CUstream_st* owner, const std::vector<StreamRef>& users,
                             Wait&& wait, WaitMark&& wait_mark, Done&& done, Later&& later) {
-    std::vector<int> devices{device};
-    for (const StreamRef& user : users) devices.push_back(user.device);
-    std::sort(devices.begin(), devices.end());
-    devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+    // The common case, every user of the owner's device: one lock, no
+    // allocation.
+    std::unique_lock<std::recursive_mutex> own(SlotOf(device).mu, std::defer_lock);
     std::vector<std::unique_lock<std::recursive_mutex>> locks;
-    locks.reserve(devices.size());
-    for (int d : devices) locks.emplace_back(SlotOf(d).mu);
+    if (std::all_of(users.begin(), users.end(),
+                    [&](const StreamRef& user) { return user.device == device; })) {
+      own.lock();
+    } else {
+      std::vector<int> devices{device};
+      for (const StreamRef& user : users) devices.push_back(user.device);
+      std::sort(devices.begin(), devices.end());
+      devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+      locks.reserve(devices.size());
+      for (int d : devices) locks.emplace_back(SlotOf(d).mu);
+    }
     if (Capture* capture = Find(SlotOf(device), owner)) {
       capture->after.emplace_back(std::forward<Later>(later));
       return false;

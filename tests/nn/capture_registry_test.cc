@@ -210,6 +210,16 @@ TEST(CaptureRegistryTest, AFreeWaitsForUsersThatCaptureOnAnyGpuThroughTheirMarks
       },
       [&] { order.push_back("free"); }, [] { ADD_FAILURE() << "the owner does not capture"; }));
   EXPECT_EQ(order, (std::vector<std::string>{"wait 2", "mark 3", "mark 5", "wait 6", "free"}));
+  // Users of the owner's GPU only (one lock): the same rules.
+  order.clear();
+  EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), {{FakeStream(3), 0}, {FakeStream(2), 0}},
+      [&](const StreamRef& u) { order.push_back("wait " + name(u)); },
+      [&](const StreamRef& u, CUevent_st* mark) {
+        order.push_back("mark " + name(u) + (mark == FakeEvent(3) ? "" : "?"));
+      },
+      [&] { order.push_back("free"); }, [] { ADD_FAILURE() << "the owner does not capture"; }));
+  EXPECT_EQ(order, (std::vector<std::string>{"mark 3", "wait 2", "free"}));
 }
 
 // While the owner itself is being captured the whole free (waits included) is
