@@ -229,13 +229,17 @@ void TraceRecorder::DeviceSpan(int rank, nn::Device device, absl::string_view na
   // One host sync per run, at the first traced span; a failure is not retried.
   // The wait holds no lock: the rank's other threads keep recording meanwhile
   // (reference_pending keeps a second thread from starting another).
+  // Never throws: the span is already kept, and reference_pending must be
+  // cleared below whatever happens here.
   cudaEvent_t reference = nullptr;
   bool ok = false;
-  {
+  try {
     nn::internal::CudaDeviceScope scope(device, std::nothrow);
     ok = cudaEventCreate(&reference) == cudaSuccess &&
          cudaEventRecord(reference, nn::internal::ThreadStream(device)) == cudaSuccess &&
          WaitForEvent(reference);
+  } catch (const std::exception&) {  // ThreadStream could not make a stream
+    ok = false;
   }
   const int64_t reference_us = Micros(Clock::now());
   if (!ok && reference != nullptr) cudaEventDestroy(reference);
@@ -285,7 +289,8 @@ void TraceRecorder::ResolveDeviceSpans(int rank) {
         cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(reference), start) ==
             cudaSuccess &&
         cudaEventElapsedTime(&duration_ms, start, end) == cudaSuccess) {
-      AppendCompleteEvent(&events, span.name, reference_us + static_cast<int64_t>(offset_ms * 1000.0),
+      AppendCompleteEvent(&events, span.name,
+                          reference_us + static_cast<int64_t>(offset_ms * 1000.0),
                           static_cast<int64_t>(duration_ms * 1000.0), kDeviceTrack + rank, "");
     }
   }
