@@ -458,9 +458,12 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   // batch's rows, over the one-rank step's micro-batch count; the epoch's loss
   // is then the ranks' sum over the job's step count, as one rank's.
   const int64_t examples = train->size();
-  const int64_t global_batches = std::min<int64_t>(
-      (examples + global_batch - 1) / global_batch,
-      options.max_steps_per_epoch > 0 ? options.max_steps_per_epoch * accum : INT64_MAX);
+  const int64_t global_batches =
+      options.uneven ? std::min<int64_t>((examples + global_batch - 1) / global_batch,
+                                         options.max_steps_per_epoch > 0
+                                             ? options.max_steps_per_epoch * accum
+                                             : INT64_MAX)
+                     : 0;
   const int64_t global_steps = (global_batches + accum - 1) / accum;
   auto one_rank_share = [&](int64_t at_batch, int64_t rows) {
     const int64_t global_rows =
