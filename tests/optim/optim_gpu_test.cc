@@ -128,7 +128,8 @@ TEST(OptimTwoGpuTest, ClipGradNormAcrossTwoDevicesMatchesCpu) {
   TANDEM_REQUIRE_GPUS(2);
   nn::DeviceGuard current(nn::Device::CUDA(1));  // not the first gradient's device
   std::vector<nn::Tensor> cpu = MakeParams(nn::Device::CPU(), nn::kFloat64);
-  std::vector<nn::Tensor> gpu = MakeParamsOn({nn::Device::CUDA(0), nn::Device::CUDA(1)}, nn::kFloat64);
+  std::vector<nn::Tensor> gpu =
+      MakeParamsOn({nn::Device::CUDA(0), nn::Device::CUDA(1)}, nn::kFloat64);
   SetGrads(cpu);
   SetGrads(gpu);
   const nn::Tensor n_cpu = clip_grad_norm_(cpu, 1.0);

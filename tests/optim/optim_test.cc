@@ -347,7 +347,8 @@ std::vector<nn::Tensor> Grads345() {
 TEST(ClipGradNormTest, GroupsOfDevicesCombineAsOne) {
   for (double max_norm : {1.0, 2.5, 100.0}) {
     std::vector<nn::Tensor> split = Grads345(), whole = Grads345();
-    const nn::Tensor total_split = internal::ClipGradNormByDevice({{split[0]}, {split[1]}}, max_norm);
+    const nn::Tensor total_split =
+        internal::ClipGradNormByDevice({{split[0]}, {split[1]}}, max_norm);
     const nn::Tensor total_whole = internal::ClipGradNormByDevice({whole}, max_norm);
     EXPECT_DOUBLE_EQ(total_split.item(), 5.0) << max_norm;
     EXPECT_DOUBLE_EQ(total_whole.item(), 5.0) << max_norm;

@@ -83,7 +83,8 @@ TEST(CollectiveFingerprint, RootsPast2To20AreComparedExactly) {
   b.root = 1 + (1 << 20);
   EXPECT_NE(PackFingerprint(a), PackFingerprint(b));
   b.root = INT32_MAX;
-  EXPECT_EQ(DescribeFingerprint(PackFingerprint(b), 2), "broadcast #2 (4 float32, root 2147483647)");
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint(b), 2),
+            "broadcast #2 (4 float32, root 2147483647)");
 }
 
 TEST(CollectiveFingerprint, ANegativeCountOrRootIsNamed) {
