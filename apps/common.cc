@@ -32,6 +32,7 @@
 #include "apps/test_hooks.h"
 #include "nn/error.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/cpu_settings.h"
 #include "nn/ops/matmul.h"
 #include "optim/adagrad.h"
 #include "optim/adam.h"

@@ -452,6 +452,27 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
           ? std::min<int64_t>(loader.num_batches(), options.max_steps_per_epoch * accum)
           : loader.num_batches();
 
+  // uneven: the job's micro-batches are the one-rank run's (every rank's k-th
+  // batch is its share of global batch k), so each rank adds its share of the
+  // one-rank loss of each: the batch's mean loss times its rows over the global
+  // batch's rows, over the one-rank step's micro-batch count; the epoch's loss
+  // is then the ranks' sum over the job's step count, as one rank's.
+  const int64_t examples = train->size();
+  const int64_t global_batches =
+      options.uneven ? std::min<int64_t>((examples + global_batch - 1) / global_batch,
+                                         options.max_steps_per_epoch > 0
+                                             ? options.max_steps_per_epoch * accum
+                                             : INT64_MAX)
+                     : 0;
+  const int64_t global_steps = (global_batches + accum - 1) / accum;
+  auto one_rank_share = [&](int64_t at_batch, int64_t rows) {
+    const int64_t global_rows =
+        at_batch < examples / global_batch ? global_batch : examples % global_batch;
+    const int64_t group = std::min<int64_t>(accum, global_batches - at_batch / accum * accum);
+    return static_cast<double>(rows) / static_cast<double>(global_rows) /
+           static_cast<double>(group);
+  };
+
   RunState state;
   state.ctx = &ctx;
   state.network = &network;
@@ -671,6 +692,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       const int64_t group = std::min<int64_t>(accum, batches - first);
       CallEach(callbacks, "on_train_batch_begin", [&](Callback& c) { c.on_train_batch_begin(state); });
       nn::Tensor step_loss;
+      nn::Tensor share_of_one_rank_loss;  // uneven
       if (options.cuda_graph) {
         step_loss = graphed_step(first);
       } else {
@@ -678,9 +700,14 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
           data::Batch batch = next_batch(first + micro);
           std::optional<dist::DataParallel::NoSyncGuard> no_sync;
           if (micro + 1 < group) no_sync.emplace(&dp);
-          nn::Tensor part = forward_backward(batch, group).to(nn::kFloat64);
-          if (group > 1) part = part * (1.0 / static_cast<double>(group));
+          const nn::Tensor loss = forward_backward(batch, group).to(nn::kFloat64);
+          const nn::Tensor part = group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss;
           step_loss = step_loss.defined() ? step_loss + part : part;
+          if (options.uneven) {
+            const nn::Tensor share = loss * one_rank_share(first + micro, batch.data.size(0));
+            share_of_one_rank_loss =
+                share_of_one_rank_loss.defined() ? share_of_one_rank_loss + share : share;
+          }
         }
         optimizer_step();
       }
@@ -689,8 +716,11 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
       state.epoch_steps = steps;
       state.batch_loss = step_loss;
       // The epoch's loss is the mean over the ranks' step losses; uneven shares
-      // (a world shrink) weigh each by its rows, so it stays the mean over samples.
-      epoch_loss = epoch_loss + (rank_batch.uneven_shares ? step_loss * loss_share : step_loss);
+      // (a world shrink) weigh each by its rows, so it stays the mean over
+      // samples; uneven data adds this rank's share of the one-rank step loss.
+      epoch_loss = epoch_loss + (options.uneven             ? share_of_one_rank_loss
+                                 : rank_batch.uneven_shares ? step_loss * loss_share
+                                                            : step_loss);
       CallEach(callbacks, "on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(state); });
       ctx.check_stop();
       if (options.uneven) {
@@ -732,7 +762,9 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
     const double before = resumed && ctx.rank() == 0 ? at.epoch_loss_sum : 0.0;
     std::vector<double> total =
         SumOverRanks(ctx, {epoch_loss.item() + before, static_cast<double>(steps)});
-    logs["loss"] = total[1] > 0 ? total[0] / total[1] : 0.0;
+    // uneven: the ranks ran different step counts; the job ran the one-rank run's.
+    const double job_steps = options.uneven ? static_cast<double>(global_steps) : total[1];
+    logs["loss"] = job_steps > 0 ? total[0] / job_steps : 0.0;
     const bool last = epoch + 1 == options.epochs;
     state.evaluated =
         options.eval_data != nullptr && ((epoch + 1) % options.eval_freq == 0 || last);

@@ -140,13 +140,13 @@ struct FitOptions {
   // run different numbers of steps; each epoch runs under DataParallel::join(),
   // whose gradients weigh each rank by its rows: N ranks with batch B train as
   // one rank with batch N*B on each step's union of batches (that one rank with
-  // uneven = true too, whose last batch is the remainder). Two exceptions:
-  // the epoch's "loss" is the mean of the ranks' step losses (a rank's short
-  // last batch counts as a whole step), which differs from one rank's; and with
-  // grad_accum_steps > 1 a step whose micro-batches split the epoch's tail
-  // unevenly over the ranks weighs all its rows alike (the join's weighing),
-  // where one rank weighs each micro-batch by 1 / grad_accum_steps, so the
-  // parameters part from one rank's there. RunState::step and
+  // uneven = true too, whose last batch is the remainder). The epoch's "loss"
+  // is one rank's too: each rank adds its batches' losses weighed by their rows
+  // over the global batch's, and the sum is divided by the job's step count.
+  // One exception: with grad_accum_steps > 1 a step whose micro-batches split
+  // the epoch's tail unevenly over the ranks weighs all its rows alike (the
+  // join's weighing), where one rank weighs each micro-batch by
+  // 1 / grad_accum_steps, so the parameters part from one rank's there. RunState::step and
   // steps_per_epoch are this rank's; History::steps is the job's (the most any
   // rank ran). Batch-level callbacks must make no collective (a joined rank
   // cannot answer it). At each epoch's end every rank takes rank 0's

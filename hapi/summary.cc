@@ -92,9 +92,8 @@ class ShapeRecorder : public nn::ForwardRecorder {
     layer.type = ShortType(module.type_name());
     layer.has_children = !module.named_children().empty();
     layer.params = CountElements(module.parameters());
-    open_.push_back({layers_.size(), &module});
-    layers_.push_back(std::move(layer));
-    ended_.push_back(false);
+    open_.push_back({rows_.size(), &module});
+    rows_.push_back({.layer = std::move(layer)});
   }
 
   // The innermost open call of `module`: the calls still open inside it threw
@@ -106,17 +105,17 @@ class ShapeRecorder : public nn::ForwardRecorder {
     const size_t row = it->row;
     open_.erase(std::prev(it.base()), open_.end());
     if (row == kRoot) return;
-    layers_[row].output_shape = output.shape();
-    ended_[row] = true;
+    rows_[row].layer.output_shape = output.shape();
+    rows_[row].ended = true;
   }
 
   // The rows whose call ended (those that threw and were caught are left out).
   std::vector<SummaryLayer> TakeLayers() {
     std::vector<SummaryLayer> ended;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      if (ended_[i]) ended.push_back(std::move(layers_[i]));
+    for (Row& row : rows_) {
+      if (row.ended) ended.push_back(std::move(row.layer));
     }
-    layers_.clear();
+    rows_.clear();
     return ended;
   }
 
@@ -125,7 +124,8 @@ class ShapeRecorder : public nn::ForwardRecorder {
   std::string OpenLayer() const {
     for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
       if (it->row == kRoot) continue;
-      return absl::StrCat(" in layer ", layers_[it->row].name, " (", layers_[it->row].type, ")");
+      const SummaryLayer& layer = rows_[it->row].layer;
+      return absl::StrCat(" in layer ", layer.name, " (", layer.type, ")");
     }
     return "";
   }
@@ -141,7 +141,7 @@ class ShapeRecorder : public nn::ForwardRecorder {
 
   int CallerDepth() const {
     for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
-      if (it->row != kRoot) return layers_[it->row].depth;
+      if (it->row != kRoot) return rows_[it->row].layer.depth;
     }
     return 0;
   }
@@ -153,8 +153,12 @@ class ShapeRecorder : public nn::ForwardRecorder {
     const nn::Module* module;
   };
 
-  std::vector<SummaryLayer> layers_;
-  std::vector<bool> ended_;     // per row: its call reported Exit
+  struct Row {
+    SummaryLayer layer;
+    bool ended = false;  // its call reported Exit
+  };
+
+  std::vector<Row> rows_;       // one per call, in the order the calls began
   std::vector<OpenCall> open_;  // calls whose forward has begun and not ended
 };
 

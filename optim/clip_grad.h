@@ -14,7 +14,10 @@ namespace tandem::optim {
 // everything is enqueued on the calling thread's stream with no host
 // synchronisation (read it with item() when needed). Parameters without a
 // gradient are skipped; with none at all the result is 0 (on the CPU).
-// Throws tandem::Error when the gradients differ in device or dtype.
+// Gradients on several devices (as PyTorch's): each device's gradients are
+// reduced and scaled by kernels on that device (made current for them), the
+// total is combined in float64 on the device of the first gradient and
+// returned there. Throws tandem::Error when the gradients differ in dtype.
 nn::Tensor clip_grad_norm_(const std::vector<nn::Tensor>& params, double max_norm);
 
 }  // namespace tandem::optim

@@ -1,10 +1,12 @@
 // Optimizer base: parameter groups, state, state_dict and the step driver.
 #include "optim/optimizer.h"
 
+#include <optional>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "nn/device.h"
 #include "nn/graph.h"
 #include "nn/status_macros.h"
 #include "optim/internal/fused_kernels.h"
@@ -118,6 +120,12 @@ void Optimizer::UpdateGroup(int64_t g, internal::Algorithm algo) {
   for (const auto& [key, tensors] : launches) {
 #if TANDEM_WITH_CUDA
     if (tensors.front().param.is_cuda()) {
+      // A group may mix devices (one launch set each, as PyTorch's foreach and
+      // fused paths group by device): each launch runs with its device current,
+      // its kernel and stream belonging to it; no switch where it is already.
+      const nn::Device device = tensors.front().param.device();
+      std::optional<nn::DeviceGuard> device_guard;
+      if (!(device == nn::current_device())) device_guard.emplace(device);
       if (!group.device_tables) group.device_tables = internal::MakeDeviceTables();
       if (capturing) {
         CaptureLaunch(g, algo, tensors, indices[key]);
@@ -182,6 +190,8 @@ void Optimizer::CaptureLaunch(int64_t g, internal::Algorithm algo,
         }
         (void)scalars;  // held: the arena memory the graph reads
         for (size_t i : indices) ++group.state[i].step;
+        std::optional<nn::DeviceGuard> device_guard;
+        if (!(device == nn::current_device())) device_guard.emplace(device);
         internal::WriteUpdateScalarsCuda(ScalarsFor(g, step + 1), device_scalars, device);
       });
   TANDEM_CHECK(added, name_, ": internal error: no capture to attach the step's hook to");

@@ -7,8 +7,11 @@
 // and created at the parameter's first step, on its device and in its dtype.
 //
 // step() enqueues the updates on the calling thread's stream (CUDA: one fused
-// kernel launch per group, no host synchronisation). A parameter whose grad()
-// is undefined is skipped, as in PyTorch.
+// kernel launch per group, no host synchronisation). A group whose parameters
+// live on several devices (or have two dtypes) gets one launch per device and
+// dtype, as PyTorch's foreach and fused paths group by device: each CUDA launch
+// runs with its device made current for it, on the thread's stream of that
+// device. A parameter whose grad() is undefined is skipped, as in PyTorch.
 //
 // CUDA graphs (nn/graph.h): step(), zero_grad() and clip_grad_norm_ may run
 // inside CudaGraph::Capture after one eager step (which creates the state and

@@ -484,7 +484,8 @@ ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
       progress_(std::move(progress)),
       check_(std::move(check)),
       processes_(transport->process_count()),
-      buffer_(kFixed + 5 * processes_ + 2 * kCheckWindow, 0) {}
+      buffer_(kFixed + (4 + Fingerprint::kWords) * processes_ +
+                  2 * Fingerprint::kWords * kCheckWindow, 0) {}
 
 ControlPlane::~ControlPlane() { AbandonRound(); }
 
@@ -567,16 +568,21 @@ void ControlPlane::PutCollectives() {
   const int me = transport_->process_index();
   started_slots()[me] = static_cast<int64_t>(exchange->started());
   if (probe_ != 0) {
-    probe_slots()[me] = exchange->FingerprintOf(probe_).value_or(INT64_MIN);
+    const Fingerprint fingerprint = exchange->FingerprintOf(probe_).value_or(Fingerprint{});
+    probe_slots()[me * Fingerprint::kWords] = fingerprint.shape;
+    probe_slots()[me * Fingerprint::kWords + 1] = fingerprint.numel;
     return;
   }
-  // Largest in the even slot, smallest (negated) in the odd one; INT64_MIN: not kept.
+  // Per collective, for each of the fingerprint's words: the largest, then the
+  // smallest (negated); INT64_MIN: not kept.
   int64_t* window = window_slots();
   for (uint64_t s = checked_ + 1; s <= std::min(common_, checked_ + kCheckWindow); ++s) {
-    if (const std::optional<int64_t> fingerprint = exchange->FingerprintOf(s)) {
-      const size_t i = 2 * (s - checked_ - 1);
-      window[i] = *fingerprint;
-      window[i + 1] = -*fingerprint;
+    if (const std::optional<Fingerprint> fingerprint = exchange->FingerprintOf(s)) {
+      int64_t* slot = window + 2 * Fingerprint::kWords * (s - checked_ - 1);
+      slot[0] = fingerprint->shape;
+      slot[1] = -fingerprint->shape;
+      slot[2] = fingerprint->numel;
+      slot[3] = -fingerprint->numel;
     }
   }
 }
@@ -602,8 +608,8 @@ void ControlPlane::CheckCollectives() {
     const int64_t* window = window_slots();
     const uint64_t end = std::min(common_, checked_ + kCheckWindow);
     for (uint64_t s = checked_ + 1; s <= end; ++s) {
-      const size_t i = 2 * (s - checked_ - 1);
-      if (window[i] != INT64_MIN && window[i] != -window[i + 1]) {
+      const int64_t* slot = window + 2 * Fingerprint::kWords * (s - checked_ - 1);
+      if (slot[0] != INT64_MIN && (slot[0] != -slot[1] || slot[2] != -slot[3])) {
         probe_ = s;
         break;
       }
@@ -620,7 +626,12 @@ void ControlPlane::CheckCollectives() {
 
 std::string ControlPlane::MismatchMessage() const {
   const int64_t* probe = buffer_.data() + kFixed + 4 * processes_;
-  return CollectiveMismatch(std::vector<int64_t>(probe, probe + processes_), probe_, check_.name);
+  std::vector<Fingerprint> fingerprints(processes_);
+  for (int p = 0; p < processes_; ++p) {
+    fingerprints[p] = {.shape = probe[p * Fingerprint::kWords],
+                       .numel = probe[p * Fingerprint::kWords + 1]};
+  }
+  return CollectiveMismatch(fingerprints, probe_, check_.name);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(

@@ -32,7 +32,7 @@
 #include "nn/ops/internal/dnnl_runtime.h"
 #include "nn/ops/internal/lru_cache.h"
 #include "nn/ops/internal/pool_kernels.h"
-#include "nn/ops/matmul.h"  // cpu_primitive_cache_capacity
+#include "nn/ops/cpu_settings.h"  // cpu_primitive_cache_capacity
 
 namespace tandem::nn::ops::internal {
 namespace {

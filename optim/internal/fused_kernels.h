@@ -108,6 +108,13 @@ void FusedUpdateCpu(Algorithm algo, const std::vector<UpdateTensors>& tensors,
 // Sum of squares of all elements of `grads`, then grads *= min(1, max_norm /
 // (norm + 1e-6)). Returns the 2-norm as a 0-dim tensor of the grads' dtype.
 nn::Tensor ClipGradNormCpu(const std::vector<nn::Tensor>& grads, double max_norm);
+// clip_grad_norm_ over gradients grouped by device (by_device: one non-empty
+// group per device, one dtype throughout): one group is ClipGradNorm on its
+// device; several take each device's norm on its device, the total (float64)
+// on the first group's device, and scale each group on its own. Returns the
+// total on the first group's device, in the gradients' dtype.
+nn::Tensor ClipGradNormByDevice(const std::vector<std::vector<nn::Tensor>>& by_device,
+                                double max_norm);
 #if TANDEM_WITH_CUDA
 // `device_scalars`: null in an eager step (the kernel takes `scalars` by value);
 // under CUDA graph capture, the device copy the kernel reads instead, rewritten

@@ -107,8 +107,9 @@ struct CollectiveCheck {
 // cost to the collectives themselves: each round also carries, per process, how
 // many collectives its communication thread has started, and for a window of up
 // to kCheckWindow collectives that every process had started by the previous
-// round the largest and the smallest fingerprint (op, size, dtype, reduction,
-// root; spawn/comm/mpi/collective_fingerprint.h). A collective whose two differ
+// round the largest and the smallest of each fingerprint word (op, dtype,
+// reduction and root in one, the element count in the other;
+// spawn/comm/mpi/collective_fingerprint.h). A collective whose two differ
 // is a mismatch: the next round carries each process's fingerprint of it, and
 // the run fails (hooks.fail) on every process with the same message, naming
 // each side ("collective mismatch across processes: process 0 (...) called
@@ -152,7 +153,7 @@ class ControlPlane final : public BackgroundRounds {
   std::string MismatchMessage() const;
   int64_t* started_slots() { return buffer_.data() + kFixed + 3 * processes_; }
   int64_t* probe_slots() { return started_slots() + processes_; }
-  int64_t* window_slots() { return probe_slots() + processes_; }
+  int64_t* window_slots() { return probe_slots() + Fingerprint::kWords * processes_; }
   // Leaves a round still in flight to MPI (request and buffer not freed).
   void AbandonRound();
 

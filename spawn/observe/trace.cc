@@ -213,35 +213,71 @@ TraceSpan::~TraceSpan() {
 void TraceRecorder::DeviceSpan(int rank, nn::Device device, absl::string_view name,
                                void* start_event, void* end_event) {
   Rank& r = At(rank);
-  std::lock_guard<std::mutex> lock(r.mutex);
+  bool take_reference = false;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.device_spans.push_back({std::string(name), start_event, end_event});
 #if TANDEM_WITH_CUDA
-  if (r.reference == nullptr && !r.reference_failed) {
-    // The device's origin: an event on the rank's stream that the host waits for
-    // once, so that its device time is (about) the host time right after the wait.
-    // One host sync per run, at the first traced span; a failure is not retried.
-    cudaEvent_t reference = nullptr;
+    take_reference = r.reference == nullptr && !r.reference_failed && !r.reference_pending;
+    r.reference_pending = r.reference_pending || take_reference;
+#endif
+  }
+#if TANDEM_WITH_CUDA
+  if (!take_reference) return;
+  // The device's origin: an event on the rank's stream that the host waits for
+  // once, so that its device time is (about) the host time right after the wait.
+  // One host sync per run, at the first traced span; a failure is not retried.
+  // The wait holds no lock: the rank's other threads keep recording meanwhile
+  // (reference_pending keeps a second thread from starting another).
+  // Never throws: the span is already kept, and reference_pending must be
+  // cleared below whatever happens here.
+  cudaEvent_t reference = nullptr;
+  bool ok = false;
+  try {
     nn::internal::CudaDeviceScope scope(device, std::nothrow);
-    if (cudaEventCreate(&reference) == cudaSuccess &&
-        cudaEventRecord(reference, nn::internal::ThreadStream(device)) == cudaSuccess &&
-        WaitForEvent(reference)) {
+    ok = cudaEventCreate(&reference) == cudaSuccess &&
+         cudaEventRecord(reference, nn::internal::ThreadStream(device)) == cudaSuccess &&
+         WaitForEvent(reference);
+  } catch (const std::exception&) {  // ThreadStream could not make a stream
+    ok = false;
+  }
+  const int64_t reference_us = Micros(Clock::now());
+  if (!ok && reference != nullptr) cudaEventDestroy(reference);
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (ok) {
       r.reference = reference;
-      r.reference_us = Micros(Clock::now());
+      r.reference_us = reference_us;
     } else {
       r.reference_failed = true;
-      if (reference != nullptr) cudaEventDestroy(reference);
     }
+    r.reference_pending = false;
   }
+  r.reference_settled.notify_all();
 #else
   (void)device;
 #endif
-  r.device_spans.push_back({std::string(name), start_event, end_event});
 }
 
 void TraceRecorder::ResolveDeviceSpans(int rank) {
   Rank& r = At(rank);
-  std::lock_guard<std::mutex> lock(r.mutex);
+  // The spans are taken out under the lock and waited for without it, so that
+  // the rank's other threads (and its own later spans) never queue behind a
+  // device wait; their events are appended under the lock again.
+  std::vector<PendingDeviceSpan> spans;
+  void* reference = nullptr;
+  int64_t reference_us = 0;
+  {
+    std::unique_lock<std::mutex> lock(r.mutex);
+    // A reference another thread is waiting for (without the lock) is needed here.
+    r.reference_settled.wait(lock, [&] { return !r.reference_pending; });
+    spans.swap(r.device_spans);
+    reference = r.reference;
+    reference_us = r.reference_us;
+  }
+  std::string events;
 #if TANDEM_WITH_CUDA
-  for (const PendingDeviceSpan& span : r.device_spans) {
+  for (const PendingDeviceSpan& span : spans) {
     auto start = static_cast<cudaEvent_t>(span.start);
     auto end = static_cast<cudaEvent_t>(span.end);
     float offset_ms = 0, duration_ms = 0;
@@ -249,29 +285,42 @@ void TraceRecorder::ResolveDeviceSpans(int rank) {
     // span: earlier events have negative offsets, which is fine); the duration
     // from the span's own pair, so that it keeps full float precision however
     // long after the reference the span ran.
-    if (r.reference != nullptr && WaitForEvent(end) &&
-        cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(r.reference), start) ==
+    if (reference != nullptr && WaitForEvent(end) &&
+        cudaEventElapsedTime(&offset_ms, static_cast<cudaEvent_t>(reference), start) ==
             cudaSuccess &&
         cudaEventElapsedTime(&duration_ms, start, end) == cudaSuccess) {
-      AppendCompleteEvent(&r.events, span.name,
-                          r.reference_us + static_cast<int64_t>(offset_ms * 1000.0),
+      AppendCompleteEvent(&events, span.name,
+                          reference_us + static_cast<int64_t>(offset_ms * 1000.0),
                           static_cast<int64_t>(duration_ms * 1000.0), kDeviceTrack + rank, "");
     }
   }
+#else
+  (void)reference_us;
 #endif
-  ReleaseDeviceSpansLocked(r);
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!events.empty()) absl::StrAppend(&r.events, r.events.empty() ? "" : ",\n", events);
+  ReleaseEvents(spans);
+  // The reference goes with the spans it measured, unless spans recorded
+  // meanwhile still need it.
+  if (r.device_spans.empty() && r.reference == reference) ReleaseDeviceSpansLocked(r);
 }
 
-void TraceRecorder::ReleaseDeviceSpansLocked(Rank& r) {
+void TraceRecorder::ReleaseEvents(std::vector<PendingDeviceSpan>& spans) {
 #if TANDEM_WITH_CUDA
-  for (const PendingDeviceSpan& span : r.device_spans) {
+  for (const PendingDeviceSpan& span : spans) {
     cudaEventDestroy(static_cast<cudaEvent_t>(span.start));
     cudaEventDestroy(static_cast<cudaEvent_t>(span.end));
   }
+#endif
+  spans.clear();
+}
+
+void TraceRecorder::ReleaseDeviceSpansLocked(Rank& r) {
+  ReleaseEvents(r.device_spans);
+#if TANDEM_WITH_CUDA
   if (r.reference != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(r.reference));
 #endif
   r.reference = nullptr;
-  r.device_spans.clear();
 }
 
 TraceRecorder::~TraceRecorder() {

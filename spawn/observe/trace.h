@@ -30,12 +30,16 @@
 // mutex per span); without a recorder (ctx.trace() null) nothing at all (a null
 // check). The default window of the programs' --trace_steps is bounded (10:20).
 // Thread-safety: a rank's spans are recorded by its own thread (and the threads
-// it hands work to) under a per-rank mutex; WriteTrace is collective.
+// it hands work to) under a per-rank mutex, which no device wait holds: the
+// reference's wait and WriteTrace's waits for the spans' end events run with
+// the mutex released, so a thread recording into the rank meanwhile never
+// queues behind the device. WriteTrace is collective.
 #ifndef TANDEM_SPAWN_OBSERVE_TRACE_H_
 #define TANDEM_SPAWN_OBSERVE_TRACE_H_
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -97,12 +101,17 @@ class TraceRecorder {
     void* reference = nullptr;      // cudaEvent_t synchronised once: the device's origin
     int64_t reference_us = 0;       // host steady-clock microseconds at it
     bool reference_failed = false;  // not retried (each try is a host sync)
+    bool reference_pending = false;  // a thread waits for it (without the mutex)
+    std::condition_variable reference_settled;  // pending -> false
   };
   friend class TraceSpan;
   // CUDA ranks: a device span's events (cudaEvent_t, recorded by TraceSpan on the
   // rank's stream of `device`).
   void DeviceSpan(int rank, nn::Device device, absl::string_view name, void* start_event,
                   void* end_event);
+  // Destroys the spans' events (CUDA) and empties `spans`.
+  static void ReleaseEvents(std::vector<PendingDeviceSpan>& spans);
+  // The rank's pending spans and its reference (r.mutex held).
   void ReleaseDeviceSpansLocked(Rank& r);
   Rank& At(int rank);
   const Rank* Find(int rank) const;

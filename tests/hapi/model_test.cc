@@ -407,6 +407,10 @@ TEST(ModelTest, UnevenDataUnderJoinOnThreeRanksEqualsOneRank) {
     for (size_t e = 0; e < 3; ++e) {
       EXPECT_EQ(histories[std::pair(3, zero)].epochs[e].at("eval_acc"),
                 histories[std::pair(1, false)].epochs[e].at("eval_acc"));
+      // Each rank's batch losses weighed by their rows: the one-rank epoch loss.
+      EXPECT_NEAR(histories[std::pair(3, zero)].epochs[e].at("loss"),
+                  histories[std::pair(1, false)].epochs[e].at("loss"), 1e-5)
+          << "epoch " << e;
     }
   }
   // Without uneven the last global batch wraps around: other samples, other weights.
@@ -420,6 +424,27 @@ TEST(ModelTest, UnevenDataUnderJoinOnThreeRanksEqualsOneRank) {
     for (size_t j = 0; j < x.size(); ++j) largest = std::max(largest, std::abs(x[j] - y[j]));
   }
   EXPECT_GT(largest, 1e-4);
+}
+
+// The epoch loss under uneven data with accumulation: 62 samples on 3 ranks,
+// batch 4, two micro-batches a step (rank 2's last step has one, the others'
+// two, the second holding one sample each) against one rank with batch 12,
+// also with max_steps_per_epoch cutting the epoch before its tail. The first
+// epoch's losses are taken before any step the tail could make differ.
+TEST(ModelTest, UnevenDataEpochLossWithAccumulationEqualsOneRank) {
+  auto train = Classification(62, 43);
+  for (int64_t max_steps : {0, 2}) {
+    std::map<int, double> loss;
+    for (int ranks : {1, 3}) {
+      auto model = Prepared(ranks);
+      auto h = model->fit(train, {.epochs = 1, .batch_size = 12 / ranks, .seed = 5,
+                                  .grad_accum_steps = 2, .uneven = true,
+                                  .max_steps_per_epoch = max_steps});
+      ASSERT_TRUE(h.ok()) << ranks << " ranks: " << h.status();
+      loss[ranks] = h->epochs.at(0).at("loss");
+    }
+    EXPECT_NEAR(loss[3], loss[1], 1e-6) << "max_steps_per_epoch " << max_steps;
+  }
 }
 
 // max_steps_per_epoch cuts every epoch; the next epoch starts at its beginning.

@@ -1,5 +1,5 @@
 // The per-thread oneDNN primitive caches of the CPU convolutions, poolings and
-// bfloat16 GEMMs (nn::set_cpu_primitive_cache_capacity, nn/ops/matmul.h): each
+// bfloat16 GEMMs (nn::set_cpu_primitive_cache_capacity, nn/ops/cpu_settings.h): each
 // stays at its capacity over more shapes than that, a shape whose primitives
 // were dropped and made again gives the same bits, a capacity of 1 works across
 // alternating shapes (a backward runs two primitives, the second lookup dropping
@@ -22,6 +22,7 @@
 #include "nn/ops/internal/conv_kernels.h"    // CpuConvPath, Conv2dDnnlCacheSize
 #include "nn/ops/internal/matmul_kernels.h"  // GemmBf16DnnlCacheSize
 #include "nn/ops/internal/pool_kernels.h"    // CpuPoolPath, Pool2dDnnlCacheSize
+#include "nn/ops/cpu_settings.h"
 #include "nn/ops/matmul.h"
 #include "nn/ops/pool.h"
 #include "nn/random.h"

@@ -53,9 +53,19 @@ void SetGrads(const std::vector<nn::Tensor>& params) {
 
 using Factory = std::function<std::unique_ptr<Optimizer>(std::vector<nn::Tensor>)>;
 
-void ExpectParity(const Factory& make, nn::DType dtype, double tol) {
+// The parameters of MakeParams with parameter i on devices[i % devices.size()].
+std::vector<nn::Tensor> MakeParamsOn(const std::vector<nn::Device>& devices, nn::DType dtype) {
+  std::vector<std::vector<nn::Tensor>> each;
+  for (const nn::Device& device : devices) each.push_back(MakeParams(device, dtype));
+  std::vector<nn::Tensor> params;
+  for (size_t i = 0; i < each.front().size(); ++i) params.push_back(each[i % each.size()][i]);
+  return params;
+}
+
+void ExpectParity(const Factory& make, nn::DType dtype, double tol,
+                  const std::vector<nn::Device>& devices = {nn::Device::CUDA(0)}) {
   std::vector<nn::Tensor> cpu = MakeParams(nn::Device::CPU(), dtype);
-  std::vector<nn::Tensor> gpu = MakeParams(nn::Device::CUDA(0), dtype);
+  std::vector<nn::Tensor> gpu = MakeParamsOn(devices, dtype);
   auto opt_cpu = make(cpu);
   auto opt_gpu = make(gpu);
   for (int step = 0; step < 10; ++step) {
@@ -97,6 +107,41 @@ TEST_F(OptimGpuTest, ClipGradNormMatchesCpu) {
     const auto a = cpu[i].grad().to_vector<double>(), b = gpu[i].grad().to_vector<double>();
     for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-12);
   }
+}
+
+// One parameter group across two GPUs (PyTorch groups its foreach and fused
+// launches by device; so does tandem): with cuda:0 current, the launches of the
+// cuda:1 parameters run with cuda:1 made current, and every optimizer and
+// clip_grad_norm_ match the CPU.
+TEST(OptimTwoGpuTest, GroupAcrossTwoDevicesMatchesCpu) {
+  TANDEM_REQUIRE_GPUS(2);
+  nn::DeviceGuard current(nn::Device::CUDA(0));
+  const std::vector<nn::Device> two = {nn::Device::CUDA(0), nn::Device::CUDA(1)};
+  ExpectParity([](auto p) { return std::make_unique<SGD>(p, SGDOptions{.lr = 0.1, .momentum = 0.9}); }, nn::kFloat64, 1e-12, two);
+  ExpectParity([](auto p) { return std::make_unique<Adagrad>(p, AdagradOptions{.lr = 0.1}); }, nn::kFloat64, 1e-12, two);
+  ExpectParity([](auto p) { return std::make_unique<Adam>(p, AdamOptions{.lr = 0.01, .amsgrad = true}); }, nn::kFloat64, 1e-12, two);
+  ExpectParity([](auto p) { return std::make_unique<AdamW>(p, AdamWOptions{.lr = 0.01}); }, nn::kFloat32, 1e-5, two);
+  EXPECT_EQ(nn::current_device(), nn::Device::CUDA(0)) << "the step left another device current";
+}
+
+TEST(OptimTwoGpuTest, ClipGradNormAcrossTwoDevicesMatchesCpu) {
+  TANDEM_REQUIRE_GPUS(2);
+  nn::DeviceGuard current(nn::Device::CUDA(1));  // not the first gradient's device
+  std::vector<nn::Tensor> cpu = MakeParams(nn::Device::CPU(), nn::kFloat64);
+  std::vector<nn::Tensor> gpu =
+      MakeParamsOn({nn::Device::CUDA(0), nn::Device::CUDA(1)}, nn::kFloat64);
+  SetGrads(cpu);
+  SetGrads(gpu);
+  const nn::Tensor n_cpu = clip_grad_norm_(cpu, 1.0);
+  const nn::Tensor n_gpu = clip_grad_norm_(gpu, 1.0);
+  EXPECT_EQ(n_gpu.device(), nn::Device::CUDA(0)) << "the total is on the first gradient's device";
+  EXPECT_NEAR(n_cpu.item(), n_gpu.item(), 1e-9 * n_cpu.item());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].grad().device(), gpu[i].device());
+    const auto a = cpu[i].grad().to_vector<double>(), b = gpu[i].grad().to_vector<double>();
+    for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(a[k], b[k], 1e-12) << "tensor " << i;
+  }
+  EXPECT_EQ(nn::current_device(), nn::Device::CUDA(1));
 }
 
 // More gradient sets than the pointer tables a thread keeps for the clip

@@ -3,13 +3,17 @@
 // and state_dict.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "nn/ops/elementwise.h"
 #include "optim/adagrad.h"
 #include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/internal/fused_kernels.h"
 #include "optim/sgd.h"
 #include "tests/optim/optim_reference_data.h"
 
@@ -304,6 +308,75 @@ TEST(OptimizerTest, Float32ParametersFollowTheFloat64Path) {
   }
   const std::vector<double> w64 = Values(p64), w32 = Values(p32);
   for (int k = 0; k < ref::kElements; ++k) EXPECT_NEAR(w32[k], w64[k], 1e-5) << k;
+}
+
+}  // namespace
+}  // namespace tandem::optim
+
+namespace tandem::optim {
+namespace {
+
+// A group mixing dtypes gets one launch per dtype (the grouping that also
+// splits a group across devices): each parameter moves as it does alone.
+TEST(OptimizerTest, GroupMixingDtypesUpdatesEachAsAlone) {
+  std::vector<nn::Tensor> mixed = {MakeParams(nn::kFloat64)[0], MakeParams(nn::kFloat32)[1]};
+  std::vector<nn::Tensor> alone64 = {MakeParams(nn::kFloat64)[0]};
+  std::vector<nn::Tensor> alone32 = {MakeParams(nn::kFloat32)[1]};
+  Adam both(mixed, {.lr = 0.1}), a64(alone64, {.lr = 0.1}), a32(alone32, {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    for (auto* params : {&mixed, &alone64, &alone32}) {
+      for (const nn::Tensor& p : *params) p.grad().copy_(p.detach() * 2.0 + 0.5);
+    }
+    both.step();
+    a64.step();
+    a32.step();
+  }
+  EXPECT_EQ(mixed[0].to_vector<double>(), alone64[0].to_vector<double>());
+  EXPECT_EQ(mixed[1].to_vector<float>(), alone32[0].to_vector<float>());
+}
+
+// Gradients with the norms 3 and 4 (total 5), split into two sets.
+std::vector<nn::Tensor> Grads345() {
+  return {nn::from_vector(std::vector<double>{3.0, 0.0}, {2}),
+          nn::from_vector(std::vector<double>{0.0, 4.0}, {2})};
+}
+
+// clip_grad_norm_ over gradients on several devices: each device's norm, the
+// total from them, each device's gradients scaled by the one coefficient. Runs
+// here with two CPU groups standing for two devices.
+TEST(ClipGradNormTest, GroupsOfDevicesCombineAsOne) {
+  for (double max_norm : {1.0, 2.5, 100.0}) {
+    std::vector<nn::Tensor> split = Grads345(), whole = Grads345();
+    const nn::Tensor total_split =
+        internal::ClipGradNormByDevice({{split[0]}, {split[1]}}, max_norm);
+    const nn::Tensor total_whole = internal::ClipGradNormByDevice({whole}, max_norm);
+    EXPECT_DOUBLE_EQ(total_split.item(), 5.0) << max_norm;
+    EXPECT_DOUBLE_EQ(total_whole.item(), 5.0) << max_norm;
+    const double coef = std::min(1.0, max_norm / (5.0 + 1e-6));
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<double> a = split[i].to_vector<double>(), b = whole[i].to_vector<double>();
+      for (size_t k = 0; k < a.size(); ++k) {
+        EXPECT_NEAR(a[k], b[k], 1e-15) << max_norm;
+        EXPECT_NEAR(a[k], Grads345()[i].to_vector<double>()[k] * coef, 1e-15) << max_norm;
+      }
+    }
+    if (max_norm == 100.0) {  // no clipping: the gradients are left exactly as they were
+      EXPECT_EQ(split[0].to_vector<double>(), Grads345()[0].to_vector<double>());
+      EXPECT_EQ(split[1].to_vector<double>(), Grads345()[1].to_vector<double>());
+    }
+  }
+}
+
+TEST(ClipGradNormTest, GradientsOfTwoDTypesAreAnError) {
+  std::vector<nn::Tensor> params = MakeParams(nn::kFloat64);
+  params[1] = MakeParams(nn::kFloat32)[1];
+  try {
+    clip_grad_norm_(params, 1.0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differs in dtype"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

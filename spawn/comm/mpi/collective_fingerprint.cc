@@ -8,8 +8,8 @@
 namespace tandem::dist::internal {
 namespace {
 
-constexpr int kNumelBits = 34, kRootBits = 20, kDTypeBits = 4, kReduceBits = 2;
-constexpr int kRootShift = kNumelBits;
+constexpr int kRootBits = 32, kDTypeBits = 4, kReduceBits = 2;
+constexpr int kRootShift = 0;
 constexpr int kDTypeShift = kRootShift + kRootBits;
 constexpr int kReduceShift = kDTypeShift + kDTypeBits;
 constexpr int kOpShift = kReduceShift + kReduceBits;
@@ -25,7 +25,7 @@ bool Reduces(int op_code) { return op_code == 1 || op_code == 2; }
 
 }  // namespace
 
-int64_t PackFingerprint(const CollectiveShape& shape) {
+Fingerprint PackFingerprint(const CollectiveShape& shape) {
   int op_code = 0;
   for (int i = 0; i < kOpCount; ++i) {
     if (std::strcmp(shape.op, kOps[i]) == 0) op_code = i + 1;
@@ -40,14 +40,19 @@ int64_t PackFingerprint(const CollectiveShape& shape) {
                "collective fingerprint: dtype ", static_cast<int>(shape.dtype), " or reduction ",
                static_cast<int>(shape.reduce), " does not fit its field");
   const bool barrier = op_code == 5;
+  TANDEM_CHECK(barrier || shape.numel >= 0, "collective fingerprint: ", shape.op, " of ",
+               shape.numel, " elements (a count is never negative)");
   const int64_t reduce = Reduces(op_code) ? static_cast<int64_t>(shape.reduce) : 0;
   const int64_t root = op_code == 3 ? shape.root : 0;
-  return (int64_t{op_code} << kOpShift) | (reduce << kReduceShift) |
-         (barrier ? 0 : static_cast<int64_t>(shape.dtype) << kDTypeShift) |
-         (Field(root, kRootBits) << kRootShift) | (barrier ? 0 : Field(shape.numel, kNumelBits));
+  TANDEM_CHECK(root >= 0, "collective fingerprint: broadcast root ", root, " is negative");
+  return {.shape = (int64_t{op_code} << kOpShift) | (reduce << kReduceShift) |
+                   (barrier ? 0 : static_cast<int64_t>(shape.dtype) << kDTypeShift) |
+                   (Field(root, kRootBits) << kRootShift),
+          .numel = barrier ? 0 : shape.numel};
 }
 
-std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
+std::string DescribeFingerprint(const Fingerprint& f, uint64_t sequence) {
+  const int64_t fingerprint = f.shape;
   const int op_code = static_cast<int>(Field(fingerprint >> kOpShift, 3));
   const std::string op = op_code >= 1 && op_code <= kOpCount ? kOps[op_code - 1] : "op?";
   std::string text = absl::StrCat(op, " #", sequence);
@@ -56,7 +61,7 @@ std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
   const char* dtype_name = dtype <= static_cast<int64_t>(nn::DType::kFloat16)  // the last dtype
                                ? nn::DTypeName(static_cast<nn::DType>(dtype))
                                : "dtype?";
-  absl::StrAppend(&text, " (", Field(fingerprint, kNumelBits), " ", dtype_name);
+  absl::StrAppend(&text, " (", f.numel, " ", dtype_name);
   if (Reduces(op_code)) {
     absl::StrAppend(&text, ", ", ReduceOpName(static_cast<ReduceOp>(
                                      Field(fingerprint >> kReduceShift, kReduceBits))));
@@ -65,12 +70,12 @@ std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence) {
   return text + ")";
 }
 
-std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_t sequence,
+std::string CollectiveMismatch(const std::vector<Fingerprint>& fingerprints, uint64_t sequence,
                                const std::function<std::string(int process)>& name) {
   const int processes = static_cast<int>(fingerprints.size());
   int first = -1, other = -1;
   for (int p = 0; p < processes; ++p) {
-    if (fingerprints[p] == INT64_MIN) continue;
+    if (!fingerprints[p].known()) continue;
     if (first < 0) {
       first = p;
     } else if (fingerprints[p] != fingerprints[first] && other < 0) {
@@ -84,7 +89,7 @@ std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_
   std::string message = absl::StrCat("collective mismatch across processes: ", side(first),
                                      " while ", side(other));
   for (int p = other + 1; p < processes; ++p) {
-    if (fingerprints[p] != INT64_MIN && fingerprints[p] != fingerprints[first]) {
+    if (fingerprints[p].known() && fingerprints[p] != fingerprints[first]) {
       absl::StrAppend(&message, ", ", side(p));
     }
   }

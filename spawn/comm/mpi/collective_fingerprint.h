@@ -1,12 +1,14 @@
-// What one cross-process collective is, packed into 63 bits (internal to spawn/),
-// so that the processes can compare their collectives inside the step
+// What one cross-process collective is, as two 63-bit words (internal to
+// spawn/), so that the processes can compare their collectives inside the step
 // agreement's rounds (spawn/internal/process_world.h, ControlPlane) without a
 // message of their own per collective.
 //
-// Bits, low to high: numel (34: up to 16 Gi elements; MPI's counts stop at
-// 2 GiB), root (20: a broadcast's global root; 0 for the other ops), dtype (4),
-// reduction (2: 0 for ops that do not reduce), op (3). The value is never
-// negative, so -fingerprint and INT64_MIN ("none") fit the rounds' MAX.
+// `shape` packs, low to high: root (32 bits: a broadcast's global root; 0 for the
+// other ops), dtype (4), reduction (2: 0 for ops that do not reduce), op (3).
+// `numel` is each rank's element count, whole (0 for a barrier): two collectives
+// that differ in any count a tensor can have differ in it. Neither word is ever
+// negative, so -word and INT64_MIN ("none") fit the rounds' MAX; on the wire a
+// fingerprint is its kWords words, shape first.
 // Pure functions: no thread, no MPI.
 #ifndef TANDEM_SPAWN_COMM_MPI_COLLECTIVE_FINGERPRINT_H_
 #define TANDEM_SPAWN_COMM_MPI_COLLECTIVE_FINGERPRINT_H_
@@ -29,19 +31,29 @@ struct CollectiveShape {
   int64_t numel = 0;                 // each rank's input; 0 for barrier
 };
 
-// Throws tandem::Error for an op the hierarchical exchange does not run.
-int64_t PackFingerprint(const CollectiveShape& shape);
+struct Fingerprint {
+  static constexpr int kWords = 2;
+  static constexpr int64_t kNone = INT64_MIN;  // both words: not known
+  int64_t shape = kNone;
+  int64_t numel = kNone;
+  bool known() const { return shape != kNone; }
+  friend bool operator==(const Fingerprint&, const Fingerprint&) = default;
+};
+
+// Throws tandem::Error for an op the hierarchical exchange does not run, a
+// negative element count or a negative broadcast root.
+Fingerprint PackFingerprint(const CollectiveShape& shape);
 // "all_reduce #4 (1530 float32, sum)", "broadcast #2 (64 float32, root 1)",
 // "barrier #7"; an unknown op or dtype reads "op?" / "dtype?".
-std::string DescribeFingerprint(int64_t fingerprint, uint64_t sequence);
+std::string DescribeFingerprint(const Fingerprint& fingerprint, uint64_t sequence);
 
 // fingerprints: every process's fingerprint of collective `sequence`, in process
-// order (INT64_MIN: unknown, left out). "" when the known ones agree, else
+// order (not known(): left out). "" when the known ones agree, else
 // "collective mismatch across processes: <name(0)> called all_reduce #4 (...)
 // while <name(1)> called all_gather #4 (...)[, <name(p)> called ...] (op, size,
 // ...)": the first process against the first that differs, then every further
 // process that differs from the first.
-std::string CollectiveMismatch(const std::vector<int64_t>& fingerprints, uint64_t sequence,
+std::string CollectiveMismatch(const std::vector<Fingerprint>& fingerprints, uint64_t sequence,
                                const std::function<std::string(int process)>& name);
 
 }  // namespace tandem::dist::internal

@@ -226,7 +226,7 @@ void HierarchicalExchange::Serve(std::stop_token stop, BackgroundRounds* control
   control_ = nullptr;
 }
 
-std::optional<int64_t> HierarchicalExchange::FingerprintOf(uint64_t sequence) const {
+std::optional<Fingerprint> HierarchicalExchange::FingerprintOf(uint64_t sequence) const {
   if (sequence == 0 || sequence > started_ || started_ - sequence >= kFingerprintHistory) {
     return std::nullopt;
   }
@@ -412,16 +412,23 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
   return true;
 }
 
-bool HierarchicalExchange::CompareBeforehand(int64_t fingerprint, const std::stop_token& stop) {
+bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint,
+                                             const std::stop_token& stop) {
   const int processes = static_cast<int>(ranks_per_process_.size());
-  check_slots_.assign(processes, INT64_MIN);
-  check_slots_[process_index_] = fingerprint;
-  if (!Poll(transport_->AllReduceInPlace(check_slots_.data(), processes, nn::DType::kInt64,
-                                         ReduceOp::kMax).get(),
+  constexpr int kWords = Fingerprint::kWords;
+  check_slots_.assign(static_cast<size_t>(processes) * kWords, Fingerprint::kNone);
+  check_slots_[process_index_ * kWords] = fingerprint.shape;
+  check_slots_[process_index_ * kWords + 1] = fingerprint.numel;
+  if (!Poll(transport_->AllReduceInPlace(check_slots_.data(), processes * kWords,
+                                         nn::DType::kInt64, ReduceOp::kMax).get(),
             stop)) {
     return false;
   }
-  const std::string mismatch = CollectiveMismatch(check_slots_, started_, check_each_name_);
+  std::vector<Fingerprint> fingerprints(processes);
+  for (int p = 0; p < processes; ++p) {
+    fingerprints[p] = {.shape = check_slots_[p * kWords], .numel = check_slots_[p * kWords + 1]};
+  }
+  const std::string mismatch = CollectiveMismatch(fingerprints, started_, check_each_name_);
   TANDEM_CHECK(mismatch.empty(), mismatch);
   return true;
 }
@@ -429,7 +436,7 @@ bool HierarchicalExchange::CompareBeforehand(int64_t fingerprint, const std::sto
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
   const Request& first = *batch[0];
   if (fingerprints_.empty()) fingerprints_.resize(kFingerprintHistory);
-  const int64_t fingerprint = PackFingerprint(
+  const Fingerprint fingerprint = PackFingerprint(
       {.op = first.op, .reduce = first.reduce, .root = first.root,
        .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
        .numel = first.in.defined() ? first.in.numel() : 0});

@@ -40,7 +40,7 @@
 // Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) is
 // kept for the last kFingerprintHistory collectives, for those rounds. With
 // CheckEachCollective the processes also compare it before each collective's
-// data moves (a MAX all-reduce of one slot per process on the data channel: a
+// data moves (a MAX all-reduce of two slots per process on the data channel: a
 // round trip more per collective, off by default); a mismatch then throws
 // tandem::Error naming each side on every rank of every process, and MPI never
 // sees the mismatched collective.
@@ -120,7 +120,7 @@ class HierarchicalExchange {
   // the last kFingerprintHistory started (nullopt: not started, or older).
   static constexpr uint64_t kFingerprintHistory = 4096;
   uint64_t started() const { return started_; }
-  std::optional<int64_t> FingerprintOf(uint64_t sequence) const;
+  std::optional<Fingerprint> FingerprintOf(uint64_t sequence) const;
   // How long a transport error waits for the rounds' verdict (see Errors above).
   static constexpr std::chrono::milliseconds kVerdictWait{2000};
   // Compare each collective's fingerprint between the processes before its data
@@ -155,7 +155,7 @@ class HierarchicalExchange {
   bool PollUntilDone(PendingOp* op, const std::stop_token& stop);
   // CheckEachCollective's comparison of collective started_; false when stopped,
   // throws tandem::Error on a mismatch.
-  bool CompareBeforehand(int64_t fingerprint, const std::stop_token& stop);
+  bool CompareBeforehand(const Fingerprint& fingerprint, const std::stop_token& stop);
   // After a transport error: ticks the rounds for up to kVerdictWait; true when
   // the run is stopping meanwhile (the rounds, or anything else, reported first).
   bool AwaitVerdict(const std::stop_token& stop);
@@ -182,9 +182,9 @@ class HierarchicalExchange {
   std::string broken_reason_;
   std::vector<char> partial_, recv_, result_;  // scratch of the communication thread
   uint64_t started_ = 0;                         // communication thread only
-  std::vector<int64_t> fingerprints_;            // ring of kFingerprintHistory, by sequence
+  std::vector<Fingerprint> fingerprints_;        // ring of kFingerprintHistory, by sequence
   std::function<std::string(int)> check_each_name_;  // set: CheckEachCollective
-  std::vector<int64_t> check_slots_;                 // its all-reduce's buffer
+  std::vector<int64_t> check_slots_;  // its all-reduce's buffer: Fingerprint::kWords a process
 };
 
 class HierarchicalCommunicator final : public Communicator {

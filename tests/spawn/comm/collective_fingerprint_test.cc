@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "nn/error.h"
@@ -44,11 +45,65 @@ TEST(CollectiveFingerprint, EachFieldThatMustAgreeChangesIt) {
   s.dtype = nn::kBFloat16;
   shapes.push_back(s);
   shapes.push_back({.op = "barrier"});
-  std::set<int64_t> seen;
+  std::set<std::pair<int64_t, int64_t>> seen;
   for (const CollectiveShape& shape : shapes) {
-    const int64_t f = PackFingerprint(shape);
-    EXPECT_GE(f, 0) << DescribeFingerprint(f, 1);
-    EXPECT_TRUE(seen.insert(f).second) << "two shapes share " << DescribeFingerprint(f, 1);
+    const Fingerprint f = PackFingerprint(shape);
+    EXPECT_GE(f.shape, 0) << DescribeFingerprint(f, 1);
+    EXPECT_GE(f.numel, 0) << DescribeFingerprint(f, 1);
+    EXPECT_TRUE(seen.insert({f.shape, f.numel}).second)
+        << "two shapes share " << DescribeFingerprint(f, 1);
+  }
+}
+
+// The element count is compared whole: counts that differ by a multiple of any
+// power of two (2^34 once aliased in a 34-bit field) still differ.
+TEST(CollectiveFingerprint, CountsPast2To34AreComparedExactly) {
+  const int64_t small = 1530;
+  for (int bits : {31, 32, 34, 40, 48, 62}) {
+    CollectiveShape a = AllReduce(), b = AllReduce();
+    b.numel = small + (int64_t{1} << bits);
+    EXPECT_NE(PackFingerprint(a), PackFingerprint(b)) << "differ by 2^" << bits;
+    EXPECT_GE(PackFingerprint(b).numel, 0);
+    const std::string message = CollectiveMismatch(
+        {PackFingerprint(a), PackFingerprint(b)}, 3,
+        [](int p) { return "process " + std::to_string(p); });
+    EXPECT_NE(message.find("process 0 called all_reduce #3 (1530 float32, sum) while process 1 "
+                           "called all_reduce #3 (" + std::to_string(b.numel) + " float32, sum)"),
+              std::string::npos)
+        << message << "\ndiffer by 2^" << bits;
+  }
+  CollectiveShape largest = AllReduce();
+  largest.numel = INT64_MAX;
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint(largest), 1),
+            "all_reduce #1 (9223372036854775807 float32, sum)");
+}
+
+TEST(CollectiveFingerprint, RootsPast2To20AreComparedExactly) {
+  CollectiveShape a = {.op = "broadcast", .root = 1, .numel = 4}, b = a;
+  b.root = 1 + (1 << 20);
+  EXPECT_NE(PackFingerprint(a), PackFingerprint(b));
+  b.root = INT32_MAX;
+  EXPECT_EQ(DescribeFingerprint(PackFingerprint(b), 2),
+            "broadcast #2 (4 float32, root 2147483647)");
+}
+
+TEST(CollectiveFingerprint, ANegativeCountOrRootIsNamed) {
+  CollectiveShape s = AllReduce();
+  s.numel = -3;
+  try {
+    PackFingerprint(s);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_reduce of -3 elements"), std::string::npos)
+        << e.what();
+  }
+  s = {.op = "broadcast", .root = -2, .numel = 4};
+  try {
+    PackFingerprint(s);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("broadcast root -2 is negative"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -81,11 +136,12 @@ TEST(CollectiveFingerprint, DescriptionReadsBackEachField) {
 
 TEST(CollectiveFingerprint, MismatchNamesTheFirstProcessAndEachThatDiffers) {
   auto name = [](int p) { return "process " + std::to_string(p); };
-  const int64_t a = PackFingerprint(AllReduce());
-  const int64_t b = PackFingerprint({.op = "barrier"});
+  const Fingerprint a = PackFingerprint(AllReduce());
+  const Fingerprint b = PackFingerprint({.op = "barrier"});
+  const Fingerprint none;
   EXPECT_EQ(CollectiveMismatch({a, a, a}, 4, name), "");
-  EXPECT_EQ(CollectiveMismatch({a, INT64_MIN, a}, 4, name), "") << "an unknown one is left out";
-  EXPECT_EQ(CollectiveMismatch({INT64_MIN, a, b, a, b}, 4, name),
+  EXPECT_EQ(CollectiveMismatch({a, none, a}, 4, name), "") << "an unknown one is left out";
+  EXPECT_EQ(CollectiveMismatch({none, a, b, a, b}, 4, name),
             "collective mismatch across processes: process 1 called all_reduce #4 (1530 float32, "
             "sum) while process 2 called barrier #4, process 4 called barrier #4 (op, size, "
             "dtype, reduction or root differ: every process's ranks must call the same "
