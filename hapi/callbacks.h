@@ -332,8 +332,9 @@ class TensorBoard : public Callback {
 };
 
 // True when `mode` ("min", "max", "auto") asks to maximise `monitor`; throws
-// tandem::Error naming a bad mode.
-bool MaximizeFor(const std::string& monitor, const std::string& mode);
+// tandem::Error naming a bad mode, after `callback` ("EarlyStopping: ...") when given.
+bool MaximizeFor(const std::string& monitor, const std::string& mode,
+                 std::string_view callback = {});
 
 }  // namespace tandem::hapi
 

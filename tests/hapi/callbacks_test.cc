@@ -3,9 +3,11 @@
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
 // an epoch with another global batch or grad_accum_steps, ReduceLROnPlateau,
-// clip_grad_norm, and the progress lines after a resume on another world.
+// clip_grad_norm, the progress lines after a resume on another world, and a
+// bad mode naming its callback.
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -325,6 +327,26 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
     what = e.what();
   }
   EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
+}
+
+// A bad mode names the callback it was given to, as the callbacks' other
+// argument errors do: fit makes the callbacks on the ranks, where the message
+// alone says which one failed.
+TEST(CallbacksTest, ABadModeNamesTheCallback) {
+  auto what = [](const std::function<void()>& make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(what([] { EarlyStopping("eval_acc", 1, "maximum"); }),
+            "EarlyStopping: mode must be \"min\", \"max\" or \"auto\", got 'maximum'");
+  EXPECT_EQ(what([] { ReduceLROnPlateau("loss", 0.1, 10, "lowest"); }),
+            "ReduceLROnPlateau: mode must be \"min\", \"max\" or \"auto\", got 'lowest'");
+  EXPECT_EQ(what([] { ModelCheckpoint("/tmp/unused", 1, "eval_acc", "Max"); }),
+            "ModelCheckpoint: mode must be \"min\", \"max\" or \"auto\", got 'Max'");
 }
 
 // The rule against Keras' (tf.keras ReduceLROnPlateau.on_epoch_end, run in
