@@ -183,7 +183,9 @@ void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
     wait_ = 0;
     return;
   }
-  if (++wait_ > patience_) {
+  // Keras' and Paddle's rule: stop at the patience-th evaluation in a row
+  // without an improvement (patience 0: the first).
+  if (++wait_ >= patience_) {
     s.stop_training = true;
     stopped_epoch_ = s.epoch;
     if (IsRankZero(s))

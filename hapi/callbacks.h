@@ -159,8 +159,10 @@ class ProgressLogger : public Callback {
 };
 
 // Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not
-// improved by more than min_delta for `patience` epochs. mode: "min", "max",
-// or "auto" (max for names containing "acc", "precision" or "recall").
+// improved by more than min_delta for `patience` epochs: at the end of the
+// patience-th such epoch in a row (patience 0: the first), as Keras and Paddle
+// do. mode: "min", "max", or "auto" (max for names containing "acc",
+// "precision" or "recall").
 // An evaluation value ("eval_*") is read in the epochs that evaluate
 // (FitOptions::eval_freq), so patience counts evaluations, as Paddle's
 // EarlyStopping does; the epochs between are skipped. A monitor missing from
