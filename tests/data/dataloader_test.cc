@@ -407,6 +407,69 @@ TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
   EXPECT_EQ(pass(fixed), epoch0);
 }
 
+// Subset (paddle.io.Subset, torch.utils.data.Subset): example i is the base's
+// indices[i], read in the loader's epoch; a bad index is named at construction.
+TEST(SubsetTest, ExamplesAreTheBasesAtTheIndicesInTheLoadersEpoch) {
+  auto base = std::make_shared<CountingDataset>(10);
+  auto subset = std::make_shared<Subset>(base, std::vector<int64_t>{7, 2, 2, 9});
+  ASSERT_EQ(subset->size(), 4);
+  EXPECT_EQ(subset->get(0).data.to_vector<float>(), (std::vector<float>{7, -7}));
+  EXPECT_EQ(subset->get(3).target.item(), 9);
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(4), 3, false);
+  DataLoader loader(subset, sampler, {.num_workers = 2});
+  std::vector<float> labels;
+  for (const Batch& b : loader)
+    for (float v : b.target.to(nn::kFloat32).to_vector<float>()) labels.push_back(v);
+  EXPECT_EQ(labels, (std::vector<float>{7, 2, 2, 9}));
+  // Random draws of a TransformDataset under it follow the pass's epoch.
+  nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
+  auto augmented = std::make_shared<TransformDataset>(
+      std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64})),
+      std::make_shared<RandomCrop>(6, 6, 2), 9);
+  Subset crops(augmented, {5});
+  EXPECT_EQ(crops.get_in_epoch(0, 3).data.to_vector<float>(),
+            augmented->get_in_epoch(5, 3).data.to_vector<float>());
+  EXPECT_NE(crops.get_in_epoch(0, 3).data.to_vector<float>(),
+            crops.get_in_epoch(0, 4).data.to_vector<float>());
+
+  auto error = [&](std::vector<int64_t> indices) {
+    try {
+      Subset bad(base, std::move(indices));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({0, 10}), "Subset: index 10 (position 1) is outside [0, 10), the base dataset's size");
+  EXPECT_EQ(error({-1}), "Subset: index -1 (position 0) is outside [0, 10), the base dataset's size");
+  EXPECT_THROW(Subset(nullptr, {0}), Error);
+  EXPECT_THROW(subset->get(4), Error);
+}
+
+// RandomSplit (paddle.io.random_split, torch.utils.data.random_split): disjoint
+// subsets of the given lengths covering the base, the same for the same seed.
+TEST(SubsetTest, RandomSplitCoversTheBaseOnceWithTheGivenLengths) {
+  auto base = std::make_shared<CountingDataset>(10);
+  std::vector<std::shared_ptr<Subset>> parts = RandomSplit(base, {6, 0, 4}, 5);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0]->size(), 6);
+  EXPECT_EQ(parts[1]->size(), 0);
+  EXPECT_EQ(parts[2]->size(), 4);
+  std::set<int64_t> seen;
+  for (const auto& part : parts) seen.insert(part->indices().begin(), part->indices().end());
+  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(RandomSplit(base, {6, 0, 4}, 5)[2]->indices(), parts[2]->indices());
+  EXPECT_NE(RandomSplit(base, {6, 0, 4}, 6)[0]->indices(), parts[0]->indices());
+  try {
+    RandomSplit(base, {6, 3}, 5);
+    ADD_FAILURE() << "lengths 6 + 3 of 10 examples were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "RandomSplit: the lengths (6, 3) add up to 9, not the dataset's 10 examples");
+  }
+  EXPECT_THROW(RandomSplit(base, {11, -1}, 5), Error);
+}
+
 TEST(DeviceDatasetTest, GatherOnCpu) {
   nn::Tensor images = nn::arange(10 * 2, {.dtype = nn::kFloat32}).reshape({10, 2});
   TensorDataset dataset(images, nn::arange(10, {.dtype = nn::kInt64}));
