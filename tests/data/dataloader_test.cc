@@ -329,15 +329,15 @@ TEST(TransformTest, ToFloatNormalizeCropFlip) {
   // Crop without padding at full size is the identity; with padding, every
   // output value is an input value or 0, and across seeds offsets vary.
   nn::Tensor img = nn::arange(2 * 4 * 4, {.dtype = nn::kFloat32}).reshape({2, 4, 4});
-  EXPECT_EQ(RandomCrop(4, 4)(img, gen).to_vector<float>(), img.to_vector<float>());
+  EXPECT_EQ(RandomCrop(4)(img, gen).to_vector<float>(), img.to_vector<float>());
   std::set<std::vector<float>> distinct;
   for (uint64_t seed = 0; seed < 20; ++seed) {
     nn::Generator g{.seed = seed};
-    nn::Tensor c = RandomCrop(4, 4, 2)(img, g);
+    nn::Tensor c = RandomCrop(4, 2)(img, g);
     EXPECT_EQ(c.shape(), (nn::Shape{2, 4, 4}));
     distinct.insert(c.to_vector<float>());
     nn::Generator again{.seed = seed};
-    EXPECT_EQ(RandomCrop(4, 4, 2)(img, again).to_vector<float>(), c.to_vector<float>());
+    EXPECT_EQ(RandomCrop(4, 2)(img, again).to_vector<float>(), c.to_vector<float>());
   }
   EXPECT_GT(distinct.size(), 3u);
   // Flip with p = 1 mirrors each row; p = 0 keeps it.
@@ -347,11 +347,22 @@ TEST(TransformTest, ToFloatNormalizeCropFlip) {
   EXPECT_EQ(RandomHorizontalFlip(0.0)(img, gen).to_vector<float>(), img.to_vector<float>());
 }
 
+// Paddle's and torchvision's RandomCrop(size, padding): two numbers are a
+// square size and the padding, not a height and a width (RandomCrop(32, 4),
+// the CIFAR augmentation, cropped 32x4).
+TEST(TransformTest, RandomCropTakesPaddlesSizeAndPadding) {
+  nn::Tensor img = nn::arange(2 * 4 * 4, {.dtype = nn::kFloat32}).reshape({2, 4, 4});
+  nn::Generator gen{.seed = 3};
+  EXPECT_EQ(RandomCrop(4, 2)(img, gen).shape(), (nn::Shape{2, 4, 4}));
+  EXPECT_EQ(RandomCrop(3)(img, gen).shape(), (nn::Shape{2, 3, 3}));
+  EXPECT_EQ(RandomCrop({4, 3}, 1)(img, gen).shape(), (nn::Shape{2, 4, 3}));
+}
+
 TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
   nn::Tensor images = nn::arange(16 * 3 * 8 * 8, {.dtype = nn::kFloat32}).reshape({16, 3, 8, 8});
   auto base = std::make_shared<TensorDataset>(images, nn::arange(16, {.dtype = nn::kInt64}));
   auto transform = std::make_shared<Compose>(std::vector<std::shared_ptr<const Transform>>{
-      std::make_shared<RandomCrop>(8, 8, 2), std::make_shared<RandomHorizontalFlip>(),
+      std::make_shared<RandomCrop>(8, 2), std::make_shared<RandomHorizontalFlip>(),
       std::make_shared<Normalize>(std::vector<double>{1, 2, 3}, std::vector<double>{2, 2, 2})});
   auto dataset = std::make_shared<TransformDataset>(base, transform, 5);
   auto run = [&](int workers) {
@@ -376,7 +387,7 @@ TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
 TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
   nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
   auto base = std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64}));
-  auto dataset = std::make_shared<TransformDataset>(base, std::make_shared<RandomCrop>(6, 6, 2), 9);
+  auto dataset = std::make_shared<TransformDataset>(base, std::make_shared<RandomCrop>(6, 2), 9);
   auto pass = [](DataLoader& loader) {
     std::vector<float> all;
     for (const Batch& b : loader) {
@@ -425,7 +436,7 @@ TEST(SubsetTest, ExamplesAreTheBasesAtTheIndicesInTheLoadersEpoch) {
   nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
   auto augmented = std::make_shared<TransformDataset>(
       std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64})),
-      std::make_shared<RandomCrop>(6, 6, 2), 9);
+      std::make_shared<RandomCrop>(6, 2), 9);
   Subset crops(augmented, {5});
   EXPECT_EQ(crops.get_in_epoch(0, 3).data.to_vector<float>(),
             augmented->get_in_epoch(5, 3).data.to_vector<float>());
