@@ -11,7 +11,7 @@
 //             share the host). CPU and GPU tokens in one list are an error
 //             naming one of each.
 // nprocs:
-//   -1        one rank per listed device (1 for CPU ranks).
+//   -1        one rank per listed device (1 for "cpu").
 //   1..N      the first nprocs listed devices (nprocs CPU ranks for "cpu").
 //   more than listed, 0 or below -1: an error.
 // More than kMaxRanksPerProcess ranks (a typo such as nprocs 100000) is an error
