@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 
 namespace tandem::dist {
 namespace {
@@ -27,7 +26,7 @@ absl::Status BadGpus(absl::string_view gpus, absl::string_view token, absl::stri
 absl::StatusOr<int> ParseOrdinal(absl::string_view gpus, absl::string_view token,
                                  int visible_gpus) {
   absl::string_view digits = token;
-  absl::ConsumePrefix(&digits, "cuda:");
+  if (absl::StartsWithIgnoreCase(digits, "cuda:")) digits.remove_prefix(5);
   if (digits.empty()) {
     return BadGpus(gpus, token, "is empty (write ordinals separated by single commas)",
                    visible_gpus);

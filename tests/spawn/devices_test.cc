@@ -56,6 +56,7 @@ TEST_F(DevicesTest, ValidSelections) {
       {"cpu:0", -1, 0, false, {c}},
       {"cuda:1,cuda:0", -1, 2, false, {Device::CUDA(1), Device::CUDA(0)}},
       {"cuda:0,1", -1, 2, false, {Device::CUDA(0), Device::CUDA(1)}},
+      {"CUDA:1", -1, 2, false, {Device::CUDA(1)}},
       {"cuda:0,cuda:0", -1, 1, true, {Device::CUDA(0), Device::CUDA(0)}},
   };
   for (const Good& g : cases) {
