@@ -345,6 +345,29 @@ TEST(CallbacksTest, EarlyStoppingStopsAfterPatienceEvaluationsWithoutImprovement
   }
 }
 
+// Paddle's datasets give each label as shape (1), so a batch's labels are
+// (N, 1), which Paddle's cross entropy and hapi's Accuracy take: CrossEntropy()
+// trains on them as on (N) labels.
+TEST(CallbacksTest, CrossEntropyTakesPaddlesLabelsOfShapeNBy1) {
+  auto flat = std::static_pointer_cast<const data::TensorDataset>(Classification(24, 91));
+  auto column = std::make_shared<data::TensorDataset>(flat->data(),
+                                                      flat->targets().reshape({24, 1}));
+  FitOptions options{.epochs = 2, .batch_size = 4, .eval_data = column};
+  auto a = Prepared(2, 0.1);
+  auto b = Prepared(2, 0.1);
+  auto ha = a->fit(flat, {.epochs = 2, .batch_size = 4, .eval_data = flat});
+  auto hb = b->fit(column, options);
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->epochs, ha->epochs);
+  // Other shapes are still named.
+  auto wrong = std::make_shared<data::TensorDataset>(
+      flat->data(), nn::zeros({24, 2}, {.dtype = nn::kInt64}));
+  absl::StatusOr<History> h = Prepared(1, 0.1)->fit(wrong, {.batch_size = 4});
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(Contains(h.status(), "labels of shape (4, 2)")) << h.status();
+}
+
 // A bad mode names the callback it was given to, as the callbacks' other
 // argument errors do: fit makes the callbacks on the ranks, where the message
 // alone says which one failed.
