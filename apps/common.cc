@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, gpus, "",
           "Devices of the run: \"\" = every visible GPU (CPU ranks when none is visible: with "
           "--nprocs unset, train_mnist and train_cifar10 then run one rank per core and split "
           "the default batch over them), \"cpu\" = CPU ranks, \"0,1,3\" = those CUDA ordinals "
-          "(rank i on the i-th).");
+          "(rank i on the i-th); PyTorch's names too: \"cuda:0,cuda:1\", \"cpu:0,cpu:1\" (one "
+          "CPU rank each).");
 ABSL_FLAG(int, nprocs, -1,
           "Number of ranks: -1 = one per listed device (1 for --gpus=cpu; one per usable core "
           "for the classifier programs' default run without GPUs, see --gpus); N = the first N "
@@ -514,7 +515,10 @@ void CheckCudaGraphOptions(const RunFlags& flags, const Validation& v) {
   std::vector<std::string> ordinals = absl::StrSplit(flags.gpus, ',', absl::SkipWhitespace());
   for (std::string& o : ordinals) o = std::string(absl::StripAsciiWhitespace(o));
   std::sort(ordinals.begin(), ordinals.end());
-  if (flags.gpus != "cpu" &&
+  // CPU ranks ("cpu", "cpu:0,cpu:1") are refused below as CPU ranks, not as a shared GPU.
+  const bool cpu_ranks =
+      absl::StartsWithIgnoreCase(absl::StripLeadingAsciiWhitespace(flags.gpus), "cpu");
+  if (!cpu_ranks &&
       std::adjacent_find(ordinals.begin(), ordinals.end()) != ordinals.end()) {
     RefuseSharedGpu(flags);
   }

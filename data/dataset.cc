@@ -1,5 +1,10 @@
 #include "data/dataset.h"
 
+#include <numeric>
+#include <string>
+
+#include "absl/strings/str_join.h"
+#include "data/sampler.h"
 #include "nn/error.h"
 
 namespace tandem::data {
@@ -35,6 +40,43 @@ Example TransformDataset::get_in_epoch(int64_t index, int64_t epoch) const {
                           .offset = static_cast<uint64_t>(draws_of) << 32};
   example.data = (*transform_)(example.data, generator);
   return example;
+}
+
+Subset::Subset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices)
+    : base_(std::move(base)), indices_(std::move(indices)) {
+  TANDEM_CHECK(base_ != nullptr, "Subset: null dataset");
+  const int64_t n = base_->size();
+  for (size_t i = 0; i < indices_.size(); ++i) {
+    TANDEM_CHECK(indices_[i] >= 0 && indices_[i] < n, "Subset: index ", indices_[i], " (position ",
+                 i, ") is outside [0, ", n, "), the base dataset's size");
+  }
+}
+
+Example Subset::get_in_epoch(int64_t index, int64_t epoch) const {
+  TANDEM_CHECK(index >= 0 && index < size(), "Subset: index ", index,
+               " out of range for a subset of size ", size());
+  return base_->get_in_epoch(indices_[static_cast<size_t>(index)], epoch);
+}
+
+std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> base,
+                                                 const std::vector<int64_t>& lengths,
+                                                 uint64_t seed) {
+  TANDEM_CHECK(base != nullptr, "RandomSplit: null dataset");
+  const std::string listed = absl::StrJoin(lengths, ", ");
+  for (int64_t length : lengths) {
+    TANDEM_CHECK(length >= 0, "RandomSplit: length ", length, " of (", listed, ") is negative");
+  }
+  const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+  TANDEM_CHECK(total == base->size(), "RandomSplit: the lengths (", listed, ") add up to ", total,
+               ", not the dataset's ", base->size(), " examples");
+  const std::vector<int64_t> order = RandomPermutation(base->size(), seed, 0);
+  std::vector<std::shared_ptr<Subset>> parts;
+  auto begin = order.begin();
+  for (int64_t length : lengths) {
+    parts.push_back(std::make_shared<Subset>(base, std::vector<int64_t>(begin, begin + length)));
+    begin += length;
+  }
+  return parts;
 }
 
 }  // namespace tandem::data

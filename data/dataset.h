@@ -78,6 +78,33 @@ class TransformDataset : public Dataset {
   std::optional<int64_t> epoch_;  // set_epoch()'s
 };
 
+// The examples of `base` at `indices` (paddle.io.Subset, torch's Subset):
+// example i is base's indices[i] (repeats allowed), read in the same epoch
+// (get_in_epoch passes it on, so a TransformDataset below draws per epoch).
+// Throws tandem::Error on a null base or an index outside [0, base->size()),
+// naming the index and its position.
+class Subset : public Dataset {
+ public:
+  Subset(std::shared_ptr<const Dataset> base, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  Example get(int64_t index) const override { return get_in_epoch(index, 0); }
+  Example get_in_epoch(int64_t index, int64_t epoch) const override;
+  const std::vector<int64_t>& indices() const { return indices_; }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::vector<int64_t> indices_;
+};
+
+// Splits `base` into disjoint Subsets of `lengths` (paddle.io.random_split,
+// torch's random_split): the parts of one RandomPermutation(size, seed, 0)
+// (data/sampler.h), in order, so the same seed gives the same split in every
+// process. Throws tandem::Error naming the lengths when one is negative or
+// they do not add up to base->size().
+std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> base,
+                                                 const std::vector<int64_t>& lengths,
+                                                 uint64_t seed);
+
 }  // namespace tandem::data
 
 #endif  // TANDEM_DATA_DATASET_H_

@@ -122,10 +122,10 @@ nn::Tensor ToFloatNormalize::operator()(const nn::Tensor& x, nn::Generator&) con
   return y;
 }
 
-RandomCrop::RandomCrop(int64_t height, int64_t width, int64_t padding)
-    : height_(height), width_(width), padding_(padding) {
-  TANDEM_CHECK(height > 0 && width > 0 && padding >= 0, "RandomCrop: bad size ", height, "x", width,
-               " or padding ", padding);
+RandomCrop::RandomCrop(std::array<int64_t, 2> size, int64_t padding)
+    : height_(size[0]), width_(size[1]), padding_(padding) {
+  TANDEM_CHECK(height_ > 0 && width_ > 0 && padding >= 0, "RandomCrop: bad size ", height_, "x",
+               width_, " or padding ", padding);
 }
 
 nn::Tensor RandomCrop::operator()(const nn::Tensor& x, nn::Generator& generator) const {

@@ -7,6 +7,7 @@
 #ifndef TANDEM_DATA_TRANSFORMS_H_
 #define TANDEM_DATA_TRANSFORMS_H_
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -76,10 +77,14 @@ class ToFloatNormalize : public Transform {
 };
 
 // Pads x: (C, H, W) with `padding` zeros on each side, then crops (C, height,
-// width) at a uniformly drawn offset. Any dtype.
+// width) at a uniformly drawn offset. Any dtype. The arguments are Paddle's and
+// torchvision's: RandomCrop(32, 4) crops 32x32 after a padding of 4;
+// RandomCrop({24, 32}) crops 24 rows by 32 columns.
 class RandomCrop : public Transform {
  public:
-  RandomCrop(int64_t height, int64_t width, int64_t padding = 0);
+  explicit RandomCrop(int64_t size, int64_t padding = 0) : RandomCrop({size, size}, padding) {}
+  // size: {height, width}.
+  explicit RandomCrop(std::array<int64_t, 2> size, int64_t padding = 0);
   nn::Tensor operator()(const nn::Tensor& x, nn::Generator& generator) const override;
 
  private:

@@ -99,10 +99,11 @@ bool LoadMonitorState(const ResumeInfo& info, const char* who, const std::string
 
 }  // namespace
 
-bool MaximizeFor(const std::string& monitor, const std::string& mode) {
+bool MaximizeFor(const std::string& monitor, const std::string& mode, std::string_view callback) {
   if (mode == "max") return true;
   if (mode == "min") return false;
-  TANDEM_CHECK(mode == "auto", "mode must be \"min\", \"max\" or \"auto\", got '", mode, "'");
+  TANDEM_CHECK(mode == "auto", std::string(callback), callback.empty() ? "" : ": ",
+               "mode must be \"min\", \"max\" or \"auto\", got '", mode, "'");
   for (const char* up : {"acc", "precision", "recall"})
     if (monitor.find(up) != std::string::npos) return true;
   return false;
@@ -150,8 +151,8 @@ void ProgressLogger::on_eval_end(RunState& s, const Logs& logs) {
 // --- EarlyStopping -------------------------------------------------------------------
 
 EarlyStopping::EarlyStopping(std::string monitor, int patience, std::string mode, double min_delta)
-    : monitor_(std::move(monitor)), patience_(patience), maximize_(MaximizeFor(monitor_, mode)),
-      min_delta_(min_delta) {
+    : monitor_(std::move(monitor)), patience_(patience),
+      maximize_(MaximizeFor(monitor_, mode, "EarlyStopping")), min_delta_(min_delta) {
   TANDEM_CHECK(patience >= 0, "EarlyStopping: patience must be >= 0, got ", patience);
   TANDEM_CHECK(min_delta >= 0, "EarlyStopping: min_delta must be >= 0, got ", min_delta);
 }
@@ -182,7 +183,9 @@ void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
     wait_ = 0;
     return;
   }
-  if (++wait_ > patience_) {
+  // Keras' and Paddle's rule: stop at the patience-th evaluation in a row
+  // without an improvement (patience 0: the first).
+  if (++wait_ >= patience_) {
     s.stop_training = true;
     stopped_epoch_ = s.epoch;
     if (IsRankZero(s))
@@ -238,7 +241,8 @@ ReduceLROnPlateau::ReduceLROnPlateau(std::string monitor, double factor, int pat
                                      std::string mode, double min_delta, int cooldown,
                                      double min_lr)
     : monitor_(std::move(monitor)), factor_(factor), patience_(patience),
-      maximize_(MaximizeFor(monitor_, mode)), min_delta_(min_delta), cooldown_(cooldown),
+      maximize_(MaximizeFor(monitor_, mode, "ReduceLROnPlateau")), min_delta_(min_delta),
+      cooldown_(cooldown),
       min_lr_(min_lr) {
   TANDEM_CHECK(factor > 0 && factor < 1, "ReduceLROnPlateau: factor must be in (0, 1), got ",
                factor);
@@ -387,7 +391,7 @@ void DropRowsFromEpoch(const std::string& path, int64_t epoch,
 ModelCheckpoint::ModelCheckpoint(std::string dir, int save_freq, std::string monitor,
                                  std::string mode)
     : dir_(std::move(dir)), save_freq_(save_freq), monitor_(std::move(monitor)),
-      maximize_(MaximizeFor(monitor_, mode)) {
+      maximize_(MaximizeFor(monitor_, mode, "ModelCheckpoint")) {
   TANDEM_CHECK(!dir_.empty(), "ModelCheckpoint: the directory is empty");
   TANDEM_CHECK(save_freq >= 0, "ModelCheckpoint: save_freq must be >= 0, got ", save_freq);
 }

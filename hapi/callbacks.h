@@ -159,8 +159,10 @@ class ProgressLogger : public Callback {
 };
 
 // Stops training when `monitor` ("eval_loss", "eval_acc", "loss", ...) has not
-// improved by more than min_delta for `patience` epochs. mode: "min", "max",
-// or "auto" (max for names containing "acc", "precision" or "recall").
+// improved by more than min_delta for `patience` epochs: at the end of the
+// patience-th such epoch in a row (patience 0: the first), as Keras and Paddle
+// do. mode: "min", "max", or "auto" (max for names containing "acc",
+// "precision" or "recall").
 // An evaluation value ("eval_*") is read in the epochs that evaluate
 // (FitOptions::eval_freq), so patience counts evaluations, as Paddle's
 // EarlyStopping does; the epochs between are skipped. A monitor missing from
@@ -332,8 +334,9 @@ class TensorBoard : public Callback {
 };
 
 // True when `mode` ("min", "max", "auto") asks to maximise `monitor`; throws
-// tandem::Error naming a bad mode.
-bool MaximizeFor(const std::string& monitor, const std::string& mode);
+// tandem::Error naming a bad mode, after `callback` ("EarlyStopping: ...") when given.
+bool MaximizeFor(const std::string& monitor, const std::string& mode,
+                 std::string_view callback = {});
 
 }  // namespace tandem::hapi
 

@@ -81,6 +81,7 @@ using OptimizerFactory =
 using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn::Tensor& target)>;
 
 // nn::cross_entropy (mean) and nn::mse_loss (mean) as LossFunctions.
+// CrossEntropy takes labels (N) or, as Paddle's datasets give them, (N, 1).
 LossFunction CrossEntropy();
 LossFunction MeanSquaredError();
 

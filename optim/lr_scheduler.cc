@@ -105,6 +105,19 @@ double CosineAnnealingLR::LrAt(int64_t epoch, double base_lr) const {
   return eta_min_ + (base_lr - eta_min_) * (1 + std::cos(phase)) / 2;
 }
 
+LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda)
+    : LRScheduler(optimizer), lr_lambda_(std::move(lr_lambda)) {
+  TANDEM_CHECK(static_cast<bool>(lr_lambda_), "LambdaLR: lr_lambda is empty");
+  Apply();
+}
+
+double LambdaLR::LrAt(int64_t epoch, double base_lr) const {
+  const double factor = lr_lambda_(epoch);
+  TANDEM_CHECK(std::isfinite(factor) && factor >= 0, "LambdaLR: lr_lambda(", epoch, ") is ", factor,
+               "; the factor must be finite and >= 0");
+  return base_lr * factor;
+}
+
 LinearWarmup::LinearWarmup(Optimizer& optimizer, int64_t warmup_steps, double start_factor,
                            std::unique_ptr<LRScheduler> after)
     : LRScheduler(optimizer),

@@ -10,6 +10,7 @@
 #ifndef TANDEM_OPTIM_LR_SCHEDULER_H_
 #define TANDEM_OPTIM_LR_SCHEDULER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,20 @@ class CosineAnnealingLR : public LRScheduler {
  private:
   int64_t t_max_;
   double eta_min_;
+};
+
+// lr = base * lr_lambda(epoch) (torch's LambdaLR, Paddle's LambdaDecay).
+// lr_lambda is called on the schedule's thread at construction and each
+// step(); it must be deterministic in `epoch` (a checkpoint stores the epoch
+// only). Throws tandem::Error for an empty function and, when a factor is
+// negative or not finite, naming the epoch and the factor.
+class LambdaLR : public LRScheduler {
+ public:
+  LambdaLR(Optimizer& optimizer, std::function<double(int64_t epoch)> lr_lambda);
+  double LrAt(int64_t epoch, double base_lr) const override;
+
+ private:
+  std::function<double(int64_t)> lr_lambda_;
 };
 
 // Linear warm-up over `warmup_steps` epochs from base * start_factor to base:

@@ -2,8 +2,10 @@
 
 #include <climits>
 #include <cstdlib>
+#include <optional>
 #include <set>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -19,18 +21,21 @@ absl::Status BadGpus(absl::string_view gpus, absl::string_view token, absl::stri
                                                  why, "; ", DescribeVisibleGpus(visible_gpus)));
 }
 
-// Parses one ordinal of a gpus list (already stripped of surrounding spaces).
+// Parses one ordinal of a gpus list: `token` (already stripped of surrounding
+// spaces) is the number, or PyTorch's "cuda:<number>".
 absl::StatusOr<int> ParseOrdinal(absl::string_view gpus, absl::string_view token,
                                  int visible_gpus) {
-  if (token.empty()) {
+  absl::string_view digits = token;
+  if (absl::StartsWithIgnoreCase(digits, "cuda:")) digits.remove_prefix(5);
+  if (digits.empty()) {
     return BadGpus(gpus, token, "is empty (write ordinals separated by single commas)",
                    visible_gpus);
   }
-  if (token[0] == '-') {
+  if (digits[0] == '-') {
     return BadGpus(gpus, token, "is negative (ordinals are 0 or more)", visible_gpus);
   }
   int64_t value = 0;
-  for (char c : token) {
+  for (char c : digits) {
     if (c < '0' || c > '9') {
       return BadGpus(gpus, token, "is not a whole number (ordinals are 0, 1, 2, ...)",
                      visible_gpus);
@@ -64,6 +69,20 @@ absl::StatusOr<int> RankCount(int nprocs, int listed, absl::string_view what) {
   return ranks;
 }
 
+// "cpu" or PyTorch's "cpu:<number>" (case-insensitive): one CPU rank. A
+// malformed "cpu:..." is an error naming it.
+absl::StatusOr<bool> IsCpuToken(absl::string_view gpus, absl::string_view token,
+                                int visible_gpus) {
+  if (absl::EqualsIgnoreCase(token, "cpu")) return true;
+  if (token.size() < 4 || !absl::EqualsIgnoreCase(token.substr(0, 4), "cpu:")) return false;
+  const absl::string_view digits = token.substr(4);
+  if (digits.empty() || !absl::c_all_of(digits, absl::ascii_isdigit)) {
+    return BadGpus(gpus, token, "is not a whole number after \"cpu:\" (\"cpu\", \"cpu:0\")",
+                   visible_gpus);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string DescribeVisibleGpus(int visible_gpus) {
@@ -93,14 +112,35 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
     for (int i = 0; i < visible_gpus; ++i) ordinals.push_back(i);
   } else {
     // Syntax of every token first, so "0,,1" is reported as the empty token it
-    // is, whatever is visible.
+    // is, whatever is visible. A list of CPU tokens ("cpu:0,cpu:1") gives one
+    // CPU rank each; CPU and GPU tokens do not mix.
     std::vector<absl::string_view> tokens;
+    std::optional<absl::string_view> cpu_token, gpu_token;  // the first of each kind
     for (absl::string_view raw : absl::StrSplit(gpus, ',')) {
       const absl::string_view token = absl::StripAsciiWhitespace(raw);
+      absl::StatusOr<bool> is_cpu = IsCpuToken(gpus, token, visible_gpus);
+      if (!is_cpu.ok()) return is_cpu.status();
+      tokens.push_back(token);
+      if (*is_cpu) {
+        if (!cpu_token) cpu_token = token;
+        continue;
+      }
       absl::StatusOr<int> ordinal = ParseOrdinal(gpus, token, visible_gpus);
       if (!ordinal.ok()) return ordinal.status();
-      tokens.push_back(token);
+      if (!gpu_token) gpu_token = token;
       ordinals.push_back(*ordinal);
+    }
+    if (cpu_token && gpu_token) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gpus \"", gpus, "\" mixes CPU and GPU devices (\"", *cpu_token, "\" and \"", *gpu_token,
+          "\"): the ranks of a run are all CPU ranks or all GPU ranks; ",
+          DescribeVisibleGpus(visible_gpus)));
+    }
+    if (cpu_token) {
+      absl::StatusOr<int> count = RankCount(nprocs, static_cast<int>(tokens.size()),
+                                            absl::StrCat("gpus \"", gpus, "\""));
+      if (!count.ok()) return count.status();
+      return std::vector<nn::Device>(*count, nn::Device::CPU());
     }
     std::set<int> seen;
     for (size_t i = 0; i < tokens.size(); ++i) {

@@ -5,8 +5,13 @@
 //             is visible.
 //   "cpu"     CPU ranks (case-insensitive).
 //   "0,1,3"   those CUDA ordinals in that order: rank i runs on the i-th listed one.
+//   "cuda:0,cuda:1", "cpu:0,cpu:1"
+//             PyTorch's device names: "cuda:K" is ordinal K; a list of "cpu" /
+//             "cpu:K" tokens is one CPU rank per token (any number K: CPU ranks
+//             share the host). CPU and GPU tokens in one list are an error
+//             naming one of each.
 // nprocs:
-//   -1        one rank per listed device (1 for CPU ranks).
+//   -1        one rank per listed device (1 for "cpu").
 //   1..N      the first nprocs listed devices (nprocs CPU ranks for "cpu").
 //   more than listed, 0 or below -1: an error.
 // More than kMaxRanksPerProcess ranks (a typo such as nprocs 100000) is an error

@@ -329,15 +329,15 @@ TEST(TransformTest, ToFloatNormalizeCropFlip) {
   // Crop without padding at full size is the identity; with padding, every
   // output value is an input value or 0, and across seeds offsets vary.
   nn::Tensor img = nn::arange(2 * 4 * 4, {.dtype = nn::kFloat32}).reshape({2, 4, 4});
-  EXPECT_EQ(RandomCrop(4, 4)(img, gen).to_vector<float>(), img.to_vector<float>());
+  EXPECT_EQ(RandomCrop(4)(img, gen).to_vector<float>(), img.to_vector<float>());
   std::set<std::vector<float>> distinct;
   for (uint64_t seed = 0; seed < 20; ++seed) {
     nn::Generator g{.seed = seed};
-    nn::Tensor c = RandomCrop(4, 4, 2)(img, g);
+    nn::Tensor c = RandomCrop(4, 2)(img, g);
     EXPECT_EQ(c.shape(), (nn::Shape{2, 4, 4}));
     distinct.insert(c.to_vector<float>());
     nn::Generator again{.seed = seed};
-    EXPECT_EQ(RandomCrop(4, 4, 2)(img, again).to_vector<float>(), c.to_vector<float>());
+    EXPECT_EQ(RandomCrop(4, 2)(img, again).to_vector<float>(), c.to_vector<float>());
   }
   EXPECT_GT(distinct.size(), 3u);
   // Flip with p = 1 mirrors each row; p = 0 keeps it.
@@ -347,11 +347,22 @@ TEST(TransformTest, ToFloatNormalizeCropFlip) {
   EXPECT_EQ(RandomHorizontalFlip(0.0)(img, gen).to_vector<float>(), img.to_vector<float>());
 }
 
+// Paddle's and torchvision's RandomCrop(size, padding): two numbers are a
+// square size and the padding, not a height and a width (RandomCrop(32, 4),
+// the CIFAR augmentation, cropped 32x4).
+TEST(TransformTest, RandomCropTakesPaddlesSizeAndPadding) {
+  nn::Tensor img = nn::arange(2 * 4 * 4, {.dtype = nn::kFloat32}).reshape({2, 4, 4});
+  nn::Generator gen{.seed = 3};
+  EXPECT_EQ(RandomCrop(4, 2)(img, gen).shape(), (nn::Shape{2, 4, 4}));
+  EXPECT_EQ(RandomCrop(3)(img, gen).shape(), (nn::Shape{2, 3, 3}));
+  EXPECT_EQ(RandomCrop({4, 3}, 1)(img, gen).shape(), (nn::Shape{2, 4, 3}));
+}
+
 TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
   nn::Tensor images = nn::arange(16 * 3 * 8 * 8, {.dtype = nn::kFloat32}).reshape({16, 3, 8, 8});
   auto base = std::make_shared<TensorDataset>(images, nn::arange(16, {.dtype = nn::kInt64}));
   auto transform = std::make_shared<Compose>(std::vector<std::shared_ptr<const Transform>>{
-      std::make_shared<RandomCrop>(8, 8, 2), std::make_shared<RandomHorizontalFlip>(),
+      std::make_shared<RandomCrop>(8, 2), std::make_shared<RandomHorizontalFlip>(),
       std::make_shared<Normalize>(std::vector<double>{1, 2, 3}, std::vector<double>{2, 2, 2})});
   auto dataset = std::make_shared<TransformDataset>(base, transform, 5);
   auto run = [&](int workers) {
@@ -376,7 +387,7 @@ TEST(TransformTest, TransformDatasetIsReproducibleAcrossWorkers) {
 TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
   nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
   auto base = std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64}));
-  auto dataset = std::make_shared<TransformDataset>(base, std::make_shared<RandomCrop>(6, 6, 2), 9);
+  auto dataset = std::make_shared<TransformDataset>(base, std::make_shared<RandomCrop>(6, 2), 9);
   auto pass = [](DataLoader& loader) {
     std::vector<float> all;
     for (const Batch& b : loader) {
@@ -405,6 +416,69 @@ TEST(TransformTest, TransformDatasetDrawsAnewInEachLoaderEpoch) {
   at_epoch1->set_epoch(1);
   DataLoader fixed(dataset, at_epoch1, {.num_workers = 2});
   EXPECT_EQ(pass(fixed), epoch0);
+}
+
+// Subset (paddle.io.Subset, torch.utils.data.Subset): example i is the base's
+// indices[i], read in the loader's epoch; a bad index is named at construction.
+TEST(SubsetTest, ExamplesAreTheBasesAtTheIndicesInTheLoadersEpoch) {
+  auto base = std::make_shared<CountingDataset>(10);
+  auto subset = std::make_shared<Subset>(base, std::vector<int64_t>{7, 2, 2, 9});
+  ASSERT_EQ(subset->size(), 4);
+  EXPECT_EQ(subset->get(0).data.to_vector<float>(), (std::vector<float>{7, -7}));
+  EXPECT_EQ(subset->get(3).target.item(), 9);
+  auto sampler = std::make_shared<SimpleBatchSampler>(std::make_shared<SequentialSampler>(4), 3, false);
+  DataLoader loader(subset, sampler, {.num_workers = 2});
+  std::vector<float> labels;
+  for (const Batch& b : loader)
+    for (float v : b.target.to(nn::kFloat32).to_vector<float>()) labels.push_back(v);
+  EXPECT_EQ(labels, (std::vector<float>{7, 2, 2, 9}));
+  // Random draws of a TransformDataset under it follow the pass's epoch.
+  nn::Tensor images = nn::arange(8 * 1 * 6 * 6, {.dtype = nn::kFloat32}).reshape({8, 1, 6, 6});
+  auto augmented = std::make_shared<TransformDataset>(
+      std::make_shared<TensorDataset>(images, nn::arange(8, {.dtype = nn::kInt64})),
+      std::make_shared<RandomCrop>(6, 2), 9);
+  Subset crops(augmented, {5});
+  EXPECT_EQ(crops.get_in_epoch(0, 3).data.to_vector<float>(),
+            augmented->get_in_epoch(5, 3).data.to_vector<float>());
+  EXPECT_NE(crops.get_in_epoch(0, 3).data.to_vector<float>(),
+            crops.get_in_epoch(0, 4).data.to_vector<float>());
+
+  auto error = [&](std::vector<int64_t> indices) {
+    try {
+      Subset bad(base, std::move(indices));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({0, 10}), "Subset: index 10 (position 1) is outside [0, 10), the base dataset's size");
+  EXPECT_EQ(error({-1}), "Subset: index -1 (position 0) is outside [0, 10), the base dataset's size");
+  EXPECT_THROW(Subset(nullptr, {0}), Error);
+  EXPECT_THROW(subset->get(4), Error);
+}
+
+// RandomSplit (paddle.io.random_split, torch.utils.data.random_split): disjoint
+// subsets of the given lengths covering the base, the same for the same seed.
+TEST(SubsetTest, RandomSplitCoversTheBaseOnceWithTheGivenLengths) {
+  auto base = std::make_shared<CountingDataset>(10);
+  std::vector<std::shared_ptr<Subset>> parts = RandomSplit(base, {6, 0, 4}, 5);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0]->size(), 6);
+  EXPECT_EQ(parts[1]->size(), 0);
+  EXPECT_EQ(parts[2]->size(), 4);
+  std::set<int64_t> seen;
+  for (const auto& part : parts) seen.insert(part->indices().begin(), part->indices().end());
+  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(RandomSplit(base, {6, 0, 4}, 5)[2]->indices(), parts[2]->indices());
+  EXPECT_NE(RandomSplit(base, {6, 0, 4}, 6)[0]->indices(), parts[0]->indices());
+  try {
+    RandomSplit(base, {6, 3}, 5);
+    ADD_FAILURE() << "lengths 6 + 3 of 10 examples were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "RandomSplit: the lengths (6, 3) add up to 9, not the dataset's 10 examples");
+  }
+  EXPECT_THROW(RandomSplit(base, {11, -1}, 5), Error);
 }
 
 TEST(DeviceDatasetTest, GatherOnCpu) {

@@ -3,9 +3,12 @@
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
 // an epoch with another global batch or grad_accum_steps, ReduceLROnPlateau,
-// clip_grad_norm, and the progress lines after a resume on another world.
+// clip_grad_norm, the progress lines after a resume on another world, and a
+// bad mode naming its callback.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -49,14 +52,14 @@ bool Contains(const absl::Status& s, const std::string& part) {
 // With eval_freq 2 only epochs 2, 4, ... carry "eval_*" values: the callbacks
 // act on those epochs and wait through the others (as Paddle's act on each
 // evaluation). lr 0: eval_loss never improves, so EarlyStopping with patience
-// 1 stops at the second evaluation after the first (epoch 6 of 10).
+// 2 stops at the second evaluation after the first (epoch 6 of 10).
 TEST(CallbacksTest, EvalMonitorsActOnTheEpochsThatEvaluate) {
   auto train = Classification(16, 71), test = Classification(9, 72);
   const std::string dir = ::testing::TempDir() + "/hapi_eval_freq_mc";
   std::filesystem::remove_all(dir);
   auto model = Prepared(2, 0.0);
   auto h = model->fit(train, {.epochs = 10, .batch_size = 4, .eval_data = test, .eval_freq = 2,
-                              .callbacks = {MakeCallback<EarlyStopping>("eval_loss", 1),
+                              .callbacks = {MakeCallback<EarlyStopping>("eval_loss", 2),
                                             MakeCallback<ModelCheckpoint>(dir, 0, "eval_acc")}});
   ASSERT_TRUE(h.ok()) << h.status();
   ASSERT_EQ(h->epochs.size(), 6u);
@@ -327,6 +330,64 @@ TEST(CallbacksTest, ReduceLROnPlateauFollowsKerasRuleAndResumes) {
   EXPECT_EQ(what, "ReduceLROnPlateau: patience must be >= 0, got -1");
 }
 
+// Keras' and Paddle's rule: training stops at the patience-th evaluation in
+// a row without an improvement (patience 0: the first). lr 0: eval_loss never
+// improves after the first epoch, so patience p runs 1 + max(p, 1) epochs.
+TEST(CallbacksTest, EarlyStoppingStopsAfterPatienceEvaluationsWithoutImprovement) {
+  auto train = Classification(16, 81), test = Classification(9, 82);
+  for (int patience : {0, 1, 2, 3}) {
+    auto h = Prepared(2, 0.0)->fit(
+        train, {.epochs = 10, .batch_size = 4, .eval_data = test,
+                .callbacks = {MakeCallback<EarlyStopping>("eval_loss", patience)}});
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->epochs.size(), static_cast<size_t>(1 + std::max(patience, 1)))
+        << "patience " << patience;
+  }
+}
+
+// Paddle's datasets give each label as shape (1), so a batch's labels are
+// (N, 1), which Paddle's cross entropy and hapi's Accuracy take: CrossEntropy()
+// trains on them as on (N) labels.
+TEST(CallbacksTest, CrossEntropyTakesPaddlesLabelsOfShapeNBy1) {
+  auto flat = std::static_pointer_cast<const data::TensorDataset>(Classification(24, 91));
+  auto column = std::make_shared<data::TensorDataset>(flat->data(),
+                                                      flat->targets().reshape({24, 1}));
+  FitOptions options{.epochs = 2, .batch_size = 4, .eval_data = column};
+  auto a = Prepared(2, 0.1);
+  auto b = Prepared(2, 0.1);
+  auto ha = a->fit(flat, {.epochs = 2, .batch_size = 4, .eval_data = flat});
+  auto hb = b->fit(column, options);
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->epochs, ha->epochs);
+  // Other shapes are still named.
+  auto wrong = std::make_shared<data::TensorDataset>(
+      flat->data(), nn::zeros({24, 2}, {.dtype = nn::kInt64}));
+  absl::StatusOr<History> h = Prepared(1, 0.1)->fit(wrong, {.batch_size = 4});
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(Contains(h.status(), "labels of shape (4, 2)")) << h.status();
+}
+
+// A bad mode names the callback it was given to, as the callbacks' other
+// argument errors do: fit makes the callbacks on the ranks, where the message
+// alone says which one failed.
+TEST(CallbacksTest, ABadModeNamesTheCallback) {
+  auto what = [](const std::function<void()>& make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(what([] { EarlyStopping("eval_acc", 1, "maximum"); }),
+            "EarlyStopping: mode must be \"min\", \"max\" or \"auto\", got 'maximum'");
+  EXPECT_EQ(what([] { ReduceLROnPlateau("loss", 0.1, 10, "lowest"); }),
+            "ReduceLROnPlateau: mode must be \"min\", \"max\" or \"auto\", got 'lowest'");
+  EXPECT_EQ(what([] { ModelCheckpoint("/tmp/unused", 1, "eval_acc", "Max"); }),
+            "ModelCheckpoint: mode must be \"min\", \"max\" or \"auto\", got 'Max'");
+}
+
 // The rule against Keras' (tf.keras ReduceLROnPlateau.on_epoch_end, run in
 // Python on the same values): improvements by more than min_delta reset the
 // wait, in and out of the cooldown; mode max; patience 0; min_lr. With eval
@@ -386,7 +447,7 @@ TEST(CallbacksTest, ReduceLROnPlateauMatchesKerasOnImprovingValues) {
 // while ModelCheckpoint never saved a better model.
 TEST(CallbacksTest, ANanFirstValueIsNoBestForEarlyStoppingAndModelCheckpoint) {
   RunState s;
-  EarlyStopping stopping("loss", 1);
+  EarlyStopping stopping("loss", 2);  // the NaN is one evaluation without an improvement
   stopping.on_train_begin(s);
   for (double v : {std::nan(""), 1.0, 0.9, 0.8, 0.7}) {
     stopping.on_epoch_end(s, {{"loss", v}});

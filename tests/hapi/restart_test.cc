@@ -314,7 +314,7 @@ TEST(FitRestartTest, AFitFromMainRestartsFromItsSnapshot) {
 
 // The built-in callbacks with state carry it through the snapshot: the
 // learning-rate schedule's position (StepLR by step) and EarlyStopping's best
-// value and wait. EarlyStopping (patience 1, an improvement of 10 never made)
+// value and wait. EarlyStopping (patience 2, an improvement of 10 never made)
 // stops after epoch 3; the fault after step 10 resumes from step 8, before
 // epoch 2's end, whose EarlyStopping had seen epoch 1 only.
 TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
@@ -336,7 +336,7 @@ TEST(FitRestartTest, CallbackStateComesBackWithTheSnapshot) {
   options.callbacks = {
       MakeCallback<LRSchedulerCallback>(LRSchedulerCallback::Factory(
           [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); })),
-      MakeCallback<EarlyStopping>(std::string("loss"), 1, std::string("min"), 10.0)};
+      MakeCallback<EarlyStopping>(std::string("loss"), 2, std::string("min"), 10.0)};
   // MetricsLogger: the faulted fit wrote epoch 2's line (step 8) before the
   // fault; resumed inside epoch 2, it drops that line and writes it again,
   // keeping the lines of another run earlier in the file.

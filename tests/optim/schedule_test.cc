@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <numbers>
+#include <string>
 
 #include "optim/clip_grad.h"
 #include "optim/lr_scheduler.h"
@@ -80,6 +81,25 @@ TEST(LRSchedulerTest, LinearWarmupAlone) {
   ExpectSchedule(sched, t.sgd,
                  [](int64_t e, double base) { return e < 5 ? base * e / 5.0 : base; });
   EXPECT_THROW(LinearWarmup(t.sgd, 0), Error);
+}
+
+// torch's LambdaLR (Paddle's LambdaDecay): lr = base * lr_lambda(epoch); a
+// negative or non-finite factor is named with its epoch.
+TEST(LRSchedulerTest, LambdaLR) {
+  TwoGroups t;
+  LambdaLR sched(t.sgd, [](int64_t e) { return 1.0 / (1.0 + 0.5 * static_cast<double>(e)); });
+  ExpectSchedule(sched, t.sgd, [](int64_t e, double base) { return base / (1.0 + 0.5 * e); });
+  std::string what;
+  try {
+    TwoGroups u;
+    LambdaLR bad(u.sgd, [](int64_t e) { return e < 2 ? 1.0 : -0.5; });
+    bad.step();
+    bad.step();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "LambdaLR: lr_lambda(2) is -0.5; the factor must be finite and >= 0");
+  EXPECT_THROW(LambdaLR(t.sgd, nullptr), Error);
 }
 
 TEST(LRSchedulerTest, StateRoundTrip) {

@@ -48,6 +48,16 @@ TEST_F(DevicesTest, ValidSelections) {
       // Only the selected ranks count: the first two of a mixed list share GPU 0.
       {"0,0,1,1", 2, 2, true, {Device::CUDA(0), Device::CUDA(0)}},
       {"0,1,0,1", 2, 2, true, {Device::CUDA(0), Device::CUDA(1)}},
+      // PyTorch's device names: one CPU rank per "cpu" / "cpu:K" token, "cuda:K" as K.
+      {"cpu:0,cpu:1", -1, 0, false, {c, c}},
+      {"cpu:0, cpu:1, CPU:2", -1, 2, false, {c, c, c}},
+      {"cpu,cpu", -1, 0, false, {c, c}},
+      {"cpu:0,cpu:1,cpu:2", 2, 0, false, {c, c}},
+      {"cpu:0", -1, 0, false, {c}},
+      {"cuda:1,cuda:0", -1, 2, false, {Device::CUDA(1), Device::CUDA(0)}},
+      {"cuda:0,1", -1, 2, false, {Device::CUDA(0), Device::CUDA(1)}},
+      {"CUDA:1", -1, 2, false, {Device::CUDA(1)}},
+      {"cuda:0,cuda:0", -1, 1, true, {Device::CUDA(0), Device::CUDA(0)}},
   };
   for (const Good& g : cases) {
     absl::StatusOr<std::vector<Device>> got = SelectDevices(g.gpus, g.nprocs, g.visible, g.share);
@@ -92,6 +102,15 @@ TEST_F(DevicesTest, InvalidSelectionsNameTheBadTokenAndWhatIsVisible) {
       {"0,1,0,1", 3, 2, true, {"nprocs 3", "ranks on GPUs 0,1,0", "not a mix"}},
       {"1,0,0", -1, 2, true, {"ranks on GPUs 1,0,0", "in-process communicator"}},
       {"cpu", -2, 0, false, {"nprocs -2", "invalid"}},
+      // PyTorch's device names: CPU and GPU ranks do not mix; a bad ordinal is named.
+      {"cpu:0,1", -1, 2, false, {"gpus \"cpu:0,1\"", "\"cpu:0\"", "\"1\"", "CPU and GPU"}},
+      {"cuda:0,cpu", -1, 2, false, {"\"cuda:0\"", "\"cpu\"", "CPU and GPU"}},
+      {"cpu,,cpu", -1, 0, false, {"token \"\"", "empty"}},
+      {"cpu:x", -1, 0, false, {"token \"cpu:x\"", "not a whole number"}},
+      {"cuda:", -1, 2, false, {"token \"cuda:\"", "empty"}},
+      {"cuda:2", -1, 2, false, {"token \"cuda:2\"", "not a visible GPU"}},
+      {"cuda:-1", -1, 2, false, {"token \"cuda:-1\"", "negative"}},
+      {"cpu:0,cpu:1", 3, 0, false, {"nprocs 3", "more than the 2 devices", "\"cpu:0,cpu:1\""}},
       // More rank threads than one process runs: refused before the list is built
       // (INT_MAX CPU ranks would allocate gigabytes of devices first).
       {"cpu", 1025, 0, false,
