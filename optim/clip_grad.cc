@@ -41,18 +41,24 @@ nn::Tensor ClipGradNormByDevice(const std::vector<std::vector<nn::Tensor>>& by_d
   // synchronisation; float64 for the combination.
   const nn::Device first = by_device.front().front().device();
   const nn::DType dtype = by_device.front().front().dtype();
-  nn::Tensor sum_squares;
+  std::vector<nn::Tensor> norms;
   for (const std::vector<nn::Tensor>& grads : by_device) {
-    const nn::Tensor norm = ClipGradNormOneDevice(grads, std::numeric_limits<double>::infinity())
-                                .to(first)
-                                .to(nn::kFloat64);
-    sum_squares = sum_squares.defined() ? sum_squares + norm * norm : norm * norm;
+    norms.push_back(ClipGradNormOneDevice(grads, std::numeric_limits<double>::infinity()));
   }
-  const nn::Tensor total = OnDevice(first, [&] { return nn::pow_scalar(sum_squares, 0.5); });
-  // min(1, max_norm / (total + 1e-6)) = 1 - relu(1 - ratio): exactly 1 when clipping is off.
-  const nn::Tensor coef = OnDevice(first, [&] {
-    return nn::rsub_scalar(nn::relu(nn::rsub_scalar(nn::rdiv_scalar(total + 1e-6, max_norm), 1.0)),
-                           1.0);
+  // The combination's kernels (the casts, products and sums of the norms moved
+  // to `first`) run with `first` current, whichever device the caller's is.
+  nn::Tensor total, coef;
+  OnDevice(first, [&] {
+    nn::Tensor sum_squares;
+    for (const nn::Tensor& device_norm : norms) {
+      const nn::Tensor norm = device_norm.to(first).to(nn::kFloat64);
+      sum_squares = sum_squares.defined() ? sum_squares + norm * norm : norm * norm;
+    }
+    total = nn::pow_scalar(sum_squares, 0.5);
+    // min(1, max_norm / (total + 1e-6)) = 1 - relu(1 - ratio): exactly 1 when clipping is off.
+    coef = nn::rsub_scalar(
+        nn::relu(nn::rsub_scalar(nn::rdiv_scalar(total + 1e-6, max_norm), 1.0)), 1.0);
+    return 0;
   });
   for (const std::vector<nn::Tensor>& grads : by_device) {
     const nn::Device device = grads.front().device();
@@ -65,7 +71,7 @@ nn::Tensor ClipGradNormByDevice(const std::vector<std::vector<nn::Tensor>>& by_d
       return 0;
     });
   }
-  return total.to(dtype);
+  return OnDevice(first, [&] { return total.to(dtype); });
 }
 
 }  // namespace internal

@@ -16,7 +16,8 @@ namespace tandem::optim {
 // gradient are skipped; with none at all the result is 0 (on the CPU).
 // Gradients on several devices (as PyTorch's): each device's gradients are
 // reduced and scaled by kernels on that device (made current for them), the
-// total is combined in float64 on the device of the first gradient and
+// total is combined from the devices' norms (each in the gradients' dtype) in
+// float64 on the device of the first gradient (made current for it) and
 // returned there. Throws tandem::Error when the gradients differ in dtype.
 nn::Tensor clip_grad_norm_(const std::vector<nn::Tensor>& params, double max_norm);
 

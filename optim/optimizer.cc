@@ -106,7 +106,13 @@ void Optimizer::UpdateGroup(int64_t g, internal::Algorithm algo) {
                      state_names_[b], "' state yet; run one eager step before capturing");
         st.buffers[b] = nn::zeros_like(p);
         const double init = InitialBufferValue(group, static_cast<int>(b));
-        if (init != 0) st.buffers[b].fill_(init);
+        if (init != 0) {
+          // fill_'s kernel runs on the thread's stream of p's device, which must
+          // be current for the launch (a group may span devices).
+          std::optional<nn::DeviceGuard> device_guard;
+          if (!(p.device() == nn::current_device())) device_guard.emplace(p.device());
+          st.buffers[b].fill_(init);
+        }
       }
       t.state[b] = st.buffers[b];
     }

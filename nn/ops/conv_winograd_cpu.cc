@@ -32,12 +32,12 @@
 #include <vector>
 
 #include "nn/error.h"
+#include "nn/ops/cpu_settings.h"  // cpu_blas_threads
 #include "nn/ops/internal/conv_kernels.h"
 #include "nn/ops/internal/cpu_isa.h"
 #include "nn/ops/internal/cpu_parallel.h"
 #include "nn/ops/internal/elementwise_kernels.h"  // ApplyUnary (relu)
 #include "nn/ops/internal/matmul_kernels.h"
-#include "nn/ops/matmul.h"  // cpu_blas_threads
 
 namespace tandem::nn::ops::internal {
 namespace {

@@ -8,7 +8,7 @@
 #include <omp.h>
 #endif
 
-#include "nn/ops/matmul.h"  // cpu_blas_threads
+#include "nn/ops/cpu_settings.h"  // cpu_blas_threads
 
 namespace tandem::nn::ops::internal {
 

@@ -26,7 +26,7 @@ int cpu_blas_threads();
 // (TANDEM_WITH_DNNL), one per shape, layout and thread count, ~0.07 MB each.
 // Past it the least recently used is dropped, and made again when its shape
 // comes back (~10 us where oneDNN's own cache still has the primitive, else
-// its JIT compilation, up to milliseconds). Default 256 (matmul_cpu.cc says
+// its JIT compilation, up to milliseconds). Default 256 (cpu_settings.cc says
 // why); the environment variable TANDEM_CPU_PRIMITIVE_CACHE_CAPACITY sets the
 // start value, read at the first miss unless set_cpu_primitive_cache_capacity
 // came first (then never). n >= 1, else tandem::Error naming n; a bad

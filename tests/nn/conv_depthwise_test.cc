@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/cpu_settings.h"  // set_cpu_blas_threads
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/conv_depthwise_kernels.h"
-#include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
 

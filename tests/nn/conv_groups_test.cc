@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "nn/layers.h"
 #include "nn/ops/conv.h"
-#include "nn/ops/matmul.h"  // set_cpu_blas_threads
+#include "nn/ops/cpu_settings.h"  // set_cpu_blas_threads
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
 #include "tests/nn/gradcheck.h"

@@ -17,9 +17,9 @@
 #include "nn/autograd.h"
 #include "nn/layers.h"
 #include "nn/ops/conv.h"
+#include "nn/ops/cpu_settings.h"  // set_cpu_blas_threads
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/conv_kernels.h"  // CpuConvPath
-#include "nn/ops/matmul.h"                 // set_cpu_blas_threads
 #include "nn/ops/pool.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "nn/ops/cpu_settings.h"  // set_cpu_blas_threads
 #include "nn/ops/internal/conv_kernels.h"
-#include "nn/ops/matmul.h"  // set_cpu_blas_threads
 #include "nn/random.h"
 #include "tests/nn/cpu_conv_paths.h"
 

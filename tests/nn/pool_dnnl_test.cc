@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nn/ops/cpu_settings.h"  // set_cpu_blas_threads
 #include "nn/ops/internal/pool_kernels.h"  // CpuPoolPath
-#include "nn/ops/matmul.h"                 // set_cpu_blas_threads
 #include "nn/ops/pool.h"
 #include "nn/random.h"
 

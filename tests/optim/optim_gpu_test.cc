@@ -111,14 +111,21 @@ TEST_F(OptimGpuTest, ClipGradNormMatchesCpu) {
 
 // One parameter group across two GPUs (PyTorch groups its foreach and fused
 // launches by device; so does tandem): with cuda:0 current, the launches of the
-// cuda:1 parameters run with cuda:1 made current, and every optimizer and
-// clip_grad_norm_ match the CPU.
+// cuda:1 parameters (and the fill of a state that starts non-zero) run with
+// cuda:1 made current, and every optimizer matches the CPU.
 TEST(OptimTwoGpuTest, GroupAcrossTwoDevicesMatchesCpu) {
   TANDEM_REQUIRE_GPUS(2);
   nn::DeviceGuard current(nn::Device::CUDA(0));
   const std::vector<nn::Device> two = {nn::Device::CUDA(0), nn::Device::CUDA(1)};
   ExpectParity([](auto p) { return std::make_unique<SGD>(p, SGDOptions{.lr = 0.1, .momentum = 0.9}); }, nn::kFloat64, 1e-12, two);
-  ExpectParity([](auto p) { return std::make_unique<Adagrad>(p, AdagradOptions{.lr = 0.1}); }, nn::kFloat64, 1e-12, two);
+  // A state that starts at a non-zero value is filled by a kernel on its
+  // parameter's device when it is made, at the first step.
+  ExpectParity(
+      [](auto p) {
+        return std::make_unique<Adagrad>(
+            p, AdagradOptions{.lr = 0.1, .initial_accumulator_value = 0.1});
+      },
+      nn::kFloat64, 1e-12, two);
   ExpectParity([](auto p) { return std::make_unique<Adam>(p, AdamOptions{.lr = 0.01, .amsgrad = true}); }, nn::kFloat64, 1e-12, two);
   ExpectParity([](auto p) { return std::make_unique<AdamW>(p, AdamWOptions{.lr = 0.01}); }, nn::kFloat32, 1e-5, two);
   EXPECT_EQ(nn::current_device(), nn::Device::CUDA(0)) << "the step left another device current";
