@@ -114,7 +114,12 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
   const auto poll = std::chrono::milliseconds(
       std::clamp<int64_t>(static_cast<int64_t>(timeout_s * 1000 / 10), 1, 100));
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!joined_ || (stop_.stop_requested() && !aborted_) ||
+  // The loop ends only after a round of polls that began once every rank thread
+  // was joined: an asynchronous error raised after one round's poll and before
+  // the last join (the last collectives of a run, on a loaded machine) is still
+  // found, and fails the run rather than leaving it OK.
+  bool polled_after_join = false;
+  while (!joined_ || !polled_after_join || (stop_.stop_requested() && !aborted_) ||
          (!stop_.stop_requested() && AnyCollectiveInFlight())) {
     // Woken at once by the first failure (Fail notifies) and by the aborter,
     // and by the joins when nothing is left to wait for (a restart follows at once).
@@ -123,6 +128,7 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
              (joined_ && (aborted_ || (!stop_.stop_requested() && !AnyCollectiveInFlight())));
     });
     const bool aborted = aborted_;  // the aborter thread writes it
+    const bool joined = joined_;
     lock.unlock();
     if (sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
         !stop_.stop_requested() && !sigint_requested_) {
@@ -151,6 +157,7 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
     } else {
       CheckStragglers(timeout_s, timeout_ns);
     }
+    if (joined) polled_after_join = true;
     lock.lock();
   }
   lock.unlock();

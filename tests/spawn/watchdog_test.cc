@@ -93,6 +93,55 @@ TEST(WatchdogTimeoutTest, NamesNobodyWhenEveryRankEnteredTheCollective) {
   EXPECT_FALSE(Contains(s.message(), "wait for")) << s;
 }
 
+// A communicator whose asynchronous error is raised, and whose rank's thread
+// joined, right after the watchdog's poll found none: what happens when a run's
+// last collectives and its ranks' return fall between one round's poll and the
+// watchdog's next look at the joins (a loaded machine).
+class ErrorAfterFirstPoll final : public Communicator {
+ public:
+  explicit ErrorAfterFirstPoll(Watchdog** watchdog)
+      : Communicator(0, 1, nn::Device::CPU()), watchdog_(watchdog) {}
+  std::string kind() const override { return "error-after-first-poll"; }
+  absl::Status PollAsyncError() override {
+    if (polls_++ == 0) {
+      (*watchdog_)->Joined();
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError("injected asynchronous error");
+  }
+  int polls() const { return polls_; }
+
+ private:
+  void AllReduceImpl(nn::Tensor&, ReduceOp) override {}
+  void BroadcastImpl(nn::Tensor&, int) override {}
+  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
+  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, ReduceOp) override {}
+  void BarrierImpl() override {}
+
+  Watchdog** watchdog_;
+  int polls_ = 0;
+};
+
+TEST(WatchdogAsyncErrorTest, AnErrorRaisedBetweenAPollAndTheLastJoinFailsTheRun) {
+  std::ostringstream console;
+  auto logger = Logger::Create(1, {.console = &console});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  Watchdog* watchdog_ptr = nullptr;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(std::make_unique<ErrorAfterFirstPoll>(&watchdog_ptr));
+  const auto* comm = static_cast<const ErrorAfterFirstPoll*>(comms[0].get());
+  Watchdog watchdog({nn::Device::CPU()}, logger->get(), /*group=*/nullptr, &comms);
+  watchdog_ptr = &watchdog;
+  const std::atomic<uint64_t> sigints{0};
+  StepAgreement agreement(1, /*signals=*/nullptr, /*grace_s=*/1);
+  watchdog.Watch(/*timeout_s=*/10, sigints, 0, agreement, [](int) {});
+  const absl::Status s = watchdog.result();
+  EXPECT_EQ(comm->polls(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(Contains(s.message(), "rank 0")) << s;
+  EXPECT_TRUE(Contains(s.message(), "injected asynchronous error")) << s;
+}
+
 TEST(LaggingRanksTest, PayloadRoundTripsAndIsAbsentByDefault) {
   EXPECT_TRUE(GetLaggingRanks(absl::DeadlineExceededError("x")).empty());
   const absl::Status s = WithLaggingRanks(absl::DeadlineExceededError("x"), {0, 3, 12});
