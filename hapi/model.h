@@ -241,7 +241,11 @@ struct EvalOptions {
 };
 
 struct History {
-  std::vector<Logs> epochs;  // each epoch's logs (after the reduction over ranks)
+  // Each epoch's logs (after the reduction over ranks) that this fit call ran:
+  // after a resume from a checkpoint, the epochs from the resumed one on (the
+  // earlier ones are in that run's History); an in-process restart from a
+  // snapshot keeps the attempt's earlier epochs.
+  std::vector<Logs> epochs;
   int64_t steps = 0;         // optimizer steps done so far (after a resume: in all)
   int64_t ended_at_step = 0;  // > 0: a callback's RunState::end_fit ended the fit there
   // FitOptions::snapshot_every_steps: snapshots stored over the fit's steps
