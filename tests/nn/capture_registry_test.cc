@@ -239,17 +239,18 @@ TEST(CaptureRegistryTest, AFreeWhoseOwnerCapturesIsQueuedWithItsWaits) {
   EXPECT_TRUE(later);
 }
 
-// The wait recorded on a user stream of another GPU is made under that GPU's
-// lock: a capture cannot begin there between the check and the record (the
-// record would join the owner to it).
-TEST(CaptureRegistryTest, AFreeHoldsTheLockOfItsUsersGpuWhileWaitingForIt) {
+// Whether a capture of `captured` (a stream of `capture_device`) began while
+// a free on `owner` (of `device`) with the one user `user` was waiting for
+// that user (after the free's checks, before its record and its free).
+bool CaptureBeganDuringTheFreesWait(int device, CUstream_st* owner, StreamRef user,
+                                    int capture_device, CUstream_st* captured) {
   CaptureRegistry registry;
   std::promise<void> waiting;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::thread free([&] {
     EXPECT_TRUE(registry.RunAfterUsersOrQueue(
-        0, FakeStream(0), {{FakeStream(1), 1}},
+        device, owner, {user},
         [&](const StreamRef&) {
           waiting.set_value();
           released.wait();
@@ -260,15 +261,34 @@ TEST(CaptureRegistryTest, AFreeHoldsTheLockOfItsUsersGpuWhileWaitingForIt) {
   waiting.get_future().wait();
   std::atomic<bool> begun{false};
   std::thread capture([&] {
-    registry.Begin(1, FakeStream(1), FakeEvent(1));
+    registry.Begin(capture_device, captured, FakeEvent(9));
     begun = true;
   });
   for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_FALSE(begun.load()) << "a capture began on the user's GPU while its wait was recorded";
+  const bool began_during_wait = begun.load();
   release.set_value();
   free.join();
   capture.join();
-  EXPECT_EQ(registry.captures(1), 1);
+  EXPECT_EQ(registry.captures(capture_device), 1);
+  return began_during_wait;
+}
+
+// The wait recorded on a user stream of another GPU is made under that GPU's
+// lock: a capture cannot begin there between the check and the record (the
+// record would join the owner to it).
+TEST(CaptureRegistryTest, AFreeHoldsTheLockOfItsUsersGpuWhileWaitingForIt) {
+  EXPECT_FALSE(CaptureBeganDuringTheFreesWait(0, FakeStream(0), {FakeStream(1), 1}, 1,
+                                              FakeStream(1)))
+      << "a capture began on the user's GPU while its wait was recorded";
+}
+
+// With users of other GPUs only, the owner's GPU is locked too: a capture of
+// the owner cannot begin between the check that found none and the free on it
+// (which would then be recorded in that capture).
+TEST(CaptureRegistryTest, AFreeWithUsersOnlyOnAnotherGpuHoldsTheOwnersLockToo) {
+  EXPECT_FALSE(CaptureBeganDuringTheFreesWait(1, FakeStream(0), {FakeStream(1), 0}, 1,
+                                              FakeStream(0)))
+      << "a capture of the owner began while its free was under way";
 }
 
 // Frees on two GPUs, each with a user on the other, racing with captures of
