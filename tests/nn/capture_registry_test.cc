@@ -119,19 +119,25 @@ TEST(CaptureRegistryTest, NothingRunsUnderADevicesLockWhileItCaptures) {
   EXPECT_TRUE(ran);
 }
 
-TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOrder) {
+// A free on a stream being captured (no users to wait for) is queued for the
+// capturing thread, in order; a free on another stream runs at once.
+TEST(CaptureRegistryTest, AFreeOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOrder) {
   CaptureRegistry registry;
   registry.Begin(0, FakeStream(0), FakeEvent(0));
   std::vector<int> order;
   bool now_ran = false;
+  auto free_on = [&](CUstream_st* owner, auto later) {
+    return registry.RunAfterUsersOrQueue(
+        0, owner, {}, [](const StreamRef&) { ADD_FAILURE() << "no users"; },
+        [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no users"; },
+        [&] { now_ran = true; }, std::move(later));
+  };
   // Another stream of the same device is not captured: at once.
-  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(1), [&] { now_ran = true; },
-                                  [&] { order.push_back(-1); }));
+  EXPECT_TRUE(free_on(FakeStream(1), [&] { order.push_back(-1); }));
   EXPECT_TRUE(now_ran);
   now_ran = false;
   for (int i = 0; i < 3; ++i) {
-    EXPECT_FALSE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; },
-                                     [&order, i] { order.push_back(i); }));
+    EXPECT_FALSE(free_on(FakeStream(0), [&order, i] { order.push_back(i); }));
   }
   EXPECT_FALSE(now_ran);
   EXPECT_TRUE(order.empty());
@@ -140,7 +146,7 @@ TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOr
   for (auto& fn : after) fn();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
   // The capture has ended: at once again, nothing queued.
-  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; }, [] {}));
+  EXPECT_TRUE(free_on(FakeStream(0), [] {}));
   EXPECT_TRUE(now_ran);
   EXPECT_TRUE(registry.End(0, FakeStream(0)).empty());
 }
