@@ -111,7 +111,8 @@ class CaptureRegistry {
   // its device (the event its Begin got: the user's eager work; an event
   // recorded on that stream would join `owner` to the capture), else
   // wait(user); then done(); returns true.
-  // (`later` becomes a std::function only when it is queued.)
+  // (`later` becomes a std::function only when it is queued; `users` may be
+  // held by `later`: it is not read once `later` has been moved.)
   template <typename Wait, typename WaitMark, typename Done, typename Later>
   bool RunAfterUsersOrQueue(int device, CUstream_st* owner, const std::vector<StreamRef>& users,
                             Wait&& wait, WaitMark&& wait_mark, Done&& done, Later&& later) {

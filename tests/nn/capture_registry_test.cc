@@ -245,6 +245,39 @@ TEST(CaptureRegistryTest, AFreeWhoseOwnerCapturesIsQueuedWithItsWaits) {
   EXPECT_TRUE(later);
 }
 
+// The caller's queued free may hold the users the registry reads (nothing is
+// copied unless the free is queued): queued, it keeps them whole; run at once,
+// every one is waited for.
+TEST(CaptureRegistryTest, TheUsersMayLiveInTheQueuedFree) {
+  struct Queued {
+    std::vector<StreamRef> users;
+    std::vector<StreamRef>* seen;
+    void operator()() const { *seen = users; }
+  };
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(0));
+  const std::vector<StreamRef> users = {{FakeStream(1), 0}, {FakeStream(2), 1}};
+  std::vector<StreamRef> seen;
+  Queued queued{users, &seen};
+  const std::vector<StreamRef>& held = queued.users;
+  EXPECT_FALSE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), held, [](const StreamRef&) { ADD_FAILURE() << "the owner captures"; },
+      [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "the owner captures"; },
+      [] { ADD_FAILURE() << "the owner captures"; }, std::move(queued)));
+  std::vector<std::function<void()>> after = registry.End(0, FakeStream(0));
+  ASSERT_EQ(after.size(), 1u);
+  after[0]();
+  EXPECT_EQ(seen, users);
+  // The capture has ended: the same free runs at once and waits for each user.
+  Queued again{users, &seen};
+  std::vector<StreamRef> waited;
+  EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), again.users, [&](const StreamRef& u) { waited.push_back(u); },
+      [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no user captures"; }, [] {},
+      std::move(again)));
+  EXPECT_EQ(waited, users);
+}
+
 // Whether a capture of `captured` (a stream of `capture_device`) began while
 // a free on `owner` (of `device`) with the one user `user` was waiting for
 // that user (after the free's checks, before its record and its free).
