@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -32,34 +33,48 @@ CUevent_st* FakeEvent(int i) {
   return reinterpret_cast<CUevent_st*>(&slots[i]);
 }
 
-// Work under device 0's lock blocks until `release` is set; meanwhile a capture
-// begins on `capture_device` on another thread. Returns whether that Begin
-// returned while the work still held the lock.
-bool BeginReturnsWhileDeviceZeroIsHeld(int capture_device) {
-  CaptureRegistry registry;
+// `hold(block)` runs on another thread and calls `block` from inside work
+// done under some device locks (it blocks until released); meanwhile a capture
+// of `captured` begins on `capture_device` on a third thread. Returns whether
+// that Begin returned while the work still held its locks.
+bool BeginReturnsWhileHeld(CaptureRegistry& registry,
+                           const std::function<void(const std::function<void()>&)>& hold,
+                           int capture_device, CUstream_st* captured) {
   std::promise<void> holding;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  std::thread replay([&] {
-    EXPECT_TRUE(registry.RunUnlessCapturing(0, [&] {
+  std::thread worker([&] {
+    hold([&] {
       holding.set_value();
       released.wait();
-    }));
+    });
   });
   holding.get_future().wait();
   std::atomic<bool> begun{false};
   std::thread capture([&] {
-    registry.Begin(capture_device, FakeStream(1), FakeEvent(1));
+    registry.Begin(capture_device, captured, FakeEvent(1));
     begun = true;
   });
   // Long enough for an unblocked Begin to return many times over.
   for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
   const bool returned_while_held = begun;
   release.set_value();
-  replay.join();
+  worker.join();
   capture.join();
   EXPECT_EQ(registry.captures(capture_device), 1);
   return returned_while_held;
+}
+
+// Work under device 0's lock (a replay from another thread) while a capture
+// begins on `capture_device`.
+bool BeginReturnsWhileDeviceZeroIsHeld(int capture_device) {
+  CaptureRegistry registry;
+  return BeginReturnsWhileHeld(
+      registry,
+      [&](const std::function<void()>& block) {
+        EXPECT_TRUE(registry.RunUnlessCapturing(0, block));
+      },
+      capture_device, FakeStream(1));
 }
 
 TEST(CaptureRegistryTest, WorkUnderOneDevicesLockDoesNotHoldUpACaptureOnAnother) {
@@ -284,32 +299,15 @@ TEST(CaptureRegistryTest, TheUsersMayLiveInTheQueuedFree) {
 bool CaptureBeganDuringTheFreesWait(int device, CUstream_st* owner, StreamRef user,
                                     int capture_device, CUstream_st* captured) {
   CaptureRegistry registry;
-  std::promise<void> waiting;
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::thread free([&] {
-    EXPECT_TRUE(registry.RunAfterUsersOrQueue(
-        device, owner, {user},
-        [&](const StreamRef&) {
-          waiting.set_value();
-          released.wait();
-        },
-        [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no capture yet"; }, [] {},
-        [] { ADD_FAILURE() << "the owner does not capture"; }));
-  });
-  waiting.get_future().wait();
-  std::atomic<bool> begun{false};
-  std::thread capture([&] {
-    registry.Begin(capture_device, captured, FakeEvent(9));
-    begun = true;
-  });
-  for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
-  const bool began_during_wait = begun.load();
-  release.set_value();
-  free.join();
-  capture.join();
-  EXPECT_EQ(registry.captures(capture_device), 1);
-  return began_during_wait;
+  return BeginReturnsWhileHeld(
+      registry,
+      [&](const std::function<void()>& block) {
+        EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+            device, owner, {user}, [&](const StreamRef&) { block(); },
+            [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no capture yet"; }, [] {},
+            [] { ADD_FAILURE() << "the owner does not capture"; }));
+      },
+      capture_device, captured);
 }
 
 // The wait recorded on a user stream of another GPU is made under that GPU's
