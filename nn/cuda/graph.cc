@@ -757,6 +757,31 @@ void ReleaseThreadGraphs() noexcept {
 
 namespace {
 
+// A storage's memory to free on its owner once the owner has waited for the
+// users.
+struct PendingFree {
+  std::shared_ptr<Allocator> allocator;
+  void* ptr;
+  int64_t bytes;
+  Device device;
+  cudaStream_t owner;
+  std::vector<StreamRef> users;
+};
+
+void FreeAfterUsers(PendingFree free) noexcept;
+
+// A free queued for the end of the capture that runs on its owner: run by the
+// capturing thread after cudaStreamEndCapture (CaptureStep).
+struct QueuedFree {
+  PendingFree free;
+  void operator()() const noexcept {
+    try {
+      FreeAfterUsers(free);  // a copy, which may be queued again
+    } catch (...) {  // out of memory for the copy: leaked, never freed into a capture
+    }
+  }
+};
+
 // The owner's waits for the users, then the free through the allocator on the
 // owner, under the locks of the devices involved (CaptureRegistry::
 // RunAfterUsersOrQueue), or, while a capture runs on the owner, by the
@@ -764,26 +789,26 @@ namespace {
 // captures now (of the owner's device or of another GPU) must not get the
 // event record (it would join the owner to that capture): the owner waits for
 // the event recorded on it just before its capture began (the user's eager
-// work). Never throws (out of memory for the hand-over: the memory is leaked,
-// never freed into a capture).
-void FreeAfterUsers(const std::shared_ptr<Allocator>& allocator, void* ptr, int64_t bytes,
-                    Device device, cudaStream_t owner, const std::vector<StreamRef>& users) noexcept {
+// work). Nothing is copied unless the free is queued. Never throws (out of
+// memory for the hand-over: the memory is leaked, never freed into a capture).
+void FreeAfterUsers(PendingFree free) noexcept {
+  // The registry reads `f` (the users among it) before it moves `later`,
+  // which holds it, into the capture's queue, and not after.
+  QueuedFree later{std::move(free)};
+  const PendingFree& f = later.free;
   try {
     Captures().RunAfterUsersOrQueue(
-        device.index, owner, users,
+        f.device.index, f.owner, f.users,
         [&](const StreamRef& user) {
-          CudaStreamWaitNoThrow(owner, user.stream, Device::CUDA(user.device));
+          CudaStreamWaitNoThrow(f.owner, user.stream, Device::CUDA(user.device));
         },
         [&](const StreamRef&, CUevent_st* mark) {
-          CudaDeviceScope current(device, std::nothrow);
+          CudaDeviceScope current(f.device, std::nothrow);
           CountCudaCall(CudaCall::kStreamWaitEvent);
-          if (cudaStreamWaitEvent(owner, mark, 0) != cudaSuccess) cudaGetLastError();
+          if (cudaStreamWaitEvent(f.owner, mark, 0) != cudaSuccess) cudaGetLastError();
         },
-        [&] { allocator->FreeOnStream(ptr, bytes, device, owner); },
-        // Run by the capturing thread after cudaStreamEndCapture (CaptureStep).
-        [allocator, ptr, bytes, device, owner, users] {
-          FreeAfterUsers(allocator, ptr, bytes, device, owner, users);
-        });
+        [&] { f.allocator->FreeOnStream(f.ptr, f.bytes, f.device, f.owner); },
+        std::move(later));
   } catch (...) {  // out of memory for the bookkeeping: leaked, never freed into a capture
   }
 }
@@ -793,7 +818,7 @@ void FreeAfterUsers(const std::shared_ptr<Allocator>& allocator, void* ptr, int6
 void FreeOnOwnerUnlessCaptured(std::shared_ptr<Allocator> allocator, void* ptr, int64_t bytes,
                                Device device, CUstream_st* owner,
                                std::vector<StreamRef> users) noexcept {
-  FreeAfterUsers(allocator, ptr, bytes, device, owner, users);
+  FreeAfterUsers({std::move(allocator), ptr, bytes, device, owner, std::move(users)});
 }
 
 void WaitForOwner(CUstream_st* stream, CUstream_st* owner, Device device) {

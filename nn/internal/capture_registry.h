@@ -77,8 +77,8 @@ class CaptureRegistry {
   }
 
   // The capture of `stream` has ended (call after cudaStreamEndCapture):
-  // returns the work RunOrQueue deferred to it, in order, for the capturing
-  // thread to run now.
+  // returns the work RunAfterUsersOrQueue deferred to it, in order, for the
+  // capturing thread to run now.
   std::vector<std::function<void()>> End(int device, CUstream_st* stream) {
     Slot& slot = SlotOf(device);
     std::lock_guard<std::recursive_mutex> lock(slot.mu);
@@ -101,22 +101,6 @@ class CaptureRegistry {
     return true;
   }
 
-  // If `stream` (of `device`) is being captured, queues `later` for the
-  // capturing thread (End) and returns false; otherwise runs `now` under the
-  // device's lock and returns true.
-  // (`later` becomes a std::function only when it is queued.)
-  template <typename Now, typename Later>
-  bool RunOrQueue(int device, CUstream_st* stream, Now&& now, Later&& later) {
-    Slot& slot = SlotOf(device);
-    std::lock_guard<std::recursive_mutex> lock(slot.mu);
-    if (Capture* capture = Find(slot, stream)) {
-      capture->after.emplace_back(std::forward<Later>(later));
-      return false;
-    }
-    now();
-    return true;
-  }
-
   // A free on `owner` (a stream of `device`) that must first wait for `users`
   // (streams of any device: a peer copy's destination is another GPU's), under
   // the locks of `device` and of every user's device, taken in ascending order
@@ -127,6 +111,8 @@ class CaptureRegistry {
   // its device (the event its Begin got: the user's eager work; an event
   // recorded on that stream would join `owner` to the capture), else
   // wait(user); then done(); returns true.
+  // (`later` becomes a std::function only when it is queued; `users` may be
+  // held by `later`: it is not read once `later` has been moved.)
   template <typename Wait, typename WaitMark, typename Done, typename Later>
   bool RunAfterUsersOrQueue(int device, CUstream_st* owner, const std::vector<StreamRef>& users,
                             Wait&& wait, WaitMark&& wait_mark, Done&& done, Later&& later) {
@@ -216,7 +202,7 @@ class CaptureRegistry {
   struct Capture {
     CUstream_st* stream;
     CUevent_st* mark;
-    std::vector<std::function<void()>> after;  // RunOrQueue's, for End
+    std::vector<std::function<void()>> after;  // RunAfterUsersOrQueue's, for End
   };
   struct Slot {
     std::recursive_mutex mu;

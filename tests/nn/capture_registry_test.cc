@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -32,34 +33,48 @@ CUevent_st* FakeEvent(int i) {
   return reinterpret_cast<CUevent_st*>(&slots[i]);
 }
 
-// Work under device 0's lock blocks until `release` is set; meanwhile a capture
-// begins on `capture_device` on another thread. Returns whether that Begin
-// returned while the work still held the lock.
-bool BeginReturnsWhileDeviceZeroIsHeld(int capture_device) {
-  CaptureRegistry registry;
+// `hold(block)` runs on another thread and calls `block` from inside work
+// done under some device locks (it blocks until released); meanwhile a capture
+// of `captured` begins on `capture_device` on a third thread. Returns whether
+// that Begin returned while the work still held its locks.
+bool BeginReturnsWhileHeld(CaptureRegistry& registry,
+                           const std::function<void(const std::function<void()>&)>& hold,
+                           int capture_device, CUstream_st* captured) {
   std::promise<void> holding;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  std::thread replay([&] {
-    EXPECT_TRUE(registry.RunUnlessCapturing(0, [&] {
+  std::thread worker([&] {
+    hold([&] {
       holding.set_value();
       released.wait();
-    }));
+    });
   });
   holding.get_future().wait();
   std::atomic<bool> begun{false};
   std::thread capture([&] {
-    registry.Begin(capture_device, FakeStream(1), FakeEvent(1));
+    registry.Begin(capture_device, captured, FakeEvent(1));
     begun = true;
   });
   // Long enough for an unblocked Begin to return many times over.
   for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
   const bool returned_while_held = begun;
   release.set_value();
-  replay.join();
+  worker.join();
   capture.join();
   EXPECT_EQ(registry.captures(capture_device), 1);
   return returned_while_held;
+}
+
+// Work under device 0's lock (a replay from another thread) while a capture
+// begins on `capture_device`.
+bool BeginReturnsWhileDeviceZeroIsHeld(int capture_device) {
+  CaptureRegistry registry;
+  return BeginReturnsWhileHeld(
+      registry,
+      [&](const std::function<void()>& block) {
+        EXPECT_TRUE(registry.RunUnlessCapturing(0, block));
+      },
+      capture_device, FakeStream(1));
 }
 
 TEST(CaptureRegistryTest, WorkUnderOneDevicesLockDoesNotHoldUpACaptureOnAnother) {
@@ -119,19 +134,25 @@ TEST(CaptureRegistryTest, NothingRunsUnderADevicesLockWhileItCaptures) {
   EXPECT_TRUE(ran);
 }
 
-TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOrder) {
+// A free on a stream being captured (no users to wait for) is queued for the
+// capturing thread, in order; a free on another stream runs at once.
+TEST(CaptureRegistryTest, AFreeOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOrder) {
   CaptureRegistry registry;
   registry.Begin(0, FakeStream(0), FakeEvent(0));
   std::vector<int> order;
   bool now_ran = false;
+  auto free_on = [&](CUstream_st* owner, auto later) {
+    return registry.RunAfterUsersOrQueue(
+        0, owner, {}, [](const StreamRef&) { ADD_FAILURE() << "no users"; },
+        [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no users"; },
+        [&] { now_ran = true; }, std::move(later));
+  };
   // Another stream of the same device is not captured: at once.
-  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(1), [&] { now_ran = true; },
-                                  [&] { order.push_back(-1); }));
+  EXPECT_TRUE(free_on(FakeStream(1), [&] { order.push_back(-1); }));
   EXPECT_TRUE(now_ran);
   now_ran = false;
   for (int i = 0; i < 3; ++i) {
-    EXPECT_FALSE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; },
-                                     [&order, i] { order.push_back(i); }));
+    EXPECT_FALSE(free_on(FakeStream(0), [&order, i] { order.push_back(i); }));
   }
   EXPECT_FALSE(now_ran);
   EXPECT_TRUE(order.empty());
@@ -140,7 +161,7 @@ TEST(CaptureRegistryTest, WorkOnACapturedStreamIsQueuedForTheEndOfItsCaptureInOr
   for (auto& fn : after) fn();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
   // The capture has ended: at once again, nothing queued.
-  EXPECT_TRUE(registry.RunOrQueue(0, FakeStream(0), [&] { now_ran = true; }, [] {}));
+  EXPECT_TRUE(free_on(FakeStream(0), [] {}));
   EXPECT_TRUE(now_ran);
   EXPECT_TRUE(registry.End(0, FakeStream(0)).empty());
 }
@@ -239,36 +260,72 @@ TEST(CaptureRegistryTest, AFreeWhoseOwnerCapturesIsQueuedWithItsWaits) {
   EXPECT_TRUE(later);
 }
 
+// The caller's queued free may hold the users the registry reads (nothing is
+// copied unless the free is queued): queued, it keeps them whole; run at once,
+// every one is waited for.
+TEST(CaptureRegistryTest, TheUsersMayLiveInTheQueuedFree) {
+  struct Queued {
+    std::vector<StreamRef> users;
+    std::vector<StreamRef>* seen;
+    void operator()() const { *seen = users; }
+  };
+  CaptureRegistry registry;
+  registry.Begin(0, FakeStream(0), FakeEvent(0));
+  const std::vector<StreamRef> users = {{FakeStream(1), 0}, {FakeStream(2), 1}};
+  std::vector<StreamRef> seen;
+  Queued queued{users, &seen};
+  const std::vector<StreamRef>& held = queued.users;
+  EXPECT_FALSE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), held, [](const StreamRef&) { ADD_FAILURE() << "the owner captures"; },
+      [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "the owner captures"; },
+      [] { ADD_FAILURE() << "the owner captures"; }, std::move(queued)));
+  std::vector<std::function<void()>> after = registry.End(0, FakeStream(0));
+  ASSERT_EQ(after.size(), 1u);
+  after[0]();
+  EXPECT_EQ(seen, users);
+  // The capture has ended: the same free runs at once and waits for each user.
+  Queued again{users, &seen};
+  std::vector<StreamRef> waited;
+  EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+      0, FakeStream(0), again.users, [&](const StreamRef& u) { waited.push_back(u); },
+      [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no user captures"; }, [] {},
+      std::move(again)));
+  EXPECT_EQ(waited, users);
+}
+
+// Whether a capture of `captured` (a stream of `capture_device`) began while
+// a free on `owner` (of `device`) with the one user `user` was waiting for
+// that user (after the free's checks, before its record and its free).
+bool CaptureBeganDuringTheFreesWait(int device, CUstream_st* owner, StreamRef user,
+                                    int capture_device, CUstream_st* captured) {
+  CaptureRegistry registry;
+  return BeginReturnsWhileHeld(
+      registry,
+      [&](const std::function<void()>& block) {
+        EXPECT_TRUE(registry.RunAfterUsersOrQueue(
+            device, owner, {user}, [&](const StreamRef&) { block(); },
+            [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no capture yet"; }, [] {},
+            [] { ADD_FAILURE() << "the owner does not capture"; }));
+      },
+      capture_device, captured);
+}
+
 // The wait recorded on a user stream of another GPU is made under that GPU's
 // lock: a capture cannot begin there between the check and the record (the
 // record would join the owner to it).
 TEST(CaptureRegistryTest, AFreeHoldsTheLockOfItsUsersGpuWhileWaitingForIt) {
-  CaptureRegistry registry;
-  std::promise<void> waiting;
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::thread free([&] {
-    EXPECT_TRUE(registry.RunAfterUsersOrQueue(
-        0, FakeStream(0), {{FakeStream(1), 1}},
-        [&](const StreamRef&) {
-          waiting.set_value();
-          released.wait();
-        },
-        [](const StreamRef&, CUevent_st*) { ADD_FAILURE() << "no capture yet"; }, [] {},
-        [] { ADD_FAILURE() << "the owner does not capture"; }));
-  });
-  waiting.get_future().wait();
-  std::atomic<bool> begun{false};
-  std::thread capture([&] {
-    registry.Begin(1, FakeStream(1), FakeEvent(1));
-    begun = true;
-  });
-  for (int i = 0; i < 200 && !begun; ++i) std::this_thread::sleep_for(5ms);
-  EXPECT_FALSE(begun.load()) << "a capture began on the user's GPU while its wait was recorded";
-  release.set_value();
-  free.join();
-  capture.join();
-  EXPECT_EQ(registry.captures(1), 1);
+  EXPECT_FALSE(CaptureBeganDuringTheFreesWait(0, FakeStream(0), {FakeStream(1), 1}, 1,
+                                              FakeStream(1)))
+      << "a capture began on the user's GPU while its wait was recorded";
+}
+
+// With users of other GPUs only, the owner's GPU is locked too: a capture of
+// the owner cannot begin between the check that found none and the free on it
+// (which would then be recorded in that capture).
+TEST(CaptureRegistryTest, AFreeWithUsersOnlyOnAnotherGpuHoldsTheOwnersLockToo) {
+  EXPECT_FALSE(CaptureBeganDuringTheFreesWait(1, FakeStream(0), {FakeStream(1), 0}, 1,
+                                              FakeStream(0)))
+      << "a capture of the owner began while its free was under way";
 }
 
 // Frees on two GPUs, each with a user on the other, racing with captures of

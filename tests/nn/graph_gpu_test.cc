@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <cstring>
 #include <optional>
@@ -320,26 +321,29 @@ TEST_F(CudaGraphGpuTest, AnotherThreadsFreeAndFirstReadDuringACaptureDoNotBreakI
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(kNumel, 8.0f));
 }
 
-// The mirror case: this thread frees a tensor its stream owns while thread b,
-// whose stream read it, captures. The owner's wait for b's stream used to
-// record an event on b's capturing stream: this thread's stream then joined
-// b's capture (its free and its next kernels recorded there, b's capture
-// ending unjoined). It now waits for the event b's capture recorded before it
-// began (b's eager read).
-TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapture) {
+// Thread b uses, on its stream of `user_device`, a tensor of 3s that this
+// thread's stream (cuda:0) owns (`use`: what b keeps of it, a copy when
+// `keeps_copy`, else nothing), then captures a step on `user_device`; during
+// that capture this thread drops the tensor (the last reference: the owner
+// waits for b's use, then frees) and queues more work on its stream. b's
+// capture and replay, this thread's next work and b's copy must all come out
+// as if no capture ran.
+void ExpectAFreeDuringAUsersCaptureNotToJoinIt(Device user_device, bool keeps_copy,
+                                               const std::function<Tensor(const Tensor&)>& use) {
+  DeviceGuard device(Device::CUDA(0));
   constexpr int64_t kNumel = 1 << 16;
   std::optional<Tensor> shared = full({kNumel}, 3.0);
-  std::atomic<bool> b_read{false}, capturing{false}, freed{false};
+  std::atomic<bool> b_used{false}, capturing{false}, freed{false};
   std::string b_error;
-  std::vector<float> b_value;
+  std::vector<float> b_copy, b_value;
   std::thread b([&, seen = *shared]() mutable {
-    DeviceGuard device(Device::CUDA(0));
+    DeviceGuard on_user_device(user_device);
     try {
-      (void)seen.to_vector<float>();  // b's stream becomes a user
+      Tensor copy = use(seen);  // b's stream of user_device becomes a user
       seen = Tensor();
-      b_read.store(true);
+      b_used.store(true);
       Tensor y = zeros({kNumel});
-      CudaGraph graph;
+      CudaGraph graph(user_device);
       graph.Capture([&] {
         capturing.store(true);
         EXPECT_TRUE(AwaitFlag(freed)) << "this thread did not free the tensor during the capture";
@@ -347,12 +351,13 @@ TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapt
       });
       graph.Replay();
       b_value = y.to_vector<float>();
+      if (copy.defined()) b_copy = copy.to_vector<float>();
     } catch (const std::exception& e) {
       capturing.store(true);
       b_error = e.what();
     }
   });
-  ASSERT_TRUE(AwaitFlag(b_read));
+  ASSERT_TRUE(AwaitFlag(b_used));
   ASSERT_TRUE(AwaitFlag(capturing));
   shared.reset();  // the last reference: the owner waits for b's use, then frees
   const std::vector<float> after = full({4}, 5.0).to_vector<float>();  // this stream's next work
@@ -361,6 +366,20 @@ TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapt
   EXPECT_EQ(b_error, "");
   EXPECT_EQ(after, std::vector<float>(4, 5.0f));
   EXPECT_EQ(b_value, std::vector<float>(kNumel, 2.0f));
+  EXPECT_EQ(b_copy, keeps_copy ? std::vector<float>(kNumel, 3.0f) : std::vector<float>{});
+}
+
+// The mirror case: this thread frees a tensor its stream owns while thread b,
+// whose stream read it, captures. The owner's wait for b's stream used to
+// record an event on b's capturing stream: this thread's stream then joined
+// b's capture (its free and its next kernels recorded there, b's capture
+// ending unjoined). It now waits for the event b's capture recorded before it
+// began (b's eager read).
+TEST_F(CudaGraphGpuTest, FreeingATensorWhoseUserStreamCapturesDoesNotJoinTheCapture) {
+  ExpectAFreeDuringAUsersCaptureNotToJoinIt(Device::CUDA(0), false, [](const Tensor& seen) {
+    (void)seen.to_vector<float>();
+    return Tensor();
+  });
 }
 
 // Two GPUs: thread b replays, on cuda:0, a graph this thread captured there;
@@ -426,43 +445,8 @@ TEST(CudaGraphTwoGpuTest, AReplayOnAnotherThreadDoesNotHoldUpACaptureOnAnotherGp
 // recorded before it began (b's eager copy).
 TEST(CudaGraphTwoGpuTest, FreeingATensorWhosePeerCopyStreamCapturesDoesNotJoinTheCapture) {
   TANDEM_REQUIRE_GPUS(2);
-  DeviceGuard device(Device::CUDA(0));
-  constexpr int64_t kNumel = 1 << 16;
-  std::optional<Tensor> shared = full({kNumel}, 3.0);
-  std::atomic<bool> b_copied{false}, capturing{false}, freed{false};
-  std::string b_error;
-  std::vector<float> b_copy, b_value;
-  std::thread b([&, seen = *shared]() mutable {
-    DeviceGuard on_one(Device::CUDA(1));
-    try {
-      Tensor copy = seen.to(Device::CUDA(1));  // b's cuda:1 stream becomes a user
-      seen = Tensor();
-      b_copied.store(true);
-      Tensor y = zeros({kNumel});
-      CudaGraph graph(Device::CUDA(1));
-      graph.Capture([&] {
-        capturing.store(true);
-        EXPECT_TRUE(AwaitFlag(freed)) << "this thread did not free the tensor during the capture";
-        y.add_(full({kNumel}, 2.0));
-      });
-      graph.Replay();
-      b_value = y.to_vector<float>();
-      b_copy = copy.to_vector<float>();
-    } catch (const std::exception& e) {
-      capturing.store(true);
-      b_error = e.what();
-    }
-  });
-  ASSERT_TRUE(AwaitFlag(b_copied));
-  ASSERT_TRUE(AwaitFlag(capturing));
-  shared.reset();  // the last reference: the owner waits for b's copy, then frees
-  const std::vector<float> after = full({4}, 5.0).to_vector<float>();  // this stream's next work
-  freed.store(true);
-  b.join();
-  EXPECT_EQ(b_error, "");
-  EXPECT_EQ(after, std::vector<float>(4, 5.0f));
-  EXPECT_EQ(b_value, std::vector<float>(kNumel, 2.0f));
-  EXPECT_EQ(b_copy, std::vector<float>(kNumel, 3.0f));
+  ExpectAFreeDuringAUsersCaptureNotToJoinIt(
+      Device::CUDA(1), true, [](const Tensor& seen) { return seen.to(Device::CUDA(1)); });
 }
 
 // A graph reads memory of the thread that captured it at every replay (its
