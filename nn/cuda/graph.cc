@@ -104,24 +104,30 @@ cudaStream_t GraphMemoryStream(Device device) noexcept {
 
 // Orders `waiter` (a stream of any device) after the work queued on `producer`
 // (a stream of `producer_device`) so far, with an event made for it. Never
-// throws; a failure is cleared (the next checked call reports a broken context).
-void OrderAfter(cudaStream_t waiter, cudaStream_t producer, Device producer_device) noexcept {
-  if (waiter == producer) return;
+// throws; a failure is cleared from the thread's last error (so that the next
+// launch check does not blame its kernel) and returned: the memory-release
+// paths go on regardless, Capture and Replay throw it (their stream would
+// otherwise read the graph's memory unordered after its allocation).
+cudaError_t OrderAfter(cudaStream_t waiter, cudaStream_t producer,
+                       Device producer_device) noexcept {
+  if (waiter == producer) return cudaSuccess;
   internal::CudaDeviceScope on_device(producer_device, std::nothrow);
   cudaEvent_t event = nullptr;
   internal::CountCudaCall(internal::CudaCall::kEventCreate);
-  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+  cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (status != cudaSuccess) {
     cudaGetLastError();
-    return;
+    return status;
   }
   internal::CountCudaCall(internal::CudaCall::kEventRecord);
-  cudaError_t status = cudaEventRecord(event, producer);
+  status = cudaEventRecord(event, producer);
   if (status == cudaSuccess) {
     internal::CountCudaCall(internal::CudaCall::kStreamWaitEvent);
     status = cudaStreamWaitEvent(waiter, event, 0);
   }
   cudaEventDestroy(event);  // released once the record completes
   if (status != cudaSuccess) cudaGetLastError();
+  return status;
 }
 
 // What a capture on this thread collects (null when none runs).
@@ -279,6 +285,11 @@ class CaptureArena final : public Allocator {
 
   // `stream` uploaded or launched the graph: the memory goes back after its
   // work (ReleaseNow). Returns whether `stream` is new to the graph.
+  bool HasUser(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end();
+  }
+
   bool AddUser(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     if (std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end()) {
@@ -644,7 +655,9 @@ void CudaGraph::Capture(const std::function<void()>& step) {
   // The arena's chunks were taken on GraphMemoryStream: the upload and every
   // replay on this stream come after them.
   if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
-    OrderAfter(stream, memory_stream, device_);
+    const cudaError_t ordered = OrderAfter(stream, memory_stream, device_);
+    if (ordered != cudaSuccess) run.DestroyGraph();
+    TANDEM_CHECK_CUDA(ordered, device_);
   }
   arena->AddUser(stream);
   // Released when this thread exits (its cuBLASLt workspace and pointer tables,
@@ -683,13 +696,15 @@ void CudaGraph::Replay() {
   auto launch = [&] {
     for (const std::function<void()>& hook : impl_->hooks) hook();
     if (stream != impl_->last_user) {  // another thread's stream: its memory waits for it too
-      if (impl_->arena->AddUser(stream)) {
+      if (!impl_->arena->HasUser(stream)) {
         // Only the capturing stream was ordered after the arena's cudaMallocAsync
         // calls on GraphMemoryStream (and the waits the pool may have put there
-        // before reusing a block another stream freed): this one must be too.
+        // before reusing a block another stream freed): this one must be too,
+        // before it becomes a user (a failed ordering is tried again next time).
         if (cudaStream_t memory_stream = GraphMemoryStream(device_)) {
-          OrderAfter(stream, memory_stream, device_);
+          TANDEM_CHECK_CUDA(OrderAfter(stream, memory_stream, device_), device_);
         }
+        impl_->arena->AddUser(stream);
       }
       impl_->last_user = stream;
     }
