@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "apps/common.h"
+#include "data/dataset.h"
 #include "hapi/model.h"
 #include "nn/error.h"
 #include "nn/safetensors.h"
@@ -53,26 +55,11 @@ std::string FormatDuration(double seconds) {
 }
 
 // The first n examples of a dataset (--train_limit / --test_limit).
-class PrefixDataset : public data::Dataset {
- public:
-  PrefixDataset(std::shared_ptr<const data::Dataset> base, int64_t n)
-      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
-  int64_t size() const override { return n_; }
-  data::Example get(int64_t index) const override {
-    TANDEM_CHECK(index >= 0 && index < n_, "PrefixDataset: index ", index, " out of range [0, ",
-                 n_, ")");
-    return base_->get(index);
-  }
-  data::Example get_in_epoch(int64_t index, int64_t epoch) const override {
-    TANDEM_CHECK(index >= 0 && index < n_, "PrefixDataset: index ", index, " out of range [0, ",
-                 n_, ")");
-    return base_->get_in_epoch(index, epoch);
-  }
-
- private:
-  std::shared_ptr<const data::Dataset> base_;
-  int64_t n_;
-};
+std::shared_ptr<const data::Dataset> Prefix(std::shared_ptr<const data::Dataset> base, int64_t n) {
+  std::vector<int64_t> indices(static_cast<size_t>(std::min(n, base->size())));
+  std::iota(indices.begin(), indices.end(), int64_t{0});
+  return std::make_shared<data::Subset>(std::move(base), std::move(indices));
+}
 
 // The end of an epoch, every rank: each rank's median step time, median busy
 // time (the step minus its time in collectives: the ranks of a data-parallel
@@ -656,8 +643,8 @@ int RunClassifier(const RunFlags& flags, const ClassifierData& full_data,
                   const std::function<std::shared_ptr<nn::Module>()>& make_model,
                   const std::vector<std::string>& extra_rows) {
   ClassifierData data = full_data;
-  if (flags.train_limit > 0) data.train = std::make_shared<PrefixDataset>(data.train, flags.train_limit);
-  if (flags.test_limit > 0) data.test = std::make_shared<PrefixDataset>(data.test, flags.test_limit);
+  if (flags.train_limit > 0) data.train = Prefix(data.train, flags.train_limit);
+  if (flags.test_limit > 0) data.test = Prefix(data.test, flags.test_limit);
   if (!flags.checkpoint_dir.empty()) {
     CreateDirectoryOrExit(flags, "--checkpoint_dir", flags.checkpoint_dir);
   }

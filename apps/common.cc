@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
@@ -511,15 +512,24 @@ void CheckCudaGraphOptions(const RunFlags& flags, const Validation& v) {
     FlagErrorExit(flags, "--cuda_graph with --zero: the sharded optimizer's collectives are not "
                          "captured in a CUDA graph; drop one of them");
   }
-  // Checked on the text too, so that the reason is the same where the GPUs are missing.
-  std::vector<std::string> ordinals = absl::StrSplit(flags.gpus, ',', absl::SkipWhitespace());
-  for (std::string& o : ordinals) o = std::string(absl::StripAsciiWhitespace(o));
+  // Checked on the text too, so that the reason is the same where the GPUs are missing:
+  // an ordinal listed twice, as "0" or "cuda:0" alike. Tokens that are no ordinal are
+  // left to dist::SelectDevices, whose error names them. CPU ranks ("cpu",
+  // "cpu:0,cpu:1") are refused below as CPU ranks, not as a shared GPU.
+  std::vector<int> ordinals;
+  bool cpu_ranks = false;
+  for (absl::string_view token : absl::StrSplit(flags.gpus, ',')) {
+    token = absl::StripAsciiWhitespace(token);
+    cpu_ranks = cpu_ranks || absl::StartsWithIgnoreCase(token, "cpu");
+    if (absl::StartsWithIgnoreCase(token, "cuda:")) token.remove_prefix(5);
+    int ordinal = 0;
+    if (!token.empty() && absl::c_all_of(token, absl::ascii_isdigit) &&
+        absl::SimpleAtoi(token, &ordinal)) {
+      ordinals.push_back(ordinal);
+    }
+  }
   std::sort(ordinals.begin(), ordinals.end());
-  // CPU ranks ("cpu", "cpu:0,cpu:1") are refused below as CPU ranks, not as a shared GPU.
-  const bool cpu_ranks =
-      absl::StartsWithIgnoreCase(absl::StripLeadingAsciiWhitespace(flags.gpus), "cpu");
-  if (!cpu_ranks &&
-      std::adjacent_find(ordinals.begin(), ordinals.end()) != ordinals.end()) {
+  if (!cpu_ranks && std::adjacent_find(ordinals.begin(), ordinals.end()) != ordinals.end()) {
     RefuseSharedGpu(flags);
   }
   if (!flags.trace.empty()) {

@@ -65,6 +65,9 @@ std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> 
   const std::string listed = absl::StrJoin(lengths, ", ");
   for (int64_t length : lengths) {
     TANDEM_CHECK(length >= 0, "RandomSplit: length ", length, " of (", listed, ") is negative");
+    // Each at most the size, so that their sum cannot overflow into it.
+    TANDEM_CHECK(length <= base->size(), "RandomSplit: length ", length, " of (", listed,
+                 ") is more than the dataset's ", base->size(), " examples");
   }
   const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   TANDEM_CHECK(total == base->size(), "RandomSplit: the lengths (", listed, ") add up to ", total,

@@ -100,7 +100,7 @@ class Subset : public Dataset {
 // torch's random_split): the parts of one RandomPermutation(size, seed, 0)
 // (data/sampler.h), in order, so the same seed gives the same split in every
 // process. Throws tandem::Error naming the lengths when one is negative or
-// they do not add up to base->size().
+// more than base->size(), or when they do not add up to base->size().
 std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> base,
                                                  const std::vector<int64_t>& lengths,
                                                  uint64_t seed);

@@ -277,8 +277,10 @@ Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction&
 
 LossFunction CrossEntropy() {
   return [](const nn::Tensor& output, const nn::Tensor& target) {
-    // Paddle's labels of shape (N, 1), as Accuracy takes them.
-    if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1) {
+    // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
+    // N stay as they are, so that the error names the shape they came in.
+    if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1 &&
+        target.size(0) == output.size(0)) {
       return nn::cross_entropy(output, target.reshape({target.size(0)}));
     }
     return nn::cross_entropy(output, target);

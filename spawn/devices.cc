@@ -25,6 +25,12 @@ absl::Status BadGpus(absl::string_view gpus, absl::string_view token, absl::stri
 // spaces) is the number, or PyTorch's "cuda:<number>".
 absl::StatusOr<int> ParseOrdinal(absl::string_view gpus, absl::string_view token,
                                  int visible_gpus) {
+  if (absl::EqualsIgnoreCase(token, "cuda") || absl::EqualsIgnoreCase(token, "cuda:")) {
+    return BadGpus(gpus, token,
+                   "names no ordinal (write \"cuda:0\", \"cuda:1\", ...; \"\" is every visible "
+                   "GPU)",
+                   visible_gpus);
+  }
   absl::string_view digits = token;
   if (absl::StartsWithIgnoreCase(digits, "cuda:")) digits.remove_prefix(5);
   if (digits.empty()) {

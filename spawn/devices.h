@@ -6,10 +6,11 @@
 //   "cpu"     CPU ranks (case-insensitive).
 //   "0,1,3"   those CUDA ordinals in that order: rank i runs on the i-th listed one.
 //   "cuda:0,cuda:1", "cpu:0,cpu:1"
-//             PyTorch's device names: "cuda:K" is ordinal K; a list of "cpu" /
-//             "cpu:K" tokens is one CPU rank per token (any number K: CPU ranks
-//             share the host). CPU and GPU tokens in one list are an error
-//             naming one of each.
+//             PyTorch's device names (case-insensitive): "cuda:K" is ordinal K
+//             ("cuda" without K is an error); a list of "cpu" / "cpu:K" tokens
+//             is one CPU rank per token (any number K, repeats too: CPU ranks
+//             share the host), so "cpu:3" alone is ONE rank. CPU and GPU tokens
+//             in one list are an error naming one of each.
 // nprocs:
 //   -1        one rank per listed device (1 for "cpu").
 //   1..N      the first nprocs listed devices (nprocs CPU ranks for "cpu").

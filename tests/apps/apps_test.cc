@@ -707,6 +707,15 @@ TEST(BadFlags, CudaGraphRefusals) {
   ExpectBadFlag(TRAIN_MNIST, "--gpus=0,0 --share_devices --data_dir=/tmp --cuda_graph",
                 "train_mnist: error: --cuda_graph: ranks share a GPU (--gpus \"0,0\"): the "
                 "in-process communicator they use cannot be captured");
+  // The same ordinal in PyTorch's spelling; CPU names are CPU ranks, repeats or not.
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cuda:0,0 --share_devices --data_dir=/tmp --cuda_graph",
+                "train_mnist: error: --cuda_graph: ranks share a GPU (--gpus \"cuda:0,0\")");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu:0,cpu:0 --data_dir=/tmp --cuda_graph",
+                "train_mnist: error: --cuda_graph: needs one GPU per rank, but the ranks run on "
+                "the CPU (--gpus \"cpu:0,cpu:0\")");
+  ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu,0,0 --share_devices --data_dir=/tmp --cuda_graph",
+                "train_mnist: error: --gpus \"cpu,0,0\" --nprocs -1: gpus \"cpu,0,0\" mixes CPU "
+                "and GPU devices");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/tmp --cuda_graph --grad_accum_steps=2",
                 "train_mnist: error: --cuda_graph with --grad_accum_steps 2: ");
   ExpectBadFlag(TRAIN_MNIST, "--gpus=cpu --data_dir=/tmp --cuda_graph --zero",

@@ -8,12 +8,14 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <chrono>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "data/device_dataset.h"
 #include "data/transforms.h"
 #include "nn/error.h"
@@ -479,6 +481,16 @@ TEST(SubsetTest, RandomSplitCoversTheBaseOnceWithTheGivenLengths) {
               "RandomSplit: the lengths (6, 3) add up to 9, not the dataset's 10 examples");
   }
   EXPECT_THROW(RandomSplit(base, {11, -1}, 5), Error);
+  // Lengths whose sum would overflow to the dataset's size are refused too.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  try {
+    RandomSplit(base, {huge, huge, 12}, 5);
+    ADD_FAILURE() << "lengths that overflow were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              absl::StrCat("RandomSplit: length ", huge, " of (", huge, ", ", huge,
+                           ", 12) is more than the dataset's 10 examples"));
+  }
 }
 
 TEST(DeviceDatasetTest, GatherOnCpu) {

@@ -366,6 +366,31 @@ TEST(CallbacksTest, CrossEntropyTakesPaddlesLabelsOfShapeNBy1) {
   absl::StatusOr<History> h = Prepared(1, 0.1)->fit(wrong, {.batch_size = 4});
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(Contains(h.status(), "labels of shape (4, 2)")) << h.status();
+  // (N, 1) labels of another N, or not int64, are named as they came.
+  auto message = [](const nn::Tensor& logits, const nn::Tensor& labels) {
+    try {
+      CrossEntropy()(logits, labels);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const nn::Tensor logits = nn::zeros({4, 3});
+  EXPECT_NE(message(logits, nn::zeros({3, 1}, {.dtype = nn::kInt64})).find("labels of shape (3, 1)"),
+            std::string::npos)
+      << message(logits, nn::zeros({3, 1}, {.dtype = nn::kInt64}));
+  EXPECT_NE(message(logits, nn::zeros({4, 1})).find("labels must be int64"), std::string::npos)
+      << message(logits, nn::zeros({4, 1}));
+  // The gradient is that of the (N) labels.
+  auto grad_of = [&](const nn::Tensor& labels) {
+    nn::Tensor x = nn::arange(12, {.dtype = nn::kFloat32}).reshape({4, 3}).detach();
+    x.set_requires_grad(true);
+    CrossEntropy()(x, labels).backward();
+    return x.grad().to_vector<float>();
+  };
+  const nn::Tensor labels =
+      nn::from_vector(std::vector<int64_t>{2, 0, 1, 2}, {4}, {.dtype = nn::kInt64});
+  EXPECT_EQ(grad_of(labels.reshape({4, 1})), grad_of(labels));
 }
 
 // A bad mode names the callback it was given to, as the callbacks' other

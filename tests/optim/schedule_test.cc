@@ -100,6 +100,15 @@ TEST(LRSchedulerTest, LambdaLR) {
   }
   EXPECT_EQ(what, "LambdaLR: lr_lambda(2) is -0.5; the factor must be finite and >= 0");
   EXPECT_THROW(LambdaLR(t.sgd, nullptr), Error);
+
+  // A resume saves the epoch and base lrs only: the schedule made again with
+  // the same function continues where the first stood.
+  for (int i = 0; i < 3; ++i) sched.step();
+  TwoGroups fresh;
+  LambdaLR resumed(fresh.sgd, [](int64_t e) { return 1.0 / (1.0 + 0.5 * static_cast<double>(e)); });
+  ASSERT_TRUE(resumed.load_state_dict(sched.state_dict()).ok());
+  EXPECT_EQ(resumed.last_epoch(), sched.last_epoch());
+  EXPECT_EQ(fresh.sgd.lr(1), t.sgd.lr(1));
 }
 
 TEST(LRSchedulerTest, StateRoundTrip) {
