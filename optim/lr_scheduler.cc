@@ -13,22 +13,28 @@ LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
   for (int64_t g = 0; g < optimizer.num_groups(); ++g) base_lrs_.push_back(optimizer.lr(g));
 }
 
+// Every group's lr at `epoch`, computed before any is set: a schedule that
+// throws (LambdaLR's bad factor) leaves the optimizer and last_epoch as they were.
+static std::vector<double> LrsAt(const LRScheduler& scheduler, int64_t epoch,
+                                 const std::vector<double>& base_lrs) {
+  std::vector<double> lrs;
+  lrs.reserve(base_lrs.size());
+  for (double base : base_lrs) lrs.push_back(scheduler.LrAt(epoch, base));
+  return lrs;
+}
+
 void LRScheduler::Apply() {
-  for (int64_t g = 0; g < optimizer_.num_groups(); ++g) {
-    optimizer_.set_lr(g, LrAt(last_epoch_, base_lrs_[g]));
-  }
+  const std::vector<double> lrs = LrsAt(*this, last_epoch_, base_lrs_);
+  for (int64_t g = 0; g < optimizer_.num_groups(); ++g) optimizer_.set_lr(g, lrs[g]);
 }
 
 void LRScheduler::step() {
+  const std::vector<double> lrs = LrsAt(*this, last_epoch_ + 1, base_lrs_);
   ++last_epoch_;
-  Apply();
+  for (int64_t g = 0; g < optimizer_.num_groups(); ++g) optimizer_.set_lr(g, lrs[g]);
 }
 
-std::vector<double> LRScheduler::get_lr() const {
-  std::vector<double> lrs;
-  for (double base : base_lrs_) lrs.push_back(LrAt(last_epoch_, base));
-  return lrs;
-}
+std::vector<double> LRScheduler::get_lr() const { return LrsAt(*this, last_epoch_, base_lrs_); }
 
 std::map<std::string, double> LRScheduler::state_dict() const {
   std::map<std::string, double> state{{"last_epoch", static_cast<double>(last_epoch_)}};

@@ -90,15 +90,19 @@ TEST(LRSchedulerTest, LambdaLR) {
   LambdaLR sched(t.sgd, [](int64_t e) { return 1.0 / (1.0 + 0.5 * static_cast<double>(e)); });
   ExpectSchedule(sched, t.sgd, [](int64_t e, double base) { return base / (1.0 + 0.5 * e); });
   std::string what;
+  TwoGroups u;
+  LambdaLR bad(u.sgd, [](int64_t e) { return e < 2 ? 1.0 : -0.5; });
+  bad.step();
+  const double lr_before = u.sgd.lr(1);
   try {
-    TwoGroups u;
-    LambdaLR bad(u.sgd, [](int64_t e) { return e < 2 ? 1.0 : -0.5; });
-    bad.step();
     bad.step();
   } catch (const Error& e) {
     what = e.what();
   }
   EXPECT_EQ(what, "LambdaLR: lr_lambda(2) is -0.5; the factor must be finite and >= 0");
+  // The refused step changed nothing: the epoch and every group's lr stand.
+  EXPECT_EQ(bad.last_epoch(), 1);
+  EXPECT_EQ(u.sgd.lr(1), lr_before);
   EXPECT_THROW(LambdaLR(t.sgd, nullptr), Error);
 
   // A resume saves the epoch and base lrs only: the schedule made again with
