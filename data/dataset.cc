@@ -1,5 +1,6 @@
 #include "data/dataset.h"
 
+#include <cmath>
 #include <numeric>
 #include <string>
 
@@ -80,6 +81,33 @@ std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> 
     begin += length;
   }
   return parts;
+}
+
+std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> base,
+                                                 const Fractions& fractions, uint64_t seed) {
+  TANDEM_CHECK(base != nullptr, "RandomSplit: null dataset");
+  const std::vector<double>& values = fractions.values;
+  const std::string listed = absl::StrJoin(values, ", ");
+  TANDEM_CHECK(!values.empty(), "RandomSplit: no fractions (an empty list)");
+  for (size_t i = 0; i < values.size(); ++i) {
+    TANDEM_CHECK(values[i] >= 0 && values[i] <= 1, "RandomSplit: fraction ", values[i],
+                 " at index ", i, " of (", listed, ") is not in [0, 1]");
+  }
+  const double sum = std::accumulate(values.begin(), values.end(), 0.0);
+  TANDEM_CHECK(std::abs(sum - 1.0) <= 1e-6, "RandomSplit: the fractions (", listed,
+               ") sum to ", sum, ", not 1 (within 1e-6)");
+  // torch's rule: floor(size * fraction) each, the remainder one by one to the
+  // first parts.
+  const int64_t size = base->size();
+  std::vector<int64_t> lengths;
+  for (double f : values)
+    lengths.push_back(static_cast<int64_t>(std::floor(static_cast<double>(size) * f)));
+  const int64_t floors = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+  TANDEM_CHECK(floors <= size, "RandomSplit: the fractions (", listed, ") sum to ", sum,
+               ", above 1: their parts of the dataset's ", size, " examples add up to ", floors);
+  for (int64_t i = 0; i < size - floors; ++i)
+    ++lengths[static_cast<size_t>(i) % lengths.size()];
+  return RandomSplit(std::move(base), lengths, seed);
 }
 
 }  // namespace tandem::data

@@ -105,6 +105,27 @@ std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> 
                                                  const std::vector<int64_t>& lengths,
                                                  uint64_t seed);
 
+// Fractions of a dataset for RandomSplit: Fractions{.values = {0.8, 0.2}}
+// (a type of its own, so that RandomSplit(base, {6, 4}, seed) stays the
+// lengths' overload).
+struct Fractions {
+  std::vector<double> values;
+};
+// Splits `base` into parts of the given fractions of its size, as torch
+// 1.13's random_split (and Paddle's) does with fractions: part i gets
+// floor(size * fraction_i) examples, and the examples left over go one each to
+// the first parts, round-robin (10 examples at {0.33, 0.33, 0.34}: 4, 3, 3); a
+// part may round to 0 examples, as torch allows (with a warning). Then as the
+// lengths' overload (the same permutation, so the same split on every rank and
+// process for the same seed). Throws tandem::Error naming the fractions when
+// there are none, when one is not in [0, 1] (NaN included; naming its index),
+// or when they do not sum to 1 within 1e-6 (naming the sum). torch also
+// refuses a sum above 1 by more than 1e-9 (it reads {0.1, 0.7, 0.2}, whose
+// float64 sum is 1 + 2.2e-16, as lengths); within 1e-6 tandem accepts it, and
+// refuses it only when the floors alone exceed the size (a size of 1e6 or more).
+std::vector<std::shared_ptr<Subset>> RandomSplit(std::shared_ptr<const Dataset> base,
+                                                 const Fractions& fractions, uint64_t seed);
+
 }  // namespace tandem::data
 
 #endif  // TANDEM_DATA_DATASET_H_

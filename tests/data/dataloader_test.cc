@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <set>
 #include <string>
@@ -490,6 +491,70 @@ TEST(SubsetTest, RandomSplitCoversTheBaseOnceWithTheGivenLengths) {
     EXPECT_EQ(std::string(e.what()),
               absl::StrCat("RandomSplit: length ", huge, " of (", huge, ", ", huge,
                            ", 12) is more than the dataset's 10 examples"));
+  }
+}
+
+// RandomSplit by fractions: torch 1.13's lengths (random_split_reference.py
+// printed them: floor(size * fraction), the remainder round-robin to the first
+// parts, a part of 0 allowed), then the lengths' split of the same seed.
+TEST(SubsetTest, RandomSplitByFractionsTakesTorchsLengths) {
+  struct Case {
+    int64_t size;
+    std::vector<double> fractions;
+    std::vector<int64_t> torch_lengths;
+  };
+  const std::vector<Case> cases = {
+      {10, {0.5, 0.5}, {5, 5}},
+      {10, {0.33, 0.33, 0.34}, {4, 3, 3}},
+      {7, {0.1, 0.1, 0.8}, {1, 1, 5}},
+      {3, {0.1, 0.1, 0.8}, {1, 0, 2}},
+      {10, {1.0 / 3, 1.0 / 3, 1.0 / 3}, {4, 3, 3}},
+      {5, {0.0, 1.0}, {0, 5}},
+      {10, {0.3, 0.3, 0.3, 0.1}, {3, 3, 3, 1}},
+      {10, {0.7, 0.2, 0.1}, {7, 2, 1}},
+      {1, {0.5, 0.5}, {1, 0}},
+      {0, {0.5, 0.5}, {0, 0}},
+  };
+  for (const Case& c : cases) {
+    auto base = std::make_shared<CountingDataset>(c.size);
+    std::vector<std::shared_ptr<Subset>> parts = RandomSplit(base, Fractions{c.fractions}, 9);
+    std::vector<std::shared_ptr<Subset>> by_lengths = RandomSplit(base, c.torch_lengths, 9);
+    ASSERT_EQ(parts.size(), c.torch_lengths.size()) << c.size;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i]->size(), c.torch_lengths[i]) << c.size << " part " << i;
+      // The same permutation: every rank and process splits alike.
+      EXPECT_EQ(parts[i]->indices(), by_lengths[i]->indices()) << c.size << " part " << i;
+    }
+  }
+  auto base = std::make_shared<CountingDataset>(10);
+  auto error = [&](std::vector<double> fractions) {
+    try {
+      RandomSplit(base, Fractions{std::move(fractions)}, 5);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({0.5, 0.6}), "RandomSplit: the fractions (0.5, 0.6) sum to 1.1, not 1 (within 1e-6)");
+  EXPECT_EQ(error({0.5, 0.5 - 2e-6}),
+            "RandomSplit: the fractions (0.5, 0.499998) sum to 0.999998, not 1 (within 1e-6)");
+  EXPECT_EQ(error({-0.5, 1.5}), "RandomSplit: fraction -0.5 at index 0 of (-0.5, 1.5) is not in [0, 1]");
+  EXPECT_EQ(error({0.5, std::nan("")}),
+            "RandomSplit: fraction nan at index 1 of (0.5, nan) is not in [0, 1]");
+  EXPECT_EQ(error({}), "RandomSplit: no fractions (an empty list)");
+  // Within 1e-6 of 1 is a sum of 1.
+  EXPECT_EQ(RandomSplit(base, Fractions{{0.5, 0.5 + 5e-7}}, 5)[1]->size(), 5);
+  // Above 1 within the tolerance, on a dataset large enough for the floors to
+  // pass its size: refused naming the sum and the count.
+  auto large = std::make_shared<CountingDataset>(4000000);
+  try {
+    RandomSplit(large, Fractions{{0.5, 0.5 + 5e-7}}, 5);
+    ADD_FAILURE() << "floors above the size were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("their parts of the dataset's 4000000 examples add up to "
+                                         "4000001"),
+              std::string::npos)
+        << e.what();
   }
 }
 
