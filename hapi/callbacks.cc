@@ -45,6 +45,14 @@ std::optional<double> Monitored(const std::string& who, const std::string& monit
   return it->second;
 }
 
+// What the monitoring callbacks count: an evaluation value is read in the
+// epochs that evaluate (every eval_freq-th), any other value every epoch.
+// "3 evaluations" / "1 epoch".
+std::string CountedChecks(const std::string& monitor, const RunState& s, int count) {
+  const bool evaluations = monitor.starts_with("eval_") && s.has_eval_data;
+  return absl::StrCat(count, evaluations ? " evaluation" : " epoch", count == 1 ? "" : "s");
+}
+
 void SaveWeights(const std::string& path, const nn::Module& network) {
   absl::Status st = nn::SaveSafetensors(path, network);
   TANDEM_CHECK(st.ok(), "ModelCheckpoint: ", st.message());
@@ -189,8 +197,8 @@ void EarlyStopping::on_epoch_end(RunState& s, const Logs& logs) {
     s.stop_training = true;
     stopped_epoch_ = s.epoch;
     if (IsRankZero(s))
-      s.ctx->log().Info("EarlyStopping: {} has not improved on {} for {} epochs; stopping", monitor_,
-                        best_, wait_);
+      s.ctx->log().Info("EarlyStopping: {} has not improved on {} for {}; stopping", monitor_,
+                        best_, CountedChecks(monitor_, s, wait_));
   }
 }
 
@@ -284,8 +292,8 @@ void ReduceLROnPlateau::on_epoch_end(RunState& s, const Logs& logs) {
   cooldown_left_ = cooldown_;
   wait_ = 0;
   if (IsRankZero(s))
-    s.ctx->log().Info("ReduceLROnPlateau: {} has not improved on {} for {} epochs; lr now {}",
-                      monitor_, best_, patience_, optimizer.lr(0));
+    s.ctx->log().Info("ReduceLROnPlateau: {} has not improved on {} for {}; lr now {}",
+                      monitor_, best_, CountedChecks(monitor_, s, patience_), optimizer.lr(0));
 }
 
 void ReduceLROnPlateau::on_checkpoint_save(RunState&, CheckpointExtra& extra) {

@@ -165,7 +165,9 @@ class ProgressLogger : public Callback {
 // "precision" or "recall").
 // An evaluation value ("eval_*") is read in the epochs that evaluate
 // (FitOptions::eval_freq), so patience counts evaluations, as Paddle's
-// EarlyStopping does; the epochs between are skipped. A monitor missing from
+// EarlyStopping does; the epochs between are skipped, and the line it logs
+// on stopping counts evaluations ("for 2 evaluations"; a training value's
+// counts epochs). A monitor missing from
 // an epoch's logs otherwise (a misspelt name, an evaluation value without eval
 // data) is an error naming it and the keys.
 // Its best value and wait go into every checkpoint and snapshot

@@ -624,5 +624,47 @@ TEST(CallbacksTest, ProgressAfterAResumeOnAnotherWorldCountsTheEpochsSteps) {
   EXPECT_EQ(report.log.find("step -"), std::string::npos) << report.log;
 }
 
+// EarlyStopping's and ReduceLROnPlateau's lines say what they count: an
+// evaluation value's checks are evaluations (eval_freq 2: every other epoch),
+// which the line called epochs; a training value's are epochs. lr 0: nothing
+// improves (min_delta keeps rounding in the epoch's loss from counting; the
+// plateau's lr of 1e-12 moves nothing either).
+TEST(CallbacksTest, MonitorLinesCountEvaluationsOrEpochs) {
+  auto run = [](std::string monitor, bool plateau) {
+    return [=](dist::Context&, testing::StepLog&) -> absl::Status {
+      Model model([] { return std::make_shared<Net>(); });
+      model.prepare(
+          [plateau](std::vector<nn::Tensor> params) {
+            // ReduceLROnPlateau leaves an lr of 0 (its min_lr) alone.
+            return std::make_unique<optim::SGD>(std::move(params),
+                                                optim::SGDOptions{.lr = plateau ? 1e-12 : 0.0});
+          },
+          CrossEntropy());
+      CallbackFactory callback =
+          plateau ? MakeCallback<ReduceLROnPlateau>(monitor, 0.5, 2, "min", 1e-3)
+                  : MakeCallback<EarlyStopping>(monitor, 2, "min", 1e-3);
+      return model.fit(Classification(16, 91), {.epochs = 8, .batch_size = 4,
+                                                .eval_data = Classification(8, 92),
+                                                .eval_freq = 2, .callbacks = {callback}})
+          .status();
+    };
+  };
+  auto log_of = [&](std::string monitor, bool plateau) {
+    testing::RunReport report;
+    absl::Status s = testing::RunRanks(run(monitor, plateau), {.ranks = 2}, &report);
+    EXPECT_TRUE(s.ok()) << s;
+    return report.log;
+  };
+  const std::string eval = log_of("eval_loss", false);
+  EXPECT_NE(eval.find("for 2 evaluations; stopping"), std::string::npos) << eval;
+  EXPECT_EQ(eval.find("epochs; stopping"), std::string::npos) << eval;
+  const std::string train = log_of("loss", false);
+  EXPECT_NE(train.find("for 2 epochs; stopping"), std::string::npos) << train;
+  const std::string plateau = log_of("eval_loss", true);
+  EXPECT_NE(plateau.find("ReduceLROnPlateau: eval_loss has not improved on "), std::string::npos)
+      << plateau;
+  EXPECT_NE(plateau.find(" for 2 evaluations; lr now 5e-13"), std::string::npos) << plateau;
+}
+
 }  // namespace
 }  // namespace tandem::hapi
