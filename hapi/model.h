@@ -12,7 +12,8 @@
 // so Model takes the network and the optimizer as factories and builds them
 // on each rank (on the rank's device). Between calls Model keeps the weights
 // (and, after fit, the optimizer state) as host copies, so fit, then
-// evaluate, predict, save or another fit, continue from them. The first call
+// evaluate, predict, save or another fit, continue from them; save() and
+// load() carry both through files. The first call
 // that builds the network takes rank 0's initial weights on every rank.
 //
 // Where it runs, with no change to the script:
@@ -240,6 +241,23 @@ struct EvalOptions {
   std::vector<CallbackFactory> callbacks;  // on_eval_begin / on_eval_end
 };
 
+// Model::save's options.
+struct SaveOptions {
+  // Paddle's training: with the weights, the optimizer state (when the model
+  // has one) in OptimizerStatePath(path). false: the weights only.
+  bool training = true;
+};
+
+// Model::load's options.
+struct LoadOptions {
+  // Paddle's reset_optimizer: the weights only; the optimizer starts fresh
+  // even when OptimizerStatePath(path) exists.
+  bool reset_optimizer = false;
+};
+
+// Where save() puts the optimizer state of a model saved to `path`: path + ".optim".
+std::string OptimizerStatePath(const std::string& path);
+
 struct History {
   // Each epoch's logs (after the reduction over ranks) that this fit call ran:
   // after a resume from a checkpoint, the epochs from the resumed one on (the
@@ -263,7 +281,9 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   // Sets the optimizer (made per rank from the rank's parameters), the loss and
-  // the metrics (made per rank). Throws tandem::Error on an empty factory or loss.
+  // the metrics (made per rank). The optimizer starts fresh, except with a
+  // state that load() read before any prepare() (see load). Throws
+  // tandem::Error on an empty factory or loss.
   void prepare(OptimizerFactory optimizer, LossFunction loss,
                std::vector<MetricFactory> metrics = {});
 
@@ -282,10 +302,37 @@ class Model {
   absl::StatusOr<nn::Tensor> predict(std::shared_ptr<const data::Dataset> data,
                                      EvalOptions options = {});
 
-  // The network's weights (parameters and buffers) as safetensors, PyTorch's
-  // names; load() reads such a file strictly (names, shapes, dtypes).
-  absl::Status save(const std::string& path);
-  absl::Status load(const std::string& path);
+  // Paddle's model.save(path, training) / model.load(path, reset_optimizer).
+  // save: the network's weights (parameters and buffers) to `path` as
+  // safetensors, PyTorch's names, and, with options.training (the default)
+  // and an optimizer state (after a fit, or from a load), that state to
+  // OptimizerStatePath(path): an nn checkpoint file (nn/checkpoint.h: CRC-32,
+  // atomic write) of the optimizer's entries as a training checkpoint holds
+  // them (dist::PutOptimizerEntries) and the optimizer's type
+  // ("hapi.optimizer"). With FitOptions::zero it is the unsharded state (what
+  // the optimizer would hold on one rank), so any world and either setting
+  // continues from it. Without an optimizer file to write, save removes one
+  // that an earlier save left at OptimizerStatePath(path) (it would go with
+  // other weights); it is removed before the weights are written, so a save
+  // that fails part-way leaves no optimizer file of another save. Errors name
+  // the file.
+  absl::Status save(const std::string& path, SaveOptions options = {});
+  // load: the weights of `path`, read strictly (names, shapes, dtypes), and,
+  // unless options.reset_optimizer, the optimizer state of
+  // OptimizerStatePath(path) when that file exists: the next fit continues
+  // bit for bit as the saved model's next fit would have (same options; its
+  // epochs count from 0 again, as Paddle's, so a shuffled order differs).
+  // Without the file (or with reset_optimizer) the optimizer starts fresh.
+  // After prepare(), the file is checked against the prepared optimizer (the
+  // factory's over a network the factory builds): another type, group or
+  // parameter count, or state shapes, and a file that is corrupt, truncated
+  // or not an optimizer file, are InvalidArgument / DataLoss / NotFound
+  // naming the file and what differs, and the Model is left unchanged.
+  // Before prepare() the file is read and verified (format, checksum) and its
+  // state waits for the next prepare(), which keeps it (any other prepare()
+  // starts the optimizer fresh); the next fit() checks it against that
+  // optimizer first, FailedPrecondition naming the file and what differs.
+  absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
   // weights: every later call starts from them.
@@ -306,6 +353,11 @@ class Model {
   absl::Status CheckPrepared(const char* call) const;
   // Keeps a freshly built network's weights when none are kept yet.
   absl::Status Materialize();
+  // Whether `state` (of an optimizer of type `type`, read from `file`) fits
+  // the prepared optimizer over `network`'s parameters; the calling thread's
+  // generator is left as it was.
+  absl::Status CheckOptimizerState(const optim::StateDict& state, const std::string& type,
+                                   const std::string& file, nn::Module& network) const;
   // This rank's network (weights from the host copy when there is one, else
   // rank 0's: broadcast here unless a DataParallel made next broadcasts them)
   // and metrics.
@@ -328,6 +380,10 @@ class Model {
   bool have_weights_ = false;
   optim::StateDict optimizer_state_;
   bool have_optimizer_state_ = false;
+  std::string optimizer_type_;  // Optimizer::name() of the kept state
+  // A state load() read before any prepare(): the file it came from, until a
+  // fit has checked it against the prepared optimizer ("" otherwise).
+  std::string unchecked_optimizer_file_;
   // This call spawned its ranks (from main) rather than running on the caller's rank.
   bool spawned_ = false;
 };

@@ -80,6 +80,8 @@ class Optimizer {
   // Paddle's name for zero_grad().
   void clear_grad() { zero_grad(); }
 
+  // The type's name ("SGD", "Adam", "AdamW", "Adagrad"), as errors give it.
+  const char* name() const { return name_; }
   int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
   const std::vector<nn::Tensor>& params(int64_t group) const;
   // Learning rate of a group; set_lr(lr) sets every group's.

@@ -138,11 +138,7 @@ absl::StatusOr<nn::Checkpoint> Build(const std::string& path, const TrainingStat
         ck.metadata[kBufferPrefix + b.name] = std::string(BufferSyncCode(b.sync));
       }
     }
-    if (state.optimizer != nullptr) {
-      optim::StateDict opt = state.optimizer->state_dict();
-      for (const auto& [name, tensor] : opt.tensors) ck.tensors["optim." + name] = tensor;
-      for (const auto& [key, value] : opt.scalars) ck.metadata["optim." + key] = value;
-    }
+    if (state.optimizer != nullptr) PutOptimizerEntries(state.optimizer->state_dict(), ck);
     if (state.scheduler != nullptr) {
       for (const auto& [key, value] : state.scheduler->state_dict()) ck.metadata["sched." + key] = value;
     }
@@ -346,18 +342,7 @@ absl::Status ReadModelAndOptimizer(const nn::Checkpoint& ck, const TrainingState
     nn::AddMissingBatchCounts(*state.model, saved.model);
   }
   if (state.optimizer != nullptr) {
-    if (!ck.metadata.contains("optim.num_groups")) {
-      return absl::NotFoundError(absl::StrCat("checkpoint ", path,
-                                              ": missing entry \"optim.num_groups\" (saved "
-                                              "without an optimizer)"));
-    }
-    for (const auto& [name, tensor] : ck.tensors) {
-      if (absl::StartsWith(name, "optim.")) saved.optimizer.tensors.emplace_back(name.substr(6), tensor);
-    }
-    for (const auto& [key, value] : ck.metadata) {
-      if (!absl::StartsWith(key, "optim.")) continue;
-      ASSIGN_OR_RETURN(saved.optimizer.scalars[key.substr(6)], Entry<double>(ck, key, path));
-    }
+    ASSIGN_OR_RETURN(saved.optimizer, OptimizerEntriesOf(ck, path));
   }
   return absl::OkStatus();
 }
@@ -565,6 +550,29 @@ absl::StatusOr<nn::Checkpoint> ReadCheckpoint(Context& ctx, const std::string& p
 }
 
 }  // namespace
+
+void PutOptimizerEntries(const optim::StateDict& state, nn::Checkpoint& checkpoint) {
+  for (const auto& [name, tensor] : state.tensors) checkpoint.tensors["optim." + name] = tensor;
+  for (const auto& [key, value] : state.scalars) checkpoint.metadata["optim." + key] = value;
+}
+
+absl::StatusOr<optim::StateDict> OptimizerEntriesOf(const nn::Checkpoint& checkpoint,
+                                                    const std::string& path) {
+  if (!checkpoint.metadata.contains("optim.num_groups")) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path,
+                                            ": missing entry \"optim.num_groups\" (saved "
+                                            "without an optimizer)"));
+  }
+  optim::StateDict state;
+  for (const auto& [name, tensor] : checkpoint.tensors) {
+    if (absl::StartsWith(name, "optim.")) state.tensors.emplace_back(name.substr(6), tensor);
+  }
+  for (const auto& [key, value] : checkpoint.metadata) {
+    if (!absl::StartsWith(key, "optim.")) continue;
+    ASSIGN_OR_RETURN(state.scalars[key.substr(6)], Entry<double>(checkpoint, key, path));
+  }
+  return state;
+}
 
 std::string BroadcastString(Context& ctx, const std::string& value) {
   Communicator& comm = ctx.communicator();

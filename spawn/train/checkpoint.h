@@ -185,6 +185,15 @@ std::string BroadcastString(Context& ctx, const std::string& value);
 absl::Status LoadTrainingCheckpoint(Context& ctx, const std::string& path, TrainingState& state,
                                     const LoadOptions& options = {});
 
+// The optimizer's entries of a checkpoint ("optim.<name>" tensors,
+// "optim.<key>" scalars, as above): `state` into `checkpoint`, and back out of
+// a parsed file (NotFound naming `path` when it has no "optim.num_groups",
+// InvalidArgument naming the entry when a scalar is not a double). Whether
+// the state fits an optimizer is its load_state_dict's to say. Not collectives.
+void PutOptimizerEntries(const optim::StateDict& state, nn::Checkpoint& checkpoint);
+absl::StatusOr<optim::StateDict> OptimizerEntriesOf(const nn::Checkpoint& checkpoint,
+                                                    const std::string& path);
+
 // In-memory snapshots for restarts (SpawnOptions::restart, spawn/restart.h).
 // The same entries as a checkpoint file, but this rank's own state only (its
 // generator included), kept as bytes in the run's host memory: no collective,

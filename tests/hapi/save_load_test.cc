@@ -1,0 +1,337 @@
+// hapi::Model::save / load with the optimizer state (Paddle's
+// model.save(path, training) and model.load(path, reset_optimizer)): a fit
+// after save, a new Model and load continues bit for bit as the unbroken fit
+// (Adam, 1 and 2 ranks, ZeRO), weights only and reset_optimizer start the
+// optimizer fresh (and so part from it), a load before prepare() waits for
+// it, and an optimizer file of another type, parameter count or shapes, a
+// corrupt, truncated or foreign file is refused naming the file and what
+// differs, leaving the Model as it was.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "hapi/model.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "nn/nn.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "testing/run.h"
+#include "tests/hapi/classification.h"
+
+namespace tandem::hapi {
+namespace {
+
+using Net = ::tandem::testing::TwoLayerNet;
+using ::tandem::testing::Classification;
+
+LaunchOptions Cpu(int ranks) {
+  return {.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()};
+}
+
+OptimizerFactory AdamFactory() {
+  return [](std::vector<nn::Tensor> params) {
+    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
+  };
+}
+
+OptimizerFactory SgdFactory() {
+  return [](std::vector<nn::Tensor> params) {
+    return std::make_unique<optim::SGD>(std::move(params),
+                                        optim::SGDOptions{.lr = 1e-2, .momentum = 0.9});
+  };
+}
+
+// 4 features -> Linear(4, hidden) -> ReLU -> Linear(hidden, 3), and with
+// `extra` a third Linear(3, 3): another shape or parameter count than Net's.
+struct OtherNet : nn::Module {
+  OtherNet(int64_t hidden, bool extra)
+      : l1(register_module("l1", nn::Linear(4, hidden))),
+        l2(register_module("l2", nn::Linear(hidden, 3))),
+        l3(extra ? register_module("l3", nn::Linear(3, 3)) : nn::Linear(3, 3)),
+        extra_(extra) {}
+  nn::Tensor forward(const nn::Tensor& x) override {
+    nn::Tensor y = l2(nn::relu(l1(x)));
+    return extra_ ? l3(y) : y;
+  }
+  nn::Linear l1, l2, l3;
+  bool extra_;
+};
+
+// A Model of Net on `ranks` CPU ranks prepared with Adam, its initial
+// weights drawn from one seed (so every such Model starts alike).
+std::unique_ptr<Model> Prepared(int ranks, OptimizerFactory optimizer = AdamFactory()) {
+  auto model = std::make_unique<Model>([] { return std::make_shared<Net>(); }, Cpu(ranks));
+  model->prepare(std::move(optimizer), CrossEntropy());
+  return model;
+}
+
+void Seed(Model& model) {
+  nn::manual_seed(11);
+  ASSERT_TRUE(model.state_dict().ok());
+}
+
+FitOptions OneEpochOptions(int epochs, int ranks, bool zero) {
+  // 24 examples, a global batch of 8: 3 steps an epoch, the same samples in the
+  // same order every epoch (Paddle's and tandem's fit count epochs from 0 again).
+  return {.epochs = epochs, .batch_size = 8 / ranks, .shuffle = false, .zero = zero};
+}
+
+bool SameBits(const nn::StateDict& a, const nn::StateDict& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || a[i].second.to_vector<float>() != b[i].second.to_vector<float>())
+      return false;
+  }
+  return true;
+}
+
+bool Contains(const absl::Status& s, const std::string& part) {
+  return std::string(s.message()).find(part) != std::string::npos;
+}
+
+std::string Dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/hapi_save_load_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// fit(2 epochs) against fit(1), save, a new Model, load, fit(1): the same
+// second epoch's loss and the same weights, bit for bit, with Adam on 1 and 2
+// ranks, with and without ZeRO (whose file holds the unsharded state). The
+// same with the weights only, or with reset_optimizer, starts Adam's moments
+// and step counts afresh: that second epoch differs (the check can fail).
+TEST(SaveLoadTest, AFitAfterSaveAndLoadContinuesBitForBit) {
+  auto train = Classification(24, 31);
+  struct Case {
+    int ranks;
+    bool zero;
+    bool load_before_prepare;
+  };
+  for (const Case c : {Case{1, false, false}, Case{2, false, false}, Case{2, true, false},
+                       Case{1, true, false}, Case{2, false, true}}) {
+    SCOPED_TRACE(::testing::Message() << c.ranks << " ranks, zero " << c.zero
+                                      << ", load before prepare " << c.load_before_prepare);
+    const std::string dir = Dir("continue");
+    auto unbroken = Prepared(c.ranks);
+    Seed(*unbroken);
+    auto two = unbroken->fit(train, OneEpochOptions(2, c.ranks, c.zero));
+    ASSERT_TRUE(two.ok()) << two.status();
+    ASSERT_EQ(two->epochs.size(), 2u);
+    auto unbroken_weights = unbroken->state_dict();
+    ASSERT_TRUE(unbroken_weights.ok());
+
+    auto first = Prepared(c.ranks);
+    Seed(*first);
+    auto one = first->fit(train, OneEpochOptions(1, c.ranks, c.zero));
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(one->epochs[0].at("loss"), two->epochs[0].at("loss"));
+    const std::string path = dir + "/model.safetensors";
+    ASSERT_TRUE(first->save(path).ok());
+    ASSERT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+    const std::string weights_only = dir + "/weights.safetensors";
+    ASSERT_TRUE(first->save(weights_only, {.training = false}).ok());
+    EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(weights_only)));
+
+    // A new Model: nothing in memory from the first.
+    auto second = std::make_unique<Model>([] { return std::make_shared<Net>(); }, Cpu(c.ranks));
+    if (c.load_before_prepare) {
+      ASSERT_TRUE(second->load(path).ok());
+      second->prepare(AdamFactory(), CrossEntropy());
+    } else {
+      second->prepare(AdamFactory(), CrossEntropy());
+      ASSERT_TRUE(second->load(path).ok());
+    }
+    auto resumed = second->fit(train, OneEpochOptions(1, c.ranks, c.zero));
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(resumed->epochs[0].at("loss"), two->epochs[1].at("loss"));
+    auto resumed_weights = second->state_dict();
+    ASSERT_TRUE(resumed_weights.ok());
+    EXPECT_TRUE(SameBits(*resumed_weights, *unbroken_weights));
+
+    // Fresh optimizer state: the same weights, another second epoch.
+    for (int variant = 0; variant < 2; ++variant) {
+      auto fresh = Prepared(c.ranks);
+      ASSERT_TRUE((variant == 0 ? fresh->load(weights_only)
+                                : fresh->load(path, {.reset_optimizer = true}))
+                      .ok());
+      auto h = fresh->fit(train, OneEpochOptions(1, c.ranks, c.zero));
+      ASSERT_TRUE(h.ok()) << h.status();
+      auto w = fresh->state_dict();
+      ASSERT_TRUE(w.ok());
+      EXPECT_FALSE(SameBits(*w, *unbroken_weights)) << "variant " << variant;
+      EXPECT_NE(h->epochs[0].at("loss"), two->epochs[1].at("loss")) << "variant " << variant;
+    }
+  }
+}
+
+// save() after a load carries the loaded optimizer state on: a chain of
+// save and load is the same as one save.
+TEST(SaveLoadTest, ALoadedStateIsSavedAgain) {
+  auto train = Classification(24, 32);
+  const std::string dir = Dir("chain");
+  auto unbroken = Prepared(1);
+  Seed(*unbroken);
+  ASSERT_TRUE(unbroken->fit(train, OneEpochOptions(2, 1, false)).ok());
+  auto first = Prepared(1);
+  Seed(*first);
+  ASSERT_TRUE(first->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(first->save(dir + "/a.safetensors").ok());
+  auto middle = Prepared(1);
+  ASSERT_TRUE(middle->load(dir + "/a.safetensors").ok());
+  ASSERT_TRUE(middle->save(dir + "/b.safetensors").ok());
+  auto last = Prepared(1);
+  ASSERT_TRUE(last->load(dir + "/b.safetensors").ok());
+  ASSERT_TRUE(last->fit(train, OneEpochOptions(1, 1, false)).ok());
+  EXPECT_TRUE(SameBits(*last->state_dict(), *unbroken->state_dict()));
+}
+
+// A save of the weights only removes the optimizer file an earlier save left
+// at the same path: it belongs to other weights.
+TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
+  auto train = Classification(24, 33);
+  const std::string dir = Dir("stale");
+  const std::string path = dir + "/model.safetensors";
+  auto model = Prepared(1);
+  ASSERT_TRUE(model->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(model->save(path).ok());
+  ASSERT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  ASSERT_TRUE(model->save(path, {.training = false}).ok());
+  EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
+  // A model without optimizer state (never fitted) writes none either.
+  ASSERT_TRUE(model->save(path).ok());
+  ASSERT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  auto unfitted = Prepared(1);
+  ASSERT_TRUE(unfitted->save(path).ok());
+  EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
+}
+
+// Writes the optimizer file of a Model of `network` fitted one epoch with
+// `optimizer` to `path`'s optimizer file (the weights of `path` stay).
+void WriteOptimizerFileOf(NetworkFactory network, OptimizerFactory optimizer,
+                          const std::string& path) {
+  Model other(std::move(network), Cpu(1));
+  other.prepare(std::move(optimizer), CrossEntropy());
+  ASSERT_TRUE(other.fit(Classification(24, 34), OneEpochOptions(1, 1, false)).ok());
+  const std::string scratch = path + ".other.safetensors";
+  ASSERT_TRUE(other.save(scratch).ok());
+  std::filesystem::copy_file(OptimizerStatePath(scratch), OptimizerStatePath(path),
+                             std::filesystem::copy_options::overwrite_existing);
+}
+
+// An optimizer file that does not fit the prepared optimizer is refused at
+// load, naming the file and what differs, and the Model is left as it was
+// (its weights and its own optimizer state: its next fit is unchanged).
+TEST(SaveLoadTest, AnOptimizerFileThatDoesNotFitIsRefusedNamingTheFileAndTheDifference) {
+  auto train = Classification(24, 35);
+  const std::string dir = Dir("mismatch");
+  const std::string path = dir + "/model.safetensors";
+  const std::string file = OptimizerStatePath(path);
+  auto saved = Prepared(1);
+  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(saved->save(path).ok());
+
+  auto target = Prepared(1);
+  Seed(*target);
+  const nn::StateDict before = *target->state_dict();
+  auto expect_refused = [&](const std::string& what, absl::StatusCode code,
+                            std::vector<std::string> parts) {
+    SCOPED_TRACE(what);
+    absl::Status s = target->load(path);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_TRUE(Contains(s, file)) << s;
+    for (const std::string& part : parts) EXPECT_TRUE(Contains(s, part)) << part << "\n" << s;
+    EXPECT_TRUE(SameBits(*target->state_dict(), before));
+  };
+
+  // Another type: the file holds Adam's state, the Model is prepared with SGD.
+  auto sgd = Prepared(1, SgdFactory());
+  absl::Status s = sgd->load(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Contains(s, "hapi::Model::load: " + file +
+                              " holds the state of an optimizer of type Adam; the prepared "
+                              "optimizer is a SGD"))
+      << s;
+
+  // Other shapes: Adam's moments of a network with 16 hidden units.
+  WriteOptimizerFileOf([] { return std::make_shared<OtherNet>(16, false); }, AdamFactory(), path);
+  expect_refused("shapes", absl::StatusCode::kInvalidArgument,
+                 {"does not fit the prepared optimizer", "has shape (16, 4)",
+                  "the parameter has shape (8, 4)"});
+  // Another parameter count: a third layer.
+  WriteOptimizerFileOf([] { return std::make_shared<OtherNet>(8, true); }, AdamFactory(), path);
+  expect_refused("count", absl::StatusCode::kInvalidArgument,
+                 {"'group.0.num_params' is 6 but group 0 has 4 parameters"});
+
+  // Corrupt: one byte of the payload flipped.
+  saved->save(path).IgnoreError();
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 100u);
+  auto write = [&](const std::string& content) {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out << content;
+  };
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] = static_cast<char>(flipped[bytes.size() / 2] ^ 0x5a);
+  write(flipped);
+  expect_refused("corrupt", absl::StatusCode::kDataLoss, {"checksum mismatch"});
+  // Truncated.
+  write(bytes.substr(0, bytes.size() / 2));
+  expect_refused("truncated", absl::StatusCode::kDataLoss, {"truncated"});
+  // A checkpoint file that is not an optimizer file.
+  nn::Checkpoint foreign;
+  foreign.metadata["step"] = int64_t{3};
+  ASSERT_TRUE(nn::SaveCheckpoint(file, foreign).ok());
+  expect_refused("foreign", absl::StatusCode::kInvalidArgument,
+                 {"no string entry \"hapi.optimizer\""});
+
+  // reset_optimizer does not read the file at all.
+  EXPECT_TRUE(target->load(path, {.reset_optimizer = true}).ok());
+}
+
+// A load before prepare() keeps the file's state until a prepare(); the next
+// fit checks it against that optimizer: another type is a FailedPrecondition
+// naming the file and both types, and a prepare() with the right one fits.
+TEST(SaveLoadTest, ALoadBeforePrepareIsCheckedAtTheNextFit) {
+  auto train = Classification(24, 36);
+  const std::string dir = Dir("before_prepare");
+  const std::string path = dir + "/model.safetensors";
+  auto saved = Prepared(1);
+  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(saved->save(path).ok());
+
+  Model model([] { return std::make_shared<Net>(); }, Cpu(1));
+  ASSERT_TRUE(model.load(path).ok());
+  // predict needs no prepare and no optimizer.
+  ASSERT_TRUE(model.predict(train).ok());
+  model.prepare(SgdFactory(), CrossEntropy());
+  auto h = model.fit(train, OneEpochOptions(1, 1, false));
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+  EXPECT_TRUE(Contains(h.status(), "hapi::Model::fit: the optimizer state that load() read "
+                                   "before prepare() does not fit the prepared optimizer"))
+      << h.status();
+  EXPECT_TRUE(Contains(h.status(), OptimizerStatePath(path) +
+                                       " holds the state of an optimizer of type Adam; the "
+                                       "prepared optimizer is a SGD"))
+      << h.status();
+  model.prepare(AdamFactory(), CrossEntropy());
+  EXPECT_TRUE(model.fit(train, OneEpochOptions(1, 1, false)).ok());
+  // Once checked, a new prepare() starts the optimizer fresh, as it always did.
+  model.prepare(SgdFactory(), CrossEntropy());
+  EXPECT_TRUE(model.fit(train, OneEpochOptions(1, 1, false)).ok());
+}
+
+}  // namespace
+}  // namespace tandem::hapi
