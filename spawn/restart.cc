@@ -171,9 +171,16 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
   const bool all_returned =
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankEnding& e) { return e.end == RankEnd::kReturned; });
+  // So is a communicator's own error found after SOME ranks returned, the
+  // others still in their last code (stopped by it): that is the same error
+  // found a little earlier, on a loaded machine, and says nothing of uneven
+  // steps (a rank that went on into a collective the returned one never
+  // entered is the watchdog's own failure, or a timeout).
+  const std::optional<FailureCause> failure_cause = GetFailureCause(status);
+  const bool comm_error = failure_cause == FailureCause::kCommunicator;
   for (size_t r = 0; r < record.ranks.size(); ++r) {
     const RankEnding& e = record.ranks[r];
-    if (e.end == RankEnd::kReturned && !all_returned) {
+    if (e.end == RankEnd::kReturned && !all_returned && !comm_error) {
       return absl::StrCat("local rank ", r,
                           "'s function returned while the other ranks went on "
                           "(a program error: every rank must run the same steps)");
@@ -186,7 +193,7 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
     }
   }
   const RestartPolicy& policy = run.policy;
-  if (const std::optional<FailureCause> cause = GetFailureCause(status); cause.has_value()) {
+  if (const std::optional<FailureCause>& cause = failure_cause; cause.has_value()) {
     // A collective still in flight after every rank returned is one that some
     // rank never entered (the ranks ran different steps: NCCL's asynchronous
     // collectives let a rank return past it): a new attempt would run the same

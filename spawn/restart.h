@@ -16,14 +16,14 @@
 //                  in-process communicator's error, counts here);
 //   on_comm_error  a communicator reported an asynchronous error
 //                  (Communicator::PollAsyncError; NCCL: ncclCommGetAsyncError),
-//                  also one the watchdog finds after every rank has returned
-//                  (it polls every min(timeout_s / 10, 100 ms));
+//                  also one the watchdog finds after some or every rank has
+//                  returned (it polls every min(timeout_s / 10, 100 ms));
 //   on_timeout     a collective did not complete within timeout_s.
 // Which always end the run: a start-up failure (the first attempt's, or the
 // rebuild of the communicators before a restart); Ctrl-C or a stop signal
 // (SpawnOptions::stop_signals) received at any time during the run; a failure
-// after some rank's function *returned* OK in the same attempt while another
-// rank's had not (the ranks
+// other than a communicator's asynchronous error after some rank's function
+// *returned* OK in the same attempt while another rank's had not (the ranks
 // disagree on the steps to run: a program error, which the watchdog fails at
 // once when a peer waits in a collective the returned rank never entered); a
 // collective's timeout after every rank's function returned OK (a collective

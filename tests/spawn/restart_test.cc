@@ -157,6 +157,85 @@ TEST(RestartTest, ReturnedRankEndsTheRun) {
   EXPECT_FALSE(Contains(report.log, "spawn: restart 1")) << report.log;
 }
 
+// A communicator whose asynchronous error the test raises (once, through
+// `raise`, on rank 1's); it has no collectives: the ranks below make none.
+class RaisedAsyncError final : public dist::Communicator {
+ public:
+  RaisedAsyncError(int rank, std::atomic<bool>* raise)
+      : Communicator(rank, 2, nn::Device::CPU()), raise_(raise) {}
+  std::string kind() const override { return "raised-async-error"; }
+  absl::Status PollAsyncError() override {
+    if (rank() != 1 || !raise_->exchange(false)) return absl::OkStatus();
+    return absl::UnavailableError("injected asynchronous error");
+  }
+
+ private:
+  void AllReduceImpl(nn::Tensor&, dist::ReduceOp) override {}
+  void BroadcastImpl(nn::Tensor&, int) override {}
+  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
+  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, dist::ReduceOp) override {}
+  void BarrierImpl() override {}
+
+  std::atomic<bool>* raise_;
+};
+
+// Set when the rank thread that made it exits, after its function returned.
+struct ThreadExit {
+  std::atomic<bool>* exited = nullptr;
+  ~ThreadExit() {
+    if (exited != nullptr) exited->store(true);
+  }
+};
+
+// A communicator's asynchronous error found after one rank's function
+// returned, while another rank still ran its last code (a run's last ~100 ms on
+// a loaded machine): the ranks ran the same steps, the error is judged by its
+// cause (on_comm_error: restarted), not as a rank that returned while the
+// others went on. Rank 1 raises the error only once rank 0's thread has exited.
+TEST(RestartTest, AsyncErrorAfterOneRankReturnedRestarts) {
+  std::atomic<bool> raise{false};
+  std::atomic<bool> rank0_exited{false};
+  std::atomic<int> attempts{0};
+  dist::SpawnHooks hooks;
+  hooks.make_communicators = [&raise](const std::vector<nn::Device>& devices)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
+    std::vector<std::unique_ptr<dist::Communicator>> comms;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      comms.push_back(std::make_unique<RaisedAsyncError>(static_cast<int>(r), &raise));
+    }
+    return comms;
+  };
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream log;
+  options.console = &log;
+  options.timeout_s = 30;
+  options.restart.max_restarts = 1;
+  absl::Status s = dist::RunSpawnWithHooks(
+      "cpu", 2, options, hooks, [](int) {},
+      [&](dist::Context& ctx) -> absl::Status {
+        if (ctx.rank() == 0) attempts.fetch_add(1);
+        if (ctx.attempt() > 0) return absl::OkStatus();  // the restart: no error
+        if (ctx.rank() == 0) {
+          thread_local ThreadExit exit;
+          exit.exited = &rank0_exited;
+          return absl::OkStatus();
+        }
+        while (!rank0_exited.load() && !ctx.stop_requested()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        raise = true;
+        while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ctx.check_stop();
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(s.ok()) << s << "\n" << log.str();
+  EXPECT_EQ(attempts.load(), 2) << log.str();
+  EXPECT_TRUE(Contains(log.str(), "spawn: restart 1 of 1 after: rank 1 (cpu): injected "
+                                  "asynchronous error"))
+      << log.str();
+  EXPECT_FALSE(Contains(log.str(), "not restarting")) << log.str();
+}
+
 // A rank that stays outside any abortable wait (a sleep) for more than
 // timeout_s after the stop ends the run: it could as well never come back.
 TEST(RestartTest, RankOutsideAnyAbortableWaitEndsTheRun) {

@@ -165,6 +165,31 @@ void LeaveACollectiveUnjoined(Context& ctx, Tensor& x, std::atomic<int>& aborted
   extra = ctx.communicator().all_reduce_async(x);
 }
 
+// Set when the thread that made it exits: after its rank's function returned
+// and spawn recorded that return (thread-locals go after both), before the
+// thread-locals made earlier (a TeardownProbe, the kept handle).
+struct ExitSignal {
+  std::atomic<bool>* exited = nullptr;
+  ~ExitSignal() {
+    if (exited != nullptr) exited->store(true);
+  }
+};
+
+// The tests below are about the timeout once EVERY rank returned: rank 1
+// returns only after rank 0's thread exits (or the run stops). Were rank 1 seen
+// returned while rank 0 still ran with collective #2 entered, the watchdog would
+// rightly fail the run at once as uneven steps (FailedPrecondition), which on a
+// loaded machine it did.
+void MarkExit(std::atomic<bool>& exited) {
+  thread_local ExitSignal signal;
+  signal.exited = &exited;
+}
+void AwaitExit(Context& ctx, const std::atomic<bool>& exited) {
+  while (!exited.load() && !ctx.stop_requested()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 TEST_F(ShutdownTest, AbortComesBeforeTheJoinsAndBeforeThreadTeardown) {
   std::atomic<bool> entered{false};
   std::atomic<int> aborted_at_start{-1}, synced{-1};
@@ -237,10 +262,16 @@ TEST_F(ShutdownTest, CleanRunIsNotAborted) {
 TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsTimedOut) {
   options_.timeout_s = 1;
   std::atomic<int> aborted_at_start{-1}, synced{-1};
+  std::atomic<bool> rank0_exited{false};
   absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
     Tensor x = nn::ones({4});
     ctx.communicator().all_reduce(x);
-    if (ctx.rank() == 0) LeaveACollectiveUnjoined(ctx, x, aborted_at_start, synced);
+    if (ctx.rank() == 0) {
+      LeaveACollectiveUnjoined(ctx, x, aborted_at_start, synced);
+      MarkExit(rank0_exited);
+    } else {
+      AwaitExit(ctx, rank0_exited);
+    }
     return absl::OkStatus();
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -260,6 +291,7 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsNotRestarted) {
   options_.timeout_s = 0.5;
   options_.restart.max_restarts = 2;
   std::atomic<int> calls{0};
+  std::atomic<bool> rank0_exited{false};
   absl::Status s = Run(2, [&](Context& ctx) -> absl::Status {
     if (ctx.rank() == 0) calls.fetch_add(1);
     Tensor x = nn::ones({4});
@@ -267,6 +299,9 @@ TEST_F(ShutdownTest, CollectiveInFlightAfterEveryRankReturnedIsNotRestarted) {
     if (ctx.rank() == 0) {
       static std::atomic<int> aborted_at_start{-1}, synced{-1};
       LeaveACollectiveUnjoined(ctx, x, aborted_at_start, synced);
+      MarkExit(rank0_exited);
+    } else {
+      AwaitExit(ctx, rank0_exited);
     }
     return absl::OkStatus();
   });
