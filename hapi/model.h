@@ -358,6 +358,9 @@ class Model {
   // generator is left as it was.
   absl::Status CheckOptimizerState(const optim::StateDict& state, const std::string& type,
                                    const std::string& file, nn::Module& network) const;
+  // The state load() read before any prepare(), checked against the prepared
+  // optimizer (FailedPrecondition naming the file); OK when there is none.
+  absl::Status CheckPendingOptimizerState();
   // This rank's network (weights from the host copy when there is one, else
   // rank 0's: broadcast here unless a DataParallel made next broadcasts them)
   // and metrics.
