@@ -4,8 +4,9 @@
 // (Adam, 1 and 2 ranks, ZeRO), weights only and reset_optimizer start the
 // optimizer fresh (and so part from it), a load before prepare() waits for
 // it, and an optimizer file of another type, parameter count or shapes, a
-// corrupt, truncated or foreign file is refused naming the file and what
-// differs, leaving the Model as it was.
+// corrupt, truncated or foreign file, or one next to other weights than it
+// was saved with, is refused naming the file and what differs, leaving the
+// Model as it was.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
+#include "nn/safetensors.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "testing/run.h"
@@ -210,6 +212,36 @@ TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
   auto unfitted = Prepared(1);
   ASSERT_TRUE(unfitted->save(path).ok());
   EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
+}
+
+// An optimizer file left next to other weights than the ones it was saved
+// with (another writer of the weights' path: ModelCheckpoint's final.safetensors,
+// nn::SaveSafetensors, a copy) is refused at load, before and after prepare(),
+// naming both files; reset_optimizer takes the weights alone.
+TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
+  auto train = Classification(24, 37);
+  const std::string dir = Dir("other_weights");
+  const std::string path = dir + "/model.safetensors";
+  auto saved = Prepared(1);
+  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(saved->save(path).ok());
+  // The same network fitted one more epoch, its weights alone over `path`.
+  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
+  Net network;
+  ASSERT_TRUE(network.load_state_dict(*saved->state_dict()).ok());
+  ASSERT_TRUE(nn::SaveSafetensors(path, network).ok());
+
+  for (bool prepared : {true, false}) {
+    SCOPED_TRACE(prepared ? "after prepare" : "before prepare");
+    Model model([] { return std::make_shared<Net>(); }, Cpu(1));
+    if (prepared) model.prepare(AdamFactory(), CrossEntropy());
+    absl::Status s = model.load(path);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Contains(s, "hapi::Model::load: " + OptimizerStatePath(path) +
+                                " was saved with other weights than " + path))
+        << s;
+    EXPECT_TRUE(model.load(path, {.reset_optimizer = true}).ok());
+  }
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
