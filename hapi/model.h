@@ -311,11 +311,14 @@ class Model {
   // them (dist::PutOptimizerEntries), the optimizer's type ("hapi.optimizer")
   // and a fingerprint of the weights saved with it ("hapi.weights_fnv1a64").
   // With FitOptions::zero it is the unsharded state (what the optimizer would
-  // hold on one rank), so any world and either setting continues from it. Without an optimizer file to write, save removes one
-  // that an earlier save left at OptimizerStatePath(path) (it would go with
-  // other weights); it is removed before the weights are written, so a save
-  // that fails part-way leaves no optimizer file of another save. Errors name
-  // the file.
+  // hold on one rank), so any world and either setting continues from it.
+  // Both files are written atomically over the earlier ones, never removed
+  // first, so ranks (or processes) saving one path at once always leave an
+  // optimizer file; a save that fails between the two leaves the earlier
+  // optimizer file, whose weights fingerprint load() refuses. Without an
+  // optimizer file to write, save removes one that an earlier save left at
+  // OptimizerStatePath(path) (it would go with other weights), before writing
+  // the weights. Errors name the file.
   absl::Status save(const std::string& path, SaveOptions options = {});
   // load: the weights of `path`, read strictly (names, shapes, dtypes), and,
   // unless options.reset_optimizer, the optimizer state of

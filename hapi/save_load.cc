@@ -73,15 +73,21 @@ absl::StatusOr<std::string> StringEntry(const nn::Checkpoint& file, const char* 
 absl::Status Model::save(const std::string& path, SaveOptions options) {
   RETURN_IF_ERROR(Materialize());
   const std::string optimizer_file = OptimizerStatePath(path);
-  // An earlier save's optimizer file goes first: it belongs to other weights.
-  std::error_code error;
-  std::filesystem::remove(optimizer_file, error);
-  if (error) {
-    return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
-                                            optimizer_file, ": ", error.message()));
+  if (!options.training || !have_optimizer_state_) {
+    // An earlier save's optimizer file goes first: it belongs to other weights.
+    std::error_code error;
+    std::filesystem::remove(optimizer_file, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
+                                              optimizer_file, ": ", error.message()));
+    }
+    return nn::SaveSafetensors(path, weights_);
   }
+  // Both files are renamed over the earlier ones, never removed: ranks saving
+  // one path at once leave no moment without an optimizer file. One left by
+  // an earlier save (this save failing between the two) holds the
+  // fingerprint of other weights, which load() refuses.
   RETURN_IF_ERROR(nn::SaveSafetensors(path, weights_));
-  if (!options.training || !have_optimizer_state_) return absl::OkStatus();
   nn::Checkpoint file;
   dist::PutOptimizerEntries(optimizer_state_, file);
   file.metadata[kOptimizerTypeKey] = optimizer_type_;

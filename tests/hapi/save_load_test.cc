@@ -7,11 +7,13 @@
 // corrupt, truncated or foreign file, or one next to other weights than it
 // was saved with, is refused naming the file and what differs, leaving the
 // Model as it was.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -216,8 +218,9 @@ TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
 
 // An optimizer file left next to other weights than the ones it was saved
 // with (another writer of the weights' path: ModelCheckpoint's final.safetensors,
-// nn::SaveSafetensors, a copy) is refused at load, before and after prepare(),
-// naming both files; reset_optimizer takes the weights alone.
+// nn::SaveSafetensors, a copy; or a save that failed between its weights and
+// its optimizer file) is refused at load, before and after prepare(), naming
+// both files; reset_optimizer takes the weights alone.
 TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
   auto train = Classification(24, 37);
   const std::string dir = Dir("other_weights");
@@ -242,6 +245,41 @@ TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
         << s;
     EXPECT_TRUE(model.load(path, {.reset_optimizer = true}).ok());
   }
+}
+
+// Ranks that each save their own (equal) Model to one path at once, as each
+// rank's function of a launched script does: a rank's save, once it returns,
+// leaves an optimizer file for that rank to load, whatever the other ranks'
+// saves are doing (no rank removes the file another has written).
+TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
+  auto train = Classification(24, 38);
+  const std::string dir = Dir("concurrent");
+  const std::string path = dir + "/model.safetensors";
+  auto fitted = Prepared(1);
+  ASSERT_TRUE(fitted->fit(train, OneEpochOptions(1, 1, false)).ok());
+  ASSERT_TRUE(fitted->save(path).ok());
+  constexpr int kRanks = 4;
+  constexpr int kSaves = 40;
+  std::vector<std::unique_ptr<Model>> models;
+  for (int r = 0; r < kRanks; ++r) {
+    models.push_back(Prepared(1));
+    ASSERT_TRUE(models.back()->load(path).ok());
+  }
+  std::atomic<int> missing{0}, failed{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      for (int i = 0; i < kSaves; ++i) {
+        if (!models[r]->save(path).ok()) ++failed;
+        if (!std::filesystem::exists(OptimizerStatePath(path))) ++missing;
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(missing.load(), 0) << "of " << kRanks * kSaves << " saves";
+  auto loaded = Prepared(1);
+  EXPECT_TRUE(loaded->load(path).ok());
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
