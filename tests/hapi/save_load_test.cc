@@ -175,6 +175,50 @@ TEST(SaveLoadTest, AFitAfterSaveAndLoadContinuesBitForBit) {
   }
 }
 
+// With ZeRO the optimizer file holds the unsharded state: a 2-rank ZeRO
+// fit's file holds the same entries as the same 2-rank fit's without ZeRO,
+// and it continues on another world size, with ZeRO (3 ranks: uneven shards)
+// or without, as that file does.
+TEST(SaveLoadTest, AZeroFileIsUnshardedAndLoadsOnAnotherWorldSize) {
+  auto train = Classification(24, 39);
+  const std::string dir = Dir("zero_world");
+  const std::string zero_path = dir + "/zero.safetensors";
+  const std::string plain_path = dir + "/plain.safetensors";
+  for (bool zero : {true, false}) {
+    auto model = Prepared(2);
+    Seed(*model);
+    ASSERT_TRUE(model->fit(train, OneEpochOptions(1, 2, zero)).ok());
+    ASSERT_TRUE(model->save(zero ? zero_path : plain_path).ok());
+  }
+  auto zero_file = nn::LoadCheckpoint(OptimizerStatePath(zero_path));
+  auto plain_file = nn::LoadCheckpoint(OptimizerStatePath(plain_path));
+  ASSERT_TRUE(zero_file.ok()) << zero_file.status();
+  ASSERT_TRUE(plain_file.ok()) << plain_file.status();
+  ASSERT_EQ(zero_file->tensors.size(), plain_file->tensors.size());
+  for (const auto& [name, t] : plain_file->tensors) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(zero_file->tensors.contains(name));
+    EXPECT_EQ(zero_file->tensors.at(name).shape(), t.shape());
+    if (t.dtype() == nn::kFloat32)
+      EXPECT_EQ(zero_file->tensors.at(name).to_vector<float>(), t.to_vector<float>());
+  }
+  EXPECT_EQ(zero_file->metadata, plain_file->metadata);
+
+  for (const auto& [ranks, zero] : std::vector<std::pair<int, bool>>{{1, false}, {1, true}, {3, true}}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks, zero " << zero);
+    std::vector<nn::StateDict> weights;
+    for (const std::string& path : {zero_path, plain_path}) {
+      auto model = Prepared(ranks);
+      ASSERT_TRUE(model->load(path).ok());
+      auto h = model->fit(train, {.epochs = 1, .batch_size = 24 / ranks / 3, .shuffle = false,
+                                  .zero = zero});
+      ASSERT_TRUE(h.ok()) << h.status();
+      weights.push_back(*model->state_dict());
+    }
+    EXPECT_TRUE(SameBits(weights[0], weights[1]));
+  }
+}
+
 // save() after a load carries the loaded optimizer state on: a chain of
 // save and load is the same as one save.
 TEST(SaveLoadTest, ALoadedStateIsSavedAgain) {
