@@ -86,6 +86,17 @@ FitOptions OneEpochOptions(int epochs, int ranks, bool zero) {
   return {.epochs = epochs, .batch_size = 8 / ranks, .shuffle = false, .zero = zero};
 }
 
+// A Model of Net fitted one epoch (Adam, 1 rank) on `train`, saved to `path`
+// with its optimizer file.
+std::unique_ptr<Model> SavedAfterOneEpoch(const std::shared_ptr<const data::Dataset>& train,
+                                          const std::string& path) {
+  auto model = Prepared(1);
+  EXPECT_TRUE(model->fit(train, OneEpochOptions(1, 1, false)).ok());
+  EXPECT_TRUE(model->save(path).ok());
+  EXPECT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  return model;
+}
+
 bool SameBits(const nn::StateDict& a, const nn::StateDict& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -246,10 +257,7 @@ TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
   auto train = Classification(24, 33);
   const std::string dir = Dir("stale");
   const std::string path = dir + "/model.safetensors";
-  auto model = Prepared(1);
-  ASSERT_TRUE(model->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(model->save(path).ok());
-  ASSERT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  auto model = SavedAfterOneEpoch(train, path);
   ASSERT_TRUE(model->save(path, {.training = false}).ok());
   EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
   // A model without optimizer state (never fitted) writes none either.
@@ -269,9 +277,7 @@ TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
   auto train = Classification(24, 37);
   const std::string dir = Dir("other_weights");
   const std::string path = dir + "/model.safetensors";
-  auto saved = Prepared(1);
-  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(saved->save(path).ok());
+  auto saved = SavedAfterOneEpoch(train, path);
   // The same network fitted one more epoch, its weights alone over `path`.
   ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
   Net network;
@@ -299,9 +305,7 @@ TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
   auto train = Classification(24, 38);
   const std::string dir = Dir("concurrent");
   const std::string path = dir + "/model.safetensors";
-  auto fitted = Prepared(1);
-  ASSERT_TRUE(fitted->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(fitted->save(path).ok());
+  auto fitted = SavedAfterOneEpoch(train, path);
   constexpr int kRanks = 4;
   constexpr int kSaves = 40;
   std::vector<std::unique_ptr<Model>> models;
@@ -347,9 +351,7 @@ TEST(SaveLoadTest, AnOptimizerFileThatDoesNotFitIsRefusedNamingTheFileAndTheDiff
   const std::string dir = Dir("mismatch");
   const std::string path = dir + "/model.safetensors";
   const std::string file = OptimizerStatePath(path);
-  auto saved = Prepared(1);
-  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(saved->save(path).ok());
+  auto saved = SavedAfterOneEpoch(train, path);
 
   auto target = Prepared(1);
   Seed(*target);
@@ -421,9 +423,7 @@ TEST(SaveLoadTest, ALoadBeforePrepareIsCheckedAtTheNextFit) {
   auto train = Classification(24, 36);
   const std::string dir = Dir("before_prepare");
   const std::string path = dir + "/model.safetensors";
-  auto saved = Prepared(1);
-  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(saved->save(path).ok());
+  auto saved = SavedAfterOneEpoch(train, path);
 
   Model model([] { return std::make_shared<Net>(); }, Cpu(1));
   ASSERT_TRUE(model.load(path).ok());
