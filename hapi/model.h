@@ -308,14 +308,17 @@ class Model {
   // and an optimizer state (after a fit, or from a load), that state to
   // OptimizerStatePath(path): an nn checkpoint file (nn/checkpoint.h: CRC-32,
   // atomic write) of the optimizer's entries as a training checkpoint holds
-  // them (dist::PutOptimizerEntries) and the optimizer's type
-  // ("hapi.optimizer"). With FitOptions::zero it is the unsharded state (what
-  // the optimizer would hold on one rank), so any world and either setting
-  // continues from it. Without an optimizer file to write, save removes one
-  // that an earlier save left at OptimizerStatePath(path) (it would go with
-  // other weights); it is removed before the weights are written, so a save
-  // that fails part-way leaves no optimizer file of another save. Errors name
-  // the file.
+  // them (dist::PutOptimizerEntries), the optimizer's type ("hapi.optimizer")
+  // and a fingerprint of the weights saved with it ("hapi.weights_fnv1a64").
+  // With FitOptions::zero it is the unsharded state (what the optimizer would
+  // hold on one rank), so any world and either setting continues from it.
+  // Both files are written atomically over the earlier ones, never removed
+  // first, so ranks (or processes) saving one path at once always leave an
+  // optimizer file; a save that fails between the two leaves the earlier
+  // optimizer file, whose weights fingerprint load() refuses. Without an
+  // optimizer file to write, save removes one that an earlier save left at
+  // OptimizerStatePath(path) (it would go with other weights), before writing
+  // the weights. Errors name the file.
   absl::Status save(const std::string& path, SaveOptions options = {});
   // load: the weights of `path`, read strictly (names, shapes, dtypes), and,
   // unless options.reset_optimizer, the optimizer state of
@@ -327,11 +330,16 @@ class Model {
   // factory's over a network the factory builds): another type, group or
   // parameter count, or state shapes, and a file that is corrupt, truncated
   // or not an optimizer file, are InvalidArgument / DataLoss / NotFound
-  // naming the file and what differs, and the Model is left unchanged.
+  // naming the file and what differs, and the Model is left unchanged. So,
+  // before or after prepare(), is a file whose fingerprint is not of the
+  // weights `path` holds (written over since: ModelCheckpoint's
+  // final.safetensors, nn::SaveSafetensors, a copy): InvalidArgument naming
+  // both files.
   // Before prepare() the file is read and verified (format, checksum) and its
-  // state waits for the next prepare(), which keeps it (any other prepare()
-  // starts the optimizer fresh); the next fit() checks it against that
-  // optimizer first, FailedPrecondition naming the file and what differs.
+  // state waits for prepare(), which keeps it until the next fit() has checked
+  // it against the prepared optimizer (FailedPrecondition naming the file and
+  // what differs, the state still waiting); after that check any prepare()
+  // starts the optimizer fresh, as it does when no state waits.
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
@@ -358,6 +366,9 @@ class Model {
   // generator is left as it was.
   absl::Status CheckOptimizerState(const optim::StateDict& state, const std::string& type,
                                    const std::string& file, nn::Module& network) const;
+  // The state load() read before any prepare(), checked against the prepared
+  // optimizer (FailedPrecondition naming the file); OK when there is none.
+  absl::Status CheckPendingOptimizerState();
   // This rank's network (weights from the host copy when there is one, else
   // rank 0's: broadcast here unless a DataParallel made next broadcasts them)
   // and metrics.

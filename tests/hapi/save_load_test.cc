@@ -4,13 +4,16 @@
 // (Adam, 1 and 2 ranks, ZeRO), weights only and reset_optimizer start the
 // optimizer fresh (and so part from it), a load before prepare() waits for
 // it, and an optimizer file of another type, parameter count or shapes, a
-// corrupt, truncated or foreign file is refused naming the file and what
-// differs, leaving the Model as it was.
+// corrupt, truncated or foreign file, or one next to other weights than it
+// was saved with, is refused naming the file and what differs, leaving the
+// Model as it was.
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +22,7 @@
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
+#include "nn/safetensors.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "testing/run.h"
@@ -80,6 +84,17 @@ FitOptions OneEpochOptions(int epochs, int ranks, bool zero) {
   // 24 examples, a global batch of 8: 3 steps an epoch, the same samples in the
   // same order every epoch (Paddle's and tandem's fit count epochs from 0 again).
   return {.epochs = epochs, .batch_size = 8 / ranks, .shuffle = false, .zero = zero};
+}
+
+// A Model of Net fitted one epoch (Adam, 1 rank) on `train`, saved to `path`
+// with its optimizer file.
+std::unique_ptr<Model> SavedAfterOneEpoch(const std::shared_ptr<const data::Dataset>& train,
+                                          const std::string& path) {
+  auto model = Prepared(1);
+  EXPECT_TRUE(model->fit(train, OneEpochOptions(1, 1, false)).ok());
+  EXPECT_TRUE(model->save(path).ok());
+  EXPECT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  return model;
 }
 
 bool SameBits(const nn::StateDict& a, const nn::StateDict& b) {
@@ -171,6 +186,50 @@ TEST(SaveLoadTest, AFitAfterSaveAndLoadContinuesBitForBit) {
   }
 }
 
+// With ZeRO the optimizer file holds the unsharded state: a 2-rank ZeRO
+// fit's file holds the same entries as the same 2-rank fit's without ZeRO,
+// and it continues on another world size, with ZeRO (3 ranks: uneven shards)
+// or without, as that file does.
+TEST(SaveLoadTest, AZeroFileIsUnshardedAndLoadsOnAnotherWorldSize) {
+  auto train = Classification(24, 39);
+  const std::string dir = Dir("zero_world");
+  const std::string zero_path = dir + "/zero.safetensors";
+  const std::string plain_path = dir + "/plain.safetensors";
+  for (bool zero : {true, false}) {
+    auto model = Prepared(2);
+    Seed(*model);
+    ASSERT_TRUE(model->fit(train, OneEpochOptions(1, 2, zero)).ok());
+    ASSERT_TRUE(model->save(zero ? zero_path : plain_path).ok());
+  }
+  auto zero_file = nn::LoadCheckpoint(OptimizerStatePath(zero_path));
+  auto plain_file = nn::LoadCheckpoint(OptimizerStatePath(plain_path));
+  ASSERT_TRUE(zero_file.ok()) << zero_file.status();
+  ASSERT_TRUE(plain_file.ok()) << plain_file.status();
+  ASSERT_EQ(zero_file->tensors.size(), plain_file->tensors.size());
+  for (const auto& [name, t] : plain_file->tensors) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(zero_file->tensors.contains(name));
+    EXPECT_EQ(zero_file->tensors.at(name).shape(), t.shape());
+    if (t.dtype() == nn::kFloat32)
+      EXPECT_EQ(zero_file->tensors.at(name).to_vector<float>(), t.to_vector<float>());
+  }
+  EXPECT_EQ(zero_file->metadata, plain_file->metadata);
+
+  for (const auto& [ranks, zero] : std::vector<std::pair<int, bool>>{{1, false}, {1, true}, {3, true}}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks, zero " << zero);
+    std::vector<nn::StateDict> weights;
+    for (const std::string& path : {zero_path, plain_path}) {
+      auto model = Prepared(ranks);
+      ASSERT_TRUE(model->load(path).ok());
+      auto h = model->fit(train, {.epochs = 1, .batch_size = 24 / ranks / 3, .shuffle = false,
+                                  .zero = zero});
+      ASSERT_TRUE(h.ok()) << h.status();
+      weights.push_back(*model->state_dict());
+    }
+    EXPECT_TRUE(SameBits(weights[0], weights[1]));
+  }
+}
+
 // save() after a load carries the loaded optimizer state on: a chain of
 // save and load is the same as one save.
 TEST(SaveLoadTest, ALoadedStateIsSavedAgain) {
@@ -198,10 +257,7 @@ TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
   auto train = Classification(24, 33);
   const std::string dir = Dir("stale");
   const std::string path = dir + "/model.safetensors";
-  auto model = Prepared(1);
-  ASSERT_TRUE(model->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(model->save(path).ok());
-  ASSERT_TRUE(std::filesystem::exists(OptimizerStatePath(path)));
+  auto model = SavedAfterOneEpoch(train, path);
   ASSERT_TRUE(model->save(path, {.training = false}).ok());
   EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
   // A model without optimizer state (never fitted) writes none either.
@@ -210,6 +266,68 @@ TEST(SaveLoadTest, AWeightsOnlySaveRemovesAnEarlierOptimizerFile) {
   auto unfitted = Prepared(1);
   ASSERT_TRUE(unfitted->save(path).ok());
   EXPECT_FALSE(std::filesystem::exists(OptimizerStatePath(path)));
+}
+
+// An optimizer file left next to other weights than the ones it was saved
+// with (another writer of the weights' path: ModelCheckpoint's final.safetensors,
+// nn::SaveSafetensors, a copy; or a save that failed between its weights and
+// its optimizer file) is refused at load, before and after prepare(), naming
+// both files; reset_optimizer takes the weights alone.
+TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
+  auto train = Classification(24, 37);
+  const std::string dir = Dir("other_weights");
+  const std::string path = dir + "/model.safetensors";
+  auto saved = SavedAfterOneEpoch(train, path);
+  // The same network fitted one more epoch, its weights alone over `path`.
+  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
+  Net network;
+  ASSERT_TRUE(network.load_state_dict(*saved->state_dict()).ok());
+  ASSERT_TRUE(nn::SaveSafetensors(path, network).ok());
+
+  for (bool prepared : {true, false}) {
+    SCOPED_TRACE(prepared ? "after prepare" : "before prepare");
+    Model model([] { return std::make_shared<Net>(); }, Cpu(1));
+    if (prepared) model.prepare(AdamFactory(), CrossEntropy());
+    absl::Status s = model.load(path);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Contains(s, "hapi::Model::load: " + OptimizerStatePath(path) +
+                                " was saved with other weights than " + path))
+        << s;
+    EXPECT_TRUE(model.load(path, {.reset_optimizer = true}).ok());
+  }
+}
+
+// Ranks that each save their own (equal) Model to one path at once, as each
+// rank's function of a launched script does: a rank's save, once it returns,
+// leaves an optimizer file for that rank to load, whatever the other ranks'
+// saves are doing (no rank removes the file another has written).
+TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
+  auto train = Classification(24, 38);
+  const std::string dir = Dir("concurrent");
+  const std::string path = dir + "/model.safetensors";
+  auto fitted = SavedAfterOneEpoch(train, path);
+  constexpr int kRanks = 4;
+  constexpr int kSaves = 40;
+  std::vector<std::unique_ptr<Model>> models;
+  for (int r = 0; r < kRanks; ++r) {
+    models.push_back(Prepared(1));
+    ASSERT_TRUE(models.back()->load(path).ok());
+  }
+  std::atomic<int> missing{0}, failed{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      for (int i = 0; i < kSaves; ++i) {
+        if (!models[r]->save(path).ok()) ++failed;
+        if (!std::filesystem::exists(OptimizerStatePath(path))) ++missing;
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(missing.load(), 0) << "of " << kRanks * kSaves << " saves";
+  auto loaded = Prepared(1);
+  EXPECT_TRUE(loaded->load(path).ok());
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
@@ -233,9 +351,7 @@ TEST(SaveLoadTest, AnOptimizerFileThatDoesNotFitIsRefusedNamingTheFileAndTheDiff
   const std::string dir = Dir("mismatch");
   const std::string path = dir + "/model.safetensors";
   const std::string file = OptimizerStatePath(path);
-  auto saved = Prepared(1);
-  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(saved->save(path).ok());
+  auto saved = SavedAfterOneEpoch(train, path);
 
   auto target = Prepared(1);
   Seed(*target);
@@ -307,9 +423,7 @@ TEST(SaveLoadTest, ALoadBeforePrepareIsCheckedAtTheNextFit) {
   auto train = Classification(24, 36);
   const std::string dir = Dir("before_prepare");
   const std::string path = dir + "/model.safetensors";
-  auto saved = Prepared(1);
-  ASSERT_TRUE(saved->fit(train, OneEpochOptions(1, 1, false)).ok());
-  ASSERT_TRUE(saved->save(path).ok());
+  auto saved = SavedAfterOneEpoch(train, path);
 
   Model model([] { return std::make_shared<Net>(); }, Cpu(1));
   ASSERT_TRUE(model.load(path).ok());

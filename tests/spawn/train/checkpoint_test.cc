@@ -28,6 +28,7 @@
 #include "nn/ops/loss.h"
 #include "nn/ops/reduce.h"
 #include "nn/random.h"
+#include "nn/status_macros.h"
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
 #include "spawn/train/data_parallel.h"
@@ -322,6 +323,37 @@ class CheckpointErrorTest : public ::testing::Test {
   SpawnOptions options_{.seed = 7, .console = &console_};
   std::ostringstream console_;
 };
+
+// The optimizer's entries keep the layout checkpoints have always had
+// ("optim.<state name>" tensors, "optim.<key>" double scalars, nothing else
+// under "optim."), so files written before PutOptimizerEntries still load: a
+// file rebuilt with those entries laid out by hand is byte for byte the one
+// SaveTrainingCheckpoint wrote, and OptimizerEntriesOf reads the state back.
+TEST_F(CheckpointErrorTest, TheOptimizerEntriesKeepTheirLayout) {
+  const std::string path = TempPath("layout.ckpt");
+  const std::string rebuilt = TempPath("layout-by-hand.ckpt");
+  auto result = spawn(
+      [&](Context& ctx) -> absl::Status {
+        Trainer t(ctx);
+        for (int k = 0; k < 3; ++k) t.Step();
+        RETURN_IF_ERROR(SaveTrainingCheckpoint(ctx, path, t.State()));
+        ASSIGN_OR_RETURN(nn::Checkpoint ck, nn::LoadCheckpoint(path));
+        const optim::StateDict opt = t.optimizer.state_dict();
+        std::erase_if(ck.tensors, [](const auto& e) { return e.first.starts_with("optim."); });
+        std::erase_if(ck.metadata, [](const auto& e) { return e.first.starts_with("optim."); });
+        for (const auto& [name, tensor] : opt.tensors) ck.tensors["optim." + name] = tensor;
+        for (const auto& [key, value] : opt.scalars) ck.metadata["optim." + key] = value;
+        RETURN_IF_ERROR(nn::SaveCheckpoint(rebuilt, ck));
+        ASSIGN_OR_RETURN(optim::StateDict back, OptimizerEntriesOf(ck, rebuilt));
+        EXPECT_EQ(back.scalars, opt.scalars);
+        EXPECT_EQ(back.tensors.size(), opt.tensors.size());
+        return absl::OkStatus();
+      },
+      1, "cpu", options_);
+  ASSERT_TRUE(result.ok()) << result;
+  EXPECT_EQ(ReadFile(rebuilt), ReadFile(path));
+  for (const std::string& m : LoadMessages(rebuilt, 1)) EXPECT_EQ(m, "OK");
+}
 
 TEST_F(CheckpointErrorTest, CorruptAndTruncatedFilesNameTheFileAndTheProblem) {
   const std::string path = TempPath("good.ckpt");

@@ -1,0 +1,186 @@
+// hapi::Model's save() and load(): the weights as safetensors and the
+// optimizer state in OptimizerStatePath(path) (model.h says the contract).
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "hapi/internal/host_state.h"
+#include "hapi/model.h"
+#include "nn/checkpoint.h"
+#include "nn/random.h"
+#include "nn/safetensors.h"
+#include "nn/status_macros.h"
+#include "spawn/train/checkpoint.h"
+
+namespace tandem::hapi {
+
+using internal::HostState;
+
+std::string OptimizerStatePath(const std::string& path) { return path + ".optim"; }
+
+namespace {
+
+constexpr char kOptimizerTypeKey[] = "hapi.optimizer";
+// The weights the optimizer file goes with (WeightsFingerprint): load() pairs
+// the file only with them, not with other weights written over `path` since
+// (ModelCheckpoint's final.safetensors, nn::SaveSafetensors, a copy).
+constexpr char kWeightsKey[] = "hapi.weights_fnv1a64";
+
+void Fnv1a(uint64_t& hash, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ULL;
+  }
+}
+
+// FNV-1a (64 bits) over the weights' names, dtypes, shapes and bytes, in hex.
+std::string WeightsFingerprint(const nn::StateDict& weights) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const auto& [name, t] : weights) {
+    Fnv1a(hash, name.data(), name.size() + 1);  // with its '\0': names apart
+    const int32_t dtype = static_cast<int32_t>(t.dtype());
+    Fnv1a(hash, &dtype, sizeof(dtype));
+    const int64_t dims = t.dim();
+    Fnv1a(hash, &dims, sizeof(dims));
+    Fnv1a(hash, t.shape().data(), t.shape().size() * sizeof(int64_t));
+    Fnv1a(hash, t.host_ptr(), static_cast<size_t>(t.nbytes()));
+  }
+  return absl::StrCat(absl::Hex(hash, absl::kZeroPad16));
+}
+
+// The string entry `key` of an optimizer file, or InvalidArgument naming it.
+absl::StatusOr<std::string> StringEntry(const nn::Checkpoint& file, const char* key,
+                                        const std::string& path) {
+  auto entry = file.metadata.find(key);
+  if (entry == file.metadata.end() || !std::holds_alternative<std::string>(entry->second)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hapi::Model::load: ", path, ": no string entry \"", key,
+                     "\" (not an optimizer file that Model::save wrote)"));
+  }
+  return std::get<std::string>(entry->second);
+}
+
+}  // namespace
+
+absl::Status Model::save(const std::string& path, SaveOptions options) {
+  RETURN_IF_ERROR(Materialize());
+  const std::string optimizer_file = OptimizerStatePath(path);
+  if (!options.training || !have_optimizer_state_) {
+    // An earlier save's optimizer file goes first: it belongs to other weights.
+    std::error_code error;
+    std::filesystem::remove(optimizer_file, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
+                                              optimizer_file, ": ", error.message()));
+    }
+    return nn::SaveSafetensors(path, weights_);
+  }
+  // Both files are renamed over the earlier ones, never removed: ranks saving
+  // one path at once leave no moment without an optimizer file. One left by
+  // an earlier save (this save failing between the two) holds the
+  // fingerprint of other weights, which load() refuses.
+  RETURN_IF_ERROR(nn::SaveSafetensors(path, weights_));
+  nn::Checkpoint file;
+  dist::PutOptimizerEntries(optimizer_state_, file);
+  file.metadata[kOptimizerTypeKey] = optimizer_type_;
+  file.metadata[kWeightsKey] = WeightsFingerprint(weights_);
+  return nn::SaveCheckpoint(optimizer_file, file);
+}
+
+absl::Status Model::CheckOptimizerState(const optim::StateDict& state, const std::string& type,
+                                        const std::string& file, nn::Module& network) const {
+  const nn::Generator generator = nn::thread_generator();
+  std::unique_ptr<optim::Optimizer> optimizer;
+  try {
+    optimizer = optimizer_(network.parameters());
+  } catch (const std::exception& e) {
+    nn::thread_generator() = generator;
+    return absl::InvalidArgumentError(
+        absl::StrCat("hapi::Model: the optimizer factory threw: ", e.what()));
+  }
+  nn::thread_generator() = generator;
+  if (optimizer == nullptr)
+    return absl::InternalError("hapi::Model: the optimizer factory returned null");
+  if (type != optimizer->name()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, " holds the state of an optimizer of type ",
+                                                   type, "; the prepared optimizer is a ",
+                                                   optimizer->name()));
+  }
+  absl::Status loaded = optimizer->load_state_dict(state);
+  if (!loaded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, " does not fit the prepared optimizer: ", loaded.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::load(const std::string& path, LoadOptions options) {
+  std::shared_ptr<nn::Module> net = network_();
+  if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
+  absl::StatusOr<nn::SafetensorsLoadReport> report = nn::LoadSafetensors(path, *net);
+  if (!report.ok()) return report.status();
+  nn::StateDict weights = HostState(*net);
+  const std::string optimizer_file = OptimizerStatePath(path);
+  std::optional<optim::StateDict> optimizer_state;
+  std::string type;
+  std::error_code error;
+  if (!options.reset_optimizer && std::filesystem::exists(optimizer_file, error)) {
+    ASSIGN_OR_RETURN(nn::Checkpoint file, nn::LoadCheckpoint(optimizer_file));
+    ASSIGN_OR_RETURN(type, StringEntry(file, kOptimizerTypeKey, optimizer_file));
+    ASSIGN_OR_RETURN(const std::string saved_with, StringEntry(file, kWeightsKey, optimizer_file));
+    ASSIGN_OR_RETURN(optimizer_state, dist::OptimizerEntriesOf(file, optimizer_file));
+    if (optimizer_) {
+      absl::Status fits = CheckOptimizerState(*optimizer_state, type, optimizer_file, *net);
+      if (!fits.ok()) return absl::Status(fits.code(), absl::StrCat("hapi::Model::load: ", fits.message()));
+    }
+    const std::string fingerprint = WeightsFingerprint(weights);
+    if (saved_with != fingerprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hapi::Model::load: ", optimizer_file, " was saved with other weights than ", path,
+          " holds (weights fingerprint ", saved_with, ", ", path, "'s ", fingerprint,
+          "; the weights were written over since): load with reset_optimizer to take the "
+          "weights alone"));
+    }
+  } else if (error) {
+    return absl::InternalError(absl::StrCat("hapi::Model::load: cannot look for ", optimizer_file,
+                                            ": ", error.message()));
+  }
+  weights_ = std::move(weights);
+  have_weights_ = true;
+  have_optimizer_state_ = optimizer_state.has_value();
+  if (optimizer_state.has_value()) {
+    optimizer_state_ = std::move(*optimizer_state);
+    optimizer_type_ = std::move(type);
+  }
+  unchecked_optimizer_file_ = have_optimizer_state_ && !optimizer_ ? optimizer_file : "";
+  return absl::OkStatus();
+}
+
+absl::Status Model::CheckPendingOptimizerState() {
+  if (unchecked_optimizer_file_.empty()) return absl::OkStatus();
+  // The state load() read before prepare(), against the prepared optimizer.
+  const nn::Generator generator = nn::thread_generator();
+  std::shared_ptr<nn::Module> net = network_();
+  nn::thread_generator() = generator;
+  if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
+  absl::Status fits =
+      CheckOptimizerState(optimizer_state_, optimizer_type_, unchecked_optimizer_file_, *net);
+  if (!fits.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hapi::Model::fit: the optimizer state that load() read before prepare() does not "
+        "fit the prepared optimizer (load with reset_optimizer to start it fresh): ",
+        fits.message()));
+  }
+  unchecked_optimizer_file_.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::hapi
