@@ -112,7 +112,7 @@ struct Fractions {
   std::vector<double> values;
 };
 // Splits `base` into parts of the given fractions of its size, as torch
-// 1.13's random_split (and Paddle's) does with fractions: part i gets
+// 1.13's random_split does with fractions: part i gets
 // floor(size * fraction_i) examples, and the examples left over go one each to
 // the first parts, round-robin (10 examples at {0.33, 0.33, 0.34}: 4, 3, 3); a
 // part may round to 0 examples, as torch allows (with a warning). Then as the
