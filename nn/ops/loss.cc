@@ -1,10 +1,13 @@
 // Losses and metrics: argument checks, device dispatch and autograd wiring.
 #include "nn/ops/loss.h"
 
+#include <cmath>
+
 #include "nn/autograd.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/loss_kernels.h"
 #include "nn/ops/reduce.h"
 
@@ -32,6 +35,22 @@ void CheckReduction(Reduction reduction, const char* op) {
                " (expected kNone, kMean or kSum)");
 }
 
+// pred and target of one shape (no broadcasting: (N, 1) against (N) would silently
+// become (N, N)).
+void CheckSameShape(const Tensor& pred, const Tensor& target, const char* op, const char* a,
+                    const char* b) {
+  CheckDefined(pred, op, a);
+  CheckDefined(target, op, b);
+  TANDEM_CHECK(pred.shape() == target.shape(), op, ": ", a, " of shape ",
+               ShapeToString(pred.shape()), " and ", b, " of shape ",
+               ShapeToString(target.shape()), " differ");
+}
+
+Tensor Reduce(const Tensor& per_element, Reduction reduction) {
+  if (reduction == Reduction::kNone) return per_element;
+  return reduction == Reduction::kSum ? sum(per_element) : mean(per_element);
+}
+
 }  // namespace
 
 std::string_view ReductionName(Reduction reduction) {
@@ -47,17 +66,10 @@ Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduct
   // Under autocast a bfloat16 input becomes float32 (precision-sensitive reduction).
   const Tensor pred = ops::internal::AutocastFloat32(pred_in);
   const Tensor target = ops::internal::AutocastFloat32(target_in);
-  CheckDefined(pred, "mse_loss", "pred");
-  CheckDefined(target, "mse_loss", "target");
-  // No broadcasting: (N, 1) against (N) would silently become (N, N).
-  TANDEM_CHECK(pred.shape() == target.shape(), "mse_loss: pred of shape ",
-               ShapeToString(pred.shape()), " and target of shape ",
-               ShapeToString(target.shape()), " differ");
+  CheckSameShape(pred, target, "mse_loss", "pred", "target");
   CheckReduction(reduction, "mse_loss");
   Tensor diff = sub(pred, target);
-  Tensor squared = mul(diff, diff);
-  if (reduction == Reduction::kNone) return squared;
-  return reduction == Reduction::kSum ? sum(squared) : mean(squared);
+  return Reduce(mul(diff, diff), reduction);
 }
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction reduction) {
@@ -90,6 +102,64 @@ Tensor accuracy(const Tensor& logits_in, const Tensor& labels) {
   Tensor out = empty({}, {.dtype = kFloat32, .device = logits.device()});
   TANDEM_ON_DEVICE(logits, ops::internal::Accuracy, logits, labels, out);
   return out;
+}
+
+Tensor l1_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor pred = ops::internal::AutocastFloat32(pred_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(pred, target, "l1_loss", "pred", "target");
+  CheckReduction(reduction, "l1_loss");
+  return Reduce(abs(sub(pred, target)), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduction,
+                      double beta) {
+  const Tensor pred = ops::internal::AutocastFloat32(pred_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(pred, target, "smooth_l1_loss", "pred", "target");
+  CheckReduction(reduction, "smooth_l1_loss");
+  TANDEM_CHECK(beta >= 0 && std::isfinite(beta), "smooth_l1_loss: beta ", beta,
+               " must be finite and >= 0");
+  if (beta == 0) return l1_loss(pred, target, reduction);  // PyTorch's special case
+  using ops::internal::BinaryOp;
+  using ops::internal::UnaryOp;
+  const Tensor diff = sub(pred, target);
+  Tensor per = empty_like(diff);
+  TANDEM_ON_DEVICE(diff, ops::internal::Unary, UnaryOp::kSmoothL1, diff, per, beta, 0.0);
+  per = autograd::Record("smooth_l1_loss", {diff}, per, [d = diff.detach(), beta](const Tensor& g) {
+    Tensor dd = empty_like(d);
+    const auto plan = ops::internal::PlanBroadcast(g.shape(), d.shape(), "smooth_l1_loss_backward");
+    TANDEM_ON_DEVICE(d, ops::internal::Binary, BinaryOp::kSmoothL1Backward, g, d, dd, plan, beta,
+                     0.0);
+    return std::vector<Tensor>{dd};
+  });
+  return Reduce(per, reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& target_in,
+                                        const std::optional<Tensor>& pos_weight_in,
+                                        Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  const Tensor logits = ops::internal::AutocastFloat32(logits_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(logits, target, op, "logits", "target");
+  CheckReduction(reduction, op);
+  // (1 - t) x + w softplus(-x), w = 1 + (pos_weight - 1) t: softplus(-x) = log(1 + exp(-x))
+  // = log1p(exp(-|x|)) + max(-x, 0), never exp of a large positive number.
+  Tensor log_weight;
+  if (pos_weight_in.has_value()) {
+    const Tensor pos_weight = ops::internal::AutocastFloat32(*pos_weight_in);
+    CheckDefined(pos_weight, op, "pos_weight");
+    const auto plan = ops::internal::PlanBroadcast(pos_weight.shape(), target.shape(), op);
+    TANDEM_CHECK(plan.out_shape == target.shape(), op, ": pos_weight of shape ",
+                 ShapeToString(pos_weight.shape()), " does not broadcast to target of shape ",
+                 ShapeToString(target.shape()));
+    log_weight = add_scalar(mul(add_scalar(pos_weight, -1.0), target), 1.0);
+  }
+  Tensor per = mul(rsub_scalar(target, 1.0), logits);
+  Tensor soft = softplus(neg(logits));
+  per = add(per, log_weight.defined() ? mul(log_weight, soft) : soft);
+  return Reduce(per, reduction);
 }
 
 }  // namespace tandem::nn

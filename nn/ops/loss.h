@@ -3,6 +3,7 @@
 #ifndef TANDEM_NN_OPS_LOSS_H_
 #define TANDEM_NN_OPS_LOSS_H_
 
+#include <optional>
 #include <string_view>
 
 #include "nn/tensor.h"
@@ -18,6 +19,24 @@ std::string_view ReductionName(Reduction reduction);  // "none", "mean", "sum"
 // (pred - target)^2 per element, reduced by `reduction`: kNone -> pred's shape,
 // kMean / kSum -> 0-dim. pred, target: same shapes (no broadcasting).
 Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction = Reduction::kMean);
+
+// |pred - target| per element, reduced as mse_loss (same shapes, no broadcasting).
+Tensor l1_loss(const Tensor& pred, const Tensor& target, Reduction reduction = Reduction::kMean);
+
+// Huber-style loss of d = pred - target per element, as PyTorch's smooth_l1_loss:
+// 0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere; beta >= 0 (0 is l1_loss).
+Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target,
+                      Reduction reduction = Reduction::kMean, double beta = 1.0);
+
+// Sigmoid + binary cross-entropy in one numerically stable form, as PyTorch's
+// binary_cross_entropy_with_logits: per element, with w = 1 + (pos_weight - 1) * target,
+//   (1 - target) * logits + w * log(1 + exp(-logits))   (log1p(exp(-|x|)) + max(-x, 0)).
+// logits, target: same shapes, float (target may hold soft labels in [0, 1]);
+// pos_weight: broadcastable to target (one weight per class, the last dim), optional.
+// Differentiable in logits, target and pos_weight.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        const std::optional<Tensor>& pos_weight = std::nullopt,
+                                        Reduction reduction = Reduction::kMean);
 
 // logits: (N, C) float; labels: (N) int64 in [0, C). The per-sample loss
 // -log_softmax(logits)[i, labels[i]], reduced by `reduction`: kNone -> (N),
