@@ -185,6 +185,9 @@ Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
 Tensor CrossEntropyLossImpl::forward(const Tensor& logits, const Tensor& labels) {
   return cross_entropy(logits, labels, reduction);
 }
+Tensor NLLLossImpl::forward(const Tensor& log_probs, const Tensor& labels) {
+  return nll_loss(log_probs, labels, reduction);
+}
 Tensor L1LossImpl::forward(const Tensor& pred, const Tensor& target) {
   return l1_loss(pred, target, reduction);
 }

@@ -249,6 +249,16 @@ class CrossEntropyLossImpl : public Module {
   Reduction reduction;
 };
 TANDEM_MODULE(CrossEntropyLoss);
+// log_probs: (N, C) float; labels: (N) int64 (see nll_loss).
+class NLLLossImpl : public Module {
+ public:
+  explicit NLLLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
+  using Module::forward;
+  Tensor forward(const Tensor& log_probs, const Tensor& labels);
+
+  Reduction reduction;
+};
+TANDEM_MODULE(NLLLoss);
 // pred, target: same shapes (see l1_loss).
 class L1LossImpl : public Module {
  public:

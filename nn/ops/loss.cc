@@ -15,14 +15,15 @@ namespace tandem::nn {
 namespace {
 
 // logits (N, C) float, labels (N) int64, on one device.
-void CheckClassification(const Tensor& logits, const Tensor& labels, const char* op) {
-  CheckDefined(logits, op, "logits");
+void CheckClassification(const Tensor& logits, const Tensor& labels, const char* op,
+                         const char* logits_name = "logits") {
+  CheckDefined(logits, op, logits_name);
   CheckDefined(labels, op, "labels");
-  CheckDim(logits, 2, op, "logits");
+  CheckDim(logits, 2, op, logits_name);
   CheckFloating(logits, op);
   TANDEM_CHECK(labels.dtype() == kInt64, op, ": labels must be int64, got ", labels.ToString());
   TANDEM_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), op, ": labels of shape ",
-               ShapeToString(labels.shape()), " do not match logits of shape ",
+               ShapeToString(labels.shape()), " do not match ", logits_name, " of shape ",
                ShapeToString(logits.shape()), " (expected (", logits.size(0), "))");
   CheckSameDevice(logits, labels, op);
 }
@@ -94,6 +95,24 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction re
   });
 }
 
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& labels, Reduction reduction) {
+  const Tensor log_probs = ops::internal::AutocastFloat32(log_probs_in);
+  CheckClassification(log_probs, labels, "nll_loss", "log_probs");
+  CheckReduction(reduction, "nll_loss");
+  TANDEM_CHECK(log_probs.size(0) > 0 && log_probs.size(1) > 0, "nll_loss: log_probs of shape ",
+               ShapeToString(log_probs.shape()), " are empty");
+  const TensorOptions options{.dtype = log_probs.dtype(), .device = log_probs.device()};
+  Tensor loss = reduction == Reduction::kNone ? empty({log_probs.size(0)}, options)
+                                              : empty({}, options);
+  TANDEM_ON_DEVICE(log_probs, ops::internal::NllLossForward, log_probs, labels, loss, reduction);
+  return autograd::Record("nll_loss", {log_probs}, loss,
+                          [shape = log_probs.shape(), options, labels, reduction](const Tensor& g) {
+    Tensor dlog_probs = empty(shape, options);
+    TANDEM_ON_DEVICE(g, ops::internal::NllLossBackward, labels, g, dlog_probs, reduction);
+    return std::vector<Tensor>{dlog_probs};
+  });
+}
+
 Tensor accuracy(const Tensor& logits_in, const Tensor& labels) {
   const Tensor logits = ops::internal::AutocastFloat32(logits_in);
   CheckClassification(logits, labels, "accuracy");
@@ -150,7 +169,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& t
   if (pos_weight_in.has_value()) {
     const Tensor pos_weight = ops::internal::AutocastFloat32(*pos_weight_in);
     CheckDefined(pos_weight, op, "pos_weight");
-    const auto plan = ops::internal::PlanBroadcast(pos_weight.shape(), target.shape(), op);
+    const auto plan = ops::internal::PlanBroadcast(
+        pos_weight.shape(), target.shape(), "binary_cross_entropy_with_logits: pos_weight and target");
     TANDEM_CHECK(plan.out_shape == target.shape(), op, ": pos_weight of shape ",
                  ShapeToString(pos_weight.shape()), " does not broadcast to target of shape ",
                  ShapeToString(target.shape()));

@@ -45,6 +45,12 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kMean);
 
+// log_probs: (N, C) float (log_softmax's output); labels: (N) int64 in [0, C). The
+// per-sample loss -log_probs[i, labels[i]], reduced by `reduction` as cross_entropy
+// (nll_loss(log_softmax(x), y) is cross_entropy(x, y)); a bad label as there.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels,
+                Reduction reduction = Reduction::kMean);
+
 // Fraction of rows whose argmax equals the label -> 0-dim float32 (no host sync
 // on CUDA until item()). Not differentiable.
 Tensor accuracy(const Tensor& logits, const Tensor& labels);

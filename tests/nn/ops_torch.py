@@ -36,7 +36,12 @@ x = t(X); emit("gelu", F.gelu(x), x)
 x = t(X); emit("gelu_tanh", F.gelu(x, approximate="tanh"), x)
 x = t(X); emit("silu", F.silu(x), x)
 x = t(X); emit("leaky_relu_0.2", F.leaky_relu(x, 0.2), x)
+LP = [0.4, -1.3, 2.2, 0.1, -0.6, 1.7, -2.4, 0.9, 1.2, -0.3, 0.05, -1.1]  # logits (3, 4)
+LABELS = [2, 0, 3]
 for red in ["none", "mean", "sum"]:
+    logp = torch.log_softmax(torch.tensor(LP, dtype=torch.float64).reshape(3, 4), 1)
+    logp.requires_grad_(True)
+    emit("nll_" + red, F.nll_loss(logp, torch.tensor(LABELS), reduction=red).reshape(-1), logp)
     p, q = t(P, (2, 3)), t(T, (2, 3))
     emit("l1_" + red, F.l1_loss(p, q, reduction=red).reshape(-1), p, q)
     p, q = t(P, (2, 3)), t(T, (2, 3))

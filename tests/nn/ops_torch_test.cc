@@ -11,6 +11,7 @@
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
 #include "nn/ops/reduce.h"
+#include "nn/ops/softmax.h"
 
 namespace tandem::nn {
 namespace {
@@ -28,6 +29,8 @@ const std::vector<double> kTarget = {0.5, -1.0, 1.0, 0.05, 0.3, -0.2};
 const std::vector<double> kLogits = {2.0, -3.0, 0.5, 0.0, -0.25, 40.0};
 const std::vector<double> kLabels = {1.0, 0.0, 0.75, 1.0, 0.0, 0.0};
 const std::vector<double> kPosWeight = {2.0, 0.5, 3.0};
+const std::vector<double> kClassLogits = {0.4, -1.3, 2.2, 0.1, -0.6, 1.7,
+                                          -2.4, 0.9, 1.2, -0.3, 0.05, -1.1};  // (3, 4)
 
 void ExpectNear(const std::vector<double>& got, const std::string& key) {
   ASSERT_EQ(Torch().count(key), 1u) << key;
@@ -83,6 +86,13 @@ TEST(OpsTorchTest, Losses) {
     Check("bce_pw_" + name, {kLogits, kLabels, kPosWeight}, {s, s, {3}},
           [r = r](const auto& in) { return binary_cross_entropy_with_logits(in[0], in[1], in[2], r); },
           2);
+    // log_softmax in tandem (checked against PyTorch's by the values of the leaf).
+    const std::vector<double> log_probs =
+        log_softmax(from_vector(kClassLogits, {3, 4}), 1).to_vector<double>();
+    Check("nll_" + name, {log_probs}, {{3, 4}},
+          [r = r](const auto& in) {
+            return nll_loss(in[0], from_vector(std::vector<int64_t>{2, 0, 3}, {3}), r);
+          }, 1);
   }
 }
 
