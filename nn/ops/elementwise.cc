@@ -42,12 +42,6 @@ Tensor Unary(UnaryOp op, const Tensor& x, const char* name, double s0 = 0, doubl
   return out;
 }
 
-// The gradient of a same-shape backward op: g and the saved tensor y share x's shape.
-Tensor Backward(BinaryOp op, const Tensor& g, const Tensor& y, const char* name, double s0 = 0,
-                double s1 = 0) {
-  return Binary(op, g, y, name, s0, s1);
-}
-
 // maximum / minimum: the output's gradient times the share of each operand, summed
 // back to the operand's shape.
 Tensor Extremum(BinaryOp op, BinaryOp share, const Tensor& a, const Tensor& b, const char* name) {
@@ -202,14 +196,14 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
 Tensor abs(const Tensor& x) {
   Tensor out = Unary(UnaryOp::kAbs, x, "abs");
   return autograd::Record("abs", {x}, out, [x = x.detach()](const Tensor& g) {
-    return std::vector<Tensor>{Backward(BinaryOp::kAbsBackward, g, x, "abs_backward")};
+    return std::vector<Tensor>{Binary(BinaryOp::kAbsBackward, g, x, "abs_backward")};
   });
 }
 
 Tensor sqrt(const Tensor& x) {
   Tensor out = Unary(UnaryOp::kSqrt, x, "sqrt");
   return autograd::Record("sqrt", {x}, out, [y = out.detach()](const Tensor& g) {
-    return std::vector<Tensor>{Backward(BinaryOp::kSqrtBackward, g, y, "sqrt_backward")};
+    return std::vector<Tensor>{Binary(BinaryOp::kSqrtBackward, g, y, "sqrt_backward")};
   });
 }
 
@@ -223,7 +217,7 @@ Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> m
   Tensor out = Unary(UnaryOp::kClamp, x, "clamp", lo, hi);
   return autograd::Record("clamp", {x}, out, [x = x.detach(), lo, hi](const Tensor& g) {
     return std::vector<Tensor>{
-        Backward(BinaryOp::kClampBackward, g, x, "clamp_backward", lo, hi)};
+        Binary(BinaryOp::kClampBackward, g, x, "clamp_backward", lo, hi)};
   });
 }
 
@@ -233,7 +227,7 @@ Tensor leaky_relu(const Tensor& x, double negative_slope) {
   Tensor out = Unary(UnaryOp::kLeakyRelu, x, "leaky_relu", negative_slope);
   return autograd::Record("leaky_relu", {x}, out,
                           [x = x.detach(), negative_slope](const Tensor& g) {
-    return std::vector<Tensor>{Backward(BinaryOp::kLeakyReluBackward, g, x,
+    return std::vector<Tensor>{Binary(BinaryOp::kLeakyReluBackward, g, x,
                                         "leaky_relu_backward", negative_slope)};
   });
 }
@@ -246,14 +240,14 @@ Tensor gelu(const Tensor& x, GeluApproximate approximate) {
   Tensor out = Unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, x, "gelu");
   return autograd::Record("gelu", {x}, out, [x = x.detach(), tanh_form](const Tensor& g) {
     const BinaryOp op = tanh_form ? BinaryOp::kGeluTanhBackward : BinaryOp::kGeluBackward;
-    return std::vector<Tensor>{Backward(op, g, x, "gelu_backward")};
+    return std::vector<Tensor>{Binary(op, g, x, "gelu_backward")};
   });
 }
 
 Tensor silu(const Tensor& x) {
   Tensor out = Unary(UnaryOp::kSilu, x, "silu");
   return autograd::Record("silu", {x}, out, [x = x.detach()](const Tensor& g) {
-    return std::vector<Tensor>{Backward(BinaryOp::kSiluBackward, g, x, "silu_backward")};
+    return std::vector<Tensor>{Binary(BinaryOp::kSiluBackward, g, x, "silu_backward")};
   });
 }
 

@@ -260,8 +260,15 @@ TEST(LossTest, L1SmoothL1AndBceValues) {
   Tensor pw = full({4}, 3.0);
   EXPECT_FLOAT_EQ(BCEWithLogitsLoss(Reduction::kNone, pw)(x, y).to_vector<float>()[0],
                   3 * std::log(2.0f));
-  EXPECT_EQ(BCEWithLogitsLoss(Reduction::kNone, pw)->buffers().size(), 1u);
   EXPECT_EQ(BCEWithLogitsLoss()->buffers().size(), 0u);
+  // pos_weight is a buffer: in the state dict, converted by to(dtype) in place.
+  BCEWithLogitsLoss module(Reduction::kNone, pw);
+  ASSERT_EQ(module->named_buffers().size(), 1u);
+  EXPECT_EQ(module->named_buffers()[0].first, "pos_weight");
+  module->to(kFloat64);
+  EXPECT_EQ(module->pos_weight.dtype(), kFloat64);
+  EXPECT_DOUBLE_EQ(module(x.to(kFloat64), y.to(kFloat64)).to_vector<double>()[0],
+                   3 * std::log(2.0));
 }
 
 TEST(LossTest, NllLossPicksTheLabelledLogProbability) {
