@@ -1,5 +1,7 @@
 // Losses and metrics. CPU: loss_cpu.cc; CUDA: loss_cuda.cu (cross_entropy is one
-// fused softmax + NLL kernel forward and one backward).
+// fused softmax + NLL kernel forward and one backward; nll_loss one kernel each way).
+// mse_loss, l1_loss, smooth_l1_loss and binary_cross_entropy_with_logits are
+// composed of elementwise ops and reductions (each step its own kernel and output).
 #ifndef TANDEM_NN_OPS_LOSS_H_
 #define TANDEM_NN_OPS_LOSS_H_
 
@@ -33,7 +35,8 @@ Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target,
 //   (1 - target) * logits + w * log(1 + exp(-logits))   (log1p(exp(-|x|)) + max(-x, 0)).
 // logits, target: same shapes, float (target may hold soft labels in [0, 1]);
 // pos_weight: broadcastable to target (one weight per class, the last dim), optional.
-// Differentiable in logits, target and pos_weight.
+// Differentiable in logits, target and pos_weight (PyTorch 1.13 refuses a pos_weight
+// that requires grad).
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         const std::optional<Tensor>& pos_weight = std::nullopt,
                                         Reduction reduction = Reduction::kMean);
