@@ -18,8 +18,9 @@
 //  - ops with bfloat16 kernels (relu and the other unary ops, elementwise binary ops
 //    on equal dtypes, max/avg pool, dropout, views) run in the dtype they are given:
 //    bfloat16 in, bfloat16 out, arithmetic in float32.
-//  - cross_entropy, mse_loss, softmax, log_softmax, batch_norm2d (not its running
-//    statistics, which it updates in place), sum, mean, argmax and accuracy cast
+//  - cross_entropy, nll_loss, mse_loss, l1_loss, smooth_l1_loss,
+//    binary_cross_entropy_with_logits, softmax, log_softmax, batch_norm2d (not its
+//    running statistics, which it updates in place), sum, mean, argmax and accuracy cast
 //    bfloat16 inputs to float32 and compute in float32 (precision-sensitive
 //    reductions).
 // Parameters stay float32: the casts' backward converts gradients back to

@@ -79,6 +79,13 @@ Tensor ReLUImpl::forward(const Tensor& x) { return relu(x); }
 Tensor ReLU6Impl::forward(const Tensor& x) { return relu6(x); }
 Tensor SigmoidImpl::forward(const Tensor& x) { return sigmoid(x); }
 Tensor TanhImpl::forward(const Tensor& x) { return tanh(x); }
+Tensor GELUImpl::forward(const Tensor& x) { return gelu(x, approximate); }
+LeakyReLUImpl::LeakyReLUImpl(double negative_slope) : negative_slope(negative_slope) {
+  TANDEM_CHECK(std::isfinite(negative_slope), "LeakyReLU(", negative_slope,
+               "): negative_slope must be finite");
+}
+Tensor LeakyReLUImpl::forward(const Tensor& x) { return leaky_relu(x, negative_slope); }
+Tensor SiLUImpl::forward(const Tensor& x) { return silu(x); }
 
 DropoutImpl::DropoutImpl(double p) : p(p) {
   TANDEM_CHECK(p >= 0.0 && p < 1.0, "Dropout(", p, "): p must be in [0, 1)");
@@ -177,6 +184,29 @@ Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
 }
 Tensor CrossEntropyLossImpl::forward(const Tensor& logits, const Tensor& labels) {
   return cross_entropy(logits, labels, reduction);
+}
+Tensor NLLLossImpl::forward(const Tensor& log_probs, const Tensor& labels) {
+  return nll_loss(log_probs, labels, reduction);
+}
+Tensor L1LossImpl::forward(const Tensor& pred, const Tensor& target) {
+  return l1_loss(pred, target, reduction);
+}
+SmoothL1LossImpl::SmoothL1LossImpl(Reduction reduction, double beta)
+    : reduction(reduction), beta(beta) {
+  TANDEM_CHECK(beta >= 0 && std::isfinite(beta), "SmoothL1Loss: beta ", beta,
+               " must be finite and >= 0");
+}
+Tensor SmoothL1LossImpl::forward(const Tensor& pred, const Tensor& target) {
+  return smooth_l1_loss(pred, target, reduction, beta);
+}
+BCEWithLogitsLossImpl::BCEWithLogitsLossImpl(Reduction reduction, std::optional<Tensor> pos_weight)
+    : reduction(reduction) {
+  if (pos_weight.has_value()) this->pos_weight = register_buffer("pos_weight", *pos_weight);
+}
+Tensor BCEWithLogitsLossImpl::forward(const Tensor& logits, const Tensor& target) {
+  return binary_cross_entropy_with_logits(
+      logits, target, pos_weight.defined() ? std::optional<Tensor>(pos_weight) : std::nullopt,
+      reduction);
 }
 
 }  // namespace tandem::nn

@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 
 #include "nn/module.h"
 #include "nn/ops/batch_norm.h"  // BatchNormReducer
 #include "nn/ops/conv.h"
+#include "nn/ops/elementwise.h"  // GeluApproximate
 #include "nn/ops/loss.h"  // Reduction
 #include "nn/ops/pool.h"
 #include "nn/tensor.h"
@@ -126,6 +128,30 @@ class TanhImpl : public Module {
   Tensor forward(const Tensor& x) override;
 };
 TANDEM_MODULE(Tanh);
+// gelu(x, approximate): the exact erf form by default, GeluApproximate::kTanh as
+// PyTorch's approximate="tanh".
+class GELUImpl : public Module {
+ public:
+  explicit GELUImpl(GeluApproximate approximate = GeluApproximate::kNone)
+      : approximate(approximate) {}
+  Tensor forward(const Tensor& x) override;
+
+  GeluApproximate approximate;
+};
+TANDEM_MODULE(GELU);
+class LeakyReLUImpl : public Module {
+ public:
+  explicit LeakyReLUImpl(double negative_slope = 0.01);  // finite, else an error naming it
+  Tensor forward(const Tensor& x) override;
+
+  double negative_slope;
+};
+TANDEM_MODULE(LeakyReLU);
+class SiLUImpl : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+TANDEM_MODULE(SiLU);
 
 // Zeroes elements with probability p while is_training(), scaling the rest by
 // 1/(1-p); the identity in eval mode. p in [0, 1) (checked here).
@@ -223,6 +249,51 @@ class CrossEntropyLossImpl : public Module {
   Reduction reduction;
 };
 TANDEM_MODULE(CrossEntropyLoss);
+// log_probs: (N, C) float; labels: (N) int64 (see nll_loss).
+class NLLLossImpl : public Module {
+ public:
+  explicit NLLLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
+  using Module::forward;
+  Tensor forward(const Tensor& log_probs, const Tensor& labels);
+
+  Reduction reduction;
+};
+TANDEM_MODULE(NLLLoss);
+// pred, target: same shapes (see l1_loss).
+class L1LossImpl : public Module {
+ public:
+  explicit L1LossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
+  using Module::forward;
+  Tensor forward(const Tensor& pred, const Tensor& target);
+
+  Reduction reduction;
+};
+TANDEM_MODULE(L1Loss);
+// pred, target: same shapes; beta >= 0 (see smooth_l1_loss).
+class SmoothL1LossImpl : public Module {
+ public:
+  explicit SmoothL1LossImpl(Reduction reduction = Reduction::kMean, double beta = 1.0);
+  using Module::forward;
+  Tensor forward(const Tensor& pred, const Tensor& target);
+
+  Reduction reduction;
+  double beta;
+};
+TANDEM_MODULE(SmoothL1Loss);
+// logits, target: same shapes (see binary_cross_entropy_with_logits). pos_weight,
+// when given, is a buffer named "pos_weight" (moves with to(), in the state dict, as
+// PyTorch's BCEWithLogitsLoss).
+class BCEWithLogitsLossImpl : public Module {
+ public:
+  explicit BCEWithLogitsLossImpl(Reduction reduction = Reduction::kMean,
+                                 std::optional<Tensor> pos_weight = std::nullopt);
+  using Module::forward;
+  Tensor forward(const Tensor& logits, const Tensor& target);
+
+  Reduction reduction;
+  Tensor pos_weight;  // undefined when not given
+};
+TANDEM_MODULE(BCEWithLogitsLoss);
 
 }  // namespace tandem::nn
 

@@ -278,6 +278,9 @@ std::string DeviceErrorMessage(unsigned long long code, long long a, long long b
     case kDeviceErrorCrossEntropyTarget:
       return absl::StrCat("cross_entropy: target ", a, " of sample ", b, " is out of range [0, ",
                           c, ") on ", device.ToString());
+    case kDeviceErrorNllLossTarget:
+      return absl::StrCat("nll_loss: target ", a, " of sample ", b, " is out of range [0, ", c,
+                          ") on ", device.ToString());
     default:
       return absl::StrCat("device error code ", code, " (", a, ", ", b, ", ", c, ") on ",
                           device.ToString());

@@ -39,6 +39,8 @@ enum DeviceErrorCode : unsigned long long {
   kDeviceErrorWriting = 1,  // a kernel has claimed the word and is filling it in
   // cross_entropy: a = the target, b = the sample (row), c = the number of classes.
   kDeviceErrorCrossEntropyTarget = 2,
+  // nll_loss: a = the target, b = the sample (row), c = the number of classes.
+  kDeviceErrorNllLossTarget = 3,
 };
 
 struct DeviceErrorWord {

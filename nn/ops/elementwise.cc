@@ -1,6 +1,9 @@
 // Elementwise ops: shape checks, device dispatch and autograd wiring.
 #include "nn/ops/elementwise.h"
 
+#include <cmath>
+#include <limits>
+
 #include "nn/autograd.h"
 #include "nn/ops/internal/dispatch.h"
 #include "nn/ops/internal/elementwise_kernels.h"
@@ -18,7 +21,8 @@ void CheckFloatingOrBFloat16(const Tensor& t, const char* op) {
                ": expected a float32, float64 or bfloat16 tensor, got ", t.ToString());
 }
 
-Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name, double s0 = 0,
+              double s1 = 0) {
   CheckDefined(a, name, "a");
   CheckDefined(b, name, "b");
   CheckSameDevice(a, b, name);
@@ -26,7 +30,7 @@ Tensor Binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   CheckFloatingOrBFloat16(a, name);
   const auto plan = ops::internal::PlanBroadcast(a.shape(), b.shape(), name);
   Tensor out = empty(plan.out_shape, {.dtype = a.dtype(), .device = a.device()});
-  TANDEM_ON_DEVICE(a, ops::internal::Binary, op, a, b, out, plan);
+  TANDEM_ON_DEVICE(a, ops::internal::Binary, op, a, b, out, plan, s0, s1);
   return out;
 }
 
@@ -36,6 +40,20 @@ Tensor Unary(UnaryOp op, const Tensor& x, const char* name, double s0 = 0, doubl
   Tensor out = empty_like(x);
   TANDEM_ON_DEVICE(x, ops::internal::Unary, op, x, out, s0, s1);
   return out;
+}
+
+// maximum / minimum: the output's gradient times the share of each operand, summed
+// back to the operand's shape.
+Tensor Extremum(BinaryOp op, BinaryOp share, const Tensor& a, const Tensor& b, const char* name) {
+  Tensor out = Binary(op, a, b, name);
+  const bool ga = a.requires_grad(), gb = b.requires_grad();
+  return autograd::Record(name, {a, b}, out,
+                          [a = a.detach(), b = b.detach(), ga, gb, share](const Tensor& g) {
+    Tensor da, db;
+    if (ga) da = sum_to(mul(g, Binary(share, a, b, "extremum_backward")), a.shape());
+    if (gb) db = sum_to(mul(g, Binary(share, b, a, "extremum_backward")), b.shape());
+    return std::vector<Tensor>{da, db};
+  });
 }
 
 }  // namespace
@@ -164,6 +182,80 @@ Tensor tanh(const Tensor& x) {
   Tensor out = Unary(UnaryOp::kTanh, x, "tanh");
   return autograd::Record("tanh", {x}, out, [y = out.detach()](const Tensor& g) {
     return std::vector<Tensor>{Binary(BinaryOp::kTanhBackward, g, y, "tanh_backward")};
+  });
+}
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return Extremum(BinaryOp::kMaximum, BinaryOp::kMaximumShare, a, b, "maximum");
+}
+
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return Extremum(BinaryOp::kMinimum, BinaryOp::kMinimumShare, a, b, "minimum");
+}
+
+Tensor abs(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kAbs, x, "abs");
+  return autograd::Record("abs", {x}, out, [x = x.detach()](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kAbsBackward, g, x, "abs_backward")};
+  });
+}
+
+Tensor sqrt(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kSqrt, x, "sqrt");
+  return autograd::Record("sqrt", {x}, out, [y = out.detach()](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kSqrtBackward, g, y, "sqrt_backward")};
+  });
+}
+
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  TANDEM_CHECK(min.has_value() || max.has_value(),
+               "clamp: at least one of min and max must be given");
+  TANDEM_CHECK(!(min && std::isnan(*min)) && !(max && std::isnan(*max)), "clamp: bounds min ",
+               min ? *min : -HUGE_VAL, " and max ", max ? *max : HUGE_VAL, " include NaN");
+  const double lo = min.value_or(-std::numeric_limits<double>::infinity());
+  const double hi = max.value_or(std::numeric_limits<double>::infinity());
+  Tensor out = Unary(UnaryOp::kClamp, x, "clamp", lo, hi);
+  return autograd::Record("clamp", {x}, out, [x = x.detach(), lo, hi](const Tensor& g) {
+    return std::vector<Tensor>{
+        Binary(BinaryOp::kClampBackward, g, x, "clamp_backward", lo, hi)};
+  });
+}
+
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  TANDEM_CHECK(std::isfinite(negative_slope), "leaky_relu: negative_slope ", negative_slope,
+               " is not finite");
+  Tensor out = Unary(UnaryOp::kLeakyRelu, x, "leaky_relu", negative_slope);
+  return autograd::Record("leaky_relu", {x}, out,
+                          [x = x.detach(), negative_slope](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kLeakyReluBackward, g, x,
+                                        "leaky_relu_backward", negative_slope)};
+  });
+}
+
+Tensor gelu(const Tensor& x, GeluApproximate approximate) {
+  TANDEM_CHECK(approximate == GeluApproximate::kNone || approximate == GeluApproximate::kTanh,
+               "gelu: unknown approximate ", static_cast<int>(approximate),
+               " (expected kNone or kTanh)");
+  const bool tanh_form = approximate == GeluApproximate::kTanh;
+  Tensor out = Unary(tanh_form ? UnaryOp::kGeluTanh : UnaryOp::kGelu, x, "gelu");
+  return autograd::Record("gelu", {x}, out, [x = x.detach(), tanh_form](const Tensor& g) {
+    const BinaryOp op = tanh_form ? BinaryOp::kGeluTanhBackward : BinaryOp::kGeluBackward;
+    return std::vector<Tensor>{Binary(op, g, x, "gelu_backward")};
+  });
+}
+
+Tensor silu(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kSilu, x, "silu");
+  return autograd::Record("silu", {x}, out, [x = x.detach()](const Tensor& g) {
+    return std::vector<Tensor>{Binary(BinaryOp::kSiluBackward, g, x, "silu_backward")};
+  });
+}
+
+Tensor softplus(const Tensor& x) {
+  Tensor out = Unary(UnaryOp::kSoftplus, x, "softplus");
+  return autograd::Record("softplus", {x}, out, [x = x.detach()](const Tensor& g) {
+    // d/dx log(1 + exp(x)) = sigmoid(x): the saved input through sigmoid's kernel.
+    return std::vector<Tensor>{mul(g, sigmoid(x))};
   });
 }
 

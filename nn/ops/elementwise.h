@@ -9,6 +9,8 @@
 #ifndef TANDEM_NN_OPS_ELEMENTWISE_H_
 #define TANDEM_NN_OPS_ELEMENTWISE_H_
 
+#include <optional>
+
 #include "nn/tensor.h"
 
 namespace tandem::nn {
@@ -18,6 +20,11 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
+// The larger / smaller element of a and b (broadcasting as add; a NaN in either gives
+// NaN). The gradient goes to the operand that won; at a tie it is split in half
+// between a and b, as PyTorch's maximum / minimum.
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
 
 Tensor neg(const Tensor& x);
 Tensor add_scalar(const Tensor& x, double s);  // x + s
@@ -27,12 +34,27 @@ Tensor rdiv_scalar(const Tensor& x, double s); // s / x
 Tensor pow_scalar(const Tensor& x, double p);  // x^p (x > 0 unless p is a whole number)
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
+Tensor abs(const Tensor& x);   // gradient sign(x): 0 at x == 0
+Tensor sqrt(const Tensor& x);  // gradient 1 / (2 sqrt(x)): inf at x == 0
+// x bounded to [min, max]; either bound may be absent, not both, and neither NaN.
+// min > max gives max everywhere (as PyTorch). Gradient 1 where min <= x <= max.
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 
 Tensor relu(const Tensor& x);
 // min(max(x, 0), 6) (MobileNetV2's activation); gradient 1 strictly inside (0, 6).
 Tensor relu6(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+// x where x > 0, negative_slope * x elsewhere (gradient negative_slope at x == 0).
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+// PyTorch's gelu: kNone is x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))); kTanh is
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate="tanh").
+enum class GeluApproximate { kNone, kTanh };
+Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::kNone);
+Tensor silu(const Tensor& x);  // x * sigmoid(x) (swish)
+// log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)) (no overflow); gradient
+// sigmoid(x).
+Tensor softplus(const Tensor& x);
 
 // Sums `x` down to `shape` (the reverse of broadcasting `shape` up to x's shape).
 Tensor sum_to(const Tensor& x, const Shape& shape);

@@ -50,12 +50,15 @@ constexpr int64_t kMinPerThread = int64_t{1} << 15;
 // a one-element b. No __restrict: out may alias an operand (the compiler checks
 // for overlap before its vector loop).
 template <BinaryOp kOp, typename T>
-void BinaryRange(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
+void BinaryRange(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n, Compute<T> s0,
+                 Compute<T> s1) {
   if (b_step == 0) {
     const Compute<T> vb = Load(pb[0]);
-    for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), vb));
+    for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), vb, s0, s1));
   } else {
-    for (int64_t i = 0; i < n; ++i) po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), Load(pb[i])));
+    for (int64_t i = 0; i < n; ++i) {
+      po[i] = Store<T>(ApplyBinary(kOp, Load(pa[i]), Load(pb[i]), s0, s1));
+    }
   }
 }
 
@@ -65,7 +68,8 @@ void BinaryRange(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
 // the float32 route above, in integer lanes the compiler vectorises.
 template <>
 void BinaryRange<BinaryOp::kReluBackward, BFloat16>(const BFloat16* pa, const BFloat16* pb,
-                                                    int64_t b_step, BFloat16* po, int64_t n) {
+                                                    int64_t b_step, BFloat16* po, int64_t n,
+                                                    float /*s0*/, float /*s1*/) {
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t a = pa[i].bits, b = pb[i * b_step].bits;
     const bool nan = (a & 0x7f80u) == 0x7f80u && (a & 0x007fu) != 0;
@@ -75,45 +79,60 @@ void BinaryRange<BinaryOp::kReluBackward, BFloat16>(const BFloat16* pa, const BF
 }
 
 template <BinaryOp kOp, typename T>
-void BinaryLoop(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
+void BinaryLoop(const T* pa, const T* pb, int64_t b_step, T* po, int64_t n, Compute<T> s0,
+                Compute<T> s1) {
   ParallelFor(n, kMinPerThread, [&](int64_t begin, int64_t end) {
-    BinaryRange<kOp, T>(pa + begin, pb + begin * b_step, b_step, po + begin, end - begin);
+    BinaryRange<kOp, T>(pa + begin, pb + begin * b_step, b_step, po + begin, end - begin, s0, s1);
   });
 }
 
 template <typename T>
-void BinaryLoop(BinaryOp op, const T* pa, const T* pb, int64_t b_step, T* po, int64_t n) {
+void BinaryLoop(BinaryOp op, const T* pa, const T* pb, int64_t b_step, T* po, int64_t n,
+                Compute<T> s0, Compute<T> s1) {
   switch (op) {
-    case BinaryOp::kAdd: return BinaryLoop<BinaryOp::kAdd, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kSub: return BinaryLoop<BinaryOp::kSub, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kMul: return BinaryLoop<BinaryOp::kMul, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kDiv: return BinaryLoop<BinaryOp::kDiv, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kReluBackward:
-      return BinaryLoop<BinaryOp::kReluBackward, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kSigmoidBackward:
-      return BinaryLoop<BinaryOp::kSigmoidBackward, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kTanhBackward:
-      return BinaryLoop<BinaryOp::kTanhBackward, T>(pa, pb, b_step, po, n);
-    case BinaryOp::kRelu6Backward:
-      return BinaryLoop<BinaryOp::kRelu6Backward, T>(pa, pb, b_step, po, n);
+#define TANDEM_BINARY_CASE(kOp) \
+  case BinaryOp::kOp: return BinaryLoop<BinaryOp::kOp, T>(pa, pb, b_step, po, n, s0, s1);
+    TANDEM_BINARY_CASE(kAdd)
+    TANDEM_BINARY_CASE(kSub)
+    TANDEM_BINARY_CASE(kMul)
+    TANDEM_BINARY_CASE(kDiv)
+    TANDEM_BINARY_CASE(kReluBackward)
+    TANDEM_BINARY_CASE(kSigmoidBackward)
+    TANDEM_BINARY_CASE(kTanhBackward)
+    TANDEM_BINARY_CASE(kRelu6Backward)
+    TANDEM_BINARY_CASE(kMaximum)
+    TANDEM_BINARY_CASE(kMinimum)
+    TANDEM_BINARY_CASE(kMaximumShare)
+    TANDEM_BINARY_CASE(kMinimumShare)
+    TANDEM_BINARY_CASE(kAbsBackward)
+    TANDEM_BINARY_CASE(kSqrtBackward)
+    TANDEM_BINARY_CASE(kClampBackward)
+    TANDEM_BINARY_CASE(kLeakyReluBackward)
+    TANDEM_BINARY_CASE(kGeluBackward)
+    TANDEM_BINARY_CASE(kGeluTanhBackward)
+    TANDEM_BINARY_CASE(kSiluBackward)
+    TANDEM_BINARY_CASE(kSmoothL1Backward)
+#undef TANDEM_BINARY_CASE
   }
 }
 }  // namespace
 
 void BinaryCpu(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
-               const BroadcastPlan& plan) {
+               const BroadcastPlan& plan, double s0_in, double s1_in) {
   const int64_t n = out.numel();
   TANDEM_DISPATCH_FLOATING(a.dtype(), "binary op", [&]<typename T>() {
+    using C = Compute<T>;
+    const C s0 = static_cast<C>(s0_in), s1 = static_cast<C>(s1_in);
     const T* pa = a.host_data<T>();
     const T* pb = b.host_data<T>();
     T* po = out.host_data<T>();
-    if (plan.same_shape) return BinaryLoop(op, pa, pb, 1, po, n);
-    if (b.numel() == 1) return BinaryLoop(op, pa, pb, 0, po, n);
+    if (plan.same_shape) return BinaryLoop(op, pa, pb, 1, po, n, s0, s1);
+    if (b.numel() == 1 && a.numel() == n) return BinaryLoop(op, pa, pb, 0, po, n, s0, s1);
     // General case: walk the output with a multi-index, advancing both operands.
     int64_t index[kMaxDims] = {};
     int64_t ia = 0, ib = 0;
     for (int64_t i = 0; i < n; ++i) {
-      po[i] = Store<T>(ApplyBinary(op, Load(pa[ia]), Load(pb[ib])));
+      po[i] = Store<T>(ApplyBinary(op, Load(pa[ia]), Load(pb[ib]), s0, s1));
       for (int d = plan.ndim - 1; d >= 0; --d) {
         ia += plan.a_strides[d];
         ib += plan.b_strides[d];
@@ -143,6 +162,10 @@ void UnaryLoop(const T* px, T* po, int64_t n, Compute<T> a, Compute<T> b) {
 }
 }  // namespace
 
+// One case of UnaryCpu's switch (defined outside the dispatch macro's argument).
+#define TANDEM_UNARY_CASE(kOp) \
+  case UnaryOp::kOp: return UnaryLoop<UnaryOp::kOp, T>(px, po, n, a, b);
+
 void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double s1) {
   const int64_t n = x.numel();
   TANDEM_DISPATCH_FLOATING(x.dtype(), "unary op", [&]<typename T>() {
@@ -151,18 +174,29 @@ void UnaryCpu(UnaryOp op, const Tensor& x, const Tensor& out, double s0, double 
     T* po = out.host_data<T>();
     const C a = static_cast<C>(s0), b = static_cast<C>(s1);
     switch (op) {
-      case UnaryOp::kAffine: return UnaryLoop<UnaryOp::kAffine, T>(px, po, n, a, b);
-      case UnaryOp::kRDiv: return UnaryLoop<UnaryOp::kRDiv, T>(px, po, n, a, b);
-      case UnaryOp::kPow: return UnaryLoop<UnaryOp::kPow, T>(px, po, n, a, b);
-      case UnaryOp::kExp: return UnaryLoop<UnaryOp::kExp, T>(px, po, n, a, b);
-      case UnaryOp::kLog: return UnaryLoop<UnaryOp::kLog, T>(px, po, n, a, b);
-      case UnaryOp::kRelu: return UnaryLoop<UnaryOp::kRelu, T>(px, po, n, a, b);
-      case UnaryOp::kSigmoid: return UnaryLoop<UnaryOp::kSigmoid, T>(px, po, n, a, b);
-      case UnaryOp::kTanh: return UnaryLoop<UnaryOp::kTanh, T>(px, po, n, a, b);
-      case UnaryOp::kRelu6: return UnaryLoop<UnaryOp::kRelu6, T>(px, po, n, a, b);
+      TANDEM_UNARY_CASE(kAffine)
+      TANDEM_UNARY_CASE(kRDiv)
+      TANDEM_UNARY_CASE(kPow)
+      TANDEM_UNARY_CASE(kExp)
+      TANDEM_UNARY_CASE(kLog)
+      TANDEM_UNARY_CASE(kRelu)
+      TANDEM_UNARY_CASE(kSigmoid)
+      TANDEM_UNARY_CASE(kTanh)
+      TANDEM_UNARY_CASE(kRelu6)
+      TANDEM_UNARY_CASE(kAbs)
+      TANDEM_UNARY_CASE(kSqrt)
+      TANDEM_UNARY_CASE(kClamp)
+      TANDEM_UNARY_CASE(kLeakyRelu)
+      TANDEM_UNARY_CASE(kGelu)
+      TANDEM_UNARY_CASE(kGeluTanh)
+      TANDEM_UNARY_CASE(kSilu)
+      TANDEM_UNARY_CASE(kSoftplus)
+      TANDEM_UNARY_CASE(kSmoothL1)
     }
   });
 }
+
+#undef TANDEM_UNARY_CASE
 
 void SumToCpu(const Tensor& x, const Tensor& out) {
   // out's shape broadcasts to x's: accumulate each x element into its out slot.

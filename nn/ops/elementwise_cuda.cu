@@ -43,20 +43,22 @@ DevicePlan ToDevicePlan(const BroadcastPlan& plan) {
 }
 
 template <typename T>
-__global__ void BinarySameShapeKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
+__global__ void BinarySameShapeKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n,
+                                      DeviceCompute<T> s0, DeviceCompute<T> s1) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[i])));
+  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[i]), s0, s1));
 }
 
 template <typename T>
-__global__ void BinaryScalarKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
+__global__ void BinaryScalarKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n,
+                                   DeviceCompute<T> s0, DeviceCompute<T> s1) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[0])));
+  if (i < n) out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[i]), LoadDev(b[0]), s0, s1));
 }
 
 template <typename T>
 __global__ void BinaryBroadcastKernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n,
-                                      DevicePlan plan) {
+                                      DevicePlan plan, DeviceCompute<T> s0, DeviceCompute<T> s1) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   int64_t rest = i, ia = 0, ib = 0;
@@ -66,7 +68,7 @@ __global__ void BinaryBroadcastKernel(BinaryOp op, const T* a, const T* b, T* ou
     ia += idx * plan.a_strides[d];
     ib += idx * plan.b_strides[d];
   }
-  out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[ia]), LoadDev(b[ib])));
+  out[i] = StoreDev<T>(ApplyBinary(op, LoadDev(a[ia]), LoadDev(b[ib]), s0, s1));
 }
 
 template <typename T>
@@ -140,22 +142,24 @@ __global__ void SumToBlockKernel(const T* x, T* out, int64_t n_out, SumToPlan pl
 }  // namespace
 
 void BinaryCuda(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
-                const BroadcastPlan& plan) {
+                const BroadcastPlan& plan, double s0, double s1) {
   const int64_t n = out.numel();
   if (n == 0) return;
   cudaStream_t stream = nn::internal::ThreadStream(out.device());
   TANDEM_DISPATCH_FLOATING(a.dtype(), "binary op", [&]<typename T>() {
     using D = DeviceType<T>;
+    using C = DeviceCompute<D>;
+    const C c0 = static_cast<C>(s0), c1 = static_cast<C>(s1);
     const D* pa = DevPtr<T>(a);
     const D* pb = DevPtr<T>(b);
     D* po = DevPtr<T>(out);
     if (plan.same_shape) {
-      BinarySameShapeKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
+      BinarySameShapeKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n, c0, c1);
     } else if (b.numel() == 1 && a.numel() == n) {
-      BinaryScalarKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n);
+      BinaryScalarKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n, c0, c1);
     } else {
       BinaryBroadcastKernel<D><<<Blocks(n), kThreads, 0, stream>>>(op, pa, pb, po, n,
-                                                                   ToDevicePlan(plan));
+                                                                   ToDevicePlan(plan), c0, c1);
     }
   });
   TANDEM_CHECK_LAUNCH("BinaryKernel", out.device());

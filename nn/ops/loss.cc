@@ -1,10 +1,13 @@
 // Losses and metrics: argument checks, device dispatch and autograd wiring.
 #include "nn/ops/loss.h"
 
+#include <cmath>
+
 #include "nn/autograd.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/autocast.h"
 #include "nn/ops/internal/dispatch.h"
+#include "nn/ops/internal/elementwise_kernels.h"
 #include "nn/ops/internal/loss_kernels.h"
 #include "nn/ops/reduce.h"
 
@@ -12,14 +15,15 @@ namespace tandem::nn {
 namespace {
 
 // logits (N, C) float, labels (N) int64, on one device.
-void CheckClassification(const Tensor& logits, const Tensor& labels, const char* op) {
-  CheckDefined(logits, op, "logits");
+void CheckClassification(const Tensor& logits, const Tensor& labels, const char* op,
+                         const char* logits_name = "logits") {
+  CheckDefined(logits, op, logits_name);
   CheckDefined(labels, op, "labels");
-  CheckDim(logits, 2, op, "logits");
+  CheckDim(logits, 2, op, logits_name);
   CheckFloating(logits, op);
   TANDEM_CHECK(labels.dtype() == kInt64, op, ": labels must be int64, got ", labels.ToString());
   TANDEM_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), op, ": labels of shape ",
-               ShapeToString(labels.shape()), " do not match logits of shape ",
+               ShapeToString(labels.shape()), " do not match ", logits_name, " of shape ",
                ShapeToString(logits.shape()), " (expected (", logits.size(0), "))");
   CheckSameDevice(logits, labels, op);
 }
@@ -30,6 +34,22 @@ void CheckReduction(Reduction reduction, const char* op) {
                    reduction == Reduction::kSum,
                op, ": unknown reduction ", static_cast<int>(reduction),
                " (expected kNone, kMean or kSum)");
+}
+
+// pred and target of one shape (no broadcasting: (N, 1) against (N) would silently
+// become (N, N)).
+void CheckSameShape(const Tensor& pred, const Tensor& target, const char* op, const char* a,
+                    const char* b) {
+  CheckDefined(pred, op, a);
+  CheckDefined(target, op, b);
+  TANDEM_CHECK(pred.shape() == target.shape(), op, ": ", a, " of shape ",
+               ShapeToString(pred.shape()), " and ", b, " of shape ",
+               ShapeToString(target.shape()), " differ");
+}
+
+Tensor Reduce(const Tensor& per_element, Reduction reduction) {
+  if (reduction == Reduction::kNone) return per_element;
+  return reduction == Reduction::kSum ? sum(per_element) : mean(per_element);
 }
 
 }  // namespace
@@ -47,17 +67,10 @@ Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduct
   // Under autocast a bfloat16 input becomes float32 (precision-sensitive reduction).
   const Tensor pred = ops::internal::AutocastFloat32(pred_in);
   const Tensor target = ops::internal::AutocastFloat32(target_in);
-  CheckDefined(pred, "mse_loss", "pred");
-  CheckDefined(target, "mse_loss", "target");
-  // No broadcasting: (N, 1) against (N) would silently become (N, N).
-  TANDEM_CHECK(pred.shape() == target.shape(), "mse_loss: pred of shape ",
-               ShapeToString(pred.shape()), " and target of shape ",
-               ShapeToString(target.shape()), " differ");
+  CheckSameShape(pred, target, "mse_loss", "pred", "target");
   CheckReduction(reduction, "mse_loss");
   Tensor diff = sub(pred, target);
-  Tensor squared = mul(diff, diff);
-  if (reduction == Reduction::kNone) return squared;
-  return reduction == Reduction::kSum ? sum(squared) : mean(squared);
+  return Reduce(mul(diff, diff), reduction);
 }
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction reduction) {
@@ -82,6 +95,24 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction re
   });
 }
 
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& labels, Reduction reduction) {
+  const Tensor log_probs = ops::internal::AutocastFloat32(log_probs_in);
+  CheckClassification(log_probs, labels, "nll_loss", "log_probs");
+  CheckReduction(reduction, "nll_loss");
+  TANDEM_CHECK(log_probs.size(0) > 0 && log_probs.size(1) > 0, "nll_loss: log_probs of shape ",
+               ShapeToString(log_probs.shape()), " are empty");
+  const TensorOptions options{.dtype = log_probs.dtype(), .device = log_probs.device()};
+  Tensor loss = reduction == Reduction::kNone ? empty({log_probs.size(0)}, options)
+                                              : empty({}, options);
+  TANDEM_ON_DEVICE(log_probs, ops::internal::NllLossForward, log_probs, labels, loss, reduction);
+  return autograd::Record("nll_loss", {log_probs}, loss,
+                          [shape = log_probs.shape(), options, labels, reduction](const Tensor& g) {
+    Tensor dlog_probs = empty(shape, options);
+    TANDEM_ON_DEVICE(g, ops::internal::NllLossBackward, labels, g, dlog_probs, reduction);
+    return std::vector<Tensor>{dlog_probs};
+  });
+}
+
 Tensor accuracy(const Tensor& logits_in, const Tensor& labels) {
   const Tensor logits = ops::internal::AutocastFloat32(logits_in);
   CheckClassification(logits, labels, "accuracy");
@@ -90,6 +121,65 @@ Tensor accuracy(const Tensor& logits_in, const Tensor& labels) {
   Tensor out = empty({}, {.dtype = kFloat32, .device = logits.device()});
   TANDEM_ON_DEVICE(logits, ops::internal::Accuracy, logits, labels, out);
   return out;
+}
+
+Tensor l1_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor pred = ops::internal::AutocastFloat32(pred_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(pred, target, "l1_loss", "pred", "target");
+  CheckReduction(reduction, "l1_loss");
+  return Reduce(abs(sub(pred, target)), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduction,
+                      double beta) {
+  const Tensor pred = ops::internal::AutocastFloat32(pred_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(pred, target, "smooth_l1_loss", "pred", "target");
+  CheckReduction(reduction, "smooth_l1_loss");
+  TANDEM_CHECK(beta >= 0 && std::isfinite(beta), "smooth_l1_loss: beta ", beta,
+               " must be finite and >= 0");
+  if (beta == 0) return l1_loss(pred, target, reduction);  // PyTorch's special case
+  using ops::internal::BinaryOp;
+  using ops::internal::UnaryOp;
+  const Tensor diff = sub(pred, target);
+  Tensor per = empty_like(diff);
+  TANDEM_ON_DEVICE(diff, ops::internal::Unary, UnaryOp::kSmoothL1, diff, per, beta, 0.0);
+  per = autograd::Record("smooth_l1_loss", {diff}, per, [d = diff.detach(), beta](const Tensor& g) {
+    Tensor dd = empty_like(d);
+    const auto plan = ops::internal::PlanBroadcast(g.shape(), d.shape(), "smooth_l1_loss_backward");
+    TANDEM_ON_DEVICE(d, ops::internal::Binary, BinaryOp::kSmoothL1Backward, g, d, dd, plan, beta,
+                     0.0);
+    return std::vector<Tensor>{dd};
+  });
+  return Reduce(per, reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& target_in,
+                                        const std::optional<Tensor>& pos_weight_in,
+                                        Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  const Tensor logits = ops::internal::AutocastFloat32(logits_in);
+  const Tensor target = ops::internal::AutocastFloat32(target_in);
+  CheckSameShape(logits, target, op, "logits", "target");
+  CheckReduction(reduction, op);
+  // (1 - t) x + w softplus(-x), w = 1 + (pos_weight - 1) t: softplus(-x) = log(1 + exp(-x))
+  // = log1p(exp(-|x|)) + max(-x, 0), never exp of a large positive number.
+  Tensor log_weight;
+  if (pos_weight_in.has_value()) {
+    const Tensor pos_weight = ops::internal::AutocastFloat32(*pos_weight_in);
+    CheckDefined(pos_weight, op, "pos_weight");
+    const auto plan = ops::internal::PlanBroadcast(
+        pos_weight.shape(), target.shape(), "binary_cross_entropy_with_logits: pos_weight and target");
+    TANDEM_CHECK(plan.out_shape == target.shape(), op, ": pos_weight of shape ",
+                 ShapeToString(pos_weight.shape()), " does not broadcast to target of shape ",
+                 ShapeToString(target.shape()));
+    log_weight = add_scalar(mul(add_scalar(pos_weight, -1.0), target), 1.0);
+  }
+  Tensor per = mul(rsub_scalar(target, 1.0), logits);
+  Tensor soft = softplus(neg(logits));
+  per = add(per, log_weight.defined() ? mul(log_weight, soft) : soft);
+  return Reduce(per, reduction);
 }
 
 }  // namespace tandem::nn

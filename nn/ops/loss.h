@@ -1,8 +1,11 @@
 // Losses and metrics. CPU: loss_cpu.cc; CUDA: loss_cuda.cu (cross_entropy is one
-// fused softmax + NLL kernel forward and one backward).
+// fused softmax + NLL kernel forward and one backward; nll_loss one kernel each way).
+// mse_loss, l1_loss, smooth_l1_loss and binary_cross_entropy_with_logits are
+// composed of elementwise ops and reductions (each step its own kernel and output).
 #ifndef TANDEM_NN_OPS_LOSS_H_
 #define TANDEM_NN_OPS_LOSS_H_
 
+#include <optional>
 #include <string_view>
 
 #include "nn/tensor.h"
@@ -19,12 +22,37 @@ std::string_view ReductionName(Reduction reduction);  // "none", "mean", "sum"
 // kMean / kSum -> 0-dim. pred, target: same shapes (no broadcasting).
 Tensor mse_loss(const Tensor& pred, const Tensor& target, Reduction reduction = Reduction::kMean);
 
+// |pred - target| per element, reduced as mse_loss (same shapes, no broadcasting).
+Tensor l1_loss(const Tensor& pred, const Tensor& target, Reduction reduction = Reduction::kMean);
+
+// Huber-style loss of d = pred - target per element, as PyTorch's smooth_l1_loss:
+// 0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere; beta >= 0 (0 is l1_loss).
+Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target,
+                      Reduction reduction = Reduction::kMean, double beta = 1.0);
+
+// Sigmoid + binary cross-entropy in one numerically stable form, as PyTorch's
+// binary_cross_entropy_with_logits: per element, with w = 1 + (pos_weight - 1) * target,
+//   (1 - target) * logits + w * log(1 + exp(-logits))   (log1p(exp(-|x|)) + max(-x, 0)).
+// logits, target: same shapes, float (target may hold soft labels in [0, 1]);
+// pos_weight: broadcastable to target (one weight per class, the last dim), optional.
+// Differentiable in logits, target and pos_weight (PyTorch 1.13 refuses a pos_weight
+// that requires grad).
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        const std::optional<Tensor>& pos_weight = std::nullopt,
+                                        Reduction reduction = Reduction::kMean);
+
 // logits: (N, C) float; labels: (N) int64 in [0, C). The per-sample loss
 // -log_softmax(logits)[i, labels[i]], reduced by `reduction`: kNone -> (N),
 // kMean / kSum -> 0-dim. A label out of range is an error naming it (checked on
 // the host for CPU tensors; on CUDA a deferred device error, see loss_cuda.cu).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kMean);
+
+// log_probs: (N, C) float (log_softmax's output); labels: (N) int64 in [0, C). The
+// per-sample loss -log_probs[i, labels[i]], reduced by `reduction` as cross_entropy
+// (nll_loss(log_softmax(x), y) is cross_entropy(x, y)); a bad label as there.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels,
+                Reduction reduction = Reduction::kMean);
 
 // Fraction of rows whose argmax equals the label -> 0-dim float32 (no host sync
 // on CUDA until item()). Not differentiable.

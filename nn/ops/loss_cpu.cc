@@ -58,6 +58,44 @@ void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const T
   });
 }
 
+void NllLossForwardCpu(const Tensor& log_probs, const Tensor& labels, const Tensor& loss,
+                       Reduction reduction) {
+  const int64_t n = log_probs.size(0), c = log_probs.size(1);
+  const int64_t* pl = labels.host_data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TANDEM_CHECK(pl[i] >= 0 && pl[i] < c, "nll_loss: label ", pl[i], " at row ", i,
+                 " is out of range for ", c, " classes (log_probs of shape ",
+                 ShapeToString(log_probs.shape()), ")");
+  }
+  TANDEM_DISPATCH_FLOAT(log_probs.dtype(), "nll_loss", [&]<typename T>() {
+    const T* px = log_probs.host_data<T>();
+    T* ploss = loss.host_data<T>();
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T row_loss = -px[i * c + pl[i]];
+      if (reduction == Reduction::kNone) ploss[i] = row_loss;
+      total += static_cast<double>(row_loss);
+    }
+    if (reduction == Reduction::kMean) *ploss = static_cast<T>(total / static_cast<double>(n));
+    if (reduction == Reduction::kSum) *ploss = static_cast<T>(total);
+  });
+}
+
+void NllLossBackwardCpu(const Tensor& labels, const Tensor& g, const Tensor& dlog_probs,
+                        Reduction reduction) {
+  const int64_t n = dlog_probs.size(0), c = dlog_probs.size(1);
+  const int64_t* pl = labels.host_data<int64_t>();
+  TANDEM_DISPATCH_FLOAT(dlog_probs.dtype(), "nll_loss_backward", [&]<typename T>() {
+    T* pd = dlog_probs.host_data<T>();
+    const T* pg = g.host_data<T>();
+    const T uniform_scale = reduction == Reduction::kMean ? pg[0] / static_cast<T>(n) : pg[0];
+    std::fill(pd, pd + n * c, T(0));
+    for (int64_t i = 0; i < n; ++i) {
+      pd[i * c + pl[i]] = -(reduction == Reduction::kNone ? pg[i] : uniform_scale);
+    }
+  });
+}
+
 void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out) {
   const int64_t n = logits.size(0), c = logits.size(1);
   const int64_t* pl = labels.host_data<int64_t>();

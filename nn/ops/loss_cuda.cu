@@ -1,4 +1,5 @@
-// CUDA kernels of the loss family. cross_entropy: one fused kernel computes, per
+// CUDA kernels of the loss family (nll_loss: one thread per row forward, per
+// element backward, reduced and checked as cross_entropy). cross_entropy: one fused kernel computes, per
 // row, the log-sum-exp (saved) and the NLL term; a deterministic two-pass sum
 // (reduce family) takes the mean or the sum (reduction kNone keeps the per-row
 // losses). Backward: one elementwise kernel. No host sync:
@@ -72,6 +73,37 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const int64_t* label
   dlogits[k] = scale * (j == labels[i] ? p - T(1) : p);
 }
 
+// One thread per row: -log_probs[i, label]; a bad label is reported and gives NaN.
+template <typename T>
+__global__ void NllLossForwardKernel(const T* log_probs, const int64_t* labels, T* row_loss,
+                                     int64_t n, int64_t c, nn::internal::DeviceErrorWord* error) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t label = labels[i];
+  if (label < 0 || label >= c) {
+    nn::internal::ReportDeviceError(error, nn::internal::kDeviceErrorNllLossTarget,
+                                    static_cast<long long>(label), static_cast<long long>(i),
+                                    static_cast<long long>(c));
+    row_loss[i] = std::numeric_limits<T>::quiet_NaN();
+    return;
+  }
+  row_loss[i] = -log_probs[i * c + label];
+}
+
+// One thread per element of dlog_probs: -scale at the label, 0 elsewhere (a bad
+// label, already reported by the forward kernel, leaves its row zero).
+template <typename T>
+__global__ void NllLossBackwardKernel(const int64_t* labels, const T* g, T* dlog_probs, int64_t n,
+                                      int64_t c, Reduction reduction) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= n * c) return;
+  const int64_t i = k / c, j = k % c;
+  const T scale = reduction == Reduction::kMean ? *g / static_cast<T>(n)
+                  : reduction == Reduction::kSum ? *g
+                                                 : g[i];
+  dlog_probs[k] = j == labels[i] ? -scale : T(0);
+}
+
 template <typename T>
 __global__ void AccuracyRowKernel(const T* logits, const int64_t* labels, float* hits, int64_t n,
                                   int64_t c) {
@@ -115,6 +147,34 @@ void CrossEntropyBackwardCuda(const Tensor& logits, const Tensor& labels, const 
         n, c, reduction);
   });
   TANDEM_CHECK_LAUNCH("CrossEntropyBackwardKernel", logits.device());
+}
+
+void NllLossForwardCuda(const Tensor& log_probs, const Tensor& labels, const Tensor& loss,
+                        Reduction reduction) {
+  const int64_t n = log_probs.size(0), c = log_probs.size(1);
+  cudaStream_t stream = nn::internal::ThreadStream(log_probs.device());
+  Tensor row_loss = reduction == Reduction::kNone
+                        ? loss
+                        : empty({n}, {.dtype = log_probs.dtype(), .device = log_probs.device()});
+  nn::internal::DeviceErrorWord* error = nn::internal::DeviceErrorSlot(log_probs.device());
+  TANDEM_DISPATCH_FLOAT(log_probs.dtype(), "nll_loss", [&]<typename T>() {
+    NllLossForwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        log_probs.data<T>(), labels.data<int64_t>(), row_loss.data<T>(), n, c, error);
+  });
+  TANDEM_CHECK_LAUNCH("NllLossForwardKernel", log_probs.device());
+  if (reduction == Reduction::kNone) return;
+  SumAllCuda(row_loss, loss, reduction == Reduction::kMean ? 1.0 / static_cast<double>(n) : 1.0);
+}
+
+void NllLossBackwardCuda(const Tensor& labels, const Tensor& g, const Tensor& dlog_probs,
+                         Reduction reduction) {
+  const int64_t n = dlog_probs.size(0), c = dlog_probs.size(1);
+  cudaStream_t stream = nn::internal::ThreadStream(dlog_probs.device());
+  TANDEM_DISPATCH_FLOAT(dlog_probs.dtype(), "nll_loss_backward", [&]<typename T>() {
+    NllLossBackwardKernel<T><<<Blocks(n * c), kThreads, 0, stream>>>(
+        labels.data<int64_t>(), g.data<T>(), dlog_probs.data<T>(), n, c, reduction);
+  });
+  TANDEM_CHECK_LAUNCH("NllLossBackwardKernel", dlog_probs.device());
 }
 
 void AccuracyCuda(const Tensor& logits, const Tensor& labels, const Tensor& out) {

@@ -93,6 +93,15 @@ std::vector<UnaryCase> UnaryCases() {
       {"relu", [](const Tensor& x) { return relu(x); }, -2, 2, 0},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, -8, 8, -1},
       {"tanh", [](const Tensor& x) { return tanh(x); }, -3, 3, -1},
+      {"abs", [](const Tensor& x) { return abs(x); }, -3, 3, 0},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, 0.1, 9, 2},
+      {"clamp", [](const Tensor& x) { return clamp(x, -1.0, 1.5); }, -3, 3, 0},
+      {"leaky_relu", [](const Tensor& x) { return leaky_relu(x, 0.2); }, -3, 3, 1},
+      // gelu from -3: below, 1 + erf (1 + tanh) cancels in float (see gpu_parity_cases.cc).
+      {"gelu", [](const Tensor& x) { return gelu(x); }, -3, 3, 1},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, GeluApproximate::kTanh); }, -3, 3, 1},
+      {"silu", [](const Tensor& x) { return silu(x); }, -8, 8, 1},
+      {"softplus", [](const Tensor& x) { return softplus(x); }, -8, 8, 2},
   };
 }
 

@@ -20,7 +20,8 @@
 //    carries before its own rounding);
 //  - bfloat16 convolution: Bf16Magnitude() (gpu_parity.h); bfloat16 pools follow
 //    the CPU kernels step by step: Exact();
-//  - one operation per element, the same on both devices (relu6): Exact().
+//  - one operation per element, the same on both devices (relu6): Exact();
+//  - the activations and losses of AddActivationRows / AddNewLossRows: see there.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -446,6 +447,83 @@ void AddDropoutNormLossRows(Rows& rows) {
                   .tol = Exact(), .mode = Mode::kForward});
 }
 
+// The activations, clamp, abs, sqrt, maximum / minimum and the losses built on them.
+// float32 / float64: the libm and CUDA erf / exp / tanh differ by ulps: Rel(1e-5) /
+// Rel(1e-12); bfloat16 as the elementwise family: Ulps(2, 3).
+Tolerance ActivationTol(DType dt) {
+  return dt == kBFloat16 ? Ulps(2, 3) : Rel(dt == kFloat64 ? 1e-12 : 1e-5);
+}
+
+void AddActivationRows(Rows& rows) {
+  const Fill grad_fill{.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2};
+  struct Unary {
+    std::string op, attrs;
+    std::function<Tensor(const Tensor&)> f;
+    double lo, hi;  // the input's range
+  };
+  const std::vector<Unary> unary = {
+      {"abs", "", [](const Tensor& x) { return abs(x); }, -3, 3},
+      {"sqrt", "", [](const Tensor& x) { return sqrt(x); }, 0.1, 9},
+      {"clamp", "-1, 1", [](const Tensor& x) { return clamp(x, -1.0, 1.0); }, -3, 3},
+      {"clamp", "min 0.5", [](const Tensor& x) { return clamp(x, 0.5, std::nullopt); }, -3, 3},
+      {"clamp", "max -0.5", [](const Tensor& x) { return clamp(x, std::nullopt, -0.5); }, -3, 3},
+      {"leaky_relu", "0.2", [](const Tensor& x) { return leaky_relu(x, 0.2); }, -3, 3},
+      // Not below -3: 1 + erf (1 + tanh) cancels there, and one float ulp of erff
+      // (tanhf) near -1 is many bfloat16 ulps of the small result.
+      {"gelu", "", [](const Tensor& x) { return gelu(x); }, -3, 3},
+      {"gelu", "tanh", [](const Tensor& x) { return gelu(x, GeluApproximate::kTanh); }, -3, 3},
+      {"silu", "", [](const Tensor& x) { return silu(x); }, -8, 8},
+      {"softplus", "", [](const Tensor& x) { return softplus(x); }, -20, 20},
+  };
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    for (const Unary& u : unary) {
+      rows.push_back({.op = u.op, .attrs = u.attrs, .dtype = dt,
+                      .inputs = {Uniform({33, 65}, u.lo, u.hi)},
+                      .f = [f = u.f](Ins in) { return f(in[0]); }, .tol = ActivationTol(dt),
+                      .out_grad = grad_fill});
+    }
+    const std::vector<std::pair<Shape, Shape>> shapes = {
+        {{40, 50}, {40, 50}}, {{40, 50}, {50}}, {{40, 1}, {1, 50}}};
+    for (const auto& [sa, sb] : shapes) {
+      const std::string attrs = ShapeToString(sa) + " with " + ShapeToString(sb);
+      rows.push_back({.op = "maximum", .attrs = attrs, .dtype = dt,
+                      .inputs = {Uniform(sa, -3, 3), Uniform(sb, -3, 3)},
+                      .f = [](Ins in) { return maximum(in[0], in[1]); }, .tol = ActivationTol(dt),
+                      .out_grad = grad_fill});
+      rows.push_back({.op = "minimum", .attrs = attrs, .dtype = dt,
+                      .inputs = {Uniform(sa, -3, 3), Uniform(sb, -3, 3)},
+                      .f = [](Ins in) { return minimum(in[0], in[1]); }, .tol = ActivationTol(dt),
+                      .out_grad = grad_fill});
+    }
+  }
+}
+
+void AddNewLossRows(Rows& rows) {
+  auto flat = [](const Tensor& t) { return t.reshape({t.numel()}); };
+  for (Reduction r : {Reduction::kMean, Reduction::kNone, Reduction::kSum}) {
+    const std::string name(ReductionName(r));
+    rows.push_back({.op = "l1_loss", .attrs = name, .inputs = {Randn({9, 4}), Randn({9, 4})},
+                    .f = [r, flat](Ins in) { return flat(l1_loss(in[0], in[1], r)); },
+                    .tol = Rel(1e-5)});
+    rows.push_back({.op = "smooth_l1_loss", .attrs = name + ", beta 0.5",
+                    .inputs = {Randn({9, 4}), Randn({9, 4})},
+                    .f = [r, flat](Ins in) { return flat(smooth_l1_loss(in[0], in[1], r, 0.5)); },
+                    .tol = Rel(1e-5)});
+    rows.push_back({.op = "binary_cross_entropy_with_logits", .attrs = name + ", pos_weight",
+                    .inputs = {Randn({9, 4}, 3), Uniform({9, 4}, 0, 1), Uniform({4}, 0.5, 3)},
+                    .f = [r, flat](Ins in) {
+                      return flat(binary_cross_entropy_with_logits(in[0], in[1], in[2], r));
+                    },
+                    .tol = Rel(1e-5)});
+    rows.push_back({.op = "nll_loss", .attrs = name + ", 10 classes",
+                    .inputs = {Randn({64, 10}, 3)},
+                    .f = [r, flat](Ins in) {
+                      return flat(nll_loss(log_softmax(in[0], 1), NarrowLabels(in[0].device()), r));
+                    },
+                    .tol = Rel(1e-5)});
+  }
+}
+
 // cat / stack: copies and an index_select gather (the backward an index_add
 // without repeated indices): exact on both devices.
 void AddJoinRows(Rows& rows) {
@@ -474,6 +552,8 @@ std::vector<ParityCase> ParityCases() {
   AddBf16AccumulationRows(rows);
   AddReduceSoftmaxRows(rows);
   AddDropoutNormLossRows(rows);
+  AddActivationRows(rows);
+  AddNewLossRows(rows);
   AddJoinRows(rows);
   // A seed from what the row is (FNV-1a of its name), not its position: adding a row
   // leaves the other rows' inputs as they were.

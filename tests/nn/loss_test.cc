@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
@@ -217,6 +219,128 @@ TEST(LossGradTest, CrossEntropyReductions) {
     EXPECT_TRUE(GradCheck([&](const auto& in) { return cross_entropy(in[0], labels, r) * 3.0; },
                           {RandomInput({6, 5})}))
         << ReductionName(r) << " scaled";
+  }
+}
+
+std::string LossErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Closed forms in float32 for the reductions and the modules.
+TEST(LossTest, L1SmoothL1AndBceValues) {
+  Tensor p = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  Tensor t = from_vector(std::vector<float>{0, 2.25f, 5, 4}, {2, 2});
+  EXPECT_EQ(l1_loss(p, t, Reduction::kNone).to_vector<float>(),
+            (std::vector<float>{1, 0.25f, 2, 0}));
+  EXPECT_FLOAT_EQ(l1_loss(p, t).item<float>(), 3.25f / 4);
+  EXPECT_FLOAT_EQ(L1Loss(Reduction::kSum)(p, t).item<float>(), 3.25f);
+  // beta 1: |d| = 1 and 2 are outside (|d| - 0.5), 0.25 inside (0.5 d^2).
+  EXPECT_EQ(smooth_l1_loss(p, t, Reduction::kNone).to_vector<float>(),
+            (std::vector<float>{0.5f, 0.03125f, 1.5f, 0}));
+  EXPECT_FLOAT_EQ(SmoothL1Loss(Reduction::kSum, 4.0)(p, t).item<float>(),
+                  (0.125f + 0.25f * 0.25f / 8 + 0.5f) );
+  // beta 0 is l1_loss, as PyTorch.
+  EXPECT_EQ(smooth_l1_loss(p, t, Reduction::kNone, 0.0).to_vector<float>(),
+            l1_loss(p, t, Reduction::kNone).to_vector<float>());
+  // bce: log(1 + exp(-x)) for target 1, log(1 + exp(x)) for 0; large logits stay finite.
+  Tensor x = from_vector(std::vector<float>{0, 2, -100, 100}, {4});
+  Tensor y = from_vector(std::vector<float>{1, 0, 1, 0}, {4});
+  const std::vector<float> b = binary_cross_entropy_with_logits(x, y, std::nullopt,
+                                                                Reduction::kNone).to_vector<float>();
+  EXPECT_FLOAT_EQ(b[0], std::log(2.0f));
+  EXPECT_FLOAT_EQ(b[1], std::log1p(std::exp(2.0f)));
+  EXPECT_FLOAT_EQ(b[2], 100.0f);
+  EXPECT_FLOAT_EQ(b[3], 100.0f);
+  // pos_weight scales the positive term: 3 * log(2) at x = 0, target 1.
+  Tensor pw = full({4}, 3.0);
+  EXPECT_FLOAT_EQ(BCEWithLogitsLoss(Reduction::kNone, pw)(x, y).to_vector<float>()[0],
+                  3 * std::log(2.0f));
+  EXPECT_EQ(BCEWithLogitsLoss()->buffers().size(), 0u);
+  // pos_weight is a buffer: in the state dict, converted by to(dtype) in place.
+  BCEWithLogitsLoss module(Reduction::kNone, pw);
+  ASSERT_EQ(module->named_buffers().size(), 1u);
+  EXPECT_EQ(module->named_buffers()[0].first, "pos_weight");
+  module->to(kFloat64);
+  EXPECT_EQ(module->pos_weight.dtype(), kFloat64);
+  EXPECT_DOUBLE_EQ(module(x.to(kFloat64), y.to(kFloat64)).to_vector<double>()[0],
+                   3 * std::log(2.0));
+}
+
+TEST(LossTest, NllLossPicksTheLabelledLogProbability) {
+  Tensor lp = from_vector(std::vector<float>{-1, -2, -3, -0.5f, -4, -6}, {2, 3});
+  Tensor labels = from_vector(std::vector<int64_t>{2, 0}, {2});
+  EXPECT_EQ(nll_loss(lp, labels, Reduction::kNone).to_vector<float>(),
+            (std::vector<float>{3, 0.5f}));
+  EXPECT_FLOAT_EQ(nll_loss(lp, labels).item<float>(), 1.75f);
+  EXPECT_FLOAT_EQ(NLLLoss(Reduction::kSum)(lp, labels).item<float>(), 3.5f);
+  // nll_loss(log_softmax(x)) is cross_entropy(x).
+  manual_seed(11);
+  Tensor logits = randn({5, 7});
+  Tensor y = from_vector(std::vector<int64_t>{0, 6, 3, 3, 1}, {5});
+  EXPECT_NEAR(nll_loss(log_softmax(logits, 1), y).item<float>(),
+              cross_entropy(logits, y).item<float>(), 1e-6);
+}
+
+TEST(LossTest, NewLossesNameBadInputs) {
+  const std::string l1 = LossErrorOf([] { l1_loss(zeros({4, 1}), zeros({4})); });
+  EXPECT_NE(l1.find("l1_loss: pred of shape (4, 1) and target of shape (4) differ"),
+            std::string::npos) << l1;
+  const std::string beta = LossErrorOf([] { smooth_l1_loss(zeros({2}), zeros({2}),
+                                                           Reduction::kMean, -0.5); });
+  EXPECT_NE(beta.find("beta -0.5"), std::string::npos) << beta;
+  EXPECT_NE(LossErrorOf([] { SmoothL1Loss(Reduction::kMean, -1.0); }).find("beta -1"),
+            std::string::npos);
+  const std::string bce = LossErrorOf([] {
+    binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), zeros({2}));
+  });
+  EXPECT_NE(bce.find("pos_weight and target: shapes (2) and (2, 3) do not broadcast"),
+            std::string::npos) << bce;
+  // Broadcastable, but to a larger shape than target's.
+  const std::string wider = LossErrorOf([] {
+    binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), zeros({4, 1, 3}));
+  });
+  EXPECT_NE(wider.find("pos_weight of shape (4, 1, 3) does not broadcast to target of shape (2, 3)"),
+            std::string::npos) << wider;
+  EXPECT_THROW(binary_cross_entropy_with_logits(zeros({2}), zeros({3})), Error);
+  EXPECT_THROW(l1_loss(zeros({2}), zeros({2}), static_cast<Reduction>(9)), Error);
+  const std::string label = LossErrorOf([] {
+    nll_loss(zeros({2, 3}), from_vector(std::vector<int64_t>{1, 3}, {2}));
+  });
+  EXPECT_NE(label.find("nll_loss: label 3 at row 1 is out of range for 3 classes"),
+            std::string::npos) << label;
+  const std::string dtype = LossErrorOf([] {
+    nll_loss(zeros({2, 3}), zeros({2}));
+  });
+  EXPECT_NE(dtype.find("labels must be int64"), std::string::npos) << dtype;
+  const std::string shape = LossErrorOf([] {
+    nll_loss(zeros({2, 3}), from_vector(std::vector<int64_t>{0, 1, 2}, {3}));
+  });
+  EXPECT_NE(shape.find("log_probs of shape (2, 3)"), std::string::npos) << shape;
+  EXPECT_THROW(nll_loss(zeros({6}), from_vector(std::vector<int64_t>{0}, {1})), Error);
+}
+
+TEST(LossGradTest, NewLosses) {
+  manual_seed(12);
+  for (Reduction r : {Reduction::kNone, Reduction::kMean, Reduction::kSum}) {
+    // Differences of order 1, so none sits within eps of 0 (l1) or of beta (smooth_l1).
+    EXPECT_TRUE(GradCheck([r](const auto& in) { return l1_loss(in[0], in[1], r); },
+                          {RandomInput({3, 4}), RandomInput({3, 4})}));
+    EXPECT_TRUE(GradCheck([r](const auto& in) { return smooth_l1_loss(in[0], in[1], r, 0.7); },
+                          {RandomInput({3, 4}), RandomInput({3, 4})}));
+    Tensor target = rand({3, 4}, {.dtype = kFloat64}).set_requires_grad(true);
+    EXPECT_TRUE(GradCheck(
+        [r](const auto& in) { return binary_cross_entropy_with_logits(in[0], in[1], in[2], r); },
+        {RandomInput({3, 4}, 3.0), target, rand({4}, {.dtype = kFloat64}).set_requires_grad(true)}));
+    EXPECT_TRUE(GradCheck(
+        [r](const auto& in) {
+          return nll_loss(in[0], from_vector(std::vector<int64_t>{1, 0, 4}, {3}), r);
+        },
+        {RandomInput({3, 5})}));
   }
 }
 

@@ -206,6 +206,26 @@ TEST_F(PinnedGpuTest, BadCrossEntropyTargetIsRaisedAtTheNextSyncAndTheContextLiv
 // for the work it left on its stream, returns the report and clears the word:
 // the next host wait raises nothing. Without that wait the report, written
 // later, would be missed here and raised by the next host wait instead.
+// nll_loss reports a bad label as cross_entropy does, with its own message; the
+// backward leaves that row zero and the context stays usable.
+TEST_F(PinnedGpuTest, BadNllLossTargetIsRaisedAtTheNextSyncAndTheContextLives) {
+  DeviceGuard guard(kGpu);
+  manual_seed(6);
+  Tensor log_probs_cpu = randn({4, 5}, {.device = Device::CPU()});
+  Tensor log_probs = log_probs_cpu.to(kGpu);
+  Tensor bad = from_vector(std::vector<int64_t>{0, 1, 5, 4}, {4}, {.device = kGpu});
+  Tensor loss;
+  ASSERT_NO_THROW(loss = nll_loss(log_probs, bad, Reduction::kNone));
+  EXPECT_EQ(ErrorOf([&] { loss.to_vector<float>(); }),
+            "nll_loss: target 5 of sample 2 is out of range [0, 5) on cuda:0");
+  const std::vector<float> per_sample = loss.to_vector<float>();
+  EXPECT_TRUE(std::isnan(per_sample[2]));
+  EXPECT_EQ(per_sample[0], -log_probs_cpu.to_vector<float>()[0]);
+  Tensor good = from_vector(std::vector<int64_t>{0, 3, 2, 4}, {4}, {.device = Device::CPU()});
+  EXPECT_NEAR(nll_loss(log_probs, good.to(kGpu)).item(), nll_loss(log_probs_cpu, good).item(),
+              1e-6);
+}
+
 TEST_F(PinnedGpuTest, ReportLeftByAnEndedThreadIsTakenAfterItsWorkAndCleared) {
   std::string thread_error;
   std::thread rank([&] {

@@ -21,6 +21,13 @@ void CrossEntropyForwardCpu(const Tensor& logits, const Tensor& labels, const Te
 // 0-dim), g (kSum, g 0-dim) or g[i] (kNone, g of shape (N)).
 void CrossEntropyBackwardCpu(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                              const Tensor& g, const Tensor& dlogits, Reduction reduction);
+// nll_loss on log-probabilities: l[i] = -log_probs[i, labels[i]], reduced as above
+// (a label outside [0, C) as cross_entropy's). Backward: dlog_probs is zero but for
+// -s_i at [i, labels[i]], s_i as in CrossEntropyBackward.
+void NllLossForwardCpu(const Tensor& log_probs, const Tensor& labels, const Tensor& loss,
+                       Reduction reduction);
+void NllLossBackwardCpu(const Tensor& labels, const Tensor& g, const Tensor& dlog_probs,
+                        Reduction reduction);
 // out (0-dim float32) = fraction of rows whose first argmax equals the label.
 void AccuracyCpu(const Tensor& logits, const Tensor& labels, const Tensor& out);
 #if TANDEM_WITH_CUDA
@@ -28,6 +35,10 @@ void CrossEntropyForwardCuda(const Tensor& logits, const Tensor& labels, const T
                              const Tensor& loss, Reduction reduction);
 void CrossEntropyBackwardCuda(const Tensor& logits, const Tensor& labels, const Tensor& lse,
                               const Tensor& g, const Tensor& dlogits, Reduction reduction);
+void NllLossForwardCuda(const Tensor& log_probs, const Tensor& labels, const Tensor& loss,
+                        Reduction reduction);
+void NllLossBackwardCuda(const Tensor& labels, const Tensor& g, const Tensor& dlog_probs,
+                         Reduction reduction);
 void AccuracyCuda(const Tensor& logits, const Tensor& labels, const Tensor& out);
 #endif
 

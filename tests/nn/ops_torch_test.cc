@@ -1,0 +1,100 @@
+// Activations and losses against PyTorch 1.13 in float64: values and gradients from
+// tests/nn/ops_torch.py (ops_torch_ref.inc), which uses the same inputs as below.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/ops/elementwise.h"
+#include "nn/ops/loss.h"
+#include "nn/ops/reduce.h"
+#include "nn/ops/softmax.h"
+
+namespace tandem::nn {
+namespace {
+
+const std::map<std::string, std::vector<double>>& Torch() {
+  static const auto* ref = new std::map<std::string, std::vector<double>>{
+#include "tests/nn/ops_torch_ref.inc"
+  };
+  return *ref;
+}
+
+const std::vector<double> kX = {-3.0, -1.25, -0.5, -0.0625, 0.0, 0.25, 0.75, 1.5, 4.0};
+const std::vector<double> kPred = {0.3, -1.2, 2.5, 0.0, -0.7, 1.1};
+const std::vector<double> kTarget = {0.5, -1.0, 1.0, 0.05, 0.3, -0.2};
+const std::vector<double> kLogits = {2.0, -3.0, 0.5, 0.0, -0.25, 40.0};
+const std::vector<double> kLabels = {1.0, 0.0, 0.75, 1.0, 0.0, 0.0};
+const std::vector<double> kPosWeight = {2.0, 0.5, 3.0};
+const std::vector<double> kClassLogits = {0.4, -1.3, 2.2, 0.1, -0.6, 1.7,
+                                          -2.4, 0.9, 1.2, -0.3, 0.05, -1.1};  // (3, 4)
+
+void ExpectNear(const std::vector<double>& got, const std::string& key) {
+  ASSERT_EQ(Torch().count(key), 1u) << key;
+  const std::vector<double>& want = Torch().at(key);
+  ASSERT_EQ(got.size(), want.size()) << key;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-12 * (1 + std::abs(want[i]))) << key << " element " << i;
+  }
+}
+
+// Runs f on float64 leaves made from `values`, checks the output against `name` and
+// the gradient of sum(out * w), w = 0.5 + 0.25 i, of the first `n_grads` inputs
+// against "name gradK".
+void Check(const std::string& name, const std::vector<std::vector<double>>& values,
+           const std::vector<Shape>& shapes,
+           const std::function<Tensor(const std::vector<Tensor>&)>& f, size_t n_grads) {
+  std::vector<Tensor> in;
+  for (size_t k = 0; k < values.size(); ++k) {
+    in.push_back(from_vector(values[k], shapes[k], {.requires_grad = k < n_grads}));
+  }
+  Tensor out = f(in).reshape({-1});
+  std::vector<double> w(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * static_cast<double>(i);
+  sum(out * from_vector(w, out.shape())).backward();
+  ExpectNear(out.to_vector<double>(), name);
+  for (size_t k = 0; k < n_grads; ++k) {
+    ExpectNear(in[k].grad().to_vector<double>(), name + " grad" + std::to_string(k));
+  }
+}
+
+TEST(OpsTorchTest, Activations) {
+  const Shape s = {9};
+  Check("gelu", {kX}, {s}, [](const auto& in) { return gelu(in[0]); }, 1);
+  Check("gelu_tanh", {kX}, {s},
+        [](const auto& in) { return gelu(in[0], GeluApproximate::kTanh); }, 1);
+  Check("silu", {kX}, {s}, [](const auto& in) { return silu(in[0]); }, 1);
+  Check("leaky_relu_0.2", {kX}, {s}, [](const auto& in) { return leaky_relu(in[0], 0.2); }, 1);
+}
+
+TEST(OpsTorchTest, Losses) {
+  const Shape s = {2, 3};
+  const std::vector<std::pair<std::string, Reduction>> reductions = {
+      {"none", Reduction::kNone}, {"mean", Reduction::kMean}, {"sum", Reduction::kSum}};
+  for (const auto& [name, r] : reductions) {
+    Check("l1_" + name, {kPred, kTarget}, {s, s},
+          [r = r](const auto& in) { return l1_loss(in[0], in[1], r); }, 2);
+    Check("smooth_l1_0.5_" + name, {kPred, kTarget}, {s, s},
+          [r = r](const auto& in) { return smooth_l1_loss(in[0], in[1], r, 0.5); }, 2);
+    Check("bce_" + name, {kLogits, kLabels}, {s, s},
+          [r = r](const auto& in) {
+            return binary_cross_entropy_with_logits(in[0], in[1], std::nullopt, r);
+          }, 2);
+    Check("bce_pw_" + name, {kLogits, kLabels, kPosWeight}, {s, s, {3}},
+          [r = r](const auto& in) { return binary_cross_entropy_with_logits(in[0], in[1], in[2], r); },
+          2);
+    // log_softmax in tandem (checked against PyTorch's by the values of the leaf).
+    const std::vector<double> log_probs =
+        log_softmax(from_vector(kClassLogits, {3, 4}), 1).to_vector<double>();
+    Check("nll_" + name, {log_probs}, {{3, 4}},
+          [r = r](const auto& in) {
+            return nll_loss(in[0], from_vector(std::vector<int64_t>{2, 0, 3}, {3}), r);
+          }, 1);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::nn
