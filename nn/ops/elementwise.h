@@ -53,7 +53,8 @@ enum class GeluApproximate { kNone, kTanh };
 Tensor gelu(const Tensor& x, GeluApproximate approximate = GeluApproximate::kNone);
 Tensor silu(const Tensor& x);  // x * sigmoid(x) (swish)
 // log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)) (no overflow); gradient
-// sigmoid(x).
+// sigmoid(x). PyTorch's softplus (beta 1) returns x itself above its threshold 20
+// (gradient 1): there the two differ by less than exp(-20) ~ 2.1e-9.
 Tensor softplus(const Tensor& x);
 
 // Sums `x` down to `shape` (the reverse of broadcasting `shape` up to x's shape).

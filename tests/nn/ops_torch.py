@@ -14,6 +14,15 @@ T = [0.5, -1.0, 1.0, 0.05, 0.3, -0.2]
 L = [2.0, -3.0, 0.5, 0.0, -0.25, 40.0]           # logits (2, 3), one large
 Y = [1.0, 0.0, 0.75, 1.0, 0.0, 0.0]              # soft binary targets (2, 3)
 PW = [2.0, 0.5, 3.0]                             # pos_weight (3)
+SQ = [0.0, 0.0625, 0.25, 2.0, 9.0]               # sqrt, 0 included (gradient inf)
+SP = [-100.0, -30.0, -3.0, -0.5, 0.0, 0.75, 5.0, 19.0, 20.0]  # softplus up to its threshold
+GT = [-10.0, -6.0, -5.0, -3.5, 6.0, 10.0]        # gelu's tails
+B = [-1.25, 0.0, 0.25]                           # against X as (3, 3): three ties
+BL = [100.0, -100.0, 100.0, -100.0, 0.0, 30.0]  # bce logits (2, 3), large |x|
+BY = [0.0, 1.0, 1.0, 0.0, 0.5, 0.25]
+BPW = [3.0, 0.5, 2.0]
+SA = [0.5, -0.5, 1.0, 0.25, 0.0, -1.5]          # smooth_l1: pred - target = +-0.5 = beta
+SB = [0.0, 0.0, 0.5, 0.75, 0.5, -1.0]
 
 
 def t(v, shape=None):
@@ -24,8 +33,10 @@ def t(v, shape=None):
 def emit(name, out, *inputs):
     w = 0.5 + 0.25 * torch.arange(out.numel(), dtype=torch.float64).reshape(out.shape)
     grads = torch.autograd.grad((out * w).sum(), inputs)
+    def c(v):  # a C++ literal (<cmath>'s INFINITY for sqrt's gradient at 0)
+        return repr(v) if abs(v) != float("inf") else ("-" if v < 0 else "") + "INFINITY"
     def line(key, values):
-        print('{"%s", {%s}},' % (key, ", ".join(repr(v) for v in values.flatten().tolist())))
+        print('{"%s", {%s}},' % (key, ", ".join(c(v) for v in values.flatten().tolist())))
     line(name, out.detach())
     for i, g in enumerate(grads):
         line(name + " grad" + str(i), g)
@@ -36,6 +47,16 @@ x = t(X); emit("gelu", F.gelu(x), x)
 x = t(X); emit("gelu_tanh", F.gelu(x, approximate="tanh"), x)
 x = t(X); emit("silu", F.silu(x), x)
 x = t(X); emit("leaky_relu_0.2", F.leaky_relu(x, 0.2), x)
+x = t(X); emit("abs", torch.abs(x), x)
+x = t(SQ); emit("sqrt", torch.sqrt(x), x)
+x = t(X); emit("clamp_-1.25_0.75", torch.clamp(x, -1.25, 0.75), x)
+x = t(X); emit("clamp_min_0", torch.clamp(x, min=0.0), x)
+x = t(X); emit("clamp_max_-0.5", torch.clamp(x, max=-0.5), x)
+x = t(SP); emit("softplus", F.softplus(x), x)
+x = t(GT); emit("gelu_tails", F.gelu(x), x)
+x = t(GT); emit("gelu_tanh_tails", F.gelu(x, approximate="tanh"), x)
+a, b = t(X, (3, 3)), t(B); emit("maximum", torch.maximum(a, b), a, b)
+a, b = t(X, (3, 3)), t(B); emit("minimum", torch.minimum(a, b), a, b)
 LP = [0.4, -1.3, 2.2, 0.1, -0.6, 1.7, -2.4, 0.9, 1.2, -0.3, 0.05, -1.1]  # logits (3, 4)
 LABELS = [2, 0, 3]
 for red in ["none", "mean", "sum"]:
@@ -52,3 +73,8 @@ for red in ["none", "mean", "sum"]:
     emit("bce_pw_" + red,
          F.binary_cross_entropy_with_logits(a, y, pos_weight=pw, reduction=red).reshape(-1),
          a, y)
+a, y, pw = t(BL, (2, 3)), t(BY, (2, 3)), t(BPW).detach()
+emit("bce_pw_large", F.binary_cross_entropy_with_logits(a, y, pos_weight=pw, reduction="none").reshape(-1),
+     a, y)
+p, q = t(SA, (2, 3)), t(SB, (2, 3))
+emit("smooth_l1_at_beta", F.smooth_l1_loss(p, q, reduction="none", beta=0.5).reshape(-1), p, q)
