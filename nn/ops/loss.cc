@@ -37,11 +37,14 @@ void CheckReduction(Reduction reduction, const char* op) {
 }
 
 // pred and target of one shape (no broadcasting: (N, 1) against (N) would silently
-// become (N, N)).
+// become (N, N)), dtype and device: a mismatch is named by the loss, not by the
+// elementwise op inside it.
 void CheckSameShape(const Tensor& pred, const Tensor& target, const char* op, const char* a,
                     const char* b) {
   CheckDefined(pred, op, a);
   CheckDefined(target, op, b);
+  CheckSameDevice(pred, target, op);
+  CheckSameDType(pred, target, op);
   TANDEM_CHECK(pred.shape() == target.shape(), op, ": ", a, " of shape ",
                ShapeToString(pred.shape()), " and ", b, " of shape ",
                ShapeToString(target.shape()), " differ");
@@ -169,6 +172,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& t
   if (pos_weight_in.has_value()) {
     const Tensor pos_weight = ops::internal::AutocastFloat32(*pos_weight_in);
     CheckDefined(pos_weight, op, "pos_weight");
+    CheckSameDevice(pos_weight, target, op);
+    CheckSameDType(pos_weight, target, op);
     const auto plan = ops::internal::PlanBroadcast(
         pos_weight.shape(), target.shape(), "binary_cross_entropy_with_logits: pos_weight and target");
     TANDEM_CHECK(plan.out_shape == target.shape(), op, ": pos_weight of shape ",

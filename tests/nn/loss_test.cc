@@ -13,10 +13,12 @@
 #include "nn/ops/softmax.h"
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
 namespace {
 
+using tandem::testing::ErrorOf;
 using testing::GradCheck;
 using testing::RandomInput;
 
@@ -222,15 +224,6 @@ TEST(LossGradTest, CrossEntropyReductions) {
   }
 }
 
-std::string LossErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 // Closed forms in float32 for the reductions and the modules.
 TEST(LossTest, L1SmoothL1AndBceValues) {
   Tensor p = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
@@ -287,41 +280,60 @@ TEST(LossTest, NllLossPicksTheLabelledLogProbability) {
 }
 
 TEST(LossTest, NewLossesNameBadInputs) {
-  const std::string l1 = LossErrorOf([] { l1_loss(zeros({4, 1}), zeros({4})); });
+  const std::string l1 = ErrorOf([] { l1_loss(zeros({4, 1}), zeros({4})); });
   EXPECT_NE(l1.find("l1_loss: pred of shape (4, 1) and target of shape (4) differ"),
             std::string::npos) << l1;
-  const std::string beta = LossErrorOf([] { smooth_l1_loss(zeros({2}), zeros({2}),
+  const std::string beta = ErrorOf([] { smooth_l1_loss(zeros({2}), zeros({2}),
                                                            Reduction::kMean, -0.5); });
   EXPECT_NE(beta.find("beta -0.5"), std::string::npos) << beta;
-  EXPECT_NE(LossErrorOf([] { SmoothL1Loss(Reduction::kMean, -1.0); }).find("beta -1"),
+  EXPECT_NE(ErrorOf([] { SmoothL1Loss(Reduction::kMean, -1.0); }).find("beta -1"),
             std::string::npos);
-  const std::string bce = LossErrorOf([] {
+  const std::string bce = ErrorOf([] {
     binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), zeros({2}));
   });
   EXPECT_NE(bce.find("pos_weight and target: shapes (2) and (2, 3) do not broadcast"),
             std::string::npos) << bce;
   // Broadcastable, but to a larger shape than target's.
-  const std::string wider = LossErrorOf([] {
+  const std::string wider = ErrorOf([] {
     binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), zeros({4, 1, 3}));
   });
   EXPECT_NE(wider.find("pos_weight of shape (4, 1, 3) does not broadcast to target of shape (2, 3)"),
             std::string::npos) << wider;
   EXPECT_THROW(binary_cross_entropy_with_logits(zeros({2}), zeros({3})), Error);
   EXPECT_THROW(l1_loss(zeros({2}), zeros({2}), static_cast<Reduction>(9)), Error);
-  const std::string label = LossErrorOf([] {
+  const std::string label = ErrorOf([] {
     nll_loss(zeros({2, 3}), from_vector(std::vector<int64_t>{1, 3}, {2}));
   });
   EXPECT_NE(label.find("nll_loss: label 3 at row 1 is out of range for 3 classes"),
             std::string::npos) << label;
-  const std::string dtype = LossErrorOf([] {
+  const std::string dtype = ErrorOf([] {
     nll_loss(zeros({2, 3}), zeros({2}));
   });
   EXPECT_NE(dtype.find("labels must be int64"), std::string::npos) << dtype;
-  const std::string shape = LossErrorOf([] {
+  const std::string shape = ErrorOf([] {
     nll_loss(zeros({2, 3}), from_vector(std::vector<int64_t>{0, 1, 2}, {3}));
   });
   EXPECT_NE(shape.find("log_probs of shape (2, 3)"), std::string::npos) << shape;
   EXPECT_THROW(nll_loss(zeros({6}), from_vector(std::vector<int64_t>{0}, {1})), Error);
+  // Operands of other dtypes are named by the loss, not by the elementwise op inside it.
+  const std::string l1_dtypes = ErrorOf([] { l1_loss(zeros({2}), zeros({2}, {.dtype = kFloat64})); });
+  EXPECT_NE(l1_dtypes.find("l1_loss: dtypes differ"), std::string::npos) << l1_dtypes;
+  const std::string smooth_dtypes = ErrorOf([] {
+    smooth_l1_loss(zeros({2}, {.dtype = kFloat64}), zeros({2}));
+  });
+  EXPECT_NE(smooth_dtypes.find("smooth_l1_loss: dtypes differ"), std::string::npos)
+      << smooth_dtypes;
+  const std::string bce_dtypes = ErrorOf([] {
+    binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}, {.dtype = kFloat64}));
+  });
+  EXPECT_NE(bce_dtypes.find("binary_cross_entropy_with_logits: dtypes differ"), std::string::npos)
+      << bce_dtypes;
+  const std::string pw_dtype = ErrorOf([] {
+    binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), zeros({3}, {.dtype = kFloat64}));
+  });
+  EXPECT_NE(pw_dtype.find("binary_cross_entropy_with_logits: dtypes differ"), std::string::npos)
+      << pw_dtype;
+  EXPECT_NE(pw_dtype.find("float64"), std::string::npos) << pw_dtype;
 }
 
 TEST(LossGradTest, NewLosses) {
