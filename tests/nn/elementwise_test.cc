@@ -10,10 +10,12 @@
 #include "nn/layers.h"
 #include "nn/random.h"
 #include "tests/nn/gradcheck.h"
+#include "tests/test_util.h"
 
 namespace tandem::nn {
 namespace {
 
+using tandem::testing::ErrorOf;
 using testing::GradCheck;
 using testing::RandomInput;
 
@@ -117,15 +119,6 @@ TEST(ElementwiseGradTest, Relu6AwayFromTheKinks) {
 TEST(ElementwiseGradTest, SharedInputGetsBothContributions) {
   manual_seed(3);
   EXPECT_TRUE(GradCheck([](const auto& in) { return in[0] * in[0] + tanh(in[0]); }, {RandomInput({5})}));
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(ElementwiseTest, NewUnaryValuesInEveryDType) {

@@ -267,6 +267,25 @@ void AddPoolRows(Rows& rows) {
   }
 }
 
+// A unary op's rows: its name and attrs, the op, and its input's range.
+struct UnaryCase {
+  std::string op, attrs;
+  std::function<Tensor(const Tensor&)> f;
+  double lo, hi;
+};
+
+// One row per case in `dtype`: a (33, 65) input uniform in [lo, hi), the output's
+// gradient uniform in [-2, 2).
+void AddUnaryRows(Rows& rows, DType dtype, Tolerance tol, const std::vector<UnaryCase>& cases) {
+  const Fill grad_fill{.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2};
+  for (const UnaryCase& u : cases) {
+    rows.push_back({.op = u.op, .attrs = u.attrs, .dtype = dtype,
+                    .inputs = {Uniform({33, 65}, u.lo, u.hi)},
+                    .f = [f = u.f](Ins in) { return f(in[0]); }, .tol = tol,
+                    .out_grad = grad_fill});
+  }
+}
+
 // relu6 and the bfloat16 elementwise family.
 void AddElementwiseRows(Rows& rows) {
   // randn * 4: values on both sides of 0 and of 6, none exactly at a kink.
@@ -275,12 +294,7 @@ void AddElementwiseRows(Rows& rows) {
                     .f = [](Ins in) { return relu6(in[0] * 4.0); }, .tol = Exact()});
   }
   const Fill grad_fill{.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2};
-  struct Unary {
-    std::string op, attrs;
-    std::function<Tensor(const Tensor&)> f;
-    double lo, hi;  // the input's range
-  };
-  const std::vector<Unary> unary = {
+  AddUnaryRows(rows, kBFloat16, Ulps(2, 3), {
       {"neg", "", [](const Tensor& x) { return neg(x); }, -3, 3},
       {"add_scalar", "0.75", [](const Tensor& x) { return add_scalar(x, 0.75); }, -3, 3},
       {"mul_scalar", "0.3", [](const Tensor& x) { return mul_scalar(x, 0.3); }, -3, 3},
@@ -293,13 +307,7 @@ void AddElementwiseRows(Rows& rows) {
       {"relu", "", [](const Tensor& x) { return relu(x); }, -2, 2},
       {"sigmoid", "", [](const Tensor& x) { return sigmoid(x); }, -8, 8},
       {"tanh", "", [](const Tensor& x) { return tanh(x); }, -3, 3},
-  };
-  for (const Unary& u : unary) {
-    rows.push_back({.op = u.op, .attrs = u.attrs, .dtype = kBFloat16,
-                    .inputs = {Uniform({33, 65}, u.lo, u.hi)},
-                    .f = [f = u.f](Ins in) { return f(in[0]); }, .tol = Ulps(2, 3),
-                    .out_grad = grad_fill});
-  }
+  });
   // Broadcasting pairs; the divisor stays in [0.5, 3).
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{40, 50}, {40, 50}}, {{40, 50}, {1}}, {{40, 50}, {50}},
@@ -456,12 +464,7 @@ Tolerance ActivationTol(DType dt) {
 
 void AddActivationRows(Rows& rows) {
   const Fill grad_fill{.kind = Fill::Kind::kUniform, .lo = -2, .hi = 2};
-  struct Unary {
-    std::string op, attrs;
-    std::function<Tensor(const Tensor&)> f;
-    double lo, hi;  // the input's range
-  };
-  const std::vector<Unary> unary = {
+  const std::vector<UnaryCase> unary = {
       {"abs", "", [](const Tensor& x) { return abs(x); }, -3, 3},
       {"sqrt", "", [](const Tensor& x) { return sqrt(x); }, 0.1, 9},
       {"clamp", "-1, 1", [](const Tensor& x) { return clamp(x, -1.0, 1.0); }, -3, 3},
@@ -476,14 +479,12 @@ void AddActivationRows(Rows& rows) {
       {"softplus", "", [](const Tensor& x) { return softplus(x); }, -20, 20},
   };
   for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
-    for (const Unary& u : unary) {
-      rows.push_back({.op = u.op, .attrs = u.attrs, .dtype = dt,
-                      .inputs = {Uniform({33, 65}, u.lo, u.hi)},
-                      .f = [f = u.f](Ins in) { return f(in[0]); }, .tol = ActivationTol(dt),
-                      .out_grad = grad_fill});
-    }
+    AddUnaryRows(rows, dt, ActivationTol(dt), unary);
+    // Each CUDA path: same shape, b of one element, and the general broadcast (b, a or
+    // both expanded; odd sizes).
     const std::vector<std::pair<Shape, Shape>> shapes = {
-        {{40, 50}, {40, 50}}, {{40, 50}, {50}}, {{40, 1}, {1, 50}}};
+        {{40, 50}, {40, 50}}, {{33, 65}, {1}}, {{40, 50}, {50}}, {{40, 1}, {1, 50}},
+        {{65}, {3, 33, 65}}};
     for (const auto& [sa, sb] : shapes) {
       const std::string attrs = ShapeToString(sa) + " with " + ShapeToString(sb);
       rows.push_back({.op = "maximum", .attrs = attrs, .dtype = dt,
