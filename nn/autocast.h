@@ -17,7 +17,9 @@
 //    bfloat16-rounded operands and round the result to bfloat16.
 //  - ops with bfloat16 kernels (relu and the other unary ops, elementwise binary ops
 //    on equal dtypes, max/avg pool, dropout, views) run in the dtype they are given:
-//    bfloat16 in, bfloat16 out, arithmetic in float32.
+//    bfloat16 in, bfloat16 out, arithmetic in float32. So does PyTorch 1.13's CPU
+//    autocast; its CUDA autocast runs exp, log, pow and softplus in float32 instead,
+//    which this one does on no device.
 //  - cross_entropy, nll_loss, mse_loss, l1_loss, smooth_l1_loss,
 //    binary_cross_entropy_with_logits, softmax, log_softmax, batch_norm2d (not its
 //    running statistics, which it updates in place), sum, mean, argmax and accuracy cast

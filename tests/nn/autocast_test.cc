@@ -307,6 +307,11 @@ TEST(AutocastTest, PrecisionSensitiveOpsComputeInFloat32) {
     Tensor ce = cross_entropy(h32, labels), sm = softmax(h32, 1), lsm = log_softmax(h32, -1);
     Tensor s = sum(h32), m = mean(h32), s1 = sum(h32, 1), m0 = mean(h32, 0, true);
     Tensor mse = mse_loss(h32, zeros({4, 5}));
+    // third: a bf16 target whose difference from h needs more than bf16's 8 bits.
+    const Tensor third = full({4, 5}, 1.0 / 3).to(kBFloat16);
+    Tensor nll = nll_loss(h32, labels), l1 = l1_loss(h32, third.to(kFloat32));
+    Tensor sl1 = smooth_l1_loss(h32, third.to(kFloat32), Reduction::kMean, 0.5);
+    Tensor bce = binary_cross_entropy_with_logits(h32, full({4, 5}, 0.25), full({5}, 2.0));
     AutocastGuard on(kBFloat16);
     expect_same(cross_entropy(h, labels), ce, "cross_entropy");
     expect_same(softmax(h, 1), sm, "softmax");
@@ -316,6 +321,18 @@ TEST(AutocastTest, PrecisionSensitiveOpsComputeInFloat32) {
     expect_same(sum(h, 1), s1, "sum(dim)");
     expect_same(mean(h, 0, true), m0, "mean(dim)");
     expect_same(mse_loss(h, zeros({4, 5})), mse, "mse_loss");
+    // The losses added with the activations; a bf16 target and pos_weight are cast too.
+    const Tensor quarter = full({4, 5}, 0.25).to(kBFloat16);
+    expect_same(nll_loss(h, labels), nll, "nll_loss");
+    expect_same(l1_loss(h, third), l1, "l1_loss");
+    expect_same(smooth_l1_loss(h, third, Reduction::kMean, 0.5), sl1, "smooth_l1_loss");
+    expect_same(binary_cross_entropy_with_logits(h, quarter, full({5}, 2.0).to(kBFloat16)), bce,
+                "binary_cross_entropy_with_logits");
+    // The activations stay in bfloat16, as in PyTorch 1.13's CPU autocast.
+    for (const Tensor& y : {abs(h), sqrt(abs(h)), clamp(h, -1.0, 1.0), leaky_relu(h), gelu(h),
+                            silu(h), softplus(h), maximum(h, h), minimum(h, h)}) {
+      EXPECT_EQ(y.dtype(), kBFloat16);
+    }
     EXPECT_EQ(argmax(h, 1).to_vector<int64_t>(), argmax(h32, 1).to_vector<int64_t>());
     EXPECT_EQ(accuracy(h, labels).item(), accuracy(h32, labels).item());
   }
