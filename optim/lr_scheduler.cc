@@ -44,8 +44,15 @@ std::map<std::string, double> LRScheduler::state_dict() const {
 
 absl::Status LRScheduler::load_state_dict(const std::map<std::string, double>& state) {
   auto it = state.find("last_epoch");
-  if (it == state.end() || it->second < 0) {
-    return absl::InvalidArgumentError("LRScheduler load_state_dict: 'last_epoch' missing or negative");
+  if (it == state.end()) {
+    return absl::InvalidArgumentError("LRScheduler load_state_dict: 'last_epoch' missing");
+  }
+  // An epoch is a whole number the int64 counter holds exactly (NaN fails too).
+  if (!(it->second >= 0 && it->second <= 9007199254740992.0) ||
+      it->second != std::floor(it->second)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LRScheduler load_state_dict: 'last_epoch' is ", it->second,
+        "; it must be a whole number >= 0 (at most 2^53)"));
   }
   if (state.size() != base_lrs_.size() + 1) {
     return absl::InvalidArgumentError(absl::StrCat("LRScheduler load_state_dict: ", state.size() - 1,
@@ -60,9 +67,19 @@ absl::Status LRScheduler::load_state_dict(const std::map<std::string, double>& s
     }
     base_lrs.push_back(b->second);
   }
+  // The lrs first: a schedule that refuses the loaded epoch (LambdaLR's bad
+  // factor) leaves the scheduler and the optimizer as they were.
+  const auto epoch = static_cast<int64_t>(it->second);
+  std::vector<double> lrs;
+  try {
+    lrs = LrsAt(*this, epoch, base_lrs);
+  } catch (const Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LRScheduler load_state_dict: last_epoch ", epoch, ": ", e.what()));
+  }
   base_lrs_ = std::move(base_lrs);
-  last_epoch_ = static_cast<int64_t>(it->second);
-  Apply();
+  last_epoch_ = epoch;
+  for (int64_t g = 0; g < optimizer_.num_groups(); ++g) optimizer_.set_lr(g, lrs[g]);
   return absl::OkStatus();
 }
 

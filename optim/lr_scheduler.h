@@ -37,7 +37,9 @@ class LRScheduler {
   // The closed form: lr at `epoch` (>= 0) for a group whose base lr is `base_lr`.
   virtual double LrAt(int64_t epoch, double base_lr) const = 0;
 
-  // {"last_epoch", "base_lr.<g>"}; load checks the group count and sets the lrs.
+  // {"last_epoch", "base_lr.<g>"}; load checks the group count and the epoch (a
+  // whole number >= 0 the schedule accepts) and sets the lrs; on error, naming
+  // the bad value, the scheduler and the optimizer are unchanged.
   std::map<std::string, double> state_dict() const;
   absl::Status load_state_dict(const std::map<std::string, double>& state);
 

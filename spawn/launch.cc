@@ -511,7 +511,8 @@ void RunRanksUnderWatch(const RankThreadEnv& env, const SpawnHooks& hooks,
         {.agreement = &env.agreement,
          .fail = [&run](absl::Status failure) { run.Fail(-1, std::move(failure), false); },
          .collectives_entered = [&run] { return run.FewestCollectivesEntered(); },
-         .returned_rank = [&run] { return run.FewestEnteredByReturnedRank(); }});
+         .returned_rank = [&run] { return run.FewestEnteredByReturnedRank(); },
+         .exits_polled = [&run] { return run.PolledAfterEveryRankFinished(); }});
   }
   for (std::thread& t : threads) t.join();
   run.Joined();

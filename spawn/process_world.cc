@@ -534,7 +534,7 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   // Ranks first, then the stop: a failing rank requests the stop before it
   // exits, so a process that is failing never reports "no running rank" (which
   // could let the others finish the last round and return before its Abort).
-  const bool running = running_() > 0;
+  const bool running = running_() > 0 || (hooks_.exits_polled && !hooks_.exits_polled());
   if (stop.stop_requested()) return true;
   // Processes whose ranks all exited keep the cadence: the last process to
   // finish starts the final round at once, and the others join it within a period.

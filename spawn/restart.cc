@@ -109,6 +109,7 @@ enum class RankEnd { kRunning, kReturned, kFailed, kStopped };
 struct RankEnding {
   RankEnd end = RankEnd::kRunning;
   int64_t exit_ns = 0;
+  uint64_t collectives = 0;  // the collectives its communicator entered in the attempt
 };
 
 // What an attempt's ranks did, for the decision to restart.
@@ -134,6 +135,7 @@ absl::Status RunRank(const std::function<absl::Status(Context&)>& body, const At
   auto leave = [&](RankEnd own) {
     ending.end = ctx.stop_requested() ? RankEnd::kStopped : own;
     ending.exit_ns = SteadyNowNs();
+    ending.collectives = ctx.communicator().collectives_entered();
   };
   try {
     absl::Status status = body(ctx);
@@ -173,9 +175,10 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
                   [](const RankEnding& e) { return e.end == RankEnd::kReturned; });
   // So is a communicator's own error found after SOME ranks returned, the
   // others still in their last code (stopped by it): that is the same error
-  // found a little earlier, on a loaded machine, and says nothing of uneven
-  // steps (a rank that went on into a collective the returned one never
-  // entered is the watchdog's own failure, or a timeout).
+  // found a little earlier, on a loaded machine. Unless another rank entered a
+  // collective that a returned one never entered: the ranks ran different
+  // steps (the error may well come from that collective, which could never
+  // complete), whichever of the error and the watchdog's check came first.
   const std::optional<FailureCause> failure_cause = GetFailureCause(status);
   const bool comm_error = failure_cause == FailureCause::kCommunicator;
   for (size_t r = 0; r < record.ranks.size(); ++r) {
@@ -184,6 +187,15 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
       return absl::StrCat("local rank ", r,
                           "'s function returned while the other ranks went on "
                           "(a program error: every rank must run the same steps)");
+    }
+    for (size_t q = 0; comm_error && e.end == RankEnd::kReturned && q < record.ranks.size();
+         ++q) {
+      if (record.ranks[q].collectives > e.collectives) {
+        return absl::StrCat("local rank ", r, "'s function returned after entering ",
+                            e.collectives, " collective(s), while local rank ", q, " entered ",
+                            record.ranks[q].collectives,
+                            " (a program error: every rank must run the same steps)");
+      }
     }
     if (stop_ns != 0 && e.exit_ns - stop_ns > timeout_ns) {
       return absl::StrFormat(

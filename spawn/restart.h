@@ -23,7 +23,9 @@
 // rebuild of the communicators before a restart); Ctrl-C or a stop signal
 // (SpawnOptions::stop_signals) received at any time during the run; a failure
 // other than a communicator's asynchronous error after some rank's function
-// *returned* OK in the same attempt while another rank's had not (the ranks
+// *returned* OK in the same attempt while another rank's had not, and that
+// error too when another rank had entered a collective the returned rank
+// never entered (the ranks
 // disagree on the steps to run: a program error, which the watchdog fails at
 // once when a peer waits in a collective the returned rank never entered); a
 // collective's timeout after every rank's function returned OK (a collective

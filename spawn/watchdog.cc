@@ -123,12 +123,16 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
          (!stop_.stop_requested() && AnyCollectiveInFlight())) {
     // Woken at once by the first failure (Fail notifies) and by the aborter,
     // and by the joins when nothing is left to wait for (a restart follows at once).
+    // Also at once when every rank finished: the processes' last round waits
+    // for the round of polls after that (PolledAfterEveryRankFinished).
     cv_.wait_for(lock, poll, [&] {
       return (stop_.stop_requested() && !aborter_.joinable()) ||
-             (joined_ && (aborted_ || (!stop_.stop_requested() && !AnyCollectiveInFlight())));
+             (joined_ && (aborted_ || (!stop_.stop_requested() && !AnyCollectiveInFlight()))) ||
+             (finished_ == world_size() && !polled_after_finish_.load());
     });
     const bool aborted = aborted_;  // the aborter thread writes it
     const bool joined = joined_;
+    const bool all_finished = finished_ == world_size();
     lock.unlock();
     if (sigint_count.load(std::memory_order_relaxed) != sigint_at_start &&
         !stop_.stop_requested() && !sigint_requested_) {
@@ -158,6 +162,7 @@ void Watchdog::Watch(double timeout_s, const std::atomic<uint64_t>& sigint_count
       CheckStragglers(timeout_s, timeout_ns);
     }
     if (joined) polled_after_join = true;
+    if (all_finished) polled_after_finish_.store(true, std::memory_order_release);
     lock.lock();
   }
   lock.unlock();

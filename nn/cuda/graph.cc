@@ -283,13 +283,14 @@ class CaptureArena final : public Allocator {
 
   void Free(void*, int64_t, Device) noexcept override {}
 
-  // `stream` uploaded or launched the graph: the memory goes back after its
-  // work (ReleaseNow). Returns whether `stream` is new to the graph.
+  // Whether `stream` is already one of the graph's users (AddUser).
   bool HasUser(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     return std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end();
   }
 
+  // `stream` uploaded or launched the graph: the memory goes back after its
+  // work (ReleaseNow). Returns whether `stream` is new to the graph.
   bool AddUser(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu_);
     if (std::find(memory_.users.begin(), memory_.users.end(), stream) != memory_.users.end()) {

@@ -69,6 +69,14 @@ struct ServeHooks {
   // collectives: (collectives it entered, its global rank), or nullopt when no
   // local rank has returned. Null: not reported.
   std::function<std::optional<std::pair<uint64_t, int>>()> returned_rank;
+  // True once the watchdog has looked at this process's ranks after every one
+  // returned (Watchdog::PolledAfterEveryRankFinished). Until then the rounds
+  // count this process as running, so the last round (at which every process
+  // ends) never comes before that look: a failure it finds (a communicator's
+  // asynchronous error raised by the last collectives) has stopped this
+  // process first, and the job ends with Abort instead of some processes
+  // returning OK. Null: not waited for.
+  std::function<bool()> exits_polled;
 };
 
 // A rank of another process whose function has returned, as the last round said.
@@ -132,10 +140,11 @@ class ControlPlane final : public BackgroundRounds {
   ~ControlPlane() override;
   // Advances the round in flight, applies a finished one, starts the next one
   // when due (none once `stop` is requested: the job is ending with Abort). False
-  // once a round said that no process has a running rank and every collective
-  // has been compared (the last round: every process ends at the same one; the
-  // rounds that finish the comparison follow each other without a pause), or
-  // after a transport error (reported to fail).
+  // once a round said that no process has a running rank (nor one whose
+  // returned ranks its watchdog has not looked at yet: ServeHooks::exits_polled)
+  // and every collective has been compared (the last round: every process ends
+  // at the same one; the rounds that finish the comparison follow each other
+  // without a pause), or after a transport error (reported to fail).
   bool Tick(const std::stop_token& stop) override;
   // How long the caller may sleep before the next Tick.
   std::chrono::microseconds NextWait() const override { return urgent_ ? std::chrono::microseconds(100)

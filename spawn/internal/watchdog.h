@@ -98,6 +98,13 @@ class Watchdog {
 
   void Finish(int rank);
 
+  // True once a round of the watchdog's polls that began after every rank's
+  // Finish has ended (any thread): a failure that round found (an asynchronous
+  // error) has requested the stop before this reads true.
+  bool PolledAfterEveryRankFinished() const {
+    return polled_after_finish_.load(std::memory_order_acquire);
+  }
+
   absl::Status result() {
     std::lock_guard<std::mutex> lock(mutex_);
     return first_;
@@ -222,6 +229,7 @@ class Watchdog {
   bool joined_ = false;   // every rank thread was joined (guarded by mutex_)
   bool aborted_ = false;  // the communicators were aborted (guarded by mutex_)
   bool flight_written_ = false;  // WriteFlightRecorders ran (guarded by mutex_)
+  std::atomic<bool> polled_after_finish_{false};  // PolledAfterEveryRankFinished
   // Watchdog thread only.
   int64_t stopped_ns_ = 0;
   bool straggler_reported_ = false;

@@ -6,6 +6,7 @@
 #include <numbers>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_scheduler.h"
 #include "optim/sgd.h"
@@ -113,6 +114,54 @@ TEST(LRSchedulerTest, LambdaLR) {
   ASSERT_TRUE(resumed.load_state_dict(sched.state_dict()).ok());
   EXPECT_EQ(resumed.last_epoch(), sched.last_epoch());
   EXPECT_EQ(fresh.sgd.lr(1), t.sgd.lr(1));
+}
+
+// lr = base * (1 + epoch), refused from epoch 2 on for a base lr above 0.2
+// (the second of TwoGroups' groups only).
+class RefusesSecondGroup final : public LRScheduler {
+ public:
+  explicit RefusesSecondGroup(Optimizer& optimizer) : LRScheduler(optimizer) { Apply(); }
+  double LrAt(int64_t epoch, double base_lr) const override {
+    TANDEM_CHECK(epoch < 2 || base_lr <= 0.2, "RefusesSecondGroup: epoch ", epoch);
+    return base_lr * static_cast<double>(1 + epoch);
+  }
+};
+
+// A step that one group's lr refuses sets no group's lr (the first group's
+// was set before the second's threw) and leaves the epoch.
+TEST(LRSchedulerTest, StepRefusedByOneGroupChangesNoGroup) {
+  TwoGroups t;
+  RefusesSecondGroup sched(t.sgd);
+  sched.step();
+  EXPECT_THROW(sched.step(), Error);
+  EXPECT_EQ(sched.last_epoch(), 1);
+  EXPECT_EQ(t.sgd.lr(0), 0.1 * 2);
+  EXPECT_EQ(t.sgd.lr(1), 0.4 * 2);
+}
+
+// A loaded epoch that the schedule refuses is an error naming it; the
+// scheduler and the optimizer stay as they were. So is an epoch that is no
+// whole number >= 0.
+TEST(LRSchedulerTest, LoadOfARefusedEpochChangesNothing) {
+  TwoGroups t;
+  LambdaLR sched(t.sgd, [](int64_t e) { return e < 2 ? 1.0 : -0.5; });
+  sched.step();
+  const absl::Status s =
+      sched.load_state_dict({{"last_epoch", 5}, {"base_lr.0", 0.3}, {"base_lr.1", 0.6}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("last_epoch 5: LambdaLR: lr_lambda(5) is -0.5"), std::string::npos)
+      << s;
+  EXPECT_EQ(sched.last_epoch(), 1);
+  EXPECT_EQ(sched.base_lrs(), (std::vector<double>{0.1, 0.4}));
+  EXPECT_EQ(t.sgd.lr(0), 0.1);
+  EXPECT_EQ(t.sgd.lr(1), 0.4);
+  for (double bad : {-1.0, 1.5, std::nan(""), 1e300}) {
+    const absl::Status b =
+        sched.load_state_dict({{"last_epoch", bad}, {"base_lr.0", 0.3}, {"base_lr.1", 0.6}});
+    EXPECT_EQ(b.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.message().find(absl::StrCat("'last_epoch' is ", bad)), std::string::npos) << b;
+  }
+  EXPECT_EQ(sched.last_epoch(), 1);
 }
 
 TEST(LRSchedulerTest, StateRoundTrip) {

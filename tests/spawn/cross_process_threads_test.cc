@@ -367,6 +367,51 @@ std::vector<std::string> RunMixedJob(int processes, int local, int collectives,
   return failures;
 }
 
+// The last round (no process has a running rank: every process ends at it)
+// waits for each process's watchdog to have looked at its ranks after they
+// all returned (ServeHooks::exits_polled): before that look no process ends,
+// whose Serve would return while the look could still fail the job.
+TEST(CrossProcessThreads, TheLastRoundWaitsForTheWatchdogsLookAfterTheExits) {
+  constexpr int kProcesses = 2;
+  Hub hub(kProcesses);
+  const std::vector<int> ranks_per_process(kProcesses, 1);
+  std::vector<std::unique_ptr<HubTransport>> transports;
+  std::vector<std::shared_ptr<HierarchicalExchange>> exchanges;
+  std::vector<std::unique_ptr<StepAgreement>> agreements;
+  for (int p = 0; p < kProcesses; ++p) {
+    transports.push_back(std::make_unique<HubTransport>(&hub, p));
+    exchanges.push_back(
+        std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
+    agreements.push_back(std::make_unique<StepAgreement>(1, nullptr, 60, true));
+    exchanges[p]->RankExited(0);  // the one rank of each process has returned
+  }
+  std::atomic<bool> polled{false};  // process 0's watchdog; process 1 waits for none
+  std::atomic<int> served{0};
+  std::vector<std::thread> threads;
+  std::stop_source never;
+  for (int p = 0; p < kProcesses; ++p) {
+    threads.emplace_back([&, p] {
+      ControlPlane control(
+          transports[p].get(),
+          {.agreement = agreements[p].get(),
+           .fail = [](absl::Status s) { ADD_FAILURE() << s; },
+           .collectives_entered = [] { return uint64_t{0}; },
+           .exits_polled = p == 0 ? std::function<bool()>([&] { return polled.load(); })
+                                  : std::function<bool()>()},
+          [] { return 0; }, [](const std::vector<int64_t>&) {},
+          {.exchange = exchanges[p].get(), .name = ProcessLabel});
+      exchanges[p]->Serve(never.get_token(), &control);
+      served.fetch_add(1);
+    });
+  }
+  // Twenty round periods: without the wait the last round ends both at once.
+  std::this_thread::sleep_for(20 * ControlPlane::kRoundPeriod);
+  EXPECT_EQ(served.load(), 0);
+  polled = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(served.load(), kProcesses);
+}
+
 // Matched collectives of every kind, several ranks per process issuing them
 // concurrently, 3000 of them (a round compares 64): nothing is reported, and
 // every process's rounds end once the ranks returned and all are compared.

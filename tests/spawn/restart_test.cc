@@ -236,6 +236,83 @@ TEST(RestartTest, AsyncErrorAfterOneRankReturnedRestarts) {
   EXPECT_FALSE(Contains(log.str(), "not restarting")) << log.str();
 }
 
+// Uneven steps that a communicator's asynchronous error stops before the
+// watchdog sees them: local rank 0's function returned after no collective;
+// rank 1 entered all_reduce #1, which rank 0 never enters, and its
+// communicator then reports an error (the ranks' own program made it wait for
+// good). Rank 0's exit is held after its function returned (its communicator's
+// ReleaseGraphs waits for the stop), so the watchdog's own check for uneven
+// steps cannot come first: the error is the run's failure, judged by its cause.
+// A new attempt would run the same steps: the run ends.
+class UnevenThenAsyncError final : public dist::Communicator {
+ public:
+  UnevenThenAsyncError(int rank, bool hold_exit, std::atomic<bool>* entered)
+      : Communicator(rank, 2, nn::Device::CPU()), hold_exit_(hold_exit), entered_(entered) {}
+  std::string kind() const override { return "uneven-then-async-error"; }
+  absl::Status PollAsyncError() override {
+    if (rank() != 1 || !entered_->exchange(false)) return absl::OkStatus();
+    return absl::UnavailableError("injected asynchronous error");
+  }
+  std::vector<std::string> ReleaseGraphs(const std::string&) override {
+    while (hold_exit_ && !stop_requested()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return {};
+  }
+
+ private:
+  void AllReduceImpl(nn::Tensor&, dist::ReduceOp) override {
+    entered_->store(true);
+    while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void BroadcastImpl(nn::Tensor&, int) override {}
+  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
+  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, dist::ReduceOp) override {}
+  void BarrierImpl() override {}
+
+  const bool hold_exit_;
+  std::atomic<bool>* entered_;
+};
+
+TEST(RestartTest, UnevenStepsEndTheRunWhenAnAsyncErrorComesFirst) {
+  std::atomic<bool> entered{false};
+  std::atomic<int> made{0};
+  std::atomic<int> attempts{0};
+  dist::SpawnHooks hooks;
+  hooks.make_communicators = [&](const std::vector<nn::Device>& devices)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
+    const bool first = made.fetch_add(1) == 0;  // a restart's communicators hold nothing
+    std::vector<std::unique_ptr<dist::Communicator>> comms;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      comms.push_back(std::make_unique<UnevenThenAsyncError>(static_cast<int>(r),
+                                                             first && r == 0, &entered));
+    }
+    return comms;
+  };
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream log;
+  options.console = &log;
+  options.timeout_s = 30;
+  options.restart.max_restarts = 1;
+  absl::Status s = dist::RunSpawnWithHooks(
+      "cpu", 2, options, hooks, [](int) {},
+      [&](dist::Context& ctx) -> absl::Status {
+        if (ctx.rank() == 0) attempts.fetch_add(1);
+        if (ctx.attempt() > 0 || ctx.rank() == 0) return absl::OkStatus();
+        nn::Tensor x = nn::ones({4});
+        ctx.communicator().all_reduce(x);
+        ctx.check_stop();
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s << "\n" << log.str();
+  EXPECT_TRUE(Contains(s.message(), "injected asynchronous error")) << s;
+  EXPECT_EQ(attempts.load(), 1) << log.str();
+  EXPECT_TRUE(Contains(log.str(), "spawn: not restarting: local rank 0's function returned "
+                                  "after entering 0 collective(s), while local rank 1 entered 1"))
+      << log.str();
+  EXPECT_FALSE(Contains(log.str(), "spawn: restart 1")) << log.str();
+}
+
 // A rank that stays outside any abortable wait (a sleep) for more than
 // timeout_s after the stop ends the run: it could as well never come back.
 TEST(RestartTest, RankOutsideAnyAbortableWaitEndsTheRun) {

@@ -6,9 +6,11 @@
 #include "spawn/internal/watchdog.h"
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -140,6 +142,57 @@ TEST(WatchdogAsyncErrorTest, AnErrorRaisedBetweenAPollAndTheLastJoinFailsTheRun)
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(Contains(s.message(), "rank 0")) << s;
   EXPECT_TRUE(Contains(s.message(), "injected asynchronous error")) << s;
+}
+
+// A communicator whose asynchronous error is raised once `raise` is set.
+class ErrorOnceRaised final : public Communicator {
+ public:
+  explicit ErrorOnceRaised(const std::atomic<bool>* raise)
+      : Communicator(0, 1, nn::Device::CPU()), raise_(raise) {}
+  std::string kind() const override { return "error-once-raised"; }
+  absl::Status PollAsyncError() override {
+    return raise_->load() ? absl::UnavailableError("injected asynchronous error")
+                          : absl::OkStatus();
+  }
+
+ private:
+  void AllReduceImpl(nn::Tensor&, ReduceOp) override {}
+  void BroadcastImpl(nn::Tensor&, int) override {}
+  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
+  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, ReduceOp) override {}
+  void BarrierImpl() override {}
+
+  const std::atomic<bool>* raise_;
+};
+
+// PolledAfterEveryRankFinished (the processes' last round waits for it) reads
+// true only after a round of polls that followed every rank's Finish, and an
+// error that round found has stopped the run by then.
+TEST(WatchdogAsyncErrorTest, PolledAfterEveryRankFinishedComesAfterThatRoundsFailure) {
+  std::ostringstream console;
+  auto logger = Logger::Create(1, {.console = &console});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  std::atomic<bool> raise{false};
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(std::make_unique<ErrorOnceRaised>(&raise));
+  Watchdog watchdog({nn::Device::CPU()}, logger->get(), /*group=*/nullptr, &comms);
+  const std::atomic<uint64_t> sigints{0};
+  StepAgreement agreement(1, /*signals=*/nullptr, /*grace_s=*/1);
+  std::thread watch([&] {
+    watchdog.Watch(/*timeout_s=*/0.05, sigints, 0, agreement, [](int) {});  // polls every 5 ms
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(watchdog.PolledAfterEveryRankFinished());  // the rank still runs
+  raise = true;  // the rank's last collectives raised it, then it returned
+  watchdog.Finish(0);
+  while (!watchdog.PolledAfterEveryRankFinished()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(watchdog.stop_requested());
+  const absl::Status s = watchdog.result();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  watchdog.Joined();
+  watch.join();
 }
 
 TEST(LaggingRanksTest, PayloadRoundTripsAndIsAbsentByDefault) {
