@@ -34,6 +34,7 @@
 #include "spawn/internal/restart.h"
 #include "spawn/train/checkpoint.h"
 #include "testing/run.h"
+#include "tests/spawn/inert_communicator.h"
 #include "tests/spawn/restart_fixture.h"
 #include "tests/testing/train_fixture.h"
 
@@ -159,10 +160,10 @@ TEST(RestartTest, ReturnedRankEndsTheRun) {
 
 // A communicator whose asynchronous error the test raises (once, through
 // `raise`, on rank 1's); it has no collectives: the ranks below make none.
-class RaisedAsyncError final : public dist::Communicator {
+class RaisedAsyncError final : public InertCommunicator {
  public:
   RaisedAsyncError(int rank, std::atomic<bool>* raise)
-      : Communicator(rank, 2, nn::Device::CPU()), raise_(raise) {}
+      : InertCommunicator(rank, 2), raise_(raise) {}
   std::string kind() const override { return "raised-async-error"; }
   absl::Status PollAsyncError() override {
     if (rank() != 1 || !raise_->exchange(false)) return absl::OkStatus();
@@ -170,12 +171,6 @@ class RaisedAsyncError final : public dist::Communicator {
   }
 
  private:
-  void AllReduceImpl(nn::Tensor&, dist::ReduceOp) override {}
-  void BroadcastImpl(nn::Tensor&, int) override {}
-  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
-  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, dist::ReduceOp) override {}
-  void BarrierImpl() override {}
-
   std::atomic<bool>* raise_;
 };
 
@@ -244,10 +239,10 @@ TEST(RestartTest, AsyncErrorAfterOneRankReturnedRestarts) {
 // ReleaseGraphs waits for the stop), so the watchdog's own check for uneven
 // steps cannot come first: the error is the run's failure, judged by its cause.
 // A new attempt would run the same steps: the run ends.
-class UnevenThenAsyncError final : public dist::Communicator {
+class UnevenThenAsyncError final : public InertCommunicator {
  public:
   UnevenThenAsyncError(int rank, bool hold_exit, std::atomic<bool>* entered)
-      : Communicator(rank, 2, nn::Device::CPU()), hold_exit_(hold_exit), entered_(entered) {}
+      : InertCommunicator(rank, 2), hold_exit_(hold_exit), entered_(entered) {}
   std::string kind() const override { return "uneven-then-async-error"; }
   absl::Status PollAsyncError() override {
     if (rank() != 1 || !entered_->exchange(false)) return absl::OkStatus();
@@ -265,10 +260,6 @@ class UnevenThenAsyncError final : public dist::Communicator {
     entered_->store(true);
     while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  void BroadcastImpl(nn::Tensor&, int) override {}
-  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
-  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, dist::ReduceOp) override {}
-  void BarrierImpl() override {}
 
   const bool hold_exit_;
   std::atomic<bool>* entered_;

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "spawn/internal/restart.h"
+#include "tests/spawn/inert_communicator.h"
 
 namespace tandem::dist::internal {
 namespace {
@@ -99,10 +100,10 @@ TEST(WatchdogTimeoutTest, NamesNobodyWhenEveryRankEnteredTheCollective) {
 // joined, right after the watchdog's poll found none: what happens when a run's
 // last collectives and its ranks' return fall between one round's poll and the
 // watchdog's next look at the joins (a loaded machine).
-class ErrorAfterFirstPoll final : public Communicator {
+class ErrorAfterFirstPoll final : public ::tandem::testing::InertCommunicator {
  public:
   explicit ErrorAfterFirstPoll(Watchdog** watchdog)
-      : Communicator(0, 1, nn::Device::CPU()), watchdog_(watchdog) {}
+      : InertCommunicator(0, 1), watchdog_(watchdog) {}
   std::string kind() const override { return "error-after-first-poll"; }
   absl::Status PollAsyncError() override {
     if (polls_++ == 0) {
@@ -114,12 +115,6 @@ class ErrorAfterFirstPoll final : public Communicator {
   int polls() const { return polls_; }
 
  private:
-  void AllReduceImpl(nn::Tensor&, ReduceOp) override {}
-  void BroadcastImpl(nn::Tensor&, int) override {}
-  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
-  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, ReduceOp) override {}
-  void BarrierImpl() override {}
-
   Watchdog** watchdog_;
   int polls_ = 0;
 };
@@ -145,10 +140,10 @@ TEST(WatchdogAsyncErrorTest, AnErrorRaisedBetweenAPollAndTheLastJoinFailsTheRun)
 }
 
 // A communicator whose asynchronous error is raised once `raise` is set.
-class ErrorOnceRaised final : public Communicator {
+class ErrorOnceRaised final : public ::tandem::testing::InertCommunicator {
  public:
   explicit ErrorOnceRaised(const std::atomic<bool>* raise)
-      : Communicator(0, 1, nn::Device::CPU()), raise_(raise) {}
+      : InertCommunicator(0, 1), raise_(raise) {}
   std::string kind() const override { return "error-once-raised"; }
   absl::Status PollAsyncError() override {
     return raise_->load() ? absl::UnavailableError("injected asynchronous error")
@@ -156,12 +151,6 @@ class ErrorOnceRaised final : public Communicator {
   }
 
  private:
-  void AllReduceImpl(nn::Tensor&, ReduceOp) override {}
-  void BroadcastImpl(nn::Tensor&, int) override {}
-  void AllGatherImpl(const nn::Tensor&, nn::Tensor&) override {}
-  void ReduceScatterImpl(const nn::Tensor&, nn::Tensor&, ReduceOp) override {}
-  void BarrierImpl() override {}
-
   const std::atomic<bool>* raise_;
 };
 
