@@ -513,24 +513,15 @@ void CheckCudaGraphOptions(const RunFlags& flags, const Validation& v) {
                          "captured in a CUDA graph; drop one of them");
   }
   // Checked on the text too, so that the reason is the same where the GPUs are missing:
-  // an ordinal listed twice, as "0" or "cuda:0" alike. Tokens that are no ordinal are
-  // left to dist::SelectDevices, whose error names them. CPU ranks ("cpu",
-  // "cpu:0,cpu:1") are refused below as CPU ranks, not as a shared GPU.
-  std::vector<int> ordinals;
-  bool cpu_ranks = false;
-  for (absl::string_view token : absl::StrSplit(flags.gpus, ',')) {
-    token = absl::StripAsciiWhitespace(token);
-    cpu_ranks = cpu_ranks || absl::StartsWithIgnoreCase(token, "cpu");
-    if (absl::StartsWithIgnoreCase(token, "cuda:")) token.remove_prefix(5);
-    int ordinal = 0;
-    if (!token.empty() && absl::c_all_of(token, absl::ascii_isdigit) &&
-        absl::SimpleAtoi(token, &ordinal)) {
-      ordinals.push_back(ordinal);
+  // an ordinal listed twice, as "0" or "cuda:0" alike. A list that does not parse
+  // is left to dist::SelectDevices, whose error names it. CPU ranks ("cpu",
+  // "cpu:0,cpu:1") name no ordinal: they are refused below as CPU ranks.
+  absl::StatusOr<std::vector<int>> ordinals = dist::ParseGpuOrdinals(flags.gpus, 0);
+  if (ordinals.ok()) {
+    std::sort(ordinals->begin(), ordinals->end());
+    if (std::adjacent_find(ordinals->begin(), ordinals->end()) != ordinals->end()) {
+      RefuseSharedGpu(flags);
     }
-  }
-  std::sort(ordinals.begin(), ordinals.end());
-  if (!cpu_ranks && std::adjacent_find(ordinals.begin(), ordinals.end()) != ordinals.end()) {
-    RefuseSharedGpu(flags);
   }
   if (!flags.trace.empty()) {
     FlagErrorExit(flags, "--cuda_graph with --trace: the trace's CUDA events and host "

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/algorithm/container.h"
 #include "absl/status/status.h"
@@ -89,6 +90,82 @@ absl::StatusOr<bool> IsCpuToken(absl::string_view gpus, absl::string_view token,
   return true;
 }
 
+// A gpus list's tokens ("0,cuda:1", "cpu:0,cpu:1"), each stripped of spaces,
+// and the ordinals of its GPU tokens in order; `cpu` for a list of CPU names
+// (one CPU rank each).
+struct GpusList {
+  std::vector<absl::string_view> tokens;
+  std::vector<int> ordinals;
+  bool cpu = false;
+};
+
+// The syntax of every token first, so "0,,1" is reported as the empty token it
+// is, whatever is visible; CPU and GPU tokens do not mix.
+absl::StatusOr<GpusList> ParseGpusList(absl::string_view gpus, int visible_gpus) {
+  GpusList list;
+  std::optional<absl::string_view> cpu_token, gpu_token;  // the first of each kind
+  for (absl::string_view raw : absl::StrSplit(gpus, ',')) {
+    const absl::string_view token = absl::StripAsciiWhitespace(raw);
+    absl::StatusOr<bool> is_cpu = IsCpuToken(gpus, token, visible_gpus);
+    if (!is_cpu.ok()) return is_cpu.status();
+    list.tokens.push_back(token);
+    if (*is_cpu) {
+      if (!cpu_token) cpu_token = token;
+      continue;
+    }
+    absl::StatusOr<int> ordinal = ParseOrdinal(gpus, token, visible_gpus);
+    if (!ordinal.ok()) return ordinal.status();
+    if (!gpu_token) gpu_token = token;
+    list.ordinals.push_back(*ordinal);
+  }
+  if (cpu_token && gpu_token) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpus \"", gpus, "\" mixes CPU and GPU devices (\"", *cpu_token, "\" and \"", *gpu_token,
+        "\"): the ranks of a run are all CPU ranks or all GPU ranks; ",
+        DescribeVisibleGpus(visible_gpus)));
+  }
+  list.cpu = cpu_token.has_value();
+  return list;
+}
+
+// Every listed GPU visible, and none listed twice unless share_devices.
+absl::Status CheckOrdinals(absl::string_view gpus, const GpusList& list, int visible_gpus,
+                           bool share_devices) {
+  std::set<int> seen;
+  for (size_t i = 0; i < list.tokens.size(); ++i) {
+    const absl::string_view token = list.tokens[i];
+    if (list.ordinals[i] >= visible_gpus) {
+      return BadGpus(gpus, token, "is not a visible GPU", visible_gpus);
+    }
+    if (!seen.insert(list.ordinals[i]).second && !share_devices) {
+      return BadGpus(gpus, token,
+                     "is listed twice (NCCL refuses two ranks on one GPU; set "
+                     "SpawnOptions::share_devices to let those ranks share it in-process)",
+                     visible_gpus);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Ranks that share a GPU talk through the in-process communicator, which
+// reduces on one device; NCCL refuses two ranks on one GPU. A mix of both
+// would need a hierarchy (in-process per GPU, then NCCL across GPUs).
+absl::Status CheckOneSharedGpuOrNone(absl::string_view gpus, int nprocs,
+                                     const std::vector<nn::Device>& devices, int visible_gpus) {
+  if (!HasSharedGpu(devices)) return absl::OkStatus();
+  std::set<int> distinct;
+  for (const nn::Device& d : devices) distinct.insert(d.index);
+  if (distinct.size() == 1) return absl::OkStatus();
+  std::string ranks;
+  for (const nn::Device& d : devices) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", d.index);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "gpus \"", gpus, "\" with nprocs ", nprocs, " puts ranks on GPUs ", ranks,
+      ": share_devices supports several ranks on ONE GPU (all ranks on the same ordinal, e.g. "
+      "\"0,0\") or one rank per GPU (distinct ordinals, e.g. \"0,1\"), not a mix: ranks "
+      "sharing a GPU use the in-process communicator, which works on one device, and NCCL "
+      "refuses two ranks on one GPU; ", DescribeVisibleGpus(visible_gpus)));
+}
+
 }  // namespace
 
 std::string DescribeVisibleGpus(int visible_gpus) {
@@ -117,76 +194,36 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
   if (spec.empty()) {
     for (int i = 0; i < visible_gpus; ++i) ordinals.push_back(i);
   } else {
-    // Syntax of every token first, so "0,,1" is reported as the empty token it
-    // is, whatever is visible. A list of CPU tokens ("cpu:0,cpu:1") gives one
-    // CPU rank each; CPU and GPU tokens do not mix.
-    std::vector<absl::string_view> tokens;
-    std::optional<absl::string_view> cpu_token, gpu_token;  // the first of each kind
-    for (absl::string_view raw : absl::StrSplit(gpus, ',')) {
-      const absl::string_view token = absl::StripAsciiWhitespace(raw);
-      absl::StatusOr<bool> is_cpu = IsCpuToken(gpus, token, visible_gpus);
-      if (!is_cpu.ok()) return is_cpu.status();
-      tokens.push_back(token);
-      if (*is_cpu) {
-        if (!cpu_token) cpu_token = token;
-        continue;
-      }
-      absl::StatusOr<int> ordinal = ParseOrdinal(gpus, token, visible_gpus);
-      if (!ordinal.ok()) return ordinal.status();
-      if (!gpu_token) gpu_token = token;
-      ordinals.push_back(*ordinal);
-    }
-    if (cpu_token && gpu_token) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gpus \"", gpus, "\" mixes CPU and GPU devices (\"", *cpu_token, "\" and \"", *gpu_token,
-          "\"): the ranks of a run are all CPU ranks or all GPU ranks; ",
-          DescribeVisibleGpus(visible_gpus)));
-    }
-    if (cpu_token) {
-      absl::StatusOr<int> count = RankCount(nprocs, static_cast<int>(tokens.size()),
+    absl::StatusOr<GpusList> list = ParseGpusList(gpus, visible_gpus);
+    if (!list.ok()) return list.status();
+    if (list->cpu) {
+      absl::StatusOr<int> count = RankCount(nprocs, static_cast<int>(list->tokens.size()),
                                             absl::StrCat("gpus \"", gpus, "\""));
       if (!count.ok()) return count.status();
       return std::vector<nn::Device>(*count, nn::Device::CPU());
     }
-    std::set<int> seen;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const absl::string_view token = tokens[i];
-      if (ordinals[i] >= visible_gpus) {
-        return BadGpus(gpus, token, "is not a visible GPU", visible_gpus);
-      }
-      if (!seen.insert(ordinals[i]).second && !share_devices) {
-        return BadGpus(gpus, token,
-                       "is listed twice (NCCL refuses two ranks on one GPU; set "
-                       "SpawnOptions::share_devices to let those ranks share it in-process)",
-                       visible_gpus);
-      }
-    }
+    if (absl::Status s = CheckOrdinals(gpus, *list, visible_gpus, share_devices); !s.ok()) return s;
+    ordinals = std::move(list->ordinals);
   }
   absl::StatusOr<int> count =
       RankCount(nprocs, static_cast<int>(ordinals.size()), absl::StrCat("gpus \"", gpus, "\""));
   if (!count.ok()) return count.status();
   std::vector<nn::Device> devices;
   for (int i = 0; i < *count; ++i) devices.push_back(nn::Device::CUDA(ordinals[i]));
-  if (HasSharedGpu(devices)) {
-    // Ranks that share a GPU talk through the in-process communicator, which
-    // reduces on one device; NCCL refuses two ranks on one GPU. A mix of both
-    // would need a hierarchy (in-process per GPU, then NCCL across GPUs).
-    std::set<int> distinct;
-    for (const nn::Device& d : devices) distinct.insert(d.index);
-    if (distinct.size() > 1) {
-      std::string ranks;
-      for (const nn::Device& d : devices) {
-        absl::StrAppend(&ranks, ranks.empty() ? "" : ",", d.index);
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gpus \"", gpus, "\" with nprocs ", nprocs, " puts ranks on GPUs ", ranks,
-          ": share_devices supports several ranks on ONE GPU (all ranks on the same ordinal, e.g. "
-          "\"0,0\") or one rank per GPU (distinct ordinals, e.g. \"0,1\"), not a mix: ranks "
-          "sharing a GPU use the in-process communicator, which works on one device, and NCCL "
-          "refuses two ranks on one GPU; ", DescribeVisibleGpus(visible_gpus)));
-    }
+  if (absl::Status s = CheckOneSharedGpuOrNone(gpus, nprocs, devices, visible_gpus); !s.ok()) {
+    return s;
   }
   return devices;
+}
+
+absl::StatusOr<std::vector<int>> ParseGpuOrdinals(absl::string_view gpus, int visible_gpus) {
+  if (absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(gpus), "cpu") ||
+      absl::StripAsciiWhitespace(gpus).empty()) {
+    return std::vector<int>();
+  }
+  absl::StatusOr<GpusList> list = ParseGpusList(gpus, visible_gpus);
+  if (!list.ok()) return list.status();
+  return std::move(list->ordinals);
 }
 
 absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,

@@ -49,6 +49,11 @@ absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, in
 absl::StatusOr<std::vector<nn::Device>> SelectDevices(absl::string_view gpus, int nprocs,
                                                       bool share_devices);
 
+// The GPU ordinals a gpus list names, in order ("0,cuda:1,1": 0, 1, 1; none for
+// "", "cpu" or a list of CPU names), with the syntax checks of SelectDevices
+// (visible_gpus only words its messages; visibility is not checked).
+absl::StatusOr<std::vector<int>> ParseGpuOrdinals(absl::string_view gpus, int visible_gpus);
+
 // "no GPU is visible" or "2 GPUs are visible (ordinals 0..1)", plus the
 // CUDA_VISIBLE_DEVICES setting when one is set.
 std::string DescribeVisibleGpus(int visible_gpus);
