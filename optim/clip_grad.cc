@@ -4,23 +4,21 @@
 
 #include <algorithm>
 #include <limits>
-#include <optional>
 
 #include "nn/device.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/internal/dispatch.h"
+#include "optim/internal/device_scope.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim {
 namespace internal {
 namespace {
 
-// Runs fn with `device` current (the CUDA launches and their stream belong to
-// it); no device switch where it is current already.
+// Runs fn with `device` current (the CUDA launches and their stream belong to it).
 template <typename Fn>
 auto OnDevice(nn::Device device, Fn&& fn) {
-  std::optional<nn::DeviceGuard> guard;
-  if (!(device == nn::current_device())) guard.emplace(device);
+  const DeviceScope on_device(device);
   return fn();
 }
 

@@ -1,7 +1,6 @@
 // Optimizer base: parameter groups, state, state_dict and the step driver.
 #include "optim/optimizer.h"
 
-#include <optional>
 #include <set>
 #include <tuple>
 
@@ -9,6 +8,7 @@
 #include "nn/device.h"
 #include "nn/graph.h"
 #include "nn/status_macros.h"
+#include "optim/internal/device_scope.h"
 #include "optim/internal/fused_kernels.h"
 
 namespace tandem::optim {
@@ -109,8 +109,7 @@ void Optimizer::UpdateGroup(int64_t g, internal::Algorithm algo) {
         if (init != 0) {
           // fill_'s kernel runs on the thread's stream of p's device, which must
           // be current for the launch (a group may span devices).
-          std::optional<nn::DeviceGuard> device_guard;
-          if (!(p.device() == nn::current_device())) device_guard.emplace(p.device());
+          const internal::DeviceScope on_device(p.device());
           st.buffers[b].fill_(init);
         }
       }
@@ -127,11 +126,8 @@ void Optimizer::UpdateGroup(int64_t g, internal::Algorithm algo) {
 #if TANDEM_WITH_CUDA
     if (tensors.front().param.is_cuda()) {
       // A group may mix devices (one launch set each, as PyTorch's foreach and
-      // fused paths group by device): each launch runs with its device current,
-      // its kernel and stream belonging to it; no switch where it is already.
-      const nn::Device device = tensors.front().param.device();
-      std::optional<nn::DeviceGuard> device_guard;
-      if (!(device == nn::current_device())) device_guard.emplace(device);
+      // fused paths group by device): each launch runs with its device current.
+      const internal::DeviceScope on_device(tensors.front().param.device());
       if (!group.device_tables) group.device_tables = internal::MakeDeviceTables();
       if (capturing) {
         CaptureLaunch(g, algo, tensors, indices[key]);
@@ -196,8 +192,7 @@ void Optimizer::CaptureLaunch(int64_t g, internal::Algorithm algo,
         }
         (void)scalars;  // held: the arena memory the graph reads
         for (size_t i : indices) ++group.state[i].step;
-        std::optional<nn::DeviceGuard> device_guard;
-        if (!(device == nn::current_device())) device_guard.emplace(device);
+        const internal::DeviceScope on_device(device);
         internal::WriteUpdateScalarsCuda(ScalarsFor(g, step + 1), device_scalars, device);
       });
   TANDEM_CHECK(added, name_, ": internal error: no capture to attach the step's hook to");
