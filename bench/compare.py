@@ -143,7 +143,7 @@ def tolerance(mode, optimizer, tf32, bf16=False):
 # inputs within rounding of zero (tests/apps/resnet_gpu_test.cc measured float32
 # training-mode gradients differing by 3% / 17% of the largest between two correct
 # implementations; that test checks them in float64).
-FIRST_LOSS_ONLY = {"mobilenet_v2", "resnet18", "resnet50"}
+FIRST_LOSS_ONLY = {"mobilenet_v2", "resnet18", "resnet50", "resnet50_imagenet"}
 
 
 def compare_losses(tandem_cells, torch_cells, tf32, bf16=False):
@@ -321,6 +321,13 @@ def parse_args(argv):
                          "data, losses checked too): the 'tandem graph' column and the MLP "
                          "graph target")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data_batches", type=int, default=10,
+                    help="batches of synthetic data per model (tandem_bench --data_batches; "
+                         "torch reads it from the exchange): fewer for large inputs")
+    ap.add_argument("--torch_channels_last", action="store_true",
+                    help="the torch side in channels_last memory format (torch_bench.py "
+                         "--channels_last): PyTorch's fastest layout for convolutions on "
+                         "tensor cores; tandem keeps NCHW")
     ap.add_argument("--compare_only", action="store_true",
                     help="run nothing: re-read the reports an earlier run left in --work_dir "
                          "and redo the loss check and the table")
@@ -333,9 +340,10 @@ def parse_args(argv):
         if not (d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit())):
             fail(f"--devices: {d!r} is not cpu, cuda or cuda:N", 2)
     args.devices = ["cuda:0" if d == "cuda" else d for d in args.devices]
-    for flag in ("warmup_steps", "steps", "repetitions", "threads"):
+    for flag in ("warmup_steps", "steps", "repetitions", "threads", "data_batches"):
         v = getattr(args, flag)
-        low = {"warmup_steps": 0, "steps": 1, "repetitions": 5, "threads": 0}[flag]
+        low = {"warmup_steps": 0, "steps": 1, "repetitions": 5, "threads": 0,
+               "data_batches": 1}[flag]
         if v < low:
             fail(f"--{flag}={v}: must be >= {low}", 2)
     return args
@@ -390,7 +398,8 @@ def main(argv):
         torch_json = os.path.join(exchange, "torch.json")
         if not args.compare_only:
             run([bench, f"--device={device}", f"--export_dir={exchange}",
-                 f"--json={tandem_json}", f"--seed={args.seed}"] + common,
+                 f"--json={tandem_json}", f"--seed={args.seed}",
+                 f"--data_batches={args.data_batches}"] + common,
                 f"tandem on {device}")
         graph_json = None
         if args.cuda_graph and device.startswith("cuda") and args.compare_only:
@@ -399,11 +408,13 @@ def main(argv):
             # The same cells from the same weights and data, the step replayed as a CUDA graph.
             graph_json = os.path.join(exchange, "tandem_graph.json")
             run([bench, f"--device={device}", f"--import_dir={exchange}", f"--json={graph_json}",
-                 "--cuda_graph"] + common, f"tandem with CUDA graph on {device}")
+                 "--cuda_graph", f"--data_batches={args.data_batches}"] + common,
+                f"tandem with CUDA graph on {device}")
         if not args.compare_only:
             run([python, os.path.join(HERE, "torch_bench.py"), f"--import_dir={exchange}",
                  f"--device={device}", f"--json={torch_json}", f"--modes={args.modes}"] + common
-                + (["--graph_node_cost"] if device.startswith("cuda") else []),
+                + (["--graph_node_cost"] if device.startswith("cuda") else [])
+                + (["--channels_last"] if args.torch_channels_last else []),
                 f"torch on {device}")
         with open(tandem_json) as f:
             ours = json.load(f)

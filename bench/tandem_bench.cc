@@ -68,13 +68,19 @@ ABSL_FLAG(std::string, device, "cpu", "Where to run: cpu, cuda or cuda:N.");
 ABSL_FLAG(std::string, models, "mlp,lenet,convnet",
           "Comma-separated models: mlp (784-512-10), lenet (train_mnist's), convnet "
           "(train_cifar10's), mobilenet_v2 (train_cifar10 --model=mobilenet_v2's, dropout 0), "
-          "resnet18, resnet50 (torchvision's, 10 classes, ImageNet stem, 3x32x32 inputs).");
+          "resnet18, resnet50 (torchvision's, 10 classes, ImageNet stem, 3x32x32 inputs), "
+          "resnet50_imagenet (torchvision's ResNet-50 on its benchmark shape: 1000 classes, "
+          "3x224x224 inputs).");
 ABSL_FLAG(std::string, batch_sizes, "32,128,512", "Comma-separated batch sizes (each >= 1).");
 ABSL_FLAG(std::string, optimizers, "sgd,adam",
           "Comma-separated optimizers: sgd (plain, lr 0.01) and/or adam (lr 1e-3, betas "
           "(0.9, 0.999), eps 1e-8).");
 ABSL_FLAG(std::string, warmup_steps, "5", "Untimed steps before each repetition (>= 0).");
 ABSL_FLAG(std::string, steps, "20", "Timed steps per repetition (>= 1).");
+ABSL_FLAG(std::string, data_batches, "10",
+          "Batches of synthetic data per model (>= 1), cycled by the steps: the device holds "
+          "data_batches x the largest batch images (resnet50_imagenet at batch 256: 10 take "
+          "1.5 GB, and as much again in --export_dir).");
 ABSL_FLAG(std::string, repetitions, "5",
           "Repetitions per cell (>= 5); the median of their microseconds per step is "
           "reported.");
@@ -117,8 +123,6 @@ constexpr char kProgram[] = "tandem_bench";
 constexpr int kExitFailure = 1;
 constexpr int kExitBadFlag = 2;
 constexpr int64_t kLossSteps = 10;    // losses recorded and compared per cell
-constexpr int64_t kDataBatches = 10;  // batches of data per model, cycled by the steps
-constexpr int kNumClasses = 10;
 
 // The optimizers' hyper-parameters: torch_bench.py reads them from the manifest.
 constexpr double kSgdLr = 0.01;
@@ -134,6 +138,7 @@ struct ModelSpec {
   std::function<std::shared_ptr<nn::Module>()> make;
   nn::Shape input;  // one example: (C, H, W)
   const char* description;
+  int64_t classes = 10;
 };
 
 const std::vector<ModelSpec>& AllModels() {
@@ -155,6 +160,12 @@ const std::vector<ModelSpec>& AllModels() {
       {"resnet50", [] { return apps::MakeResNet50({.num_classes = 10}); }, {3, 32, 32},
        "torchvision's ResNet-50 (10 classes, conv1 7x7 stride 2 + maxpool, BatchNorm in "
        "training mode)"},
+      // The shape of the published ResNet-50 training throughputs (ImageNet:
+      // 224x224 crops, 1000 classes): a device-bound step of large convolutions.
+      {"resnet50_imagenet", [] { return apps::MakeResNet50({.num_classes = 1000}); },
+       {3, 224, 224},
+       "torchvision's ResNet-50 (1000 classes, 3x224x224 inputs, BatchNorm in training mode)",
+       1000},
   };
   return *models;
 }
@@ -165,6 +176,7 @@ struct Config {
   std::vector<int64_t> batch_sizes;
   std::vector<std::string> optimizers;
   int64_t warmup_steps = 0, steps = 0, repetitions = 0;
+  int64_t data_batches = 0;  // batches of data per model, cycled by the steps
   bool tf32 = false;
   bool bf16 = false;
   bool cuda_graph = false;
@@ -220,7 +232,8 @@ void ParseCellLists(Config& c) {
     }
     if (found == nullptr) {
       FlagError(absl::StrCat("--models=", models_text, ": unknown model \"", name,
-                             "\" (mlp, lenet, convnet, mobilenet_v2, resnet18, resnet50)"));
+                             "\" (mlp, lenet, convnet, mobilenet_v2, resnet18, resnet50, "
+                             "resnet50_imagenet)"));
     }
     c.models.push_back(found);
   }
@@ -278,6 +291,7 @@ Config ParseConfig() {
   ParseCellLists(c);
   c.warmup_steps = ParseInt("warmup_steps", absl::GetFlag(FLAGS_warmup_steps), 0);
   c.steps = ParseInt("steps", absl::GetFlag(FLAGS_steps), 1);
+  c.data_batches = ParseInt("data_batches", absl::GetFlag(FLAGS_data_batches), 1);
   c.repetitions = ParseInt("repetitions", absl::GetFlag(FLAGS_repetitions), 5);
   c.threads = static_cast<int>(ParseInt("threads", absl::GetFlag(FLAGS_threads), 0));
   if (c.threads > 1024) FlagError(absl::StrCat("--threads=", c.threads, ": must be <= 1024"));
@@ -299,10 +313,10 @@ Config ParseConfig() {
 
 struct Data {
   nn::Tensor images;  // (N, C, H, W) float32, on the device
-  nn::Tensor labels;  // (N) int64 in [0, 10), on the device
+  nn::Tensor labels;  // (N) int64 in [0, spec.classes), on the device
 };
 
-// N = 10 x the largest batch: standard normal images, uniform labels, drawn on
+// N = --data_batches x the largest batch: standard normal images, uniform labels, drawn on
 // the CPU from (seed, stream 1) and copied to the device once. The same for
 // models with the same input shape.
 Data MakeData(const ModelSpec& spec, int64_t n, uint64_t seed, nn::Device device) {
@@ -314,14 +328,15 @@ Data MakeData(const ModelSpec& spec, int64_t n, uint64_t seed, nn::Device device
   const std::vector<float> u = nn::rand({n}, cpu).to_vector<float>();
   std::vector<int64_t> labels(n);
   for (int64_t i = 0; i < n; ++i) {
-    labels[i] = std::min<int64_t>(kNumClasses - 1, static_cast<int64_t>(u[i] * kNumClasses));
+    labels[i] = std::min<int64_t>(spec.classes - 1,
+                                  static_cast<int64_t>(u[i] * static_cast<float>(spec.classes)));
   }
   return {images.to(device),
           nn::from_vector<int64_t>(labels, {n}, {.dtype = nn::kInt64, .device = device})};
 }
 
 absl::StatusOr<Data> ImportData(const ModelSpec& spec, const std::string& dir, int64_t n_min,
-                                nn::Device device) {
+                                int64_t data_batches, nn::Device device) {
   const std::string base = absl::StrCat(dir, "/", spec.name, "/");
   absl::StatusOr<nn::Tensor> images = apps::bench::ReadRawRows(base + "images.bin", spec.input,
                                                                nn::kFloat32);
@@ -329,15 +344,15 @@ absl::StatusOr<Data> ImportData(const ModelSpec& spec, const std::string& dir, i
   const int64_t n = images->size(0);
   if (n < n_min) {
     return absl::InvalidArgumentError(absl::StrCat(base, "images.bin: ", n, " images, but ",
-                                                   kDataBatches, " batches of the largest batch "
+                                                   data_batches, " batches of the largest batch "
                                                    "size need ", n_min));
   }
   absl::StatusOr<nn::Tensor> labels = apps::bench::ReadRawTensor(base + "labels.bin", {n}, nn::kInt64);
   if (!labels.ok()) return labels.status();
   for (int64_t label : labels->to_vector<int64_t>()) {
-    if (label < 0 || label >= kNumClasses) {
+    if (label < 0 || label >= spec.classes) {
       return absl::InvalidArgumentError(absl::StrCat(base, "labels.bin: label ", label,
-                                                     " is outside [0, ", kNumClasses, ")"));
+                                                     " is outside [0, ", spec.classes, ")"));
     }
   }
   return Data{images->to(device), labels->to(device)};
@@ -410,10 +425,10 @@ Cell RunCell(const Config& config, const ModelSpec& spec, nn::Module& model,
   auto batch_of = [&](const nn::Tensor& all, int64_t b) {
     return all.slice(b * batch, (b + 1) * batch);
   };
-  // One eager training step on the next of the kDataBatches batches; returns the
+  // One eager training step on the next of the data's batches; returns the
   // loss without reading it (no host synchronisation).
   auto eager_step = [&]() {
-    const int64_t b = next_batch++ % kDataBatches;
+    const int64_t b = next_batch++ % config.data_batches;
     optimizer->zero_grad();
     nn::Tensor loss = forward_loss(batch_of(data.images, b), batch_of(data.labels, b));
     loss.backward();
@@ -425,7 +440,7 @@ Cell RunCell(const Config& config, const ModelSpec& spec, nn::Module& model,
   std::unique_ptr<nn::CudaGraph> graph;
   nn::Tensor static_images, static_labels, graph_loss;
   auto graph_step = [&]() {
-    const int64_t b = next_batch++ % kDataBatches;
+    const int64_t b = next_batch++ % config.data_batches;
     static_images.copy_(batch_of(data.images, b));
     static_labels.copy_(batch_of(data.labels, b));
     graph->Replay();
@@ -574,6 +589,7 @@ std::string Report(const Config& config, const std::vector<Cell>& cells, int thr
   for (const std::string& name : config.optimizers) w.String(name);
   w.EndArray();
   w.Field("warmup_steps", config.warmup_steps).Field("steps", config.steps);
+  w.Field("data_batches", config.data_batches);
   w.Field("repetitions", config.repetitions).Field("loss_steps", kLossSteps);
   w.Field("tf32", config.tf32).Field("bf16", config.bf16).Field("graph", config.cuda_graph);
   w.Field("threads_requested", config.threads).Field("threads", threads_used);
@@ -601,7 +617,7 @@ std::string Manifest(const Config& config, const std::vector<Cell>& cells,
   w.Field("byte_order", "little");
   w.Field("layout", "each file: the tensor's elements in C (row-major) order, raw, no header");
   w.Field("seed", static_cast<int64_t>(config.seed)).Field("loss_steps", kLossSteps);
-  w.Field("data_batches", kDataBatches);
+  w.Field("data_batches", config.data_batches);
   w.Field("device", config.device.ToString()).Field("tf32", config.tf32);
   WriteOptimizers(w);
   w.Key("models").BeginObject();
@@ -659,7 +675,7 @@ int Run(const Config& config) {
   const int threads_used = nn::cpu_blas_threads();
   nn::set_allow_tf32(config.tf32);
   const int64_t max_batch = *std::max_element(config.batch_sizes.begin(), config.batch_sizes.end());
-  const int64_t n = kDataBatches * max_batch;
+  const int64_t n = config.data_batches * max_batch;
   std::cerr << kProgram << ": device " << config.device.ToString()
             << (config.cuda_graph ? " (CUDA graph)" : "") << ", OpenBLAS threads "
             << threads_used << ", tf32 " << (config.tf32 ? "on" : "off") << ", bf16 "
@@ -677,7 +693,8 @@ int Run(const Config& config) {
       data = MakeData(*spec, n, config.seed, config.device);
     } else {
       Check(apps::bench::ReadModelState(config.import_dir, spec->name, *model));
-      absl::StatusOr<Data> imported = ImportData(*spec, config.import_dir, n, config.device);
+      absl::StatusOr<Data> imported = ImportData(*spec, config.import_dir, n, config.data_batches,
+                                                      config.device);
       Check(imported.status());
       data = *imported;
     }
@@ -691,7 +708,7 @@ int Run(const Config& config) {
         cells.push_back(RunCell(config, *spec, *model, initial, data, batch, optimizer));
         const Cell& c = cells.back();
         std::cerr << absl::StrFormat(
-            "%-8s batch %4d %-4s %s: %10.1f us/step (min %.1f, max %.1f), %10.0f samples/s, "
+            "%-17s batch %4d %-4s %s: %10.1f us/step (min %.1f, max %.1f), %10.0f samples/s, "
             "losses %.6f .. %.6f\n",
             c.model, c.batch, c.optimizer, config.device.ToString(), c.median_us, c.min_us,
             c.max_us, c.samples_per_s, c.losses.front(), c.losses.back());
@@ -706,10 +723,10 @@ int Run(const Config& config) {
     Check(WriteFile(config.json, Report(config, cells, threads_used)));
     std::cerr << kProgram << ": wrote " << config.json << "\n";
   }
-  std::cout << absl::StrFormat("%-8s %6s %-5s %12s %12s %12s %14s\n", "model", "batch", "optim",
+  std::cout << absl::StrFormat("%-17s %6s %-5s %12s %12s %12s %14s\n", "model", "batch", "optim",
                                "us/step", "min", "max", "samples/s");
   for (const Cell& c : cells) {
-    std::cout << absl::StrFormat("%-8s %6d %-5s %12.1f %12.1f %12.1f %14.0f\n", c.model, c.batch,
+    std::cout << absl::StrFormat("%-17s %6d %-5s %12.1f %12.1f %12.1f %14.0f\n", c.model, c.batch,
                                  c.optimizer, c.median_us, c.min_us, c.max_us, c.samples_per_s);
   }
   return 0;

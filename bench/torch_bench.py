@@ -82,6 +82,10 @@ def make_model(name):
         # torchvision's definitions; tandem's apps::MakeResNet18/50 use their names.
         import torchvision
         return getattr(torchvision.models, name)(num_classes=10)
+    if name == "resnet50_imagenet":
+        # The published ResNet-50 throughputs' shape: 1000 classes, 224x224 inputs.
+        import torchvision
+        return torchvision.models.resnet50(num_classes=1000)
     if name == "convnet":
         return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -299,6 +303,10 @@ def parse_args(argv):
     ap.add_argument("--tf32", action="store_true", help="TF32 for CUDA matmuls and cuDNN convs")
     ap.add_argument("--bf16", action="store_true",
                     help="forward and loss under torch.autocast(dtype=torch.bfloat16)")
+    ap.add_argument("--channels_last", action="store_true",
+                    help="models with convolutions and their images in torch.channels_last "
+                         "memory format (NHWC; cuDNN's fastest layout for bf16/TF32 tensor "
+                         "cores); the losses are the same computation")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op CPU threads, also OpenBLAS's pool (0: the defaults)")
     ap.add_argument("--graph_node_cost", action="store_true",
@@ -388,6 +396,9 @@ def main(argv):
                 raise ValueError(f"{name}.{key}: shape {tuple(t.shape)} in the manifest, "
                                  f"{tuple(own[key].shape)} in the model")
         images = read_raw(args.import_dir, entry["images"]).to(device)
+        if args.channels_last and images.dim() == 4:
+            model = model.to(memory_format=torch.channels_last)
+            images = images.contiguous(memory_format=torch.channels_last)
         labels = read_raw(args.import_dir, entry["labels"]).to(device)
         for batch in args.batch_sizes:
             if batch * data_batches > images.shape[0]:
@@ -432,7 +443,8 @@ def main(argv):
                    "optimizer_names": args.optimizers, "modes": args.modes,
                    "warmup_steps": args.warmup_steps, "steps": args.steps,
                    "repetitions": args.repetitions, "loss_steps": int(args.manifest["loss_steps"]),
-                   "tf32": args.tf32, "bf16": args.bf16, "threads_requested": args.threads,
+                   "tf32": args.tf32, "bf16": args.bf16, "channels_last": args.channels_last,
+                   "threads_requested": args.threads,
                    "threads": torch.get_num_threads(),
                    "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "import_dir": args.import_dir,
                    "zero_grad": "optimizer.zero_grad(set_to_none=True)",

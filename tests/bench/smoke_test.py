@@ -11,6 +11,9 @@
 2. The same cells again with --import_dir (weights and data read back): the
    first losses must be bit-identical (same weights, same data, same CPU code).
 3. A bad flag value or an unknown flag exits 2 with a message naming the flag.
+3b. The ImageNet-shaped ResNet-50 (resnet50_imagenet: 1000 classes, 3x224x224) runs
+   one cell at batch 1 with --data_batches=1: its first loss is near ln(1000) and
+   the exchange holds one 224x224 image per data batch with labels in [0, 1000).
 4. compare.py's loss check flags a perturbed loss and accepts an equal one.
 5. With HOST_COST_BENCH: its CPU rows, every case, a few iterations: each prints
    one complete line (positive host and wall times, medians of the repetitions)
@@ -105,6 +108,27 @@ def main(bench, work):
     check(rc == 2 and "--batch_sizes" in out, f"bad --batch_sizes: exit {rc}, {out!r}")
     rc, out = run([bench, "--batch_size=4"] + common[:1])
     check(rc == 2 and "unknown flag --batch_size" in out, f"unknown flag: exit {rc}, {out!r}")
+    rc, out = run([bench, "--data_batches=0"] + common[:1])
+    check(rc == 2 and "--data_batches=0" in out, f"bad --data_batches: exit {rc}, {out!r}")
+
+    imagenet = os.path.join(work, "imagenet")
+    imagenet_json = os.path.join(work, "imagenet.json")
+    rc, out = run([bench, "--device=cpu", "--models=resnet50_imagenet", "--batch_sizes=1",
+                   "--optimizers=sgd", "--warmup_steps=0", "--steps=1", "--repetitions=5",
+                   "--data_batches=1", f"--json={imagenet_json}", f"--export_dir={imagenet}"])
+    check(rc == 0, f"tandem_bench resnet50_imagenet exited {rc}:\n{out}")
+    with open(imagenet_json) as f:
+        cell = json.load(f)["cells"][0]
+    # Untrained 1000-class cross-entropy is near ln(1000) = 6.91.
+    check(cell["model"] == "resnet50_imagenet" and 5.0 < cell["losses"][0] < 9.0,
+          f"resnet50_imagenet first loss {cell['losses'][0]}")
+    with open(os.path.join(imagenet, "manifest.json")) as f:
+        manifest = json.load(f)
+    entry = manifest["models"]["resnet50_imagenet"]
+    check(manifest["data_batches"] == 1 and entry["images"]["shape"] == [1, 3, 224, 224],
+          f"data_batches {manifest['data_batches']}, images {entry['images']['shape']}")
+    fc = [p["shape"] for p in entry["params"] if p["name"] == "fc.weight"]
+    check(fc == [[1000, 2048]], f"fc.weight {fc}")
 
     sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
     import compare  # noqa: E402 (standard library only)
