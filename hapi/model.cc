@@ -218,17 +218,44 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   RETURN_IF_ERROR(CheckDataset("fit", train, "the training data"));
   RETURN_IF_ERROR(CheckFitOptions(options));
   if (dist::current_or_null() == nullptr) RETURN_IF_ERROR(CheckRestartOptions(options, launch_));
+  // A fit that fails changes nothing the Model keeps: from main, local rank 0
+  // may have kept its weights and optimizer state before another rank failed,
+  // and the check below passes a state that load() read before prepare(). Both
+  // are put back, so that the next prepare() and fit() start as they would
+  // have without the failed fit (the host copies are handles: no tensor is copied).
+  const nn::StateDict weights = weights_;
+  const bool have_weights = have_weights_;
+  const optim::StateDict optimizer_state = optimizer_state_;
+  const bool have_optimizer_state = have_optimizer_state_;
+  const std::string optimizer_type = optimizer_type_;
+  const std::string unchecked_optimizer_file = unchecked_optimizer_file_;
+  auto put_back = [&] {
+    weights_ = weights;
+    have_weights_ = have_weights;
+    optimizer_state_ = optimizer_state;
+    have_optimizer_state_ = have_optimizer_state;
+    optimizer_type_ = optimizer_type;
+    unchecked_optimizer_file_ = unchecked_optimizer_file;
+  };
   RETURN_IF_ERROR(CheckPendingOptimizerState());
   History history;
-  absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
-    History h = FitOnRank(ctx, train, options);
-    if (!spawned_ || LocalRank(ctx) == 0) history = std::move(h);
-    return absl::OkStatus();
-  });
-  if (!status.ok()) return status;
+  absl::Status status;
+  try {
+    status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
+      History h = FitOnRank(ctx, train, options);
+      if (!spawned_ || LocalRank(ctx) == 0) history = std::move(h);
+      return absl::OkStatus();
+    });
+  } catch (...) {  // inside a rank's function: this rank's fit failed
+    put_back();
+    throw;
+  }
+  if (!status.ok()) {
+    put_back();
+    return status;
+  }
   return history;
 }
-
 
 History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                          const FitOptions& options) {

@@ -290,7 +290,10 @@ class Model {
   // Trains (see the file comment). FailedPrecondition before prepare();
   // InvalidArgument naming the value for a bad option or an empty dataset; an
   // epoch without a step (drop_last with fewer examples than one global batch)
-  // fails on the ranks, naming the sizes.
+  // fails on the ranks, naming the sizes. A fit that fails (or throws inside
+  // a rank's function) leaves the Model as it found it: the weights and the
+  // optimizer state it kept, and a state that load() read before prepare()
+  // still waiting (see load).
   absl::StatusOr<History> fit(std::shared_ptr<const data::Dataset> train, FitOptions options = {});
   // "eval_loss" (when prepared with a loss) and "eval_<metric>" for each metric,
   // over every sample exactly once. FailedPrecondition before prepare();
@@ -336,10 +339,12 @@ class Model {
   // final.safetensors, nn::SaveSafetensors, a copy): InvalidArgument naming
   // both files.
   // Before prepare() the file is read and verified (format, checksum) and its
-  // state waits for prepare(), which keeps it until the next fit() has checked
-  // it against the prepared optimizer (FailedPrecondition naming the file and
-  // what differs, the state still waiting); after that check any prepare()
-  // starts the optimizer fresh, as it does when no state waits.
+  // state waits for prepare(), which keeps it until a fit() has checked it
+  // against the prepared optimizer (FailedPrecondition naming the file and
+  // what differs, the state still waiting) and finished; after that fit any
+  // prepare() starts the optimizer fresh, as it does when no state waits. A
+  // fit that fails after the check leaves the state waiting, so a prepare()
+  // after it keeps the state and the next fit checks it again.
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its

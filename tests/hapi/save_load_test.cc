@@ -3,15 +3,17 @@
 // after save, a new Model and load continues bit for bit as the unbroken fit
 // (Adam, 1 and 2 ranks, ZeRO), weights only and reset_optimizer start the
 // optimizer fresh (and so part from it), a load before prepare() waits for
-// it, and an optimizer file of another type, parameter count or shapes, a
-// corrupt, truncated or foreign file, or one next to other weights than it
-// was saved with, is refused naming the file and what differs, leaving the
-// Model as it was.
+// it, a fit that fails leaves the loaded state for the next one, and an
+// optimizer file of another type, parameter count or shapes, a corrupt,
+// truncated or foreign file, or one next to other weights than it was saved
+// with, is refused naming the file and what differs, leaving the Model as it
+// was.
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -445,6 +447,64 @@ TEST(SaveLoadTest, ALoadBeforePrepareIsCheckedAtTheNextFit) {
   // Once checked, a new prepare() starts the optimizer fresh, as it always did.
   model.prepare(SgdFactory(), CrossEntropy());
   EXPECT_TRUE(model.fit(train, OneEpochOptions(1, 1, false)).ok());
+}
+
+// Fails the fit on rank 1, in on_train_batch_end at step 2 or, with
+// `at_end`, in on_train_end: after every collective, when rank 0 has finished
+// its fit and kept its weights.
+struct FailOnRankOne : Callback {
+  explicit FailOnRankOne(bool at_end) : at_end(at_end) {}
+  std::string name() const override { return "FailOnRankOne"; }
+  void on_train_batch_end(RunState& s) override {
+    if (!at_end && s.ctx->rank() == 1 && s.step == 2) throw std::runtime_error("injected");
+  }
+  void on_train_end(RunState& s, const Logs&) override {
+    if (at_end && s.ctx->rank() == 1) throw std::runtime_error("injected");
+  }
+  bool at_end;
+};
+
+// A fit that fails after the optimizer file's check (a step in, or after
+// rank 0 kept its weights) changes nothing: the loaded weights and optimizer
+// state stay the Model's, a prepare() after it keeps the loaded state as it
+// would have before the failed fit, and the next fit ends bit for bit where
+// load, prepare, fit does. Either order of load and prepare; 2 CPU ranks.
+TEST(SaveLoadTest, AFailedFitLeavesTheLoadedStateForTheNextFit) {
+  auto train = Classification(24, 39);
+  const std::string dir = Dir("failed_fit");
+  const std::string path = dir + "/model.safetensors";
+  auto saved = SavedAfterOneEpoch(train, path);
+  auto reference = Prepared(2);
+  ASSERT_TRUE(reference->load(path).ok());
+  auto ref_fit = reference->fit(train, OneEpochOptions(1, 2, false));
+  ASSERT_TRUE(ref_fit.ok()) << ref_fit.status();
+  auto loaded_weights = saved->state_dict();
+  ASSERT_TRUE(loaded_weights.ok());
+  for (bool load_before_prepare : {true, false}) {
+    for (bool at_end : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "load before prepare " << load_before_prepare
+                                      << ", failing at " << (at_end ? "train end" : "step 2"));
+      Model model([] { return std::make_shared<Net>(); }, Cpu(2));
+      if (!load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      ASSERT_TRUE(model.load(path).ok());
+      if (load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      FitOptions failing = OneEpochOptions(1, 2, false);
+      failing.callbacks = {MakeCallback<FailOnRankOne>(at_end)};
+      auto failed = model.fit(train, failing);
+      ASSERT_FALSE(failed.ok());
+      EXPECT_TRUE(Contains(failed.status(), "callback FailOnRankOne failed")) << failed.status();
+      auto after = model.state_dict();
+      ASSERT_TRUE(after.ok());
+      EXPECT_TRUE(SameBits(*after, *loaded_weights)) << "the failed fit's weights were kept";
+      // As after load and prepare (load before prepare), or after prepare and
+      // load (a prepare after that load starts fresh: none here).
+      if (load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      auto h = model.fit(train, OneEpochOptions(1, 2, false));
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ(h->epochs[0].at("loss"), ref_fit->epochs[0].at("loss"));
+      EXPECT_TRUE(SameBits(*model.state_dict(), *reference->state_dict()));
+    }
+  }
 }
 
 }  // namespace
