@@ -315,9 +315,16 @@ class Model {
   // and a fingerprint of the weights saved with it ("hapi.weights_fnv1a64").
   // With FitOptions::zero it is the unsharded state (what the optimizer would
   // hold on one rank), so any world and either setting continues from it.
-  // Both files are written atomically over the earlier ones, never removed
-  // first, so ranks (or processes) saving one path at once always leave an
-  // optimizer file; a save that fails between the two leaves the earlier
+  // Inside a rank's function save is a collective, as fit is: every rank
+  // calls it, the process's first rank writes the files for its process's
+  // ranks (each process its own copy, as Paddle's local rank 0 does), and
+  // every rank returns once every process's files are written (one
+  // all_reduce), with an error on every rank when a writer failed (the
+  // writer's names the cause). Both files are written atomically over the
+  // earlier ones (temporary names unique to the host and process), never
+  // removed first, so writers of one path at once (the processes of a job on
+  // a shared filesystem, or threads saving from outside spawn) always leave
+  // an optimizer file; a save that fails between the two leaves the earlier
   // optimizer file, whose weights fingerprint load() refuses. Without an
   // optimizer file to write, save removes one that an earlier save left at
   // OptimizerStatePath(path) (it would go with other weights), before writing
