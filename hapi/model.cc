@@ -96,6 +96,41 @@ absl::Status CheckEvalOptions(const char* call, const EvalOptions& o) {
   return absl::OkStatus();
 }
 
+// Every rank's dataset indices under `so` (rank r's sampler, its rank
+// replaced), from the samplers' host-only plans; max_rows: the most any rank has.
+std::vector<std::vector<int64_t>> EveryRanksIndices(const data::DistributedOptions& so, int world,
+                                                    int64_t& max_rows) {
+  std::vector<std::vector<int64_t>> indices(static_cast<size_t>(world));
+  max_rows = 0;
+  for (int r = 0; r < world; ++r) {
+    data::DistributedOptions other = so;
+    other.rank = r;
+    data::DistributedBatchSampler plan(other);
+    while (auto b = plan.next()) indices[r].insert(indices[r].end(), b->begin(), b->end());
+    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(indices[r].size()));
+  }
+  return indices;
+}
+
+// The shape of one example of the outputs (all but dim 0), from rank 0's
+// (kUneven gives rank 0 the most rows): one broadcast.
+nn::Shape ExampleShapeOfRankZero(dist::Context& ctx, const std::vector<nn::Tensor>& outputs) {
+  std::vector<int64_t> shape_code(9, 0);
+  if (!outputs.empty()) {
+    const nn::Shape& s = outputs.front().shape();
+    TANDEM_CHECK(s.size() >= 1 && s.size() <= 8, "hapi::Model::predict: output shape ",
+                 nn::ShapeToString(s), " has ", s.size(), " dims; 1 to 8 are supported");
+    shape_code[0] = static_cast<int64_t>(s.size());
+    for (size_t d = 1; d < s.size(); ++d) shape_code[d] = s[d];
+  }
+  nn::Tensor code = nn::from_vector(shape_code, {9}, {.dtype = nn::kInt64}).to(ctx.device());
+  ctx.communicator().broadcast(code, 0);
+  shape_code = code.to_vector<int64_t>();
+  nn::Shape example_shape;
+  for (int64_t d = 1; d < shape_code[0]; ++d) example_shape.push_back(shape_code[d]);
+  return example_shape;
+}
+
 }  // namespace
 
 namespace internal {
@@ -319,16 +354,8 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
   data::DistributedOptions so = SamplerOptions(ctx, dataset->size(), options.batch_size);
   so.shuffle = false;
   so.tail = data::DistributedTail::kUneven;
-  // Every rank's dataset indices, from the samplers' (host-only) plans.
-  std::vector<std::vector<int64_t>> indices(static_cast<size_t>(world));
   int64_t max_rows = 0;
-  for (int r = 0; r < world; ++r) {
-    data::DistributedOptions other = so;
-    other.rank = r;
-    data::DistributedBatchSampler plan(other);
-    while (auto b = plan.next()) indices[r].insert(indices[r].end(), b->begin(), b->end());
-    max_rows = std::max<int64_t>(max_rows, static_cast<int64_t>(indices[r].size()));
-  }
+  const std::vector<std::vector<int64_t>> indices = EveryRanksIndices(so, world, max_rows);
   data::DataLoader loader(dataset, std::make_shared<data::DistributedBatchSampler>(so),
                           LoaderOptions(ctx, options.num_workers, options.batch_transform));
   std::vector<nn::Tensor> outputs;
@@ -337,24 +364,9 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
     if (options.bf16) autocast.emplace(nn::kBFloat16);
     outputs.push_back(network(batch->data).to(nn::kFloat32).to(nn::Device::CPU()));
   }
-  // The output's shape per example, from rank 0 (kUneven gives rank 0 the most rows).
-  std::vector<int64_t> shape_code(9, 0);
-  if (!outputs.empty()) {
-    const nn::Shape& s = outputs.front().shape();
-    TANDEM_CHECK(s.size() >= 1 && s.size() <= 8, "hapi::Model::predict: output shape ",
-                 nn::ShapeToString(s), " has ", s.size(), " dims; 1 to 8 are supported");
-    shape_code[0] = static_cast<int64_t>(s.size());
-    for (size_t d = 1; d < s.size(); ++d) shape_code[d] = s[d];
-  }
-  nn::Tensor code = nn::from_vector(shape_code, {9}, {.dtype = nn::kInt64}).to(ctx.device());
-  ctx.communicator().broadcast(code, 0);
-  shape_code = code.to_vector<int64_t>();
-  nn::Shape example_shape;
+  const nn::Shape example_shape = ExampleShapeOfRankZero(ctx, outputs);
   int64_t per_example = 1;
-  for (int64_t d = 1; d < shape_code[0]; ++d) {
-    example_shape.push_back(shape_code[d]);
-    per_example *= shape_code[d];
-  }
+  for (int64_t d : example_shape) per_example *= d;
   // This rank's rows, padded to max_rows, gathered from every rank.
   std::vector<float> mine(static_cast<size_t>(max_rows * per_example), 0.0f);
   size_t at = 0;
