@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "nn/error.h"
 #include "nn/safetensors.h"
+#include "spawn/comm/communicator.h"
 #include "spawn/observe/summary_writer.h"
 
 namespace tandem::hapi {
@@ -441,6 +442,9 @@ void ModelCheckpoint::on_epoch_end(RunState& s, const Logs& logs) {
 
 void ModelCheckpoint::on_train_end(RunState& s, const Logs&) {
   if (IsRankZero(s)) SaveWeights(dir_ + "/final.safetensors", *s.network);
+  // No collective follows on_train_end in fit (the epochs' files are written
+  // before the epoch end's): every rank's fit returns once the file is there.
+  if (s.ctx != nullptr) s.ctx->communicator().barrier();
 }
 
 // --- TensorBoard ---------------------------------------------------------------------

@@ -295,7 +295,9 @@ std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key);
 // dir/final.safetensors at the end; with `monitor` set also
 // dir/best.safetensors when the monitored value improves (mode and the epochs
 // an evaluation value is read in as EarlyStopping's). Writes are atomic
-// (nn/safetensors.h).
+// (nn/safetensors.h); on_train_end ends with a barrier, so that every rank's
+// fit returns with the files written (an epoch's are before the epoch's end
+// collectives).
 // The best value goes into every checkpoint and snapshot
 // ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {

@@ -290,7 +290,10 @@ class Model {
   // Trains (see the file comment). FailedPrecondition before prepare();
   // InvalidArgument naming the value for a bad option or an empty dataset; an
   // epoch without a step (drop_last with fewer examples than one global batch)
-  // fails on the ranks, naming the sizes.
+  // fails on the ranks, naming the sizes. A fit that fails (or throws inside
+  // a rank's function) leaves the Model as it found it: the weights and the
+  // optimizer state it kept, and a state that load() read before prepare()
+  // still waiting (see load).
   absl::StatusOr<History> fit(std::shared_ptr<const data::Dataset> train, FitOptions options = {});
   // "eval_loss" (when prepared with a loss) and "eval_<metric>" for each metric,
   // over every sample exactly once. FailedPrecondition before prepare();
@@ -312,9 +315,16 @@ class Model {
   // and a fingerprint of the weights saved with it ("hapi.weights_fnv1a64").
   // With FitOptions::zero it is the unsharded state (what the optimizer would
   // hold on one rank), so any world and either setting continues from it.
-  // Both files are written atomically over the earlier ones, never removed
-  // first, so ranks (or processes) saving one path at once always leave an
-  // optimizer file; a save that fails between the two leaves the earlier
+  // Inside a rank's function save is a collective, as fit is: every rank
+  // calls it, the process's first rank writes the files for its process's
+  // ranks (each process its own copy, as Paddle's local rank 0 does), and
+  // every rank returns once every process's files are written (one
+  // all_reduce), with an error on every rank when a writer failed (the
+  // writer's names the cause). Both files are written atomically over the
+  // earlier ones (temporary names unique to the host and process), never
+  // removed first, so writers of one path at once (the processes of a job on
+  // a shared filesystem, or threads saving from outside spawn) always leave
+  // an optimizer file; a save that fails between the two leaves the earlier
   // optimizer file, whose weights fingerprint load() refuses. Without an
   // optimizer file to write, save removes one that an earlier save left at
   // OptimizerStatePath(path) (it would go with other weights), before writing
@@ -336,10 +346,12 @@ class Model {
   // final.safetensors, nn::SaveSafetensors, a copy): InvalidArgument naming
   // both files.
   // Before prepare() the file is read and verified (format, checksum) and its
-  // state waits for prepare(), which keeps it until the next fit() has checked
-  // it against the prepared optimizer (FailedPrecondition naming the file and
-  // what differs, the state still waiting); after that check any prepare()
-  // starts the optimizer fresh, as it does when no state waits.
+  // state waits for prepare(), which keeps it until a fit() has checked it
+  // against the prepared optimizer (FailedPrecondition naming the file and
+  // what differs, the state still waiting) and finished; after that fit any
+  // prepare() starts the optimizer fresh, as it does when no state waits. A
+  // fit that fails after the check leaves the state waiting, so a prepare()
+  // after it keeps the state and the next fit checks it again.
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its

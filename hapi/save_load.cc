@@ -12,11 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "hapi/internal/host_state.h"
+#include "hapi/internal/on_rank.h"
 #include "hapi/model.h"
 #include "nn/checkpoint.h"
 #include "nn/random.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
+#include "spawn/context.h"
 #include "spawn/train/checkpoint.h"
 
 namespace tandem::hapi {
@@ -71,28 +73,51 @@ absl::StatusOr<std::string> StringEntry(const nn::Checkpoint& file, const char* 
 }  // namespace
 
 absl::Status Model::save(const std::string& path, SaveOptions options) {
-  RETURN_IF_ERROR(Materialize());
-  const std::string optimizer_file = OptimizerStatePath(path);
-  if (!options.training || !have_optimizer_state_) {
-    // An earlier save's optimizer file goes first: it belongs to other weights.
-    std::error_code error;
-    std::filesystem::remove(optimizer_file, error);
-    if (error) {
-      return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
-                                              optimizer_file, ": ", error.message()));
+  // Both files are renamed over the earlier ones, never removed: writers of
+  // one path at once (the processes of a job on a shared filesystem) leave no
+  // moment without an optimizer file. One left by an earlier save (this save
+  // failing between the two) holds the fingerprint of other weights, which
+  // load() refuses.
+  auto write_files = [&]() -> absl::Status {
+    const std::string optimizer_file = OptimizerStatePath(path);
+    if (!options.training || !have_optimizer_state_) {
+      // An earlier save's optimizer file goes first: it belongs to other weights.
+      std::error_code error;
+      std::filesystem::remove(optimizer_file, error);
+      if (error) {
+        return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
+                                                optimizer_file, ": ", error.message()));
+      }
+      return nn::SaveSafetensors(path, weights_);
     }
-    return nn::SaveSafetensors(path, weights_);
+    RETURN_IF_ERROR(nn::SaveSafetensors(path, weights_));
+    nn::Checkpoint file;
+    dist::PutOptimizerEntries(optimizer_state_, file);
+    file.metadata[kOptimizerTypeKey] = optimizer_type_;
+    file.metadata[kWeightsKey] = WeightsFingerprint(weights_);
+    return nn::SaveCheckpoint(optimizer_file, file);
+  };
+  absl::Status materialized = Materialize();
+  dist::Context* ctx = dist::current_or_null();
+  if (ctx == nullptr) {
+    RETURN_IF_ERROR(materialized);
+    return write_files();
   }
-  // Both files are renamed over the earlier ones, never removed: ranks saving
-  // one path at once leave no moment without an optimizer file. One left by
-  // an earlier save (this save failing between the two) holds the
-  // fingerprint of other weights, which load() refuses.
-  RETURN_IF_ERROR(nn::SaveSafetensors(path, weights_));
-  nn::Checkpoint file;
-  dist::PutOptimizerEntries(optimizer_state_, file);
-  file.metadata[kOptimizerTypeKey] = optimizer_type_;
-  file.metadata[kWeightsKey] = WeightsFingerprint(weights_);
-  return nn::SaveCheckpoint(optimizer_file, file);
+  // Inside a rank's function every rank holds the same weights (DataParallel),
+  // so the process's first rank writes for its process's ranks, as Paddle's
+  // local rank 0 does; every rank returns once every process's files are
+  // written, with an error when any writer failed.
+  absl::Status written = materialized;
+  if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
+  const double failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
+  if (!written.ok()) return written;
+  if (failures > 0) {
+    return absl::InternalError(absl::StrCat(
+        "hapi::Model::save: ", path, ": ", failures, " rank", failures == 1 ? "" : "s",
+        " failed to save it (the first rank of each process writes; that rank's error "
+        "names the cause)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::CheckOptimizerState(const optim::StateDict& state, const std::string& type,

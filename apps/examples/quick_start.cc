@@ -24,7 +24,7 @@ void train(dist::Context& ctx, bool print_result) {
   nn::MSELoss loss_fn;
   for (int step = 0; step < 20; ++step) {
     // 5. shard the data: here each rank draws its own random batch; real data uses
-    //    data::DistributedBatchSampler + data::DataLoader (see hapi/model.cc)
+    //    data::DistributedBatchSampler + data::DataLoader (see hapi/fit_loop.cc)
     auto loss = loss_fn(dp(nn::randn({10, 10})), nn::randn({10, 1}));
     if (print_result) ctx.log().Info("step:{} loss:{:.4f}", step, loss.item());
     loss.backward();                               // gradients all-reduced in buckets

@@ -1,4 +1,4 @@
-// Internal to hapi (model.cc): where a fit stands and how it is stored, in
+// Internal to hapi (model.cc, fit_loop.cc): where a fit stands and how it is stored, in
 // checkpoint files (FitOptions::checkpoint, resume) and in-memory snapshots
 // for restarts (FitOptions::snapshot_every_steps), and the checks of the
 // restart options. Not installed for other folders' use.

@@ -40,6 +40,23 @@ absl::Status SyncDirectory(const std::string& path, const std::string& what) {
   return absl::OkStatus();
 }
 
+// Creates a temporary file beside `path` that no other writer uses:
+// <path>.tmp.<pid>.<n>, with n this process's count of temporary files.
+// O_EXCL: a name that exists all the same (a pid that two machines sharing a
+// filesystem both run, or a crashed writer's left-over) is passed over for
+// the next n, never opened and truncated under its writer.
+int CreateTemporary(const std::string& path, std::string& temp) {
+  static std::atomic<uint64_t> counter{0};
+  constexpr int kAttempts = 64;
+  int fd = -1;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) break;
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::Status AtomicFileSink::Write(const void* data, size_t size) {
@@ -58,9 +75,8 @@ absl::Status AtomicFileSink::Write(const void* data, size_t size) {
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& what,
                                  const std::function<absl::Status(AtomicFileSink&)>& write) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string temp;
+  const int fd = CreateTemporary(path, temp);
   if (fd < 0) return Failed(what, path, absl::StrCat("creating ", temp));
   absl::Status status;
   try {

@@ -1,9 +1,12 @@
 // WriteFileAtomically: the one way nn writes a file that must never be seen half
 // written (checkpoints, safetensors). The bytes go to a temporary file beside the
-// target (<path>.tmp.<pid>.<n>), which is fsynced, closed and renamed over `path`;
-// then the directory is fsynced so the rename survives a power loss. A reader, or
-// a process killed mid-write, sees the old file or the whole new one, never a
-// mixture; a failed write removes the temporary file and leaves `path` as it was.
+// target (<path>.tmp.<pid>.<n>, created exclusively, O_EXCL: a name that exists,
+// as one of another host's writers on a shared filesystem may, is passed over for
+// the next n, so no two writers share one), which is fsynced, closed and renamed
+// over `path`; then the directory is fsynced so the rename survives a power
+// loss. A reader, or a process killed mid-write, sees the old file or the whole
+// new one, never a mixture; a failed write removes the temporary file and
+// leaves `path` as it was.
 #ifndef TANDEM_NN_INTERNAL_ATOMIC_FILE_H_
 #define TANDEM_NN_INTERNAL_ATOMIC_FILE_H_
 

@@ -3,9 +3,12 @@
 // eval_freq-th epoch has, a fit whose epochs would hold no step, evaluate
 // before prepare, random augmentations across fit's epochs, a resume inside
 // an epoch with another global batch or grad_accum_steps, ReduceLROnPlateau,
-// clip_grad_norm, the progress lines after a resume on another world, and a
-// bad mode naming its callback.
+// clip_grad_norm, the progress lines after a resume on another world,
+// ModelCheckpoint's files in place when every rank's fit returns, and a bad
+// mode naming its callback.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -13,9 +16,11 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "data/dataset.h"
 #include "data/transforms.h"
@@ -23,6 +28,7 @@
 #include "nn/error.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
+#include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
 
@@ -47,6 +53,45 @@ std::unique_ptr<Model> Prepared(int ranks, double lr) {
 
 bool Contains(const absl::Status& s, const std::string& part) {
   return std::string(s.message()).find(part) != std::string::npos;
+}
+
+// Rank 0 takes its time in on_train_end (before ModelCheckpoint writes).
+struct SlowTrainEndOnRankZero : Callback {
+  std::string name() const override { return "SlowTrainEndOnRankZero"; }
+  void on_train_end(RunState& s, const Logs&) override {
+    if (s.ctx->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+};
+
+// Inside a rank's function (each rank with its own Model) ModelCheckpoint's
+// files are written once, by rank 0, and every rank's fit returns with them in
+// place, final.safetensors included, though rank 0 writes it last of all.
+TEST(CallbacksTest, ModelCheckpointsFilesAreThereWhenEveryRanksFitReturns) {
+  auto train = Classification(16, 73);
+  const std::string dir = ::testing::TempDir() + "/hapi_checkpoint_inside_ranks";
+  std::filesystem::remove_all(dir);
+  std::atomic<int> missing{0};
+  absl::Status run = dist::spawn(
+      [&](dist::Context&) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(
+            [](std::vector<nn::Tensor> params) {
+              return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+            },
+            CrossEntropy());
+        absl::StatusOr<History> h = model.fit(
+            train, {.epochs = 2, .batch_size = 4,
+                    .callbacks = {MakeCallback<SlowTrainEndOnRankZero>(),
+                                  MakeCallback<ModelCheckpoint>(dir, 1)}});
+        if (!h.ok()) return h.status();
+        for (const char* file : {"epoch_1", "epoch_2", "final"}) {
+          if (!std::filesystem::exists(absl::StrCat(dir, "/", file, ".safetensors"))) ++missing;
+        }
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_EQ(missing.load(), 0);
 }
 
 // With eval_freq 2 only epochs 2, 4, ... carry "eval_*" values: the callbacks

@@ -3,28 +3,40 @@
 // after save, a new Model and load continues bit for bit as the unbroken fit
 // (Adam, 1 and 2 ranks, ZeRO), weights only and reset_optimizer start the
 // optimizer fresh (and so part from it), a load before prepare() waits for
-// it, and an optimizer file of another type, parameter count or shapes, a
-// corrupt, truncated or foreign file, or one next to other weights than it
-// was saved with, is refused naming the file and what differs, leaving the
-// Model as it was.
+// it, a fit that fails leaves the loaded state for the next one, inside
+// ranks the process's first rank writes (once) for every rank, and an
+// optimizer file of another type, parameter count or shapes, a corrupt,
+// truncated or foreign file, or one next to other weights than it was saved
+// with, is refused naming the file and what differs, leaving the Model as it
+// was.
+#include <sys/inotify.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "hapi/model.h"
 #include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/nn.h"
 #include "nn/safetensors.h"
+#include "nn/status_macros.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
 
@@ -297,10 +309,11 @@ TEST(SaveLoadTest, AnOptimizerFileOfOtherWeightsIsRefused) {
   }
 }
 
-// Ranks that each save their own (equal) Model to one path at once, as each
-// rank's function of a launched script does: a rank's save, once it returns,
-// leaves an optimizer file for that rank to load, whatever the other ranks'
-// saves are doing (no rank removes the file another has written).
+// Threads that each save their own (equal) Model to one path at once, from
+// outside spawn, as the processes of a job on a shared filesystem do (each
+// process's first rank writes): a save, once it returns, leaves an optimizer
+// file for its thread to load, whatever the other saves are doing (no save
+// removes the file another has written).
 TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
   auto train = Classification(24, 38);
   const std::string dir = Dir("concurrent");
@@ -328,6 +341,95 @@ TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
   EXPECT_EQ(missing.load(), 0) << "of " << kRanks * kSaves << " saves";
   auto loaded = Prepared(1);
   EXPECT_TRUE(loaded->load(path).ok());
+}
+
+// Counts the atomic writes into `dir` from its construction on, by the file
+// they write: each creates one temporary file, "<file>.tmp.<unique>"
+// (nn/internal/atomic_file.h). Creations, not renames, are counted: inotify
+// merges two identical events in a row, and two renames onto one name are
+// identical, while every temporary file has a name of its own.
+class WriteCounter {
+ public:
+  explicit WriteCounter(const std::string& dir)
+      : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)),
+        watch_(fd_ < 0 ? -1 : ::inotify_add_watch(fd_, dir.c_str(), IN_CREATE)) {}
+  ~WriteCounter() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
+  std::map<std::string, int> Take() {
+    alignas(inotify_event) char buffer[64 * 1024];
+    std::map<std::string, int> writes;
+    for (;;) {
+      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+      if (n <= 0) break;  // EAGAIN: every event read
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        const std::string name = event->len > 0 ? event->name : "";
+        const size_t temp = name.find(".tmp.");
+        if (temp != std::string::npos) ++writes[name.substr(0, temp)];
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    return writes;
+  }
+
+ private:
+  int fd_;
+  int watch_;
+};
+
+// Model::save inside a rank's function on 2 and 3 CPU ranks, each rank with its
+// own Model: the process's first rank writes each file once (not once per
+// rank), and every rank finds both files when its save returns and loads them.
+TEST(SaveLoadTest, InsideRanksTheProcesssFirstRankWritesOnce) {
+  auto train = Classification(24, 40);
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    const std::string dir = Dir(absl::StrCat("inside_ranks_", ranks));
+    const std::string path = dir + "/model.safetensors";
+    WriteCounter writes(dir);
+    ASSERT_TRUE(writes.ok()) << "inotify: " << std::strerror(errno);
+    std::atomic<int> missing{0};
+    absl::Status run = dist::spawn(
+        [&](dist::Context&) -> absl::Status {
+          Model model([] { return std::make_shared<Net>(); });
+          model.prepare(AdamFactory(), CrossEntropy());
+          absl::StatusOr<History> h = model.fit(train, {.epochs = 1, .batch_size = 4});
+          if (!h.ok()) return h.status();
+          RETURN_IF_ERROR(model.save(path));
+          if (!std::filesystem::exists(path) ||
+              !std::filesystem::exists(OptimizerStatePath(path))) {
+            ++missing;
+          }
+          return model.load(path);
+        },
+        ranks, "cpu", testing::DefaultTestSpawnOptions());
+    ASSERT_TRUE(run.ok()) << run;
+    EXPECT_EQ(missing.load(), 0);
+    const std::map<std::string, int> written = writes.Take();
+    const std::map<std::string, int> once = {{"model.safetensors", 1},
+                                             {"model.safetensors.optim", 1}};
+    EXPECT_EQ(written, once) << ::testing::PrintToString(written);
+  }
+}
+
+// A save that fails inside ranks fails on every rank: the writer with its own
+// error, the others naming the path and the failed writer.
+TEST(SaveLoadTest, InsideRanksAFailedWriteIsAnErrorOnEveryRank) {
+  const std::string path = Dir("failed_write") + "/no_such_dir/model.safetensors";
+  std::vector<absl::Status> saved(2);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        saved[static_cast<size_t>(ctx.rank())] = model.save(path);
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_TRUE(Contains(saved[0], path)) << saved[0];
+  EXPECT_TRUE(Contains(saved[1], "hapi::Model::save: " + path + ": 1 rank failed to save it"))
+      << saved[1];
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
@@ -445,6 +547,64 @@ TEST(SaveLoadTest, ALoadBeforePrepareIsCheckedAtTheNextFit) {
   // Once checked, a new prepare() starts the optimizer fresh, as it always did.
   model.prepare(SgdFactory(), CrossEntropy());
   EXPECT_TRUE(model.fit(train, OneEpochOptions(1, 1, false)).ok());
+}
+
+// Fails the fit on rank 1, in on_train_batch_end at step 2 or, with
+// `at_end`, in on_train_end: after every collective, when rank 0 has finished
+// its fit and kept its weights.
+struct FailOnRankOne : Callback {
+  explicit FailOnRankOne(bool at_end) : at_end(at_end) {}
+  std::string name() const override { return "FailOnRankOne"; }
+  void on_train_batch_end(RunState& s) override {
+    if (!at_end && s.ctx->rank() == 1 && s.step == 2) throw std::runtime_error("injected");
+  }
+  void on_train_end(RunState& s, const Logs&) override {
+    if (at_end && s.ctx->rank() == 1) throw std::runtime_error("injected");
+  }
+  bool at_end;
+};
+
+// A fit that fails after the optimizer file's check (a step in, or after
+// rank 0 kept its weights) changes nothing: the loaded weights and optimizer
+// state stay the Model's, a prepare() after it keeps the loaded state as it
+// would have before the failed fit, and the next fit ends bit for bit where
+// load, prepare, fit does. Either order of load and prepare; 2 CPU ranks.
+TEST(SaveLoadTest, AFailedFitLeavesTheLoadedStateForTheNextFit) {
+  auto train = Classification(24, 39);
+  const std::string dir = Dir("failed_fit");
+  const std::string path = dir + "/model.safetensors";
+  auto saved = SavedAfterOneEpoch(train, path);
+  auto reference = Prepared(2);
+  ASSERT_TRUE(reference->load(path).ok());
+  auto ref_fit = reference->fit(train, OneEpochOptions(1, 2, false));
+  ASSERT_TRUE(ref_fit.ok()) << ref_fit.status();
+  auto loaded_weights = saved->state_dict();
+  ASSERT_TRUE(loaded_weights.ok());
+  for (bool load_before_prepare : {true, false}) {
+    for (bool at_end : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "load before prepare " << load_before_prepare
+                                      << ", failing at " << (at_end ? "train end" : "step 2"));
+      Model model([] { return std::make_shared<Net>(); }, Cpu(2));
+      if (!load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      ASSERT_TRUE(model.load(path).ok());
+      if (load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      FitOptions failing = OneEpochOptions(1, 2, false);
+      failing.callbacks = {MakeCallback<FailOnRankOne>(at_end)};
+      auto failed = model.fit(train, failing);
+      ASSERT_FALSE(failed.ok());
+      EXPECT_TRUE(Contains(failed.status(), "callback FailOnRankOne failed")) << failed.status();
+      auto after = model.state_dict();
+      ASSERT_TRUE(after.ok());
+      EXPECT_TRUE(SameBits(*after, *loaded_weights)) << "the failed fit's weights were kept";
+      // As after load and prepare (load before prepare), or after prepare and
+      // load (a prepare after that load starts fresh: none here).
+      if (load_before_prepare) model.prepare(AdamFactory(), CrossEntropy());
+      auto h = model.fit(train, OneEpochOptions(1, 2, false));
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ(h->epochs[0].at("loss"), ref_fit->epochs[0].at("loss"));
+      EXPECT_TRUE(SameBits(*model.state_dict(), *reference->state_dict()));
+    }
+  }
 }
 
 }  // namespace

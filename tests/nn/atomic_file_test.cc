@@ -1,17 +1,20 @@
 // internal::WriteFileAtomically, the writer behind checkpoints and safetensors
 // files: a new file or a replaced one holds exactly the written bytes; a writer
-// that fails or throws leaves the old file and no temporary file behind; errors
-// name the kind of file, the path and the step that failed.
+// that fails or throws leaves the old file and no temporary file behind; a
+// temporary name in use is passed over, not shared; errors name the kind of
+// file, the path and the step that failed.
 #include "nn/internal/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tests/test_util.h"
 
@@ -70,6 +73,41 @@ TEST(AtomicFileTest, AFailingOrThrowingWriterLeavesTheOldFileAndNoTemporary) {
                std::runtime_error);
   EXPECT_EQ(Read(path), "old");
   EXPECT_EQ(FilesIn(dir), 1);
+  fs::remove_all(dir);
+}
+
+// The temporary files beside `path` while a write of `text` to it runs.
+std::vector<std::string> TemporariesWhileWriting(const std::string& dir, const std::string& path,
+                                                 const std::string& text) {
+  std::vector<std::string> temps;
+  const absl::Status st = WriteFileAtomically(path, "test file", [&](AtomicFileSink& sink) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.path().string().rfind(path + ".tmp.", 0) == 0) temps.push_back(entry.path());
+    }
+    return sink.Write(text.data(), text.size());
+  });
+  EXPECT_TRUE(st.ok()) << st;
+  std::sort(temps.begin(), temps.end());
+  return temps;
+}
+
+// A temporary name that exists already (another host's writer with this
+// pid on a shared filesystem) is passed over: that file is neither truncated
+// nor renamed over the target, and the write goes to a name of its own.
+TEST(AtomicFileTest, ATemporaryNameInUseIsPassedOverNotShared) {
+  const std::string dir = TempDir(), path = dir + "/f.bin";
+  const std::vector<std::string> first = TemporariesWhileWriting(dir, path, "first");
+  ASSERT_EQ(first.size(), 1u);
+  // <path>.tmp.<pid>.<n>: the next write of this process (one thread) tries n + 1.
+  const size_t dot = first[0].rfind('.');
+  const std::string next =
+      first[0].substr(0, dot + 1) + std::to_string(std::stoull(first[0].substr(dot + 1)) + 1);
+  std::ofstream(next) << "another writer's bytes";
+  const std::vector<std::string> second = TemporariesWhileWriting(dir, path, "second");
+  EXPECT_EQ(second.size(), 2u);  // the other writer's and this write's own
+  EXPECT_EQ(Read(path), "second");
+  EXPECT_EQ(Read(next), "another writer's bytes");
+  EXPECT_EQ(FilesIn(dir), 2);  // the target and the other writer's file
   fs::remove_all(dir);
 }
 
