@@ -12,6 +12,7 @@
 #include "nn/cuda/context.h"
 #include "nn/error.h"
 #include "nn/graph.h"
+#include "nn/internal/allocator.h"
 #include "nn/interrupt.h"
 #include "spawn/comm/nccl/internal/nccl_work.h"
 #include "spawn/comm/nccl/internal/work_wait.h"
@@ -125,11 +126,13 @@ class NcclWork final : public Work {
     site.streams_gone = nn::internal::ThreadStreamsGone();
     if (!site.streams_gone && capture_ == 0 && site.capture_now != 0) {
       // The thread captures; is it its stream of this device (a capture of
-      // another GPU leaves this stream eager)?
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      TANDEM_CHECK_CUDA(cudaStreamIsCapturing(nn::internal::ThreadStream(device_), &status),
-                        device_);
-      site.stream_captures = status != cudaStreamCaptureStatusNone;
+      // another GPU leaves this stream eager; a thread without a stream on
+      // this device cannot be capturing there, and none is made here)?
+      if (cudaStream_t mine = nn::internal::CudaThreadStreamIfAny(device_)) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        TANDEM_CHECK_CUDA(cudaStreamIsCapturing(mine, &status), device_);
+        site.stream_captures = status != cudaStreamCaptureStatusNone;
+      }
     }
     return PlanWorkWait(site, destructor);
   }
