@@ -49,6 +49,10 @@
 //    host rendezvous and cannot be captured: a capture that reaches it fails at
 //    once with an error naming the limit. Capture on every rank of a NCCL group;
 //    replay on every rank (each rank replays its own graph, like an eager step).
+//    An asynchronous collective's handle made before the capture (a warm-up
+//    step's) and waited for or dropped inside it makes the host wait for that
+//    collective there (the capturing stream may not wait for an event recorded
+//    outside the capture).
 //  - RNG: a dropout draws its Philox offset from the thread's generator on the
 //    host. Under capture dropout reads the offset from device memory that a
 //    pre-replay hook writes after reserving the counters on the replaying

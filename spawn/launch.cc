@@ -370,6 +370,12 @@ void RunRankBody(const RankThreadEnv& env, int r) {
              /*peer=*/true);
   } catch (const CancelledError& e) {
     run.Fail(r, absl::CancelledError(absl::StrCat(run.RankName(r), ": ", e.what())), true);
+  } catch (const DeviceError& e) {  // the device's own failure: never restarted
+    run.Fail(r,
+             WithFailureCause(absl::InternalError(absl::StrCat(run.RankName(r), " threw: ",
+                                                               e.what())),
+                              FailureCause::kDevice),
+             false);
   } catch (const std::exception& e) {
     run.Fail(r, absl::InternalError(absl::StrCat(run.RankName(r), " threw: ", e.what())), false);
   } catch (...) {
@@ -436,11 +442,17 @@ absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* pr
 // (SpawnOptions::restart), or in the caller's next host wait, and fails it. An
 // attempt that succeeded leaves the word alone: a report its ranks did not wait
 // for surfaces at the next host wait on the device, as anywhere in nn.
+// A CUDA error that the attempt's streams return (a fault on the device: CUDA
+// keeps it in the device's context for the rest of the process) marks the
+// failure as the device's (FailureCause::kDevice: no restart), naming the
+// device, whatever the failure that came first (a rank's launch check, a
+// collective) said.
 absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Device>& devices,
                                   Logger& logger) {
 #if TANDEM_WITH_CUDA
   if (status.ok()) return status;
   std::vector<std::string> reports;
+  std::vector<std::string> broken;  // "cuda:0 (cudaErrorIllegalAddress (...))"
   std::vector<nn::Device> seen;
   // One bound for the whole wait: a collective stuck on every GPU costs 5 s, not
   // 5 s a device.
@@ -448,12 +460,21 @@ absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Dev
   for (const nn::Device& d : devices) {
     if (!d.is_cuda() || std::find(seen.begin(), seen.end(), d) != seen.end()) continue;
     seen.push_back(d);
-    std::string report = nn::internal::TakeDeviceErrorOfEndedThreads(d, deadline);
+    std::string context_error;
+    std::string report = nn::internal::TakeDeviceErrorOfEndedThreads(d, deadline, &context_error);
     if (!report.empty()) reports.push_back(std::move(report));
+    if (!context_error.empty()) broken.push_back(absl::StrCat(d.ToString(), " (", context_error, ")"));
   }
-  if (reports.empty()) return status;
-  const std::string words = absl::StrCat("a kernel had also reported, unread before the stop: ",
-                                         absl::StrJoin(reports, "; "));
+  if (reports.empty() && broken.empty()) return status;
+  std::string words;
+  if (!reports.empty()) {
+    words = absl::StrCat("a kernel had also reported, unread before the stop: ",
+                         absl::StrJoin(reports, "; "));
+  }
+  if (!broken.empty()) {
+    absl::StrAppend(&words, words.empty() ? "" : "; ", "the CUDA context of ",
+                    absl::StrJoin(broken, ", "), " has failed (a fault on the device)");
+  }
   if (IsStopped(status)) {
     logger.Write(LogLevel::kWarning, -1, nn::Device(), absl::StrCat("spawn: ", words));
     return status;
@@ -461,6 +482,7 @@ absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Dev
   absl::Status with(status.code(), absl::StrCat(status.message(), "; ", words));
   status.ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { with.SetPayload(url, payload); });
+  if (!broken.empty()) with = WithFailureCause(std::move(with), FailureCause::kDevice);
   return with;
 #else
   (void)devices;

@@ -107,7 +107,7 @@ struct SpawnHooks {
   // gets rank r's at index r and must return as many, each with the rank,
   // world size and device of the one it replaces (spawn checks). The wrapper
   // owns the wrapped communicator and forwards Abort, PollCompleted,
-  // PollAsyncError and ReleaseGraphs to it.
+  // PollAsyncError, PollDeviceError and ReleaseGraphs to it.
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
       std::vector<std::unique_ptr<Communicator>> communicators)>
       wrap_communicators;

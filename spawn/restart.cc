@@ -165,6 +165,15 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
   if (IsStopped(status) || run.stop_asked()) {
     return "a stop was asked (Ctrl-C or a stop signal)";
   }
+  // Not a communicator's error: CUDA keeps a fault on the device (an illegal
+  // address, say) in the device's context for the rest of the process, so a
+  // new attempt here would fail on it again (its first CUDA call, or the new
+  // communicators' init). Restarting the process is what helps.
+  if (GetFailureCause(status) == FailureCause::kDevice) {
+    return "a CUDA error on a device (a fault on the device: CUDA keeps it in the device's "
+           "context for the rest of the process, so an attempt in this process cannot run "
+           "there; restart the process)";
+  }
   const int64_t stop_ns = record.stop_ns.load();
   const auto timeout_ns = static_cast<int64_t>(run.timeout_s * 1e9);
   // Every rank returned OK: no rank went on past the others. A failure found
@@ -341,15 +350,19 @@ absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& fai
 }  // namespace
 
 absl::Status WithFailureCause(absl::Status status, FailureCause cause) {
-  status.SetPayload(kCauseUrl,
-                    absl::Cord(cause == FailureCause::kTimeout ? "timeout" : "communicator"));
+  const char* name = cause == FailureCause::kTimeout  ? "timeout"
+                     : cause == FailureCause::kDevice ? "device"
+                                                      : "communicator";
+  status.SetPayload(kCauseUrl, absl::Cord(name));
   return status;
 }
 
 std::optional<FailureCause> GetFailureCause(const absl::Status& status) {
   const auto cause = status.GetPayload(kCauseUrl);  // absl::optional in this Abseil
   if (!cause.has_value()) return std::nullopt;
-  return *cause == "timeout" ? FailureCause::kTimeout : FailureCause::kCommunicator;
+  if (*cause == "timeout") return FailureCause::kTimeout;
+  if (*cause == "device") return FailureCause::kDevice;
+  return FailureCause::kCommunicator;
 }
 
 absl::Status WithLaggingRanks(absl::Status status, const std::vector<int>& ranks) {

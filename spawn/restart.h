@@ -21,7 +21,14 @@
 //   on_timeout     a collective did not complete within timeout_s.
 // Which always end the run: a start-up failure (the first attempt's, or the
 // rebuild of the communicators before a restart); Ctrl-C or a stop signal
-// (SpawnOptions::stop_signals) received at any time during the run; a failure
+// (SpawnOptions::stop_signals) received at any time during the run; a CUDA
+// error of a device (a fault on the device, such as cudaErrorIllegalAddress:
+// CUDA keeps it in the device's context for the rest of the process, so no
+// attempt in this process could run there; restart the process), whether the
+// watchdog found it (Communicator::PollDeviceError: NCCL's query of a
+// collective's event), a rank's collective threw it (dist::DeviceError), or
+// the failed attempt's streams return it after the joins (the run's status
+// then says "the CUDA context of cuda:N (...) has failed"); a failure
 // other than a communicator's asynchronous error after some rank's function
 // *returned* OK in the same attempt while another rank's had not, and that
 // error too when another rank had entered a collective the returned rank

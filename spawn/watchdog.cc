@@ -180,12 +180,19 @@ bool Watchdog::AnyCollectiveInFlight() const {
 
 void Watchdog::PollAsyncErrors() {
   for (size_t r = 0; r < comms_->size(); ++r) {
-    absl::Status error = (*comms_)[r]->PollAsyncError();
+    // The device's own failure first: a communicator error that it causes
+    // (NCCL's kernels fail with the device) is not the cause.
+    FailureCause cause = FailureCause::kDevice;
+    absl::Status error = (*comms_)[r]->PollDeviceError();
+    if (error.ok()) {
+      cause = FailureCause::kCommunicator;
+      error = (*comms_)[r]->PollAsyncError();
+    }
     if (!error.ok()) {
       Fail(static_cast<int>(r),
            WithFailureCause(absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)),
                                                                     ": ", error.message())),
-                            FailureCause::kCommunicator),
+                            cause),
            false);
       return;
     }

@@ -98,6 +98,7 @@ class FaultyCommunicator final : public dist::Communicator {
     if (!injected.ok()) return injected;
     return inner_->PollAsyncError();
   }
+  absl::Status PollDeviceError() override { return inner_->PollDeviceError(); }
   std::vector<std::string> ReleaseGraphs(const std::string& reason) override {
     return inner_->ReleaseGraphs(reason);
   }

@@ -21,6 +21,11 @@ namespace tandem::nn::internal {
 // Throws tandem::Error once the thread's streams have been given back (from a
 // destructor of a thread_local destroyed after them at the thread's exit).
 cudaStream_t ThreadStream(Device device);
+// True once the calling thread's streams have been given back at its exit:
+// ThreadStream then throws. For destructors of thread_locals destroyed after
+// them (made before the thread's first stream), which must order their work
+// some other way (a host wait).
+bool ThreadStreamsGone() noexcept;
 
 // Throws tandem::Error naming `call`, the device and CUDA's message unless OK.
 void CheckCuda(cudaError_t status, const char* call, Device device);

@@ -20,6 +20,7 @@
 #include "nn/internal/allocator.h"
 #include "nn/internal/cuda_runtime.h"
 #include "nn/internal/device_error.h"
+#include "nn/internal/spare_streams.h"
 #include "nn/interrupt.h"
 #include "nn/tensor.h"
 
@@ -99,12 +100,8 @@ namespace {
 // that ends gives its streams back here, and the next thread that needs a
 // stream on that device takes one (its work then simply follows the old
 // thread's). Leaked at exit on purpose: the driver reclaims them.
-struct StreamPool {
-  std::mutex mu;
-  std::unordered_map<int, std::vector<cudaStream_t>> spare;  // by ordinal; guarded by mu
-};
-StreamPool& Pool() {
-  static StreamPool* pool = new StreamPool;
+SpareStreams& Pool() {
+  static SpareStreams* pool = new SpareStreams;
   return *pool;
 }
 
@@ -126,22 +123,11 @@ thread_local ThreadStreams t_streams;
 ThreadStreams::~ThreadStreams() {
   t_streams_gone = true;
   for (auto& [index, event] : wait_events) cudaEventDestroy(event);  // released once complete
-  StreamPool& pool = Pool();
-  std::lock_guard<std::mutex> lock(pool.mu);
-  for (auto& [index, stream] : streams) pool.spare[index].push_back(stream);
+  for (auto& [index, stream] : streams) Pool().Give(index, stream);
 }
 
 cudaStream_t NewStream(Device device) {
-  {
-    StreamPool& pool = Pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    std::vector<cudaStream_t>& spare = pool.spare[device.index];
-    if (!spare.empty()) {
-      cudaStream_t stream = spare.back();
-      spare.pop_back();
-      return stream;
-    }
-  }
+  if (cudaStream_t stream = Pool().Take(device.index)) return stream;
   CudaDeviceScope current(device);
   cudaStream_t stream;
   CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate", device);
@@ -166,6 +152,8 @@ cudaEvent_t WaitEvent(Device device) {
 // (for destructors: a failure is left for the next checked call).
 
 }  // namespace
+
+bool ThreadStreamsGone() noexcept { return t_streams_gone; }
 
 cudaStream_t ThreadStream(Device device) {
   // A thread_local destroyed after the thread's ThreadStreams (one made before
@@ -312,31 +300,43 @@ void RaiseDeviceError(Device device) {
 }
 
 std::string TakeDeviceErrorOfEndedThreads(Device device,
-                                          std::chrono::steady_clock::time_point deadline) noexcept {
+                                          std::chrono::steady_clock::time_point deadline,
+                                          std::string* context_error) noexcept {
+  if (context_error != nullptr) context_error->clear();
   if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return "";
   try {
     {
-      // Under the pool's lock: no thread takes one of these streams (and could
-      // begin a capture on it) while it is synchronised.
-      StreamPool& pool = Pool();
-      std::lock_guard<std::mutex> lock(pool.mu);
-      auto it = pool.spare.find(device.index);
-      if (it != pool.spare.end() && !it->second.empty()) {
+      // Out of the pool while they are polled: no thread takes one of these
+      // streams (and could begin a capture on it, which the query would
+      // invalidate) meanwhile. Not under the pool's lock, which every thread
+      // that starts or ends needs: a thread that wants a stream on this device
+      // now makes a new one (nn/internal/spare_streams.h).
+      SpareStreams::Borrowed ended = Pool().Borrow(device.index);
+      if (!ended.streams().empty()) {
         CudaDeviceScope current(device, std::nothrow);
         // Polled with a deadline, not cudaStreamSynchronize: a kernel that never
         // ends (a user kernel's endless loop; a collective nobody aborted) must
         // not turn a failed run into a hang of spawn. Past the deadline the
         // report (if any) is left on the word, as before this wait existed.
-        for (cudaStream_t stream : it->second) {
+        cudaError_t failed = cudaSuccess;
+        for (cudaStream_t stream : ended.streams()) {
           CountCudaCall(CudaCall::kHostWait);
           while (true) {
             const cudaError_t status = cudaStreamQuery(stream);
             if (status == cudaSuccess) break;
             cudaGetLastError();  // not ready, or a broken context: not for a launch check
-            if (status != cudaErrorNotReady) break;
+            if (status != cudaErrorNotReady) {
+              failed = status;  // an earlier kernel's fault: every stream reports it
+              break;
+            }
             if (std::chrono::steady_clock::now() >= deadline) return "";
             std::this_thread::sleep_for(std::chrono::microseconds(200));
           }
+          if (failed != cudaSuccess) break;
+        }
+        if (failed != cudaSuccess && context_error != nullptr) {
+          *context_error =
+              absl::StrCat(cudaGetErrorName(failed), " (", cudaGetErrorString(failed), ")");
         }
       }
     }

@@ -79,13 +79,19 @@ std::string TakeDeviceError(Device device);
 // word starts clean. The wait ends at `deadline` (spawn passes one deadline,
 // 5 s away, for all of an attempt's devices): work that has not ended by then
 // (a kernel that never ends) leaves the report on the word, and this returns
-// "". Never throws: a failing wait (a broken context) is cleared from the
-// thread's last error, for the next checked call to report; "" for a device
-// that is not CUDA or has no word yet.
+// "". The streams are taken out of the pool while they are waited for
+// (nn/internal/spare_streams.h), not waited for under its lock: threads that
+// start or end meanwhile are not held up. Never throws: a failing wait (a
+// broken context) is cleared from the thread's last error and, when
+// `context_error` is given, written there as CUDA's name and text of the error
+// (a fault on the device, such as cudaErrorIllegalAddress, which CUDA keeps in
+// the device's context for the rest of the process; "" when none); "" for a
+// device that is not CUDA or has no word yet.
 std::string TakeDeviceErrorOfEndedThreads(
     Device device,
     std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() +
-                                                     std::chrono::seconds(5)) noexcept;
+                                                     std::chrono::seconds(5),
+    std::string* context_error = nullptr) noexcept;
 
 #ifdef __CUDACC__
 // Reports (code, a, b, c) unless an earlier report is pending. Device atomics on

@@ -13,9 +13,10 @@
 // Errors: graph-style. A collective throws tandem::Error on a programming error
 // (sizes differ across ranks, unsupported dtype, a tensor on another device than
 // the rank's: that one before the collective is entered, so a caller that catches
-// it leaves nothing in flight) and dist::CancelledError when the
+// it leaves nothing in flight), dist::CancelledError when the
 // run is stopping (another rank failed, the watchdog fired, Ctrl-C): spawn then
-// reports the first failure and logs this one as a consequence.
+// reports the first failure and logs this one as a consequence, and
+// dist::DeviceError when the device itself failed (below).
 //
 // Stopping: as soon as a run stops, spawn's watchdog calls Abort on every
 // rank's communicator, from its own thread, while the ranks may still be using
@@ -71,6 +72,15 @@ class PeerFailedError : public Error {
   explicit PeerFailedError(const std::string& what) : Error(what) {}
 };
 
+// Thrown from a collective when the device itself failed (a CUDA error that a
+// query of the device's work returned: a fault on the device, which CUDA keeps
+// in the device's context for the rest of the process). spawn ends the run
+// with it, naming the device, and never restarts after it (spawn/restart.h).
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& what) : Error(what) {}
+};
+
 // A status that reports another rank's failure (MarkPeerFailure adds a payload),
 // and ThrowIfError, which turns a non-OK status into PeerFailedError for such a
 // status and tandem::Error otherwise, its message prefixed by `context`.
@@ -86,7 +96,11 @@ void ThrowIfError(const absl::Status& status, const std::string& context);
 // threw, say): for CUDA tensors later work on the destroying thread's compute
 // stream is then ordered after the collective (no host wait), and only then is
 // the tensor released; for CPU tensors the destructor waits for the collective
-// (the watchdog's abort bounds that wait in a stopping run).
+// (the watchdog's abort bounds that wait in a stopping run). Where the compute
+// stream cannot wait (NCCL, spawn/comm/nccl/internal/work_wait.h: a handle made outside
+// a CUDA graph capture, waited for or destroyed inside one of that stream; a
+// thread_local's handle destroyed at its thread's exit after the thread's
+// streams), the host waits for the collective instead, stop-aware.
 //
 // Thread-safety: a Work belongs to the rank thread that started it.
 class Work {
@@ -256,6 +270,14 @@ class Communicator {
   // run with the library's message. Never waits for a rank's call in progress
   // (it then reports OK and looks again at the next poll). Default: OK.
   virtual absl::Status PollAsyncError() { return absl::OkStatus(); }
+  // Called by spawn's watchdog thread like PollAsyncError: a non-OK status is a
+  // failure of the device itself that the communicator met while following
+  // its work (NCCL: a CUDA error that a query of a collective's event returned,
+  // such as cudaErrorIllegalAddress), naming the device. Not a communicator
+  // error: the run ends with it, whatever RestartPolicy::on_comm_error says
+  // (the device's CUDA context keeps the error for the rest of the process).
+  // Default: OK.
+  virtual absl::Status PollDeviceError() { return absl::OkStatus(); }
 
  protected:
   virtual void AllReduceImpl(nn::Tensor& x, ReduceOp op) = 0;

@@ -21,8 +21,12 @@ namespace tandem::dist::internal {
 
 // Where a run's first failure came from, when the watchdog found it (a status
 // payload, removed before spawn returns). A failure without one came from a
-// rank's function, or from spawn itself.
-enum class FailureCause { kCommunicator, kTimeout };
+// rank's function, or from spawn itself. kDevice: a CUDA error of a device
+// itself (a fault on the device: sticky, the device's CUDA context in this
+// process is unusable), found by the watchdog (Communicator::PollDeviceError),
+// thrown on a rank (dist::DeviceError), or met on the failed attempt's streams
+// after the joins; it never restarts.
+enum class FailureCause { kCommunicator, kTimeout, kDevice };
 absl::Status WithFailureCause(absl::Status status, FailureCause cause);
 std::optional<FailureCause> GetFailureCause(const absl::Status& status);
 // A timeout's lagging ranks (a status payload, removed before spawn returns):

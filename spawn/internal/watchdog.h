@@ -151,7 +151,9 @@ class Watchdog {
   // True when a rank has entered a collective that is not complete yet.
   bool AnyCollectiveInFlight() const;
 
-  // Fails the run with the first asynchronous error a communicator reports.
+  // Fails the run with the first asynchronous error a communicator reports:
+  // its device's (Communicator::PollDeviceError, FailureCause::kDevice), else
+  // its own (PollAsyncError, FailureCause::kCommunicator).
   void PollAsyncErrors();
 
   // Aborts every communicator, on a thread of its own: an abort may itself

@@ -4,6 +4,8 @@
 // with a reason when no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <set>
@@ -247,6 +249,36 @@ TEST_F(PinnedGpuTest, ReportLeftByAnEndedThreadIsTakenAfterItsWorkAndCleared) {
   DeviceGuard guard(kGpu);
   EXPECT_NO_THROW(Synchronize(kGpu));
   EXPECT_EQ(internal::TakeDeviceErrorOfEndedThreads(Device::CPU()), "");
+}
+
+// spawn's wait for the work a failed attempt's ended threads left
+// (TakeDeviceErrorOfEndedThreads, up to 5 s) held the stream pool's lock, so a
+// thread that started on the device (its first stream comes from the pool) or
+// ended (its streams go back) meanwhile waited behind it. The ended threads'
+// streams are now taken out of the pool for the wait: a thread that starts
+// and ends during it is done before the wait is.
+TEST_F(PinnedGpuTest, WaitingForEndedThreadsWorkDoesNotHoldUpThreadsThatStartOrEnd) {
+  std::thread([] {
+    DeviceGuard guard(kGpu);
+    KeepStreamBusy();  // left on its stream: about a second of matmuls
+  }).join();
+  std::atomic<bool> wait_done{false};
+  std::thread waiter([&] {
+    (void)internal::TakeDeviceErrorOfEndedThreads(kGpu);
+    wait_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the waiter is polling
+  const bool started_during_wait = !wait_done.load();
+  std::thread([] {
+    DeviceGuard guard(kGpu);
+    Tensor t = zeros({16}, {.device = kGpu});  // the thread's first stream on the device
+  }).join();                                     // and its exit, which gives it back
+  const bool ended_during_wait = !wait_done.load();
+  waiter.join();
+  ASSERT_TRUE(started_during_wait) << "the matmuls ended within 100 ms: nothing was waited for";
+  EXPECT_TRUE(ended_during_wait) << "a thread that started and ended waited behind the wait";
+  DeviceGuard guard(kGpu);
+  EXPECT_NO_THROW(Synchronize(kGpu));
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
 
 #include "gtest/gtest.h"
+#include "nn/cuda/internal/call_counter.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
@@ -267,6 +271,88 @@ TEST_F(GpuSpawnTest, NcclWorkOfOneCaptureIsNotWaitedForInALaterCapture) {
       1, "0", options_);
   ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
   EXPECT_EQ((*got)[0], (std::vector<float>{1.0f, 1.0f, 4.0f}));
+}
+
+// Handles of collectives made outside any capture (a warm-up step's), waited
+// for and dropped inside a capture on the thread's stream: the capturing
+// stream's wait on their end events, recorded outside the capture, is refused
+// by CUDA and invalidated the capture (Capture() failed with "the step
+// synchronised with the host"). The host now waits for such a collective (it
+// ran eagerly) in relaxed capture mode: the capture succeeds, and its replay
+// computes as captured.
+TEST_F(GpuSpawnTest, NcclWorkMadeBeforeACaptureIsWaitedForAndDroppedInsideIt) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        Tensor z = nn::full({1024}, 2.0, {.device = ctx.device()});
+        Tensor y = nn::zeros({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        std::shared_ptr<Work> waited = ctx.communicator().all_reduce_async(x);
+        std::shared_ptr<Work> dropped = ctx.communicator().all_reduce_async(z);
+        const auto before = nn::internal::ProcessCudaCalls();
+        std::string error;
+        nn::CudaGraph graph(ctx.device());
+        try {
+          graph.Capture([&] {
+            waited->wait();
+            dropped.reset();  // destroyed unwaited inside the capture
+            y.copy_(x);
+            y.add_(z, 1.0);
+          });
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        const auto host_waits =
+            (nn::internal::ProcessCudaCalls() - before)[nn::internal::CudaCall::kHostWait];
+        waited.reset();  // waited for inside the capture: nothing left to wait for
+        if (!error.empty()) return std::make_pair(error, std::vector<float>{});
+        graph.Replay();
+        return std::make_pair(std::to_string(host_waits), y.to_vector<float>());
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  const auto& [text, y] = (*got)[0];
+  ASSERT_FALSE(y.empty()) << "the capture failed: " << text;
+  EXPECT_EQ(text, "2") << "host waits inside the capture (one per handle)";
+  EXPECT_EQ(y[0], 3.0f);
+  EXPECT_EQ(y[1023], 3.0f);
+}
+
+// A thread_local made before the thread's first stream is destroyed after the
+// thread's streams at its exit. An asynchronous collective's handle it held
+// could not reach the thread's compute stream there (ThreadStream threw) and
+// skipped its wait, so the output it kept alive was freed unordered after the
+// collective. The host now waits for the collective at that point: the
+// thread's exit makes a host wait (counted), and nothing is left to report.
+TEST_F(GpuSpawnTest, NcclWorkHeldByAThreadLocalIsWaitedForAtTheThreadsExit) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor warm = nn::ones({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(warm);  // eager warm-up (NCCL's first call)
+        constexpr int64_t kElements = int64_t{1} << 22;
+        int64_t exit_waits = -1;
+        std::string thread_error;
+        const auto before = nn::internal::ProcessCudaCalls();
+        std::thread([&] {
+          thread_local std::shared_ptr<Work> held;  // before this thread's first stream
+          try {
+            nn::DeviceGuard guard(ctx.device());
+            Tensor input = nn::full({kElements}, 3.0, {.device = ctx.device()});
+            Tensor output = nn::empty({kElements}, {.device = ctx.device()});
+            held = ctx.communicator().reduce_scatter_async(input, output);
+          } catch (const std::exception& e) {
+            thread_error = e.what();
+          }
+        }).join();  // `held` dies after the thread's streams
+        exit_waits = (nn::internal::ProcessCudaCalls() - before)[nn::internal::CudaCall::kHostWait];
+        nn::Synchronize(ctx.device());
+        return std::make_pair(thread_error, exit_waits);
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  const auto& [thread_error, exit_waits] = (*got)[0];
+  EXPECT_EQ(thread_error, "");
+  EXPECT_GE(exit_waits, 1) << "the handle's destructor at the thread's exit did not wait";
 }
 
 // A graph holding NCCL collectives that outlives the training function would

@@ -231,6 +231,120 @@ TEST(RestartTest, AsyncErrorAfterOneRankReturnedRestarts) {
   EXPECT_FALSE(Contains(log.str(), "not restarting")) << log.str();
 }
 
+// A communicator whose device fails (rank 1's, once `raise` is set): the
+// watchdog's PollDeviceError finds what NCCL's event queries return after a
+// fault on the device. With `also_async`, its own asynchronous error is
+// raised at the same poll (NCCL's kernels fail with the device).
+class RaisedDeviceError final : public InertCommunicator {
+ public:
+  RaisedDeviceError(int rank, std::atomic<bool>* raise, bool also_async)
+      : InertCommunicator(rank, 2), raise_(raise), also_async_(also_async) {}
+  std::string kind() const override { return "raised-device-error"; }
+  absl::Status PollDeviceError() override {
+    if (rank() != 1 || !raise_->load()) return absl::OkStatus();
+    return absl::InternalError("CUDA error on cuda:1 (rank 1) while following NCCL collective "
+                               "#7: cudaErrorIllegalAddress (an illegal memory access was "
+                               "encountered)");
+  }
+  absl::Status PollAsyncError() override {
+    if (rank() != 1 || !also_async_ || !raise_->load()) return absl::OkStatus();
+    return absl::UnavailableError("injected asynchronous error");
+  }
+
+ private:
+  std::atomic<bool>* raise_;
+  bool also_async_;
+};
+
+// Runs two CPU ranks over RaisedDeviceError communicators with up to two
+// restarts, on_comm_error and on_exception on; rank 1 sets `raise` on the
+// first attempt, or throws dist::DeviceError when `throw_on_rank` is set.
+// Returns the run's status; *attempts, *log: what happened.
+absl::Status RunWithDeviceFailure(bool also_async, bool throw_on_rank, int* attempts,
+                                  std::string* log_text) {
+  std::atomic<bool> raise{false};
+  std::atomic<int> started{0};
+  dist::SpawnHooks hooks;
+  hooks.make_communicators = [&raise, also_async](const std::vector<nn::Device>& devices)
+      -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
+    std::vector<std::unique_ptr<dist::Communicator>> comms;
+    for (size_t r = 0; r < devices.size(); ++r) {
+      comms.push_back(
+          std::make_unique<RaisedDeviceError>(static_cast<int>(r), &raise, also_async));
+    }
+    return comms;
+  };
+  dist::SpawnOptions options = DefaultTestSpawnOptions();
+  std::ostringstream log;
+  options.console = &log;
+  options.timeout_s = 30;
+  options.restart = {.max_restarts = 2, .on_exception = true, .on_comm_error = true};
+  absl::Status s = dist::RunSpawnWithHooks(
+      "cpu", 2, options, hooks, [](int) {},
+      [&](dist::Context& ctx) -> absl::Status {
+        if (ctx.rank() == 0) started.fetch_add(1);
+        if (ctx.attempt() > 0) return absl::OkStatus();  // a restart would succeed
+        if (ctx.rank() == 1) {
+          if (throw_on_rank) {
+            throw dist::DeviceError("all_reduce #3: CUDA error on cuda:1 (rank 1) while "
+                                    "following NCCL collective #2: cudaErrorIllegalAddress");
+          }
+          raise = true;
+        }
+        while (!ctx.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ctx.check_stop();
+        return absl::OkStatus();
+      });
+  *attempts = started.load();
+  *log_text = log.str();
+  return s;
+}
+
+// A CUDA error of the device is not a communicator's error: a restart in the
+// process would run on the same broken CUDA context. The run ends with it,
+// naming the device, although on_comm_error is on and restarts are left.
+TEST(RestartTest, ADeviceErrorTheWatchdogFindsEndsTheRunWithoutARestart) {
+  int attempts = 0;
+  std::string log;
+  absl::Status s = RunWithDeviceFailure(/*also_async=*/false, /*throw_on_rank=*/false, &attempts,
+                                        &log);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s << "\n" << log;
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu): CUDA error on cuda:1 (rank 1) while following "
+                                    "NCCL collective #7: cudaErrorIllegalAddress"))
+      << s;
+  EXPECT_EQ(attempts, 1) << log;
+  EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+  EXPECT_FALSE(Contains(log, "spawn: restart 1")) << log;
+}
+
+// The device's error and the communicator's at the same poll: the device's is
+// the cause (NCCL's kernels fail with the device), and the run ends.
+TEST(RestartTest, ADeviceErrorIsTheCauseOverTheCommunicatorErrorItBrings) {
+  int attempts = 0;
+  std::string log;
+  absl::Status s = RunWithDeviceFailure(/*also_async=*/true, /*throw_on_rank=*/false, &attempts,
+                                        &log);
+  EXPECT_TRUE(Contains(s.message(), "cudaErrorIllegalAddress")) << s;
+  EXPECT_FALSE(Contains(s.message(), "injected asynchronous error")) << s;
+  EXPECT_EQ(attempts, 1) << log;
+  EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+}
+
+// The same error thrown on the rank (NCCL's next collective throws the CUDA
+// error its event query kept, as dist::DeviceError): not restarted under
+// on_exception either.
+TEST(RestartTest, ADeviceErrorThrownOnARankEndsTheRunWithoutARestart) {
+  int attempts = 0;
+  std::string log;
+  absl::Status s = RunWithDeviceFailure(/*also_async=*/false, /*throw_on_rank=*/true, &attempts,
+                                        &log);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s << "\n" << log;
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu) threw: all_reduce #3: CUDA error on cuda:1"))
+      << s;
+  EXPECT_EQ(attempts, 1) << log;
+  EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+}
+
 // Uneven steps that a communicator's asynchronous error stops before the
 // watchdog sees them: local rank 0's function returned after no collective;
 // rank 1 entered all_reduce #1, which rank 0 never enters, and its

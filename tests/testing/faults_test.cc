@@ -5,10 +5,15 @@
 #include "testing/faults.h"
 
 #include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "testing/internal/fault_plan.h"
 #include "testing/run.h"
+#include "tests/spawn/inert_communicator.h"
 #include "tests/testing/train_fixture.h"
 
 namespace tandem::testing {
@@ -191,6 +196,32 @@ TEST(FaultsTest, RunsAreDeterministicForASeed) {
   EXPECT_EQ(a.ranks[0].losses, b.ranks[0].losses);
   EXPECT_EQ(a.ranks[1].parameters[4][0].values, b.ranks[1].parameters[4][0].values);
   EXPECT_NE(a.ranks[0].parameters[0][0].values, c.ranks[0].parameters[0][0].values);
+}
+
+// A communicator whose device has failed (what NCCL's event queries return
+// after a fault on the device).
+class FailedDevice final : public InertCommunicator {
+ public:
+  FailedDevice() : InertCommunicator(0, 1) {}
+  absl::Status PollDeviceError() override {
+    return absl::InternalError("CUDA error on cuda:0: cudaErrorIllegalAddress");
+  }
+};
+
+// The wrapper that injects faults forwards the device's error, which spawn
+// tells from the communicator's own (PollAsyncError): a wrapped NCCL
+// communicator's device fault must not be lost, nor restarted as a
+// communicator error.
+TEST(FaultsTest, TheFaultWrapperForwardsTheDevicesError) {
+  internal::FaultPlan plan({}, 1, 1.0);
+  std::vector<std::unique_ptr<dist::Communicator>> comms;
+  comms.push_back(std::make_unique<FailedDevice>());
+  auto wrapped = plan.Wrap(std::move(comms));
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  ASSERT_EQ(wrapped->size(), 1u);
+  const absl::Status device = (*wrapped)[0]->PollDeviceError();
+  EXPECT_EQ(device.message(), "CUDA error on cuda:0: cudaErrorIllegalAddress") << device;
+  EXPECT_TRUE((*wrapped)[0]->PollAsyncError().ok());
 }
 
 TEST(FaultsTest, BadFaultsAreRefusedNamingTheValue) {

@@ -84,7 +84,10 @@
 // under a try-lock of the guard, never waiting for a rank's call) and fails the
 // run with NCCL's message, instead of a timeout that would lose it. A CUDA error
 // that a query of a collective's event returns (a fault on the device) is kept
-// and reported the same way, and thrown by the rank's next collective.
+// and reported apart (PollDeviceError), and thrown by the rank's next
+// collective as DeviceError: the device's failure, not the communicator's, so
+// a RestartPolicy does not restart after it (the device's CUDA context keeps
+// it for the rest of the process).
 #include <nccl.h>
 #include <cuda_runtime_api.h>
 
@@ -106,6 +109,7 @@
 #include "nn/status_macros.h"
 #include "spawn/comm/abort_guard.h"
 #include "spawn/comm/nccl/nccl_communicator.h"
+#include "spawn/comm/nccl/internal/nccl_work.h"
 
 namespace tandem::dist::internal {
 namespace {
@@ -115,20 +119,6 @@ namespace {
 // work descriptors (at most a few KiB each) until its kernel has read them; with
 // this bound it never fills, so an enqueue never waits for the device.
 constexpr size_t kMaxInflight = 128;
-
-// The event calls of this file, counted (nn/cuda/internal/call_counter.h).
-cudaError_t EventCreate(cudaEvent_t* event) {
-  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventCreate);
-  return cudaEventCreateWithFlags(event, cudaEventDisableTiming);
-}
-cudaError_t EventRecord(cudaEvent_t event, cudaStream_t stream) {
-  nn::internal::CountCudaCall(nn::internal::CudaCall::kEventRecord);
-  return cudaEventRecord(event, stream);
-}
-cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
-  nn::internal::CountCudaCall(nn::internal::CudaCall::kStreamWaitEvent);
-  return cudaStreamWaitEvent(stream, event, flags);
-}
 
 ncclDataType_t NcclType(nn::DType dtype) {
   switch (dtype) {
@@ -164,116 +154,6 @@ std::string NcclText(ncclResult_t result, ncclComm_t comm) {
   }
   return text;
 }
-
-// Events of one communicator's device, made once and reused: a collective
-// costs no cudaEventCreate / cudaEventDestroy. Shared by the communicator and
-// the handles of its asynchronous collectives (which may outlive it).
-// Thread-safe.
-class EventPool {
- public:
-  explicit EventPool(nn::Device device) : device_(device) {}
-  ~EventPool() {
-    for (cudaEvent_t event : free_) cudaEventDestroy(event);
-  }
-  EventPool(const EventPool&) = delete;
-  EventPool& operator=(const EventPool&) = delete;
-
-  cudaEvent_t Take() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!free_.empty()) {
-        cudaEvent_t event = free_.back();
-        free_.pop_back();
-        return event;
-      }
-    }
-    cudaEvent_t event = nullptr;
-    nn::internal::CudaDeviceScope on_device(device_);
-    TANDEM_CHECK_CUDA(EventCreate(&event), device_);
-    return event;
-  }
-  // `event` may be recorded again at once: a wait already enqueued on it keeps
-  // the state it had when it was enqueued.
-  void Give(cudaEvent_t event) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(event);
-  }
-
- private:
-  const nn::Device device_;
-  std::mutex mutex_;
-  std::vector<cudaEvent_t> free_;
-};
-
-// The handle of an all_reduce_async. Destroyed unwaited, it makes the
-// destroying thread's compute stream wait for the collective, so memory freed
-// after it on that stream (the tensor, held by Communicator's wrapper until this
-// is gone) is not reused while NCCL may still read or write it.
-//
-// Made inside a CUDA graph capture (`capture`, CudaGraph::CaptureId(); 0 when
-// none ran), the collective is recorded in the graph, not run, and done_ was
-// recorded in the capture: CUDA refuses to query such an event
-// (cudaErrorCapturedEvent, left as the thread's last error, where the next
-// kernel's launch check would report it against that kernel, and a query
-// inside the capture may invalidate it), and a wait on it from any other
-// capture (a later one on the same thread) would merge two captures, which
-// invalidates the later one. Such a handle never queries it: is_completed() is
-// true (nothing of it runs outside the graph; each replay is followed by the
-// watchdog as one "graph replay"), wait() joins the compute stream back inside
-// its own capture, and anywhere else is a clear error, and the destructor
-// waits only inside its own capture.
-class NcclWork final : public Work {
- public:
-  NcclWork(cudaEvent_t done, nn::Device device, std::shared_ptr<EventPool> pool, uint64_t capture)
-      : done_(done), device_(device), pool_(std::move(pool)), capture_(capture) {}
-  ~NcclWork() override {
-    // Destructors must not throw: a failing wait is reported by the next checked
-    // call. ThreadStream throws when the destroying thread has no stream on the
-    // device yet and none can be made (a broken context): not std::terminate.
-    // A captured handle outside its capture: its event cannot be waited for
-    // (the graph's replays are ordered on the stream that launches them).
-    if (!waited_ && (capture_ == 0 || capture_ == nn::CudaGraph::CaptureId())) {
-      try {
-        nn::internal::CudaDeviceScope on_device(device_);
-        if (StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0) != cudaSuccess) {
-          cudaGetLastError();  // not for the next kernel's launch check to report
-        }
-      } catch (...) {
-      }
-    }
-    pool_->Give(done_);
-  }
-  void wait() override {
-    TANDEM_CHECK(capture_ == 0 || capture_ == nn::CudaGraph::CaptureId(), "Work::wait on ",
-                 device_.ToString(), ": the collective was recorded in a CUDA graph capture "
-                 "that has ended; wait for it inside the captured step (a replay runs it in "
-                 "order on the stream that launches the graph)");
-    nn::internal::CudaDeviceScope on_device(device_);
-    TANDEM_CHECK_CUDA(StreamWaitEvent(nn::internal::ThreadStream(device_), done_, 0), device_);
-    waited_ = true;
-  }
-  // The event after the collective on the communication stream; an error other
-  // than "not ready" (an aborted communicator's broken stream) counts as
-  // finished, for wait() or the next checked call to report. A captured
-  // handle: true, without a query (see above); an event recorded in a capture
-  // all the same (cudaErrorCapturedEvent) is answered alike, the error cleared.
-  bool is_completed() const override {
-    if (capture_ != 0) return true;
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaErrorNotReady || q == cudaErrorCapturedEvent) {
-      cudaGetLastError();  // not for the next kernel's launch check to report
-      return q == cudaErrorCapturedEvent;
-    }
-    return true;
-  }
-
- private:
-  cudaEvent_t done_;
-  nn::Device device_;
-  std::shared_ptr<EventPool> pool_;
-  const uint64_t capture_;  // CudaGraph::CaptureId() when made; 0: eager
-  bool waited_ = false;
-};
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -335,11 +215,6 @@ class NcclCommunicator final : public Communicator {
   // network or proxy failure leaves the kernels spinning; without this the
   // user would see only the watchdog's timeout, NCCL's reason lost).
   absl::Status PollAsyncError() override {
-    {
-      // A CUDA error PollCompleted met on a collective's event.
-      std::lock_guard<std::mutex> lock(inflight_mutex_);
-      if (!device_error_.ok()) return device_error_;
-    }
     absl::Status status;
     guard_.TryUse([&] {
       const ncclResult_t error = AsyncErrorLocked();
@@ -350,6 +225,14 @@ class NcclCommunicator final : public Communicator {
       }
     });
     return status;
+  }
+
+  // Watchdog thread: a CUDA error PollCompleted (or the rank's wait for room in
+  // flight) met on a collective's event: a fault on the device, not an error of
+  // the communicator (spawn ends the run with it, no restart).
+  absl::Status PollDeviceError() override {
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
+    return device_error_;
   }
 
   std::string kind() const override { return "nccl"; }
@@ -450,7 +333,7 @@ class NcclCommunicator final : public Communicator {
       events_->Give(done);
       TANDEM_CHECK_CUDA(recorded, device());
     }
-    return std::make_shared<NcclWork>(done, device(), events_, nn::CudaGraph::CaptureId());
+    return MakeNcclWork(done, device(), events_, nn::CudaGraph::CaptureId());
   }
 
   // The communicator's asynchronous error, or ncclSuccess (ncclInProgress, an
@@ -576,7 +459,9 @@ class NcclCommunicator final : public Communicator {
     auto has_room = [&] {
       std::lock_guard<std::mutex> lock(inflight_mutex_);
       DrainCompletedLocked();
-      TANDEM_CHECK(device_error_.ok(), op, " #", sequence(), ": ", device_error_.message());
+      if (!device_error_.ok()) {
+        throw DeviceError(absl::StrCat(op, " #", sequence(), ": ", device_error_.message()));
+      }
       return inflight_.size() < kMaxInflight;
     };
     if (has_room()) return;

@@ -81,6 +81,7 @@ using Body = std::function<std::string(Context& ctx, Communicator& comm)>;
 struct Case {
   Body body;
   double timeout_s = 120;  // SpawnOptions::timeout_s
+  int max_restarts = 0;    // SpawnOptions::restart.max_restarts
 };
 
 void WriteAll(int fd, const std::string& bytes) {
@@ -164,6 +165,7 @@ std::optional<std::string> ReceiveId(int fd) {
   };
   SpawnOptions options{.timeout_s = c.timeout_s, .seed = 7, .handle_sigint = false,
                        .stop_signals = {}, .processes = Processes::kOff};
+  options.restart.max_restarts = c.max_restarts;
   const absl::Status status = RunSpawnWithHooks(
       "0", 1, options, hooks, [](int) {},
       [&](Context& ctx) -> absl::Status {
@@ -561,6 +563,28 @@ TEST(NcclTwoProcessGpuTest, DeviceFaultDuringACollectiveIsReportedNotTimedOut) {
       out[0].report.find("cudaErrorIllegalAddress") != std::string::npos ||
       out[0].report.find("illegal memory access") != std::string::npos;
   EXPECT_TRUE(names_the_fault) << out[0].Describe();
+}
+
+// The same fault under a RestartPolicy with restarts left and on_comm_error
+// on: the CUDA error of the collective's event is the device's failure, not
+// the communicator's (CUDA keeps it in the device's context for the rest of
+// the process, so an attempt in this process cannot run there). It used to be
+// reported as a communicator error and restarted. The run ends with it,
+// naming the device, without a restart.
+TEST(NcclTwoProcessGpuTest, DeviceFaultIsNotRestartedAsACommunicatorError) {
+  const auto out = RunTwoProcesses({.body = FaultWhileACollectiveIsInFlight,
+                                    .timeout_s = 10 * kChildLimitS,
+                                    .max_restarts = 2});
+  TANDEM_SKIP_IF_REFUSED(out);
+  std::printf("process 0: %s\n", out[0].Describe().c_str());
+  ASSERT_TRUE(out[0].ended) << "process 0: " << out[0].Describe();
+  EXPECT_NE(out[0].report.find("cuda:0"), std::string::npos) << out[0].Describe();
+  const bool names_the_fault =
+      out[0].report.find("cudaErrorIllegalAddress") != std::string::npos ||
+      out[0].report.find("illegal memory access") != std::string::npos;
+  EXPECT_TRUE(names_the_fault) << out[0].Describe();
+  EXPECT_EQ(out[0].report.find("restart"), std::string::npos)
+      << "restarted after a fault on the device: " << out[0].Describe();
 }
 
 }  // namespace
