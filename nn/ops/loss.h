@@ -46,7 +46,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 //  - weight: (C) float of the logits' dtype and device, one weight per class; the
 //    loss of sample i is scaled by weight[labels[i]] and kMean divides by the sum of
 //    weight[labels[i]] over the samples not ignored. Not differentiable: a weight
-//    that requires grad is refused (as PyTorch's nll_loss refuses it).
+//    that requires grad is refused (as PyTorch's nll_loss refuses it). Under
+//    autocast a bfloat16 weight is cast to float32, as the logits are.
 //  - ignore_index: a label equal to it gives its sample a loss of 0 and a gradient
 //    of 0 and leaves it out of kMean's denominator; it may name a class in [0, C).
 //    Any other label outside [0, C) is an error naming it.
@@ -78,7 +79,8 @@ struct NllLossOptions {
 // tensors; on CUDA a deferred device error, see loss_cuda.cu). A bad weight (not
 // (C), another dtype or device, requiring grad) or label_smoothing outside [0, 1]
 // is an error naming it.
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, const CrossEntropyOptions& options);
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                     const CrossEntropyOptions& options);
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kMean);
 
