@@ -28,10 +28,6 @@ T UniformScale(const T* g, T total_weight, Reduction reduction) {
   return reduction == Reduction::kMean ? g[0] / total_weight : g[0];
 }
 
-}  // namespace
-
-namespace {
-
 // The rows of CrossEntropyForwardCpu. kPlain (no weight, no smoothing) is the
 // default path, compiled without the options' branches.
 template <typename T, bool kPlain>
