@@ -7,6 +7,7 @@
 //   Conv1x20k5       LeNet's first conv, 1 -> 20, 5x5, padding 2, on 28x28 data
 //   Conv32x64k3      a hidden conv, 32 -> 64, 3x3, padding 1, on 16x16 (grads: x, weight, bias)
 //   CrossEntropy10   cross_entropy of (N, 10) logits (grad: logits)
+//   CrossEntropy10Options  the same with a class weight, ignored labels, smoothing 0.1
 // and, at batch 32, 128 and 512, the other convs of the apps' models (grads: x,
 // weight, bias, except where x is the data):
 //   LeNetConv2       20 -> 20, 5x5, padding 2, on 14x14
@@ -216,6 +217,20 @@ StepFn CrossEntropy10(int64_t batch) {
   };
 }
 
+// CrossEntropy10 with every option: a class weight, every eighth label ignored
+// (-100), label smoothing 0.1 (what the options cost over the default path).
+StepFn CrossEntropy10Options(int64_t batch) {
+  Tensor logits = randn({batch, 10}).set_requires_grad(true);
+  std::vector<int64_t> label_values(batch);
+  for (int64_t i = 0; i < batch; ++i) label_values[i] = i % 8 == 3 ? -100 : (i * 7) % 10;
+  Tensor labels = from_vector(label_values, {batch});
+  const CrossEntropyOptions options{.weight = rand({10}), .label_smoothing = 0.1};
+  return [logits, labels, options]() {
+    cross_entropy(logits, labels, options).backward();
+    logits.set_grad(Tensor());
+  };
+}
+
 // Waits until the thread's stream on `device` has finished (nothing on the CPU).
 void Sync(Device device) {
 #if TANDEM_WITH_CUDA
@@ -307,10 +322,12 @@ void Register(Device device) {
   const Case cases[] = {{"Linear784x512", Linear784x512},
                         {"Conv1x20k5", Conv1x20k5},
                         {"Conv32x64k3", Conv32x64k3},
-                        {"CrossEntropy10", CrossEntropy10}};
+                        {"CrossEntropy10", CrossEntropy10},
+                        {"CrossEntropy10Options", CrossEntropy10Options}};
   for (const Case& c : cases) {
     // Linear: "/im2col" = OpenBLAS.
-    RegisterOnConvPaths(device, c, {64, 512}, std::string(c.name) != "CrossEntropy10");
+    RegisterOnConvPaths(device, c, {64, 512},
+                        !std::string(c.name).starts_with("CrossEntropy10"));
   }
   const Case convs[] = {{"LeNetConv2", LeNetConv2},
                         {"CifarConv1", CifarConv1},

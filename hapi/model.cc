@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "data/dataloader.h"
@@ -149,15 +153,57 @@ nn::StateDict HostState(const nn::Module& module) {
 
 }  // namespace internal
 
-LossFunction CrossEntropy() {
-  return [](const nn::Tensor& output, const nn::Tensor& target) {
+LossFunction CrossEntropy() { return CrossEntropy(nn::CrossEntropyOptions{}); }
+
+namespace {
+
+// CrossEntropy's class weight on each rank's device: the given tensor where the
+// output lives on its device, else one copy per (device, rank thread), made at the
+// thread's first call on its own stream (so no other stream reads it unfinished).
+class ClassWeightPlacement {
+ public:
+  explicit ClassWeightPlacement(nn::Tensor weight) : weight_(std::move(weight)) {}
+  nn::Tensor On(nn::Device device) {
+    if (weight_.device() == device) return weight_;
+    const std::thread::id thread = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, copy] : copies_) {
+      if (key.first == device && key.second == thread) return copy;
+    }
+    nn::NoGradGuard no_grad;
+    copies_.push_back({{device, thread}, weight_.to(device)});
+    return copies_.back().second;
+  }
+
+ private:
+  const nn::Tensor weight_;
+  std::mutex mu_;
+  std::vector<std::pair<std::pair<nn::Device, std::thread::id>, nn::Tensor>> copies_;
+};
+
+}  // namespace
+
+LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
+  TANDEM_CHECK(options.reduction != nn::Reduction::kNone,
+               "hapi::CrossEntropy: reduction none gives one loss per sample; the loss must be "
+               "0-dim (mean or sum)");
+  TANDEM_CHECK(options.label_smoothing >= 0 && options.label_smoothing <= 1,
+               "hapi::CrossEntropy: label_smoothing ", options.label_smoothing,
+               " is outside [0, 1]");
+  std::shared_ptr<ClassWeightPlacement> weight;
+  if (options.weight.has_value()) {
+    weight = std::make_shared<ClassWeightPlacement>(*options.weight);
+  }
+  return [options, weight](const nn::Tensor& output, const nn::Tensor& target) {
+    nn::CrossEntropyOptions call = options;
+    if (weight != nullptr) call.weight = weight->On(output.device());
     // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
     // N stay as they are, so that the error names the shape they came in.
     if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1 &&
         target.size(0) == output.size(0)) {
-      return nn::cross_entropy(output, target.reshape({target.size(0)}));
+      return nn::cross_entropy(output, target.reshape({target.size(0)}), call);
     }
-    return nn::cross_entropy(output, target);
+    return nn::cross_entropy(output, target, call);
   };
 }
 

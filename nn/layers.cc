@@ -182,11 +182,45 @@ const std::shared_ptr<Module>& SequentialImpl::operator[](int64_t i) const {
 Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
   return mse_loss(pred, target, reduction);
 }
+namespace {
+
+// A class weight for a loss module: 1-D (its length is checked against the input
+// at forward), registered as the buffer "weight".
+Tensor RegisterClassWeight(Module& module, const std::optional<Tensor>& weight, const char* name) {
+  if (!weight.has_value()) return Tensor();
+  TANDEM_CHECK(weight->defined() && weight->dim() == 1, name, ": weight of shape ",
+               weight->defined() ? ShapeToString(weight->shape()) : "(undefined)",
+               " must be 1-D, one weight per class");
+  return module.register_buffer("weight", *weight);
+}
+
+std::optional<Tensor> OptionalWeight(const Tensor& weight) {
+  return weight.defined() ? std::optional<Tensor>(weight) : std::nullopt;
+}
+
+}  // namespace
+
+CrossEntropyLossImpl::CrossEntropyLossImpl(const CrossEntropyOptions& options)
+    : reduction(options.reduction),
+      ignore_index(options.ignore_index),
+      label_smoothing(options.label_smoothing) {
+  TANDEM_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "CrossEntropyLoss: label_smoothing ",
+               label_smoothing, " is outside [0, 1]");
+  weight = RegisterClassWeight(*this, options.weight, "CrossEntropyLoss");
+}
 Tensor CrossEntropyLossImpl::forward(const Tensor& logits, const Tensor& labels) {
-  return cross_entropy(logits, labels, reduction);
+  return cross_entropy(logits, labels,
+                       {.reduction = reduction, .weight = OptionalWeight(weight),
+                        .ignore_index = ignore_index, .label_smoothing = label_smoothing});
+}
+NLLLossImpl::NLLLossImpl(const NllLossOptions& options)
+    : reduction(options.reduction), ignore_index(options.ignore_index) {
+  weight = RegisterClassWeight(*this, options.weight, "NLLLoss");
 }
 Tensor NLLLossImpl::forward(const Tensor& log_probs, const Tensor& labels) {
-  return nll_loss(log_probs, labels, reduction);
+  return nll_loss(log_probs, labels,
+                  {.reduction = reduction, .weight = OptionalWeight(weight),
+                   .ignore_index = ignore_index});
 }
 Tensor L1LossImpl::forward(const Tensor& pred, const Tensor& target) {
   return l1_loss(pred, target, reduction);

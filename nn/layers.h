@@ -239,24 +239,36 @@ class MSELossImpl : public Module {
   Reduction reduction;
 };
 TANDEM_MODULE(MSELoss);
-// logits: (N, C) float; labels: (N) int64 (see cross_entropy).
+// logits: (N, C) float; labels: (N) int64 (see cross_entropy). Built from a
+// Reduction or from CrossEntropyOptions (weight, ignore_index, label_smoothing);
+// the weight, when given, is a buffer named "weight" (moves with to(), in the
+// state dict, as PyTorch's CrossEntropyLoss). label_smoothing outside [0, 1] or a
+// weight that is not 1-D fails here, naming it.
 class CrossEntropyLossImpl : public Module {
  public:
   explicit CrossEntropyLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
+  explicit CrossEntropyLossImpl(const CrossEntropyOptions& options);
   using Module::forward;
   Tensor forward(const Tensor& logits, const Tensor& labels);
 
   Reduction reduction;
+  Tensor weight;  // undefined when not given
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
 };
 TANDEM_MODULE(CrossEntropyLoss);
-// log_probs: (N, C) float; labels: (N) int64 (see nll_loss).
+// log_probs: (N, C) float; labels: (N) int64 (see nll_loss). Built from a Reduction
+// or from NllLossOptions (weight, a buffer as in CrossEntropyLoss; ignore_index).
 class NLLLossImpl : public Module {
  public:
   explicit NLLLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}
+  explicit NLLLossImpl(const NllLossOptions& options);
   using Module::forward;
   Tensor forward(const Tensor& log_probs, const Tensor& labels);
 
   Reduction reduction;
+  Tensor weight;  // undefined when not given
+  int64_t ignore_index = -100;
 };
 TANDEM_MODULE(NLLLoss);
 // pred, target: same shapes (see l1_loss).

@@ -50,6 +50,24 @@ void CheckSameShape(const Tensor& pred, const Tensor& target, const char* op, co
                ShapeToString(target.shape()), " differ");
 }
 
+// The class weight of a classification loss: (C), the input's dtype (float32 for
+// a bfloat16 weight under autocast, as the input) and device, not requiring grad
+// (PyTorch does not differentiate it either). Undefined when not given.
+Tensor ClassWeight(const std::optional<Tensor>& weight_in, const Tensor& input, const char* op) {
+  if (!weight_in.has_value()) return Tensor();
+  const Tensor weight = ops::internal::AutocastFloat32(*weight_in);
+  CheckDefined(weight, op, "weight");
+  TANDEM_CHECK(weight.dim() == 1 && weight.size(0) == input.size(1), op, ": weight of shape ",
+               ShapeToString(weight.shape()), " must be (", input.size(1), "), one per class");
+  TANDEM_CHECK(weight.dtype() == input.dtype(), op, ": weight of dtype ",
+               DTypeName(weight.dtype()), " does not match the input's ", DTypeName(input.dtype()));
+  TANDEM_CHECK(weight.device() == input.device(), op, ": weight on ", weight.device().ToString(),
+               " but the input on ", input.device().ToString());
+  TANDEM_CHECK(!weight.requires_grad(), op,
+               ": weight requires grad; class weights are constants (detach it)");
+  return weight;
+}
+
 Tensor Reduce(const Tensor& per_element, Reduction reduction) {
   if (reduction == Reduction::kNone) return per_element;
   return reduction == Reduction::kSum ? sum(per_element) : mean(per_element);
@@ -76,42 +94,70 @@ Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, Reduction reduct
   return Reduce(mul(diff, diff), reduction);
 }
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels, Reduction reduction) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduction) {
+  return cross_entropy(logits, labels, CrossEntropyOptions{.reduction = reduction});
+}
+
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& labels,
+                     const CrossEntropyOptions& options) {
   const Tensor logits = ops::internal::AutocastFloat32(logits_in);
+  const Reduction reduction = options.reduction;
   CheckClassification(logits, labels, "cross_entropy");
   CheckReduction(reduction, "cross_entropy");
   TANDEM_CHECK(logits.size(0) > 0 && logits.size(1) > 0,
                "cross_entropy: logits of shape ", ShapeToString(logits.shape()), " are empty");
-  const TensorOptions options{.dtype = logits.dtype(), .device = logits.device()};
-  Tensor lse = empty({logits.size(0)}, options);
+  const double eps = options.label_smoothing;
+  TANDEM_CHECK(eps >= 0 && eps <= 1, "cross_entropy: label_smoothing ", eps,
+               " is outside [0, 1]");
+  const ops::internal::ClassLossOptions kernel_options{
+      .weight = ClassWeight(options.weight, logits, "cross_entropy"),
+      .ignore_index = options.ignore_index,
+      .label_smoothing = eps};
+  const TensorOptions tensor_options{.dtype = logits.dtype(), .device = logits.device()};
+  // The N log-sum-exps, then the mean's denominator and the sum of the class weights.
+  Tensor lse = empty({logits.size(0) + 2}, tensor_options);
   // kNone: one loss per sample; otherwise 0-dim.
-  Tensor loss = reduction == Reduction::kNone ? empty({logits.size(0)}, options)
-                                              : empty({}, options);
-  TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyForward, logits, labels, lse, loss,
-                   reduction);
+  Tensor loss = reduction == Reduction::kNone ? empty({logits.size(0)}, tensor_options)
+                                              : empty({}, tensor_options);
+  TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyForward, logits, labels, kernel_options,
+                   lse, loss, reduction);
   return autograd::Record("cross_entropy", {logits}, loss,
-                          [logits = logits.detach(), labels, lse, reduction](const Tensor& g) {
+                          [logits = logits.detach(), labels, kernel_options, lse,
+                           reduction](const Tensor& g) {
     Tensor dlogits = empty_like(logits);
-    TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyBackward, logits, labels, lse, g,
-                     dlogits, reduction);
+    TANDEM_ON_DEVICE(logits, ops::internal::CrossEntropyBackward, logits, labels, kernel_options,
+                     lse, g, dlogits, reduction);
     return std::vector<Tensor>{dlogits};
   });
 }
 
-Tensor nll_loss(const Tensor& log_probs_in, const Tensor& labels, Reduction reduction) {
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, Reduction reduction) {
+  return nll_loss(log_probs, labels, NllLossOptions{.reduction = reduction});
+}
+
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& labels, const NllLossOptions& options) {
   const Tensor log_probs = ops::internal::AutocastFloat32(log_probs_in);
+  const Reduction reduction = options.reduction;
   CheckClassification(log_probs, labels, "nll_loss", "log_probs");
   CheckReduction(reduction, "nll_loss");
   TANDEM_CHECK(log_probs.size(0) > 0 && log_probs.size(1) > 0, "nll_loss: log_probs of shape ",
                ShapeToString(log_probs.shape()), " are empty");
-  const TensorOptions options{.dtype = log_probs.dtype(), .device = log_probs.device()};
-  Tensor loss = reduction == Reduction::kNone ? empty({log_probs.size(0)}, options)
-                                              : empty({}, options);
-  TANDEM_ON_DEVICE(log_probs, ops::internal::NllLossForward, log_probs, labels, loss, reduction);
+  const ops::internal::ClassLossOptions kernel_options{
+      .weight = ClassWeight(options.weight, log_probs, "nll_loss"),
+      .ignore_index = options.ignore_index};
+  const TensorOptions tensor_options{.dtype = log_probs.dtype(), .device = log_probs.device()};
+  Tensor loss = reduction == Reduction::kNone ? empty({log_probs.size(0)}, tensor_options)
+                                              : empty({}, tensor_options);
+  // kMean's denominator, for backward.
+  Tensor total_weight = reduction == Reduction::kMean ? empty({}, tensor_options) : Tensor();
+  TANDEM_ON_DEVICE(log_probs, ops::internal::NllLossForward, log_probs, labels, kernel_options,
+                   loss, total_weight, reduction);
   return autograd::Record("nll_loss", {log_probs}, loss,
-                          [shape = log_probs.shape(), options, labels, reduction](const Tensor& g) {
-    Tensor dlog_probs = empty(shape, options);
-    TANDEM_ON_DEVICE(g, ops::internal::NllLossBackward, labels, g, dlog_probs, reduction);
+                          [shape = log_probs.shape(), tensor_options, labels, kernel_options,
+                           total_weight, reduction](const Tensor& g) {
+    Tensor dlog_probs = empty(shape, tensor_options);
+    TANDEM_ON_DEVICE(g, ops::internal::NllLossBackward, labels, kernel_options, total_weight, g,
+                     dlog_probs, reduction);
     return std::vector<Tensor>{dlog_probs};
   });
 }

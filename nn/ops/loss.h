@@ -41,16 +41,54 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         const std::optional<Tensor>& pos_weight = std::nullopt,
                                         Reduction reduction = Reduction::kMean);
 
-// logits: (N, C) float; labels: (N) int64 in [0, C). The per-sample loss
-// -log_softmax(logits)[i, labels[i]], reduced by `reduction`: kNone -> (N),
-// kMean / kSum -> 0-dim. A label out of range is an error naming it (checked on
-// the host for CPU tensors; on CUDA a deferred device error, see loss_cuda.cu).
+// The options of cross_entropy, as PyTorch 1.13's F.cross_entropy (Paddle's
+// CrossEntropyLoss has the same three). Every call without options is the default.
+//  - weight: (C) float of the logits' dtype and device, one weight per class; the
+//    loss of sample i is scaled by weight[labels[i]] and kMean divides by the sum of
+//    weight[labels[i]] over the samples not ignored. Not differentiable: a weight
+//    that requires grad is refused (as PyTorch's nll_loss refuses it). Under
+//    autocast a bfloat16 weight is cast to float32, as the logits are.
+//  - ignore_index: a label equal to it gives its sample a loss of 0 and a gradient
+//    of 0 and leaves it out of kMean's denominator; it may name a class in [0, C).
+//    Any other label outside [0, C) is an error naming it.
+//  - label_smoothing in [0, 1]: the target becomes (1 - eps) one_hot + eps / C
+//    uniform. With weight, as PyTorch: per sample
+//      (1 - eps) w[y] (lse - x[y]) + eps / C * sum_c w[c] (lse - x[c]),
+//    and kMean divides the sum by the same sum of weight[labels[i]].
+// kMean over a batch whose samples are all ignored is 0 / 0 = NaN, as PyTorch's
+// (the gradient is 0); kSum gives 0.
+struct CrossEntropyOptions {
+  Reduction reduction = Reduction::kMean;
+  std::optional<Tensor> weight;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+
+// The options of nll_loss, as PyTorch 1.13's F.nll_loss: weight and ignore_index
+// as in CrossEntropyOptions (no label smoothing).
+struct NllLossOptions {
+  Reduction reduction = Reduction::kMean;
+  std::optional<Tensor> weight;
+  int64_t ignore_index = -100;
+};
+
+// logits: (N, C) float; labels: (N) int64 in [0, C) or ignore_index (-100 unless
+// given). The per-sample loss -log_softmax(logits)[i, labels[i]] (with the options
+// above: weighted, smoothed), reduced by `reduction`: kNone -> (N), kMean / kSum ->
+// 0-dim. A label out of range is an error naming it (checked on the host for CPU
+// tensors; on CUDA a deferred device error, see loss_cuda.cu). A bad weight (not
+// (C), another dtype or device, requiring grad) or label_smoothing outside [0, 1]
+// is an error naming it.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
+                     const CrossEntropyOptions& options);
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kMean);
 
-// log_probs: (N, C) float (log_softmax's output); labels: (N) int64 in [0, C). The
-// per-sample loss -log_probs[i, labels[i]], reduced by `reduction` as cross_entropy
-// (nll_loss(log_softmax(x), y) is cross_entropy(x, y)); a bad label as there.
+// log_probs: (N, C) float (log_softmax's output); labels: (N) int64 in [0, C) or
+// ignore_index. The per-sample loss -weight[labels[i]] * log_probs[i, labels[i]],
+// reduced by `reduction` as cross_entropy (nll_loss(log_softmax(x), y) is
+// cross_entropy(x, y)); a bad label or weight as there.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels, const NllLossOptions& options);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels,
                 Reduction reduction = Reduction::kMean);
 

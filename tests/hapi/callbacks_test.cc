@@ -438,6 +438,44 @@ TEST(CallbacksTest, CrossEntropyTakesPaddlesLabelsOfShapeNBy1) {
   EXPECT_EQ(grad_of(labels.reshape({4, 1})), grad_of(labels));
 }
 
+// CrossEntropy(options) is nn::cross_entropy with those options, on (N) and
+// Paddle's (N, 1) labels; fit trains with it on two ranks; a per-sample reduction
+// or a bad label_smoothing is refused when the LossFunction is made.
+TEST(CallbacksTest, CrossEntropyTakesTheLossOptions) {
+  const nn::CrossEntropyOptions options{
+      .weight = nn::from_vector(std::vector<float>{0.5f, 2.0f, 1.0f}, {3}),
+      .ignore_index = 1,
+      .label_smoothing = 0.2};
+  const nn::Tensor logits = nn::arange(12, {.dtype = nn::kFloat32}).reshape({4, 3}) * 0.25;
+  const nn::Tensor labels = nn::from_vector(std::vector<int64_t>{2, 1, 0, 2}, {4});
+  const float want = nn::cross_entropy(logits, labels, options).item<float>();
+  EXPECT_EQ(CrossEntropy(options)(logits, labels).item<float>(), want);
+  EXPECT_EQ(CrossEntropy(options)(logits, labels.reshape({4, 1})).item<float>(), want);
+  EXPECT_NE(CrossEntropy()(logits, labels).item<float>(), want);
+  auto error_of = [](const nn::CrossEntropyOptions& bad) {
+    try {
+      CrossEntropy(bad);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({.reduction = nn::Reduction::kNone}).find("reduction none"),
+            std::string::npos);
+  EXPECT_NE(error_of({.label_smoothing = -0.5}).find("label_smoothing -0.5 is outside [0, 1]"),
+            std::string::npos);
+  auto model = std::make_unique<Model>(
+      [] { return std::make_shared<Net>(); },
+      LaunchOptions{.gpus = "cpu", .nprocs = 2, .spawn = testing::DefaultTestSpawnOptions()});
+  model->prepare(
+      [](std::vector<nn::Tensor> params) {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.1});
+      },
+      CrossEntropy({.weight = nn::ones({3}), .label_smoothing = 0.1}));
+  absl::StatusOr<History> h = model->fit(Classification(16, 76), {.epochs = 1, .batch_size = 4});
+  ASSERT_TRUE(h.ok()) << h.status();
+}
+
 // A bad mode names the callback it was given to, as the callbacks' other
 // argument errors do: fit makes the callbacks on the ranks, where the message
 // alone says which one failed.

@@ -5,7 +5,8 @@
 // room for a kernel the capture may choose differently), and a fit with
 // cuda_graph under an in-process restart (the graph dies with its attempt and
 // is captured again; the step after the restart runs eagerly) ends within
-// the same bound of the fault-free captured fit.
+// the same bound of the fault-free captured fit; a CrossEntropy class weight
+// given on the CPU reaches the rank's GPU.
 // Skipped, with the reason, without a GPU.
 #include <cmath>
 #include <cstdio>
@@ -33,7 +34,7 @@ struct Net : nn::Module {
   nn::Linear l1, l2;
 };
 
-std::unique_ptr<Model> OnGpu(int max_restarts) {
+std::unique_ptr<Model> OnGpu(int max_restarts, LossFunction loss = CrossEntropy()) {
   LaunchOptions launch{.gpus = "0", .nprocs = 1, .spawn = testing::DefaultTestSpawnOptions()};
   launch.spawn.restart = {.max_restarts = max_restarts};
   auto model = std::make_unique<Model>([] { return std::make_shared<Net>(); }, launch);
@@ -41,7 +42,7 @@ std::unique_ptr<Model> OnGpu(int max_restarts) {
       [](std::vector<nn::Tensor> params) {
         return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
       },
-      CrossEntropy(), {MakeMetric<Accuracy>()});
+      std::move(loss), {MakeMetric<Accuracy>()});
   return model;
 }
 
@@ -61,6 +62,25 @@ double LargestDifference(Model& a, Model& b) {
 }
 
 class FitGpuTest : public testing::GpuTest {};
+
+// A class weight given on the CPU reaches the GPU rank (copied once, at its first,
+// eager step, before a capture), eager and captured alike.
+TEST_F(FitGpuTest, CrossEntropyWeightOnTheCpuIsCopiedToTheRankDevice) {
+  auto train = Classification(70, 5);
+  const nn::CrossEntropyOptions options{
+      .weight = nn::from_vector(std::vector<float>{1.0f, 2.0f, 0.5f}, {3}),
+      .label_smoothing = 0.1};
+  auto eager = OnGpu(0, CrossEntropy(options)), captured = OnGpu(0, CrossEntropy(options));
+  absl::StatusOr<History> a = eager->fit(train, {.epochs = 2, .batch_size = 8, .seed = 1});
+  absl::StatusOr<History> b =
+      captured->fit(train, {.epochs = 2, .batch_size = 8, .seed = 1, .cuda_graph = true});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  for (size_t e = 0; e < a->epochs.size(); ++e) {
+    EXPECT_NEAR(b->epochs[e].at("loss"), a->epochs[e].at("loss"),
+                1e-6 * (1 + std::abs(a->epochs[e].at("loss"))))
+        << "epoch " << e;
+  }
+}
 
 // 70 examples in batches of 8: 8 full batches and a partial one of 6 per epoch.
 TEST_F(FitGpuTest, CapturedStepEndsAsTheEagerFit) {

@@ -312,6 +312,12 @@ TEST(AutocastTest, PrecisionSensitiveOpsComputeInFloat32) {
     Tensor nll = nll_loss(h32, labels), l1 = l1_loss(h32, third.to(kFloat32));
     Tensor sl1 = smooth_l1_loss(h32, third.to(kFloat32), Reduction::kMean, 0.5);
     Tensor bce = binary_cross_entropy_with_logits(h32, full({4, 5}, 0.25), full({5}, 2.0));
+    // The class weight of the loss options (bf16-exact values), with the other options.
+    const Tensor class_weight = from_vector(std::vector<float>{0.5f, 2, 1, 3, 0.25f}, {5});
+    const CrossEntropyOptions ce_options{.weight = class_weight, .ignore_index = 2,
+                                         .label_smoothing = 0.1};
+    Tensor ce_weighted = cross_entropy(h32, labels, ce_options);
+    Tensor nll_weighted = nll_loss(h32, labels, {.weight = class_weight, .ignore_index = 2});
     AutocastGuard on(kBFloat16);
     expect_same(cross_entropy(h, labels), ce, "cross_entropy");
     expect_same(softmax(h, 1), sm, "softmax");
@@ -328,6 +334,13 @@ TEST(AutocastTest, PrecisionSensitiveOpsComputeInFloat32) {
     expect_same(smooth_l1_loss(h, third, Reduction::kMean, 0.5), sl1, "smooth_l1_loss");
     expect_same(binary_cross_entropy_with_logits(h, quarter, full({5}, 2.0).to(kBFloat16)), bce,
                 "binary_cross_entropy_with_logits");
+    // A bf16 class weight is cast as the input is.
+    CrossEntropyOptions bf16_options = ce_options;
+    bf16_options.weight = class_weight.to(kBFloat16);
+    expect_same(cross_entropy(h, labels, bf16_options), ce_weighted, "cross_entropy options");
+    expect_same(cross_entropy(h, labels, ce_options), ce_weighted, "cross_entropy f32 weight");
+    expect_same(nll_loss(h, labels, {.weight = class_weight.to(kBFloat16), .ignore_index = 2}),
+                nll_weighted, "nll_loss options");
     // The activations stay in bfloat16, as in PyTorch 1.13's CPU autocast.
     for (const Tensor& y : {abs(h), sqrt(abs(h)), clamp(h, -1.0, 1.0), leaky_relu(h), gelu(h),
                             silu(h), softplus(h), maximum(h, h), minimum(h, h)}) {

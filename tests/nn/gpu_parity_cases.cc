@@ -21,7 +21,8 @@
 //  - bfloat16 convolution: Bf16Magnitude() (gpu_parity.h); bfloat16 pools follow
 //    the CPU kernels step by step: Exact();
 //  - one operation per element, the same on both devices (relu6): Exact();
-//  - the activations and losses of AddActivationRows / AddNewLossRows: see there.
+//  - the activations and losses of AddActivationRows / AddNewLossRows /
+//    AddClassLossOptionRows: see there.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -525,6 +526,69 @@ void AddNewLossRows(Rows& rows) {
   }
 }
 
+// cross_entropy and nll_loss with their options (CrossEntropyOptions): class weight,
+// ignore_index (every fifth label -100, or class 3), label smoothing, all three;
+// narrow rows (a warp per row) and 3000 classes (a block per row, smoothing's third
+// pass). The weight and labels are made on the row's device (a weight takes no
+// gradient). Rel(1e-5) / Rel(1e-12): the same sums in another order.
+void AddClassLossOptionRows(Rows& rows) {
+  auto flat = [](const Tensor& t) { return t.reshape({t.numel()}); };
+  // Every fifth label `ignored`, the others spread over the classes.
+  auto labels = [](Device device, int64_t rows_n, int64_t classes, int64_t ignored) {
+    std::vector<int64_t> y(static_cast<size_t>(rows_n));
+    for (int64_t i = 0; i < rows_n; ++i) y[i] = i % 5 == 1 ? ignored : (i * 7919) % classes;
+    return from_vector(y, {rows_n}, {.device = device});
+  };
+  auto weight = [](const Tensor& like, int64_t classes) {
+    std::vector<double> w(static_cast<size_t>(classes));
+    for (int64_t c = 0; c < classes; ++c) w[c] = 0.25 + 0.5 * static_cast<double>(c % 7);
+    return from_vector(w, {classes}, {.device = like.device()}).to(like.dtype());
+  };
+  struct Variant {
+    std::string name;
+    bool weighted;
+    int64_t ignore_index;
+    double smoothing;
+  };
+  const std::vector<Variant> variants = {{"weight", true, -100, 0.0},
+                                         {"ignore_index -100", false, -100, 0.0},
+                                         {"label_smoothing 0.2", false, -100, 0.2},
+                                         {"weight, ignore_index 3, label_smoothing 0.1", true, 3,
+                                          0.1}};
+  for (DType dt : kFloats) {
+    const Tolerance tol = Rel(dt == kFloat64 ? 1e-12 : 1e-5);
+    for (Reduction r : {Reduction::kMean, Reduction::kNone, Reduction::kSum}) {
+      const std::string red(ReductionName(r));
+      for (const Variant& v : variants) {
+        for (int64_t classes : {int64_t{10}, int64_t{3000}}) {
+          const int64_t n = classes == 10 ? 64 : 7;
+          rows.push_back({.op = "cross_entropy",
+                          .attrs = red + ", " + v.name + ", " + std::to_string(classes) +
+                                   " classes",
+                          .dtype = dt, .inputs = {Randn({n, classes}, 3)},
+                          .f = [=](Ins in) {
+                            CrossEntropyOptions options{.reduction = r,
+                                                        .ignore_index = v.ignore_index,
+                                                        .label_smoothing = v.smoothing};
+                            if (v.weighted) options.weight = weight(in[0], classes);
+                            const Tensor y = labels(in[0].device(), n, classes, v.ignore_index);
+                            return flat(cross_entropy(in[0], y, options));
+                          },
+                          .tol = tol});
+        }
+      }
+      rows.push_back({.op = "nll_loss", .attrs = red + ", weight, ignore_index -100",
+                      .dtype = dt, .inputs = {Randn({64, 10}, 3)},
+                      .f = [=](Ins in) {
+                        const Tensor y = labels(in[0].device(), 64, 10, -100);
+                        return flat(nll_loss(log_softmax(in[0], 1), y,
+                                             {.reduction = r, .weight = weight(in[0], 10)}));
+                      },
+                      .tol = tol});
+    }
+  }
+}
+
 // cat / stack: copies and an index_select gather (the backward an index_add
 // without repeated indices): exact on both devices.
 void AddJoinRows(Rows& rows) {
@@ -555,6 +619,7 @@ std::vector<ParityCase> ParityCases() {
   AddDropoutNormLossRows(rows);
   AddActivationRows(rows);
   AddNewLossRows(rows);
+  AddClassLossOptionRows(rows);
   AddJoinRows(rows);
   // A seed from what the row is (FNV-1a of its name), not its position: adding a row
   // leaves the other rows' inputs as they were.

@@ -356,5 +356,149 @@ TEST(LossGradTest, NewLosses) {
   }
 }
 
+// Every option of cross_entropy and nll_loss, alone and together, under every
+// reduction: float64 central differences against backward().
+TEST(LossGradTest, ClassificationLossOptions) {
+  manual_seed(47);
+  const Tensor labels = from_vector(std::vector<int64_t>{2, -100, 4, 4, 1, 3}, {6});
+  const Tensor class_ignored = from_vector(std::vector<int64_t>{2, 0, 4, 0, 1, 3}, {6});
+  const Tensor weight = from_vector(std::vector<double>{0.5, 2.0, 1.0, 3.0, 0.25}, {5});
+  const std::vector<std::pair<std::string, CrossEntropyOptions>> cases = {
+      {"weight", {.weight = weight}},
+      {"ignore -100", {}},
+      {"ignore a class", {.ignore_index = 0}},
+      {"smoothing", {.label_smoothing = 0.15}},
+      {"smoothing 1", {.label_smoothing = 1.0}},
+      {"weight + smoothing", {.weight = weight, .label_smoothing = 0.4}},
+      {"all", {.weight = weight, .ignore_index = 0, .label_smoothing = 0.25}}};
+  for (Reduction r : {Reduction::kNone, Reduction::kMean, Reduction::kSum}) {
+    for (const auto& [name, base] : cases) {
+      CrossEntropyOptions options = base;
+      options.reduction = r;
+      const Tensor& y = options.ignore_index == 0 ? class_ignored : labels;
+      EXPECT_TRUE(GradCheck([&](const auto& in) { return cross_entropy(in[0], y, options); },
+                            {RandomInput({6, 5}, 2.0)}))
+          << name << " " << ReductionName(r);
+    }
+    for (int64_t ignore : {int64_t{-100}, int64_t{0}}) {
+      const NllLossOptions options{.reduction = r, .weight = weight, .ignore_index = ignore};
+      const Tensor& y = ignore == 0 ? class_ignored : labels;
+      EXPECT_TRUE(GradCheck([&](const auto& in) { return nll_loss(in[0], y, options); },
+                            {RandomInput({6, 5})}))
+          << "nll ignore " << ignore << " " << ReductionName(r);
+    }
+  }
+}
+
+// The closed forms: an ignored row is 0 and out of the mean, weight scales a row
+// and the mean's denominator, smoothing mixes in the mean over the classes.
+TEST(LossTest, ClassificationLossOptionValues) {
+  const Tensor logits = from_vector(std::vector<double>{1, 2, 0, 0, 0, 3, 2, 1, 0}, {3, 3});
+  const Tensor y = from_vector(std::vector<int64_t>{0, -100, 2}, {3});
+  const std::vector<double> base = cross_entropy(logits, y, Reduction::kNone).to_vector<double>();
+  const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + 1.0);
+  const double lse2 = std::log(std::exp(2.0) + std::exp(1.0) + 1.0);
+  EXPECT_NEAR(base[0], lse0 - 1, 1e-12);
+  EXPECT_EQ(base[1], 0.0);
+  EXPECT_NEAR(base[2], lse2 - 0, 1e-12);
+  EXPECT_NEAR(cross_entropy(logits, y).item(), (base[0] + base[2]) / 2, 1e-12);
+  const Tensor w = from_vector(std::vector<double>{2, 5, 0.5}, {3});
+  EXPECT_NEAR(cross_entropy(logits, y, {.weight = w}).item(),
+              (2 * base[0] + 0.5 * base[2]) / 2.5, 1e-12);
+  EXPECT_NEAR(cross_entropy(logits, y, {.reduction = Reduction::kSum, .weight = w}).item(),
+              2 * base[0] + 0.5 * base[2], 1e-12);
+  const double eps = 0.3;
+  const double uniform0 = lse0 - 1.0, uniform2 = lse2 - 1.0;  // mean over c of lse - x_c
+  const std::vector<double> smooth =
+      cross_entropy(logits, y, {.reduction = Reduction::kNone, .label_smoothing = eps})
+          .to_vector<double>();
+  EXPECT_NEAR(smooth[0], (1 - eps) * base[0] + eps * uniform0, 1e-12);
+  EXPECT_EQ(smooth[1], 0.0);
+  EXPECT_NEAR(smooth[2], (1 - eps) * base[2] + eps * uniform2, 1e-12);
+  // ignore_index may name a class; -100 is then a bad label (below).
+  EXPECT_NEAR(cross_entropy(logits, from_vector(std::vector<int64_t>{0, 1, 2}, {3}),
+                            {.ignore_index = 1}).item(),
+              (base[0] + base[2]) / 2, 1e-12);
+  EXPECT_NEAR(nll_loss(log_softmax(logits, 1), y, {.weight = w}).item(),
+              (2 * base[0] + 0.5 * base[2]) / 2.5, 1e-12);
+}
+
+// Every sample ignored: kMean is 0 / 0 = NaN with a zero gradient, kSum 0, as
+// PyTorch 1.13 (F.cross_entropy / F.nll_loss with every target -100).
+TEST(LossTest, AllIgnoredMeanIsNanWithZeroGradient) {
+  const Tensor y = from_vector(std::vector<int64_t>{-100, -100}, {2});
+  for (double eps : {0.0, 0.2}) {
+    Tensor x = randn({2, 3}).set_requires_grad(true);
+    Tensor loss = cross_entropy(x, y, {.label_smoothing = eps});
+    EXPECT_TRUE(std::isnan(loss.item<float>())) << eps;
+    loss.backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), std::vector<float>(6, 0.0f)) << eps;
+    EXPECT_EQ(cross_entropy(x, y, {.reduction = Reduction::kSum, .label_smoothing = eps})
+                  .item<float>(),
+              0.0f);
+  }
+  Tensor lp = randn({2, 3}).set_requires_grad(true);
+  Tensor loss = nll_loss(lp, y);
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+  loss.backward();
+  EXPECT_EQ(lp.grad().to_vector<float>(), std::vector<float>(6, 0.0f));
+}
+
+// Bad options are errors naming the bad value.
+TEST(LossTest, ClassificationLossOptionErrors) {
+  const Tensor x = zeros({2, 3});
+  const Tensor y = from_vector(std::vector<int64_t>{0, 2}, {2});
+  const auto error_has = [](const std::string& m, const std::string& want) {
+    EXPECT_NE(m.find(want), std::string::npos) << "'" << want << "' not in: " << m;
+  };
+  error_has(ErrorOf([&] { cross_entropy(x, y, {.weight = ones({4})}); }),
+            "cross_entropy: weight of shape (4) must be (3), one per class");
+  error_has(ErrorOf([&] { nll_loss(x, y, {.weight = ones({3, 1})}); }),
+            "nll_loss: weight of shape (3, 1) must be (3)");
+  error_has(ErrorOf([&] { cross_entropy(x, y, {.weight = ones({3}, {.dtype = kFloat64})}); }),
+            "cross_entropy: weight of dtype float64 does not match the input's float32");
+  error_has(ErrorOf([&] { cross_entropy(x, y, {.weight = ones({3}).set_requires_grad(true)}); }),
+            "cross_entropy: weight requires grad");
+  for (const auto& [eps, text] : {std::pair{-0.1, "-0.1"}, std::pair{1.5, "1.5"},
+                                   std::pair{std::nan(""), "nan"}}) {
+    error_has(ErrorOf([&] { cross_entropy(x, y, {.label_smoothing = eps}); }),
+              std::string("cross_entropy: label_smoothing ") + text + " is outside [0, 1]");
+  }
+  // With ignore_index a class, the default -100 is an out-of-range label.
+  const Tensor minus_100 = from_vector(std::vector<int64_t>{-100, 2}, {2});
+  error_has(ErrorOf([&] { cross_entropy(x, minus_100, {.ignore_index = 1}); }),
+            "cross_entropy: label -100 at row 0 is out of range for 3 classes");
+  error_has(ErrorOf([&] { nll_loss(x, minus_100, {.ignore_index = 1}); }),
+            "nll_loss: label -100 at row 0 is out of range for 3 classes");
+  error_has(ErrorOf([&] { cross_entropy(x, from_vector(std::vector<int64_t>{3, 0}, {2}), {}); }),
+            "ignore_index -100");
+}
+
+// The modules carry the options; the weight is a buffer ("weight"), as PyTorch's.
+TEST(LossTest, ClassificationLossModulesTakeOptions) {
+  manual_seed(48);
+  const Tensor x = randn({4, 3});
+  const Tensor y = from_vector(std::vector<int64_t>{0, 2, -1, 1}, {4});
+  const Tensor w = from_vector(std::vector<float>{1, 2, 3}, {3});
+  const CrossEntropyOptions options{.weight = w, .ignore_index = -1, .label_smoothing = 0.1};
+  CrossEntropyLoss ce(options);
+  EXPECT_EQ(ce(x, y).item<float>(), cross_entropy(x, y, options).item<float>());
+  ASSERT_EQ(ce->named_buffers().size(), 1u);
+  EXPECT_EQ(ce->named_buffers()[0].first, "weight");
+  const Tensor in_range = from_vector(std::vector<int64_t>{0, 2, 1, 1}, {4});
+  EXPECT_EQ(CrossEntropyLoss(Reduction::kSum)(x, in_range).item<float>(),
+            cross_entropy(x, in_range, Reduction::kSum).item<float>());
+  EXPECT_TRUE(CrossEntropyLoss()->named_buffers().empty());
+  NLLLoss nll(NllLossOptions{.reduction = Reduction::kSum, .weight = w, .ignore_index = -1});
+  EXPECT_EQ(nll(x, y).item<float>(),
+            nll_loss(x, y, {.reduction = Reduction::kSum, .weight = w, .ignore_index = -1})
+                .item<float>());
+  EXPECT_EQ(nll->named_buffers().size(), 1u);
+  // A bad option fails at construction, naming it.
+  EXPECT_NE(ErrorOf([] { CrossEntropyLoss{CrossEntropyOptions{.label_smoothing = 2.0}}; })
+                .find("CrossEntropyLoss: label_smoothing 2 is outside [0, 1]"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::nn

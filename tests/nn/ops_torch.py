@@ -78,3 +78,32 @@ emit("bce_pw_large", F.binary_cross_entropy_with_logits(a, y, pos_weight=pw, red
      a, y)
 p, q = t(SA, (2, 3)), t(SB, (2, 3))
 emit("smooth_l1_at_beta", F.smooth_l1_loss(p, q, reduction="none", beta=0.5).reshape(-1), p, q)
+# Classification losses with their options: class weight, ignore_index (-100, and
+# a class, 1), label smoothing, and all three at once.
+CX = [0.4, -1.3, 2.2, 0.1, -0.6, 1.7, -2.4, 0.9, 1.2, -0.3,
+      0.05, -1.1, 3.0, 0.2, -0.8, 0.6, -1.5, 0.35, 0.7, -0.45]  # logits (5, 4)
+CY = [2, -100, 0, 3, 1]
+CY_CLASS_IGNORED = [2, 1, 0, 3, 1]
+CW = [0.5, 2.0, 1.0, 3.0]
+CE_CASES = [("ce_weight", CY, dict(weight=True)),
+            ("ce_ignore", CY, dict()),
+            ("ce_smooth", CY, dict(label_smoothing=0.2)),
+            ("ce_all", CY_CLASS_IGNORED, dict(weight=True, ignore_index=1, label_smoothing=0.3))]
+for red in ["none", "mean", "sum"]:
+    for name, labels, opts in CE_CASES:
+        opts = dict(opts)
+        if opts.pop("weight", False):
+            opts["weight"] = torch.tensor(CW, dtype=torch.float64)
+        x = t(CX, (5, 4))
+        emit(name + "_" + red,
+             F.cross_entropy(x, torch.tensor(labels), reduction=red, **opts).reshape(-1), x)
+    for name, labels, opts in [("nll_weight", CY, dict(weight=True)),
+                               ("nll_weight_ignore_1", CY_CLASS_IGNORED,
+                                dict(weight=True, ignore_index=1))]:
+        opts = dict(opts)
+        opts.pop("weight")
+        logp = torch.log_softmax(torch.tensor(CX, dtype=torch.float64).reshape(5, 4), 1)
+        logp.requires_grad_(True)
+        emit(name + "_" + red,
+             F.nll_loss(logp, torch.tensor(labels), weight=torch.tensor(CW, dtype=torch.float64),
+                        reduction=red, **opts).reshape(-1), logp)

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "nn/ops/elementwise.h"
@@ -143,6 +144,43 @@ TEST(OpsTorchTest, Losses) {
           [r = r](const auto& in) {
             return nll_loss(in[0], from_vector(std::vector<int64_t>{2, 0, 3}, {3}), r);
           }, 1);
+  }
+}
+
+// cross_entropy and nll_loss with their options (ops_torch.py's CE_CASES): class
+// weight, ignore_index (the default -100, and a class), label smoothing, all three.
+TEST(OpsTorchTest, ClassificationLossOptions) {
+  const std::vector<double> logits = {0.4,  -1.3, 2.2, 0.1,  -0.6, 1.7,  -2.4,
+                                      0.9,  1.2,  -0.3, 0.05, -1.1, 3.0,  0.2,
+                                      -0.8, 0.6,  -1.5, 0.35, 0.7,  -0.45};  // (5, 4)
+  const std::vector<int64_t> labels = {2, -100, 0, 3, 1};
+  const std::vector<int64_t> class_ignored = {2, 1, 0, 3, 1};
+  const Tensor weight = from_vector(std::vector<double>{0.5, 2.0, 1.0, 3.0}, {4});
+  const std::vector<std::pair<std::string, Reduction>> reductions = {
+      {"none", Reduction::kNone}, {"mean", Reduction::kMean}, {"sum", Reduction::kSum}};
+  for (const auto& [name, r] : reductions) {
+    const auto ce = [&, r = r](std::vector<int64_t> y, CrossEntropyOptions options) {
+      options.reduction = r;
+      return [y, options](const auto& in) {
+        return cross_entropy(in[0], from_vector(y, {5}), options);
+      };
+    };
+    Check("ce_weight_" + name, {logits}, {{5, 4}}, ce(labels, {.weight = weight}), 1);
+    Check("ce_ignore_" + name, {logits}, {{5, 4}}, ce(labels, {}), 1);
+    Check("ce_smooth_" + name, {logits}, {{5, 4}}, ce(labels, {.label_smoothing = 0.2}), 1);
+    Check("ce_all_" + name, {logits}, {{5, 4}},
+          ce(class_ignored, {.weight = weight, .ignore_index = 1, .label_smoothing = 0.3}), 1);
+    const std::vector<double> log_probs =
+        log_softmax(from_vector(logits, {5, 4}), 1).to_vector<double>();
+    for (const auto& [key, y, ignore] :
+         {std::tuple{"nll_weight_", labels, int64_t{-100}},
+          std::tuple{"nll_weight_ignore_1_", class_ignored, int64_t{1}}}) {
+      Check(key + name, {log_probs}, {{5, 4}},
+            [&, r = r, y = y, ignore = ignore](const auto& in) {
+              return nll_loss(in[0], from_vector(y, {5}),
+                              {.reduction = r, .weight = weight, .ignore_index = ignore});
+            }, 1);
+    }
   }
 }
 

@@ -228,6 +228,34 @@ TEST_F(PinnedGpuTest, BadNllLossTargetIsRaisedAtTheNextSyncAndTheContextLives) {
               1e-6);
 }
 
+// With the loss options on CUDA: a label equal to ignore_index is no error (loss
+// and gradient 0, out of the mean); any other label out of range, -100 included
+// when ignore_index names a class, is the same deferred device error; a weight on
+// another device is refused at the call, naming both devices.
+TEST_F(PinnedGpuTest, ClassificationLossOptionsOnCudaIgnoreAndReportAsOnTheCpu) {
+  DeviceGuard guard(kGpu);
+  manual_seed(7);
+  Tensor logits_cpu = randn({4, 5}, {.device = Device::CPU()});
+  Tensor logits = logits_cpu.to(kGpu);
+  Tensor weight_cpu = from_vector(std::vector<float>{1, 2, 3, 4, 5}, {5});
+  Tensor y_cpu = from_vector(std::vector<int64_t>{0, -100, 2, 4}, {4});
+  const CrossEntropyOptions options{.weight = weight_cpu.to(kGpu), .label_smoothing = 0.1};
+  CrossEntropyOptions cpu_options = options;
+  cpu_options.weight = weight_cpu;
+  EXPECT_NEAR(cross_entropy(logits, y_cpu.to(kGpu), options).item(),
+              cross_entropy(logits_cpu, y_cpu, cpu_options).item(), 1e-5);
+  EXPECT_NO_THROW(Synchronize(kGpu));
+  Tensor loss = cross_entropy(logits, y_cpu.to(kGpu), {.ignore_index = 3});
+  EXPECT_EQ(ErrorOf([&] { loss.item(); }),
+            "cross_entropy: target -100 of sample 1 is out of range [0, 5) on cuda:0");
+  Tensor nll = nll_loss(logits, y_cpu.to(kGpu), {.ignore_index = 3});
+  EXPECT_EQ(ErrorOf([&] { nll.item(); }),
+            "nll_loss: target -100 of sample 1 is out of range [0, 5) on cuda:0");
+  EXPECT_NE(ErrorOf([&] { cross_entropy(logits, y_cpu.to(kGpu), {.weight = weight_cpu}); })
+                .find("cross_entropy: weight on cpu but the input on cuda:0"),
+            std::string::npos);
+}
+
 TEST_F(PinnedGpuTest, ReportLeftByAnEndedThreadIsTakenAfterItsWorkAndCleared) {
   std::string thread_error;
   std::thread rank([&] {
