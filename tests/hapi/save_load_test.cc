@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <cstdint>
@@ -430,6 +431,51 @@ TEST(SaveLoadTest, InsideRanksAFailedWriteIsAnErrorOnEveryRank) {
   EXPECT_TRUE(Contains(saved[0], path)) << saved[0];
   EXPECT_TRUE(Contains(saved[1], "hapi::Model::save: " + path + ": 1 rank failed to save it"))
       << saved[1];
+}
+
+// What the other rank does while rank 0 saves alone.
+enum class Meanwhile { kReturns, kEvaluates, kFitsAgain, kWaitsInABarrier };
+
+// A save on rank 0 alone inside the ranks' function (`if (rank == 0)
+// save(path)`, as a PyTorch script saves) fails the run within seconds, not at
+// the watchdog's timeout, naming Model::save and that every rank calls it,
+// whatever rank 1 does meanwhile: return, or go on to another collective.
+TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
+  auto train = Classification(24, 41);
+  const std::string path = Dir("one_rank_alone") + "/model.safetensors";
+  for (Meanwhile meanwhile : {Meanwhile::kReturns, Meanwhile::kEvaluates, Meanwhile::kFitsAgain,
+                              Meanwhile::kWaitsInABarrier}) {
+    SCOPED_TRACE(::testing::Message() << "rank 1's next step " << static_cast<int>(meanwhile));
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model([] { return std::make_shared<Net>(); });
+          model.prepare(AdamFactory(), CrossEntropy());
+          absl::StatusOr<History> h = model.fit(train, {.epochs = 1, .batch_size = 4});
+          if (!h.ok()) return h.status();
+          if (ctx.rank() == 0) return model.save(path);
+          switch (meanwhile) {
+            case Meanwhile::kReturns:
+              return absl::OkStatus();
+            case Meanwhile::kEvaluates:
+              return model.evaluate(train).status();
+            case Meanwhile::kFitsAgain:
+              return model.fit(train, {.epochs = 1, .batch_size = 4}).status();
+            case Meanwhile::kWaitsInABarrier:
+              ctx.communicator().barrier();
+              return absl::OkStatus();
+          }
+          return absl::OkStatus();
+        },
+        2, "cpu", testing::DefaultTestSpawnOptions());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(run.ok());
+    EXPECT_TRUE(Contains(run, "from hapi::Model::save (inside a rank's function a collective: "
+                              "every rank calls it"))
+        << run;
+    EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
+  }
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
