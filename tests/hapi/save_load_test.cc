@@ -653,5 +653,55 @@ TEST(SaveLoadTest, AFailedFitLeavesTheLoadedStateForTheNextFit) {
   }
 }
 
+// Fails the fit on every rank in on_train_batch_end at step 2.
+struct FailAtStepTwo : Callback {
+  std::string name() const override { return "FailAtStepTwo"; }
+  void on_train_batch_end(RunState& s) override {
+    if (s.step == 2) throw std::runtime_error("injected");
+  }
+};
+
+// Inside a rank's function a fit that throws (caught by the rank's own code)
+// leaves a state that load() read before prepare() waiting, as from main: a
+// prepare() after it keeps the state, and the next fit ends bit for bit where
+// load, prepare, fit does. 2 CPU ranks, each with its own Model.
+TEST(SaveLoadTest, InsideRanksAFitThatThrowsLeavesTheLoadedStateWaiting) {
+  auto train = Classification(24, 42);
+  const std::string path = Dir("inside_ranks_failed_fit") + "/model.safetensors";
+  SavedAfterOneEpoch(train, path);
+  const FitOptions options = OneEpochOptions(1, 2, false);
+  std::vector<int> same(2, 0);
+  std::vector<std::string> failures(2);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model reference([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(reference.load(path));
+        reference.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(reference.fit(train, options).status());
+        Model model([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(model.load(path));
+        model.prepare(AdamFactory(), CrossEntropy());
+        FitOptions failing = options;
+        failing.callbacks = {MakeCallback<FailAtStepTwo>()};
+        try {
+          (void)model.fit(train, failing);
+        } catch (const Error& e) {
+          failures[static_cast<size_t>(ctx.rank())] = e.what();
+        }
+        model.prepare(AdamFactory(), CrossEntropy());  // keeps the state still waiting
+        RETURN_IF_ERROR(model.fit(train, options).status());
+        ASSIGN_OR_RETURN(nn::StateDict got, model.state_dict());
+        ASSIGN_OR_RETURN(nn::StateDict want, reference.state_dict());
+        same[static_cast<size_t>(ctx.rank())] = SameBits(got, want) ? 1 : 0;
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(failures[r].find("callback FailAtStepTwo failed"), std::string::npos) << failures[r];
+    EXPECT_EQ(same[r], 1) << "rank " << r << ": the loaded optimizer state was not kept";
+  }
+}
+
 }  // namespace
 }  // namespace tandem::hapi
