@@ -324,7 +324,7 @@ class Model {
   // save(path)`) fails the run: the in-process collective check, or the
   // watchdog when the other ranks have returned, names hapi::Model::save
   // (dist::Communicator::Label). Both files are written atomically over the
-  // earlier ones (temporary names unique to the host and process), never
+  // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
   // a shared filesystem, or threads saving from outside spawn) always leave
   // an optimizer file; a save that fails between the two leaves the earlier
