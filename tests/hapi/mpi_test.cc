@@ -4,9 +4,6 @@
 // Each process's first rank writes its copy of both files (one temporary file
 // each, named with its pid: nn/internal/atomic_file.h), and every rank of
 // every process finds both when its save returns and loads them.
-#include <sys/inotify.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +20,7 @@
 #include "optim/adam.h"
 #include "spawn/spawn.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/temporary_files.h"
 #include "tests/spawn/mpi_fixture.h"
 
 namespace tandem::hapi {
@@ -34,45 +32,6 @@ using Net = ::tandem::testing::TwoLayerNet;
 
 class HapiMpiTest : public testing::MpiFixture {};
 
-// The temporary files created in `dir` from construction on, by the file they
-// are written for: in all and by this process (the pid in their name).
-class TemporaryFiles {
- public:
-  explicit TemporaryFiles(const std::string& dir)
-      : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)),
-        watch_(fd_ < 0 ? -1 : ::inotify_add_watch(fd_, dir.c_str(), IN_CREATE)) {}
-  ~TemporaryFiles() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
-  // {file: {in all, this process's}}.
-  std::map<std::string, std::pair<int, int>> Take() {
-    alignas(inotify_event) char buffer[64 * 1024];
-    std::map<std::string, std::pair<int, int>> made;
-    const std::string mine = absl::StrCat(".tmp.", ::getpid(), ".");
-    for (;;) {
-      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
-      if (n <= 0) break;  // EAGAIN: every event read
-      for (ssize_t at = 0; at < n;) {
-        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-        const std::string name = event->len > 0 ? event->name : "";
-        const size_t temp = name.find(".tmp.");
-        if (temp != std::string::npos) {
-          auto& [all, own] = made[name.substr(0, temp)];
-          ++all;
-          if (name.find(mine) == temp) ++own;
-        }
-        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-      }
-    }
-    return made;
-  }
-
- private:
-  int fd_;
-  int watch_;
-};
-
 // Every process (2 CPU ranks each) fits, then every rank saves to one path on
 // the shared /tmp: each process writes each file once, through its first rank,
 // and every rank loads both files when its save returns.
@@ -80,7 +39,7 @@ TEST_F(HapiMpiTest, EachProcessWritesItsCopyOnce) {
   auto train = Classification(32, 44);
   const std::string dir = ::testing::TempDir() + "/hapi_mpi_save";
   const std::string path = dir + "/model.safetensors";
-  std::unique_ptr<TemporaryFiles> temporaries;
+  std::unique_ptr<testing::TemporaryFiles> temporaries;
   std::vector<int> loaded(2, 0);
   absl::Status run = dist::spawn(
       [&](dist::Context& ctx) -> absl::Status {
@@ -89,7 +48,7 @@ TEST_F(HapiMpiTest, EachProcessWritesItsCopyOnce) {
           std::filesystem::create_directories(dir);
         }
         ctx.communicator().barrier();
-        if (ctx.local_rank() == 0) temporaries = std::make_unique<TemporaryFiles>(dir);
+        if (ctx.local_rank() == 0) temporaries = std::make_unique<testing::TemporaryFiles>(dir);
         ctx.communicator().barrier();  // every process watches before any writes
         Model model([] { return std::make_shared<Net>(); });
         model.prepare(
@@ -109,9 +68,9 @@ TEST_F(HapiMpiTest, EachProcessWritesItsCopyOnce) {
   ASSERT_TRUE(run.ok()) << run;
   EXPECT_EQ(loaded, (std::vector<int>{1, 1}));
   ASSERT_TRUE(temporaries != nullptr && temporaries->ok()) << std::strerror(errno);
-  const std::pair<int, int> each = {LaunchedProcesses(), 1};
-  const std::map<std::string, std::pair<int, int>> want = {{"model.safetensors", each},
-                                                           {"model.safetensors.optim", each}};
+  const testing::Writes each = {.all = LaunchedProcesses(), .this_process = 1};
+  const std::map<std::string, testing::Writes> want = {{"model.safetensors", each},
+                                                       {"model.safetensors.optim", each}};
   EXPECT_EQ(temporaries->Take(), want);
 }
 

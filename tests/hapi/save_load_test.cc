@@ -9,9 +9,6 @@
 // truncated or foreign file, or one next to other weights than it was saved
 // with, is refused naming the file and what differs, leaving the Model as it
 // was.
-#include <sys/inotify.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -40,6 +37,7 @@
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/temporary_files.h"
 
 namespace tandem::hapi {
 namespace {
@@ -344,42 +342,6 @@ TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
   EXPECT_TRUE(loaded->load(path).ok());
 }
 
-// Counts the atomic writes into `dir` from its construction on, by the file
-// they write: each creates one temporary file, "<file>.tmp.<unique>"
-// (nn/internal/atomic_file.h). Creations, not renames, are counted: inotify
-// merges two identical events in a row, and two renames onto one name are
-// identical, while every temporary file has a name of its own.
-class WriteCounter {
- public:
-  explicit WriteCounter(const std::string& dir)
-      : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)),
-        watch_(fd_ < 0 ? -1 : ::inotify_add_watch(fd_, dir.c_str(), IN_CREATE)) {}
-  ~WriteCounter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
-  std::map<std::string, int> Take() {
-    alignas(inotify_event) char buffer[64 * 1024];
-    std::map<std::string, int> writes;
-    for (;;) {
-      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
-      if (n <= 0) break;  // EAGAIN: every event read
-      for (ssize_t at = 0; at < n;) {
-        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-        const std::string name = event->len > 0 ? event->name : "";
-        const size_t temp = name.find(".tmp.");
-        if (temp != std::string::npos) ++writes[name.substr(0, temp)];
-        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-      }
-    }
-    return writes;
-  }
-
- private:
-  int fd_;
-  int watch_;
-};
-
 // Model::save inside a rank's function on 2 and 3 CPU ranks, each rank with its
 // own Model: the process's first rank writes each file once (not once per
 // rank), and every rank finds both files when its save returns and loads them.
@@ -389,7 +351,7 @@ TEST(SaveLoadTest, InsideRanksTheProcesssFirstRankWritesOnce) {
     SCOPED_TRACE(::testing::Message() << ranks << " ranks");
     const std::string dir = Dir(absl::StrCat("inside_ranks_", ranks));
     const std::string path = dir + "/model.safetensors";
-    WriteCounter writes(dir);
+    testing::TemporaryFiles writes(dir);
     ASSERT_TRUE(writes.ok()) << "inotify: " << std::strerror(errno);
     std::atomic<int> missing{0};
     absl::Status run = dist::spawn(
@@ -408,10 +370,9 @@ TEST(SaveLoadTest, InsideRanksTheProcesssFirstRankWritesOnce) {
         ranks, "cpu", testing::DefaultTestSpawnOptions());
     ASSERT_TRUE(run.ok()) << run;
     EXPECT_EQ(missing.load(), 0);
-    const std::map<std::string, int> written = writes.Take();
-    const std::map<std::string, int> once = {{"model.safetensors", 1},
-                                             {"model.safetensors.optim", 1}};
-    EXPECT_EQ(written, once) << ::testing::PrintToString(written);
+    const std::map<std::string, testing::Writes> once = {{"model.safetensors", {1, 1}},
+                                                         {"model.safetensors.optim", {1, 1}}};
+    EXPECT_EQ(writes.Take(), once);
   }
 }
 
