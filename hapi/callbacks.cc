@@ -444,7 +444,12 @@ void ModelCheckpoint::on_train_end(RunState& s, const Logs&) {
   if (IsRankZero(s)) SaveWeights(dir_ + "/final.safetensors", *s.network);
   // No collective follows on_train_end in fit (the epochs' files are written
   // before the epoch end's): every rank's fit returns once the file is there.
-  if (s.ctx != nullptr) s.ctx->communicator().barrier();
+  // A rank whose fit lacks the callback fails the run naming it.
+  if (s.ctx == nullptr) return;
+  dist::Communicator::Label label(
+      s.ctx->communicator(),
+      "hapi::ModelCheckpoint::on_train_end (a barrier: every rank's fit has the callback)");
+  s.ctx->communicator().barrier();
 }
 
 // --- TensorBoard ---------------------------------------------------------------------

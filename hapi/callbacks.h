@@ -297,7 +297,8 @@ std::optional<int64_t> JsonLineInt(std::string_view line, std::string_view key);
 // an evaluation value is read in as EarlyStopping's). Writes are atomic
 // (nn/safetensors.h); on_train_end ends with a barrier, so that every rank's
 // fit returns with the files written (an epoch's are before the epoch's end
-// collectives).
+// collectives): every rank's fit has the callback (a rank without it fails
+// the run, the collective check or the watchdog naming this barrier).
 // The best value goes into every checkpoint and snapshot
 // ("hapi.ModelCheckpoint.<monitor>.*") and comes back on resume and restart.
 class ModelCheckpoint : public Callback {

@@ -327,8 +327,11 @@ class Model {
   // ranks (each process its own copy, as Paddle's local rank 0 does), and
   // every rank returns once every process's files are written (one
   // all_reduce), with an error on every rank when a writer failed (the
-  // writer's names the cause). Both files are written atomically over the
-  // earlier ones (temporary names unique to the host and process), never
+  // writer's names the cause). A rank that calls it alone (`if (rank == 0)
+  // save(path)`) fails the run: the in-process collective check, or the
+  // watchdog when the other ranks have returned, names hapi::Model::save
+  // (dist::Communicator::Label). Both files are written atomically over the
+  // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
   // a shared filesystem, or threads saving from outside spawn) always leave
   // an optimizer file; a save that fails between the two leaves the earlier

@@ -18,6 +18,7 @@
 #include "nn/random.h"
 #include "nn/safetensors.h"
 #include "nn/status_macros.h"
+#include "spawn/comm/communicator.h"
 #include "spawn/context.h"
 #include "spawn/train/checkpoint.h"
 
@@ -34,6 +35,10 @@ constexpr char kOptimizerTypeKey[] = "hapi.optimizer";
 // the file only with them, not with other weights written over `path` since
 // (ModelCheckpoint's final.safetensors, nn::SaveSafetensors, a copy).
 constexpr char kWeightsKey[] = "hapi.weights_fnv1a64";
+// save's collective inside a rank's function (dist::Communicator::Label).
+constexpr char kInsideRanksLabel[] =
+    "hapi::Model::save (inside a rank's function a collective: every rank calls it, the "
+    "process's first rank writes)";
 
 void Fnv1a(uint64_t& hash, const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -109,7 +114,14 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
   // written, with an error when any writer failed.
   absl::Status written = materialized;
   if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
-  const double failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
+  double failures = 0;
+  {
+    // A rank that calls save alone (`if (rank == 0) save(path)`, as a
+    // PyTorch script saves) fails here: the collective check or the watchdog
+    // names this label.
+    dist::Communicator::Label label(ctx->communicator(), kInsideRanksLabel);
+    failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
+  }
   if (!written.ok()) return written;
   if (failures > 0) {
     return absl::InternalError(absl::StrCat(

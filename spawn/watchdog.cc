@@ -311,13 +311,19 @@ bool Watchdog::CheckReturnedRank(const std::string& gone, uint64_t gone_entered)
     if (entered <= t.completed.load(std::memory_order_acquire) || entered <= gone_entered) {
       continue;
     }
+    // A labelled collective names its caller (Communicator::Label), which
+    // says why every rank must reach it; otherwise the usual cause.
+    const char* label = t.label.load(std::memory_order_relaxed);
     Fail(-1, absl::FailedPreconditionError(absl::StrCat(
                  "watchdog: ", gone, " returned from its function after entering ",
                  gone_entered, " collective(s), while ", RankName(r), " waits in ",
                  t.op.load(std::memory_order_relaxed), " #", entered,
-                 ", which it will never enter: the ranks ran different numbers of steps "
-                 "(uneven data); give every rank the same number of batches, or train "
-                 "inside DataParallel::join()")),
+                 label != nullptr ? absl::StrCat(" from ", label) : std::string(),
+                 ", which it will never enter",
+                 label != nullptr ? std::string()
+                                  : ": the ranks ran different numbers of steps (uneven "
+                                    "data); give every rank the same number of batches, or "
+                                    "train inside DataParallel::join()")),
          false);
     return true;
   }

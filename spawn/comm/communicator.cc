@@ -179,6 +179,7 @@ uint64_t Communicator::EnterAt(const char* op, const nn::Tensor* x, int64_t* now
       x != nullptr ? std::optional<nn::DType>(x->dtype()) : std::nullopt;
   trace_->flight.Entered(next, op, dtype, x != nullptr ? x->numel() : 0, now_ns);
   trace_->op.store(op, std::memory_order_relaxed);
+  trace_->label.store(label_, std::memory_order_relaxed);
   trace_->entered_ns.store(now_ns, std::memory_order_relaxed);
   trace_->entered.store(next, std::memory_order_release);
   return next;

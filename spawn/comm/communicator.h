@@ -46,6 +46,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -141,6 +142,8 @@ struct CollectiveTrace {
   std::atomic<uint64_t> entered{0};     // sequence number of the last collective entered
   std::atomic<uint64_t> completed{0};   // sequence number of the last one completed
   std::atomic<const char*> op{"none"};  // name of the last one entered (static string)
+  // Its caller's label (Communicator::Label), or null: a static string.
+  std::atomic<const char*> label{nullptr};
   std::atomic<int64_t> entered_ns{0};   // steady-clock time it was entered
   // The last collectives in detail (spawn sizes it: SpawnOptions::flight_recorder_entries).
   FlightRecorder flight;
@@ -202,6 +205,27 @@ class Communicator {
                                              ReduceOp op = ReduceOp::kSum);
   // Returns when every rank has called barrier.
   void barrier();
+
+  // Names the caller of the collectives this rank makes while it is held (a
+  // static string, e.g. "hapi::Model::save, which every rank calls"): a
+  // library call that is a collective says so where a rank that called it
+  // alone fails, in the in-process check's "collective mismatch" and in the
+  // watchdog's message about a rank that returned while another waits (also
+  // CollectiveTrace::label). Nests (the innermost names). Rank thread only.
+  class Label {
+   public:
+    Label(Communicator& comm, const char* label)
+        : comm_(comm), outer_(std::exchange(comm.label_, label)) {}
+    ~Label() { comm_.label_ = outer_; }
+    Label(const Label&) = delete;
+    Label& operator=(const Label&) = delete;
+
+   private:
+    Communicator& comm_;
+    const char* outer_;
+  };
+  // The label held now, or null.
+  const char* label() const { return label_; }
   // How many collectives this rank has entered (the sequence number of the last);
   // DataParallel::join() counts the collectives of a step with it.
   uint64_t collectives_entered() const { return sequence_; }
@@ -329,6 +353,7 @@ class Communicator {
   internal::CollectiveTrace own_trace_;
   internal::CollectiveTrace* trace_ = &own_trace_;
   uint64_t sequence_ = 0;
+  const char* label_ = nullptr;  // Label's
   absl::Status deferred_;  // DeferError's, until thrown or taken
   std::atomic<int64_t> waited_ns_{0};
 };

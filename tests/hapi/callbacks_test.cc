@@ -94,6 +94,47 @@ TEST(CallbacksTest, ModelCheckpointsFilesAreThereWhenEveryRanksFitReturns) {
   EXPECT_EQ(missing.load(), 0);
 }
 
+// ModelCheckpoint on rank 0 alone (rank 0 writes its files, so a script may
+// give it to rank 0 only): its barrier at train end fails the run within
+// seconds naming ModelCheckpoint, whether rank 1 returns or goes on to a
+// collective.
+TEST(CallbacksTest, ModelCheckpointOnOneRankAloneFailsNamingIt) {
+  auto train = Classification(16, 74);
+  const std::string dir = ::testing::TempDir() + "/hapi_checkpoint_one_rank";
+  for (bool rank_one_returns : {true, false}) {
+    SCOPED_TRACE(rank_one_returns ? "rank 1 returns" : "rank 1 goes on to a barrier");
+    std::filesystem::remove_all(dir);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model([] { return std::make_shared<Net>(); });
+          model.prepare(
+              [](std::vector<nn::Tensor> params) {
+                return std::make_unique<optim::SGD>(std::move(params),
+                                                    optim::SGDOptions{.lr = 0.1});
+              },
+              CrossEntropy());
+          FitOptions options{.epochs = 1, .batch_size = 4};
+          if (ctx.rank() == 0) options.callbacks = {MakeCallback<ModelCheckpoint>(dir, 1)};
+          absl::StatusOr<History> h = model.fit(train, options);
+          if (!h.ok()) return h.status();
+          if (ctx.rank() == 1 && !rank_one_returns) {
+            nn::Tensor x = nn::zeros({3});
+            ctx.communicator().all_reduce(x);
+          }
+          return absl::OkStatus();
+        },
+        2, "cpu", testing::DefaultTestSpawnOptions());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(run.ok());
+    EXPECT_TRUE(Contains(run, "from hapi::ModelCheckpoint::on_train_end (a barrier: every "
+                              "rank's fit has the callback)"))
+        << run;
+    EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
+  }
+}
+
 // With eval_freq 2 only epochs 2, 4, ... carry "eval_*" values: the callbacks
 // act on those epochs and wait through the others (as Paddle's act on each
 // evaluation). lr 0: eval_loss never improves, so EarlyStopping with patience

@@ -9,10 +9,8 @@
 // truncated or foreign file, or one next to other weights than it was saved
 // with, is refused naming the file and what differs, leaving the Model as it
 // was.
-#include <sys/inotify.h>
-#include <unistd.h>
-
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <cstdint>
@@ -39,6 +37,7 @@
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/temporary_files.h"
 
 namespace tandem::hapi {
 namespace {
@@ -343,42 +342,6 @@ TEST(SaveLoadTest, ConcurrentSavesToOnePathLeaveTheOptimizerFile) {
   EXPECT_TRUE(loaded->load(path).ok());
 }
 
-// Counts the atomic writes into `dir` from its construction on, by the file
-// they write: each creates one temporary file, "<file>.tmp.<unique>"
-// (nn/internal/atomic_file.h). Creations, not renames, are counted: inotify
-// merges two identical events in a row, and two renames onto one name are
-// identical, while every temporary file has a name of its own.
-class WriteCounter {
- public:
-  explicit WriteCounter(const std::string& dir)
-      : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)),
-        watch_(fd_ < 0 ? -1 : ::inotify_add_watch(fd_, dir.c_str(), IN_CREATE)) {}
-  ~WriteCounter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool ok() const { return fd_ >= 0 && watch_ >= 0; }
-  std::map<std::string, int> Take() {
-    alignas(inotify_event) char buffer[64 * 1024];
-    std::map<std::string, int> writes;
-    for (;;) {
-      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
-      if (n <= 0) break;  // EAGAIN: every event read
-      for (ssize_t at = 0; at < n;) {
-        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-        const std::string name = event->len > 0 ? event->name : "";
-        const size_t temp = name.find(".tmp.");
-        if (temp != std::string::npos) ++writes[name.substr(0, temp)];
-        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-      }
-    }
-    return writes;
-  }
-
- private:
-  int fd_;
-  int watch_;
-};
-
 // Model::save inside a rank's function on 2 and 3 CPU ranks, each rank with its
 // own Model: the process's first rank writes each file once (not once per
 // rank), and every rank finds both files when its save returns and loads them.
@@ -388,7 +351,7 @@ TEST(SaveLoadTest, InsideRanksTheProcesssFirstRankWritesOnce) {
     SCOPED_TRACE(::testing::Message() << ranks << " ranks");
     const std::string dir = Dir(absl::StrCat("inside_ranks_", ranks));
     const std::string path = dir + "/model.safetensors";
-    WriteCounter writes(dir);
+    testing::TemporaryFiles writes(dir);
     ASSERT_TRUE(writes.ok()) << "inotify: " << std::strerror(errno);
     std::atomic<int> missing{0};
     absl::Status run = dist::spawn(
@@ -407,10 +370,9 @@ TEST(SaveLoadTest, InsideRanksTheProcesssFirstRankWritesOnce) {
         ranks, "cpu", testing::DefaultTestSpawnOptions());
     ASSERT_TRUE(run.ok()) << run;
     EXPECT_EQ(missing.load(), 0);
-    const std::map<std::string, int> written = writes.Take();
-    const std::map<std::string, int> once = {{"model.safetensors", 1},
-                                             {"model.safetensors.optim", 1}};
-    EXPECT_EQ(written, once) << ::testing::PrintToString(written);
+    const std::map<std::string, testing::Writes> once = {{"model.safetensors", {1, 1}},
+                                                         {"model.safetensors.optim", {1, 1}}};
+    EXPECT_EQ(writes.Take(), once);
   }
 }
 
@@ -430,6 +392,51 @@ TEST(SaveLoadTest, InsideRanksAFailedWriteIsAnErrorOnEveryRank) {
   EXPECT_TRUE(Contains(saved[0], path)) << saved[0];
   EXPECT_TRUE(Contains(saved[1], "hapi::Model::save: " + path + ": 1 rank failed to save it"))
       << saved[1];
+}
+
+// What the other rank does while rank 0 saves alone.
+enum class Meanwhile { kReturns, kEvaluates, kFitsAgain, kWaitsInABarrier };
+
+// A save on rank 0 alone inside the ranks' function (`if (rank == 0)
+// save(path)`, as a PyTorch script saves) fails the run within seconds, not at
+// the watchdog's timeout, naming Model::save and that every rank calls it,
+// whatever rank 1 does meanwhile: return, or go on to another collective.
+TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
+  auto train = Classification(24, 41);
+  const std::string path = Dir("one_rank_alone") + "/model.safetensors";
+  for (Meanwhile meanwhile : {Meanwhile::kReturns, Meanwhile::kEvaluates, Meanwhile::kFitsAgain,
+                              Meanwhile::kWaitsInABarrier}) {
+    SCOPED_TRACE(::testing::Message() << "rank 1's next step " << static_cast<int>(meanwhile));
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model([] { return std::make_shared<Net>(); });
+          model.prepare(AdamFactory(), CrossEntropy());
+          absl::StatusOr<History> h = model.fit(train, {.epochs = 1, .batch_size = 4});
+          if (!h.ok()) return h.status();
+          if (ctx.rank() == 0) return model.save(path);
+          switch (meanwhile) {
+            case Meanwhile::kReturns:
+              return absl::OkStatus();
+            case Meanwhile::kEvaluates:
+              return model.evaluate(train).status();
+            case Meanwhile::kFitsAgain:
+              return model.fit(train, {.epochs = 1, .batch_size = 4}).status();
+            case Meanwhile::kWaitsInABarrier:
+              ctx.communicator().barrier();
+              return absl::OkStatus();
+          }
+          return absl::OkStatus();
+        },
+        2, "cpu", testing::DefaultTestSpawnOptions());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_FALSE(run.ok());
+    EXPECT_TRUE(Contains(run, "from hapi::Model::save (inside a rank's function a collective: "
+                              "every rank calls it"))
+        << run;
+    EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
+  }
 }
 
 // Writes the optimizer file of a Model of `network` fitted one epoch with
@@ -604,6 +611,56 @@ TEST(SaveLoadTest, AFailedFitLeavesTheLoadedStateForTheNextFit) {
       EXPECT_EQ(h->epochs[0].at("loss"), ref_fit->epochs[0].at("loss"));
       EXPECT_TRUE(SameBits(*model.state_dict(), *reference->state_dict()));
     }
+  }
+}
+
+// Fails the fit on every rank in on_train_batch_end at step 2.
+struct FailAtStepTwo : Callback {
+  std::string name() const override { return "FailAtStepTwo"; }
+  void on_train_batch_end(RunState& s) override {
+    if (s.step == 2) throw std::runtime_error("injected");
+  }
+};
+
+// Inside a rank's function a fit that throws (caught by the rank's own code)
+// leaves a state that load() read before prepare() waiting, as from main: a
+// prepare() after it keeps the state, and the next fit ends bit for bit where
+// load, prepare, fit does. 2 CPU ranks, each with its own Model.
+TEST(SaveLoadTest, InsideRanksAFitThatThrowsLeavesTheLoadedStateWaiting) {
+  auto train = Classification(24, 42);
+  const std::string path = Dir("inside_ranks_failed_fit") + "/model.safetensors";
+  SavedAfterOneEpoch(train, path);
+  const FitOptions options = OneEpochOptions(1, 2, false);
+  std::vector<int> same(2, 0);
+  std::vector<std::string> failures(2);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model reference([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(reference.load(path));
+        reference.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(reference.fit(train, options).status());
+        Model model([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(model.load(path));
+        model.prepare(AdamFactory(), CrossEntropy());
+        FitOptions failing = options;
+        failing.callbacks = {MakeCallback<FailAtStepTwo>()};
+        try {
+          (void)model.fit(train, failing);
+        } catch (const Error& e) {
+          failures[static_cast<size_t>(ctx.rank())] = e.what();
+        }
+        model.prepare(AdamFactory(), CrossEntropy());  // keeps the state still waiting
+        RETURN_IF_ERROR(model.fit(train, options).status());
+        ASSIGN_OR_RETURN(nn::StateDict got, model.state_dict());
+        ASSIGN_OR_RETURN(nn::StateDict want, reference.state_dict());
+        same[static_cast<size_t>(ctx.rank())] = SameBits(got, want) ? 1 : 0;
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(failures[r].find("callback FailAtStepTwo failed"), std::string::npos) << failures[r];
+    EXPECT_EQ(same[r], 1) << "rank " << r << ": the loaded optimizer state was not kept";
   }
 }
 

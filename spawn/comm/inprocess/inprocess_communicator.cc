@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "absl/container/inlined_vector.h"
@@ -138,6 +139,11 @@ std::pair<int64_t, int64_t> Chunk(int64_t n, int part, int parts, int64_t elemen
   const int64_t lines = (n + per_line - 1) / per_line;
   return {std::min(n, lines * part / parts * per_line),
           std::min(n, lines * (part + 1) / parts * per_line)};
+}
+
+// " from <label>" for a collective made under Communicator::Label, else "".
+std::string From(const char* label) {
+  return label != nullptr ? absl::StrCat(" from ", label) : std::string();
 }
 
 }  // namespace
@@ -343,6 +349,7 @@ int InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::T
   const int parity = group_->parity(rank());
   InProcessGroup::Slot& s = group_->slot(rank(), parity);
   s.op = op;
+  s.label = label();
   s.sequence = sequence();
   s.numel = send != nullptr ? send->numel() : 0;
   s.dtype = send != nullptr ? send->dtype() : nn::DType::kFloat32;
@@ -367,9 +374,10 @@ int InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::T
                       other.numel == first.numel && other.dtype == first.dtype &&
                       other.arg == first.arg && other.sequence == first.sequence;
     TANDEM_CHECK(same, "collective mismatch: rank 0 called ", first.op, " #", first.sequence,
-                 " (", first.numel, " ", nn::DTypeName(first.dtype), ", arg ", first.arg,
-                 ") while rank ", k, " called ", other.op, " #", other.sequence, " (", other.numel,
-                 " ", nn::DTypeName(other.dtype), ", arg ", other.arg, ")");
+                 " (", first.numel, " ", nn::DTypeName(first.dtype), ", arg ", first.arg, ")",
+                 From(first.label), " while rank ", k, " called ", other.op, " #",
+                 other.sequence, " (", other.numel, " ", nn::DTypeName(other.dtype), ", arg ",
+                 other.arg, ")", From(other.label));
     TANDEM_CHECK(other.device == first.device, "in-process ", first.op, ": rank 0 is on ",
                  first.device.ToString(), " but rank ", k, " on ", other.device.ToString(),
                  " (ranks on different GPUs use NCCL)");

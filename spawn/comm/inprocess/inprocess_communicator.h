@@ -119,6 +119,7 @@ class InProcessGroup {
   // before the next; r writes that half again only after the next barrier.
   struct Slot {
     const char* op = "";
+    const char* label = nullptr;  // Communicator::Label's, or null
     uint64_t sequence = 0;
     int64_t numel = 0;
     nn::DType dtype = nn::DType::kFloat32;

@@ -184,6 +184,44 @@ TEST(CommunicatorMismatchTest, DifferentSizesThrowOnEveryRank) {
   EXPECT_EQ(throws.load(), 2);
 }
 
+// A collective made under Communicator::Label names its caller in the
+// mismatch every rank throws; the label ends with its scope (an outer one
+// comes back), and a rank that made no labelled call adds nothing.
+TEST(CommunicatorMismatchTest, ALabelledCollectiveNamesItsCaller) {
+  auto group = std::make_shared<InProcessGroup>(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      InProcessCommunicator comm(r, nn::Device::CPU(), group);
+      Tensor x = nn::zeros({4});
+      try {
+        if (r == 0) {
+          Communicator::Label outer(comm, "an outer call");
+          {
+            Communicator::Label inner(comm, "an inner call");
+            EXPECT_STREQ(comm.label(), "an inner call");
+          }
+          EXPECT_STREQ(comm.label(), "an outer call");
+          comm.all_reduce(x);
+        } else {
+          comm.barrier();
+        }
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+      if (r == 0) EXPECT_EQ(comm.label(), nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("rank 0 called all_reduce #1 (4 float32, arg 0) from an outer call while "
+                     "rank 1 called barrier #1 (0 float32, arg 0)"),
+              std::string::npos)
+        << e;
+  }
+}
+
 TEST(InProcessGroupTest, CancelWakesWaitersAndLaterCalls) {
   InProcessGroup group(3);
   std::atomic<int> cancelled{0};
