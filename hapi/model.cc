@@ -192,7 +192,16 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
                " is outside [0, 1]");
   std::shared_ptr<ClassWeightPlacement> weight;
   if (options.weight.has_value()) {
-    weight = std::make_shared<ClassWeightPlacement>(*options.weight);
+    // Checked here, once: a rank's copy on another device does not require grad, so
+    // nn::cross_entropy there would take a weight that it refuses on the CPU.
+    const nn::Tensor& w = *options.weight;
+    TANDEM_CHECK(w.defined(), "hapi::CrossEntropy: weight is undefined");
+    TANDEM_CHECK(w.dim() == 1, "hapi::CrossEntropy: weight of shape ",
+                 nn::ShapeToString(w.shape()), " must be 1-D, one weight per class");
+    TANDEM_CHECK(!w.requires_grad(),
+                 "hapi::CrossEntropy: weight requires grad; class weights are constants "
+                 "(detach it)");
+    weight = std::make_shared<ClassWeightPlacement>(w);
   }
   return [options, weight](const nn::Tensor& output, const nn::Tensor& target) {
     nn::CrossEntropyOptions call = options;
