@@ -159,7 +159,10 @@ namespace {
 
 // CrossEntropy's class weight on each rank's device: the given tensor where the
 // output lives on its device, else one copy per (device, rank thread), made at the
-// thread's first call on its own stream (so no other stream reads it unfinished).
+// thread's first call on its own stream, so that a rank's reads wait on no other
+// stream (Tensor::data_ptr would order them if they did). The copies live as long
+// as the LossFunction: each later fit's threads add theirs, and a thread id that
+// the system reuses finds an ended thread's copy, which data_ptr orders as above.
 class ClassWeightPlacement {
  public:
   explicit ClassWeightPlacement(nn::Tensor weight) : weight_(std::move(weight)) {}
