@@ -159,7 +159,10 @@ namespace {
 
 // CrossEntropy's class weight on each rank's device: the given tensor where the
 // output lives on its device, else one copy per (device, rank thread), made at the
-// thread's first call on its own stream (so no other stream reads it unfinished).
+// thread's first call on its own stream, so that a rank's reads wait on no other
+// stream (Tensor::data_ptr would order them if they did). The copies live as long
+// as the LossFunction: each later fit's threads add theirs, and a thread id that
+// the system reuses finds an ended thread's copy, which data_ptr orders as above.
 class ClassWeightPlacement {
  public:
   explicit ClassWeightPlacement(nn::Tensor weight) : weight_(std::move(weight)) {}
@@ -192,7 +195,16 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
                " is outside [0, 1]");
   std::shared_ptr<ClassWeightPlacement> weight;
   if (options.weight.has_value()) {
-    weight = std::make_shared<ClassWeightPlacement>(*options.weight);
+    // Checked here, once: a rank's copy on another device does not require grad, so
+    // nn::cross_entropy there would take a weight that it refuses on the CPU.
+    const nn::Tensor& w = *options.weight;
+    TANDEM_CHECK(w.defined(), "hapi::CrossEntropy: weight is undefined");
+    TANDEM_CHECK(w.dim() == 1, "hapi::CrossEntropy: weight of shape ",
+                 nn::ShapeToString(w.shape()), " must be 1-D, one weight per class");
+    TANDEM_CHECK(!w.requires_grad(),
+                 "hapi::CrossEntropy: weight requires grad; class weights are constants "
+                 "(detach it)");
+    weight = std::make_shared<ClassWeightPlacement>(w);
   }
   return [options, weight](const nn::Tensor& output, const nn::Tensor& target) {
     nn::CrossEntropyOptions call = options;

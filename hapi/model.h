@@ -85,10 +85,10 @@ using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn
 // nn::cross_entropy (mean) and nn::mse_loss (mean) as LossFunctions.
 // CrossEntropy takes labels (N) or, as Paddle's datasets give them, (N, 1), and
 // nn::CrossEntropyOptions (weight, ignore_index, label_smoothing; reduction kMean
-// or kSum: kNone, a loss per sample, and label_smoothing outside [0, 1] throw
-// here). A weight on another device than the output is copied to the output's
-// device once per rank thread, at its first call (later in-place changes to the
-// given weight are not seen there).
+// or kSum: kNone, a loss per sample, label_smoothing outside [0, 1] and a weight
+// that is undefined, not 1-D or requires grad throw here). A weight on another
+// device than the output is copied to the output's device once per rank thread,
+// at its first call (later in-place changes to the given weight are not seen there).
 LossFunction CrossEntropy();
 LossFunction CrossEntropy(nn::CrossEntropyOptions options);
 LossFunction MeanSquaredError();

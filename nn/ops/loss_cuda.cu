@@ -1,7 +1,8 @@
 // CUDA kernels of the loss family. cross_entropy: one fused kernel computes, per
 // row, the log-sum-exp (saved) and the weighted, smoothed NLL term (0 for an
 // ignored label); kMean is one single-block kernel (sum of the losses over the
-// sum of the target weights, fixed order, the denominator saved for backward),
+// sum of the target weights, fixed order, the denominator saved for backward;
+// past 8192 rows after a many-block pass of partial sums),
 // kSum the reduce family's deterministic two-pass sum, kNone keeps the per-row
 // losses. Backward: one elementwise kernel. nll_loss: one thread per row forward,
 // per element backward, reduced and checked as cross_entropy. No host sync:
@@ -10,6 +11,7 @@
 // gives that sample a NaN loss (so the mean is NaN) and goes on; the host raises
 // it at its next synchronisation with the device (item(), a copy to the host,
 // nn::Synchronize). A trap would kill the CUDA context.
+#include <algorithm>
 #include <limits>
 
 #include "nn/cuda/context.h"
@@ -95,9 +97,30 @@ __global__ void CrossEntropyForwardKernel(const T* logits, const int64_t* labels
   }
 }
 
+// kMean past kOneBlockMeanRows rows, first pass: block b sums its strided share
+// of the losses into partial[b] and of the weights into partial[gridDim.x + b].
+template <typename T>
+__global__ void WeightedPartialKernel(const T* row_loss, const T* row_weight, int64_t n,
+                                      T* partial) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  T l = T(0), w = T(0);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    l += row_loss[i];
+    w += row_weight[i];
+  }
+  l = BlockSum(l);
+  w = BlockSum(w);
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = l;
+    partial[gridDim.x + blockIdx.x] = w;
+  }
+}
+
 // kMean of a classification loss, one block (fixed order, no atomics): loss =
 // sum(row_loss) / sum(row_weight), the denominator kept in *total_weight for
-// backward. 0 / 0 = NaN when every row is ignored, as PyTorch's.
+// backward (over the rows, or over WeightedPartialKernel's partial sums). 0 / 0 =
+// NaN when every row is ignored, as PyTorch's.
 template <typename T>
 __global__ void WeightedMeanKernel(const T* row_loss, const T* row_weight, int64_t n, T* loss,
                                    T* total_weight) {
@@ -216,25 +239,40 @@ __global__ void AccuracyRowKernel(const T* logits, const int64_t* labels, float*
 
 namespace {
 
+// kMean over at most this many rows is WeightedMeanKernel alone. One block's loads
+// are bound by their latency (estimated, not measured: tens of GB/s, so a million
+// rows would take ~100 us, more than the loss kernel itself), so more rows take
+// WeightedPartialKernel's many-block pass first, as the reduce family's sum does.
+constexpr int64_t kOneBlockMeanRows = 8192;
+// The blocks of that first pass (0: none), a function of n alone (fixed order).
+int64_t MeanPartialBlocks(int64_t n) {
+  return n <= kOneBlockMeanRows ? 0 : std::min<int64_t>(Blocks(n), 1024);
+}
+
 // The per-row buffers of a forward kernel: kNone writes the losses straight into
-// `loss` (N); kMean gets one (2N) buffer, losses then weights; kSum losses alone.
+// `loss` (N); kMean gets one buffer, the N losses, the N weights, then the two
+// partial sums of each first-pass block; kSum the losses alone.
 struct RowBuffers {
   Tensor storage;
   int64_t n;
-  bool weights;  // kMean: storage holds the row weights after the losses
+  bool weights;      // kMean: storage holds the row weights after the losses
+  int64_t partials;  // kMean: MeanPartialBlocks(n), their sums after the weights
   template <typename T> T* loss() const { return storage.data<T>(); }
   template <typename T> T* weight() const { return weights ? storage.data<T>() + n : nullptr; }
 };
 
 RowBuffers MakeRowBuffers(const Tensor& input, const Tensor& loss, Reduction reduction) {
   const int64_t n = input.size(0);
-  if (reduction == Reduction::kNone) return {loss, n, false};
+  if (reduction == Reduction::kNone) return {loss, n, false, 0};
   const bool weights = reduction == Reduction::kMean;
-  return {empty({weights ? 2 * n : n}, {.dtype = input.dtype(), .device = input.device()}), n,
-          weights};
+  const int64_t partials = weights ? MeanPartialBlocks(n) : 0;
+  return {empty({weights ? 2 * n + 2 * partials : n},
+                {.dtype = input.dtype(), .device = input.device()}),
+          n, weights, partials};
 }
 
-// kMean: WeightedMeanKernel; kSum: the reduce family's deterministic sum.
+// kMean: WeightedMeanKernel (after WeightedPartialKernel for many rows); kSum: the
+// reduce family's deterministic sum.
 void ReduceRows(const RowBuffers& rows, const Tensor& loss, void* total_weight,
                 Reduction reduction, cudaStream_t stream, const char* op) {
   if (reduction == Reduction::kNone) return;
@@ -243,8 +281,20 @@ void ReduceRows(const RowBuffers& rows, const Tensor& loss, void* total_weight,
     return;
   }
   TANDEM_DISPATCH_FLOAT(loss.dtype(), op, [&]<typename T>() {
-    WeightedMeanKernel<T><<<1, 1024, 0, stream>>>(rows.loss<T>(), rows.weight<T>(), rows.n,
-                                                   loss.data<T>(), static_cast<T*>(total_weight));
+    const T* row_loss = rows.loss<T>();
+    const T* row_weight = rows.weight<T>();
+    int64_t count = rows.n;
+    if (rows.partials > 0) {
+      T* partial = rows.storage.data<T>() + 2 * rows.n;
+      WeightedPartialKernel<T><<<rows.partials, kThreads, 0, stream>>>(row_loss, row_weight,
+                                                                       rows.n, partial);
+      TANDEM_CHECK_LAUNCH("WeightedPartialKernel", loss.device());
+      row_loss = partial;
+      row_weight = partial + rows.partials;
+      count = rows.partials;
+    }
+    WeightedMeanKernel<T><<<1, 1024, 0, stream>>>(row_loss, row_weight, count, loss.data<T>(),
+                                                   static_cast<T*>(total_weight));
   });
   TANDEM_CHECK_LAUNCH("WeightedMeanKernel", loss.device());
 }

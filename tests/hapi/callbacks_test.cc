@@ -505,6 +505,17 @@ TEST(CallbacksTest, CrossEntropyTakesTheLossOptions) {
             std::string::npos);
   EXPECT_NE(error_of({.label_smoothing = -0.5}).find("label_smoothing -0.5 is outside [0, 1]"),
             std::string::npos);
+  // A weight that cannot serve is refused here too, not at each rank's first step: a
+  // GPU rank's copy of a weight that requires grad would not require it, so the
+  // call there would take what the CPU refuses.
+  EXPECT_NE(error_of({.weight = nn::ones({3}).set_requires_grad(true)})
+                .find("hapi::CrossEntropy: weight requires grad"),
+            std::string::npos);
+  EXPECT_NE(error_of({.weight = nn::ones({3, 1})})
+                .find("hapi::CrossEntropy: weight of shape (3, 1) must be 1-D"),
+            std::string::npos);
+  EXPECT_NE(error_of({.weight = nn::Tensor()}).find("hapi::CrossEntropy: weight is undefined"),
+            std::string::npos);
   auto model = std::make_unique<Model>(
       [] { return std::make_shared<Net>(); },
       LaunchOptions{.gpus = "cpu", .nprocs = 2, .spawn = testing::DefaultTestSpawnOptions()});

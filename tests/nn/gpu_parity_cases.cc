@@ -529,8 +529,9 @@ void AddNewLossRows(Rows& rows) {
 // cross_entropy and nll_loss with their options (CrossEntropyOptions): class weight,
 // ignore_index (every fifth label -100, or class 3), label smoothing, all three;
 // narrow rows (a warp per row) and 3000 classes (a block per row, smoothing's third
-// pass). The weight and labels are made on the row's device (a weight takes no
-// gradient). Rel(1e-5) / Rel(1e-12): the same sums in another order.
+// pass); 2500 and 70000 rows (float32). The weight and labels are made on the row's
+// device (a weight takes no gradient). Rel(1e-5) / Rel(1e-12): the same sums in
+// another order.
 void AddClassLossOptionRows(Rows& rows) {
   auto flat = [](const Tensor& t) { return t.reshape({t.numel()}); };
   // Every fifth label `ignored`, the others spread over the classes.
@@ -587,6 +588,34 @@ void AddClassLossOptionRows(Rows& rows) {
                       .tol = tol});
     }
   }
+  // Batches past the mean kernel's one block (1024 threads: its strided loop) and
+  // past the forward kernel's grid (65535 blocks: its grid-stride loop): the default
+  // path (labels all in range) and a weight with every fifth label -100.
+  for (int64_t n : {int64_t{2500}, int64_t{70000}}) {
+    for (Reduction r : {Reduction::kMean, Reduction::kSum}) {
+      const std::string attrs = std::string(ReductionName(r)) + ", " + std::to_string(n) + " rows";
+      rows.push_back({.op = "cross_entropy", .attrs = attrs, .inputs = {Randn({n, 3}, 3)},
+                      .f = [=](Ins in) {
+                        return flat(cross_entropy(in[0], labels(in[0].device(), n, 3, 1), r));
+                      },
+                      .tol = Rel(1e-5)});
+      rows.push_back({.op = "cross_entropy", .attrs = attrs + ", weight, ignore_index -100",
+                      .inputs = {Randn({n, 3}, 3)},
+                      .f = [=](Ins in) {
+                        const Tensor y = labels(in[0].device(), n, 3, -100);
+                        return flat(cross_entropy(in[0], y,
+                                                  {.reduction = r, .weight = weight(in[0], 3)}));
+                      },
+                      .tol = Rel(1e-5)});
+    }
+  }
+  rows.push_back({.op = "nll_loss", .attrs = "mean, weight, ignore_index -100, 2500 rows",
+                  .inputs = {Randn({2500, 3}, 3)},
+                  .f = [=](Ins in) {
+                    const Tensor y = labels(in[0].device(), 2500, 3, -100);
+                    return flat(nll_loss(log_softmax(in[0], 1), y, {.weight = weight(in[0], 3)}));
+                  },
+                  .tol = Rel(1e-5)});
 }
 
 // cat / stack: copies and an index_select gather (the backward an index_add
