@@ -32,6 +32,7 @@
 #include "nn/ops/loss.h"
 #include "spawn/comm/inprocess/inprocess_communicator.h"
 #include "spawn/internal/restart.h"
+#include "spawn/signals.h"
 #include "spawn/train/checkpoint.h"
 #include "testing/run.h"
 #include "tests/spawn/inert_communicator.h"
@@ -367,6 +368,49 @@ TEST(RestartTest, ADeviceErrorIsTheCauseOverAnotherRanksCommunicatorError) {
   EXPECT_FALSE(Contains(s.message(), "injected asynchronous error")) << s;
   EXPECT_EQ(attempts, 1) << log;
   EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+}
+
+// What a failed attempt's devices held after its joins (spawn/launch.cc's
+// wait for their streams, which needs a GPU): a device whose streams returned
+// a CUDA error makes the failure the device's, whatever its cause was, and is
+// named; a kernel's unread report is only added; a stopped run is left as it
+// is and the words logged.
+TEST(RestartTest, ABrokenDeviceFoundAfterTheJoinsMakesTheFailureTheDevices) {
+  std::ostringstream console;
+  auto logger = dist::Logger::Create(1, {.console = &console});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  const absl::Status failure = dist::internal::WithFailureCause(
+      absl::InternalError("rank 0 (cuda:0): NCCL error: unhandled cuda error"),
+      dist::internal::FailureCause::kCommunicator);
+  const std::vector<std::string> none;
+  const std::vector<std::string> report = {"nll_loss: target 12 of sample 3 is out of range"};
+  const std::vector<std::string> broken = {"cuda:0 (cudaErrorIllegalAddress (an illegal memory "
+                                           "access was encountered))"};
+
+  absl::Status s = dist::internal::WithDeviceErrorsFound(failure, none, broken, **logger);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "rank 0 (cuda:0): NCCL error: unhandled cuda error; the CUDA context of "
+                         "cuda:0 (cudaErrorIllegalAddress (an illegal memory access was "
+                         "encountered)) has failed (a fault on the device)");
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kDevice);
+
+  s = dist::internal::WithDeviceErrorsFound(failure, report, none, **logger);
+  EXPECT_EQ(s.message(), "rank 0 (cuda:0): NCCL error: unhandled cuda error; a kernel had also "
+                         "reported, unread before the stop: nll_loss: target 12 of sample 3 is "
+                         "out of range");
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kCommunicator);
+
+  s = dist::internal::WithDeviceErrorsFound(failure, report, broken, **logger);
+  EXPECT_TRUE(Contains(s.message(), "out of range; the CUDA context of cuda:0")) << s;
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kDevice);
+
+  EXPECT_EQ(dist::internal::WithDeviceErrorsFound(failure, none, none, **logger), failure);
+  EXPECT_TRUE(dist::internal::WithDeviceErrorsFound(absl::OkStatus(), report, broken, **logger)
+                  .ok());
+
+  const absl::Status stopped = dist::internal::StoppedStatus("SIGTERM", 4, "");
+  EXPECT_EQ(dist::internal::WithDeviceErrorsFound(stopped, none, broken, **logger), stopped);
+  EXPECT_TRUE(Contains(console.str(), "spawn: the CUDA context of cuda:0")) << console.str();
 }
 
 // Uneven steps that a communicator's asynchronous error stops before the
