@@ -446,7 +446,7 @@ absl::Status FinishRun(Watchdog& run, StepAgreement& agreement, ProcessWorld* pr
 // keeps it in the device's context for the rest of the process) marks the
 // failure as the device's (FailureCause::kDevice: no restart), naming the
 // device, whatever the failure that came first (a rank's launch check, a
-// collective) said.
+// collective) said (WithDeviceErrorsFound, spawn/internal/restart.h).
 absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Device>& devices,
                                   Logger& logger) {
 #if TANDEM_WITH_CUDA
@@ -465,25 +465,7 @@ absl::Status WithDeviceErrorsLeft(absl::Status status, const std::vector<nn::Dev
     if (!report.empty()) reports.push_back(std::move(report));
     if (!context_error.empty()) broken.push_back(absl::StrCat(d.ToString(), " (", context_error, ")"));
   }
-  if (reports.empty() && broken.empty()) return status;
-  std::string words;
-  if (!reports.empty()) {
-    words = absl::StrCat("a kernel had also reported, unread before the stop: ",
-                         absl::StrJoin(reports, "; "));
-  }
-  if (!broken.empty()) {
-    absl::StrAppend(&words, words.empty() ? "" : "; ", "the CUDA context of ",
-                    absl::StrJoin(broken, ", "), " has failed (a fault on the device)");
-  }
-  if (IsStopped(status)) {
-    logger.Write(LogLevel::kWarning, -1, nn::Device(), absl::StrCat("spawn: ", words));
-    return status;
-  }
-  absl::Status with(status.code(), absl::StrCat(status.message(), "; ", words));
-  status.ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { with.SetPayload(url, payload); });
-  if (!broken.empty()) with = WithFailureCause(std::move(with), FailureCause::kDevice);
-  return with;
+  return WithDeviceErrorsFound(std::move(status), reports, broken, logger);
 #else
   (void)devices;
   (void)logger;

@@ -349,6 +349,29 @@ absl::Status Rebuild(const RestartRun& run, int attempt, const absl::Status& fai
 
 }  // namespace
 
+absl::Status WithDeviceErrorsFound(absl::Status status, const std::vector<std::string>& reports,
+                                   const std::vector<std::string>& broken, Logger& logger) {
+  if (status.ok() || (reports.empty() && broken.empty())) return status;
+  std::string words;
+  if (!reports.empty()) {
+    words = absl::StrCat("a kernel had also reported, unread before the stop: ",
+                         absl::StrJoin(reports, "; "));
+  }
+  if (!broken.empty()) {
+    absl::StrAppend(&words, words.empty() ? "" : "; ", "the CUDA context of ",
+                    absl::StrJoin(broken, ", "), " has failed (a fault on the device)");
+  }
+  if (IsStopped(status)) {
+    logger.Write(LogLevel::kWarning, -1, nn::Device(), absl::StrCat("spawn: ", words));
+    return status;
+  }
+  absl::Status with(status.code(), absl::StrCat(status.message(), "; ", words));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { with.SetPayload(url, payload); });
+  if (!broken.empty()) with = WithFailureCause(std::move(with), FailureCause::kDevice);
+  return with;
+}
+
 absl::Status WithFailureCause(absl::Status status, FailureCause cause) {
   const char* name = cause == FailureCause::kTimeout  ? "timeout"
                      : cause == FailureCause::kDevice ? "device"

@@ -179,20 +179,20 @@ bool Watchdog::AnyCollectiveInFlight() const {
 }
 
 void Watchdog::PollAsyncErrors() {
-  for (size_t r = 0; r < comms_->size(); ++r) {
-    // The device's own failure first: a communicator error that it causes
-    // (NCCL's kernels fail with the device) is not the cause.
-    FailureCause cause = FailureCause::kDevice;
-    absl::Status error = (*comms_)[r]->PollDeviceError();
-    if (error.ok()) {
-      cause = FailureCause::kCommunicator;
-      error = (*comms_)[r]->PollAsyncError();
-    }
-    if (!error.ok()) {
-      Fail(static_cast<int>(r),
-           WithFailureCause(absl::Status(error.code(), absl::StrCat(RankName(static_cast<int>(r)),
-                                                                    ": ", error.message())),
-                            cause),
+  // The devices' own failures first, every rank's before any communicator
+  // error: an error a communicator reports because a device failed (NCCL's
+  // kernels fail with their device, a peer's with it) is not the cause.
+  for (const FailureCause cause : {FailureCause::kDevice, FailureCause::kCommunicator}) {
+    for (size_t r = 0; r < comms_->size(); ++r) {
+      Communicator& comm = *(*comms_)[r];
+      absl::Status error =
+          cause == FailureCause::kDevice ? comm.PollDeviceError() : comm.PollAsyncError();
+      if (error.ok()) continue;
+      const int rank = static_cast<int>(r);
+      Fail(rank,
+           WithFailureCause(
+               absl::Status(error.code(), absl::StrCat(RankName(rank), ": ", error.message())),
+               cause),
            false);
       return;
     }

@@ -46,6 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
+#include "nn/cuda/internal/capture_mode.h"
 #include "nn/error.h"
 #include "nn/graph.h"
 #include "nn/internal/allocator.h"
@@ -58,20 +59,6 @@ namespace {
 
 constexpr int64_t kArenaAlignment = 256;
 constexpr int64_t kArenaChunkBytes = int64_t{64} << 20;
-
-// Switches the calling thread to relaxed capture mode for its lifetime, so that
-// cudaMalloc / cudaFree (not stream-ordered, forbidden to a thread that captures
-// in thread-local mode) may run during capture; they are not recorded.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
 
 // Device memory that a graph may read at every replay, to be released when
 // nothing can replay it any more.
@@ -256,8 +243,10 @@ class CaptureArena final : public Allocator {
       void* chunk = nullptr;
       {
         // Stream-ordered on a stream no one captures; Capture orders the
-        // capturing stream after it before the graph is uploaded.
-        RelaxedCaptureMode relaxed;
+        // capturing stream after it before the graph is uploaded. Relaxed:
+        // the stream's creation and this allocation run during the capture
+        // (unsafe calls to a thread that captures), not recorded.
+        internal::RelaxedCaptureMode relaxed;
         cudaStream_t stream = GraphMemoryStream(own);
         TANDEM_CHECK(stream != nullptr, "CudaGraph: no stream for the arena on ", own.ToString());
         internal::CudaDeviceScope current(own);

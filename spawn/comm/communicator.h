@@ -294,13 +294,13 @@ class Communicator {
   // run with the library's message. Never waits for a rank's call in progress
   // (it then reports OK and looks again at the next poll). Default: OK.
   virtual absl::Status PollAsyncError() { return absl::OkStatus(); }
-  // Called by spawn's watchdog thread like PollAsyncError: a non-OK status is a
-  // failure of the device itself that the communicator met while following
-  // its work (NCCL: a CUDA error that a query of a collective's event returned,
-  // such as cudaErrorIllegalAddress), naming the device. Not a communicator
-  // error: the run ends with it, whatever RestartPolicy::on_comm_error says
-  // (the device's CUDA context keeps the error for the rest of the process).
-  // Default: OK.
+  // Called by spawn's watchdog thread like PollAsyncError, and for every rank
+  // before any rank's PollAsyncError: a non-OK status is a failure of the
+  // device itself that the communicator met while following its work (NCCL: a
+  // CUDA error that a query of a collective's event returned, such as
+  // cudaErrorIllegalAddress), naming the device. Not a communicator error: the
+  // run ends with it, whatever RestartPolicy::on_comm_error says (the device's
+  // CUDA context keeps the error for the rest of the process). Default: OK.
   virtual absl::Status PollDeviceError() { return absl::OkStatus(); }
 
  protected:

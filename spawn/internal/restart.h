@@ -29,6 +29,16 @@ namespace tandem::dist::internal {
 enum class FailureCause { kCommunicator, kTimeout, kDevice };
 absl::Status WithFailureCause(absl::Status status, FailureCause cause);
 std::optional<FailureCause> GetFailureCause(const absl::Status& status);
+// What a failed attempt's CUDA devices still held once its threads were
+// joined (spawn/launch.cc, WithDeviceErrorsLeft): `reports`, the kernels'
+// deferred reports that no host wait read before the stop; `broken`, one
+// "cuda:N (CUDA's error)" per device whose streams returned a CUDA error (a
+// fault on the device). Appended to `status`'s message, its payloads kept; a
+// broken device marks the failure FailureCause::kDevice (no restart), whatever
+// cause it had. A stopped run's status (IsStopped) stays as it is, the words
+// logged as a warning instead. Nothing found: `status` unchanged.
+absl::Status WithDeviceErrorsFound(absl::Status status, const std::vector<std::string>& reports,
+                                   const std::vector<std::string>& broken, Logger& logger);
 // A timeout's lagging ranks (a status payload, removed before spawn returns):
 // the local ranks, running and in rank order, that had not entered the
 // collective the stuck ranks waited in, when the watchdog could tell; the

@@ -152,8 +152,9 @@ class Watchdog {
   bool AnyCollectiveInFlight() const;
 
   // Fails the run with the first asynchronous error a communicator reports:
-  // its device's (Communicator::PollDeviceError, FailureCause::kDevice), else
-  // its own (PollAsyncError, FailureCause::kCommunicator).
+  // a device's (Communicator::PollDeviceError, FailureCause::kDevice) when any
+  // rank's has one, else a communicator's own (PollAsyncError,
+  // FailureCause::kCommunicator).
   void PollAsyncErrors();
 
   // Aborts every communicator, on a thread of its own: an abort may itself

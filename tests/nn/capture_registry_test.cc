@@ -18,20 +18,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/nn/fake_cuda_handles.h"
+
 namespace tandem::nn::internal {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Distinct addresses standing in for cudaStream_t and cudaEvent_t values.
-CUstream_st* FakeStream(int i) {
-  static char slots[16];
-  return reinterpret_cast<CUstream_st*>(&slots[i]);
-}
-CUevent_st* FakeEvent(int i) {
-  static char slots[16];
-  return reinterpret_cast<CUevent_st*>(&slots[i]);
-}
+using ::tandem::testing::FakeEvent;
+using ::tandem::testing::FakeStream;
 
 // `hold(block)` runs on another thread and calls `block` from inside work
 // done under some device locks (it blocks until released); meanwhile a capture

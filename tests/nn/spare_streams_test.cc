@@ -15,16 +15,14 @@
 #include <utility>
 #include <vector>
 
+#include "tests/nn/fake_cuda_handles.h"
+
 namespace tandem::nn::internal {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Distinct addresses standing in for cudaStream_t values.
-CUstream_st* FakeStream(int i) {
-  static char slots[16];
-  return reinterpret_cast<CUstream_st*>(&slots[i]);
-}
+using ::tandem::testing::FakeStream;
 
 TEST(SpareStreamsTest, TakeGivesTheLastStreamGivenBackOfItsDevice) {
   SpareStreams pool;

@@ -12,15 +12,12 @@
 #include <vector>
 
 #include "nn/tensor.h"
+#include "tests/nn/fake_cuda_handles.h"
 
 namespace tandem::nn::internal {
 namespace {
 
-// Distinct addresses standing in for cudaStream_t values.
-CUstream_st* FakeStream(int i) {
-  static char slots[64];
-  return reinterpret_cast<CUstream_st*>(&slots[i]);
-}
+using ::tandem::testing::FakeStream;
 
 TEST(StreamUsesTest, OwnerNeverWaitsAndIsNeverAUser) {
   StreamUses uses({FakeStream(0), 3});

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -316,6 +317,44 @@ TEST_F(GpuSpawnTest, NcclWorkMadeBeforeACaptureIsWaitedForAndDroppedInsideIt) {
   EXPECT_EQ(text, "2") << "host waits inside the capture (one per handle)";
   EXPECT_EQ(y[0], 3.0f);
   EXPECT_EQ(y[1023], 3.0f);
+}
+
+// An eager collective's handle asked whether it has completed inside a
+// capture (a warm-up step's handle, in the captured step): its event query is
+// a call CUDA refuses to a thread that captures in thread-local mode, and the
+// refusal invalidates the capture. It runs in relaxed capture mode: the
+// capture succeeds, and the handle, waited for first, is complete.
+TEST_F(GpuSpawnTest, NcclWorkMadeBeforeACaptureIsAskedWhetherCompletedInsideIt) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        Tensor y = nn::zeros({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(x);
+        bool after_wait = false;
+        std::string error;
+        nn::CudaGraph graph(ctx.device());
+        try {
+          graph.Capture([&] {
+            (void)work->is_completed();  // either answer: the collective may still run
+            work->wait();
+            after_wait = work->is_completed();
+            y.copy_(x);
+          });
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        work.reset();
+        if (error.empty()) graph.Replay();
+        return std::make_tuple(error, after_wait, y.to_vector<float>());
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  const auto& [error, after_wait, y] = (*got)[0];
+  EXPECT_EQ(error, "") << "the capture failed";
+  EXPECT_TRUE(after_wait) << "a handle waited for on the host is not complete";
+  ASSERT_EQ(y.size(), 1024u);
+  EXPECT_EQ(y[0], 1.0f);
 }
 
 // A thread_local made before the thread's first stream is destroyed after the

@@ -32,6 +32,7 @@
 #include "nn/ops/loss.h"
 #include "spawn/comm/inprocess/inprocess_communicator.h"
 #include "spawn/internal/restart.h"
+#include "spawn/signals.h"
 #include "spawn/train/checkpoint.h"
 #include "testing/run.h"
 #include "tests/spawn/inert_communicator.h"
@@ -233,44 +234,53 @@ TEST(RestartTest, AsyncErrorAfterOneRankReturnedRestarts) {
 
 // A communicator whose device fails (rank 1's, once `raise` is set): the
 // watchdog's PollDeviceError finds what NCCL's event queries return after a
-// fault on the device. With `also_async`, its own asynchronous error is
-// raised at the same poll (NCCL's kernels fail with the device).
+// fault on the device. The communicator of rank `async_rank` (-1: none) also
+// raises its own asynchronous error then (NCCL's kernels fail with the device,
+// or a peer's with it). What the watchdog sees is latched by rank 0's
+// PollCompleted, as NCCL's event queries are, so that every poll of one round
+// sees the same failures.
 class RaisedDeviceError final : public InertCommunicator {
  public:
-  RaisedDeviceError(int rank, std::atomic<bool>* raise, bool also_async)
-      : InertCommunicator(rank, 2), raise_(raise), also_async_(also_async) {}
+  RaisedDeviceError(int rank, std::atomic<bool>* raise, std::atomic<bool>* latched, int async_rank)
+      : InertCommunicator(rank, 2), raise_(raise), latched_(latched), async_rank_(async_rank) {}
   std::string kind() const override { return "raised-device-error"; }
+  void PollCompleted() override {
+    if (rank() == 0 && raise_->load()) latched_->store(true);
+  }
   absl::Status PollDeviceError() override {
-    if (rank() != 1 || !raise_->load()) return absl::OkStatus();
+    if (rank() != 1 || !latched_->load()) return absl::OkStatus();
     return absl::InternalError("CUDA error on cuda:1 (rank 1) while following NCCL collective "
                                "#7: cudaErrorIllegalAddress (an illegal memory access was "
                                "encountered)");
   }
   absl::Status PollAsyncError() override {
-    if (rank() != 1 || !also_async_ || !raise_->load()) return absl::OkStatus();
+    if (rank() != async_rank_ || !latched_->load()) return absl::OkStatus();
     return absl::UnavailableError("injected asynchronous error");
   }
 
  private:
   std::atomic<bool>* raise_;
-  bool also_async_;
+  std::atomic<bool>* latched_;
+  int async_rank_;
 };
 
 // Runs two CPU ranks over RaisedDeviceError communicators with up to two
 // restarts, on_comm_error and on_exception on; rank 1 sets `raise` on the
 // first attempt, or throws dist::DeviceError when `throw_on_rank` is set.
 // Returns the run's status; *attempts, *log: what happened.
-absl::Status RunWithDeviceFailure(bool also_async, bool throw_on_rank, int* attempts,
+absl::Status RunWithDeviceFailure(int async_rank, bool throw_on_rank, int* attempts,
                                   std::string* log_text) {
   std::atomic<bool> raise{false};
+  std::atomic<bool> latched{false};
   std::atomic<int> started{0};
   dist::SpawnHooks hooks;
-  hooks.make_communicators = [&raise, also_async](const std::vector<nn::Device>& devices)
+  hooks.make_communicators = [&raise, &latched, async_rank](
+                                 const std::vector<nn::Device>& devices)
       -> absl::StatusOr<std::vector<std::unique_ptr<dist::Communicator>>> {
     std::vector<std::unique_ptr<dist::Communicator>> comms;
     for (size_t r = 0; r < devices.size(); ++r) {
-      comms.push_back(
-          std::make_unique<RaisedDeviceError>(static_cast<int>(r), &raise, also_async));
+      comms.push_back(std::make_unique<RaisedDeviceError>(static_cast<int>(r), &raise, &latched,
+                                                          async_rank));
     }
     return comms;
   };
@@ -306,7 +316,7 @@ absl::Status RunWithDeviceFailure(bool also_async, bool throw_on_rank, int* atte
 TEST(RestartTest, ADeviceErrorTheWatchdogFindsEndsTheRunWithoutARestart) {
   int attempts = 0;
   std::string log;
-  absl::Status s = RunWithDeviceFailure(/*also_async=*/false, /*throw_on_rank=*/false, &attempts,
+  absl::Status s = RunWithDeviceFailure(/*async_rank=*/-1, /*throw_on_rank=*/false, &attempts,
                                         &log);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s << "\n" << log;
   EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu): CUDA error on cuda:1 (rank 1) while following "
@@ -322,7 +332,7 @@ TEST(RestartTest, ADeviceErrorTheWatchdogFindsEndsTheRunWithoutARestart) {
 TEST(RestartTest, ADeviceErrorIsTheCauseOverTheCommunicatorErrorItBrings) {
   int attempts = 0;
   std::string log;
-  absl::Status s = RunWithDeviceFailure(/*also_async=*/true, /*throw_on_rank=*/false, &attempts,
+  absl::Status s = RunWithDeviceFailure(/*async_rank=*/1, /*throw_on_rank=*/false, &attempts,
                                         &log);
   EXPECT_TRUE(Contains(s.message(), "cudaErrorIllegalAddress")) << s;
   EXPECT_FALSE(Contains(s.message(), "injected asynchronous error")) << s;
@@ -336,13 +346,71 @@ TEST(RestartTest, ADeviceErrorIsTheCauseOverTheCommunicatorErrorItBrings) {
 TEST(RestartTest, ADeviceErrorThrownOnARankEndsTheRunWithoutARestart) {
   int attempts = 0;
   std::string log;
-  absl::Status s = RunWithDeviceFailure(/*also_async=*/false, /*throw_on_rank=*/true, &attempts,
+  absl::Status s = RunWithDeviceFailure(/*async_rank=*/-1, /*throw_on_rank=*/true, &attempts,
                                         &log);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s << "\n" << log;
   EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu) threw: all_reduce #3: CUDA error on cuda:1"))
       << s;
   EXPECT_EQ(attempts, 1) << log;
   EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+}
+
+// Rank 1's device fails and rank 0's communicator reports an error of its own
+// at the same round of polls (its peer went with the device). The device's
+// error is the cause whichever rank the watchdog asks first: a restart would
+// meet the broken device again.
+TEST(RestartTest, ADeviceErrorIsTheCauseOverAnotherRanksCommunicatorError) {
+  int attempts = 0;
+  std::string log;
+  absl::Status s = RunWithDeviceFailure(/*async_rank=*/0, /*throw_on_rank=*/false, &attempts,
+                                        &log);
+  EXPECT_TRUE(Contains(s.message(), "rank 1 (cpu): CUDA error on cuda:1")) << s;
+  EXPECT_FALSE(Contains(s.message(), "injected asynchronous error")) << s;
+  EXPECT_EQ(attempts, 1) << log;
+  EXPECT_TRUE(Contains(log, "spawn: not restarting: a CUDA error on a device")) << log;
+}
+
+// What a failed attempt's devices held after its joins (spawn/launch.cc's
+// wait for their streams, which needs a GPU): a device whose streams returned
+// a CUDA error makes the failure the device's, whatever its cause was, and is
+// named; a kernel's unread report is only added; a stopped run is left as it
+// is and the words logged.
+TEST(RestartTest, ABrokenDeviceFoundAfterTheJoinsMakesTheFailureTheDevices) {
+  std::ostringstream console;
+  auto logger = dist::Logger::Create(1, {.console = &console});
+  ASSERT_TRUE(logger.ok()) << logger.status();
+  const absl::Status failure = dist::internal::WithFailureCause(
+      absl::InternalError("rank 0 (cuda:0): NCCL error: unhandled cuda error"),
+      dist::internal::FailureCause::kCommunicator);
+  const std::vector<std::string> none;
+  const std::vector<std::string> report = {"nll_loss: target 12 of sample 3 is out of range"};
+  const std::vector<std::string> broken = {"cuda:0 (cudaErrorIllegalAddress (an illegal memory "
+                                           "access was encountered))"};
+
+  absl::Status s = dist::internal::WithDeviceErrorsFound(failure, none, broken, **logger);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "rank 0 (cuda:0): NCCL error: unhandled cuda error; the CUDA context of "
+                         "cuda:0 (cudaErrorIllegalAddress (an illegal memory access was "
+                         "encountered)) has failed (a fault on the device)");
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kDevice);
+
+  s = dist::internal::WithDeviceErrorsFound(failure, report, none, **logger);
+  EXPECT_EQ(s.message(), "rank 0 (cuda:0): NCCL error: unhandled cuda error; a kernel had also "
+                         "reported, unread before the stop: nll_loss: target 12 of sample 3 is "
+                         "out of range");
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kCommunicator);
+
+  s = dist::internal::WithDeviceErrorsFound(failure, report, broken, **logger);
+  EXPECT_TRUE(Contains(s.message(), "out of range; the CUDA context of cuda:0")) << s;
+  EXPECT_EQ(dist::internal::GetFailureCause(s), dist::internal::FailureCause::kDevice);
+
+  EXPECT_EQ(dist::internal::WithDeviceErrorsFound(failure, none, none, **logger), failure);
+  EXPECT_TRUE(dist::internal::WithDeviceErrorsFound(absl::OkStatus(), report, broken, **logger)
+                  .ok());
+
+  const absl::Status stopped = dist::internal::StoppedStatus("SIGTERM", 4, "");
+  EXPECT_EQ(dist::internal::WithDeviceErrorsFound(stopped, none, broken, **logger), stopped);
+  EXPECT_TRUE(Contains(console.str(), "spawn: the CUDA context of cuda:0")) << console.str();
 }
 
 // Uneven steps that a communicator's asynchronous error stops before the

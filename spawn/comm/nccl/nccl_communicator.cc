@@ -227,10 +227,14 @@ class NcclCommunicator final : public Communicator {
     return status;
   }
 
-  // Watchdog thread: a CUDA error PollCompleted (or the rank's wait for room in
-  // flight) met on a collective's event: a fault on the device, not an error of
-  // the communicator (spawn ends the run with it, no restart).
+  // Watchdog thread: a CUDA error that a query of a collective's event met (here,
+  // in PollCompleted or in the rank's wait for room in flight): a fault on the
+  // device, not an error of the communicator (spawn ends the run with it, no
+  // restart). The events are queried first: the watchdog asks this before
+  // PollAsyncError, and NCCL's proxy may report its own error for the same
+  // fault (ncclUnhandledCudaError) before the round's PollCompleted has run.
   absl::Status PollDeviceError() override {
+    PollCompleted();
     std::lock_guard<std::mutex> lock(inflight_mutex_);
     return device_error_;
   }
@@ -480,7 +484,7 @@ class NcclCommunicator final : public Communicator {
       if (q != cudaSuccess) {
         // Cleared: this runs on the rank thread too (WaitForInflightRoom), whose
         // next launch check must not see "not ready". A failure stays stuck
-        // here and is kept, so the run fails with it (PollAsyncError, the next
+        // here and is kept, so the run fails with it (PollDeviceError, the next
         // WaitForInflightRoom) rather than with a timeout that would lose it.
         cudaGetLastError();
         if (q != cudaErrorNotReady && device_error_.ok()) {

@@ -5,11 +5,13 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "nn/cuda/context.h"
+#include "nn/cuda/internal/capture_mode.h"
 #include "nn/error.h"
 #include "nn/graph.h"
 #include "nn/internal/allocator.h"
@@ -109,8 +111,13 @@ class NcclWork final : public Work {
   // finished, for wait() or the next checked call to report. A captured
   // handle: true, without a query (see above); an event recorded in a capture
   // all the same (cudaErrorCapturedEvent) is answered alike, the error cleared.
+  // Asked inside a capture on this thread (an eager handle, in the captured
+  // step), the query runs in relaxed capture mode: in the capture's
+  // thread-local mode CUDA refuses it and invalidates the capture.
   bool is_completed() const override {
     if (capture_ != 0) return true;
+    std::optional<nn::internal::RelaxedCaptureMode> relaxed;
+    if (nn::CudaGraph::CaptureId() != 0) relaxed.emplace();
     const cudaError_t q = cudaEventQuery(done_);
     if (q == cudaErrorNotReady || q == cudaErrorCapturedEvent) {
       cudaGetLastError();  // not for the next kernel's launch check to report
@@ -145,12 +152,7 @@ class NcclWork final : public Work {
   // calls, and CUDA forbids a query only of an event last recorded in a capture,
   // which done_ is not (an eager handle's).
   cudaError_t WaitOnHost() const {
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    struct RestoreMode {
-      cudaStreamCaptureMode* mode;
-      ~RestoreMode() { cudaThreadExchangeStreamCaptureMode(mode); }
-    } restore{&mode};
+    nn::internal::RelaxedCaptureMode relaxed;
     nn::internal::CountCudaCall(nn::internal::CudaCall::kHostWait);
     cudaError_t result = cudaSuccess;
     nn::internal::WaitUntil([&] {
