@@ -152,6 +152,11 @@ struct CollectiveTrace {
 // Nanoseconds on the steady clock.
 int64_t SteadyNowNs();
 
+// " from <label>" for a collective made under Communicator::Label (label not
+// null nor empty), else "": how every mismatch message and the watchdog name a
+// labelled call after the collective it describes.
+std::string FromLabel(const char* label);
+
 // Tells the CPU that the caller spin-waits (x86 pause, Arm yield; nothing elsewhere).
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
