@@ -29,7 +29,7 @@
 // the same again for the all-gather: a ring all-reduce's volume.
 //
 // Errors: a local mismatch (op, size, dtype, root) throws tandem::Error on every
-// local rank; a transport error likewise, except that with background rounds
+// local rank, naming both ranks' collectives and their Communicator::Labels; a transport error likewise, except that with background rounds
 // the communication thread first ticks them for up to kVerdictWait: a
 // transport error is often the symptom of collectives that differ between the
 // processes (MPI_ERR_TRUNCATE), which the rounds compare (ControlPlane) and
@@ -37,13 +37,14 @@
 // rank failed, the watchdog, Ctrl-C) throws CancelledError and leaves the
 // transport unusable (spawn then aborts the job).
 //
-// Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) is
-// kept for the last kFingerprintHistory collectives, for those rounds. With
-// CheckEachCollective the processes also compare it before each collective's
-// data moves (a MAX all-reduce of two slots per process on the data channel: a
-// round trip more per collective, off by default); a mismatch then throws
-// tandem::Error naming each side on every rank of every process, and MPI never
-// sees the mismatched collective.
+// Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) and
+// label are kept for the last kFingerprintHistory collectives, for those rounds.
+// With CheckEachCollective the processes also compare it before each
+// collective's data moves (a MAX all-reduce of two slots per process on the data
+// channel: a round trip more per collective, off by default); a mismatch then
+// brings the processes' labels of it (one more all-reduce) and throws
+// tandem::Error naming each side and its label on every rank of every process,
+// and MPI never sees the mismatched collective.
 //
 // Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
 #ifndef TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
