@@ -630,9 +630,10 @@ TEST(CrossProcessThreads, TheLocalRanksCheckNamesALabelledCall) {
     const std::string labelled_side =
         "all_reduce #1 (8 float32, sum) from test::SaveA (a collective: every rank calls it)";
     const std::string expected =
-        labelled == 0
-            ? "collective mismatch: rank 0 called " + labelled_side + " while rank 1 called barrier #1"
-            : "collective mismatch: rank 0 called barrier #1 while rank 1 called " + labelled_side;
+        labelled == 0 ? "collective mismatch: rank 0 called " + labelled_side +
+                            " while rank 1 called barrier #1"
+                      : "collective mismatch: rank 0 called barrier #1 while rank 1 called " +
+                            labelled_side;
     for (int l = 0; l < 2; ++l) {
       EXPECT_NE(errors[l].find(expected + " (op, size, dtype, reduction or root differ)"),
                 std::string::npos)

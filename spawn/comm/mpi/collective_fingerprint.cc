@@ -75,7 +75,9 @@ void PackLabel(const char* label, int64_t* words) {
   std::fill(words, words + kLabelWords, Fingerprint::kNone);
   if (label == nullptr || *label == '\0') return;
   std::string text(label);
-  if (text.size() > static_cast<size_t>(kLabelBytes)) text = text.substr(0, kLabelBytes - 3) + "...";
+  if (text.size() > static_cast<size_t>(kLabelBytes)) {
+    text = text.substr(0, kLabelBytes - 3) + "...";
+  }
   for (int w = 0; w < kLabelWords; ++w) {
     int64_t word = 0;
     for (int b = 0; b < 7; ++b) {

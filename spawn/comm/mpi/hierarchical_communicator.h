@@ -29,8 +29,9 @@
 // the same again for the all-gather: a ring all-reduce's volume.
 //
 // Errors: a local mismatch (op, size, dtype, root) throws tandem::Error on every
-// local rank, naming both ranks' collectives and their Communicator::Labels; a transport error likewise, except that with background rounds
-// the communication thread first ticks them for up to kVerdictWait: a
+// local rank, naming both ranks' collectives and their Communicator::Labels; a
+// transport error likewise, except that with background rounds the
+// communication thread first ticks them for up to kVerdictWait: a
 // transport error is often the symptom of collectives that differ between the
 // processes (MPI_ERR_TRUNCATE), which the rounds compare (ControlPlane) and
 // then report, naming both sides, as the run's first error. A stop (another
