@@ -484,8 +484,9 @@ ControlPlane::ControlPlane(ProcessTransport* transport, ServeHooks hooks,
       progress_(std::move(progress)),
       check_(std::move(check)),
       processes_(transport->process_count()),
-      buffer_(kFixed + (4 + Fingerprint::kWords) * processes_ +
-                  2 * Fingerprint::kWords * kCheckWindow, 0) {}
+      base_slots_(kFixed + (4 + Fingerprint::kWords) * processes_ +
+                  2 * Fingerprint::kWords * kCheckWindow),
+      buffer_(base_slots_, 0) {}
 
 ControlPlane::~ControlPlane() { AbandonRound(); }
 
@@ -541,6 +542,9 @@ bool ControlPlane::TickOrThrow(const std::stop_token& stop) {
   urgent_ = hooks_.agreement->Urgent();
   if (!urgent_ && now < next_round_) return true;
   const StepAgreement::Round mine = hooks_.agreement->LocalRound();
+  // A probe round (the same round on every process: probe_ comes from the
+  // rounds) carries the labels too; the others do not.
+  buffer_.resize(base_slots_ + (probe_ != 0 ? static_cast<size_t>(processes_) * kLabelWords : 0));
   std::fill(buffer_.begin(), buffer_.end(), INT64_MIN);
   buffer_[0] = mine.stop_code;
   buffer_[1] = mine.save_wanted;
@@ -571,6 +575,7 @@ void ControlPlane::PutCollectives() {
     const Fingerprint fingerprint = exchange->FingerprintOf(probe_).value_or(Fingerprint{});
     probe_slots()[me * Fingerprint::kWords] = fingerprint.shape;
     probe_slots()[me * Fingerprint::kWords + 1] = fingerprint.numel;
+    PackLabel(exchange->LabelOf(probe_), label_slots() + static_cast<size_t>(me) * kLabelWords);
     return;
   }
   // Per collective, for each of the fingerprint's words: the largest, then the
@@ -627,11 +632,13 @@ void ControlPlane::CheckCollectives() {
 std::string ControlPlane::MismatchMessage() const {
   const int64_t* probe = buffer_.data() + kFixed + 4 * processes_;
   std::vector<Fingerprint> fingerprints(processes_);
+  std::vector<std::string> labels(processes_);
   for (int p = 0; p < processes_; ++p) {
     fingerprints[p] = {.shape = probe[p * Fingerprint::kWords],
                        .numel = probe[p * Fingerprint::kWords + 1]};
+    labels[p] = UnpackLabel(label_slots() + static_cast<size_t>(p) * kLabelWords);
   }
-  return CollectiveMismatch(fingerprints, probe_, check_.name);
+  return CollectiveMismatch(fingerprints, probe_, check_.name, labels);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessWorld>> JoinProcesses(

@@ -318,7 +318,7 @@ bool Watchdog::CheckReturnedRank(const std::string& gone, uint64_t gone_entered)
                  "watchdog: ", gone, " returned from its function after entering ",
                  gone_entered, " collective(s), while ", RankName(r), " waits in ",
                  t.op.load(std::memory_order_relaxed), " #", entered,
-                 label != nullptr ? absl::StrCat(" from ", label) : std::string(),
+                 FromLabel(label),
                  ", which it will never enter",
                  label != nullptr ? std::string()
                                   : ": the ranks ran different numbers of steps (uneven "

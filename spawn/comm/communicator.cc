@@ -39,6 +39,11 @@ const char* ReduceOpName(ReduceOp op) {
 }
 
 namespace internal {
+
+std::string FromLabel(const char* label) {
+  return label != nullptr && *label != '\0' ? absl::StrCat(" from ", label) : std::string();
+}
+
 int64_t SteadyNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())

@@ -152,6 +152,11 @@ struct CollectiveTrace {
 // Nanoseconds on the steady clock.
 int64_t SteadyNowNs();
 
+// " from <label>" for a collective made under Communicator::Label (label not
+// null nor empty), else "": how every mismatch message and the watchdog name a
+// labelled call after the collective it describes.
+std::string FromLabel(const char* label);
+
 // Tells the CPU that the caller spin-waits (x86 pause, Arm yield; nothing elsewhere).
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -209,9 +214,13 @@ class Communicator {
   // Names the caller of the collectives this rank makes while it is held (a
   // static string, e.g. "hapi::Model::save, which every rank calls"): a
   // library call that is a collective says so where a rank that called it
-  // alone fails, in the in-process check's "collective mismatch" and in the
+  // alone fails: in the "collective mismatch" of the in-process check, of the
+  // hierarchical communicator's check of a process's ranks and of the check
+  // between processes (every process names every side's label, which travels
+  // with the mismatch: spawn/comm/mpi/collective_fingerprint.h), and in the
   // watchdog's message about a rank that returned while another waits (also
-  // CollectiveTrace::label). Nests (the innermost names). Rank thread only.
+  // CollectiveTrace::label). Labels are never compared. Nests (the innermost
+  // names). Rank thread only.
   class Label {
    public:
     Label(Communicator& comm, const char* label)

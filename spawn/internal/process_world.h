@@ -119,10 +119,12 @@ struct CollectiveCheck {
 // reduction and root in one, the element count in the other;
 // spawn/comm/mpi/collective_fingerprint.h). A collective whose two differ
 // is a mismatch: the next round carries each process's fingerprint of it, and
-// the run fails (hooks.fail) on every process with the same message, naming
-// each side ("collective mismatch across processes: process 0 (...) called
-// all_reduce #4 (1530 float32, sum) while process 1 (...) called all_gather #4
-// (4 float64)"), about three rounds after the processes reached it. Compared:
+// its label as text (HierarchicalExchange::LabelOf, PackLabel: kLabelWords
+// words a process, in that round only), and the run fails (hooks.fail) on every
+// process with the same message, naming each side and each side's label
+// ("collective mismatch across processes: process 0 (...) called all_reduce #4
+// (1 float64, sum) from hapi::Model::save (...) while process 1 (...) called
+// barrier #4"), about three rounds after the processes reached it. Compared:
 // up to kCheckWindow collectives a round (6400 a second); a job that runs more
 // falls behind, and once half the fingerprint history behind the comparison
 // skips to the collectives still kept (the skipped ones are not compared).
@@ -163,6 +165,9 @@ class ControlPlane final : public BackgroundRounds {
   int64_t* started_slots() { return buffer_.data() + kFixed + 3 * processes_; }
   int64_t* probe_slots() { return started_slots() + processes_; }
   int64_t* window_slots() { return probe_slots() + Fingerprint::kWords * processes_; }
+  // The probe round's labels, after every other slot: kLabelWords a process.
+  int64_t* label_slots() { return buffer_.data() + base_slots_; }
+  const int64_t* label_slots() const { return buffer_.data() + base_slots_; }
   // Leaves a round still in flight to MPI (request and buffer not freed).
   void AbandonRound();
 
@@ -172,6 +177,7 @@ class ControlPlane final : public BackgroundRounds {
   std::function<void(const std::vector<int64_t>&)> progress_;
   CollectiveCheck check_;
   int processes_ = 0;
+  size_t base_slots_ = 0;  // a round's slots; a probe round has the labels' after them
   std::vector<int64_t> buffer_;
   std::unique_ptr<PendingOp> op_;
   // Communication thread only; the same on every process (from the same rounds).

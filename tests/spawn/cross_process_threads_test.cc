@@ -561,6 +561,87 @@ TEST(CrossProcessThreads, CheckingEachCollectiveIsSilentWhenTheyMatch) {
   }
 }
 
+// Collective #3 differs between the processes (a sum on process 0, a max on
+// processes 1 and 2, which call it under labels: a library call that is a
+// collective, as hapi::Model::save is): every process's message names each
+// side's label, which only that side's process knew, from the rounds and, with
+// the check before each collective, from the ranks' error.
+constexpr char kLabelA[] = "test::SaveA (a collective: every rank calls it)";
+constexpr char kLabelB[] = "test::SaveB";
+
+void AllReduceEightLabelled(int p, HierarchicalCommunicator& comm, int i) {
+  if (i != 2 || p == 0) return AllReduceEight(comm);
+  Communicator::Label label(comm, p == 1 ? kLabelA : kLabelB);
+  AllReduceEight(comm, ReduceOp::kMax);
+}
+
+const std::string kLabelledMismatch =
+    "collective mismatch across processes: process 0 called all_reduce #3 (8 float32, sum) "
+    "while process 1 called all_reduce #3 (8 float32, max) from test::SaveA (a collective: "
+    "every rank calls it), process 2 called all_reduce #3 (8 float32, max) from test::SaveB "
+    "(op, size";
+
+TEST(CrossProcessThreads, TheRoundsNameEachSidesLabelOnEveryProcess) {
+  FailingJob job(3, AllReduceEightLabelled);
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_NE(job.failures[p].find(kLabelledMismatch), std::string::npos)
+        << "process " << p << ": " << job.failures[p];
+  }
+}
+
+TEST(CrossProcessThreads, CheckingEachCollectiveNamesEachSidesLabelOnEveryProcess) {
+  FailingJob job(3, AllReduceEightLabelled, {}, /*check_each=*/true);
+  for (int p = 0; p < 3; ++p) {
+    EXPECT_NE(job.outcomes[p].find("error: " + kLabelledMismatch), std::string::npos)
+        << "process " << p << ": " << job.outcomes[p];
+  }
+}
+
+// Within one process, the exchange's comparison of its local ranks' requests
+// names the label of the rank that called a labelled collective alone, on
+// every local rank, whichever rank it is.
+TEST(CrossProcessThreads, TheLocalRanksCheckNamesALabelledCall) {
+  for (int labelled = 0; labelled < 2; ++labelled) {
+    Hub hub(1);
+    HubTransport transport(&hub, 0);
+    auto exchange = std::make_shared<HierarchicalExchange>(0, std::vector<int>{2}, &transport);
+    std::stop_source never;
+    std::thread serve([&] { exchange->Serve(never.get_token(), nullptr); });
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ranks;
+    for (int l = 0; l < 2; ++l) {
+      ranks.emplace_back([&, l] {
+        HierarchicalCommunicator comm(l, nn::Device::CPU(), exchange);
+        try {
+          if (l == labelled) {
+            Communicator::Label label(comm, kLabelA);
+            AllReduceEight(comm);
+          } else {
+            comm.barrier();
+          }
+        } catch (const Error& e) {
+          errors[l] = e.what();
+        }
+        exchange->RankExited(l);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    serve.join();
+    const std::string labelled_side =
+        "all_reduce #1 (8 float32, sum) from test::SaveA (a collective: every rank calls it)";
+    const std::string expected =
+        labelled == 0 ? "collective mismatch: rank 0 called " + labelled_side +
+                            " while rank 1 called barrier #1"
+                      : "collective mismatch: rank 0 called barrier #1 while rank 1 called " +
+                            labelled_side;
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_NE(errors[l].find(expected + " (op, size, dtype, reduction or root differ)"),
+                std::string::npos)
+          << "rank " << l << " (labelled: rank " << labelled << "): " << errors[l];
+    }
+  }
+}
+
 // Collective #3 differs (sum on process 0, max on process 1) and fails in
 // process 0's transport, as MPI_ERR_TRUNCATE does: process 0 holds its error
 // until the rounds name the mismatch, which becomes the failure of both; its

@@ -141,11 +141,6 @@ std::pair<int64_t, int64_t> Chunk(int64_t n, int part, int parts, int64_t elemen
           std::min(n, lines * (part + 1) / parts * per_line)};
 }
 
-// " from <label>" for a collective made under Communicator::Label, else "".
-std::string From(const char* label) {
-  return label != nullptr ? absl::StrCat(" from ", label) : std::string();
-}
-
 }  // namespace
 
 // --- InProcessGroup ---------------------------------------------------------------
@@ -375,9 +370,9 @@ int InProcessCommunicator::Publish(const char* op, const nn::Tensor* send, nn::T
                       other.arg == first.arg && other.sequence == first.sequence;
     TANDEM_CHECK(same, "collective mismatch: rank 0 called ", first.op, " #", first.sequence,
                  " (", first.numel, " ", nn::DTypeName(first.dtype), ", arg ", first.arg, ")",
-                 From(first.label), " while rank ", k, " called ", other.op, " #",
+                 internal::FromLabel(first.label), " while rank ", k, " called ", other.op, " #",
                  other.sequence, " (", other.numel, " ", nn::DTypeName(other.dtype), ", arg ",
-                 other.arg, ")", From(other.label));
+                 other.arg, ")", internal::FromLabel(other.label));
     TANDEM_CHECK(other.device == first.device, "in-process ", first.op, ": rank 0 is on ",
                  first.device.ToString(), " but rank ", k, " on ", other.device.ToString(),
                  " (ranks on different GPUs use NCCL)");

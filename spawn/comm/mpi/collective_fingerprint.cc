@@ -1,5 +1,6 @@
 #include "spawn/comm/mpi/collective_fingerprint.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -70,8 +71,40 @@ std::string DescribeFingerprint(const Fingerprint& f, uint64_t sequence) {
   return text + ")";
 }
 
+void PackLabel(const char* label, int64_t* words) {
+  std::fill(words, words + kLabelWords, Fingerprint::kNone);
+  if (label == nullptr || *label == '\0') return;
+  std::string text(label);
+  if (text.size() > static_cast<size_t>(kLabelBytes)) {
+    text = text.substr(0, kLabelBytes - 3) + "...";
+  }
+  for (int w = 0; w < kLabelWords; ++w) {
+    int64_t word = 0;
+    for (int b = 0; b < 7; ++b) {
+      const size_t at = static_cast<size_t>(7 * w + b);
+      const int64_t byte = at < text.size() ? static_cast<unsigned char>(text[at]) : 0;
+      word |= byte << (8 * b);
+    }
+    words[w] = word;
+  }
+}
+
+std::string UnpackLabel(const int64_t* words) {
+  std::string text;
+  for (int w = 0; w < kLabelWords; ++w) {
+    if (words[w] < 0) return text;  // INT64_MIN: no label
+    for (int b = 0; b < 7; ++b) {
+      const char byte = static_cast<char>((words[w] >> (8 * b)) & 0xff);
+      if (byte == '\0') return text;
+      text.push_back(byte);
+    }
+  }
+  return text;
+}
+
 std::string CollectiveMismatch(const std::vector<Fingerprint>& fingerprints, uint64_t sequence,
-                               const std::function<std::string(int process)>& name) {
+                               const std::function<std::string(int process)>& name,
+                               const std::vector<std::string>& labels) {
   const int processes = static_cast<int>(fingerprints.size());
   int first = -1, other = -1;
   for (int p = 0; p < processes; ++p) {
@@ -84,7 +117,9 @@ std::string CollectiveMismatch(const std::vector<Fingerprint>& fingerprints, uin
   }
   if (other < 0) return "";
   auto side = [&](int p) {
-    return absl::StrCat(name(p), " called ", DescribeFingerprint(fingerprints[p], sequence));
+    const bool labelled = p < static_cast<int>(labels.size());
+    return absl::StrCat(name(p), " called ", DescribeFingerprint(fingerprints[p], sequence),
+                        FromLabel(labelled ? labels[p].c_str() : nullptr));
   };
   std::string message = absl::StrCat("collective mismatch across processes: ", side(first),
                                      " while ", side(other));

@@ -9,6 +9,11 @@
 // that differ in any count a tensor can have differ in it. Neither word is ever
 // negative, so -word and INT64_MIN ("none") fit the rounds' MAX; on the wire a
 // fingerprint is its kWords words, shape first.
+//
+// A collective's label (Communicator::Label) is no part of its fingerprint
+// (labels are never compared); where the processes' collectives differ, each
+// process sends its own side's label as text (PackLabel, kLabelWords words) so
+// that every process's message names every labelled side.
 // Pure functions: no thread, no MPI.
 #ifndef TANDEM_SPAWN_COMM_MPI_COLLECTIVE_FINGERPRINT_H_
 #define TANDEM_SPAWN_COMM_MPI_COLLECTIVE_FINGERPRINT_H_
@@ -47,14 +52,28 @@ Fingerprint PackFingerprint(const CollectiveShape& shape);
 // "barrier #7"; an unknown op or dtype reads "op?" / "dtype?".
 std::string DescribeFingerprint(const Fingerprint& fingerprint, uint64_t sequence);
 
+// A label as kLabelWords words for a MAX all-reduce: 7 bytes a word in its low
+// 56 bits (never negative, so a process's words win over the INT64_MIN that the
+// others put in its slots), zero bytes after the text. At most kLabelBytes bytes
+// travel: a longer label is cut and ends in "...". Null or "": every word
+// INT64_MIN (no label).
+inline constexpr int kLabelWords = 32;
+inline constexpr int kLabelBytes = 7 * kLabelWords;
+void PackLabel(const char* label, int64_t* words);
+// The text PackLabel packed into `words`; "" for no label (words INT64_MIN).
+std::string UnpackLabel(const int64_t* words);
+
 // fingerprints: every process's fingerprint of collective `sequence`, in process
 // order (not known(): left out). "" when the known ones agree, else
 // "collective mismatch across processes: <name(0)> called all_reduce #4 (...)
 // while <name(1)> called all_gather #4 (...)[, <name(p)> called ...] (op, size,
 // ...)": the first process against the first that differs, then every further
-// process that differs from the first.
+// process that differs from the first. labels: each process's label of that
+// collective ("": none; empty vector: none known), named after its side
+// ("... called all_reduce #4 (1 float64, sum) from hapi::Model::save (...)").
 std::string CollectiveMismatch(const std::vector<Fingerprint>& fingerprints, uint64_t sequence,
-                               const std::function<std::string(int process)>& name);
+                               const std::function<std::string(int process)>& name,
+                               const std::vector<std::string>& labels = {});
 
 }  // namespace tandem::dist::internal
 

@@ -233,6 +233,11 @@ std::optional<Fingerprint> HierarchicalExchange::FingerprintOf(uint64_t sequence
   return fingerprints_[sequence % kFingerprintHistory];
 }
 
+const char* HierarchicalExchange::LabelOf(uint64_t sequence) const {
+  if (!FingerprintOf(sequence).has_value()) return nullptr;
+  return labels_[sequence % kFingerprintHistory];
+}
+
 bool HierarchicalExchange::AwaitVerdict(const std::stop_token& stop) {
   const auto deadline = std::chrono::steady_clock::now() + kVerdictWait;
   while (!stop.stop_requested() && std::chrono::steady_clock::now() < deadline) {
@@ -325,6 +330,20 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
   return Poll(transport_->AllGatherInPlace(result, send_counts).get(), stop);
 }
 
+namespace {
+
+// The request's collective and size as the fingerprint describes it
+// ("all_reduce #4 (1530 float32, sum)"), then its label, if any.
+std::string Describe(const HierarchicalExchange::Request& r) {
+  const Fingerprint fingerprint =
+      PackFingerprint({.op = r.op, .reduce = r.reduce, .root = r.root,
+                       .dtype = r.in.defined() ? r.in.dtype() : nn::DType::kFloat32,
+                       .numel = r.in.defined() ? r.in.numel() : 0});
+  return DescribeFingerprint(fingerprint, r.sequence) + FromLabel(r.label);
+}
+
+}  // namespace
+
 void HierarchicalExchange::CheckSameCollective(const Batch& batch) const {
   const Request& first = *batch[0];
   for (size_t l = 1; l < batch.size(); ++l) {
@@ -334,9 +353,9 @@ void HierarchicalExchange::CheckSameCollective(const Batch& batch) const {
                       first.in.defined() == other.in.defined() &&
                       (!first.in.defined() || (first.in.numel() == other.in.numel() &&
                                                first.in.dtype() == other.in.dtype()));
-    TANDEM_CHECK(same, "collective mismatch: rank ", rank_offset_, " called ", first.op, " #",
-                 first.sequence, " while rank ", rank_offset_ + static_cast<int>(l), " called ",
-                 other.op, " #", other.sequence, " (op, size, dtype or root differ)");
+    TANDEM_CHECK(same, "collective mismatch: rank ", rank_offset_, " called ", Describe(first),
+                 " while rank ", rank_offset_ + static_cast<int>(l), " called ", Describe(other),
+                 " (op, size, dtype, reduction or root differ)");
   }
 }
 
@@ -412,7 +431,7 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
   return true;
 }
 
-bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint,
+bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint, const char* label,
                                              const std::stop_token& stop) {
   const int processes = static_cast<int>(ranks_per_process_.size());
   constexpr int kWords = Fingerprint::kWords;
@@ -428,21 +447,39 @@ bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint,
   for (int p = 0; p < processes; ++p) {
     fingerprints[p] = {.shape = check_slots_[p * kWords], .numel = check_slots_[p * kWords + 1]};
   }
-  const std::string mismatch = CollectiveMismatch(fingerprints, started_, check_each_name_);
-  TANDEM_CHECK(mismatch.empty(), mismatch);
-  return true;
+  if (CollectiveMismatch(fingerprints, started_, check_each_name_).empty()) return true;
+  // Every process found the mismatch in the same slots, so every process makes
+  // this all-reduce too: it brings each process's label of the collective.
+  check_slots_.assign(static_cast<size_t>(processes) * kLabelWords, Fingerprint::kNone);
+  PackLabel(label, check_slots_.data() + static_cast<size_t>(process_index_) * kLabelWords);
+  if (!Poll(transport_->AllReduceInPlace(check_slots_.data(), processes * kLabelWords,
+                                         nn::DType::kInt64, ReduceOp::kMax).get(),
+            stop)) {
+    return false;
+  }
+  std::vector<std::string> labels(processes);
+  for (int p = 0; p < processes; ++p) {
+    labels[p] = UnpackLabel(check_slots_.data() + static_cast<size_t>(p) * kLabelWords);
+  }
+  Fail(CollectiveMismatch(fingerprints, started_, check_each_name_, labels));
 }
 
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
   const Request& first = *batch[0];
-  if (fingerprints_.empty()) fingerprints_.resize(kFingerprintHistory);
+  if (fingerprints_.empty()) {
+    fingerprints_.resize(kFingerprintHistory);
+    labels_.resize(kFingerprintHistory);
+  }
   const Fingerprint fingerprint = PackFingerprint(
       {.op = first.op, .reduce = first.reduce, .root = first.root,
        .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
        .numel = first.in.defined() ? first.in.numel() : 0});
+  const char* label = nullptr;
+  for (size_t l = 0; l < batch.size() && label == nullptr; ++l) label = batch[l]->label;
   fingerprints_[++started_ % kFingerprintHistory] = fingerprint;
+  labels_[started_ % kFingerprintHistory] = label;
   CheckSameCollective(batch);
-  if (check_each_name_ && !CompareBeforehand(fingerprint, stop)) return false;
+  if (check_each_name_ && !CompareBeforehand(fingerprint, label, stop)) return false;
   const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
   if (op == "all_reduce") return ExecuteAllReduce(batch, stop);
@@ -474,8 +511,8 @@ void HierarchicalCommunicator::PollCompleted() {
 void HierarchicalCommunicator::Run(const char* op, ReduceOp reduce, int root, const nn::Tensor& in,
                                    const nn::Tensor& out) {
   auto request = exchange_->Post(
-      local_rank_, {.op = op, .reduce = reduce, .root = root, .in = in, .out = out,
-                    .sequence = sequence()});
+      local_rank_, {.op = op, .reduce = reduce, .root = root, .label = label(), .in = in,
+                    .out = out, .sequence = sequence()});
   exchange_->Wait(*request);
 }
 
@@ -507,8 +544,8 @@ std::shared_ptr<Work> HierarchicalCommunicator::Start(const char* op, ReduceOp r
     bool waited_ = false;
   };
   auto request = exchange_->Post(
-      local_rank_, {.op = op, .reduce = reduce, .root = 0, .in = in, .out = out,
-                    .sequence = sequence()});
+      local_rank_, {.op = op, .reduce = reduce, .root = 0, .label = label(), .in = in,
+                    .out = out, .sequence = sequence()});
   return std::make_shared<PendingWork>(this, std::move(request));
 }
 

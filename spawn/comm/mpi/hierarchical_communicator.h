@@ -29,21 +29,23 @@
 // the same again for the all-gather: a ring all-reduce's volume.
 //
 // Errors: a local mismatch (op, size, dtype, root) throws tandem::Error on every
-// local rank; a transport error likewise, except that with background rounds
-// the communication thread first ticks them for up to kVerdictWait: a
+// local rank, naming both ranks' collectives and their Communicator::Labels; a
+// transport error likewise, except that with background rounds the
+// communication thread first ticks them for up to kVerdictWait: a
 // transport error is often the symptom of collectives that differ between the
 // processes (MPI_ERR_TRUNCATE), which the rounds compare (ControlPlane) and
 // then report, naming both sides, as the run's first error. A stop (another
 // rank failed, the watchdog, Ctrl-C) throws CancelledError and leaves the
 // transport unusable (spawn then aborts the job).
 //
-// Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) is
-// kept for the last kFingerprintHistory collectives, for those rounds. With
-// CheckEachCollective the processes also compare it before each collective's
-// data moves (a MAX all-reduce of two slots per process on the data channel: a
-// round trip more per collective, off by default); a mismatch then throws
-// tandem::Error naming each side on every rank of every process, and MPI never
-// sees the mismatched collective.
+// Every collective's fingerprint (spawn/comm/mpi/collective_fingerprint.h) and
+// label are kept for the last kFingerprintHistory collectives, for those rounds.
+// With CheckEachCollective the processes also compare it before each
+// collective's data moves (a MAX all-reduce of two slots per process on the data
+// channel: a round trip more per collective, off by default); a mismatch then
+// brings the processes' labels of it (one more all-reduce) and throws
+// tandem::Error naming each side and its label on every rank of every process,
+// and MPI never sees the mismatched collective.
 //
 // Thread-safety: Post/Wait/RankExited from rank threads, Serve from one thread.
 #ifndef TANDEM_SPAWN_COMM_MPI_HIERARCHICAL_COMMUNICATOR_H_
@@ -84,6 +86,7 @@ class HierarchicalExchange {
     const char* op = "";
     ReduceOp reduce = ReduceOp::kSum;
     int root = 0;  // broadcast: global rank
+    const char* label = nullptr;  // the rank's Communicator::Label, or null
     nn::Tensor in;
     nn::Tensor out;
     uint64_t sequence = 0;
@@ -117,10 +120,13 @@ class HierarchicalExchange {
   // Communication thread only (also from BackgroundRounds::Tick, which it
   // calls): how many collectives it has started (taken every local rank's
   // request of), and the fingerprint of collective `sequence` while it is among
-  // the last kFingerprintHistory started (nullopt: not started, or older).
+  // the last kFingerprintHistory started (nullopt: not started, or older), and
+  // its label: the first local rank's (in local order) that called it under a
+  // Communicator::Label, null when none did (or not kept).
   static constexpr uint64_t kFingerprintHistory = 4096;
   uint64_t started() const { return started_; }
   std::optional<Fingerprint> FingerprintOf(uint64_t sequence) const;
+  const char* LabelOf(uint64_t sequence) const;
   // How long a transport error waits for the rounds' verdict (see Errors above).
   static constexpr std::chrono::milliseconds kVerdictWait{2000};
   // Compare each collective's fingerprint between the processes before its data
@@ -140,8 +146,8 @@ class HierarchicalExchange {
   // stop was requested while it was in flight; throws tandem::Error on a
   // mismatch or a transport error.
   bool Execute(const std::vector<std::shared_ptr<Request>>& batch, const std::stop_token& stop);
-  // Throws tandem::Error naming both ranks unless every request of `batch` is the
-  // same collective (op, size, dtype, reduction, root).
+  // Throws tandem::Error naming both ranks (and their labels) unless every
+  // request of `batch` is the same collective (op, size, dtype, reduction, root).
   void CheckSameCollective(const std::vector<std::shared_ptr<Request>>& batch) const;
   // Execute's steps, one per collective; each returns false when stopped.
   using Batch = std::vector<std::shared_ptr<Request>>;
@@ -154,8 +160,10 @@ class HierarchicalExchange {
   bool Poll(PendingOp* op, const std::stop_token& stop);
   bool PollUntilDone(PendingOp* op, const std::stop_token& stop);
   // CheckEachCollective's comparison of collective started_; false when stopped,
-  // throws tandem::Error on a mismatch.
-  bool CompareBeforehand(const Fingerprint& fingerprint, const std::stop_token& stop);
+  // throws tandem::Error on a mismatch (after one more all-reduce, which every
+  // process makes, that brings the processes' labels of it).
+  bool CompareBeforehand(const Fingerprint& fingerprint, const char* label,
+                         const std::stop_token& stop);
   // After a transport error: ticks the rounds for up to kVerdictWait; true when
   // the run is stopping meanwhile (the rounds, or anything else, reported first).
   bool AwaitVerdict(const std::stop_token& stop);
@@ -183,6 +191,7 @@ class HierarchicalExchange {
   std::vector<char> partial_, recv_, result_;  // scratch of the communication thread
   uint64_t started_ = 0;                         // communication thread only
   std::vector<Fingerprint> fingerprints_;        // ring of kFingerprintHistory, by sequence
+  std::vector<const char*> labels_;              // the same ring's labels (null: none)
   std::function<std::string(int)> check_each_name_;  // set: CheckEachCollective
   std::vector<int64_t> check_slots_;  // its all-reduce's buffer: Fingerprint::kWords a process
 };

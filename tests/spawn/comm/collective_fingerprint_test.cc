@@ -147,6 +147,53 @@ TEST(CollectiveFingerprint, MismatchNamesTheFirstProcessAndEachThatDiffers) {
             "collectives in the same order)");
 }
 
+// Each side's label, which only that side's process knows, follows its
+// collective; an unlabelled side and a side whose label is unknown read as before.
+TEST(CollectiveFingerprint, MismatchNamesEachSidesLabel) {
+  auto name = [](int p) { return "process " + std::to_string(p); };
+  const Fingerprint a = PackFingerprint(AllReduce());
+  const Fingerprint b = PackFingerprint({.op = "barrier"});
+  EXPECT_EQ(CollectiveMismatch({a, b, b}, 4, name, {"lib::save (every rank calls it)", "", ""}),
+            "collective mismatch across processes: process 0 called all_reduce #4 (1530 float32, "
+            "sum) from lib::save (every rank calls it) while process 1 called barrier #4, process "
+            "2 called barrier #4 (op, size, dtype, reduction or root differ: every process's "
+            "ranks must call the same collectives in the same order)");
+  EXPECT_NE(CollectiveMismatch({a, b}, 4, name, {"", "lib::barrier"})
+                .find("process 0 called all_reduce #4 (1530 float32, sum) while process 1 called "
+                      "barrier #4 from lib::barrier (op"),
+            std::string::npos);
+  EXPECT_NE(CollectiveMismatch({a, b}, 4, name, {"x", "y"})
+                .find("sum) from x while process 1 called barrier #4 from y (op"),
+            std::string::npos);
+  EXPECT_EQ(CollectiveMismatch({a, a}, 4, name, {"x", ""}), "") << "labels are not compared";
+}
+
+// A label travels as words that a MAX all-reduce keeps: never negative where
+// written, INT64_MIN where not; the text reads back, a long one cut with "...".
+TEST(CollectiveFingerprint, ALabelPacksIntoWordsAMaxKeepsAndReadsBack) {
+  int64_t words[kLabelWords];
+  PackLabel(nullptr, words);
+  for (int64_t w : words) EXPECT_EQ(w, Fingerprint::kNone);
+  EXPECT_EQ(UnpackLabel(words), "");
+  PackLabel("", words);
+  EXPECT_EQ(UnpackLabel(words), "");
+  const std::string save =
+      "hapi::Model::save (inside a rank's function a collective: every rank calls it, the "
+      "process's first rank writes)";
+  PackLabel(save.c_str(), words);
+  for (int64_t w : words) EXPECT_GE(w, 0);
+  EXPECT_EQ(UnpackLabel(words), save);
+  const std::string bytes = "\xc3\xa9t\xe9\x80\xff!";  // bytes above 0x7f stay as they are
+  PackLabel(bytes.c_str(), words);
+  EXPECT_EQ(UnpackLabel(words), bytes);
+  const std::string exact(kLabelBytes, 'x');
+  PackLabel(exact.c_str(), words);
+  EXPECT_EQ(UnpackLabel(words), exact);
+  const std::string longer = std::string(kLabelBytes, 'y') + "z";
+  PackLabel(longer.c_str(), words);
+  EXPECT_EQ(UnpackLabel(words), std::string(kLabelBytes - 3, 'y') + "...");
+}
+
 TEST(CollectiveFingerprint, AnOpThatIsNoCrossProcessCollectiveIsNamed) {
   const std::string error = PackError({.op = "all_to_all"});
   EXPECT_NE(error.find("op \"all_to_all\" is not a cross-process collective"), std::string::npos)
