@@ -375,7 +375,8 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
-    // Read before Build's collectives: from main, local rank 0's Keep writes it.
+    // Read before Build; from main, local rank 0's Keep writes it after the
+    // evaluation's all_reduce, which every rank has entered.
     const bool keep = !have_weights_ || weights_of_this_rank_;
     std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
     std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
@@ -412,10 +413,10 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
                                 const std::shared_ptr<const data::Dataset>& dataset,
                                 const EvalOptions& options) {
   // As evaluate(): the network built for the first call is the one every
-  // later call starts from (read before Build's collectives, as there).
+  // later call starts from; read here, kept after the all_gather below (from
+  // main, local rank 0's Keep writes what every rank reads here and in Build).
   const bool keep = !have_weights_ || weights_of_this_rank_;
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
-  if (keep) Keep(ctx, *run);
   nn::Module& network = *run->network;
   network.eval();
   nn::NoGradGuard no_grad;
@@ -449,6 +450,7 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
   nn::Tensor gathered = ctx.communicator().all_gather(
       nn::from_vector(mine, {static_cast<int64_t>(mine.size())}, {.dtype = nn::kFloat32})
           .to(ctx.device()));
+  if (keep) Keep(ctx, *run);
   const std::vector<float> all = gathered.to_vector<float>();
   const int64_t n = dataset->size();
   std::vector<float> ordered(static_cast<size_t>(n * per_example));
