@@ -337,8 +337,9 @@ class Model {
   // writer failed (the writer's names the cause). Weights that each rank drew
   // for itself (a save or state_dict() before any other call) first become
   // rank 0's on every rank (a broadcast), as a first fit takes them. A rank
-  // that calls it alone (`if (rank == 0) save(path)`) fails the run: the in-process collective check, or the
-  // watchdog when the other ranks have returned, names hapi::Model::save
+  // that calls it alone (`if (rank == 0) save(path)`) fails the run: the
+  // in-process collective check, or the watchdog when the other ranks have
+  // returned, names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on

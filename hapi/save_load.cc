@@ -39,8 +39,8 @@ constexpr char kOptimizerTypeKey[] = "hapi.optimizer";
 constexpr char kWeightsKey[] = "hapi.weights_fnv1a64";
 // save's collective inside a rank's function (dist::Communicator::Label).
 constexpr char kInsideRanksLabel[] =
-    "hapi::Model::save (inside a rank's function a collective: every rank calls it, the "
-    "process's first rank writes)";
+    "hapi::Model::save (inside a rank's function a collective: call it on every rank, not "
+    "under `if (rank == 0)`; the process's first rank writes)";
 
 void Fnv1a(uint64_t& hash, const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);

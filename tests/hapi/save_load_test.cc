@@ -399,7 +399,7 @@ enum class Meanwhile { kReturns, kEvaluates, kFitsAgain, kWaitsInABarrier };
 
 // A save on rank 0 alone inside the ranks' function (`if (rank == 0)
 // save(path)`, as a PyTorch script saves) fails the run within seconds, not at
-// the watchdog's timeout, naming Model::save and that every rank calls it,
+// the watchdog's timeout, naming Model::save and telling to call it on every rank,
 // whatever rank 1 does meanwhile: return, or go on to another collective.
 TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
   auto train = Classification(24, 41);
@@ -433,7 +433,7 @@ TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ASSERT_FALSE(run.ok());
     EXPECT_TRUE(Contains(run, "from hapi::Model::save (inside a rank's function a collective: "
-                              "every rank calls it"))
+                              "call it on every rank, not under `if (rank == 0)`"))
         << run;
     EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
   }
