@@ -96,6 +96,9 @@ using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn
 // by each rank's own weight sum, and kSum is each rank's sum (1/N of one rank's),
 // so N ranks with batch B then differ from one rank with batch N*B (as
 // PyTorch's DDP and Paddle do); label_smoothing alone keeps them equal.
+// evaluate's "eval_loss" weighs each batch's mean by its rows: with a weight
+// it depends on the batch size and the ranks, and a batch whose labels are
+// all ignore_index (a NaN mean) makes it NaN.
 LossFunction CrossEntropy();
 LossFunction CrossEntropy(nn::CrossEntropyOptions options);
 LossFunction MeanSquaredError();
