@@ -210,9 +210,9 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
     nn::CrossEntropyOptions call = options;
     if (weight != nullptr) call.weight = weight->On(output.device());
     // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
-    // N stay as they are, so that the error names the shape they came in.
+    // N or dtype stay as they are, so that the error names the shape they came in.
     if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1 &&
-        target.size(0) == output.size(0)) {
+        target.size(0) == output.size(0) && target.dtype() == nn::kInt64) {
       return nn::cross_entropy(output, target.reshape({target.size(0)}), call);
     }
     return nn::cross_entropy(output, target, call);
