@@ -210,9 +210,9 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
     nn::CrossEntropyOptions call = options;
     if (weight != nullptr) call.weight = weight->On(output.device());
     // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
-    // N stay as they are, so that the error names the shape they came in.
+    // N or dtype stay as they are, so that the error names the shape they came in.
     if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1 &&
-        target.size(0) == output.size(0)) {
+        target.size(0) == output.size(0) && target.dtype() == nn::kInt64) {
       return nn::cross_entropy(output, target.reshape({target.size(0)}), call);
     }
     return nn::cross_entropy(output, target, call);
@@ -271,10 +271,12 @@ std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, bool wrapped_by
   if (have_weights_) {
     absl::Status st = run->network->load_state_dict(weights_);
     TANDEM_CHECK(st.ok(), "hapi::Model: the kept weights do not fit the network: ", st.message());
-  } else if (!wrapped_by_data_parallel) {
-    // A fresh network: every rank takes rank 0's initial weights, as
-    // DataParallel's construction does for fit, so evaluate() and predict()
-    // before any fit agree too.
+  }
+  if ((!have_weights_ || weights_of_this_rank_) && !wrapped_by_data_parallel) {
+    // A fresh network (or one that state_dict() built on this rank alone):
+    // every rank takes rank 0's initial weights, as DataParallel's
+    // construction does for fit, so evaluate() and predict() before any fit
+    // agree too.
     nn::NoGradGuard no_grad;
     for (auto& [name, t] : run->network->state_dict()) {
       nn::Tensor data = t.detach();
@@ -295,6 +297,7 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   if (spawned_ && LocalRank(ctx) != 0) return;
   weights_ = HostState(*run.network);
   have_weights_ = true;
+  weights_of_this_rank_ = false;
   if (run.gathered_state.has_value() || run.optimizer != nullptr) {
     optim::StateDict st = run.gathered_state.has_value() ? std::move(*run.gathered_state)
                                                           : run.optimizer->state_dict();
@@ -318,6 +321,7 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   // have without the failed fit (the host copies are handles: no tensor is copied).
   const nn::StateDict weights = weights_;
   const bool have_weights = have_weights_;
+  const bool weights_of_this_rank = weights_of_this_rank_;
   const optim::StateDict optimizer_state = optimizer_state_;
   const bool have_optimizer_state = have_optimizer_state_;
   const std::string optimizer_type = optimizer_type_;
@@ -325,6 +329,7 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   auto put_back = [&] {
     weights_ = weights;
     have_weights_ = have_weights;
+    weights_of_this_rank_ = weights_of_this_rank;
     optimizer_state_ = optimizer_state;
     have_optimizer_state_ = have_optimizer_state;
     optimizer_type_ = optimizer_type;
@@ -370,6 +375,9 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
+    // Read before Build; from main, local rank 0's Keep writes it after the
+    // evaluation's all_reduce, which every rank has entered.
+    const bool keep = !have_weights_ || weights_of_this_rank_;
     std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
     std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
     RunState state;
@@ -379,7 +387,7 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
     Logs logs = EvaluateOnRank(ctx, *run->network, loss_, run->metrics, data, options.batch_size,
                                options.num_workers, options.bf16, options.batch_transform);
     CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, logs); });
-    if (!have_weights_) Keep(ctx, *run);
+    if (keep) Keep(ctx, *run);
     if (!spawned_ || LocalRank(ctx) == 0) result = std::move(logs);
     return absl::OkStatus();
   });
@@ -404,6 +412,10 @@ absl::StatusOr<nn::Tensor> Model::predict(std::shared_ptr<const data::Dataset> d
 nn::Tensor Model::PredictOnRank(dist::Context& ctx,
                                 const std::shared_ptr<const data::Dataset>& dataset,
                                 const EvalOptions& options) {
+  // As evaluate(): the network built for the first call is the one every
+  // later call starts from; read here, kept after the all_gather below (from
+  // main, local rank 0's Keep writes what every rank reads here and in Build).
+  const bool keep = !have_weights_ || weights_of_this_rank_;
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
   nn::Module& network = *run->network;
   network.eval();
@@ -438,6 +450,7 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
   nn::Tensor gathered = ctx.communicator().all_gather(
       nn::from_vector(mine, {static_cast<int64_t>(mine.size())}, {.dtype = nn::kFloat32})
           .to(ctx.device()));
+  if (keep) Keep(ctx, *run);
   const std::vector<float> all = gathered.to_vector<float>();
   const int64_t n = dataset->size();
   std::vector<float> ordered(static_cast<size_t>(n * per_example));
@@ -460,6 +473,7 @@ absl::Status Model::Materialize() {
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
   weights_ = HostState(*net);
   have_weights_ = true;
+  weights_of_this_rank_ = dist::current_or_null() != nullptr;
   return absl::OkStatus();
 }
 

@@ -28,8 +28,10 @@
 // Data: datasets of (input, target) examples (data/dataset.h). Training draws
 // each epoch's batches with DistributedBatchSampler (kWrapGlobalBatch: N ranks
 // with batch B train as one rank with batch N*B, the same samples in the same
-// order); evaluate and predict use the kUneven tail, so every sample counts
-// exactly once on any number of ranks. batch_size is per rank.
+// order, for a loss that is the mean over the batch's rows: not so with
+// CrossEntropy's weight or ignore_index, or kSum, see CrossEntropy); evaluate
+// and predict use the kUneven tail, so every sample counts exactly once on any
+// number of ranks. batch_size is per rank.
 //
 // Losses: the loss function returns the batch's mean loss (0-dim); the epoch's
 // "loss" is the mean over the steps and ranks (accumulated on the device, read
@@ -89,6 +91,14 @@ using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn
 // that is undefined, not 1-D or requires grad throw here). A weight on another
 // device than the output is copied to the output's device once per rank thread,
 // at its first call (later in-place changes to the given weight are not seen there).
+// On N ranks each rank reduces its own batch and DataParallel averages the
+// gradients: with a weight or an ignore_index that a label meets, kMean divides
+// by each rank's own weight sum, and kSum is each rank's sum (1/N of one rank's),
+// so N ranks with batch B then differ from one rank with batch N*B (as
+// PyTorch's DDP and Paddle do); label_smoothing alone keeps them equal.
+// evaluate's "eval_loss" weighs each batch's mean by its rows: with a weight
+// it depends on the batch size and the ranks, and a batch whose labels are
+// all ignore_index (a NaN mean) makes it NaN.
 LossFunction CrossEntropy();
 LossFunction CrossEntropy(nn::CrossEntropyOptions options);
 LossFunction MeanSquaredError();
@@ -325,11 +335,14 @@ class Model {
   // Inside a rank's function save is a collective, as fit is: every rank
   // calls it, the process's first rank writes the files for its process's
   // ranks (each process its own copy, as Paddle's local rank 0 does), and
-  // every rank returns once every process's files are written (one
-  // all_reduce), with an error on every rank when a writer failed (the
-  // writer's names the cause). A rank that calls it alone (`if (rank == 0)
-  // save(path)`) fails the run: the in-process collective check, or the
-  // watchdog when the other ranks have returned, names hapi::Model::save
+  // every rank returns once every process's files are written (an all_reduce
+  // before the write and one after), with an error on every rank when a
+  // writer failed (the writer's names the cause). Weights that each rank drew
+  // for itself (a save or state_dict() before any other call) first become
+  // rank 0's on every rank (a broadcast), as a first fit takes them. A rank
+  // that calls it alone (`if (rank == 0) save(path)`) fails the run: the
+  // in-process collective check, or the watchdog when the other ranks have
+  // returned, names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
@@ -365,7 +378,9 @@ class Model {
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
-  // weights: every later call starts from them.
+  // weights: every later call starts from them. Inside a rank's function each
+  // rank's state_dict() draws its own; the next call on the ranks (save, fit,
+  // evaluate, predict) takes rank 0's on every rank, and save writes those.
   absl::StatusOr<nn::StateDict> state_dict();
 
   // The network's layers, output shapes and parameter counts for an input of
@@ -383,6 +398,9 @@ class Model {
   absl::Status CheckPrepared(const char* call) const;
   // Keeps a freshly built network's weights when none are kept yet.
   absl::Status Materialize();
+  // save() inside a rank's function: every rank's kept weights become rank 0's
+  // when any rank's are its own draw (weights_of_this_rank_); a collective.
+  void TakeRankZerosWeights(dist::Context& ctx);
   // Whether `state` (of an optimizer of type `type`, read from `file`) fits
   // the prepared optimizer over `network`'s parameters; the calling thread's
   // generator is left as it was.
@@ -391,9 +409,9 @@ class Model {
   // The state load() read before any prepare(), checked against the prepared
   // optimizer (FailedPrecondition naming the file); OK when there is none.
   absl::Status CheckPendingOptimizerState();
-  // This rank's network (weights from the host copy when there is one, else
-  // rank 0's: broadcast here unless a DataParallel made next broadcasts them)
-  // and metrics.
+  // This rank's network (weights from the host copy when there is one, else,
+  // or when the copy is this rank's own draw, rank 0's: broadcast here unless
+  // a DataParallel made next broadcasts them) and metrics.
   std::unique_ptr<RankRun> Build(dist::Context& ctx, bool wrapped_by_data_parallel);
   // Copies the rank's weights and optimizer state to the host (local rank 0 when spawned).
   void Keep(dist::Context& ctx, RankRun& run);
@@ -411,6 +429,9 @@ class Model {
   // rank's weights equal).
   nn::StateDict weights_;
   bool have_weights_ = false;
+  // weights_ are a network that Materialize() built inside a rank's function:
+  // this rank's own draw, which the next call on the ranks replaces by rank 0's.
+  bool weights_of_this_rank_ = false;
   optim::StateDict optimizer_state_;
   bool have_optimizer_state_ = false;
   std::string optimizer_type_;  // Optimizer::name() of the kept state

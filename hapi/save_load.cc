@@ -9,6 +9,7 @@
 #include <system_error>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "hapi/internal/host_state.h"
@@ -24,6 +25,7 @@
 
 namespace tandem::hapi {
 
+using internal::HostCopy;
 using internal::HostState;
 
 std::string OptimizerStatePath(const std::string& path) { return path + ".optim"; }
@@ -37,8 +39,8 @@ constexpr char kOptimizerTypeKey[] = "hapi.optimizer";
 constexpr char kWeightsKey[] = "hapi.weights_fnv1a64";
 // save's collective inside a rank's function (dist::Communicator::Label).
 constexpr char kInsideRanksLabel[] =
-    "hapi::Model::save (inside a rank's function a collective: every rank calls it, the "
-    "process's first rank writes)";
+    "hapi::Model::save (inside a rank's function a collective: call it on every rank, not "
+    "under `if (rank == 0)`; the process's first rank writes)";
 
 void Fnv1a(uint64_t& hash, const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -113,13 +115,18 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
   // local rank 0 does; every rank returns once every process's files are
   // written, with an error when any writer failed.
   absl::Status written = materialized;
-  if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
   double failures = 0;
   {
     // A rank that calls save alone (`if (rank == 0) save(path)`, as a
     // PyTorch script saves) fails here: the collective check or the watchdog
     // names this label.
     dist::Communicator::Label label(ctx->communicator(), kInsideRanksLabel);
+    // Weights that Materialize() drew on each rank differ: the first rank
+    // writes rank 0's and every rank keeps them, as a first fit takes them.
+    const std::vector<double> built = internal::SumOverRanks(
+        *ctx, {materialized.ok() ? 0.0 : 1.0, weights_of_this_rank_ ? 1.0 : 0.0});
+    if (built[0] == 0 && built[1] > 0) TakeRankZerosWeights(*ctx);
+    if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
     failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
   }
   if (!written.ok()) return written;
@@ -130,6 +137,17 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
         "names the cause)"));
   }
   return absl::OkStatus();
+}
+
+void Model::TakeRankZerosWeights(dist::Context& ctx) {
+  nn::NoGradGuard no_grad;
+  for (auto& [name, t] : weights_) {
+    // A new tensor: a state_dict() the caller holds keeps this rank's values.
+    nn::Tensor on_device = ctx.device().is_cpu() ? HostCopy(t) : t.to(ctx.device());
+    ctx.communicator().broadcast(on_device, 0);
+    t = ctx.device().is_cpu() ? on_device : HostCopy(on_device);
+  }
+  weights_of_this_rank_ = false;
 }
 
 absl::Status Model::CheckOptimizerState(const optim::StateDict& state, const std::string& type,
@@ -192,6 +210,7 @@ absl::Status Model::load(const std::string& path, LoadOptions options) {
   }
   weights_ = std::move(weights);
   have_weights_ = true;
+  weights_of_this_rank_ = false;
   have_optimizer_state_ = optimizer_state.has_value();
   if (optimizer_state.has_value()) {
     optimizer_state_ = std::move(*optimizer_state);

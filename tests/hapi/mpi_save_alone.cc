@@ -2,7 +2,7 @@
 // function of a 2-process job, for tests/spawn/mpi_fault_test.sh:
 //   mpirun -np 2 hapi_mpi_save_alone MODE
 // Every rank fits one epoch; then global rank 0 saves (save is a collective
-// inside a rank's function: every rank calls it) while the other ranks do
+// inside a rank's function: call it on every rank ...) while the other ranks do
 // something else. MODE: mismatch_save_barrier (one rank a process; process
 // 1's rank calls a barrier instead: the processes' collectives differ, and
 // every process must name save, whose label only process 0 knows),

@@ -399,7 +399,7 @@ enum class Meanwhile { kReturns, kEvaluates, kFitsAgain, kWaitsInABarrier };
 
 // A save on rank 0 alone inside the ranks' function (`if (rank == 0)
 // save(path)`, as a PyTorch script saves) fails the run within seconds, not at
-// the watchdog's timeout, naming Model::save and that every rank calls it,
+// the watchdog's timeout, naming Model::save and telling to call it on every rank,
 // whatever rank 1 does meanwhile: return, or go on to another collective.
 TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
   auto train = Classification(24, 41);
@@ -433,7 +433,7 @@ TEST(SaveLoadTest, InsideRanksASaveOnOneRankAloneFailsNamingSave) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ASSERT_FALSE(run.ok());
     EXPECT_TRUE(Contains(run, "from hapi::Model::save (inside a rank's function a collective: "
-                              "every rank calls it"))
+                              "call it on every rank, not under `if (rank == 0)`"))
         << run;
     EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
   }
@@ -662,6 +662,62 @@ TEST(SaveLoadTest, InsideRanksAFitThatThrowsLeavesTheLoadedStateWaiting) {
     EXPECT_NE(failures[r].find("callback FailAtStepTwo failed"), std::string::npos) << failures[r];
     EXPECT_EQ(same[r], 1) << "rank " << r << ": the loaded optimizer state was not kept";
   }
+}
+
+// Inside a rank's function, a save before any fit writes rank 0's fresh
+// weights and every rank keeps them (each rank's factory draws its own from
+// the rank's generator): its state_dict() and predict() afterwards are those
+// of the file, on every rank, as after a first fit, which takes rank 0's.
+TEST(SaveLoadTest, InsideRanksASaveBeforeAnyFitKeepsRankZerosWeightsOnEveryRank) {
+  auto data = Classification(24, 43);
+  const std::string path = Dir("inside_ranks_fresh") + "/model.safetensors";
+  std::vector<nn::StateDict> kept(2);
+  std::vector<nn::Tensor> predicted(2);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(model.save(path));
+        ASSIGN_OR_RETURN(kept[static_cast<size_t>(ctx.rank())], model.state_dict());
+        ASSIGN_OR_RETURN(predicted[static_cast<size_t>(ctx.rank())],
+                         model.predict(data, {.batch_size = 4}));
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  Model loaded([] { return std::make_shared<Net>(); }, Cpu(1));
+  ASSERT_TRUE(loaded.load(path).ok());
+  absl::StatusOr<nn::StateDict> file = loaded.state_dict();
+  absl::StatusOr<nn::Tensor> want = loaded.predict(data, {.batch_size = 4});
+  ASSERT_TRUE(file.ok() && want.ok());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(SameBits(kept[r], *file)) << "rank " << r << " kept other weights than it saved";
+    EXPECT_EQ(predicted[r].to_vector<float>(), want->to_vector<float>())
+        << "rank " << r << ": predict mixed other weights than the file's";
+  }
+}
+
+// predict() before any other call keeps the network it built, as evaluate()
+// does: inside a rank's function (whose generator moves on) a second predict,
+// and the weights state_dict() gives, are those of the first.
+TEST(SaveLoadTest, APredictBeforeAnyOtherCallKeepsItsWeights) {
+  auto data = Classification(24, 44);
+  std::vector<float> first, second, after;
+  absl::Status run = dist::spawn(
+      [&](dist::Context&) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        ASSIGN_OR_RETURN(nn::Tensor p1, model.predict(data, {.batch_size = 4}));
+        ASSIGN_OR_RETURN(nn::Tensor p2, model.predict(data, {.batch_size = 4}));
+        RETURN_IF_ERROR(model.state_dict().status());
+        ASSIGN_OR_RETURN(nn::Tensor p3, model.predict(data, {.batch_size = 4}));
+        first = p1.to_vector<float>();
+        second = p2.to_vector<float>();
+        after = p3.to_vector<float>();
+        return absl::OkStatus();
+      },
+      1, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(after, first);
 }
 
 }  // namespace
