@@ -757,5 +757,22 @@ TEST(SaveLoadTest, InsideRanksWeightsAStateDictDrewBecomeRankZerosAtTheNextEvalu
   }
 }
 
+// From main, as evaluate() does, a predict() before any other call keeps the
+// network its ranks ran (rank 0's draw): a save() afterwards writes that
+// network, not one drawn anew on main's thread.
+TEST(SaveLoadTest, FromMainASaveAfterAPredictWritesThePredictedNetwork) {
+  auto data = Classification(24, 46);
+  const std::string path = Dir("from_main_predict") + "/model.safetensors";
+  Model model([] { return std::make_shared<Net>(); }, Cpu(2));
+  absl::StatusOr<nn::Tensor> predicted = model.predict(data, {.batch_size = 4});
+  ASSERT_TRUE(predicted.ok()) << predicted.status();
+  ASSERT_TRUE(model.save(path).ok());
+  Model loaded([] { return std::make_shared<Net>(); }, Cpu(1));
+  ASSERT_TRUE(loaded.load(path).ok());
+  absl::StatusOr<nn::Tensor> again = loaded.predict(data, {.batch_size = 4});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->to_vector<float>(), predicted->to_vector<float>());
+}
+
 }  // namespace
 }  // namespace tandem::hapi
