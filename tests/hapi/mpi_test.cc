@@ -85,7 +85,8 @@ TEST_F(HapiMpiTest, ASaveBeforeAnyFitGivesEveryProcessRankZerosWeights) {
     double sum = 0;
     int64_t at = 0;
     for (const auto& [name, t] : state)
-      for (float v : t.to_vector<float>()) sum += static_cast<double>(v) * static_cast<double>(++at);
+      for (float v : t.to_vector<float>())
+        sum += static_cast<double>(v) * static_cast<double>(++at);
     return sum;
   };
   // {drawn, kept}: each the largest minus the smallest over the ranks.
@@ -94,7 +95,8 @@ TEST_F(HapiMpiTest, ASaveBeforeAnyFitGivesEveryProcessRankZerosWeights) {
   absl::Status run = dist::spawn(
       [&](dist::Context& ctx) -> absl::Status {
         // Each process its own file: a process reads only its own copy.
-        const std::string path = absl::StrCat(dir, "/p", ctx.rank() - ctx.local_rank(), ".safetensors");
+        const std::string path =
+            absl::StrCat(dir, "/p", ctx.rank() - ctx.local_rank(), ".safetensors");
         if (ctx.local_rank() == 0) std::filesystem::create_directories(dir);
         Model model([] { return std::make_shared<Net>(); });
         ASSIGN_OR_RETURN(nn::StateDict drawn, model.state_dict());
