@@ -3,7 +3,8 @@
 //   tests/spawn/mpirun.sh -np 2 build-cpu/tests/hapi/hapi_mpi_test
 // Each process's first rank writes its copy of both files (one temporary file
 // each, named with its pid: nn/internal/atomic_file.h), and every rank of
-// every process finds both when its save returns and loads them.
+// every process finds both when its save returns and loads them. A save
+// before any fit gives every rank of every process rank 0's weights.
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -72,6 +73,51 @@ TEST_F(HapiMpiTest, EachProcessWritesItsCopyOnce) {
   const std::map<std::string, testing::Writes> want = {{"model.safetensors", each},
                                                        {"model.safetensors.optim", each}};
   EXPECT_EQ(temporaries->Take(), want);
+}
+
+// A save before any fit, on every rank of every process (2 ranks each): each
+// rank's factory draws its own weights, and the save gives every rank of every
+// process rank 0's, which each process's copy of the file holds.
+TEST_F(HapiMpiTest, ASaveBeforeAnyFitGivesEveryProcessRankZerosWeights) {
+  const std::string dir = ::testing::TempDir() + "/hapi_mpi_save_fresh";
+  // A sum that tells draws apart: each value weighed by its place.
+  auto checksum = [](const nn::StateDict& state) {
+    double sum = 0;
+    int64_t at = 0;
+    for (const auto& [name, t] : state)
+      for (float v : t.to_vector<float>())
+        sum += static_cast<double>(v) * static_cast<double>(++at);
+    return sum;
+  };
+  // {drawn, kept}: each the largest minus the smallest over the ranks.
+  std::vector<double> spread(2, -1);
+  std::vector<int> same_as_file(2, 0);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        // Each process its own file: a process reads only its own copy.
+        const std::string path =
+            absl::StrCat(dir, "/p", ctx.rank() - ctx.local_rank(), ".safetensors");
+        if (ctx.local_rank() == 0) std::filesystem::create_directories(dir);
+        Model model([] { return std::make_shared<Net>(); });
+        ASSIGN_OR_RETURN(nn::StateDict drawn, model.state_dict());
+        RETURN_IF_ERROR(model.save(path));
+        ASSIGN_OR_RETURN(nn::StateDict kept, model.state_dict());
+        Model file([] { return std::make_shared<Net>(); });
+        RETURN_IF_ERROR(file.load(path));
+        ASSIGN_OR_RETURN(nn::StateDict read, file.state_dict());
+        const double d = checksum(drawn), k = checksum(kept);
+        nn::Tensor t = nn::from_vector<double>({d, -d, k, -k}, {4}, {.dtype = nn::kFloat64});
+        ctx.communicator().all_reduce(t, dist::ReduceOp::kMax);
+        const std::vector<double> m = t.to_vector<double>();
+        if (ctx.local_rank() == 0) spread = {m[0] + m[1], m[2] + m[3]};
+        same_as_file[static_cast<size_t>(ctx.local_rank())] = checksum(read) == k ? 1 : 0;
+        return absl::OkStatus();
+      },
+      2, "cpu", Options());
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_GT(spread[0], 0) << "the ranks drew the same weights: the test shows nothing";
+  EXPECT_EQ(spread[1], 0) << "the ranks kept different weights after the save";
+  EXPECT_EQ(same_as_file, (std::vector<int>{1, 1})) << "a rank kept other weights than its file";
 }
 
 }  // namespace

@@ -720,5 +720,59 @@ TEST(SaveLoadTest, APredictBeforeAnyOtherCallKeepsItsWeights) {
   EXPECT_EQ(after, first);
 }
 
+// Inside a rank's function, weights that state_dict() drew on a rank (every
+// rank, or rank 1 alone) give way at the next evaluate() or predict() to rank
+// 0's on every rank, as at a first fit: afterwards both ranks hold the same
+// weights, and rank 0 those it drew (or, where rank 1 alone drew, its fresh
+// network's), with no rank left in a broadcast the others skip.
+TEST(SaveLoadTest, InsideRanksWeightsAStateDictDrewBecomeRankZerosAtTheNextEvaluateOrPredict) {
+  auto data = Classification(24, 45);
+  for (const bool every_rank : {true, false}) {
+    for (const bool evaluate : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(every_rank ? "every rank" : "rank 1 alone", " drew, then ",
+                                evaluate ? "evaluate" : "predict"));
+      std::vector<nn::StateDict> drawn(2), kept(2);
+      absl::Status run = dist::spawn(
+          [&](dist::Context& ctx) -> absl::Status {
+            const auto r = static_cast<size_t>(ctx.rank());
+            Model model([] { return std::make_shared<Net>(); });
+            model.prepare(AdamFactory(), CrossEntropy());
+            if (every_rank || r == 1) {
+              ASSIGN_OR_RETURN(drawn[r], model.state_dict());
+            }
+            if (evaluate) {
+              RETURN_IF_ERROR(model.evaluate(data, {.batch_size = 4}).status());
+            } else {
+              RETURN_IF_ERROR(model.predict(data, {.batch_size = 4}).status());
+            }
+            ASSIGN_OR_RETURN(kept[r], model.state_dict());
+            return absl::OkStatus();
+          },
+          2, "cpu", testing::DefaultTestSpawnOptions());
+      ASSERT_TRUE(run.ok()) << run;
+      EXPECT_FALSE(SameBits(drawn[1], kept[1])) << "rank 1 kept the weights it drew itself";
+      EXPECT_TRUE(SameBits(kept[0], kept[1])) << "the ranks hold different weights";
+      if (every_rank) EXPECT_TRUE(SameBits(kept[0], drawn[0])) << "rank 0 did not keep its own";
+    }
+  }
+}
+
+// From main, as evaluate() does, a predict() before any other call keeps the
+// network its ranks ran (rank 0's draw): a save() afterwards writes that
+// network, not one drawn anew on main's thread.
+TEST(SaveLoadTest, FromMainASaveAfterAPredictWritesThePredictedNetwork) {
+  auto data = Classification(24, 46);
+  const std::string path = Dir("from_main_predict") + "/model.safetensors";
+  Model model([] { return std::make_shared<Net>(); }, Cpu(2));
+  absl::StatusOr<nn::Tensor> predicted = model.predict(data, {.batch_size = 4});
+  ASSERT_TRUE(predicted.ok()) << predicted.status();
+  ASSERT_TRUE(model.save(path).ok());
+  Model loaded([] { return std::make_shared<Net>(); }, Cpu(1));
+  ASSERT_TRUE(loaded.load(path).ok());
+  absl::StatusOr<nn::Tensor> again = loaded.predict(data, {.batch_size = 4});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->to_vector<float>(), predicted->to_vector<float>());
+}
+
 }  // namespace
 }  // namespace tandem::hapi
