@@ -159,7 +159,18 @@ class HubTransport final : public ProcessTransport {
   }
 
  private:
+  // Every process must send as many words as this one expects (as MPI's
+  // all-reduce requires: otherwise MPI_ERR_TRUNCATE or a hang): a round or a
+  // check whose size differs between the processes fails the test.
   static void MaxInt64(const std::vector<std::string>& in, int64_t* out, int n) {
+    for (size_t q = 0; q < in.size(); ++q) {
+      if (in[q].size() != static_cast<size_t>(n) * 8) {
+        ADD_FAILURE() << "a MAX all-reduce of " << n << " int64 met process " << q << "'s "
+                      << in[q].size() / 8;
+        throw Error(absl::StrCat("test transport: a MAX all-reduce of ", n,
+                                 " int64 met process ", q, "'s ", in[q].size() / 8));
+      }
+    }
     for (int i = 0; i < n; ++i) {
       int64_t m = INT64_MIN;
       for (const std::string& s : in) m = std::max(m, reinterpret_cast<const int64_t*>(s.data())[i]);

@@ -76,7 +76,11 @@ void PackLabel(const char* label, int64_t* words) {
   if (label == nullptr || *label == '\0') return;
   std::string text(label);
   if (text.size() > static_cast<size_t>(kLabelBytes)) {
-    text = text.substr(0, kLabelBytes - 3) + "...";
+    // Cut before a UTF-8 character that does not fit whole (back over its
+    // continuation bytes, 10xxxxxx, to its lead byte), never inside one.
+    size_t cut = kLabelBytes - 3;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+    text = text.substr(0, cut) + "...";
   }
   for (int w = 0; w < kLabelWords; ++w) {
     int64_t word = 0;

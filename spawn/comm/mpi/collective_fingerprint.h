@@ -55,8 +55,8 @@ std::string DescribeFingerprint(const Fingerprint& fingerprint, uint64_t sequenc
 // A label as kLabelWords words for a MAX all-reduce: 7 bytes a word in its low
 // 56 bits (never negative, so a process's words win over the INT64_MIN that the
 // others put in its slots), zero bytes after the text. At most kLabelBytes bytes
-// travel: a longer label is cut and ends in "...". Null or "": every word
-// INT64_MIN (no label).
+// travel: a longer label is cut (between UTF-8 characters) and ends in "...".
+// Null or "": every word INT64_MIN (no label).
 inline constexpr int kLabelWords = 32;
 inline constexpr int kLabelBytes = 7 * kLabelWords;
 void PackLabel(const char* label, int64_t* words);

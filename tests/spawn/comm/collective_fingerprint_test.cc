@@ -194,6 +194,26 @@ TEST(CollectiveFingerprint, ALabelPacksIntoWordsAMaxKeepsAndReadsBack) {
   EXPECT_EQ(UnpackLabel(words), std::string(kLabelBytes - 3, 'y') + "...");
 }
 
+// A long label is cut before a UTF-8 character that would not fit whole, never
+// inside one: the message stays valid UTF-8.
+TEST(CollectiveFingerprint, ALongLabelIsCutBetweenUtf8Characters) {
+  int64_t words[kLabelWords];
+  for (int ascii = 0; ascii < 4; ++ascii) {
+    std::string label(kLabelBytes - 4 + ascii, 'a');  // then two-byte e-acutes
+    for (int i = 0; i < 4; ++i) label += "\xc3\xa9";
+    PackLabel(label.c_str(), words);
+    const std::string text = UnpackLabel(words);
+    ASSERT_GE(text.size(), 3u);
+    EXPECT_EQ(text.substr(text.size() - 3), "...") << "ascii " << ascii;
+    const std::string kept = text.substr(0, text.size() - 3);
+    EXPECT_LE(text.size(), static_cast<size_t>(kLabelBytes));
+    EXPECT_GE(kept.size(), static_cast<size_t>(kLabelBytes - 4)) << "ascii " << ascii;
+    EXPECT_EQ(kept, label.substr(0, kept.size())) << "ascii " << ascii;
+    EXPECT_NE(static_cast<unsigned char>(kept.back()), 0xc3)
+        << "ascii " << ascii << ": cut inside a character: " << text;
+  }
+}
+
 TEST(CollectiveFingerprint, AnOpThatIsNoCrossProcessCollectiveIsNamed) {
   const std::string error = PackError({.op = "all_to_all"});
   EXPECT_NE(error.find("op \"all_to_all\" is not a cross-process collective"), std::string::npos)
