@@ -185,12 +185,15 @@ Tensor MSELossImpl::forward(const Tensor& pred, const Tensor& target) {
 namespace {
 
 // A class weight for a loss module: 1-D (its length is checked against the input
-// at forward), registered as the buffer "weight".
+// at forward), a constant (the loss refuses one that requires grad: refused here,
+// at construction), registered as the buffer "weight".
 Tensor RegisterClassWeight(Module& module, const std::optional<Tensor>& weight, const char* name) {
   if (!weight.has_value()) return Tensor();
   TANDEM_CHECK(weight->defined() && weight->dim() == 1, name, ": weight of shape ",
                weight->defined() ? ShapeToString(weight->shape()) : "(undefined)",
                " must be 1-D, one weight per class");
+  TANDEM_CHECK(!weight->requires_grad(), name,
+               ": weight requires grad; class weights are constants (detach it)");
   return module.register_buffer("weight", *weight);
 }
 

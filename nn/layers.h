@@ -243,7 +243,7 @@ TANDEM_MODULE(MSELoss);
 // Reduction or from CrossEntropyOptions (weight, ignore_index, label_smoothing);
 // the weight, when given, is a buffer named "weight" (moves with to(), in the
 // state dict, as PyTorch's CrossEntropyLoss). label_smoothing outside [0, 1] or a
-// weight that is not 1-D fails here, naming it.
+// weight that is not 1-D or requires grad fails here, naming it (NLLLoss's weight too).
 class CrossEntropyLossImpl : public Module {
  public:
   explicit CrossEntropyLossImpl(Reduction reduction = Reduction::kMean) : reduction(reduction) {}

@@ -498,6 +498,14 @@ TEST(LossTest, ClassificationLossModulesTakeOptions) {
   EXPECT_NE(ErrorOf([] { CrossEntropyLoss{CrossEntropyOptions{.label_smoothing = 2.0}}; })
                 .find("CrossEntropyLoss: label_smoothing 2 is outside [0, 1]"),
             std::string::npos);
+  Tensor trainable = from_vector(std::vector<float>{1, 2, 3}, {3});
+  trainable.set_requires_grad(true);
+  EXPECT_NE(ErrorOf([&] { CrossEntropyLoss{CrossEntropyOptions{.weight = trainable}}; })
+                .find("CrossEntropyLoss: weight requires grad"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { NLLLoss{NllLossOptions{.weight = trainable}}; })
+                .find("NLLLoss: weight requires grad"),
+            std::string::npos);
 }
 
 }  // namespace
