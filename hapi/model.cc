@@ -243,7 +243,7 @@ void Model::prepare(OptimizerFactory optimizer, LossFunction loss,
   metrics_ = std::move(metrics);
   // A new optimizer starts fresh, except with the state load() read before any
   // prepare(): the next fit checks it against this optimizer.
-  if (unchecked_optimizer_file_.empty()) have_optimizer_state_ = false;
+  if (kept_.unchecked_optimizer_file.empty()) kept_.have_optimizer_state = false;
 }
 
 absl::Status Model::CheckPrepared(const char* call) const {
@@ -268,11 +268,11 @@ std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, bool wrapped_by
   run->network = network_();
   TANDEM_CHECK(run->network != nullptr, "hapi::Model: the network factory returned null");
   run->network->to(ctx.device());
-  if (have_weights_) {
-    absl::Status st = run->network->load_state_dict(weights_);
+  if (kept_.have_weights) {
+    absl::Status st = run->network->load_state_dict(kept_.weights);
     TANDEM_CHECK(st.ok(), "hapi::Model: the kept weights do not fit the network: ", st.message());
   }
-  if ((!have_weights_ || weights_of_this_rank_) && !wrapped_by_data_parallel) {
+  if ((!kept_.have_weights || kept_.weights_of_this_rank) && !wrapped_by_data_parallel) {
     // A fresh network (or one that state_dict() built on this rank alone):
     // every rank takes rank 0's initial weights, as DataParallel's
     // construction does for fit, so evaluate() and predict() before any fit
@@ -295,16 +295,16 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   // (DataParallel holds every rank's weights equal). Inside a rank's function
   // the Model is that rank's own.
   if (spawned_ && LocalRank(ctx) != 0) return;
-  weights_ = HostState(*run.network);
-  have_weights_ = true;
-  weights_of_this_rank_ = false;
+  kept_.weights = HostState(*run.network);
+  kept_.have_weights = true;
+  kept_.weights_of_this_rank = false;
   if (run.gathered_state.has_value() || run.optimizer != nullptr) {
     optim::StateDict st = run.gathered_state.has_value() ? std::move(*run.gathered_state)
                                                           : run.optimizer->state_dict();
     for (auto& [name, t] : st.tensors) t = HostCopy(t);
-    optimizer_state_ = std::move(st);
-    have_optimizer_state_ = true;
-    optimizer_type_ = run.zero != nullptr ? run.zero->optimizer().name() : run.optimizer->name();
+    kept_.optimizer_state = std::move(st);
+    kept_.have_optimizer_state = true;
+    kept_.optimizer_type = run.zero != nullptr ? run.zero->optimizer().name() : run.optimizer->name();
   }
 }
 
@@ -319,22 +319,7 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
   // and the check below passes a state that load() read before prepare(). Both
   // are put back, so that the next prepare() and fit() start as they would
   // have without the failed fit (the host copies are handles: no tensor is copied).
-  const nn::StateDict weights = weights_;
-  const bool have_weights = have_weights_;
-  const bool weights_of_this_rank = weights_of_this_rank_;
-  const optim::StateDict optimizer_state = optimizer_state_;
-  const bool have_optimizer_state = have_optimizer_state_;
-  const std::string optimizer_type = optimizer_type_;
-  const std::string unchecked_optimizer_file = unchecked_optimizer_file_;
-  auto put_back = [&] {
-    weights_ = weights;
-    have_weights_ = have_weights;
-    weights_of_this_rank_ = weights_of_this_rank;
-    optimizer_state_ = optimizer_state;
-    have_optimizer_state_ = have_optimizer_state;
-    optimizer_type_ = optimizer_type;
-    unchecked_optimizer_file_ = unchecked_optimizer_file;
-  };
+  const Kept before = kept_;
   RETURN_IF_ERROR(CheckPendingOptimizerState());
   History history;
   absl::Status status;
@@ -345,11 +330,11 @@ absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
       return absl::OkStatus();
     });
   } catch (...) {  // inside a rank's function: this rank's fit failed
-    put_back();
+    kept_ = before;
     throw;
   }
   if (!status.ok()) {
-    put_back();
+    kept_ = before;
     return status;
   }
   return history;
@@ -361,7 +346,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
   const RankBatch rank_batch = RankBatchOf(ctx, options);
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
   internal::PrepareForTraining(ctx, *run, options, rank_batch, optimizer_,
-                               have_optimizer_state_ ? &optimizer_state_ : nullptr);
+                               kept_.have_optimizer_state ? &kept_.optimizer_state : nullptr);
   History history =
       internal::FitLoop(ctx, *run, loss_, train, options, rank_batch, snapshots_on).Run();
   Keep(ctx, *run);
@@ -377,7 +362,7 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
     // Read before Build; from main, local rank 0's Keep writes it after the
     // evaluation's all_reduce, which every rank has entered.
-    const bool keep = !have_weights_ || weights_of_this_rank_;
+    const bool keep = !kept_.have_weights || kept_.weights_of_this_rank;
     std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
     std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
     RunState state;
@@ -415,7 +400,7 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
   // As evaluate(): the network built for the first call is the one every
   // later call starts from; read here, kept after the all_gather below (from
   // main, local rank 0's Keep writes what every rank reads here and in Build).
-  const bool keep = !have_weights_ || weights_of_this_rank_;
+  const bool keep = !kept_.have_weights || kept_.weights_of_this_rank;
   std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
   nn::Module& network = *run->network;
   network.eval();
@@ -468,18 +453,18 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
 }
 
 absl::Status Model::Materialize() {
-  if (have_weights_) return absl::OkStatus();
+  if (kept_.have_weights) return absl::OkStatus();
   std::shared_ptr<nn::Module> net = network_();
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
-  weights_ = HostState(*net);
-  have_weights_ = true;
-  weights_of_this_rank_ = dist::current_or_null() != nullptr;
+  kept_.weights = HostState(*net);
+  kept_.have_weights = true;
+  kept_.weights_of_this_rank = dist::current_or_null() != nullptr;
   return absl::OkStatus();
 }
 
 absl::StatusOr<nn::StateDict> Model::state_dict() {
   RETURN_IF_ERROR(Materialize());
-  return weights_;
+  return kept_.weights;
 }
 
 absl::StatusOr<ModelSummary> Model::summary(const nn::Shape& input_shape) {

@@ -399,7 +399,7 @@ class Model {
   // Keeps a freshly built network's weights when none are kept yet.
   absl::Status Materialize();
   // save() inside a rank's function: every rank's kept weights become rank 0's
-  // when any rank's are its own draw (weights_of_this_rank_); a collective.
+  // when any rank's are its own draw (kept_.weights_of_this_rank); a collective.
   void TakeRankZerosWeights(dist::Context& ctx);
   // Whether `state` (of an optimizer of type `type`, read from `file`) fits
   // the prepared optimizer over `network`'s parameters; the calling thread's
@@ -425,19 +425,23 @@ class Model {
   OptimizerFactory optimizer_;
   LossFunction loss_;
   std::vector<MetricFactory> metrics_;
-  // Host copies kept between calls (from local rank 0: DataParallel keeps every
-  // rank's weights equal).
-  nn::StateDict weights_;
-  bool have_weights_ = false;
-  // weights_ are a network that Materialize() built inside a rank's function:
-  // this rank's own draw, which the next call on the ranks replaces by rank 0's.
-  bool weights_of_this_rank_ = false;
-  optim::StateDict optimizer_state_;
-  bool have_optimizer_state_ = false;
-  std::string optimizer_type_;  // Optimizer::name() of the kept state
-  // A state load() read before any prepare(): the file it came from, until a
-  // fit has checked it against the prepared optimizer ("" otherwise).
-  std::string unchecked_optimizer_file_;
+  // What the Model keeps between calls, as host copies (from local rank 0:
+  // DataParallel keeps every rank's weights equal). A fit that fails puts back
+  // what it found.
+  struct Kept {
+    nn::StateDict weights;
+    bool have_weights = false;
+    // weights are a network that Materialize() built inside a rank's function:
+    // this rank's own draw, which the next call on the ranks replaces by rank 0's.
+    bool weights_of_this_rank = false;
+    optim::StateDict optimizer_state;
+    bool have_optimizer_state = false;
+    std::string optimizer_type;  // Optimizer::name() of the kept state
+    // A state load() read before any prepare(): the file it came from, until a
+    // fit has checked it against the prepared optimizer ("" otherwise).
+    std::string unchecked_optimizer_file;
+  };
+  Kept kept_;
   // This call spawned its ranks (from main) rather than running on the caller's rank.
   bool spawned_ = false;
 };

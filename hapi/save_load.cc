@@ -87,7 +87,7 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
   // load() refuses.
   auto write_files = [&]() -> absl::Status {
     const std::string optimizer_file = OptimizerStatePath(path);
-    if (!options.training || !have_optimizer_state_) {
+    if (!options.training || !kept_.have_optimizer_state) {
       // An earlier save's optimizer file goes first: it belongs to other weights.
       std::error_code error;
       std::filesystem::remove(optimizer_file, error);
@@ -95,13 +95,13 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
         return absl::InternalError(absl::StrCat("hapi::Model::save: cannot remove the earlier ",
                                                 optimizer_file, ": ", error.message()));
       }
-      return nn::SaveSafetensors(path, weights_);
+      return nn::SaveSafetensors(path, kept_.weights);
     }
-    RETURN_IF_ERROR(nn::SaveSafetensors(path, weights_));
+    RETURN_IF_ERROR(nn::SaveSafetensors(path, kept_.weights));
     nn::Checkpoint file;
-    dist::PutOptimizerEntries(optimizer_state_, file);
-    file.metadata[kOptimizerTypeKey] = optimizer_type_;
-    file.metadata[kWeightsKey] = WeightsFingerprint(weights_);
+    dist::PutOptimizerEntries(kept_.optimizer_state, file);
+    file.metadata[kOptimizerTypeKey] = kept_.optimizer_type;
+    file.metadata[kWeightsKey] = WeightsFingerprint(kept_.weights);
     return nn::SaveCheckpoint(optimizer_file, file);
   };
   absl::Status materialized = Materialize();
@@ -124,7 +124,7 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
     // Weights that Materialize() drew on each rank differ: the first rank
     // writes rank 0's and every rank keeps them, as a first fit takes them.
     const std::vector<double> built = internal::SumOverRanks(
-        *ctx, {materialized.ok() ? 0.0 : 1.0, weights_of_this_rank_ ? 1.0 : 0.0});
+        *ctx, {materialized.ok() ? 0.0 : 1.0, kept_.weights_of_this_rank ? 1.0 : 0.0});
     if (built[0] == 0 && built[1] > 0) TakeRankZerosWeights(*ctx);
     if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
     failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
@@ -141,13 +141,13 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
 
 void Model::TakeRankZerosWeights(dist::Context& ctx) {
   nn::NoGradGuard no_grad;
-  for (auto& [name, t] : weights_) {
+  for (auto& [name, t] : kept_.weights) {
     // A new tensor: a state_dict() the caller holds keeps this rank's values.
     nn::Tensor on_device = ctx.device().is_cpu() ? HostCopy(t) : t.to(ctx.device());
     ctx.communicator().broadcast(on_device, 0);
     t = ctx.device().is_cpu() ? on_device : HostCopy(on_device);
   }
-  weights_of_this_rank_ = false;
+  kept_.weights_of_this_rank = false;
 }
 
 absl::Status Model::CheckOptimizerState(const optim::StateDict& state, const std::string& type,
@@ -208,34 +208,34 @@ absl::Status Model::load(const std::string& path, LoadOptions options) {
     return absl::InternalError(absl::StrCat("hapi::Model::load: cannot look for ", optimizer_file,
                                             ": ", error.message()));
   }
-  weights_ = std::move(weights);
-  have_weights_ = true;
-  weights_of_this_rank_ = false;
-  have_optimizer_state_ = optimizer_state.has_value();
+  kept_.weights = std::move(weights);
+  kept_.have_weights = true;
+  kept_.weights_of_this_rank = false;
+  kept_.have_optimizer_state = optimizer_state.has_value();
   if (optimizer_state.has_value()) {
-    optimizer_state_ = std::move(*optimizer_state);
-    optimizer_type_ = std::move(type);
+    kept_.optimizer_state = std::move(*optimizer_state);
+    kept_.optimizer_type = std::move(type);
   }
-  unchecked_optimizer_file_ = have_optimizer_state_ && !optimizer_ ? optimizer_file : "";
+  kept_.unchecked_optimizer_file = kept_.have_optimizer_state && !optimizer_ ? optimizer_file : "";
   return absl::OkStatus();
 }
 
 absl::Status Model::CheckPendingOptimizerState() {
-  if (unchecked_optimizer_file_.empty()) return absl::OkStatus();
+  if (kept_.unchecked_optimizer_file.empty()) return absl::OkStatus();
   // The state load() read before prepare(), against the prepared optimizer.
   const nn::Generator generator = nn::thread_generator();
   std::shared_ptr<nn::Module> net = network_();
   nn::thread_generator() = generator;
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
   absl::Status fits =
-      CheckOptimizerState(optimizer_state_, optimizer_type_, unchecked_optimizer_file_, *net);
+      CheckOptimizerState(kept_.optimizer_state, kept_.optimizer_type, kept_.unchecked_optimizer_file, *net);
   if (!fits.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "hapi::Model::fit: the optimizer state that load() read before prepare() does not "
         "fit the prepared optimizer (load with reset_optimizer to start it fresh): ",
         fits.message()));
   }
-  unchecked_optimizer_file_.clear();
+  kept_.unchecked_optimizer_file.clear();
   return absl::OkStatus();
 }
 

@@ -235,10 +235,6 @@ __global__ void AccuracyRowKernel(const T* logits, const int64_t* labels, float*
   hits[i] = best == labels[i] ? 1.0f : 0.0f;
 }
 
-}  // namespace
-
-namespace {
-
 // kMean over at most this many rows is WeightedMeanKernel alone. One block's loads
 // are bound by their latency (estimated, not measured: tens of GB/s, so a million
 // rows would take ~100 us, more than the loss kernel itself), so more rows take
