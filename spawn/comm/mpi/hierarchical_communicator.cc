@@ -332,14 +332,17 @@ bool HierarchicalExchange::AllReduceInto(const std::vector<const void*>& inputs,
 
 namespace {
 
+// The fingerprint of a request's collective (op, reduction, root, dtype, size).
+Fingerprint FingerprintOfRequest(const HierarchicalExchange::Request& r) {
+  return PackFingerprint({.op = r.op, .reduce = r.reduce, .root = r.root,
+                          .dtype = r.in.defined() ? r.in.dtype() : nn::DType::kFloat32,
+                          .numel = r.in.defined() ? r.in.numel() : 0});
+}
+
 // The request's collective and size as the fingerprint describes it
 // ("all_reduce #4 (1530 float32, sum)"), then its label, if any.
 std::string Describe(const HierarchicalExchange::Request& r) {
-  const Fingerprint fingerprint =
-      PackFingerprint({.op = r.op, .reduce = r.reduce, .root = r.root,
-                       .dtype = r.in.defined() ? r.in.dtype() : nn::DType::kFloat32,
-                       .numel = r.in.defined() ? r.in.numel() : 0});
-  return DescribeFingerprint(fingerprint, r.sequence) + FromLabel(r.label);
+  return DescribeFingerprint(FingerprintOfRequest(r), r.sequence) + FromLabel(r.label);
 }
 
 }  // namespace
@@ -470,10 +473,7 @@ bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& st
     fingerprints_.resize(kFingerprintHistory);
     labels_.resize(kFingerprintHistory);
   }
-  const Fingerprint fingerprint = PackFingerprint(
-      {.op = first.op, .reduce = first.reduce, .root = first.root,
-       .dtype = first.in.defined() ? first.in.dtype() : nn::DType::kFloat32,
-       .numel = first.in.defined() ? first.in.numel() : 0});
+  const Fingerprint fingerprint = FingerprintOfRequest(first);
   const char* label = nullptr;
   for (size_t l = 0; l < batch.size() && label == nullptr; ++l) label = batch[l]->label;
   fingerprints_[++started_ % kFingerprintHistory] = fingerprint;
