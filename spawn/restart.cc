@@ -214,16 +214,16 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
     }
   }
   const RestartPolicy& policy = run.policy;
-  if (const std::optional<FailureCause>& cause = failure_cause; cause.has_value()) {
+  if (failure_cause.has_value()) {
     // A collective still in flight after every rank returned is one that some
     // rank never entered (the ranks ran different steps: NCCL's asynchronous
     // collectives let a rank return past it): a new attempt would run the same
     // steps. Only a communicator's own error restarts then.
-    if (*cause == FailureCause::kTimeout && all_returned) {
+    if (*failure_cause == FailureCause::kTimeout && all_returned) {
       return "a collective timed out after every rank's function had returned (a collective "
              "some rank never entered: a program error, every rank must run the same steps)";
     }
-    if (*cause == FailureCause::kTimeout) {
+    if (*failure_cause == FailureCause::kTimeout) {
       return policy.on_timeout ? "" : "a collective timed out and RestartPolicy::on_timeout is off";
     }
     return policy.on_comm_error ? ""
