@@ -616,6 +616,37 @@ void AddClassLossOptionRows(Rows& rows) {
                     return flat(nll_loss(log_softmax(in[0], 1), y, {.weight = weight(in[0], 3)}));
                   },
                   .tol = Rel(1e-5)});
+  // What the rows above leave out: rows of 100 classes (128 threads a row) with
+  // weight and smoothing (block 0's sum of the class weights at that width);
+  // 8193 rows, one past the one-block mean (33 first-pass blocks, the last with
+  // one row), and 70000 rows (past the forward grid: block 0 sums the class
+  // weights, then strides over its rows), both with every option.
+  for (Reduction r : {Reduction::kMean, Reduction::kNone}) {
+    rows.push_back({.op = "cross_entropy",
+                    .attrs = std::string(ReductionName(r)) +
+                             ", weight, ignore_index -100, label_smoothing 0.2, 100 classes",
+                    .inputs = {Randn({20, 100}, 3)},
+                    .f = [=](Ins in) {
+                      const Tensor y = labels(in[0].device(), 20, 100, -100);
+                      return flat(cross_entropy(in[0], y,
+                                                {.reduction = r, .weight = weight(in[0], 100),
+                                                 .label_smoothing = 0.2}));
+                    },
+                    .tol = Rel(1e-5)});
+  }
+  for (int64_t n : {int64_t{8193}, int64_t{70000}}) {
+    rows.push_back({.op = "cross_entropy",
+                    .attrs = "mean, " + std::to_string(n) +
+                             " rows, weight, ignore_index -100, label_smoothing 0.1",
+                    .inputs = {Randn({n, 3}, 3)},
+                    .f = [=](Ins in) {
+                      const Tensor y = labels(in[0].device(), n, 3, -100);
+                      return flat(cross_entropy(in[0], y,
+                                                {.weight = weight(in[0], 3),
+                                                 .label_smoothing = 0.1}));
+                    },
+                    .tol = Rel(1e-5)});
+  }
 }
 
 // cat / stack: copies and an index_select gather (the backward an index_add

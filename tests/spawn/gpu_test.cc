@@ -15,6 +15,7 @@
 #include "nn/layers.h"
 #include "nn/ops/elementwise.h"
 #include "nn/ops/loss.h"
+#include "nn/ops/matmul.h"
 #include "nn/random.h"
 #include "spawn/train/data_parallel.h"
 #include "optim/adam.h"
@@ -353,6 +354,46 @@ TEST_F(GpuSpawnTest, NcclWorkMadeBeforeACaptureIsAskedWhetherCompletedInsideIt) 
   const auto& [error, after_wait, y] = (*got)[0];
   EXPECT_EQ(error, "") << "the capture failed";
   EXPECT_TRUE(after_wait) << "a handle waited for on the host is not complete";
+  ASSERT_EQ(y.size(), 1024u);
+  EXPECT_EQ(y[0], 1.0f);
+}
+
+// An eager collective still running when it is waited for inside a capture: it
+// is queued behind tens of milliseconds of matmuls, so the host wait's first
+// queries find its end event not ready. The wait returned that "not ready" as
+// its result once the event completed, and wait() raised it as a CUDA error
+// (the capture failed with "cudaErrorNotReady"). Now the wait ends with the
+// collective, the capture succeeds and its replay computes as captured.
+TEST_F(GpuSpawnTest, NcclWorkStillRunningWhenWaitedForInsideACaptureIsWaitedForToItsEnd) {
+  auto got = spawn(
+      [&](Context& ctx) {
+        Tensor x = nn::ones({1024}, {.device = ctx.device()});
+        Tensor y = nn::zeros({1024}, {.device = ctx.device()});
+        ctx.communicator().all_reduce(x);  // eager warm-up (NCCL's first call)
+        Tensor a = nn::full({4096, 4096}, 1.0 / 4096, {.device = ctx.device()});
+        Tensor b = a;
+        for (int i = 0; i < 32; ++i) b = nn::matmul(b, a);  // the collective waits for these
+        std::shared_ptr<Work> work = ctx.communicator().all_reduce_async(x);
+        const bool running = !work->is_completed();
+        std::string error;
+        nn::CudaGraph graph(ctx.device());
+        try {
+          graph.Capture([&] {
+            work->wait();
+            y.copy_(x);
+          });
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        work.reset();
+        if (error.empty()) graph.Replay();
+        return std::make_tuple(error, running, y.to_vector<float>());
+      },
+      1, "0", options_);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << console_.str();
+  const auto& [error, running, y] = (*got)[0];
+  EXPECT_TRUE(running) << "the collective had ended before the capture: queue more work before it";
+  EXPECT_EQ(error, "") << "the capture failed";
   ASSERT_EQ(y.size(), 1024u);
   EXPECT_EQ(y[0], 1.0f);
 }

@@ -145,24 +145,25 @@ class NcclWork final : public Work {
   }
 
   // The host waits until done_ has completed; returns cudaSuccess, or the CUDA
-  // error its query returned (cleared from the thread's last error). Polls
-  // through nn::internal::WaitUntil: the thread's interrupt check (spawn's
-  // stop) may end it by throwing. The queries run in relaxed capture mode: a
+  // error its query returned (cleared from the thread's last error); never
+  // "not ready" (WaitForEventOnHost, internal/work_wait.h). Polls through
+  // nn::internal::WaitUntil: the thread's interrupt check (spawn's stop) may
+  // end it by throwing. The queries run in relaxed capture mode: a
   // thread that captures in thread-local mode may not make potentially unsafe
   // calls, and CUDA forbids a query only of an event last recorded in a capture,
   // which done_ is not (an eager handle's).
   cudaError_t WaitOnHost() const {
     nn::internal::RelaxedCaptureMode relaxed;
     nn::internal::CountCudaCall(nn::internal::CudaCall::kHostWait);
-    cudaError_t result = cudaSuccess;
-    nn::internal::WaitUntil([&] {
-      const cudaError_t q = cudaEventQuery(done_);
-      if (q == cudaSuccess) return true;
-      cudaGetLastError();  // "not ready" is no error; a failure is returned, not left
-      result = q;
-      return q != cudaErrorNotReady;
-    });
-    return result;
+    return WaitForEventOnHost(
+        [&] {
+          const cudaError_t q = cudaEventQuery(done_);
+          // "not ready" is no error; a failure is returned, not left
+          if (q != cudaSuccess) cudaGetLastError();
+          return q;
+        },
+        [](const auto& ready) { nn::internal::WaitUntil(ready); }, cudaSuccess,
+        cudaErrorNotReady);
   }
 
   cudaEvent_t done_;

@@ -1,11 +1,14 @@
 // How an asynchronous NCCL collective's handle waits (spawn/comm/nccl/internal/work_wait.h),
-// every case of the table, on the CPU: the NCCL code that follows it cannot run
-// without a GPU (its GPU tests: tests/spawn/gpu_test.cc, GpuSpawnTest.NcclWork*).
+// every case of the table and the host wait's loop, on the CPU: the NCCL code
+// that follows them cannot run without a GPU (its GPU tests:
+// tests/spawn/gpu_test.cc, GpuSpawnTest.NcclWork*).
 #include "spawn/comm/nccl/internal/work_wait.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tandem::dist::internal {
 namespace {
@@ -59,6 +62,37 @@ TEST(NcclWorkWaitTest, CapturedHandleWaitsOnTheStreamInsideItsOwnCaptureOnly) {
   EXPECT_EQ(Plan(later, true), "none");
   const WorkWaitSite exiting{.made_in = 5, .capture_now = 0, .streams_gone = true};
   EXPECT_EQ(Plan(exiting, true), "none");
+}
+
+// The host wait's loop (WaitForEventOnHost) with a scripted event: the codes
+// stand for cudaSuccess, cudaErrorNotReady and a failure. Returns the wait's
+// result and how many queries it made.
+constexpr int kDone = 0, kNotReady = 600, kFault = 700;
+std::pair<int, size_t> WaitFor(const std::vector<int>& answers) {
+  size_t queries = 0;
+  const int result = WaitForEventOnHost(
+      [&] { return answers.at(queries++); },
+      [](const auto& ready) {
+        while (!ready()) {
+        }
+      },
+      kDone, kNotReady);
+  return {result, queries};
+}
+
+// A collective still running at the first queries (an eager handle waited for
+// inside a capture right after it was queued): the wait ends when the event
+// completes, and succeeds. It used to return the earlier "not ready", which
+// wait() raised as a CUDA error.
+TEST(NcclWorkWaitTest, HostWaitForACollectiveStillRunningSucceedsOnceItEnds) {
+  EXPECT_EQ(WaitFor({kNotReady, kNotReady, kDone}), std::make_pair(kDone, size_t{3}));
+  EXPECT_EQ(WaitFor({kDone}), std::make_pair(kDone, size_t{1}));
+}
+
+// A failing query (a broken context) ends the wait with its error.
+TEST(NcclWorkWaitTest, HostWaitEndsWithTheFailureOfAQuery) {
+  EXPECT_EQ(WaitFor({kNotReady, kFault}), std::make_pair(kFault, size_t{2}));
+  EXPECT_EQ(WaitFor({kFault}), std::make_pair(kFault, size_t{1}));
 }
 
 }  // namespace

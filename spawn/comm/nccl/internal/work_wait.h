@@ -1,7 +1,8 @@
 // How the handle of an asynchronous NCCL collective (NcclWork,
 // nccl_work.cc) waits for its collective, in wait() or in its
-// destructor, from where the call is made. Header only and free of CUDA, so
-// that the decision is tested on the CPU (tests/spawn/comm/nccl_work_wait_test.cc).
+// destructor, from where the call is made, and the host wait's loop. Header
+// only and free of CUDA, so that both are tested on the CPU
+// (tests/spawn/comm/nccl_work_wait_test.cc).
 // Internal to spawn.
 //
 // The handle has an end event recorded after the collective on the
@@ -59,6 +60,25 @@ inline WorkWaitPath PlanWorkWait(const WorkWaitSite& site, bool destructor) {
   // collective is over, and nothing queued later can touch its tensor early.
   if (site.streams_gone || site.stream_captures) return WorkWaitPath::kHost;
   return WorkWaitPath::kStream;
+}
+
+// The kHost wait's loop, free of CUDA so that the CPU test runs it: `query()`
+// asks once whether the end event has completed (`success`: done; `not_ready`:
+// still running; anything else: a failure, such as a broken context's), and
+// `wait_until(ready)` calls `ready` until it returns true (stop-aware:
+// nn::internal::WaitUntil, which may throw). Returns `success` once the event
+// has completed, else the failure that ended the wait: never `not_ready`, which
+// earlier queries of a collective still running answered.
+template <typename Status, typename Query, typename WaitUntil>
+Status WaitForEventOnHost(Query query, WaitUntil wait_until, Status success, Status not_ready) {
+  Status result = success;
+  wait_until([&] {
+    const Status status = query();
+    if (status == not_ready) return false;
+    result = status;
+    return true;
+  });
+  return result;
 }
 
 inline const char* WorkWaitPathName(WorkWaitPath path) {
