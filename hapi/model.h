@@ -124,8 +124,8 @@ class LossFunction {
                 !std::is_same_v<std::decay_t<F>, LossFunction> &&
                 std::is_invocable_r_v<nn::Tensor, F&, const nn::Tensor&, const nn::Tensor&>>>
   LossFunction(F loss) : loss_(std::move(loss)) {}  // NOLINT: implicit, as a std::function
-  // `loss` and its exact form `terms` (the same loss: terms.sum /
-  // terms.denominator is loss's value on every batch).
+  // `loss` and its exact form `terms`, the same loss: on every batch loss's
+  // value is terms.sum / terms.denominator (terms.sum without a denominator).
   LossFunction(Function loss, TermsFunction terms)
       : loss_(std::move(loss)), terms_(std::move(terms)) {}
 
@@ -403,10 +403,12 @@ class Model {
   // before the write and one after), with an error on every rank when a
   // writer failed (the writer's names the cause). Weights that each rank drew
   // for itself (a save or state_dict() before any other call) first become
-  // rank 0's on every rank (a broadcast), as a first fit takes them. A rank
-  // that calls it alone (`if (rank == 0) save(path)`) fails the run: the
-  // in-process collective check, or the watchdog when the other ranks have
-  // returned, names hapi::Model::save and says to call it on every rank
+  // rank 0's on every rank (a broadcast), as a first fit takes them; a rank
+  // other than 0 that holds weights of its own (a load() there alone) while
+  // rank 0's were drawn is a FailedPrecondition on every rank, nothing
+  // written. A rank that calls it alone (`if (rank == 0) save(path)`) fails
+  // the run: the in-process collective check, or the watchdog when the other
+  // ranks have returned, names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on

@@ -2,9 +2,10 @@
 // alone (`if (ctx.rank() == 0) model.load(path)`, as a PyTorch script
 // loads) followed by evaluate, predict or fit on every rank: every rank
 // enters the same collectives and takes rank 0's loaded weights, on 2 and 3
-// ranks. A load on another rank alone, whose weights rank 0's fresh ones
-// would replace, and an optimizer state that rank 0 alone loaded, are
-// errors on every rank naming them.
+// ranks, and a save writes them. A load on another rank alone, whose
+// weights rank 0's fresh ones would replace (before evaluate, predict, fit
+// or save), and an optimizer state that rank 0 alone loaded (before fit),
+// are errors on every rank naming them.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -145,6 +146,30 @@ TEST(LoadOnOneRankTest, ALoadOnRankZeroAloneReachesEveryRankInEvaluateAndPredict
   }
 }
 
+// save after a load on rank 0 alone writes the loaded weights, and every
+// rank keeps them (the ranks that had none take rank 0's).
+TEST(LoadOnOneRankTest, ASaveAfterALoadOnRankZeroAloneWritesAndKeepsTheLoadedWeights) {
+  auto data = Classification(23, 65);
+  const Saved saved = SaveFitted("save", /*training=*/false, data);
+  const std::string copy = Dir("save_copy") + "/copy.safetensors";
+  std::vector<nn::StateDict> kept(3);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        if (ctx.rank() == 0) RETURN_IF_ERROR(model.load(saved.path));
+        RETURN_IF_ERROR(model.save(copy));
+        ASSIGN_OR_RETURN(kept[static_cast<size_t>(ctx.rank())], model.state_dict());
+        return absl::OkStatus();
+      },
+      3, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  Model written([] { return std::make_shared<Net>(); }, Cpu(1));
+  ASSERT_TRUE(written.load(copy).ok());
+  EXPECT_TRUE(SameBits(*written.state_dict(), saved.weights));
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(SameBits(kept[static_cast<size_t>(r)], saved.weights)) << "rank " << r;
+}
+
 // fit after a load (weights only) on rank 0 alone: DataParallel's broadcast
 // gives every rank rank 0's loaded weights; the fit ends with the same
 // weights on every rank, those of the same fit from main after a load.
@@ -182,23 +207,28 @@ TEST(LoadOnOneRankTest, AFitAfterAWeightsOnlyLoadOnRankZeroStartsFromThem) {
 TEST(LoadOnOneRankTest, ALoadOnAnotherRankAloneOrOfAnOptimizerStateIsAnError) {
   auto data = Classification(23, 64);
   const Saved saved = SaveFitted("errors", /*training=*/true, data);
-  for (const char* call : {"evaluate", "predict", "fit"}) {
+  const std::string copy = Dir("errors_save") + "/copy.safetensors";
+  for (const std::string call : {"evaluate", "predict", "fit", "save"}) {
     SCOPED_TRACE(call);
     absl::Status run = dist::spawn(
         [&](dist::Context& ctx) -> absl::Status {
           Model model([] { return std::make_shared<Net>(); });
           model.prepare(AdamFactory(), CrossEntropy());
           if (ctx.rank() == 1) RETURN_IF_ERROR(model.load(saved.path));
-          const std::string c = call;
-          if (c == "evaluate") return model.evaluate(data).status();
-          if (c == "predict") return model.predict(data).status();
+          if (call == "evaluate") return model.evaluate(data).status();
+          if (call == "predict") return model.predict(data).status();
+          if (call == "save") return model.save(copy);
           return model.fit(data).status();
         },
         3, "cpu", testing::DefaultTestSpawnOptions());
-    EXPECT_TRUE(Contains(run, absl::StrCat("hapi::Model::", call,
-                                           ": rank 1 holds weights of its own")))
+    EXPECT_TRUE(Contains(run, call == "save"
+                                  ? "hapi::Model::save: 1 rank(s) other than rank 0 hold weights "
+                                    "of their own"
+                                  : absl::StrCat("hapi::Model::", call,
+                                                 ": rank 1 holds weights of its own")))
         << run;
   }
+  EXPECT_FALSE(std::filesystem::exists(copy)) << "save wrote rank 0's fresh weights";
   absl::Status run = dist::spawn(
       [&](dist::Context& ctx) -> absl::Status {
         Model model([] { return std::make_shared<Net>(); });
