@@ -206,23 +206,58 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
                  "(detach it)");
     weight = std::make_shared<ClassWeightPlacement>(w);
   }
-  return [options, weight](const nn::Tensor& output, const nn::Tensor& target) {
-    nn::CrossEntropyOptions call = options;
-    if (weight != nullptr) call.weight = weight->On(output.device());
-    // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
-    // N or dtype stay as they are, so that the error names the shape they came in.
+  // Paddle's labels of shape (N, 1), as Accuracy takes them. Labels of another
+  // N or dtype stay as they are, so that the error names the shape they came in.
+  auto labels_of = [](const nn::Tensor& output, const nn::Tensor& target) {
     if (output.dim() == 2 && target.dim() == 2 && target.size(1) == 1 &&
         target.size(0) == output.size(0) && target.dtype() == nn::kInt64) {
-      return nn::cross_entropy(output, target.reshape({target.size(0)}), call);
+      return target.reshape({target.size(0)});
     }
-    return nn::cross_entropy(output, target, call);
+    return target;
   };
+  auto options_on = [options, weight](const nn::Tensor& output) {
+    nn::CrossEntropyOptions call = options;
+    if (weight != nullptr) call.weight = weight->On(output.device());
+    return call;
+  };
+  auto loss = [labels_of, options_on](const nn::Tensor& output, const nn::Tensor& target) {
+    return nn::cross_entropy(output, labels_of(output, target), options_on(output));
+  };
+  auto terms = [labels_of, options_on](const nn::Tensor& output, const nn::Tensor& target) {
+    const nn::Tensor labels = labels_of(output, target);
+    nn::CrossEntropyOptions call = options_on(output);
+    const nn::Reduction reduction = call.reduction;
+    call.reduction = nn::Reduction::kSum;
+    LossTerms t;
+    t.sum = nn::cross_entropy(output, labels, call);
+    if (reduction == nn::Reduction::kMean) {
+      // kMean's denominator, sum over the labels not ignored of weight[label]:
+      // nll_loss (kSum) of log-probabilities that are all -1, on the device.
+      const nn::Tensor minus_one =
+          nn::full(output.shape(), -1.0, {.dtype = output.dtype(), .device = output.device()});
+      t.denominator = nn::nll_loss(
+          minus_one, labels,
+          nn::NllLossOptions{.reduction = nn::Reduction::kSum,
+                             .weight = call.weight,
+                             .ignore_index = call.ignore_index});
+    }
+    return t;
+  };
+  return LossFunction(std::move(loss), std::move(terms));
 }
 
 LossFunction MeanSquaredError() {
-  return [](const nn::Tensor& output, const nn::Tensor& target) {
-    return nn::mse_loss(output, target);
-  };
+  return LossFunction(
+      [](const nn::Tensor& output, const nn::Tensor& target) {
+        return nn::mse_loss(output, target);
+      },
+      [](const nn::Tensor& output, const nn::Tensor& target) {
+        LossTerms t;
+        t.sum = nn::mse_loss(output, target, nn::Reduction::kSum);
+        t.denominator = nn::full({}, static_cast<double>(output.numel()),
+                                 {.dtype = nn::kFloat64, .device = output.device()});
+        return t;
+      });
 }
 
 Model::Model(NetworkFactory network, LaunchOptions launch)
@@ -263,7 +298,39 @@ absl::Status Model::RunOnRanks(const std::function<absl::Status(dist::Context&)>
                      launch_.spawn);
 }
 
-std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, bool wrapped_by_data_parallel) {
+bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bool training) {
+  const bool needs = !kept_.have_weights || kept_.weights_of_this_rank;
+  // From main every rank reads this one Model (under mpirun each process its
+  // own, from the same script): the same answer everywhere, no collective.
+  if (spawned_) return needs;
+  // Inside a rank's function each rank has its own Model, which a call on one
+  // rank alone sets apart (`if (rank == 0) model.load(path)`): one all_reduce
+  // agrees, so that every rank enters the same broadcasts.
+  const double rank = ctx.rank();
+  const bool has_state = kept_.have_optimizer_state;
+  const std::vector<double> any = internal::MaxOverRanks(
+      ctx, {needs ? 1.0 : 0.0, ctx.rank() == 0 && needs ? 1.0 : 0.0, needs ? -1.0 : rank,
+            has_state ? rank : -1.0, has_state ? -1.0 : rank});
+  const auto holder = static_cast<int64_t>(any[2]);
+  TANDEM_CHECK(!(any[1] > 0 && holder > 0), "hapi::Model::", call, ": rank ", holder,
+               " holds weights of its own (a load() there, or an earlier call's), while rank 0's "
+               "Model has none: every rank would take rank 0's fresh weights and drop rank ",
+               holder, "'s; call load() on rank 0 (its weights go to every rank) or on every rank");
+  if (training) {
+    TANDEM_CHECK(!(any[3] >= 0 && any[4] >= 0), "hapi::Model::fit: rank ",
+                 static_cast<int64_t>(any[3]),
+                 " holds an optimizer state (from load() or an earlier fit) that rank ",
+                 static_cast<int64_t>(any[4]),
+                 " lacks, so their optimizers would step apart; call load() on every rank, or "
+                 "load with reset_optimizer (rank 0's weights go to every rank, the optimizer "
+                 "starts fresh)");
+  }
+  return any[0] > 0;
+}
+
+std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, const char* call,
+                                             bool wrapped_by_data_parallel) {
+  const bool take_rank_zeros = AgreeToTakeRankZerosWeights(ctx, call, wrapped_by_data_parallel);
   auto run = std::make_unique<RankRun>();
   run->network = network_();
   TANDEM_CHECK(run->network != nullptr, "hapi::Model: the network factory returned null");
@@ -272,11 +339,12 @@ std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, bool wrapped_by
     absl::Status st = run->network->load_state_dict(kept_.weights);
     TANDEM_CHECK(st.ok(), "hapi::Model: the kept weights do not fit the network: ", st.message());
   }
-  if ((!kept_.have_weights || kept_.weights_of_this_rank) && !wrapped_by_data_parallel) {
-    // A fresh network (or one that state_dict() built on this rank alone):
-    // every rank takes rank 0's initial weights, as DataParallel's
+  run->took_rank_zeros_weights = take_rank_zeros;
+  if (take_rank_zeros && !wrapped_by_data_parallel) {
+    // A fresh network (or one that state_dict() built on this rank alone) on
+    // some rank: every rank takes rank 0's weights, as DataParallel's
     // construction does for fit, so evaluate() and predict() before any fit
-    // agree too.
+    // agree too, and a load() on rank 0 alone reaches every rank.
     nn::NoGradGuard no_grad;
     for (auto& [name, t] : run->network->state_dict()) {
       nn::Tensor data = t.detach();
@@ -344,7 +412,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
                          const FitOptions& options) {
   const bool snapshots_on = internal::SnapshotsOn(ctx, options);
   const RankBatch rank_batch = RankBatchOf(ctx, options);
-  std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/true);
+  std::unique_ptr<RankRun> run = Build(ctx, "fit", /*wrapped_by_data_parallel=*/true);
   internal::PrepareForTraining(ctx, *run, options, rank_batch, optimizer_,
                                kept_.have_optimizer_state ? &kept_.optimizer_state : nullptr);
   History history =
@@ -360,10 +428,9 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
-    // Read before Build; from main, local rank 0's Keep writes it after the
-    // evaluation's all_reduce, which every rank has entered.
-    const bool keep = !kept_.have_weights || kept_.weights_of_this_rank;
-    std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
+    // Build reads what the Model keeps; from main, local rank 0's Keep writes
+    // it after the evaluation's all_reduce, which every rank has entered.
+    std::unique_ptr<RankRun> run = Build(ctx, "evaluate", /*wrapped_by_data_parallel=*/false);
     std::vector<std::unique_ptr<Callback>> callbacks = MakeCallbacks(options.callbacks, 0);
     RunState state;
     state.ctx = &ctx;
@@ -372,7 +439,7 @@ absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
     Logs logs = EvaluateOnRank(ctx, *run->network, loss_, run->metrics, data, options.batch_size,
                                options.num_workers, options.bf16, options.batch_transform);
     CallEach(callbacks, "on_eval_end", [&](Callback& c) { c.on_eval_end(state, logs); });
-    if (keep) Keep(ctx, *run);
+    if (run->took_rank_zeros_weights) Keep(ctx, *run);
     if (!spawned_ || LocalRank(ctx) == 0) result = std::move(logs);
     return absl::OkStatus();
   });
@@ -398,10 +465,9 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
                                 const std::shared_ptr<const data::Dataset>& dataset,
                                 const EvalOptions& options) {
   // As evaluate(): the network built for the first call is the one every
-  // later call starts from; read here, kept after the all_gather below (from
-  // main, local rank 0's Keep writes what every rank reads here and in Build).
-  const bool keep = !kept_.have_weights || kept_.weights_of_this_rank;
-  std::unique_ptr<RankRun> run = Build(ctx, /*wrapped_by_data_parallel=*/false);
+  // later call starts from; kept after the all_gather below (from main, local
+  // rank 0's Keep writes what every rank reads in Build).
+  std::unique_ptr<RankRun> run = Build(ctx, "predict", /*wrapped_by_data_parallel=*/false);
   nn::Module& network = *run->network;
   network.eval();
   nn::NoGradGuard no_grad;
@@ -435,7 +501,7 @@ nn::Tensor Model::PredictOnRank(dist::Context& ctx,
   nn::Tensor gathered = ctx.communicator().all_gather(
       nn::from_vector(mine, {static_cast<int64_t>(mine.size())}, {.dtype = nn::kFloat32})
           .to(ctx.device()));
-  if (keep) Keep(ctx, *run);
+  if (run->took_rank_zeros_weights) Keep(ctx, *run);
   const std::vector<float> all = gathered.to_vector<float>();
   const int64_t n = dataset->size();
   std::vector<float> ordered(static_cast<size_t>(n * per_example));

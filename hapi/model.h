@@ -35,8 +35,12 @@
 //
 // Losses: the loss function returns the batch's mean loss (0-dim); the epoch's
 // "loss" is the mean over the steps and ranks (accumulated on the device, read
-// once per epoch). "eval_loss" weighs each batch's mean by its rows, so it is
-// the mean over the evaluated samples.
+// once per epoch). "eval_loss" is the loss of the whole evaluation set, as one
+// rank would compute it in one batch: for the built-in losses (CrossEntropy,
+// MeanSquaredError, which carry LossTerms) the sum over every rank's batches
+// of their summed losses over the sum of their denominators; for a loss
+// function of the user's own, each batch's mean weighed by its rows (see
+// LossFunction).
 //
 // Options for memory and bandwidth: FitOptions::zero (the optimizer state
 // sharded by dist::ZeroRedundancyOptimizer), data_parallel.comm_hook (bf16 /
@@ -55,10 +59,13 @@
 #ifndef TANDEM_HAPI_MODEL_H_
 #define TANDEM_HAPI_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -81,10 +88,64 @@ namespace tandem::hapi {
 using NetworkFactory = std::function<std::shared_ptr<nn::Module>()>;
 using OptimizerFactory =
     std::function<std::unique_ptr<optim::Optimizer>(std::vector<nn::Tensor> params)>;
-// (output, target) -> 0-dim mean loss.
-using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn::Tensor& target)>;
+// A batch's loss in the form that adds up over batches and ranks: the set's
+// loss is the sum of every batch's `sum` over the sum of every batch's
+// `denominator` (PyTorch's reduction='mean' over the whole set).
+struct LossTerms {
+  nn::Tensor sum;  // 0-dim: the batch's loss with reduction sum
+  // 0-dim: what the batch's mean divides `sum` by: its elements (mse_loss), the
+  // sum of the class weights of its labels that are not ignore_index
+  // (cross_entropy, nll_loss; without a weight, their count). Undefined for a
+  // loss whose reduction is a sum: the set's loss is then the sum of the sums.
+  nn::Tensor denominator;
+};
 
-// nn::cross_entropy (mean) and nn::mse_loss (mean) as LossFunctions.
+// The loss Model trains and evaluates with: (output, target) -> 0-dim loss
+// (the batch's mean, or with CrossEntropy's kSum its sum). Any callable of that
+// signature converts to it (a lambda, a std::function), so user code passes
+// its own; evaluate's "eval_loss" then weighs each batch's loss by its rows
+// (exact for a mean over rows; not for a weighted mean, whose per-batch
+// denominators differ). A LossFunction made with a `terms` form as well
+// (CrossEntropy, MeanSquaredError, or the user's) evaluates exactly: the
+// sum of every batch's LossTerms::sum over the sum of their denominators.
+// Training calls the loss itself only. Thread-safety: called concurrently by
+// the ranks' threads (both forms must allow that).
+class LossFunction {
+ public:
+  using Function = std::function<nn::Tensor(const nn::Tensor& output, const nn::Tensor& target)>;
+  using TermsFunction =
+      std::function<LossTerms(const nn::Tensor& output, const nn::Tensor& target)>;
+
+  LossFunction() = default;
+  LossFunction(std::nullptr_t) {}  // NOLINT: empty, as a std::function
+  // Any callable (output, target) -> nn::Tensor: evaluated by rows.
+  template <typename F,
+            typename = std::enable_if_t<
+                !std::is_same_v<std::decay_t<F>, LossFunction> &&
+                std::is_invocable_r_v<nn::Tensor, F&, const nn::Tensor&, const nn::Tensor&>>>
+  LossFunction(F loss) : loss_(std::move(loss)) {}  // NOLINT: implicit, as a std::function
+  // `loss` and its exact form `terms`, the same loss: on every batch loss's
+  // value is terms.sum / terms.denominator (terms.sum without a denominator).
+  LossFunction(Function loss, TermsFunction terms)
+      : loss_(std::move(loss)), terms_(std::move(terms)) {}
+
+  nn::Tensor operator()(const nn::Tensor& output, const nn::Tensor& target) const {
+    return loss_(output, target);
+  }
+  explicit operator bool() const { return static_cast<bool>(loss_); }
+  bool has_terms() const { return static_cast<bool>(terms_); }
+  // The batch's LossTerms; only when has_terms().
+  LossTerms terms(const nn::Tensor& output, const nn::Tensor& target) const {
+    return terms_(output, target);
+  }
+
+ private:
+  Function loss_;
+  TermsFunction terms_;
+};
+
+// nn::cross_entropy (mean) and nn::mse_loss (mean) as LossFunctions, each with
+// its LossTerms (exact eval_loss).
 // CrossEntropy takes labels (N) or, as Paddle's datasets give them, (N, 1), and
 // nn::CrossEntropyOptions (weight, ignore_index, label_smoothing; reduction kMean
 // or kSum: kNone, a loss per sample, label_smoothing outside [0, 1] and a weight
@@ -96,9 +157,12 @@ using LossFunction = std::function<nn::Tensor(const nn::Tensor& output, const nn
 // by each rank's own weight sum, and kSum is each rank's sum (1/N of one rank's),
 // so N ranks with batch B then differ from one rank with batch N*B (as
 // PyTorch's DDP and Paddle do); label_smoothing alone keeps them equal.
-// evaluate's "eval_loss" weighs each batch's mean by its rows: with a weight
-// it depends on the batch size and the ranks, and a batch whose labels are
-// all ignore_index (a NaN mean) makes it NaN.
+// evaluate's "eval_loss" is the set's loss on any batch size and number of
+// ranks: with kMean the sum of the weighted losses over the sum of the weights
+// of the labels not ignored, all batches and ranks together (a batch whose
+// labels are all ignore_index adds 0 to both); with kSum the sum over the
+// set. A set whose labels are all ignore_index has, as PyTorch's mean of
+// nothing, a kMean eval_loss of NaN (0 / 0), and a kSum one of 0.
 LossFunction CrossEntropy();
 LossFunction CrossEntropy(nn::CrossEntropyOptions options);
 LossFunction MeanSquaredError();
@@ -339,10 +403,12 @@ class Model {
   // before the write and one after), with an error on every rank when a
   // writer failed (the writer's names the cause). Weights that each rank drew
   // for itself (a save or state_dict() before any other call) first become
-  // rank 0's on every rank (a broadcast), as a first fit takes them. A rank
-  // that calls it alone (`if (rank == 0) save(path)`) fails the run: the
-  // in-process collective check, or the watchdog when the other ranks have
-  // returned, names hapi::Model::save and says to call it on every rank
+  // rank 0's on every rank (a broadcast), as a first fit takes them; a rank
+  // other than 0 that holds weights of its own (a load() there alone) while
+  // rank 0's were drawn is a FailedPrecondition on every rank, nothing
+  // written. A rank that calls it alone (`if (rank == 0) save(path)`) fails
+  // the run: the in-process collective check, or the watchdog when the other
+  // ranks have returned, names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
@@ -375,6 +441,15 @@ class Model {
   // prepare() starts the optimizer fresh, as it does when no state waits. A
   // fit that fails after the check leaves the state waiting, so a prepare()
   // after it keeps the state and the next fit checks it again.
+  // Inside a rank's function load is this rank's alone (no collective). The
+  // next evaluate, predict or fit agrees over the ranks (one all_reduce of a
+  // few flags) whether any rank's Model lacks weights of its own; if so every
+  // rank takes rank 0's: `if (rank == 0) load(path)` gives every rank the
+  // loaded weights. That call throws on every rank, naming the rank, when
+  // another rank's Model holds weights (a load there alone) while rank 0's
+  // has none, and a fit does when some ranks hold an optimizer state that
+  // others lack (rank 0 alone loaded one: load on every rank, or with
+  // reset_optimizer).
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
@@ -409,10 +484,17 @@ class Model {
   // The state load() read before any prepare(), checked against the prepared
   // optimizer (FailedPrecondition naming the file); OK when there is none.
   absl::Status CheckPendingOptimizerState();
-  // This rank's network (weights from the host copy when there is one, else,
-  // or when the copy is this rank's own draw, rank 0's: broadcast here unless
+  // Whether every rank takes rank 0's weights: some rank's Model has none, or
+  // only its own draw. Inside a rank's function one all_reduce makes the
+  // answer every rank's, and throws naming `call` and the rank when rank 0's
+  // Model has no weights while another rank's has (and, for `training`, when
+  // some ranks hold an optimizer state that others lack).
+  bool AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bool training);
+  // This rank's network (weights from the host copy when there is one; rank
+  // 0's on every rank when AgreeToTakeRankZerosWeights: broadcast here unless
   // a DataParallel made next broadcasts them) and metrics.
-  std::unique_ptr<RankRun> Build(dist::Context& ctx, bool wrapped_by_data_parallel);
+  std::unique_ptr<RankRun> Build(dist::Context& ctx, const char* call,
+                                 bool wrapped_by_data_parallel);
   // Copies the rank's weights and optimizer state to the host (local rank 0 when spawned).
   void Keep(dist::Context& ctx, RankRun& run);
   History FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,

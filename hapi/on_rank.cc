@@ -56,10 +56,16 @@ std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& 
   return t.to_vector<double>();
 }
 
-double MaxOverRanks(dist::Context& ctx, double value) {
-  nn::Tensor t = nn::from_vector<double>({value}, {1}, {.dtype = nn::kFloat64}).to(ctx.device());
+std::vector<double> MaxOverRanks(dist::Context& ctx, const std::vector<double>& values) {
+  nn::Tensor t = nn::from_vector(values, {static_cast<int64_t>(values.size())},
+                                 {.dtype = nn::kFloat64})
+                     .to(ctx.device());
   ctx.communicator().all_reduce(t, dist::ReduceOp::kMax);
-  return t.to_vector<double>()[0];
+  return t.to_vector<double>();
+}
+
+double MaxOverRanks(dist::Context& ctx, double value) {
+  return MaxOverRanks(ctx, std::vector<double>{value})[0];
 }
 
 Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction& loss,
@@ -76,30 +82,52 @@ Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction&
   network.eval();
   nn::NoGradGuard no_grad;
   for (auto& m : metrics) m->reset();
-  // Loss: sum over batches of (batch mean * rows), on the device until the reduction.
-  nn::Tensor loss_sum = nn::zeros({}, {.dtype = nn::kFloat64, .device = ctx.device()});
+  // The set's loss (model.h, LossFunction): with the loss's terms, the sum of
+  // the batches' sums over the sum of their denominators (none: the loss is
+  // a sum); else the sum of (batch loss * rows) over the rows. On the device
+  // until the reduction.
+  const bool exact = loss && loss.has_terms();
+  const nn::TensorOptions f64{.dtype = nn::kFloat64, .device = ctx.device()};
+  nn::Tensor loss_sum = nn::zeros({}, f64);
+  nn::Tensor denominator = nn::zeros({}, f64);
   double rows = 0;
+  double mean_batches = 0;  // batches whose terms have a denominator
   while (auto batch = loader.next()) {
     nn::Tensor out;
     nn::Tensor batch_loss;
+    LossTerms terms;
     {
       std::optional<nn::AutocastGuard> autocast;
       if (bf16) autocast.emplace(nn::kBFloat16);
       out = network(batch->data);
-      if (loss) batch_loss = loss(out, batch->target);
+      if (exact) {
+        terms = loss.terms(out, batch->target);
+      } else if (loss) {
+        batch_loss = loss(out, batch->target);
+      }
     }
     const auto n = static_cast<double>(batch->data.size(0));
-    if (loss) loss_sum = loss_sum + batch_loss.detach().to(nn::kFloat64) * n;
+    if (exact) {
+      loss_sum = loss_sum + terms.sum.detach().to(nn::kFloat64);
+      if (terms.denominator.defined()) {
+        denominator = denominator + terms.denominator.detach().to(nn::kFloat64);
+        mean_batches += 1;
+      }
+    } else if (loss) {
+      loss_sum = loss_sum + batch_loss.detach().to(nn::kFloat64) * n;
+    }
     rows += n;
     for (auto& m : metrics) m->update(out, batch->target);
   }
   network.train(was_training);
-  std::vector<double> sums = {loss_sum.item(), rows};
+  std::vector<double> sums = {loss_sum.item(), exact ? denominator.item() : rows, mean_batches};
   for (auto& m : metrics) sums.insert(sums.end(), m->sums().begin(), m->sums().end());
   sums = SumOverRanks(ctx, sums);
   Logs logs;
-  if (loss) logs["eval_loss"] = sums[0] / sums[1];
-  size_t at = 2;
+  // A mean over a set whose denominator is 0 (every label ignored) is NaN, as
+  // PyTorch's mean of nothing; a loss that is a sum is the sum over the set.
+  if (loss) logs["eval_loss"] = !exact || sums[2] > 0 ? sums[0] / sums[1] : sums[0];
+  size_t at = 3;
   for (auto& m : metrics) {
     const size_t k = m->sums().size();
     m->set_sums(std::vector<double>(sums.begin() + at, sums.begin() + at + k));

@@ -104,6 +104,8 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
     file.metadata[kWeightsKey] = WeightsFingerprint(kept_.weights);
     return nn::SaveCheckpoint(optimizer_file, file);
   };
+  // Weights of this rank's own: a load() or an earlier call, not a draw.
+  const bool held = kept_.have_weights && !kept_.weights_of_this_rank;
   absl::Status materialized = Materialize();
   dist::Context* ctx = dist::current_or_null();
   if (ctx == nullptr) {
@@ -123,8 +125,19 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
     dist::Communicator::Label label(ctx->communicator(), kInsideRanksLabel);
     // Weights that Materialize() drew on each rank differ: the first rank
     // writes rank 0's and every rank keeps them, as a first fit takes them.
+    // A load() on a rank other than 0 alone, while rank 0 drew: refused on
+    // every rank, as evaluate, predict and fit refuse it.
+    const bool drew = kept_.weights_of_this_rank;
     const std::vector<double> built = internal::SumOverRanks(
-        *ctx, {materialized.ok() ? 0.0 : 1.0, kept_.weights_of_this_rank ? 1.0 : 0.0});
+        *ctx, {materialized.ok() ? 0.0 : 1.0, drew ? 1.0 : 0.0,
+               ctx->rank() == 0 && drew ? 1.0 : 0.0, ctx->rank() != 0 && held ? 1.0 : 0.0});
+    if (built[2] > 0 && built[3] > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "hapi::Model::save: ", built[3], " rank(s) other than rank 0 hold weights of their own "
+          "(a load() there alone, or an earlier call's), while rank 0's Model has none: every "
+          "rank would take rank 0's fresh weights and drop theirs; call load() on rank 0 (its "
+          "weights go to every rank) or on every rank"));
+    }
     if (built[0] == 0 && built[1] > 0) TakeRankZerosWeights(*ctx);
     if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
     failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];

@@ -37,6 +37,9 @@ struct Model::RankRun {
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<std::unique_ptr<Metric>> metrics;
+  // Every rank took rank 0's weights at Build (some rank's Model had none of
+  // its own, or only its own draw): evaluate and predict keep them.
+  bool took_rank_zeros_weights = false;
   // With zero: the unsharded state gathered on every rank at the end of fit
   // (a collective), for Keep.
   std::optional<optim::StateDict> gathered_state;
@@ -80,8 +83,9 @@ data::DataLoaderOptions LoaderOptions(const dist::Context& ctx, int num_workers,
 // Sums every rank's `values` (one float64 all_reduce on the rank's device).
 std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& values);
 
-// The largest of every rank's `value`.
+// The largest of every rank's `value` (of each of `values`: one all_reduce).
 double MaxOverRanks(dist::Context& ctx, double value);
+std::vector<double> MaxOverRanks(dist::Context& ctx, const std::vector<double>& values);
 
 // Evaluation on this rank's kUneven share, reduced over the ranks: "eval_loss"
 // (with a loss) and "eval_<metric>".
