@@ -236,8 +236,13 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
     if (reduction == nn::Reduction::kMean) {
       // kMean's denominator, sum over the labels not ignored of weight[label]:
       // nll_loss (kSum) of log-probabilities that are all -1, on the device.
+      // Under autocast nll_loss computes in float32: the -1s are float32 at
+      // once, not bfloat16 logits' dtype that it would cast.
+      const nn::DType dtype = nn::autocast_enabled() && output.dtype() == nn::kBFloat16
+                                  ? nn::kFloat32
+                                  : output.dtype();
       const nn::Tensor minus_one =
-          nn::full(output.shape(), -1.0, {.dtype = output.dtype(), .device = output.device()});
+          nn::full(output.shape(), -1.0, {.dtype = dtype, .device = output.device()});
       t.denominator = nn::nll_loss(
           minus_one, labels,
           nn::NllLossOptions{.reduction = nn::Reduction::kSum,

@@ -133,6 +133,8 @@ class LossFunction {
     return loss_(output, target);
   }
   explicit operator bool() const { return static_cast<bool>(loss_); }
+  // As a std::function's `loss == nullptr` (and, rewritten, !=, nullptr == loss).
+  friend bool operator==(const LossFunction& f, std::nullptr_t) { return !f; }
   bool has_terms() const { return static_cast<bool>(terms_); }
   // The batch's LossTerms; only when has_terms().
   LossTerms terms(const nn::Tensor& output, const nn::Tensor& target) const {
