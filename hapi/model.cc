@@ -357,8 +357,8 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
             loaded ? -1.0 : rank, zero && loaded ? 1.0 : 0.0, !zero && loaded ? rank : -1.0,
             static_cast<double>(index), -static_cast<double>(index)});
   TANDEM_CHECK(any[9] == -any[10], "hapi::Model::", call, ": some rank called hapi::Model::",
-               kAgreedCalls[static_cast<size_t>(any[9])].name,
-               " while another called hapi::Model::", kAgreedCalls[static_cast<size_t>(-any[10])].name,
+               kAgreedCalls[static_cast<size_t>(any[9])].name, " while another called ",
+               "hapi::Model::", kAgreedCalls[static_cast<size_t>(-any[10])].name,
                "; inside a rank's function call each on every rank, in the same order");
   const auto holder = static_cast<int64_t>(any[2]);
   TANDEM_CHECK(!(any[1] > 0 && holder > 0), "hapi::Model::", call, ": rank ", holder,

@@ -409,9 +409,10 @@ class Model {
   // do weights that rank 0 alone loaded since the ranks' last call; a rank
   // other than 0 that holds weights of its own (a load() there alone) while
   // rank 0's were drawn, or that loaded while rank 0 did not, is a
-  // FailedPrecondition on every rank, nothing written. A rank that calls it alone (`if (rank == 0) save(path)`) fails
-  // the run: the in-process collective check, or the watchdog when the other
-  // ranks have returned, names hapi::Model::save and says to call it on every rank
+  // FailedPrecondition on every rank, nothing written. A rank that calls it
+  // alone (`if (rank == 0) save(path)`) fails the run: the in-process
+  // collective check, or the watchdog when the other ranks have returned,
+  // names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
