@@ -1,11 +1,14 @@
 #include "hapi/model.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -233,8 +236,13 @@ LossFunction CrossEntropy(nn::CrossEntropyOptions options) {
     if (reduction == nn::Reduction::kMean) {
       // kMean's denominator, sum over the labels not ignored of weight[label]:
       // nll_loss (kSum) of log-probabilities that are all -1, on the device.
+      // Under autocast nll_loss computes in float32: the -1s are float32 at
+      // once, not bfloat16 logits' dtype that it would cast.
+      const nn::DType dtype = nn::autocast_enabled() && output.dtype() == nn::kBFloat16
+                                  ? nn::kFloat32
+                                  : output.dtype();
       const nn::Tensor minus_one =
-          nn::full(output.shape(), -1.0, {.dtype = output.dtype(), .device = output.device()});
+          nn::full(output.shape(), -1.0, {.dtype = dtype, .device = output.device()});
       t.denominator = nn::nll_loss(
           minus_one, labels,
           nn::NllLossOptions{.reduction = nn::Reduction::kSum,
@@ -298,24 +306,72 @@ absl::Status Model::RunOnRanks(const std::function<absl::Status(dist::Context&)>
                      launch_.spawn);
 }
 
+namespace {
+
+// The calls whose Build agrees over the ranks, and the label of its
+// collectives (dist::Communicator::Label), so that a rank calling one alone
+// fails naming it.
+struct AgreedCall {
+  const char* name;
+  const char* label;
+};
+constexpr AgreedCall kAgreedCalls[] = {
+    {"evaluate",
+     "hapi::Model::evaluate (inside a rank's function a collective: call it on every rank, not "
+     "under `if (rank == 0)`)"},
+    {"predict",
+     "hapi::Model::predict (inside a rank's function a collective: call it on every rank, not "
+     "under `if (rank == 0)`)"},
+    {"fit",
+     "hapi::Model::fit (inside a rank's function a collective: call it on every rank, not "
+     "under `if (rank == 0)`)"},
+};
+
+size_t AgreedCallIndex(const char* call) {
+  for (size_t i = 0; i < std::size(kAgreedCalls); ++i) {
+    if (std::string_view(kAgreedCalls[i].name) == call) return i;
+  }
+  TANDEM_CHECK(false, "hapi::Model: no agreement for the call ", call);
+  return 0;
+}
+
+}  // namespace
+
 bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bool training) {
   const bool needs = !kept_.have_weights || kept_.weights_of_this_rank;
   // From main every rank reads this one Model (under mpirun each process its
   // own, from the same script): the same answer everywhere, no collective.
   if (spawned_) return needs;
   // Inside a rank's function each rank has its own Model, which a call on one
-  // rank alone sets apart (`if (rank == 0) model.load(path)`): one all_reduce
-  // agrees, so that every rank enters the same broadcasts.
+  // rank alone sets apart (`if (rank == 0) model.load(path)`, before or after
+  // an earlier call): one all_reduce agrees, so that every rank enters the
+  // same broadcasts, and names a rank that made another call.
+  const size_t index = AgreedCallIndex(call);
   const double rank = ctx.rank();
+  const bool zero = ctx.rank() == 0;
   const bool has_state = kept_.have_optimizer_state;
+  const bool loaded = kept_.loaded_since_agreed;
   const std::vector<double> any = internal::MaxOverRanks(
-      ctx, {needs ? 1.0 : 0.0, ctx.rank() == 0 && needs ? 1.0 : 0.0, needs ? -1.0 : rank,
-            has_state ? rank : -1.0, has_state ? -1.0 : rank});
+      ctx, {needs ? 1.0 : 0.0, zero && needs ? 1.0 : 0.0, needs ? -1.0 : rank,
+            has_state ? rank : -1.0, has_state ? -1.0 : rank, loaded ? 1.0 : 0.0,
+            loaded ? -1.0 : rank, zero && loaded ? 1.0 : 0.0, !zero && loaded ? rank : -1.0,
+            static_cast<double>(index), -static_cast<double>(index)});
+  TANDEM_CHECK(any[9] == -any[10], "hapi::Model::", call, ": some rank called hapi::Model::",
+               kAgreedCalls[static_cast<size_t>(any[9])].name, " while another called ",
+               "hapi::Model::", kAgreedCalls[static_cast<size_t>(-any[10])].name,
+               "; inside a rank's function call each on every rank, in the same order");
   const auto holder = static_cast<int64_t>(any[2]);
   TANDEM_CHECK(!(any[1] > 0 && holder > 0), "hapi::Model::", call, ": rank ", holder,
                " holds weights of its own (a load() there, or an earlier call's), while rank 0's "
                "Model has none: every rank would take rank 0's fresh weights and drop rank ",
                holder, "'s; call load() on rank 0 (its weights go to every rank) or on every rank");
+  TANDEM_CHECK(!(any[7] == 0 && any[8] > 0), "hapi::Model::", call, ": rank ",
+               static_cast<int64_t>(any[8]),
+               " loaded weights (a load() there alone) that rank 0 did not load: every rank "
+               "would keep rank 0's and drop them; call load() on rank 0 (its weights go to "
+               "every rank) or on every rank");
+  // Some ranks loaded since the last agreement, others not: rank 0's go to all.
+  const bool loads_differ = any[5] > 0 && any[6] >= 0;
   if (training) {
     TANDEM_CHECK(!(any[3] >= 0 && any[4] >= 0), "hapi::Model::fit: rank ",
                  static_cast<int64_t>(any[3]),
@@ -324,12 +380,21 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
                  " lacks, so their optimizers would step apart; call load() on every rank, or "
                  "load with reset_optimizer (rank 0's weights go to every rank, the optimizer "
                  "starts fresh)");
+    TANDEM_CHECK(!(loads_differ && any[3] >= 0), "hapi::Model::fit: rank 0 loaded an optimizer "
+                 "state (a load() there alone) while rank ", static_cast<int64_t>(any[6]),
+                 " keeps its own (from an earlier fit or load), so their optimizers would step "
+                 "apart; call load() on every rank");
   }
-  return any[0] > 0;
+  kept_.loaded_since_agreed = false;
+  return any[0] > 0 || loads_differ;
 }
 
 std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, const char* call,
                                              bool wrapped_by_data_parallel) {
+  // Inside a rank's function, the agreement and the broadcasts below name
+  // the call where a rank made it alone.
+  std::optional<dist::Communicator::Label> label;
+  if (!spawned_) label.emplace(ctx.communicator(), kAgreedCalls[AgreedCallIndex(call)].label);
   const bool take_rank_zeros = AgreeToTakeRankZerosWeights(ctx, call, wrapped_by_data_parallel);
   auto run = std::make_unique<RankRun>();
   run->network = network_();

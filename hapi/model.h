@@ -133,6 +133,8 @@ class LossFunction {
     return loss_(output, target);
   }
   explicit operator bool() const { return static_cast<bool>(loss_); }
+  // As a std::function's `loss == nullptr` (and, rewritten, !=, nullptr == loss).
+  friend bool operator==(const LossFunction& f, std::nullptr_t) { return !f; }
   bool has_terms() const { return static_cast<bool>(terms_); }
   // The batch's LossTerms; only when has_terms().
   LossTerms terms(const nn::Tensor& output, const nn::Tensor& target) const {
@@ -403,12 +405,14 @@ class Model {
   // before the write and one after), with an error on every rank when a
   // writer failed (the writer's names the cause). Weights that each rank drew
   // for itself (a save or state_dict() before any other call) first become
-  // rank 0's on every rank (a broadcast), as a first fit takes them; a rank
+  // rank 0's on every rank (a broadcast), as a first fit takes them, and so
+  // do weights that rank 0 alone loaded since the ranks' last call; a rank
   // other than 0 that holds weights of its own (a load() there alone) while
-  // rank 0's were drawn is a FailedPrecondition on every rank, nothing
-  // written. A rank that calls it alone (`if (rank == 0) save(path)`) fails
-  // the run: the in-process collective check, or the watchdog when the other
-  // ranks have returned, names hapi::Model::save and says to call it on every rank
+  // rank 0's were drawn, or that loaded while rank 0 did not, is a
+  // FailedPrecondition on every rank, nothing written. A rank that calls it
+  // alone (`if (rank == 0) save(path)`) fails the run: the in-process
+  // collective check, or the watchdog when the other ranks have returned,
+  // names hapi::Model::save and says to call it on every rank
   // (dist::Communicator::Label). Both files are written atomically over the
   // earlier ones (each through a temporary file created exclusively), never
   // removed first, so writers of one path at once (the processes of a job on
@@ -443,13 +447,17 @@ class Model {
   // after it keeps the state and the next fit checks it again.
   // Inside a rank's function load is this rank's alone (no collective). The
   // next evaluate, predict or fit agrees over the ranks (one all_reduce of a
-  // few flags) whether any rank's Model lacks weights of its own; if so every
-  // rank takes rank 0's: `if (rank == 0) load(path)` gives every rank the
-  // loaded weights. That call throws on every rank, naming the rank, when
-  // another rank's Model holds weights (a load there alone) while rank 0's
-  // has none, and a fit does when some ranks hold an optimizer state that
-  // others lack (rank 0 alone loaded one: load on every rank, or with
-  // reset_optimizer).
+  // few flags, labelled with the call) whether any rank's Model lacks weights
+  // of its own or loaded since the ranks' last call while another did not; if
+  // so every rank takes rank 0's: `if (rank == 0) load(path)` gives every
+  // rank the loaded weights, before or after earlier calls. That call throws
+  // on every rank, naming the rank, when another rank's Model holds weights
+  // (a load there alone) while rank 0's has none, or loaded while rank 0's
+  // did not; a fit does when some ranks hold an optimizer state that others
+  // lack (rank 0 alone loaded one: load on every rank, or with
+  // reset_optimizer), or when rank 0 alone loaded one over the others' own
+  // (load on every rank); and every rank throws, naming both calls, when
+  // the ranks make different ones of these calls.
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
@@ -484,11 +492,12 @@ class Model {
   // The state load() read before any prepare(), checked against the prepared
   // optimizer (FailedPrecondition naming the file); OK when there is none.
   absl::Status CheckPendingOptimizerState();
-  // Whether every rank takes rank 0's weights: some rank's Model has none, or
-  // only its own draw. Inside a rank's function one all_reduce makes the
-  // answer every rank's, and throws naming `call` and the rank when rank 0's
-  // Model has no weights while another rank's has (and, for `training`, when
-  // some ranks hold an optimizer state that others lack).
+  // Whether every rank takes rank 0's weights: some rank's Model has none,
+  // or only its own draw, or some ranks loaded since the last agreement and
+  // others did not. Inside a rank's function one all_reduce (labelled with
+  // `call` by Build) makes the answer every rank's, and throws on every rank
+  // as load() says (different calls; weights that rank 0's would drop; for
+  // `training`, optimizer states that differ).
   bool AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bool training);
   // This rank's network (weights from the host copy when there is one; rank
   // 0's on every rank when AgreeToTakeRankZerosWeights: broadcast here unless
@@ -516,6 +525,10 @@ class Model {
     // weights are a network that Materialize() built inside a rank's function:
     // this rank's own draw, which the next call on the ranks replaces by rank 0's.
     bool weights_of_this_rank = false;
+    // weights (and optimizer state) are a load() inside a rank's function
+    // since the ranks last agreed on their weights (Build, save): this rank's
+    // alone until then, as the other ranks may not have loaded.
+    bool loaded_since_agreed = false;
     optim::StateDict optimizer_state;
     bool have_optimizer_state = false;
     std::string optimizer_type;  // Optimizer::name() of the kept state

@@ -125,12 +125,18 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
     dist::Communicator::Label label(ctx->communicator(), kInsideRanksLabel);
     // Weights that Materialize() drew on each rank differ: the first rank
     // writes rank 0's and every rank keeps them, as a first fit takes them.
-    // A load() on a rank other than 0 alone, while rank 0 drew: refused on
-    // every rank, as evaluate, predict and fit refuse it.
+    // So do weights that rank 0 alone loaded (after an earlier call: the other
+    // ranks hold their own). A load() on a rank other than 0 alone, while rank
+    // 0 drew or did not load: refused on every rank, as evaluate, predict and
+    // fit refuse it. What load() marks stays for the next fit's check of the
+    // optimizer states.
     const bool drew = kept_.weights_of_this_rank;
+    const bool zero = ctx->rank() == 0;
+    const bool loaded = kept_.loaded_since_agreed;
     const std::vector<double> built = internal::SumOverRanks(
-        *ctx, {materialized.ok() ? 0.0 : 1.0, drew ? 1.0 : 0.0,
-               ctx->rank() == 0 && drew ? 1.0 : 0.0, ctx->rank() != 0 && held ? 1.0 : 0.0});
+        *ctx, {materialized.ok() ? 0.0 : 1.0, drew ? 1.0 : 0.0, zero && drew ? 1.0 : 0.0,
+               !zero && held ? 1.0 : 0.0, loaded ? 1.0 : 0.0, zero && loaded ? 1.0 : 0.0,
+               !zero && loaded ? 1.0 : 0.0});
     if (built[2] > 0 && built[3] > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "hapi::Model::save: ", built[3], " rank(s) other than rank 0 hold weights of their own "
@@ -138,7 +144,14 @@ absl::Status Model::save(const std::string& path, SaveOptions options) {
           "rank would take rank 0's fresh weights and drop theirs; call load() on rank 0 (its "
           "weights go to every rank) or on every rank"));
     }
-    if (built[0] == 0 && built[1] > 0) TakeRankZerosWeights(*ctx);
+    if (built[5] == 0 && built[6] > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "hapi::Model::save: ", built[6], " rank(s) other than rank 0 loaded weights (a load() "
+          "there alone) that rank 0 did not load: every rank would keep rank 0's and drop "
+          "theirs; call load() on rank 0 (its weights go to every rank) or on every rank"));
+    }
+    const bool loads_differ = built[4] > 0 && built[4] < ctx->world_size();
+    if (built[0] == 0 && (built[1] > 0 || loads_differ)) TakeRankZerosWeights(*ctx);
     if (written.ok() && internal::LocalRank(*ctx) == 0) written = write_files();
     failures = internal::SumOverRanks(*ctx, {written.ok() ? 0.0 : 1.0})[0];
   }
@@ -224,6 +237,7 @@ absl::Status Model::load(const std::string& path, LoadOptions options) {
   kept_.weights = std::move(weights);
   kept_.have_weights = true;
   kept_.weights_of_this_rank = false;
+  kept_.loaded_since_agreed = dist::current_or_null() != nullptr;
   kept_.have_optimizer_state = optimizer_state.has_value();
   if (optimizer_state.has_value()) {
     kept_.optimizer_state = std::move(*optimizer_state);

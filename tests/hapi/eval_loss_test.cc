@@ -4,13 +4,15 @@
 // set, on 1 and 3 ranks, and in fit's per-epoch evaluation, equal to
 // nn::cross_entropy over the set; batches whose labels are all ignored add
 // nothing (no NaN); kSum gives the set's sum; a set of ignored labels only
-// is NaN. A loss function of the user's own (a lambda) weighs each batch's
+// is NaN; label_smoothing with and without a weight, (N, 1) labels and bf16
+// autocast alike. A loss function of the user's own (a lambda) weighs each batch's
 // loss by its rows, as it always did; one with LossTerms evaluates exactly.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,6 +167,50 @@ TEST(EvalLossTest, UnweightedSumAndMeanSquaredErrorAreTheSetsLoss) {
   ExpectRelativelyNear(EvalLoss(3, 7, MeanSquaredError(), regression), mse, "MeanSquaredError");
 }
 
+// label_smoothing, with and without a class weight, beside ignore_index, in
+// kMean and kSum, with (N) and (N, 1) labels, on 3 ranks of batch 7, and the
+// same under bf16 autocast (the logits bfloat16, the loss and its
+// denominator computed in float32): nn::cross_entropy's over the whole set,
+// from the logits computed alike in one batch.
+TEST(EvalLossTest, LabelSmoothingAndBf16AreTheSetsLoss) {
+  const Set set = MakeSet();
+  const auto column =
+      std::make_shared<data::TensorDataset>(set.x, set.labels.reshape({kExamples, 1}));
+  for (bool bf16 : {false, true}) {
+    nn::Tensor logits;
+    {
+      std::optional<nn::AutocastGuard> autocast;
+      if (bf16) autocast.emplace(nn::kBFloat16);
+      logits = Logits(set.x);
+    }
+    for (bool weighted : {false, true}) {
+      for (nn::Reduction reduction : {nn::Reduction::kMean, nn::Reduction::kSum}) {
+        nn::CrossEntropyOptions options = Options(reduction);
+        options.label_smoothing = 0.2;
+        if (!weighted) options.weight.reset();
+        double want = 0;
+        {
+          std::optional<nn::AutocastGuard> autocast;
+          if (bf16) autocast.emplace(nn::kBFloat16);
+          want = nn::cross_entropy(logits, set.labels, options).item<double>();
+        }
+        for (bool by_column : {false, true}) {
+          const std::string where =
+              absl::StrCat(bf16 ? "bf16" : "float32", weighted ? ", weighted" : "",
+                           reduction == nn::Reduction::kSum ? ", kSum" : ", kMean",
+                           by_column ? ", (N, 1) labels" : "");
+          auto model = Prepared(3, CrossEntropy(options));
+          absl::StatusOr<Logs> logs = model->evaluate(
+              by_column ? std::shared_ptr<const data::Dataset>(column) : set.data,
+              {.batch_size = 7, .bf16 = bf16});
+          ASSERT_TRUE(logs.ok()) << where << ": " << logs.status();
+          ExpectRelativelyNear(logs->at("eval_loss"), want, where);
+        }
+      }
+    }
+  }
+}
+
 // A set whose labels are all ignored: the mean of nothing is NaN (PyTorch's
 // 0 / 0), the sum 0; a batch of them alone no longer decides (see above).
 TEST(EvalLossTest, ASetOfIgnoredLabelsOnlyIsNanAsAMeanAndZeroAsASum) {
@@ -223,6 +269,8 @@ TEST(EvalLossTest, AUserLambdaIsWeighedByRowsAsBefore) {
   // An empty one is refused at prepare, as an empty std::function was.
   LossFunction empty = nullptr;
   EXPECT_FALSE(static_cast<bool>(empty));
+  EXPECT_TRUE(empty == nullptr);  // compared as a std::function was
+  EXPECT_TRUE(from_lambda != nullptr);
   Model model([] { return std::make_shared<Net>(); }, Cpu(1));
   EXPECT_THROW(model.prepare(FrozenSgd(), empty), Error);
 }

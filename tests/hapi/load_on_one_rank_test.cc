@@ -5,7 +5,10 @@
 // ranks, and a save writes them. A load on another rank alone, whose
 // weights rank 0's fresh ones would replace (before evaluate, predict, fit
 // or save), and an optimizer state that rank 0 alone loaded (before fit),
-// are errors on every rank naming them.
+// are errors on every rank naming them; so after an earlier call on every
+// rank. A call on rank 0 alone is named: by the watchdog, or on every rank
+// when the other rank makes another call.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -250,6 +253,129 @@ TEST(LoadOnOneRankTest, ALoadOnAnotherRankAloneOrOfAnOptimizerStateIsAnError) {
       },
       2, "cpu", testing::DefaultTestSpawnOptions());
   EXPECT_TRUE(run.ok()) << run;
+}
+
+// After an earlier call on every rank (each rank's Model then holds weights
+// of its own), a load on rank 0 alone still reaches every rank at the next
+// evaluate, predict and save; a load on rank 1 alone is still an error, and so
+// is a fit after rank 0 alone loaded an optimizer state over the others' own.
+TEST(LoadOnOneRankTest, ALoadOnOneRankAfterAnEarlierCallIsAgreedToo) {
+  auto data = Classification(23, 66);
+  const Saved saved = SaveFitted("after", /*training=*/true, data);
+  const std::string copy = Dir("after_save") + "/copy.safetensors";
+  std::vector<RankResult> results(3);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        RankResult& mine = results[static_cast<size_t>(ctx.rank())];
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(model.evaluate(data, {.batch_size = 5}).status());
+        if (ctx.rank() == 0) RETURN_IF_ERROR(model.load(saved.path));
+        ASSIGN_OR_RETURN(Logs logs, model.evaluate(data, {.batch_size = 5}));
+        mine.eval_loss = logs.at("eval_loss");
+        ASSIGN_OR_RETURN(nn::Tensor p, model.predict(data, {.batch_size = 5}));
+        mine.predicted = p.to_vector<float>();
+        ASSIGN_OR_RETURN(mine.kept, model.state_dict());
+        return absl::OkStatus();
+      },
+      3, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < 3; ++r) {
+    const RankResult& got = results[static_cast<size_t>(r)];
+    const std::string where = absl::StrCat("rank ", r);
+    EXPECT_NEAR(got.eval_loss, saved.eval_loss, 1e-6 * saved.eval_loss) << where;
+    ExpectNear(got.predicted, saved.predicted, where);
+    EXPECT_TRUE(SameBits(got.kept, saved.weights)) << where << " kept other weights";
+  }
+  // save straight after the load: every rank keeps the loaded weights.
+  std::vector<nn::StateDict> kept(3);
+  run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(model.evaluate(data, {.batch_size = 5}).status());
+        if (ctx.rank() == 0) RETURN_IF_ERROR(model.load(saved.path));
+        RETURN_IF_ERROR(model.save(copy));
+        ASSIGN_OR_RETURN(kept[static_cast<size_t>(ctx.rank())], model.state_dict());
+        return absl::OkStatus();
+      },
+      3, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(SameBits(kept[static_cast<size_t>(r)], saved.weights)) << "save, rank " << r;
+  for (const std::string call : {"evaluate", "predict", "fit", "save"}) {
+    SCOPED_TRACE(call);
+    run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model([] { return std::make_shared<Net>(); });
+          model.prepare(AdamFactory(), CrossEntropy());
+          RETURN_IF_ERROR(model.evaluate(data, {.batch_size = 5}).status());
+          if (ctx.rank() == 1) RETURN_IF_ERROR(model.load(saved.path));
+          if (call == "evaluate") return model.evaluate(data).status();
+          if (call == "predict") return model.predict(data).status();
+          if (call == "save") return model.save(copy);
+          return model.fit(data).status();
+        },
+        3, "cpu", testing::DefaultTestSpawnOptions());
+    EXPECT_TRUE(Contains(run, call == "save"
+                                  ? "hapi::Model::save: 1 rank(s) other than rank 0 loaded "
+                                    "weights (a load() there alone) that rank 0 did not load"
+                                  : absl::StrCat("hapi::Model::", call,
+                                                 ": rank 1 loaded weights (a load() there alone) "
+                                                 "that rank 0 did not load")))
+        << run;
+  }
+  run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(model.fit(data).status());
+        if (ctx.rank() == 0) RETURN_IF_ERROR(model.load(saved.path));
+        return model.fit(data).status();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  EXPECT_TRUE(Contains(run, "hapi::Model::fit: rank 0 loaded an optimizer state (a load() there "
+                            "alone) while rank 1 keeps its own"))
+      << run;
+}
+
+// evaluate, predict or fit called on rank 0 alone: while the other rank
+// returns, the watchdog names the call (Build's agreement is labelled); while
+// it makes another of these calls, every rank fails naming both calls.
+TEST(LoadOnOneRankTest, ACallOnRankZeroAloneIsNamed) {
+  auto data = Classification(23, 67);
+  for (const std::string call : {"evaluate", "predict", "fit"}) {
+    for (bool other_returns : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(call, other_returns ? ", rank 1 returns" : ", rank 1 evaluates"));
+      if (call == "evaluate" && !other_returns) continue;
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status run = dist::spawn(
+          [&](dist::Context& ctx) -> absl::Status {
+            Model model([] { return std::make_shared<Net>(); });
+            model.prepare(AdamFactory(), CrossEntropy());
+            if (ctx.rank() == 1) {
+              if (other_returns) return absl::OkStatus();
+              return model.evaluate(data).status();
+            }
+            if (call == "evaluate") return model.evaluate(data).status();
+            if (call == "predict") return model.predict(data).status();
+            return model.fit(data).status();
+          },
+          2, "cpu", testing::DefaultTestSpawnOptions());
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ASSERT_FALSE(run.ok());
+      EXPECT_TRUE(Contains(run, other_returns
+                                    ? absl::StrCat("from hapi::Model::", call,
+                                                   " (inside a rank's function a collective: "
+                                                   "call it on every rank")
+                                    : absl::StrCat("some rank called hapi::Model::", call,
+                                                   " while another called "
+                                                   "hapi::Model::evaluate")))
+          << run;
+      EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
+    }
+  }
 }
 
 }  // namespace
