@@ -200,6 +200,21 @@ class HubTransport final : public ProcessTransport {
       };
       return std::make_unique<FailingOp>();
     }
+    if (channel == kData && data_ops_ - 1 == slow_data_op_) {
+      // Completes no sooner than slow_for_ after it started (the rounds go on meanwhile).
+      class SlowOp final : public PendingOp {
+       public:
+        SlowOp(std::unique_ptr<PendingOp> op, std::chrono::steady_clock::duration delay)
+            : op_(std::move(op)), ready_(std::chrono::steady_clock::now() + delay) {}
+        bool Test() override { return std::chrono::steady_clock::now() >= ready_ && op_->Test(); }
+
+       private:
+        std::unique_ptr<PendingOp> op_;
+        std::chrono::steady_clock::time_point ready_;
+      };
+      return std::make_unique<SlowOp>(std::make_unique<HubOp>(hub_, channel, k, std::move(finish)),
+                                      slow_for_);
+    }
     return std::make_unique<HubOp>(hub_, channel, k, std::move(finish));
   }
   Hub* hub_;
@@ -209,6 +224,8 @@ class HubTransport final : public ProcessTransport {
  public:
   // The data operation with this index (0-based, on this process) fails in Test.
   int64_t fail_data_op_ = -1;
+  int64_t slow_data_op_ = -1;  // this data operation completes slow_for_ late
+  std::chrono::steady_clock::duration slow_for_{};
 };
 
 std::string ProcessLabel(int p) { return absl::StrCat("process ", p); }
@@ -455,8 +472,10 @@ struct FailingJob {
 
   // fail_data_op: per process, HubTransport::fail_data_op_. check_each: the
   // exchanges compare before each collective too (CheckEachCollective).
+  // slow_data_op: on every process, this data operation completes 20 round
+  // periods late (HubTransport::slow_data_op_).
   FailingJob(int processes, const Body& body, std::vector<int64_t> fail_data_op = {},
-             bool check_each = false)
+             bool check_each = false, int64_t slow_data_op = -1)
       : failures(processes), outcomes(processes), seconds(processes) {
     Hub hub(processes);
     const std::vector<int> ranks_per_process(processes, 1);
@@ -468,6 +487,8 @@ struct FailingJob {
     for (int p = 0; p < processes; ++p) {
       transports.push_back(std::make_unique<HubTransport>(&hub, p));
       if (p < static_cast<int>(fail_data_op.size())) transports[p]->fail_data_op_ = fail_data_op[p];
+      transports[p]->slow_data_op_ = slow_data_op;
+      transports[p]->slow_for_ = 20 * ControlPlane::kRoundPeriod;
       exchanges.push_back(
           std::make_shared<HierarchicalExchange>(p, ranks_per_process, transports[p].get()));
       if (check_each) exchanges[p]->CheckEachCollective(ProcessLabel);
@@ -533,15 +554,10 @@ TEST(CrossProcessThreads, DifferentBroadcastRootsFailEveryProcessNamingEachSide)
   }
 }
 
-// With the check before each collective, what process p reports: its rank's
-// error, or the run's failure when the rounds found the mismatch first (they go
-// on while the check waits for the peers) and the rank was cancelled.
-const std::string& Reported(const FailingJob& job, int p) {
-  return job.outcomes[p] == "cancelled" ? job.failures[p] : job.outcomes[p];
-}
-
 // The same with the check before each collective: the broadcast never runs;
-// every process names the mismatch and each side (Reported).
+// every rank throws the mismatch, naming each side. (The rounds, which go on
+// while the check waits for the peers, never see a collective before its
+// check passed: the rank's error is never raced by the run's failure.)
 TEST(CrossProcessThreads, CheckingEachCollectiveStopsTheMismatchBeforeItsDataMoves) {
   FailingJob job(
       2,
@@ -556,8 +572,33 @@ TEST(CrossProcessThreads, CheckingEachCollectiveStopsTheMismatchBeforeItsDataMov
       "collective mismatch across processes: process 0 called broadcast #3 (8 float32, root 0) "
       "while process 1 called broadcast #3 (8 float32, root 1)";
   for (int p = 0; p < 2; ++p) {
-    EXPECT_NE(Reported(job, p).find(expected), std::string::npos)
+    EXPECT_NE(job.outcomes[p].find("error: " + expected), std::string::npos)
         << "process " << p << ": " << job.outcomes[p] << "; run's failure: " << job.failures[p];
+  }
+}
+
+// The same with the check of collective #3 (data operation 4: a check and
+// the collective's own for each) 20 round periods slow: the rounds, which
+// go on meanwhile, do not compare #3 before its check passed, so each rank
+// still throws the mismatch itself (the run's failure does not cancel it).
+TEST(CrossProcessThreads, ASlowCheckIsNotRacedByTheRounds) {
+  FailingJob job(
+      2,
+      [](int p, HierarchicalCommunicator& comm, int i) {
+        if (i != 2) return AllReduceEight(comm);
+        nn::Tensor x = nn::full({8}, static_cast<double>(p), {.dtype = nn::kFloat32});
+        comm.broadcast(x, p);
+        ADD_FAILURE() << "process " << p << "'s broadcast returned";
+      },
+      {}, /*check_each=*/true, /*slow_data_op=*/4);
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_NE(job.outcomes[p].find("error: collective mismatch across processes: process 0 "
+                                   "called broadcast #3 (8 float32, root 0) while process 1 "
+                                   "called broadcast #3 (8 float32, root 1)"),
+              std::string::npos)
+        << "process " << p << ": " << job.outcomes[p] << "; run's failure: " << job.failures[p];
+    EXPECT_GE(job.seconds[p], 0.9 * std::chrono::duration<double>(20 * ControlPlane::kRoundPeriod).count())
+        << "process " << p << ": the check was not slowed";
   }
 }
 
@@ -610,7 +651,7 @@ TEST(CrossProcessThreads, TheRoundsNameEachSidesLabelOnEveryProcess) {
 TEST(CrossProcessThreads, CheckingEachCollectiveNamesEachSidesLabelOnEveryProcess) {
   FailingJob job(3, AllReduceEightLabelled, {}, /*check_each=*/true);
   for (int p = 0; p < 3; ++p) {
-    EXPECT_NE(Reported(job, p).find(kLabelledMismatch), std::string::npos)
+    EXPECT_NE(job.outcomes[p].find("error: " + kLabelledMismatch), std::string::npos)
         << "process " << p << ": " << job.outcomes[p] << "; run's failure: " << job.failures[p];
   }
 }

@@ -435,7 +435,7 @@ bool HierarchicalExchange::ExecuteAllGather(const Batch& batch, const std::stop_
 }
 
 bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint, const char* label,
-                                             const std::stop_token& stop) {
+                                             uint64_t sequence, const std::stop_token& stop) {
   const int processes = static_cast<int>(ranks_per_process_.size());
   constexpr int kWords = Fingerprint::kWords;
   check_slots_.assign(static_cast<size_t>(processes) * kWords, Fingerprint::kNone);
@@ -450,7 +450,7 @@ bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint, con
   for (int p = 0; p < processes; ++p) {
     fingerprints[p] = {.shape = check_slots_[p * kWords], .numel = check_slots_[p * kWords + 1]};
   }
-  if (CollectiveMismatch(fingerprints, started_, check_each_name_).empty()) return true;
+  if (CollectiveMismatch(fingerprints, sequence, check_each_name_).empty()) return true;
   // Every process found the mismatch in the same slots, so every process makes
   // this all-reduce too: it brings each process's label of the collective.
   check_slots_.assign(static_cast<size_t>(processes) * kLabelWords, Fingerprint::kNone);
@@ -464,7 +464,7 @@ bool HierarchicalExchange::CompareBeforehand(const Fingerprint& fingerprint, con
   for (int p = 0; p < processes; ++p) {
     labels[p] = UnpackLabel(check_slots_.data() + static_cast<size_t>(p) * kLabelWords);
   }
-  Fail(CollectiveMismatch(fingerprints, started_, check_each_name_, labels));
+  Fail(CollectiveMismatch(fingerprints, sequence, check_each_name_, labels));
 }
 
 bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& stop) {
@@ -476,10 +476,16 @@ bool HierarchicalExchange::Execute(const Batch& batch, const std::stop_token& st
   const Fingerprint fingerprint = FingerprintOfRequest(first);
   const char* label = nullptr;
   for (size_t l = 0; l < batch.size() && label == nullptr; ++l) label = batch[l]->label;
-  fingerprints_[++started_ % kFingerprintHistory] = fingerprint;
-  labels_[started_ % kFingerprintHistory] = label;
   CheckSameCollective(batch);
-  if (check_each_name_ && !CompareBeforehand(fingerprint, label, stop)) return false;
+  // With the check before each collective, the collective counts as started
+  // (and the rounds, which go on while the check waits, compare it) only once
+  // the check passed: a mismatch is always the ranks' own error, never a race
+  // between the check and a round that found it too.
+  const uint64_t sequence = started_ + 1;
+  if (check_each_name_ && !CompareBeforehand(fingerprint, label, sequence, stop)) return false;
+  fingerprints_[sequence % kFingerprintHistory] = fingerprint;
+  labels_[sequence % kFingerprintHistory] = label;
+  started_ = sequence;
   const std::string op = batch[0]->op;
   if (op == "barrier") return Poll(transport_->Barrier().get(), stop);
   if (op == "all_reduce") return ExecuteAllReduce(batch, stop);

@@ -159,10 +159,11 @@ class HierarchicalExchange {
   // for the rounds' verdict first (AwaitVerdict), then throws.
   bool Poll(PendingOp* op, const std::stop_token& stop);
   bool PollUntilDone(PendingOp* op, const std::stop_token& stop);
-  // CheckEachCollective's comparison of collective started_; false when stopped,
-  // throws tandem::Error on a mismatch (after one more all-reduce, which every
-  // process makes, that brings the processes' labels of it).
-  bool CompareBeforehand(const Fingerprint& fingerprint, const char* label,
+  // CheckEachCollective's comparison of collective `sequence` (started_ + 1: it
+  // counts as started, and the rounds see it, only once it passed); false when
+  // stopped, throws tandem::Error on a mismatch (after one more all-reduce,
+  // which every process makes, that brings the processes' labels of it).
+  bool CompareBeforehand(const Fingerprint& fingerprint, const char* label, uint64_t sequence,
                          const std::stop_token& stop);
   // After a transport error: ticks the rounds for up to kVerdictWait; true when
   // the run is stopping meanwhile (the rounds, or anything else, reported first).
