@@ -23,7 +23,8 @@
 //    done. Errors come back as spawn's Status, naming the rank.
 //  - Called inside dist::spawn (a rank's function, each rank with its own
 //    Model), it runs on that rank (ctx = dist::current()) with the others; an
-//    error throws tandem::Error on the rank, as any failing step would.
+//    error throws tandem::Error on the rank, as any failing step would. The
+//    batch calls (train_batch, eval_batch, predict_batch) run only there.
 //
 // Data: datasets of (input, target) examples (data/dataset.h). Training draws
 // each epoch's batches with DistributedBatchSampler (kWrapGlobalBatch: N ranks
