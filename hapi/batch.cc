@@ -94,10 +94,16 @@ absl::StatusOr<nn::Tensor> Model::train_batch(const nn::Tensor& inputs, const nn
   RETURN_IF_ERROR(EnsureTrainingRun(*ctx, inputs.size(0)));
   RankRun& run = *batch_run_;
   run.network->train();  // eval_batch / predict_batch put it back, but a throw there may not
-  const nn::Tensor loss =
-      internal::ForwardBackward(*ctx, *run.dp, loss_, inputs.to(ctx->device()),
-                                labels.to(ctx->device()), 1, options.bf16, "train_batch");
-  internal::OptimizerStep(*ctx, run, /*clip_grad_norm=*/0);
+  nn::Tensor loss;
+  {
+    // update = false: the gradients accumulate locally, as fit's micro-batches
+    // before the last; the next synchronised backward reduces their sum.
+    std::optional<dist::DataParallel::NoSyncGuard> no_sync;
+    if (!options.update) no_sync.emplace(run.dp.get());
+    loss = internal::ForwardBackward(*ctx, *run.dp, loss_, inputs.to(ctx->device()),
+                                     labels.to(ctx->device()), 1, options.bf16, "train_batch");
+  }
+  if (options.update) internal::OptimizerStep(*ctx, run, /*clip_grad_norm=*/0);
   return loss;
 }
 

@@ -329,6 +329,14 @@ struct EvalOptions {
 // train_batch / eval_batch / predict_batch's options, per call.
 struct BatchOptions {
   bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16), as FitOptions::bf16
+  // train_batch only (Paddle's update): false accumulates this batch's
+  // gradients (under DataParallel::no_sync: no all-reduce, no step); the next
+  // call with true reduces the accumulated sum over the ranks and steps. The
+  // losses are not scaled: scale them in the loss for a mean over the
+  // micro-batches (fit's grad_accum_steps divides by their count). Every rank
+  // passes the same value. Gradients not yet stepped are dropped by any other
+  // call that folds the batch run (fit, save, ...).
+  bool update = true;
 };
 
 // Model::save's options.
@@ -422,8 +430,8 @@ class Model {
   //
   // train_batch: one optimizer step, fit's own code (fit_loop.cc): forward
   // and loss through DataParallel, backward with its gradient all-reduce,
-  // step, zero_grad; no clipping, no gradient accumulation, no ZeRO (fit's
-  // options), and no lr schedule (schedules are fit's callbacks; the
+  // step, zero_grad (with options.update = false: backward only, see
+  // BatchOptions); no clipping, no ZeRO (fit's options), and no lr schedule (schedules are fit's callbacks; the
   // optimizer keeps the lr it was made with). N ranks with batch B step as
   // one rank with batch N * B (DataParallel averages the gradients, for a
   // loss that is the batch's mean). Returns this rank's batch loss, 0-dim,

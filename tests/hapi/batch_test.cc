@@ -1,7 +1,8 @@
 // Model::train_batch / eval_batch / predict_batch inside dist::spawn's
 // function (each rank with its own Model), on CPU ranks: a train_batch loop
 // over fit's batches ends with fit's weights and epoch losses bit for bit (1
-// and 2 ranks); N ranks with batch B step as one rank with batch N * B;
+// and 2 ranks); N ranks with batch B step as one rank with batch N * B, and
+// so with update = false accumulating micro-batches;
 // train_batch, save, load in a new Model, train_batch continues as the
 // uninterrupted run; eval_batch and predict_batch equal evaluate and predict
 // on the same batches (before and after training batches); errors: from
@@ -84,7 +85,7 @@ std::vector<data::Batch> FitsBatches(dist::Context& ctx,
 
 // (1) The same batches as fit's, the same step: the same weights and epoch
 // losses, bit for bit, on 1 and 2 ranks (shuffled, two epochs, a wrapped tail).
-TEST(BatchTest, ATrainBatchLoopEndsWithFitsWeights) {
+TEST(HapiBatchTest, ATrainBatchLoopEndsWithFitsWeights) {
   auto set = Classification(23, 71);
   const NetworkFactory factory = FixedNet(5);
   for (int ranks : {1, 2}) {
@@ -167,7 +168,7 @@ nn::StateDict TrainSlices(const NetworkFactory& factory, int ranks, int64_t glob
 // (2) DataParallel's equivalence through train_batch: 2 and 4 ranks with
 // batch B end where one rank with batch N * B does (within float rounding:
 // the all-reduce sums the ranks' gradients in another order).
-TEST(BatchTest, NRanksWithBatchBStepAsOneRankWithBatchNB) {
+TEST(HapiBatchTest, NRanksWithBatchBStepAsOneRankWithBatchNB) {
   auto set = Classification(48, 72);
   const auto [x, y] = Tensors(set);
   const NetworkFactory factory = FixedNet(6);
@@ -187,10 +188,71 @@ TEST(BatchTest, NRanksWithBatchBStepAsOneRankWithBatchNB) {
   EXPECT_NE(other[0].second.to_vector<float>(), one[0].second.to_vector<float>());
 }
 
+// Paddle's update = false: two micro-batches per step, the first only
+// accumulating (no all-reduce, no step). 2 ranks with micro-batches of 4 rows
+// end where one rank with micro-batches of 8 (both ranks' rows) does; the
+// network is unchanged after an update = false call, which enters no collective.
+nn::StateDict TrainAccumulated(const NetworkFactory& factory, int ranks, int steps,
+                               const nn::Tensor& x, const nn::Tensor& y, bool accumulate) {
+  nn::StateDict weights;
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model(factory);
+        model.prepare(AdamFactory(), CrossEntropy());
+        const int64_t rows = 8 / ctx.world_size();
+        for (int s = 0; s < steps; ++s) {
+          for (int m = 0; m < 2; ++m) {
+            const int64_t begin = s * 16 + m * 8 + ctx.rank() * rows;
+            const nn::Tensor probe = x.slice(0, 2);
+            ASSIGN_OR_RETURN(nn::Tensor before, model.predict_batch(probe));
+            before = before.clone();
+            const bool update = !accumulate || m == 1;
+            const uint64_t entered = ctx.communicator().collectives_entered();
+            RETURN_IF_ERROR(model
+                                .train_batch(x.slice(begin, begin + rows),
+                                             y.slice(begin, begin + rows), {.update = update})
+                                .status());
+            ASSIGN_OR_RETURN(nn::Tensor after, model.predict_batch(probe));
+            if (update) {
+              EXPECT_NE(after.to_vector<float>(), before.to_vector<float>()) << "step " << s;
+            } else {
+              EXPECT_EQ(after.to_vector<float>(), before.to_vector<float>()) << "step " << s;
+              // No all-reduce (no_sync); the first call also builds the run.
+              if (s > 0) EXPECT_EQ(ctx.communicator().collectives_entered(), entered);
+            }
+          }
+        }
+        ASSIGN_OR_RETURN(nn::StateDict kept, model.state_dict());
+        if (ctx.rank() == 0) weights = std::move(kept);
+        return absl::OkStatus();
+      },
+      ranks, "cpu", testing::DefaultTestSpawnOptions());
+  EXPECT_TRUE(run.ok()) << run;
+  return weights;
+}
+
+TEST(HapiBatchTest, UpdateFalseAccumulatesAsOneRankWithTheUnionOfTheBatches) {
+  auto set = Classification(48, 78);
+  const auto [x, y] = Tensors(set);
+  const NetworkFactory factory = FixedNet(11);
+  const nn::StateDict one = TrainAccumulated(factory, 1, 3, x, y, true);
+  const nn::StateDict two = TrainAccumulated(factory, 2, 3, x, y, true);
+  ASSERT_EQ(two.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    const std::vector<float> a = two[i].second.to_vector<float>();
+    const std::vector<float> b = one[i].second.to_vector<float>();
+    for (size_t k = 0; k < a.size(); ++k)
+      ASSERT_NEAR(a[k], b[k], 1e-5) << one[i].first << " [" << k << "]";
+  }
+  // Stepping on every micro-batch goes elsewhere: the test can fail.
+  const nn::StateDict every = TrainAccumulated(factory, 2, 3, x, y, false);
+  EXPECT_NE(every[0].second.to_vector<float>(), one[0].second.to_vector<float>());
+}
+
 // (3) train_batch, save, load into a new Model, train_batch: Adam continues as
 // the uninterrupted run (its moments and step count travel), bit for bit; a
 // fit after train_batch continues from the trained weights and optimizer too.
-TEST(BatchTest, SaveAfterTrainBatchKeepsWeightsAndAdamState) {
+TEST(HapiBatchTest, SaveAfterTrainBatchKeepsWeightsAndAdamState) {
   auto set = Classification(24, 73);
   const auto [x, y] = Tensors(set);
   const NetworkFactory factory = FixedNet(7);
@@ -255,7 +317,7 @@ TEST(BatchTest, SaveAfterTrainBatchKeepsWeightsAndAdamState) {
 // A fit after train_batch continues the batch run's weights and Adam state:
 // three train_batch steps then a fit of one epoch over the next three
 // batches equal six train_batch steps.
-TEST(BatchTest, FitAfterTrainBatchContinuesIt) {
+TEST(HapiBatchTest, FitAfterTrainBatchContinuesIt) {
   auto set = Classification(24, 74);
   const auto [x, y] = Tensors(set);
   const NetworkFactory factory = FixedNet(8);
@@ -281,7 +343,7 @@ TEST(BatchTest, FitAfterTrainBatchContinuesIt) {
 // (4) eval_batch on each rank's batch equals evaluate over a set of those
 // batches ("loss" / "eval_loss", "acc" / "eval_acc"), before and after
 // train_batch steps; predict_batch equals predict's rows of the rank's batch.
-TEST(BatchTest, EvalBatchAndPredictBatchEqualEvaluateAndPredict) {
+TEST(HapiBatchTest, EvalBatchAndPredictBatchEqualEvaluateAndPredict) {
   auto set = Classification(11, 75);
   auto train = Classification(16, 76);
   const auto [tx, ty] = Tensors(train);
@@ -327,7 +389,7 @@ TEST(BatchTest, EvalBatchAndPredictBatchEqualEvaluateAndPredict) {
 
 // (5) Errors: from main, before prepare, shapes that do not match, a batch
 // call on one rank alone (the first, which builds the run, and a later one).
-TEST(BatchTest, BadCallsAreNamed) {
+TEST(HapiBatchTest, BadCallsAreNamed) {
   auto set = Classification(8, 77);
   const auto [x, y] = Tensors(set);
   Model from_main(FixedNet(10), Cpu(1));
