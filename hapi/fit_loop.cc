@@ -109,6 +109,44 @@ void PrepareForTraining(dist::Context& ctx, Model::RankRun& run, const FitOption
                "fit: cuda_graph needs a CUDA rank; this rank runs on ", ctx.device().ToString());
 }
 
+void OptimizerStep(dist::Context& ctx, Model::RankRun& run, double clip_grad_norm) {
+  dist::TraceSpan span(ctx, "optimizer");
+  if (clip_grad_norm > 0) {
+    // The reduced gradients: the same norm on every rank.
+    if (run.zero != nullptr) {
+      run.zero->clip_grad_norm_(clip_grad_norm);
+    } else {
+      optim::clip_grad_norm_(run.dp->parameters(), clip_grad_norm);
+    }
+  }
+  if (run.zero != nullptr) {
+    run.zero->step();
+    run.zero->zero_grad();
+  } else {
+    run.optimizer->step();
+    run.optimizer->zero_grad();
+  }
+}
+
+nn::Tensor ForwardBackward(dist::Context& ctx, dist::DataParallel& dp, const LossFunction& loss_fn,
+                           const nn::Tensor& data, const nn::Tensor& target, int64_t group,
+                           bool bf16, const char* call) {
+  nn::Tensor loss;
+  {
+    dist::TraceSpan span(ctx, "forward");
+    std::optional<nn::AutocastGuard> autocast;
+    if (bf16) autocast.emplace(nn::kBFloat16);
+    loss = loss_fn(dp(data), target);
+  }
+  TANDEM_CHECK(loss.numel() == 1, "hapi::Model::", call, ": the loss function returned shape ",
+               nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
+  {
+    dist::TraceSpan span(ctx, "backward");
+    (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
+  }
+  return loss.detach();
+}
+
 // --- Setting up ----------------------------------------------------------------------
 
 FitLoop::FitLoop(dist::Context& ctx, Model::RankRun& run, const LossFunction& loss,
@@ -465,25 +503,6 @@ void FitLoop::TakeSnapshot(const Epoch& epoch) {
 
 // --- A step's pieces -----------------------------------------------------------------
 
-void FitLoop::OptimizerStep() {
-  dist::TraceSpan span(ctx_, "optimizer");
-  if (options_.clip_grad_norm > 0) {
-    // The reduced gradients: the same norm on every rank.
-    if (zero_ != nullptr) {
-      zero_->clip_grad_norm_(options_.clip_grad_norm);
-    } else {
-      optim::clip_grad_norm_(dp_.parameters(), options_.clip_grad_norm);
-    }
-  }
-  if (zero_ != nullptr) {
-    zero_->step();
-    zero_->zero_grad();
-  } else {
-    run_.optimizer->step();
-    run_.optimizer->zero_grad();
-  }
-}
-
 data::Batch FitLoop::NextBatch(int64_t at_batch) {
   std::optional<data::Batch> batch;
   {
@@ -493,23 +512,6 @@ data::Batch FitLoop::NextBatch(int64_t at_batch) {
   TANDEM_CHECK(batch.has_value(), "hapi::Model::fit: the loader ended early at batch ", at_batch,
                " of ", batches_);
   return std::move(*batch);
-}
-
-nn::Tensor FitLoop::ForwardBackward(const data::Batch& batch, int64_t group) {
-  nn::Tensor loss;
-  {
-    dist::TraceSpan span(ctx_, "forward");
-    std::optional<nn::AutocastGuard> autocast;
-    if (options_.bf16) autocast.emplace(nn::kBFloat16);
-    loss = loss_(dp_(batch.data), batch.target);
-  }
-  TANDEM_CHECK(loss.numel() == 1, "hapi::Model::fit: the loss function returned shape ",
-               nn::ShapeToString(loss.shape()), "; it must return one value (a mean)");
-  {
-    dist::TraceSpan span(ctx_, "backward");
-    (group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss).backward();
-  }
-  return loss.detach();
 }
 
 // cuda_graph: a full batch once the step is captured is copied into the

@@ -281,6 +281,7 @@ void Model::prepare(OptimizerFactory optimizer, LossFunction loss,
   TANDEM_CHECK(static_cast<bool>(loss), "hapi::Model::prepare: the loss function is empty");
   for (const auto& m : metrics)
     TANDEM_CHECK(static_cast<bool>(m), "hapi::Model::prepare: an empty metric factory");
+  FoldBatchRun();
   optimizer_ = std::move(optimizer);
   loss_ = std::move(loss);
   metrics_ = std::move(metrics);
@@ -325,6 +326,8 @@ constexpr AgreedCall kAgreedCalls[] = {
     {"fit",
      "hapi::Model::fit (inside a rank's function a collective: call it on every rank, not "
      "under `if (rank == 0)`)"},
+    {"train_batch", internal::kTrainBatchLabel},
+    {"eval_batch", internal::kEvalBatchLabel},
 };
 
 size_t AgreedCallIndex(const char* call) {
@@ -373,14 +376,14 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
   // Some ranks loaded since the last agreement, others not: rank 0's go to all.
   const bool loads_differ = any[5] > 0 && any[6] >= 0;
   if (training) {
-    TANDEM_CHECK(!(any[3] >= 0 && any[4] >= 0), "hapi::Model::fit: rank ",
+    TANDEM_CHECK(!(any[3] >= 0 && any[4] >= 0), "hapi::Model::", call, ": rank ",
                  static_cast<int64_t>(any[3]),
                  " holds an optimizer state (from load() or an earlier fit) that rank ",
                  static_cast<int64_t>(any[4]),
                  " lacks, so their optimizers would step apart; call load() on every rank, or "
                  "load with reset_optimizer (rank 0's weights go to every rank, the optimizer "
                  "starts fresh)");
-    TANDEM_CHECK(!(loads_differ && any[3] >= 0), "hapi::Model::fit: rank 0 loaded an optimizer "
+    TANDEM_CHECK(!(loads_differ && any[3] >= 0), "hapi::Model::", call, ": rank 0 loaded an optimizer "
                  "state (a load() there alone) while rank ", static_cast<int64_t>(any[6]),
                  " keeps its own (from an earlier fit or load), so their optimizers would step "
                  "apart; call load() on every rank");
@@ -428,6 +431,10 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
   // (DataParallel holds every rank's weights equal). Inside a rank's function
   // the Model is that rank's own.
   if (spawned_ && LocalRank(ctx) != 0) return;
+  KeepRun(run);
+}
+
+void Model::KeepRun(RankRun& run) {
   kept_.weights = HostState(*run.network);
   kept_.have_weights = true;
   kept_.weights_of_this_rank = false;
@@ -444,6 +451,7 @@ void Model::Keep(dist::Context& ctx, RankRun& run) {
 absl::StatusOr<History> Model::fit(std::shared_ptr<const data::Dataset> train,
                                    FitOptions options) {
   RETURN_IF_ERROR(CheckPrepared("fit"));
+  FoldBatchRun();
   RETURN_IF_ERROR(CheckDataset("fit", train, "the training data"));
   RETURN_IF_ERROR(CheckFitOptions(options));
   if (dist::current_or_null() == nullptr) RETURN_IF_ERROR(CheckRestartOptions(options, launch_));
@@ -489,6 +497,7 @@ History Model::FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::D
 absl::StatusOr<Logs> Model::evaluate(std::shared_ptr<const data::Dataset> data,
                                      EvalOptions options) {
   RETURN_IF_ERROR(CheckPrepared("evaluate"));
+  FoldBatchRun();
   RETURN_IF_ERROR(CheckDataset("evaluate", data, "the data"));
   RETURN_IF_ERROR(CheckEvalOptions("evaluate", options));
   Logs result;
@@ -516,6 +525,7 @@ absl::StatusOr<nn::Tensor> Model::predict(std::shared_ptr<const data::Dataset> d
                                           EvalOptions options) {
   RETURN_IF_ERROR(CheckDataset("predict", data, "the data"));
   RETURN_IF_ERROR(CheckEvalOptions("predict", options));
+  FoldBatchRun();
   nn::Tensor result;
   absl::Status status = RunOnRanks([&](dist::Context& ctx) -> absl::Status {
     nn::Tensor all = PredictOnRank(ctx, data, options);
@@ -594,11 +604,13 @@ absl::Status Model::Materialize() {
 }
 
 absl::StatusOr<nn::StateDict> Model::state_dict() {
+  FoldBatchRun();
   RETURN_IF_ERROR(Materialize());
   return kept_.weights;
 }
 
 absl::StatusOr<ModelSummary> Model::summary(const nn::Shape& input_shape) {
+  FoldBatchRun();
   const nn::Generator generator = nn::thread_generator();
   std::shared_ptr<nn::Module> net;
   try {

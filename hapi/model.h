@@ -23,7 +23,8 @@
 //    done. Errors come back as spawn's Status, naming the rank.
 //  - Called inside dist::spawn (a rank's function, each rank with its own
 //    Model), it runs on that rank (ctx = dist::current()) with the others; an
-//    error throws tandem::Error on the rank, as any failing step would.
+//    error throws tandem::Error on the rank, as any failing step would. The
+//    batch calls (train_batch, eval_batch, predict_batch) run only there.
 //
 // Data: datasets of (input, target) examples (data/dataset.h). Training draws
 // each epoch's batches with DistributedBatchSampler (kWrapGlobalBatch: N ranks
@@ -63,6 +64,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -324,6 +326,19 @@ struct EvalOptions {
   std::vector<CallbackFactory> callbacks;  // on_eval_begin / on_eval_end
 };
 
+// train_batch / eval_batch / predict_batch's options, per call.
+struct BatchOptions {
+  bool bf16 = false;  // forward and loss under nn::AutocastGuard(kBFloat16), as FitOptions::bf16
+  // train_batch only (Paddle's update): false accumulates this batch's
+  // gradients (under DataParallel::no_sync: no all-reduce, no step); the next
+  // call with true reduces the accumulated sum over the ranks and steps. The
+  // losses are not scaled: scale them in the loss for a mean over the
+  // micro-batches (fit's grad_accum_steps divides by their count). Every rank
+  // passes the same value. Gradients not yet stepped are dropped by any other
+  // call that folds the batch run (fit, save, ...).
+  bool update = true;
+};
+
 // Model::save's options.
 struct SaveOptions {
   // Paddle's training: with the weights, the optimizer state (when the model
@@ -387,6 +402,60 @@ class Model {
   // dim 0, on the host, float32 (N, ...), the same on every rank.
   absl::StatusOr<nn::Tensor> predict(std::shared_ptr<const data::Dataset> data,
                                      EvalOptions options = {});
+
+  // Paddle's train_batch / eval_batch / predict_batch, for a loop of the
+  // user's own over batches (`for each batch: loss = model.train_batch(x, y)`).
+  // They run inside dist::spawn's function only, each rank with its own Model
+  // (as Paddle's per-process Model under paddle.distributed.launch), on the
+  // rank's batch: inputs (N, ...) and labels (N, ...) of the same N >= 1, on
+  // the host or the rank's device. From main they return FailedPrecondition
+  // (use fit / evaluate / predict there); an undefined tensor, N = 0 or
+  // labels whose N differs are InvalidArgument naming the shapes. A failure
+  // inside the step (a network that refuses the shape, a collective) throws
+  // tandem::Error on the rank, as fit's step would.
+  //
+  // The batch run: the first train_batch builds the rank's network as fit
+  // would start it (the kept or loaded weights, or rank 0's fresh draw on
+  // every rank; Build agrees over the ranks), DataParallel (default
+  // DataParallelOptions) and the prepared optimizer with the kept or loaded
+  // state, and keeps them in the Model; later calls continue them.
+  // eval_batch and predict_batch use that run when there is one. Every other
+  // call (fit, evaluate, predict, save, load, state_dict, summary, prepare)
+  // first folds the run into what the Model keeps (the weights and the
+  // optimizer state, as a fit's end does) and drops it: train_batch x 10 then
+  // save writes the trained weights and optimizer state, a fit after it
+  // continues from them, and load() / prepare() then replace or reset them as
+  // they say. The run belongs to the spawn that built it: a call in a later
+  // spawn folds it and builds another.
+  //
+  // train_batch: one optimizer step, fit's own code (fit_loop.cc): forward
+  // and loss through DataParallel, backward with its gradient all-reduce,
+  // step, zero_grad (with options.update = false: backward only, see
+  // BatchOptions); no clipping, no ZeRO (fit's options), and no lr schedule (schedules are fit's callbacks; the
+  // optimizer keeps the lr it was made with). N ranks with batch B step as
+  // one rank with batch N * B (DataParallel averages the gradients, for a
+  // loss that is the batch's mean). Returns this rank's batch loss, 0-dim,
+  // detached, on the rank's device (no host sync: .item() is the caller's).
+  // A collective: every rank calls it, as often (its collectives are
+  // labelled, so a rank that calls it alone fails naming train_batch).
+  // FailedPrecondition before prepare().
+  absl::StatusOr<nn::Tensor> train_batch(const nn::Tensor& inputs, const nn::Tensor& labels,
+                                         BatchOptions options = {});
+  // eval_batch: eval mode, no grad: "loss" (when prepared with a loss) and
+  // each metric's value under its name ("acc"), over this call's batches of
+  // every rank, as evaluate() gives them for a set of those batches (the
+  // same sums: one small all_reduce, so a collective, labelled as
+  // train_batch's). Without a batch run it builds one (as evaluate, agreed
+  // over the ranks) for the later batch calls. FailedPrecondition before prepare().
+  absl::StatusOr<Logs> eval_batch(const nn::Tensor& inputs, const nn::Tensor& labels,
+                                  BatchOptions options = {});
+  // predict_batch: the network's output for this rank's batch, eval mode, no
+  // grad, no collective, on the rank's device (float32 under bf16). Needs no
+  // prepare(). Without a batch run it builds the network from the kept
+  // weights; with none kept yet, from this rank's own draw (as state_dict()
+  // inside a rank's function: ranks differ until a collective call, or a
+  // load() on every rank, gives them the same weights).
+  absl::StatusOr<nn::Tensor> predict_batch(const nn::Tensor& inputs, BatchOptions options = {});
 
   // Paddle's model.save(path, training) / model.load(path, reset_optimizer).
   // save: the network's weights (parameters and buffers) to `path` as
@@ -506,6 +575,16 @@ class Model {
                                  bool wrapped_by_data_parallel);
   // Copies the rank's weights and optimizer state to the host (local rank 0 when spawned).
   void Keep(dist::Context& ctx, RankRun& run);
+  void KeepRun(RankRun& run);  // Keep's copies, on any rank
+  // The batch calls' rank (FailedPrecondition from main, naming `call`).
+  absl::StatusOr<dist::Context*> BatchContext(const char* call) const;
+  // Whether the batch run was built by this rank's function (not an earlier spawn's).
+  bool BatchRunIsOf(const dist::Context& ctx) const;
+  // train_batch's DataParallel and optimizer (building them when needed).
+  // FailedPrecondition for a state load() read that does not fit the optimizer.
+  absl::Status EnsureTrainingRun(dist::Context& ctx, int64_t rows);
+  // Keeps the batch run's weights and optimizer state when it trained; drops it.
+  void FoldBatchRun();
   History FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                     const FitOptions& options);
   nn::Tensor PredictOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& data,
@@ -539,6 +618,12 @@ class Model {
   Kept kept_;
   // This call spawned its ranks (from main) rather than running on the caller's rank.
   bool spawned_ = false;
+  // The batch calls' run on this rank (see train_batch), while there is one.
+  std::unique_ptr<RankRun> batch_run_;
+  bool batch_training_ = false;  // built by train_batch: DataParallel and optimizer
+  bool batch_agreed_ = false;    // built by a call that agreed over the ranks
+  const dist::Context* batch_ctx_ = nullptr;  // the rank that built it, and its spawn's
+  std::stop_token batch_spawn_;               // stop state (outlives any reuse of the address)
 };
 
 }  // namespace tandem::hapi

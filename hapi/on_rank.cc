@@ -68,6 +68,63 @@ double MaxOverRanks(dist::Context& ctx, double value) {
   return MaxOverRanks(ctx, std::vector<double>{value})[0];
 }
 
+EvalSums::EvalSums(dist::Context& ctx, const LossFunction& loss,
+                   std::vector<std::unique_ptr<Metric>>& metrics)
+    : ctx_(ctx), loss_(loss), metrics_(metrics), exact_(loss && loss.has_terms()) {
+  const nn::TensorOptions f64{.dtype = nn::kFloat64, .device = ctx.device()};
+  loss_sum_ = nn::zeros({}, f64);
+  denominator_ = nn::zeros({}, f64);
+  for (auto& m : metrics_) m->reset();
+}
+
+void EvalSums::Add(nn::Module& network, const nn::Tensor& data, const nn::Tensor& target,
+                   bool bf16) {
+  nn::Tensor out;
+  nn::Tensor batch_loss;
+  LossTerms terms;
+  {
+    std::optional<nn::AutocastGuard> autocast;
+    if (bf16) autocast.emplace(nn::kBFloat16);
+    out = network(data);
+    if (exact_) {
+      terms = loss_.terms(out, target);
+    } else if (loss_) {
+      batch_loss = loss_(out, target);
+    }
+  }
+  const auto n = static_cast<double>(data.size(0));
+  if (exact_) {
+    loss_sum_ = loss_sum_ + terms.sum.detach().to(nn::kFloat64);
+    if (terms.denominator.defined()) {
+      denominator_ = denominator_ + terms.denominator.detach().to(nn::kFloat64);
+      mean_batches_ += 1;
+    }
+  } else if (loss_) {
+    loss_sum_ = loss_sum_ + batch_loss.detach().to(nn::kFloat64) * n;
+  }
+  rows_ += n;
+  for (auto& m : metrics_) m->update(out, target);
+}
+
+Logs EvalSums::Reduce(const std::string& prefix) {
+  std::vector<double> sums = {loss_sum_.item(), exact_ ? denominator_.item() : rows_,
+                              mean_batches_};
+  for (auto& m : metrics_) sums.insert(sums.end(), m->sums().begin(), m->sums().end());
+  sums = SumOverRanks(ctx_, sums);
+  Logs logs;
+  // A mean over a set whose denominator is 0 (every label ignored) is NaN, as
+  // PyTorch's mean of nothing; a loss that is a sum is the sum over the set.
+  if (loss_) logs[prefix + "loss"] = !exact_ || sums[2] > 0 ? sums[0] / sums[1] : sums[0];
+  size_t at = 3;
+  for (auto& m : metrics_) {
+    const size_t k = m->sums().size();
+    m->set_sums(std::vector<double>(sums.begin() + at, sums.begin() + at + k));
+    at += k;
+    logs[prefix + m->name()] = m->value();
+  }
+  return logs;
+}
+
 Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction& loss,
                     std::vector<std::unique_ptr<Metric>>& metrics,
                     std::shared_ptr<const data::Dataset> dataset, int64_t batch_size,
@@ -81,60 +138,10 @@ Logs EvaluateOnRank(dist::Context& ctx, nn::Module& network, const LossFunction&
   const bool was_training = network.is_training();
   network.eval();
   nn::NoGradGuard no_grad;
-  for (auto& m : metrics) m->reset();
-  // The set's loss (model.h, LossFunction): with the loss's terms, the sum of
-  // the batches' sums over the sum of their denominators (none: the loss is
-  // a sum); else the sum of (batch loss * rows) over the rows. On the device
-  // until the reduction.
-  const bool exact = loss && loss.has_terms();
-  const nn::TensorOptions f64{.dtype = nn::kFloat64, .device = ctx.device()};
-  nn::Tensor loss_sum = nn::zeros({}, f64);
-  nn::Tensor denominator = nn::zeros({}, f64);
-  double rows = 0;
-  double mean_batches = 0;  // batches whose terms have a denominator
-  while (auto batch = loader.next()) {
-    nn::Tensor out;
-    nn::Tensor batch_loss;
-    LossTerms terms;
-    {
-      std::optional<nn::AutocastGuard> autocast;
-      if (bf16) autocast.emplace(nn::kBFloat16);
-      out = network(batch->data);
-      if (exact) {
-        terms = loss.terms(out, batch->target);
-      } else if (loss) {
-        batch_loss = loss(out, batch->target);
-      }
-    }
-    const auto n = static_cast<double>(batch->data.size(0));
-    if (exact) {
-      loss_sum = loss_sum + terms.sum.detach().to(nn::kFloat64);
-      if (terms.denominator.defined()) {
-        denominator = denominator + terms.denominator.detach().to(nn::kFloat64);
-        mean_batches += 1;
-      }
-    } else if (loss) {
-      loss_sum = loss_sum + batch_loss.detach().to(nn::kFloat64) * n;
-    }
-    rows += n;
-    for (auto& m : metrics) m->update(out, batch->target);
-  }
+  EvalSums sums(ctx, loss, metrics);
+  while (auto batch = loader.next()) sums.Add(network, batch->data, batch->target, bf16);
   network.train(was_training);
-  std::vector<double> sums = {loss_sum.item(), exact ? denominator.item() : rows, mean_batches};
-  for (auto& m : metrics) sums.insert(sums.end(), m->sums().begin(), m->sums().end());
-  sums = SumOverRanks(ctx, sums);
-  Logs logs;
-  // A mean over a set whose denominator is 0 (every label ignored) is NaN, as
-  // PyTorch's mean of nothing; a loss that is a sum is the sum over the set.
-  if (loss) logs["eval_loss"] = !exact || sums[2] > 0 ? sums[0] / sums[1] : sums[0];
-  size_t at = 3;
-  for (auto& m : metrics) {
-    const size_t k = m->sums().size();
-    m->set_sums(std::vector<double>(sums.begin() + at, sums.begin() + at + k));
-    at += k;
-    logs["eval_" + m->name()] = m->value();
-  }
-  return logs;
+  return sums.Reduce("eval_");
 }
 
 }  // namespace tandem::hapi::internal

@@ -80,6 +80,7 @@ absl::StatusOr<std::string> StringEntry(const nn::Checkpoint& file, const char* 
 }  // namespace
 
 absl::Status Model::save(const std::string& path, SaveOptions options) {
+  FoldBatchRun();
   // Both files are renamed over the earlier ones, never removed: writers of
   // one path at once (the processes of a job on a shared filesystem) leave no
   // moment without an optimizer file. One left by an earlier save (this save
@@ -204,6 +205,7 @@ absl::Status Model::CheckOptimizerState(const optim::StateDict& state, const std
 }
 
 absl::Status Model::load(const std::string& path, LoadOptions options) {
+  FoldBatchRun();
   std::shared_ptr<nn::Module> net = network_();
   if (net == nullptr) return absl::InternalError("hapi::Model: the network factory returned null");
   absl::StatusOr<nn::SafetensorsLoadReport> report = nn::LoadSafetensors(path, *net);

@@ -48,6 +48,19 @@ void PrepareForTraining(dist::Context& ctx, Model::RankRun& run, const FitOption
                         const RankBatch& rank_batch, const OptimizerFactory& make_optimizer,
                         const optim::StateDict* kept_state);
 
+// A training step's pieces, fit's and Model::train_batch's (one code path).
+// Forward of `data` through `dp` and the loss against `target` (under bf16's
+// autocast), backward of loss / group (DataParallel reduces the gradients,
+// unless under no_sync); returns the undivided loss, detached. Throws when
+// the loss is not one value, naming `call`.
+nn::Tensor ForwardBackward(dist::Context& ctx, dist::DataParallel& dp, const LossFunction& loss,
+                           const nn::Tensor& data, const nn::Tensor& target, int64_t group,
+                           bool bf16, const char* call);
+// The optimizer step of `run` (plain or ZeRO-sharded) after clipping the
+// reduced gradients to a global 2-norm of clip_grad_norm (0: no clipping),
+// then zero_grad.
+void OptimizerStep(dist::Context& ctx, Model::RankRun& run, double clip_grad_norm);
+
 // One rank's fit over `train` with `run` prepared for training. Every rank
 // runs its own; they meet in the same collectives in the same order.
 class FitLoop {
@@ -106,11 +119,12 @@ class FitLoop {
   // optimizer: a collective).
   void TakeSnapshot(const Epoch& epoch);
 
-  void OptimizerStep();
+  void OptimizerStep() { internal::OptimizerStep(ctx_, run_, options_.clip_grad_norm); }
   data::Batch NextBatch(int64_t at_batch);
-  // Forward and loss (under bf16's autocast), backward of loss / group; returns
-  // the undivided loss, detached.
-  nn::Tensor ForwardBackward(const data::Batch& batch, int64_t group);
+  nn::Tensor ForwardBackward(const data::Batch& batch, int64_t group) {
+    return internal::ForwardBackward(ctx_, dp_, loss_, batch.data, batch.target, group,
+                                     options_.bf16, "fit");
+  }
   nn::Tensor GraphedStep(int64_t at_batch);
   // uneven: this rank's share of the one-rank loss of micro-batch `at_batch`
   // with `rows` rows.

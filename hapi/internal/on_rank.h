@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,15 @@ struct Model::RankRun {
 
 namespace internal {
 
+// The labels (dist::Communicator::Label) of the batch calls' collectives, so
+// that a rank that calls one alone fails naming it.
+inline constexpr char kTrainBatchLabel[] =
+    "hapi::Model::train_batch (a collective: call it on every rank, with the same number of "
+    "calls, not under `if (rank == 0)`)";
+inline constexpr char kEvalBatchLabel[] =
+    "hapi::Model::eval_batch (a collective: call it on every rank, with the same number of "
+    "calls, not under `if (rank == 0)`)";
+
 // Runs one hook of every callback; an exception names the callback and the hook
 // (a cancellation, another rank's failure reaching this one, passes unchanged).
 template <typename Hook>
@@ -86,6 +96,32 @@ std::vector<double> SumOverRanks(dist::Context& ctx, const std::vector<double>& 
 // The largest of every rank's `value` (of each of `values`: one all_reduce).
 double MaxOverRanks(dist::Context& ctx, double value);
 std::vector<double> MaxOverRanks(dist::Context& ctx, const std::vector<double>& values);
+
+// What an evaluation adds up on one rank, batch by batch, and reduces over
+// the ranks: the loss's sums (model.h, LossFunction: with the loss's terms,
+// the batches' sums and denominators; else each batch's loss times its rows)
+// and each metric's. evaluate's and Model::eval_batch's (one code path).
+class EvalSums {
+ public:
+  // Resets `metrics`, which must outlive this.
+  EvalSums(dist::Context& ctx, const LossFunction& loss,
+           std::vector<std::unique_ptr<Metric>>& metrics);
+  // One batch through `network` as it is (the caller sets eval mode and no
+  // grad), forward and loss under bf16's autocast.
+  void Add(nn::Module& network, const nn::Tensor& data, const nn::Tensor& target, bool bf16);
+  // Every rank's sums added (one float64 all_reduce: a collective): the
+  // "<prefix>loss" (with a loss) and "<prefix><metric>" of every rank's batches.
+  Logs Reduce(const std::string& prefix);
+
+ private:
+  dist::Context& ctx_;
+  const LossFunction& loss_;
+  std::vector<std::unique_ptr<Metric>>& metrics_;
+  const bool exact_;  // the loss has its terms
+  nn::Tensor loss_sum_, denominator_;  // float64, on the device until Reduce
+  double rows_ = 0;
+  double mean_batches_ = 0;  // batches whose terms have a denominator
+};
 
 // Evaluation on this rank's kUneven share, reduced over the ranks: "eval_loss"
 // (with a loss) and "eval_<metric>".
