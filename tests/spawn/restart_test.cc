@@ -23,8 +23,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "data/sampler.h"
 #include "gtest/gtest.h"
 #include "nn/ops/dropout.h"
@@ -41,6 +43,13 @@
 
 namespace tandem::testing {
 namespace {
+
+// A checkpoint path of this process's own (two suites run at once, e.g. from
+// two build trees, would otherwise remove each other's file).
+std::string TempCheckpoint(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), getpid(), "_", name);
+}
+
 
 struct FaultCase {
   std::string name;
@@ -783,7 +792,7 @@ absl::Status RunShrinkable(ShrinkRun& run, int ranks, std::vector<Fault> faults,
 }
 
 TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
-  const std::string checkpoint = ::testing::TempDir() + "restart_test_shrink.ckpt";
+  const std::string checkpoint = TempCheckpoint("restart_test_shrink.ckpt");
   ShrinkRun shrunk{.fault_rank = 2, .save_checkpoint = checkpoint};
   std::string log;
   absl::Status s = SpawnShrinkable(shrunk, 3, {.max_restarts = 1, .leave_out_failed_rank = true},
@@ -827,7 +836,7 @@ TEST(RestartTest, LeaveOutFailedRankContinuesOnFewerRanksFromTheSnapshot) {
 // bit a 3-rank run from the checkpoint of step 5, and near the uninterrupted
 // 4-rank run.
 TEST(RestartTest, LeaveOutFailedRankKeepsAGlobalBatchTheRanksLeftDoNotDivide) {
-  const std::string checkpoint = ::testing::TempDir() + "restart_test_shrink_uneven.ckpt";
+  const std::string checkpoint = TempCheckpoint("restart_test_shrink_uneven.ckpt");
   ShrinkRun shrunk{.global_batch = 8, .fault_rank = 2, .save_checkpoint = checkpoint};
   std::string log;
   absl::Status s = SpawnShrinkable(shrunk, 4, {.max_restarts = 1, .leave_out_failed_rank = true},
@@ -889,7 +898,7 @@ TEST(RestartTest, LeaveOutFailedRankKeepsEveryRankWithoutOneFailedFunction) {
 // the snapshot of step 5, bit for bit as a 3-rank run from a checkpoint of
 // that step.
 TEST(RestartTest, LeaveOutFailedRankLeavesOutTheRankATimeoutNames) {
-  const std::string checkpoint = ::testing::TempDir() + "restart_test_timeout_shrink.ckpt";
+  const std::string checkpoint = TempCheckpoint("restart_test_timeout_shrink.ckpt");
   ShrinkRun shrunk{.save_checkpoint = checkpoint};
   RunReport report;
   absl::Status s = RunShrinkable(shrunk, 4, {{.action = FaultAction::kHang, .rank = 2, .step = 4}},
