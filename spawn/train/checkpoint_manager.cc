@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -90,7 +91,17 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
 
 CheckpointManager::~CheckpointManager() {
   const absl::Status status = JoinWriter();
-  if (!status.ok()) ctx_.log().Error("checkpoint write failed: {}", status.message());
+  if (status.ok()) return;
+  // Destroyed off its rank's thread (held past spawn's return), the manager
+  // outlives its Context and the run's logger: the error goes to stderr.
+  if (current_or_null() == &ctx_) {
+    ctx_.log().Error("checkpoint write failed: {}", status.message());
+  } else {
+    std::fprintf(stderr,
+                 "CheckpointManager of rank 0, destroyed after its rank's run: checkpoint %s: "
+                 "write failed: %s\n",
+                 writing_path_.c_str(), std::string(status.message()).c_str());
+  }
 }
 
 std::vector<std::string> CheckpointManager::List(const std::string& dir) {

@@ -77,7 +77,11 @@ class CheckpointManager {
   // of a process that no longer runs). Options must pass Validate (throws
   // tandem::Error otherwise).
   CheckpointManager(Context& ctx, CheckpointManagerOptions options);
-  // Waits for a write in flight; an error not collected by Finish is logged.
+  // Waits for a write in flight; an error not collected by Finish is logged,
+  // or written to stderr when the manager is destroyed off its rank's thread
+  // (held past spawn's return: the Context and the run's logger are gone). A
+  // background write still running when spawn returns logs its line to that
+  // logger: call Finish() (or destroy the manager) before the function returns.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
