@@ -98,6 +98,24 @@ TEST(RestartComposeTest, ErrorReturnedInsideJoinRestarts) {
   }
 }
 
+// A joined rank answers the others' steps by replaying its own last step, so
+// every rank needs a step inside the guard. A snapshot stored after rank 2's
+// last batch (step 6; ranks 0 and 1 run a 7th) leaves rank 2 none on the
+// attempt that resumes from it: every attempt fails on every rank with the
+// join's error naming rank 2, and the run gives up (no hang).
+TEST(RestartComposeTest, ResumingInsideJoinAfterARanksLastBatchFailsNamingIt) {
+  RunReport report;
+  absl::Status s = RunRanks(TrainInsideJoin,
+                            JoinOptions({{.action = FaultAction::kThrow, .rank = 0, .step = 6}}),
+                            &report);
+  EXPECT_EQ(report.attempts, 3);
+  EXPECT_TRUE(Contains(s.message(), "spawn: gave up after 2 restarts")) << s;
+  EXPECT_TRUE(Contains(s.message(), "DataParallel::join: rank 2 ran out of data before its "
+                                    "first step inside join()"))
+      << s;
+  EXPECT_TRUE(Contains(report.log, "resumes from the snapshot of step 6")) << report.log;
+}
+
 // The rule the join case narrows: a rank that returned OK while a peer went
 // on into a collective it never entered is still a program error (uneven
 // steps without join()), not restarted.
