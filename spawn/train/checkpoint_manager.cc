@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -51,6 +53,21 @@ bool IsStaleTemporary(const std::string& name) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// The writer threads of this rank thread's managers (rank 0's). When the rank
+// thread ends (after its function, before spawn joins it and ends the run's
+// logger), a write still in flight of a manager that outlives the function
+// (held by the caller past spawn's return) finishes here, so that its log line
+// reaches a logger that still exists; its outcome stays with the manager.
+struct RankThreadWriters {
+  std::vector<std::thread*> writers;
+  ~RankThreadWriters() {
+    for (std::thread* writer : writers) {
+      if (writer->joinable()) writer->join();
+    }
+  }
+};
+thread_local RankThreadWriters t_writers;
+
 }  // namespace
 
 absl::Status CheckpointManager::Validate(const CheckpointManagerOptions& o) {
@@ -87,9 +104,11 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
                       entry.path().string());
     }
   }
+  t_writers.writers.push_back(&writer_);
 }
 
 CheckpointManager::~CheckpointManager() {
+  std::erase(t_writers.writers, &writer_);  // on another thread: not there, nothing to do
   const absl::Status status = JoinWriter();
   if (status.ok()) return;
   // Destroyed off its rank's thread (held past spawn's return), the manager

@@ -80,8 +80,10 @@ class CheckpointManager {
   // Waits for a write in flight; an error not collected by Finish is logged,
   // or written to stderr when the manager is destroyed off its rank's thread
   // (held past spawn's return: the Context and the run's logger are gone). A
-  // background write still running when spawn returns logs its line to that
-  // logger: call Finish() (or destroy the manager) before the function returns.
+  // manager that outlives its rank's function has its write in flight finished
+  // when the rank thread ends, before spawn returns (its outcome stays for
+  // Finish or the destructor). Destroy it on its rank's thread or after spawn
+  // returned, not on another thread while the rank runs.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;

@@ -3,6 +3,7 @@
 // (held by the caller) or while the stack unwinds, without a crash.
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,40 @@ TEST(LifetimeTest, TrainingObjectsHeldPastSpawnsReturn) {
   zeros.clear();
   dps.clear();
   nets.clear();
+}
+
+// A manager held past spawn's return with a background write still running
+// when its rank's function returned: the write finishes (and logs its line)
+// when the rank thread ends, while the run's logger exists, so the file is
+// complete once spawn returns and nothing writes to the logger after it.
+TEST(LifetimeTest, WriteInFlightOfAManagerHeldPastSpawnsReturn) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "tandem_lifetime_in_flight").string();
+  std::filesystem::remove_all(dir);
+  std::vector<std::unique_ptr<CheckpointManager>> managers(2);
+  std::vector<std::shared_ptr<nn::Linear>> nets(2);
+  auto console = std::make_unique<std::ostringstream>();
+  SpawnOptions options = QuietOptions();
+  options.console = console.get();
+  absl::Status s = spawn(
+      [&](Context& ctx) -> absl::Status {
+        const int r = ctx.rank();
+        nets[r] = std::make_shared<nn::Linear>(3, 1);
+        managers[r] = std::make_unique<CheckpointManager>(
+            ctx, CheckpointManagerOptions{.dir = dir, .write_delay_s = 0.2});
+        int64_t step = 1;
+        return managers[r]->Save({.model = nets[r]->get(), .step = &step});
+      },
+      2, "cpu", options);
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string log = console->str();
+  console.reset();  // the run's console is gone: nothing may write to it now
+  EXPECT_TRUE(std::filesystem::exists(CheckpointManager::PathFor(dir, 1))) << log;
+  EXPECT_NE(log.find("checkpoint " + CheckpointManager::PathFor(dir, 1) + " written"),
+            std::string::npos)
+      << log;
+  managers.clear();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
