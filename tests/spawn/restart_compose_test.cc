@@ -1,15 +1,20 @@
 // In-process restarts (SpawnOptions::restart) combined with DataParallel's
-// uneven-input mode (join()) on CPU ranks: a fault inside the guard restarts
-// from the snapshot and ends with the bits of the run without it.
+// uneven-input mode (join()) on CPU ranks: a fault inside the guard, thrown or
+// returned, restarts from the snapshot and ends with the bits of the run
+// without it; a snapshot after a rank's last batch cannot resume inside the
+// guard and fails every attempt, naming the rank.
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "data/sampler.h"
 #include "gtest/gtest.h"
 #include "nn/ops/index.h"
 #include "nn/ops/loss.h"
+#include "nn/status_macros.h"
 #include "optim/sgd.h"
 #include "spawn/spawn.h"
 #include "spawn/train/checkpoint.h"
