@@ -118,6 +118,10 @@ TEST(RestartComposeTest, ResumingInsideJoinAfterARanksLastBatchFailsNamingIt) {
   EXPECT_TRUE(Contains(s.message(), "DataParallel::join: rank 2 ran out of data before its "
                                     "first step inside join()"))
       << s;
+  EXPECT_TRUE(Contains(s.message(), "; this attempt of a restarted run resumes from the snapshot "
+                                    "of step 6: a snapshot stored after a rank's last batch "
+                                    "leaves it none"))
+      << s;
   EXPECT_TRUE(Contains(report.log, "resumes from the snapshot of step 6")) << report.log;
 }
 
