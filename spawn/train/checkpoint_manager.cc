@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -53,20 +54,32 @@ bool IsStaleTemporary(const std::string& name) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-// The writer threads of this rank thread's managers (rank 0's). When the rank
-// thread ends (after its function, before spawn joins it and ends the run's
-// logger), a write still in flight of a manager that outlives the function
-// (held by the caller past spawn's return) finishes here, so that its log line
-// reaches a logger that still exists; its outcome stays with the manager.
-struct RankThreadWriters {
-  std::vector<std::thread*> writers;
-  ~RankThreadWriters() {
-    for (std::thread* writer : writers) {
-      if (writer->joinable()) writer->join();
-    }
+// The writer threads of rank threads' managers (rank 0's), by the thread that
+// made the manager. When a rank thread ends (after its function, before spawn
+// joins it and ends the run's logger), a write still in flight of a manager
+// that outlives the function (held by the caller past spawn's return)
+// finishes here, so that its log line reaches a logger that still exists; its
+// outcome stays with the manager. A manager destroyed first, on any thread,
+// takes itself out.
+std::mutex writers_mutex;
+std::vector<std::pair<std::thread::id, std::thread*>>& Writers() {  // under writers_mutex
+  static auto* writers = new std::vector<std::pair<std::thread::id, std::thread*>>();
+  return *writers;
+}
+struct RankThreadEnd {
+  bool armed = false;
+  ~RankThreadEnd() {
+    if (!armed) return;
+    const std::thread::id me = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    std::erase_if(Writers(), [&](const std::pair<std::thread::id, std::thread*>& entry) {
+      if (entry.first != me) return false;
+      if (entry.second->joinable()) entry.second->join();
+      return true;
+    });
   }
 };
-thread_local RankThreadWriters t_writers;
+thread_local RankThreadEnd t_rank_thread_end;
 
 }  // namespace
 
@@ -104,11 +117,19 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
                       entry.path().string());
     }
   }
-  t_writers.writers.push_back(&writer_);
+  t_rank_thread_end.armed = true;
+  std::lock_guard<std::mutex> lock(writers_mutex);
+  Writers().emplace_back(std::this_thread::get_id(), &writer_);
 }
 
 CheckpointManager::~CheckpointManager() {
-  std::erase(t_writers.writers, &writer_);  // on another thread: not there, nothing to do
+  {
+    // Out of the list (gone already if its rank thread ended and joined it).
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    std::erase_if(Writers(), [&](const std::pair<std::thread::id, std::thread*>& entry) {
+      return entry.second == &writer_;
+    });
+  }
   const absl::Status status = JoinWriter();
   if (status.ok()) return;
   // Destroyed off its rank's thread (held past spawn's return), the manager

@@ -82,8 +82,7 @@ class CheckpointManager {
   // (held past spawn's return: the Context and the run's logger are gone). A
   // manager that outlives its rank's function has its write in flight finished
   // when the rank thread ends, before spawn returns (its outcome stays for
-  // Finish or the destructor). Destroy it on its rank's thread or after spawn
-  // returned, not on another thread while the rank runs.
+  // Finish or the destructor). It may be destroyed on any thread.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;

@@ -5,11 +5,13 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "nn/layers.h"
 #include "nn/ops/loss.h"
+#include "nn/status_macros.h"
 #include "optim/sgd.h"
 #include "spawn/spawn.h"
 #include "spawn/train/checkpoint_manager.h"
@@ -101,6 +103,34 @@ TEST(LifetimeTest, WriteInFlightOfAManagerHeldPastSpawnsReturn) {
             std::string::npos)
       << log;
   managers.clear();
+  std::filesystem::remove_all(dir);
+}
+
+// A manager made on rank 0's thread and destroyed on another thread while the
+// rank still runs (its write in flight waited for there): the rank thread's
+// end then finds nothing of it to wait for (it took itself out of the list).
+TEST(LifetimeTest, ManagerDestroyedOnAnotherThreadWhileItsRankRuns) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "tandem_lifetime_other_thread").string();
+  std::filesystem::remove_all(dir);
+  absl::Status s = spawn(
+      [&](Context& ctx) -> absl::Status {
+        auto net = std::make_shared<nn::Linear>(3, 1);
+        auto manager = std::make_unique<CheckpointManager>(
+            ctx, CheckpointManagerOptions{.dir = dir, .write_delay_s = 0.1});
+        int64_t step = 1;
+        RETURN_IF_ERROR(manager->Save({.model = net->get(), .step = &step}));
+        std::thread([&] { manager.reset(); }).join();
+        // Another manager of this thread, alive at its end.
+        auto second = std::make_unique<CheckpointManager>(ctx, CheckpointManagerOptions{.dir = dir});
+        step = 2;
+        RETURN_IF_ERROR(second->Save({.model = net->get(), .step = &step}));
+        return second->Finish();
+      },
+      2, "cpu", QuietOptions());
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(std::filesystem::exists(CheckpointManager::PathFor(dir, 1)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointManager::PathFor(dir, 2)));
   std::filesystem::remove_all(dir);
 }
 
