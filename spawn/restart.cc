@@ -182,23 +182,20 @@ std::string NoRestartReason(const RestartRun& run, const absl::Status& status,
   const bool all_returned =
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankEnding& e) { return e.end == RankEnd::kReturned; });
-  // So is a communicator's own error found after SOME ranks returned, the
-  // others still in their last code (stopped by it): that is the same error
-  // found a little earlier, on a loaded machine. Unless another rank entered a
+  // So is a failure found after SOME ranks returned, the others still in their
+  // last code: a communicator's error stopping them (the same error found a
+  // little earlier, on a loaded machine), or a rank's own failure after its
+  // last collective (an error returned through a join guard's end, which
+  // answered the others' steps first). Unless another rank entered a
   // collective that a returned one never entered: the ranks ran different
-  // steps (the error may well come from that collective, which could never
-  // complete), whichever of the error and the watchdog's check came first.
+  // steps (the failure may well come from that collective, which could never
+  // complete), whichever of the failure and the watchdog's check came first.
   const std::optional<FailureCause> failure_cause = GetFailureCause(status);
   const bool comm_error = failure_cause == FailureCause::kCommunicator;
   for (size_t r = 0; r < record.ranks.size(); ++r) {
     const RankEnding& e = record.ranks[r];
-    if (e.end == RankEnd::kReturned && !all_returned && !comm_error) {
-      return absl::StrCat("local rank ", r,
-                          "'s function returned while the other ranks went on "
-                          "(a program error: every rank must run the same steps)");
-    }
-    for (size_t q = 0; comm_error && e.end == RankEnd::kReturned && q < record.ranks.size();
-         ++q) {
+    const bool judge_steps = e.end == RankEnd::kReturned && (comm_error || !all_returned);
+    for (size_t q = 0; judge_steps && q < record.ranks.size(); ++q) {
       if (record.ranks[q].collectives > e.collectives) {
         return absl::StrCat("local rank ", r, "'s function returned after entering ",
                             e.collectives, " collective(s), while local rank ", q, " entered ",

@@ -29,12 +29,13 @@
 // collective's event), a rank's collective threw it (dist::DeviceError), or
 // the failed attempt's streams return it after the joins (the run's status
 // then says "the CUDA context of cuda:N (...) has failed"); a failure
-// other than a communicator's asynchronous error after some rank's function
-// *returned* OK in the same attempt while another rank's had not, and that
-// error too when another rank had entered a collective the returned rank
-// never entered (the ranks
+// after some rank's function *returned* OK in the same attempt while another
+// rank had entered a collective the returned rank never entered (the ranks
 // disagree on the steps to run: a program error, which the watchdog fails at
-// once when a peer waits in a collective the returned rank never entered); a
+// once when a peer waits in a collective the returned rank never entered; a
+// rank's own failure after its last collective, such as an error returned
+// through DataParallel::join()'s guard, which answered the others' steps
+// first, still restarts); a
 // collective's timeout after every rank's function returned OK (a collective
 // that some rank never entered, left in flight); a
 // rank that left its

@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -50,6 +54,33 @@ bool IsStaleTemporary(const std::string& name) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// The writer threads of rank threads' managers (rank 0's), by the thread that
+// made the manager. When a rank thread ends (after its function, before spawn
+// joins it and ends the run's logger), a write still in flight of a manager
+// that outlives the function (held by the caller past spawn's return)
+// finishes here, so that its log line reaches a logger that still exists; its
+// outcome stays with the manager. A manager destroyed first, on any thread,
+// takes itself out.
+std::mutex writers_mutex;
+std::vector<std::pair<std::thread::id, std::thread*>>& Writers() {  // under writers_mutex
+  static auto* writers = new std::vector<std::pair<std::thread::id, std::thread*>>();
+  return *writers;
+}
+struct RankThreadEnd {
+  bool armed = false;
+  ~RankThreadEnd() {
+    if (!armed) return;
+    const std::thread::id me = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    std::erase_if(Writers(), [&](const std::pair<std::thread::id, std::thread*>& entry) {
+      if (entry.first != me) return false;
+      if (entry.second->joinable()) entry.second->join();
+      return true;
+    });
+  }
+};
+thread_local RankThreadEnd t_rank_thread_end;
+
 }  // namespace
 
 absl::Status CheckpointManager::Validate(const CheckpointManagerOptions& o) {
@@ -86,11 +117,31 @@ CheckpointManager::CheckpointManager(Context& ctx, CheckpointManagerOptions opti
                       entry.path().string());
     }
   }
+  t_rank_thread_end.armed = true;
+  std::lock_guard<std::mutex> lock(writers_mutex);
+  Writers().emplace_back(std::this_thread::get_id(), &writer_);
 }
 
 CheckpointManager::~CheckpointManager() {
+  {
+    // Out of the list (gone already if its rank thread ended and joined it).
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    std::erase_if(Writers(), [&](const std::pair<std::thread::id, std::thread*>& entry) {
+      return entry.second == &writer_;
+    });
+  }
   const absl::Status status = JoinWriter();
-  if (!status.ok()) ctx_.log().Error("checkpoint write failed: {}", status.message());
+  if (status.ok()) return;
+  // Destroyed off its rank's thread (held past spawn's return), the manager
+  // outlives its Context and the run's logger: the error goes to stderr.
+  if (current_or_null() == &ctx_) {
+    ctx_.log().Error("checkpoint write failed: {}", status.message());
+  } else {
+    std::fprintf(stderr,
+                 "CheckpointManager of rank 0, destroyed after its rank's run: checkpoint %s: "
+                 "write failed: %s\n",
+                 writing_path_.c_str(), std::string(status.message()).c_str());
+  }
 }
 
 std::vector<std::string> CheckpointManager::List(const std::string& dir) {

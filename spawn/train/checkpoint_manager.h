@@ -77,7 +77,12 @@ class CheckpointManager {
   // of a process that no longer runs). Options must pass Validate (throws
   // tandem::Error otherwise).
   CheckpointManager(Context& ctx, CheckpointManagerOptions options);
-  // Waits for a write in flight; an error not collected by Finish is logged.
+  // Waits for a write in flight; an error not collected by Finish is logged,
+  // or written to stderr when the manager is destroyed off its rank's thread
+  // (held past spawn's return: the Context and the run's logger are gone). A
+  // manager that outlives its rank's function has its write in flight finished
+  // when the rank thread ends, before spawn returns (its outcome stays for
+  // Finish or the destructor). It may be destroyed on any thread.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;

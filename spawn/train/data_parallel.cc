@@ -173,7 +173,7 @@ DataParallel::JoinGuard::JoinGuard(DataParallel* dp)
                "DataParallel: join() needs gradients reduced in backward (not inside no_sync(), "
                "not with reduce_in_backward off)");
   dp->step_rows_ = 0;
-  dp->join_.Begin(dp->ctx_.communicator());
+  dp->join_.Begin(dp->ctx_.communicator(), dp->ctx_.attempt_info().resume_step);
 }
 
 DataParallel::JoinGuard::~JoinGuard() {

@@ -13,8 +13,9 @@ enum Column { kActive, kSamples, kUnjoinable, kStepped, kColumns };
 
 }  // namespace
 
-void JoinState::Begin(Communicator& comm) {
+void JoinState::Begin(Communicator& comm, std::optional<int64_t> resumed_from) {
   comm_ = &comm;
+  resumed_from_ = resumed_from;
   last_active_ = 0;
   step_.clear();
   last_step_.clear();
@@ -69,7 +70,13 @@ int JoinState::Agree(bool active, int64_t samples) {
                  "DataParallel::join: rank ", r, " ran out of data before its first step ",
                  "inside join(), so it cannot answer the other ranks' steps; give every rank ",
                  "at least one batch (data::DistributedTail::kUneven does when the dataset ",
-                 "has at least as many samples as ranks)");
+                 "has at least as many samples as ranks)",
+                 resumed_from_.has_value()
+                     ? absl::StrCat("; this attempt of a restarted run resumes from the "
+                                    "snapshot of step ", *resumed_from_, ": a snapshot "
+                                    "stored after a rank's last batch leaves it none (store "
+                                    "snapshots at steps after which every rank still has one)")
+                     : std::string());
   }
   weight_ = active && total > 0 ? static_cast<double>(samples) / total : 0.0;
   // From the integers, so that equal batches give exactly 1.

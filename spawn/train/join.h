@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "nn/tensor.h"
@@ -40,8 +41,10 @@ class JoinState {
   enum class Kind { kAllReduce, kAllReduceAsync, kAllGather, kBroadcast };
 
   bool joining() const { return comm_ != nullptr; }
-  // Enters join mode on `comm` (no collective).
-  void Begin(Communicator& comm);
+  // Enters join mode on `comm` (no collective). resumed_from: the snapshot
+  // step this attempt of a restarted run resumed from, if any (the same on
+  // every rank), which the error for a rank without a step then names.
+  void Begin(Communicator& comm, std::optional<int64_t> resumed_from = std::nullopt);
   // An active rank's step begins (DataParallel::forward): closes the previous
   // step's record and runs the step agreement. samples: the rows of this rank's
   // batch. Throws tandem::Error, the same on every rank, when a rank made
@@ -97,6 +100,7 @@ class JoinState {
   double weight_ = 0;
   double scale_ = 0;
   int last_active_ = 0;           // lowest active rank of the last step any rank ran
+  std::optional<int64_t> resumed_from_;
 };
 
 }  // namespace tandem::dist::internal
