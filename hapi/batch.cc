@@ -65,6 +65,15 @@ void Model::FoldBatchRun() {
   batch_agreed_ = false;
 }
 
+void Model::CopyBatchRun() {
+  const dist::Context* ctx = dist::current_or_null();
+  if (ctx == nullptr || !BatchRunIsOf(*ctx)) {
+    FoldBatchRun();  // an earlier spawn's: nothing else holds it
+  } else if (batch_training_) {
+    KeepRun(*batch_run_);
+  }
+}
+
 absl::Status Model::EnsureTrainingRun(dist::Context& ctx, int64_t rows) {
   if (batch_training_ && BatchRunIsOf(ctx)) return absl::OkStatus();
   FoldBatchRun();

@@ -388,7 +388,10 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
                  " keeps its own (from an earlier fit or load), so their optimizers would step "
                  "apart; call load() on every rank");
   }
-  kept_.loaded_since_agreed = false;
+  // Only a training call's agreement clears the mark (as save's keeps it): an
+  // evaluate or predict gives every rank rank 0's loaded weights but not its
+  // loaded optimizer state, which the next fit or train_batch must still refuse.
+  if (training) kept_.loaded_since_agreed = false;
   return any[0] > 0 || loads_differ;
 }
 
@@ -604,13 +607,15 @@ absl::Status Model::Materialize() {
 }
 
 absl::StatusOr<nn::StateDict> Model::state_dict() {
-  FoldBatchRun();
+  // A rank's own read (no collective, maybe on one rank alone): it copies the
+  // batch run's weights and leaves the run, which the other ranks still hold.
+  CopyBatchRun();
   RETURN_IF_ERROR(Materialize());
   return kept_.weights;
 }
 
 absl::StatusOr<ModelSummary> Model::summary(const nn::Shape& input_shape) {
-  FoldBatchRun();
+  // A fresh network from the factory: the batch run stays (see state_dict).
   const nn::Generator generator = nn::thread_generator();
   std::shared_ptr<nn::Module> net;
   try {

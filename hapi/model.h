@@ -419,14 +419,21 @@ class Model {
   // every rank; Build agrees over the ranks), DataParallel (default
   // DataParallelOptions) and the prepared optimizer with the kept or loaded
   // state, and keeps them in the Model; later calls continue them.
-  // eval_batch and predict_batch use that run when there is one. Every other
-  // call (fit, evaluate, predict, save, load, state_dict, summary, prepare)
-  // first folds the run into what the Model keeps (the weights and the
-  // optimizer state, as a fit's end does) and drops it: train_batch x 10 then
-  // save writes the trained weights and optimizer state, a fit after it
-  // continues from them, and load() / prepare() then replace or reset them as
-  // they say. The run belongs to the spawn that built it: a call in a later
-  // spawn folds it and builds another.
+  // eval_batch and predict_batch use that run when there is one. fit,
+  // evaluate, predict, save, load and prepare first fold the run into what
+  // the Model keeps (the weights and the optimizer state, as a fit's end
+  // does) and drop it: train_batch x 10 then save writes the trained weights
+  // and optimizer state, a fit after it continues from them, and load() /
+  // prepare() then replace or reset them as they say. state_dict copies the
+  // run's weights and leaves it, and summary leaves it: both are the rank's
+  // own (no collective), so one rank alone may call them between steps. A
+  // load() (or prepare) between batch calls goes on every rank: on one rank
+  // alone only that rank's run is dropped, and the next train_batch /
+  // eval_batch fails on every rank with a collective mismatch (an evaluate
+  // or fit on every rank after it agrees as load() says: rank 0's loaded
+  // weights to all, a loaded optimizer state refused by the next fit or
+  // train_batch). The run belongs to the spawn that built it: a call in a
+  // later spawn folds it and builds another.
   //
   // train_batch: one optimizer step, fit's own code (fit_loop.cc): forward
   // and loss through DataParallel, backward with its gradient all-reduce,
@@ -525,8 +532,10 @@ class Model {
   // did not; a fit does when some ranks hold an optimizer state that others
   // lack (rank 0 alone loaded one: load on every rank, or with
   // reset_optimizer), or when rank 0 alone loaded one over the others' own
-  // (load on every rank); and every rank throws, naming both calls, when
-  // the ranks make different ones of these calls.
+  // (load on every rank), also after an evaluate or predict between them
+  // (which give every rank rank 0's weights, not its optimizer state); and
+  // every rank throws, naming both calls, when the ranks make different ones
+  // of these calls. train_batch agrees and refuses as fit.
   absl::Status load(const std::string& path, LoadOptions options = {});
   // Host copies of the current weights. Before any call has built the network,
   // state_dict() and save() build one on the calling thread and keep its
@@ -585,6 +594,9 @@ class Model {
   absl::Status EnsureTrainingRun(dist::Context& ctx, int64_t rows);
   // Keeps the batch run's weights and optimizer state when it trained; drops it.
   void FoldBatchRun();
+  // The same copies, leaving the run (a call of the rank's own, no collective:
+  // the other ranks keep theirs); an earlier spawn's run is folded.
+  void CopyBatchRun();
   History FitOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& train,
                     const FitOptions& options);
   nn::Tensor PredictOnRank(dist::Context& ctx, const std::shared_ptr<const data::Dataset>& data,
@@ -605,8 +617,10 @@ class Model {
     // this rank's own draw, which the next call on the ranks replaces by rank 0's.
     bool weights_of_this_rank = false;
     // weights (and optimizer state) are a load() inside a rank's function
-    // since the ranks last agreed on their weights (Build, save): this rank's
-    // alone until then, as the other ranks may not have loaded.
+    // since the ranks last agreed on their weights and optimizer states (a
+    // training call's Build; evaluate's, predict's and save's agree on the
+    // weights only, and leave it): this rank's alone until then, as the
+    // other ranks may not have loaded.
     bool loaded_since_agreed = false;
     optim::StateDict optimizer_state;
     bool have_optimizer_state = false;

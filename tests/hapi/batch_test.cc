@@ -5,8 +5,11 @@
 // so with update = false accumulating micro-batches;
 // train_batch, save, load in a new Model, train_batch continues as the
 // uninterrupted run; eval_batch and predict_batch equal evaluate and predict
-// on the same batches (before and after training batches); errors: from
-// main, before prepare, mismatched shapes, a call on one rank alone named.
+// on the same batches (before and after training batches); state_dict and
+// summary on one rank alone between steps leave the run; a load on one rank
+// alone between steps fails (alone: a collective mismatch; after an evaluate:
+// the optimizer states refused, as fit's); errors: from main, before
+// prepare, mismatched shapes, a call on one rank alone named.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -338,6 +341,124 @@ TEST(HapiBatchTest, FitAfterTrainBatchContinuesIt) {
       1, "cpu", testing::DefaultTestSpawnOptions());
   ASSERT_TRUE(run.ok()) << run;
   ExpectSameBits(continued, six, "train_batch x3 then fit vs train_batch x6");
+}
+
+// A rank's own reads between train_batch calls (state_dict, summary: no
+// collective, e.g. under `if (rank == 0)` to log) leave the batch run as it
+// is: the ranks' next steps still meet, and end where the loop without them
+// does; state_dict returns the run's current weights.
+TEST(HapiBatchTest, ALocalReadOnOneRankKeepsTheBatchRun) {
+  auto set = Classification(24, 79);
+  const auto [x, y] = Tensors(set);
+  const NetworkFactory factory = FixedNet(12);
+  const nn::StateDict straight = TrainSlices(factory, 2, 4, 6, x, y);
+  for (const std::string read : {"state_dict", "summary"}) {
+    SCOPED_TRACE(read);
+    nn::StateDict weights, at_three;
+    absl::Status run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model(factory);
+          model.prepare(AdamFactory(), CrossEntropy());
+          for (int s = 0; s < 6; ++s) {
+            if (s == 3 && ctx.rank() == 0) {
+              if (read == "state_dict") {
+                ASSIGN_OR_RETURN(at_three, model.state_dict());
+              } else {
+                RETURN_IF_ERROR(model.summary({2, 4}).status());
+              }
+            }
+            const int64_t begin = s * 4 + ctx.rank() * 2;
+            RETURN_IF_ERROR(
+                model.train_batch(x.slice(begin, begin + 2), y.slice(begin, begin + 2)).status());
+          }
+          ASSIGN_OR_RETURN(nn::StateDict w, model.state_dict());
+          if (ctx.rank() == 0) weights = std::move(w);
+          return absl::OkStatus();
+        },
+        2, "cpu", testing::DefaultTestSpawnOptions());
+    ASSERT_TRUE(run.ok()) << run;
+    ExpectSameBits(weights, straight, read + " on rank 0 between train_batch calls");
+    if (read == "state_dict") {
+      // The weights after three steps: trained, not yet the final ones.
+      ASSERT_EQ(at_three.size(), straight.size());
+      EXPECT_NE(at_three[0].second.to_vector<float>(),
+                factory()->state_dict()[0].second.to_vector<float>());
+      EXPECT_NE(at_three[0].second.to_vector<float>(), straight[0].second.to_vector<float>());
+    }
+  }
+}
+
+// load() on rank 0 alone between train_batch calls: that rank alone drops its
+// batch run, so the next train_batch fails on every rank within seconds,
+// naming train_batch (no hang). An evaluate on every rank after it gives
+// every rank rank 0's loaded weights, but rank 0 alone holds the loaded Adam
+// state (the others their own): the next train_batch or fit is refused on
+// every rank, as without the evaluate, rather than stepping the ranks apart.
+// A load on every rank continues as the uninterrupted run.
+TEST(HapiBatchTest, ALoadOnOneRankBetweenTrainBatchCalls) {
+  auto set = Classification(24, 81);
+  const auto [x, y] = Tensors(set);
+  const NetworkFactory factory = FixedNet(13);
+  const std::string dir = ::testing::TempDir() + "/hapi_batch_load_alone";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.safetensors";
+  auto eval_set = std::make_shared<data::TensorDataset>(x.slice(0, 8), y.slice(0, 8));
+  auto tail = std::make_shared<data::TensorDataset>(x.slice(12, 24), y.slice(12, 24));
+  auto step = [&](Model& model, dist::Context& ctx, int s) {
+    const int64_t begin = s * 4 + ctx.rank() * 2;
+    return model.train_batch(x.slice(begin, begin + 2), y.slice(begin, begin + 2)).status();
+  };
+  // 0: load on rank 0 alone, then train_batch; 1: load on every rank; 2 and
+  // 3: load on rank 0 alone, evaluate on every rank, then train_batch (2) or fit (3).
+  for (int mode : {0, 1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("mode ", mode));
+    std::vector<nn::StateDict> weights(2);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status run = dist::spawn(
+        [&](dist::Context& ctx) -> absl::Status {
+          Model model(factory);
+          model.prepare(AdamFactory(), CrossEntropy());
+          for (int s = 0; s < 3; ++s) RETURN_IF_ERROR(step(model, ctx, s));
+          RETURN_IF_ERROR(model.save(path));
+          RETURN_IF_ERROR(step(model, ctx, 3));  // moves away from the file
+          if (mode == 1 || ctx.rank() == 0) RETURN_IF_ERROR(model.load(path));
+          if (mode >= 2) RETURN_IF_ERROR(model.evaluate(eval_set, {.batch_size = 4}).status());
+          if (mode == 3) {
+            RETURN_IF_ERROR(model.fit(tail, {.epochs = 1, .batch_size = 2}).status());
+          } else {
+            for (int s = 3; s < 6; ++s) RETURN_IF_ERROR(step(model, ctx, s));
+          }
+          ASSIGN_OR_RETURN(weights[ctx.rank()], model.state_dict());
+          return absl::OkStatus();
+        },
+        2, "cpu", testing::DefaultTestSpawnOptions());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (mode == 1) {
+      ASSERT_TRUE(run.ok()) << run;
+      ExpectSameBits(weights[1], weights[0], "rank 1 vs rank 0");
+      ExpectSameBits(weights[0], TrainSlices(factory, 2, 4, 6, x, y),
+                     "load on every rank vs the uninterrupted run");
+      continue;
+    }
+    ASSERT_FALSE(run.ok()) << (weights[0].empty() || weights[1].empty() ||
+                                       weights[0][0].second.to_vector<float>() ==
+                                           weights[1][0].second.to_vector<float>()
+                                   ? "the ranks end with the same weights"
+                                   : "the ranks end with different weights");
+    EXPECT_LT(seconds, 10.0) << run;  // the watchdog's timeout_s is 60
+    if (mode == 0) {
+      EXPECT_TRUE(Contains(run, "collective mismatch")) << run;
+      EXPECT_TRUE(Contains(run, "from hapi::Model::train_batch (a collective")) << run;
+    } else {
+      EXPECT_TRUE(Contains(run, mode == 2 ? "hapi::Model::train_batch: rank 0 loaded an optimizer"
+                                          : "hapi::Model::fit: rank 0 loaded an optimizer"))
+          << run;
+      EXPECT_TRUE(Contains(run, "state (a load() there alone) while rank 1 keeps its own"))
+          << run;
+    }
+  }
 }
 
 // (4) eval_batch on each rank's batch equals evaluate over a set of those
