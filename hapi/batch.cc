@@ -146,7 +146,12 @@ absl::StatusOr<Logs> Model::eval_batch(const nn::Tensor& inputs, const nn::Tenso
   if (inputs.size(0) > 0)
     sums.Add(network, inputs.to(ctx->device()), labels.to(ctx->device()), options.bf16);
   network.train(was_training);
-  return sums.Reduce("");
+  Logs logs = sums.Reduce("");
+  if (sums.total_rows() == 0)
+    return absl::InvalidArgumentError(
+        "hapi::Model::eval_batch: every rank passed 0 rows: there is nothing to evaluate "
+        "(0 rows are for a rank whose share is empty while another rank has rows)");
+  return logs;
 }
 
 absl::StatusOr<nn::Tensor> Model::predict_batch(const nn::Tensor& inputs, BatchOptions options) {

@@ -457,7 +457,8 @@ class Model {
   // over the ranks) for the later batch calls. A rank without rows in a call
   // (its share of evaluate's kUneven tail is empty: the sampler gives it one
   // batch fewer) passes inputs and labels of 0 rows, so that it still takes
-  // part; they add nothing. FailedPrecondition before prepare().
+  // part; they add nothing (0 rows on every rank: InvalidArgument on every
+  // rank). FailedPrecondition before prepare().
   absl::StatusOr<Logs> eval_batch(const nn::Tensor& inputs, const nn::Tensor& labels,
                                   BatchOptions options = {});
   // predict_batch: the network's output for this rank's batch, eval mode, no

@@ -537,6 +537,11 @@ TEST(HapiBatchTest, EvalBatchTakesARanksEmptyShare) {
         ASSIGN_OR_RETURN(Logs whole, model.evaluate(set, {.batch_size = 6}));
         EXPECT_DOUBLE_EQ(correct / 13, whole.at("eval_acc"));
         EXPECT_TRUE(std::isfinite(loss_sum)) << loss_sum;
+        // 0 rows on every rank: nothing to evaluate, refused on every rank.
+        absl::Status none =
+            model.eval_batch(mine[0].data.slice(0, 0), mine[0].target.slice(0, 0)).status();
+        EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+        EXPECT_TRUE(Contains(none, "eval_batch: every rank passed 0 rows")) << none;
         return absl::OkStatus();
       },
       2, "cpu", testing::DefaultTestSpawnOptions());
