@@ -334,8 +334,10 @@ struct BatchOptions {
   // call with true reduces the accumulated sum over the ranks and steps. The
   // losses are not scaled: scale them in the loss for a mean over the
   // micro-batches (fit's grad_accum_steps divides by their count). Every rank
-  // passes the same value. Gradients not yet stepped are dropped by any other
-  // call that folds the batch run (fit, save, ...).
+  // passes the same value: this is not checked, and ranks whose values differ
+  // but reduce as often pair different sums of gradients in the all-reduce.
+  // Gradients not yet stepped are dropped by any other call that folds the
+  // batch run (fit, save, ...).
   bool update = true;
 };
 
