@@ -19,14 +19,17 @@
 namespace tandem::hapi {
 namespace {
 
-// InvalidArgument for a batch the calls cannot take; labels may be null (predict_batch).
-absl::Status CheckBatch(const char* call, const nn::Tensor& inputs, const nn::Tensor* labels) {
+// InvalidArgument for a batch the calls cannot take; labels may be null
+// (predict_batch). `empty_ok`: 0 rows are a rank's empty share (eval_batch).
+absl::Status CheckBatch(const char* call, const nn::Tensor& inputs, const nn::Tensor* labels,
+                        bool empty_ok = false) {
   if (!inputs.defined())
     return absl::InvalidArgumentError(absl::StrCat("hapi::Model::", call, ": inputs is undefined"));
-  if (inputs.dim() < 1 || inputs.size(0) < 1)
+  if (inputs.dim() < 1 || inputs.size(0) < (empty_ok ? 0 : 1))
     return absl::InvalidArgumentError(
         absl::StrCat("hapi::Model::", call, ": inputs of shape ", nn::ShapeToString(inputs.shape()),
-                     ": a batch needs dim 0 with at least one row"));
+                     empty_ok ? ": a batch needs dim 0 (its rows; 0 for a rank with none)"
+                              : ": a batch needs dim 0 with at least one row"));
   if (labels == nullptr) return absl::OkStatus();
   if (!labels->defined())
     return absl::InvalidArgumentError(absl::StrCat("hapi::Model::", call, ": labels is undefined"));
@@ -120,7 +123,7 @@ absl::StatusOr<Logs> Model::eval_batch(const nn::Tensor& inputs, const nn::Tenso
                                        BatchOptions options) {
   ASSIGN_OR_RETURN(dist::Context * ctx, BatchContext("eval_batch"));
   RETURN_IF_ERROR(CheckPrepared("eval_batch"));
-  RETURN_IF_ERROR(CheckBatch("eval_batch", inputs, &labels));
+  RETURN_IF_ERROR(CheckBatch("eval_batch", inputs, &labels, /*empty_ok=*/true));
   dist::Communicator::Label label(ctx->communicator(), internal::kEvalBatchLabel);
   if (!(batch_agreed_ && BatchRunIsOf(*ctx))) {
     // As evaluate: the weights agreed over the ranks, kept when they became rank 0's.
@@ -138,9 +141,17 @@ absl::StatusOr<Logs> Model::eval_batch(const nn::Tensor& inputs, const nn::Tenso
   network.eval();
   nn::NoGradGuard no_grad;
   internal::EvalSums sums(*ctx, loss_, batch_run_->metrics);
-  sums.Add(network, inputs.to(ctx->device()), labels.to(ctx->device()), options.bf16);
+  // A rank with no rows (its share of a kUneven tail) adds nothing to the sums
+  // but still takes part in their reduction.
+  if (inputs.size(0) > 0)
+    sums.Add(network, inputs.to(ctx->device()), labels.to(ctx->device()), options.bf16);
   network.train(was_training);
-  return sums.Reduce("");
+  Logs logs = sums.Reduce("");
+  if (sums.total_rows() == 0)
+    return absl::InvalidArgumentError(
+        "hapi::Model::eval_batch: every rank passed 0 rows: there is nothing to evaluate "
+        "(0 rows are for a rank whose share is empty while another rank has rows)");
+  return logs;
 }
 
 absl::StatusOr<nn::Tensor> Model::predict_batch(const nn::Tensor& inputs, BatchOptions options) {

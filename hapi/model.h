@@ -334,8 +334,10 @@ struct BatchOptions {
   // call with true reduces the accumulated sum over the ranks and steps. The
   // losses are not scaled: scale them in the loss for a mean over the
   // micro-batches (fit's grad_accum_steps divides by their count). Every rank
-  // passes the same value. Gradients not yet stepped are dropped by any other
-  // call that folds the batch run (fit, save, ...).
+  // passes the same value: this is not checked, and ranks whose values differ
+  // but reduce as often pair different sums of gradients in the all-reduce.
+  // Gradients not yet stepped are dropped by any other call that folds the
+  // batch run (fit, save, ...).
   bool update = true;
 };
 
@@ -407,10 +409,11 @@ class Model {
   // user's own over batches (`for each batch: loss = model.train_batch(x, y)`).
   // They run inside dist::spawn's function only, each rank with its own Model
   // (as Paddle's per-process Model under paddle.distributed.launch), on the
-  // rank's batch: inputs (N, ...) and labels (N, ...) of the same N >= 1, on
-  // the host or the rank's device. From main they return FailedPrecondition
-  // (use fit / evaluate / predict there); an undefined tensor, N = 0 or
-  // labels whose N differs are InvalidArgument naming the shapes. A failure
+  // rank's batch: inputs (N, ...) and labels (N, ...) of the same N >= 1
+  // (eval_batch: N >= 0, see there), on the host or the rank's device. From
+  // main they return FailedPrecondition (use fit / evaluate / predict there);
+  // an undefined tensor, N = 0 or labels whose N differs are InvalidArgument
+  // naming the shapes. A failure
   // inside the step (a network that refuses the shape, a collective) throws
   // tandem::Error on the rank, as fit's step would.
   //
@@ -453,7 +456,11 @@ class Model {
   // every rank, as evaluate() gives them for a set of those batches (the
   // same sums: one small all_reduce, so a collective, labelled as
   // train_batch's). Without a batch run it builds one (as evaluate, agreed
-  // over the ranks) for the later batch calls. FailedPrecondition before prepare().
+  // over the ranks) for the later batch calls. A rank without rows in a call
+  // (its share of evaluate's kUneven tail is empty: the sampler gives it one
+  // batch fewer) passes inputs and labels of 0 rows, so that it still takes
+  // part; they add nothing (0 rows on every rank: InvalidArgument on every
+  // rank). FailedPrecondition before prepare().
   absl::StatusOr<Logs> eval_batch(const nn::Tensor& inputs, const nn::Tensor& labels,
                                   BatchOptions options = {});
   // predict_batch: the network's output for this rank's batch, eval mode, no

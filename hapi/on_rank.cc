@@ -108,14 +108,15 @@ void EvalSums::Add(nn::Module& network, const nn::Tensor& data, const nn::Tensor
 
 Logs EvalSums::Reduce(const std::string& prefix) {
   std::vector<double> sums = {loss_sum_.item(), exact_ ? denominator_.item() : rows_,
-                              mean_batches_};
+                              mean_batches_, rows_};
   for (auto& m : metrics_) sums.insert(sums.end(), m->sums().begin(), m->sums().end());
   sums = SumOverRanks(ctx_, sums);
+  total_rows_ = sums[3];
   Logs logs;
   // A mean over a set whose denominator is 0 (every label ignored) is NaN, as
   // PyTorch's mean of nothing; a loss that is a sum is the sum over the set.
   if (loss_) logs[prefix + "loss"] = !exact_ || sums[2] > 0 ? sums[0] / sums[1] : sums[0];
-  size_t at = 3;
+  size_t at = 4;
   for (auto& m : metrics_) {
     const size_t k = m->sums().size();
     m->set_sums(std::vector<double>(sums.begin() + at, sums.begin() + at + k));

@@ -112,6 +112,8 @@ class EvalSums {
   // Every rank's sums added (one float64 all_reduce: a collective): the
   // "<prefix>loss" (with a loss) and "<prefix><metric>" of every rank's batches.
   Logs Reduce(const std::string& prefix);
+  // Every rank's rows added, after Reduce.
+  double total_rows() const { return total_rows_; }
 
  private:
   dist::Context& ctx_;
@@ -121,6 +123,7 @@ class EvalSums {
   nn::Tensor loss_sum_, denominator_;  // float64, on the device until Reduce
   double rows_ = 0;
   double mean_batches_ = 0;  // batches whose terms have a denominator
+  double total_rows_ = 0;
 };
 
 // Evaluation on this rank's kUneven share, reduced over the ranks: "eval_loss"

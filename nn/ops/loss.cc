@@ -21,7 +21,8 @@ void CheckClassification(const Tensor& logits, const Tensor& labels, const char*
   CheckDefined(labels, op, "labels");
   CheckDim(logits, 2, op, logits_name);
   CheckFloating(logits, op);
-  TANDEM_CHECK(labels.dtype() == kInt64, op, ": labels must be int64, got ", labels.ToString());
+  TANDEM_CHECK(labels.dtype() == kInt64, op, ": labels must be int64, got ", labels.ToString(),
+               "; pass the class indices in [0, ", logits.size(1), ") as int64 (labels.to(kInt64))");
   TANDEM_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), op, ": labels of shape ",
                ShapeToString(labels.shape()), " do not match ", logits_name, " of shape ",
                ShapeToString(logits.shape()), " (expected (", logits.size(0), "))");

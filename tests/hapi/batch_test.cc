@@ -8,9 +8,11 @@
 // on the same batches (before and after training batches); state_dict and
 // summary on one rank alone between steps leave the run; a load on one rank
 // alone between steps fails (alone: a collective mismatch; after an evaluate:
-// the optimizer states refused, as fit's); errors: from main, before
+// the optimizer states refused, as fit's); eval_batch takes a rank's empty
+// share of a kUneven tail (0 rows); errors: from main, before
 // prepare, mismatched shapes, a call on one rank alone named.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -508,6 +510,44 @@ TEST(HapiBatchTest, EvalBatchAndPredictBatchEqualEvaluateAndPredict) {
   ASSERT_TRUE(run.ok()) << run;
 }
 
+// (4b) evaluate's kUneven share can leave a rank without a batch (13 rows,
+// batch 6, 2 ranks: a tail of 1 row, rank 1's share empty): that rank takes
+// part in eval_batch with 0 rows, and the logs are evaluate's over the set.
+TEST(HapiBatchTest, EvalBatchTakesARanksEmptyShare) {
+  auto set = Classification(13, 78);
+  const NetworkFactory factory = FixedNet(12);
+  absl::Status run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model(factory);
+        model.prepare(AdamFactory(), CrossEntropy({.weight = nn::from_vector(
+                                                        std::vector<float>{1, 2, 0.5}, {3})}),
+                      {MakeMetric<Accuracy>()});
+        std::vector<data::Batch> mine =
+            FitsBatches(ctx, set, 6, false, 0, 0, data::DistributedTail::kUneven);
+        EXPECT_EQ(mine.size(), ctx.rank() == 0 ? 2u : 1u);
+        double loss_sum = 0, correct = 0;
+        for (size_t k = 0; k < 2; ++k) {
+          const nn::Tensor x = k < mine.size() ? mine[k].data : mine[0].data.slice(0, 0);
+          const nn::Tensor y = k < mine.size() ? mine[k].target : mine[0].target.slice(0, 0);
+          ASSIGN_OR_RETURN(Logs logs, model.eval_batch(x, y));
+          const double rows = k == 0 ? 12 : 1;  // every rank's rows in this call
+          correct += logs.at("acc") * rows;
+          if (k == 1) loss_sum = logs.at("loss");  // the tail's row alone
+        }
+        ASSIGN_OR_RETURN(Logs whole, model.evaluate(set, {.batch_size = 6}));
+        EXPECT_DOUBLE_EQ(correct / 13, whole.at("eval_acc"));
+        EXPECT_TRUE(std::isfinite(loss_sum)) << loss_sum;
+        // 0 rows on every rank: nothing to evaluate, refused on every rank.
+        absl::Status none =
+            model.eval_batch(mine[0].data.slice(0, 0), mine[0].target.slice(0, 0)).status();
+        EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+        EXPECT_TRUE(Contains(none, "eval_batch: every rank passed 0 rows")) << none;
+        return absl::OkStatus();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  ASSERT_TRUE(run.ok()) << run;
+}
+
 // (5) Errors: from main, before prepare, shapes that do not match, a batch
 // call on one rank alone (the first, which builds the run, and a later one).
 TEST(HapiBatchTest, BadCallsAreNamed) {
@@ -534,7 +574,7 @@ TEST(HapiBatchTest, BadCallsAreNamed) {
         s = model.train_batch(x, y.slice(0, 6)).status();
         EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
         EXPECT_TRUE(Contains(s, "inputs of shape (8, 4) and labels of shape (6)")) << s;
-        s = model.eval_batch(x.slice(0, 0), y.slice(0, 0)).status();
+        s = model.train_batch(x.slice(0, 0), y.slice(0, 0)).status();
         EXPECT_TRUE(Contains(s, "inputs of shape (0, 4): a batch needs dim 0")) << s;
         s = model.predict_batch(nn::Tensor()).status();
         EXPECT_TRUE(Contains(s, "hapi::Model::predict_batch: inputs is undefined")) << s;
