@@ -380,9 +380,11 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
                  static_cast<int64_t>(any[3]),
                  " holds an optimizer state (from load() or an earlier fit) that rank ",
                  static_cast<int64_t>(any[4]),
-                 " lacks, so their optimizers would step apart; call load() on every rank, or "
-                 "load with reset_optimizer (rank 0's weights go to every rank, the optimizer "
-                 "starts fresh)");
+                 " lacks, so their optimizers would step apart; call load() on every rank "
+                 "(each then holds the file's optimizer state, or none with reset_optimizer), "
+                 "or, when the state came from a load() on rank 0 alone, load there with "
+                 "reset_optimizer (rank 0's weights go to every rank, the optimizer starts "
+                 "fresh)");
     TANDEM_CHECK(!(loads_differ && any[3] >= 0), "hapi::Model::", call, ": rank 0 loaded an optimizer "
                  "state (a load() there alone) while rank ", static_cast<int64_t>(any[6]),
                  " keeps its own (from an earlier fit or load), so their optimizers would step "

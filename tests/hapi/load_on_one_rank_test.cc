@@ -337,6 +337,36 @@ TEST(LoadOnOneRankTest, ALoadOnOneRankAfterAnEarlierCallIsAgreedToo) {
   EXPECT_TRUE(Contains(run, "hapi::Model::fit: rank 0 loaded an optimizer state (a load() there "
                             "alone) while rank 1 keeps its own"))
       << run;
+  // After a fit on every rank, a weights-only load on rank 0 alone leaves rank
+  // 0 without an optimizer state that rank 1 keeps: refused, and the message
+  // says what helps (a load on every rank), since reset_optimizer on rank 0
+  // alone would not.
+  const Saved weights_only = SaveFitted("after_weights_only", /*training=*/false, data);
+  run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(model.fit(data).status());
+        if (ctx.rank() == 0) RETURN_IF_ERROR(model.load(weights_only.path));
+        return model.fit(data).status();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  EXPECT_TRUE(Contains(run, "hapi::Model::fit: rank 1 holds an optimizer state (from load() or "
+                            "an earlier fit) that rank 0 lacks, so their optimizers would step "
+                            "apart; call load() on every rank (each then holds the file's "
+                            "optimizer state, or none with reset_optimizer)"))
+      << run;
+  // And a load on every rank (weights only, no optimizer state on any rank) runs.
+  run = dist::spawn(
+      [&](dist::Context& ctx) -> absl::Status {
+        Model model([] { return std::make_shared<Net>(); });
+        model.prepare(AdamFactory(), CrossEntropy());
+        RETURN_IF_ERROR(model.fit(data).status());
+        RETURN_IF_ERROR(model.load(weights_only.path));
+        return model.fit(data).status();
+      },
+      2, "cpu", testing::DefaultTestSpawnOptions());
+  EXPECT_TRUE(run.ok()) << run;
 }
 
 // evaluate, predict or fit called on rank 0 alone: while the other rank
