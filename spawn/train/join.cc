@@ -37,8 +37,17 @@ void JoinState::CloseStep() {
   in_step_ = false;
 }
 
+// Names the step agreement in a collective mismatch: a rank whose data ran
+// out waits in it, so a collective of the active ranks' own there (a
+// checkpoint's, a stop signal's save, a logged sum) meets it.
+constexpr char kAgreementLabel[] =
+    "DataParallel::join's step agreement (a rank whose data ran out answers only the other "
+    "ranks' DataParallel steps: a collective of their own inside join(), such as a "
+    "checkpoint's save, cannot be answered; make it after the guard)";
+
 int JoinState::Agree(bool active, int64_t samples) {
   nn::NoGradGuard no_grad;
+  Communicator::Label label(*comm_, kAgreementLabel);
   const std::vector<double> mine = {active ? 1.0 : 0.0, static_cast<double>(samples),
                                     static_cast<double>(unjoinable_), stepped_ ? 1.0 : 0.0};
   const nn::Tensor sent =

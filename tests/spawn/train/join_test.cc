@@ -101,6 +101,31 @@ TEST_F(JoinTest, CollectiveThatIsNotJoinableIsOneErrorOnEveryRank) {
       << result;
 }
 
+// A collective of the active rank's own after the other rank joined (a
+// checkpoint's save at a stop signal, here an all_gather at its last step
+// only, so no earlier step counted it): the mismatch names the join's step
+// agreement, in which the joined rank waits, and says what to do.
+TEST_F(JoinTest, ACollectiveAfterARankJoinedNamesTheJoinsAgreement) {
+  auto result = spawn([](Context& ctx) {
+    PlainNet net;
+    DataParallel dp(net, ctx);
+    auto join = dp.join();
+    const int steps = ctx.rank() == 0 ? 2 : 4;
+    for (int s = 0; s < steps; ++s) {
+      nn::sum(dp(nn::randn({2, 2, 5, 5}))).backward();
+      if (s == 3) {
+        ctx.communicator().all_gather(nn::zeros({3}, {.dtype = nn::kInt64}));
+      }
+    }
+  }, 2, "cpu", options_);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(std::string(result.message())
+                .find("from DataParallel::join's step agreement (a rank whose data ran out "
+                      "answers only the other ranks' DataParallel steps"),
+            std::string::npos)
+      << result;
+}
+
 TEST_F(JoinTest, RankWithoutAStepIsOneErrorAndBadUsesAreRefused) {
   auto result = spawn([](Context& ctx) {
     PlainNet net;
