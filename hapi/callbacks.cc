@@ -465,6 +465,10 @@ void TensorBoard::on_train_begin(RunState& s) {
   auto writer = dist::SummaryWriter::Open(dir_);
   TANDEM_CHECK(writer.ok(), "TensorBoard: ", writer.status().message());
   writer_ = std::move(writer).value();
+  // A fit resumed from a checkpoint, or an attempt restarted from a snapshot,
+  // starts at step s.step and writes the steps from there again: a SessionLog
+  // START there makes TensorBoard drop the earlier files' events from it on.
+  if (s.step > 0) writer_->AddSessionStart(s.step);
 }
 
 void TensorBoard::on_epoch_end(RunState& s, const Logs& logs) {

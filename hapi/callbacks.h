@@ -323,7 +323,10 @@ class ModelCheckpoint : public Callback {
 };
 
 // Rank 0 writes every epoch's logs as TensorBoard scalars (tag = log key) at
-// the epoch's last step, into a new event file under `dir`.
+// the epoch's last step, into a new event file under `dir`; a fit resumed from
+// a checkpoint (or an attempt restarted from a snapshot) at step S starts its
+// file with a SessionLog START at S, so that TensorBoard shows the steps from S
+// once, not twice.
 class TensorBoard : public Callback {
  public:
   explicit TensorBoard(std::string dir);

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,6 +30,7 @@
 #include "nn/error.h"
 #include "nn/nn.h"
 #include "optim/sgd.h"
+#include "spawn/observe/summary_writer.h"
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
@@ -284,6 +287,39 @@ TEST(CallbacksTest, AResumedFitDrawsTheAugmentationsOfEachEpoch) {
   both.insert(resumed->begin(), resumed->end());
   EXPECT_EQ(both, *straight);
   EXPECT_EQ(resumed->count({0, 0}), 0u);
+}
+
+// A fit resumed at step 4 (its checkpoint) with a TensorBoard callback: the
+// resumed fit's event file holds a SessionLog START at step 4, the first
+// file none, so that TensorBoard drops the first file's steps from 4 on.
+TEST(CallbacksTest, AResumedFitsTensorBoardFileStartsASessionAtTheResumedStep) {
+  const std::string dir = ::testing::TempDir() + "/hapi_resume_tensorboard";
+  std::filesystem::remove_all(dir);
+  FitOptions options{.epochs = 3, .batch_size = 4, .seed = 5};
+  options.checkpoint = {.dir = dir + "/ck", .every_steps = 2};
+  FitOptions first = options;
+  first.callbacks = {MakeCallback<EndFitAt>(int64_t{4}), MakeCallback<TensorBoard>(dir + "/tb")};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(Classification(24, 84), first).ok());
+  options.resume = true;
+  options.callbacks = {MakeCallback<TensorBoard>(dir + "/tb")};
+  ASSERT_TRUE(Prepared(2, 0.1)->fit(Classification(24, 84), options).ok());
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tb")) {
+    files.push_back(e.path().string());
+  }
+  ASSERT_EQ(files.size(), 2u);
+  // The event without its wall time (field 1: a tag byte and 8 bytes).
+  const std::string start_at_4 = dist::internal::SessionStartEvent(4, 0).substr(9);
+  const std::string start_at_0 = dist::internal::SessionStartEvent(0, 0).substr(9);
+  int with_start = 0;
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (bytes.find(start_at_4) != std::string::npos) ++with_start;
+    EXPECT_EQ(bytes.find(start_at_0), std::string::npos) << f;
+  }
+  EXPECT_EQ(with_start, 1);
+  std::filesystem::remove_all(dir);
 }
 
 // A checkpoint inside an epoch counts the loader's position in global
