@@ -58,6 +58,15 @@ bool Model::BatchRunIsOf(const dist::Context& ctx) const {
   return batch_run_ != nullptr && batch_ctx_ == &ctx && batch_spawn_ == ctx.stop_token();
 }
 
+void Model::AdoptBatchRun(std::unique_ptr<RankRun> run, const dist::Context& ctx, bool training,
+                          bool agreed) {
+  batch_run_ = std::move(run);
+  batch_training_ = training;
+  batch_agreed_ = agreed;
+  batch_ctx_ = &ctx;
+  batch_spawn_ = ctx.stop_token();
+}
+
 void Model::FoldBatchRun() {
   if (batch_run_ == nullptr) return;
   if (batch_training_) KeepRun(*batch_run_);
@@ -89,11 +98,7 @@ absl::Status Model::EnsureTrainingRun(dist::Context& ctx, int64_t rows) {
   const internal::RankBatch rank_batch{.global = rows * ctx.world_size(), .rows = rows};
   internal::PrepareForTraining(ctx, *run, defaults, rank_batch, optimizer_,
                                kept_.have_optimizer_state ? &kept_.optimizer_state : nullptr);
-  batch_run_ = std::move(run);
-  batch_training_ = true;
-  batch_agreed_ = true;
-  batch_ctx_ = &ctx;
-  batch_spawn_ = ctx.stop_token();
+  AdoptBatchRun(std::move(run), ctx, /*training=*/true, /*agreed=*/true);
   return absl::OkStatus();
 }
 
@@ -131,10 +136,7 @@ absl::StatusOr<Logs> Model::eval_batch(const nn::Tensor& inputs, const nn::Tenso
     spawned_ = false;
     std::unique_ptr<RankRun> run = Build(*ctx, "eval_batch", /*wrapped_by_data_parallel=*/false);
     if (run->took_rank_zeros_weights) KeepRun(*run);
-    batch_run_ = std::move(run);
-    batch_agreed_ = true;
-    batch_ctx_ = ctx;
-    batch_spawn_ = ctx->stop_token();
+    AdoptBatchRun(std::move(run), *ctx, /*training=*/false, /*agreed=*/true);
   }
   nn::Module& network = *batch_run_->network;
   const bool was_training = network.is_training();
@@ -167,9 +169,7 @@ absl::StatusOr<nn::Tensor> Model::predict_batch(const nn::Tensor& inputs, BatchO
       return absl::InternalError("hapi::Model: the network factory returned null");
     run->network->to(ctx->device());
     RETURN_IF_ERROR(run->network->load_state_dict(kept_.weights));
-    batch_run_ = std::move(run);
-    batch_ctx_ = ctx;
-    batch_spawn_ = ctx->stop_token();
+    AdoptBatchRun(std::move(run), *ctx, /*training=*/false, /*agreed=*/false);
   }
   nn::Module& network = *batch_run_->network;
   const bool was_training = network.is_training();

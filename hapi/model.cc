@@ -354,39 +354,56 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
   const bool zero = ctx.rank() == 0;
   const bool has_state = kept_.have_optimizer_state;
   const bool loaded = kept_.loaded_since_agreed;
+  // One MAX over the ranks: flags (1: some rank), ranks (the highest such
+  // rank; -1: none) and the call's index both ways (max and -min).
+  enum Slot {
+    kSomeNeeds,         // a rank without weights of its own
+    kZeroNeeds,         // rank 0 without weights of its own
+    kWeightsHolder,     // a rank with weights of its own
+    kStateHolder,       // a rank with an optimizer state
+    kStateLacker,       // a rank without one
+    kSomeLoaded,        // a rank that loaded since the last agreement
+    kNotLoaded,         // a rank that did not
+    kZeroLoaded,        // rank 0 loaded
+    kOtherLoaded,       // a rank other than 0 that loaded
+    kCallMax,
+    kCallMinNegated,
+  };
   const std::vector<double> any = internal::MaxOverRanks(
       ctx, {needs ? 1.0 : 0.0, zero && needs ? 1.0 : 0.0, needs ? -1.0 : rank,
             has_state ? rank : -1.0, has_state ? -1.0 : rank, loaded ? 1.0 : 0.0,
             loaded ? -1.0 : rank, zero && loaded ? 1.0 : 0.0, !zero && loaded ? rank : -1.0,
             static_cast<double>(index), -static_cast<double>(index)});
-  TANDEM_CHECK(any[9] == -any[10], "hapi::Model::", call, ": some rank called hapi::Model::",
-               kAgreedCalls[static_cast<size_t>(any[9])].name, " while another called ",
-               "hapi::Model::", kAgreedCalls[static_cast<size_t>(-any[10])].name,
+  TANDEM_CHECK(any[kCallMax] == -any[kCallMinNegated], "hapi::Model::", call,
+               ": some rank called hapi::Model::",
+               kAgreedCalls[static_cast<size_t>(any[kCallMax])].name, " while another called ",
+               "hapi::Model::", kAgreedCalls[static_cast<size_t>(-any[kCallMinNegated])].name,
                "; inside a rank's function call each on every rank, in the same order");
-  const auto holder = static_cast<int64_t>(any[2]);
-  TANDEM_CHECK(!(any[1] > 0 && holder > 0), "hapi::Model::", call, ": rank ", holder,
+  const auto holder = static_cast<int64_t>(any[kWeightsHolder]);
+  TANDEM_CHECK(!(any[kZeroNeeds] > 0 && holder > 0), "hapi::Model::", call, ": rank ", holder,
                " holds weights of its own (a load() there, or an earlier call's), while rank 0's "
                "Model has none: every rank would take rank 0's fresh weights and drop rank ",
                holder, "'s; call load() on rank 0 (its weights go to every rank) or on every rank");
-  TANDEM_CHECK(!(any[7] == 0 && any[8] > 0), "hapi::Model::", call, ": rank ",
-               static_cast<int64_t>(any[8]),
+  TANDEM_CHECK(!(any[kZeroLoaded] == 0 && any[kOtherLoaded] > 0), "hapi::Model::", call,
+               ": rank ", static_cast<int64_t>(any[kOtherLoaded]),
                " loaded weights (a load() there alone) that rank 0 did not load: every rank "
                "would keep rank 0's and drop them; call load() on rank 0 (its weights go to "
                "every rank) or on every rank");
   // Some ranks loaded since the last agreement, others not: rank 0's go to all.
-  const bool loads_differ = any[5] > 0 && any[6] >= 0;
+  const bool loads_differ = any[kSomeLoaded] > 0 && any[kNotLoaded] >= 0;
   if (training) {
-    TANDEM_CHECK(!(any[3] >= 0 && any[4] >= 0), "hapi::Model::", call, ": rank ",
-                 static_cast<int64_t>(any[3]),
+    TANDEM_CHECK(!(any[kStateHolder] >= 0 && any[kStateLacker] >= 0), "hapi::Model::", call,
+                 ": rank ", static_cast<int64_t>(any[kStateHolder]),
                  " holds an optimizer state (from load() or an earlier fit) that rank ",
-                 static_cast<int64_t>(any[4]),
+                 static_cast<int64_t>(any[kStateLacker]),
                  " lacks, so their optimizers would step apart; call load() on every rank "
                  "(each then holds the file's optimizer state, or none with reset_optimizer), "
                  "or, when the state came from a load() on rank 0 alone, load there with "
                  "reset_optimizer (rank 0's weights go to every rank, the optimizer starts "
                  "fresh)");
-    TANDEM_CHECK(!(loads_differ && any[3] >= 0), "hapi::Model::", call, ": rank 0 loaded an optimizer "
-                 "state (a load() there alone) while rank ", static_cast<int64_t>(any[6]),
+    TANDEM_CHECK(!(loads_differ && any[kStateHolder] >= 0), "hapi::Model::", call,
+                 ": rank 0 loaded an optimizer state (a load() there alone) while rank ",
+                 static_cast<int64_t>(any[kNotLoaded]),
                  " keeps its own (from an earlier fit or load), so their optimizers would step "
                  "apart; call load() on every rank");
   }
@@ -394,7 +411,7 @@ bool Model::AgreeToTakeRankZerosWeights(dist::Context& ctx, const char* call, bo
   // evaluate or predict gives every rank rank 0's loaded weights but not its
   // loaded optimizer state, which the next fit or train_batch must still refuse.
   if (training) kept_.loaded_since_agreed = false;
-  return any[0] > 0 || loads_differ;
+  return any[kSomeNeeds] > 0 || loads_differ;
 }
 
 std::unique_ptr<Model::RankRun> Model::Build(dist::Context& ctx, const char* call,

@@ -599,6 +599,9 @@ class Model {
   // train_batch's DataParallel and optimizer (building them when needed).
   // FailedPrecondition for a state load() read that does not fit the optimizer.
   absl::Status EnsureTrainingRun(dist::Context& ctx, int64_t rows);
+  // Makes `run` this rank's batch run (an earlier one was folded first).
+  void AdoptBatchRun(std::unique_ptr<RankRun> run, const dist::Context& ctx, bool training,
+                     bool agreed);
   // Keeps the batch run's weights and optimizer state when it trained; drops it.
   void FoldBatchRun();
   // The same copies, leaving the run (a call of the rank's own, no collective:

@@ -31,22 +31,16 @@
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/hapi_test_util.h"
 
 namespace tandem::hapi {
 namespace {
 
 using Net = ::tandem::testing::TwoLayerNet;
 using ::tandem::testing::Classification;
-
-LaunchOptions Cpu(int ranks) {
-  return {.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()};
-}
-
-OptimizerFactory AdamFactory() {
-  return [](std::vector<nn::Tensor> params) {
-    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
-  };
-}
+using test::Cpu;
+using test::AdamFactory;
+using test::Contains;
 
 // Every Model of a test starts from the same weights, wherever it builds them.
 NetworkFactory FixedNet(uint64_t seed) {
@@ -57,10 +51,6 @@ NetworkFactory FixedNet(uint64_t seed) {
     EXPECT_TRUE(net->load_state_dict(*weights).ok());
     return net;
   };
-}
-
-bool Contains(const absl::Status& s, const std::string& part) {
-  return std::string(s.message()).find(part) != std::string::npos;
 }
 
 void ExpectSameBits(const nn::StateDict& got, const nn::StateDict& want, const std::string& where) {

@@ -26,26 +26,16 @@
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/hapi_test_util.h"
 
 namespace tandem::hapi {
 namespace {
 
 using Net = ::tandem::testing::TwoLayerNet;
 using ::tandem::testing::Classification;
-
-LaunchOptions Cpu(int ranks) {
-  return {.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()};
-}
-
-OptimizerFactory AdamFactory() {
-  return [](std::vector<nn::Tensor> params) {
-    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
-  };
-}
-
-bool Contains(const absl::Status& s, const std::string& part) {
-  return std::string(s.message()).find(part) != std::string::npos;
-}
+using test::Cpu;
+using test::AdamFactory;
+using test::Contains;
 
 std::string Dir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/hapi_load_on_one_rank_" + name;

@@ -37,6 +37,7 @@
 #include "spawn/spawn.h"
 #include "testing/run.h"
 #include "tests/hapi/classification.h"
+#include "tests/hapi/hapi_test_util.h"
 #include "tests/hapi/temporary_files.h"
 
 namespace tandem::hapi {
@@ -44,16 +45,9 @@ namespace {
 
 using Net = ::tandem::testing::TwoLayerNet;
 using ::tandem::testing::Classification;
-
-LaunchOptions Cpu(int ranks) {
-  return {.gpus = "cpu", .nprocs = ranks, .spawn = testing::DefaultTestSpawnOptions()};
-}
-
-OptimizerFactory AdamFactory() {
-  return [](std::vector<nn::Tensor> params) {
-    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-2});
-  };
-}
+using test::Cpu;
+using test::AdamFactory;
+using test::Contains;
 
 OptimizerFactory SgdFactory() {
   return [](std::vector<nn::Tensor> params) {
@@ -115,10 +109,6 @@ bool SameBits(const nn::StateDict& a, const nn::StateDict& b) {
       return false;
   }
   return true;
-}
-
-bool Contains(const absl::Status& s, const std::string& part) {
-  return std::string(s.message()).find(part) != std::string::npos;
 }
 
 std::string Dir(const std::string& name) {
